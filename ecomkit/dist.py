@@ -1,0 +1,189 @@
+"""Distributed set-up that reads torchrun's environment and tears down cleanly.
+
+Why this module exists: the same script must run as one plain ``python``
+process in a notebook kernel, as ``torchrun --nproc_per_node 2`` on a laptop
+(gloo on CPU) and as ``torchrun --nnodes 2 ...`` on GPU servers (nccl). All of
+that is decided here, once, from the environment variables torchrun sets
+(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``).
+
+Teardown follows the order that avoids gloo's occasional exit crash/hang
+(see shared CPU notes, trap 1): drop references to models and optimizers,
+``gc.collect()``, ``barrier()``, then ``destroy_process_group()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import gc
+import logging
+import os
+import random
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("ecomkit")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job. ``world_size == 1`` means no process group."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    backend: str = "none"
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        """Only rank 0 logs, draws progress bars and writes summary files."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def read_torchrun_env() -> tuple[int, int, int, int]:
+    """Return (rank, local_rank, world_size, local_world_size) from torchrun's variables.
+
+    Without torchrun these are absent and we are a single process.
+    """
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return rank, local_rank, world, local_world
+
+
+def pick_backend_and_device(local_rank: int) -> tuple[str, torch.device]:
+    """nccl + ``cuda:LOCAL_RANK`` when GPUs exist, gloo + cpu otherwise."""
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        if local_rank >= n:
+            from .errors import EcomkitError
+
+            raise EcomkitError(
+                f"LOCAL_RANK={local_rank} but this node has only {n} GPU(s). Launch with "
+                f"--nproc_per_node {n} (or fewer), or set CUDA_VISIBLE_DEVICES so that "
+                "every process gets its own GPU (two ranks on one GPU make NCCL fail "
+                "with 'Duplicate GPU detected')."
+            )
+        return "nccl", torch.device("cuda", local_rank)
+    return "gloo", torch.device("cpu")
+
+
+def seed_everything(seed: int, rank: int = 0, offset_by_rank: bool = False) -> None:
+    """Seed python, numpy and torch.
+
+    Model init must be identical on every rank (DDP also broadcasts it), so the
+    default does *not* offset by rank; pass ``offset_by_rank=True`` for things
+    such as dropout masks that should differ between ranks.
+    """
+    s = seed + (rank if offset_by_rank else 0)
+    random.seed(s)
+    np.random.seed(s % (2**32))
+    torch.manual_seed(s)
+
+
+def setup_distributed(timeout_s: float = 600.0, seed: int | None = 0) -> DistEnv:
+    """Initialise the default process group if torchrun started us; return a :class:`DistEnv`.
+
+    ``timeout_s`` is explicit because the default (10 min for nccl, 30 min for
+    gloo) turns a stalled rank into a very long silent hang. On nccl we also
+    make sure async error handling is on, so a timeout aborts the job instead
+    of hanging.
+    """
+    rank, local_rank, world, local_world = read_torchrun_env()
+    if world > 1:
+        backend, device = pick_backend_and_device(local_rank)
+        if backend == "nccl":
+            torch.cuda.set_device(device)
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend=backend,
+                timeout=_dt.timedelta(seconds=timeout_s),
+                device_id=device if backend == "nccl" else None,
+            )
+    else:
+        backend = "none"
+        device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+    configure_logging(rank)
+    if seed is not None:
+        seed_everything(seed, rank)
+    return DistEnv(rank, local_rank, world, local_world, backend, device)
+
+
+def configure_logging(rank: int) -> None:
+    """INFO on rank 0, WARNING elsewhere: one readable log instead of N interleaved ones."""
+    level = logging.INFO if rank == 0 else logging.WARNING
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s ecomkit r" + str(rank) + "] %(message)s", "%H:%M:%S"))
+        log.addHandler(handler)
+        log.propagate = False
+    log.setLevel(level)
+
+
+def teardown() -> None:
+    """Collect garbage, synchronise, then destroy the process group (gloo-safe order).
+
+    Callers should drop their own references to models, optimizers and DDP
+    wrappers before calling this (``del model, optim``), so that gloo's
+    reducer threads are gone before the group is destroyed.
+    """
+    gc.collect()
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def distributed_session(timeout_s: float = 600.0, seed: int | None = 0) -> Iterator[DistEnv]:
+    """``with distributed_session() as env:`` — set up, run, always tear down.
+
+    On an exception the barrier is skipped (the other ranks may be gone), and
+    the process group is destroyed without waiting.
+    """
+    env = setup_distributed(timeout_s=timeout_s, seed=seed)
+    ok = False
+    try:
+        yield env
+        ok = True
+    finally:
+        if ok:
+            teardown()
+        elif dist.is_available() and dist.is_initialized():
+            gc.collect()
+            dist.destroy_process_group()
+
+
+def all_reduce_mean(value: float, env: DistEnv) -> float:
+    """Average a Python float over ranks (a no-op for a single process)."""
+    if not env.distributed:
+        return float(value)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=env.device if env.backend == "nccl" else "cpu")
+    dist.all_reduce(t)
+    return float(t.item()) / env.world_size
+
+
+def all_gather_floats(value: float, env: DistEnv) -> list[float]:
+    """Gather one float from each rank (used for straggler detection and per-rank memory)."""
+    if not env.distributed:
+        return [float(value)]
+    dev = env.device if env.backend == "nccl" else torch.device("cpu")
+    t = torch.tensor([float(value)], dtype=torch.float64, device=dev)
+    out = [torch.zeros_like(t) for _ in range(env.world_size)]
+    dist.all_gather(out, t)
+    return [float(x.item()) for x in out]

@@ -1,0 +1,110 @@
+"""The whole chapter-01 check for one job: report, lint, all-reduce check, bandwidth sweep.
+
+Every rank runs :func:`run_env_check` (the collectives need all of them);
+rank 0 gathers the per-rank facts, prints each section as soon as it is done
+(so a notebook cell shows progress) and returns the JSON-ready result.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+from ..dist import DistEnv
+from .collectives import (
+    AllReduceCheck,
+    all_ranks_passed,
+    check_all_reduce,
+    format_bandwidth,
+    measure_all_reduce_bandwidth,
+    measure_local_copy_bandwidth,
+)
+from .lint import Finding, format_findings, lint_current_env
+from .report import format_report, system_report
+
+
+def gather_from_ranks(obj: Any, env: DistEnv) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` without a process group."""
+    if not env.distributed:
+        return [obj]
+    out: list[Any] = [None] * env.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _rank_layout(env: DistEnv) -> list[dict[str, Any]]:
+    me = {"rank": env.rank, "local_rank": env.local_rank, "host": socket.gethostname(), "device": str(env.device)}
+    return gather_from_ranks(me, env)
+
+
+def _lint_per_host(env: DistEnv) -> dict[str, list[dict[str, str]]]:
+    """Lint on every node (environments can differ between nodes), keyed by host name."""
+    mine = [f.as_dict() for f in lint_current_env(env.local_world_size)] if env.local_rank == 0 else None
+    hosts = gather_from_ranks((socket.gethostname(), mine), env)
+    return {host: findings for host, findings in hosts if findings is not None}
+
+
+def _all_reduce_check(env: DistEnv) -> AllReduceCheck:
+    if not env.distributed:
+        return AllReduceCheck(passed=True, skipped=True, cases={},
+                              note="single process: no peer to reduce with; launch with torchrun --nproc_per_node 2+")
+    check = check_all_reduce(env.rank, env.world_size, env.device)
+    check.note = "every rank passed" if all_ranks_passed(check.passed, env.device) else "at least one rank FAILED"
+    check.passed = check.note == "every rank passed"
+    return check
+
+
+def format_all_reduce(check: AllReduceCheck) -> str:
+    if check.skipped:
+        return f"all-reduce check: SKIPPED ({check.note})"
+    lines = [f"all-reduce check: {'PASS' if check.passed else 'FAIL'} ({check.note})"]
+    lines += [f"  {'ok  ' if ok else 'FAIL'} {name}" for name, ok in check.cases.items()]
+    return "\n".join(lines)
+
+
+def run_env_check(env: DistEnv, sizes: list[int], iters: int,
+                  echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run every check; rank 0 echoes each section and gets the full result (others get theirs)."""
+    say = echo if env.is_main else (lambda _s: None)
+    start = time.perf_counter()
+    report = system_report()
+    layout = _rank_layout(env)
+    say(format_report(report))
+    say(f"job: world_size={env.world_size} backend={env.backend}")
+    say("\n".join(f"  rank {r['rank']} (local {r['local_rank']}) on {r['host']}: {r['device']}" for r in layout))
+    lint = _lint_per_host(env)
+    for host, findings in lint.items():
+        say(f"[{host}] " + format_findings([Finding(**f) for f in findings]))
+    check = _all_reduce_check(env)
+    say(format_all_reduce(check))
+    if env.distributed:
+        kind, rows = "all_reduce", measure_all_reduce_bandwidth(sizes, iters, env.world_size, env.device)
+    else:
+        kind, rows = "local_copy", measure_local_copy_bandwidth(sizes, iters, env.device)
+    say(format_bandwidth(rows, kind))
+    result = {
+        "world_size": env.world_size,
+        "backend": env.backend,
+        "ranks": layout,
+        "report": report,
+        "lint": lint,
+        "all_reduce": check.as_dict(),
+        "bandwidth": {"kind": kind, "rows": [r.as_dict() for r in rows]},
+        "ok": check.passed,
+        "elapsed_s": round(time.perf_counter() - start, 3),
+    }
+    say(f"env check {'OK' if result['ok'] else 'FAILED'} in {result['elapsed_s']:.1f} s")
+    return result
+
+
+def write_json(result: dict[str, Any], path: str | Path) -> Path:
+    """Write the result for a notebook to read back (parent folders are created)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return p

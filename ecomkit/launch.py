@@ -1,0 +1,165 @@
+"""Run chapter scripts from a notebook: under torchrun or as one plain process.
+
+Why not ``!torchrun ...`` in a cell: a failing shell command does not fail the
+cell, so nbmake (and a reader skimming) sees a green notebook with a crashed
+job (shared CPU notes, trap 10). :func:`run_torchrun` streams the output line by
+line as it arrives, so the cell shows progress, and raises
+:class:`~ecomkit.errors.EcomkitError` with the tail of the output when the job
+fails. Metrics files the scripts write are read back with :func:`read_json`
+and :func:`read_jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .errors import DataError, EcomkitError
+
+TAIL_LINES = 40
+
+
+def repo_root(start: str | Path | None = None) -> Path:
+    """The repository root: the nearest folder at or above ``start`` (default: cwd) with pyproject.toml.
+
+    Notebooks run with their own folder as cwd (``notebooks/``), scripts and
+    tests from the root; both find the same root.
+    """
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "pyproject.toml").is_file() and (folder / "ecomkit").is_dir():
+            return folder
+    raise EcomkitError(
+        f"could not find the ecomkit repository root above {here}: no folder there has both "
+        "pyproject.toml and ecomkit/. Start Jupyter (or Python) inside the repository checkout."
+    )
+
+
+def _child_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """os.environ + ``env``; OMP_NUM_THREADS=1 unless given (N processes × all cores oversubscribes)."""
+    merged = dict(os.environ)
+    merged.update(env or {})
+    merged.setdefault("OMP_NUM_THREADS", "1")
+    merged["PYTHONUNBUFFERED"] = "1"  # children print as they go, not at exit
+    return merged
+
+
+def _resolve_script(script: str | Path, root: Path) -> Path:
+    path = Path(script)
+    path = path if path.is_absolute() else root / path
+    if not path.is_file():
+        raise EcomkitError(f"script {path} does not exist. Pass a path relative to the repository root {root}, "
+                           "e.g. 'scripts/01_env_check.py'.")
+    return path
+
+
+def _stream(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float | None,
+            live: bool) -> subprocess.CompletedProcess:
+    """Run ``cmd``, echo each output line as it arrives, kill the whole process group on timeout."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1, errors="replace", start_new_session=True)
+    timed_out = threading.Event()
+
+    def kill() -> None:
+        timed_out.set()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers share this new session
+        except ProcessLookupError:
+            pass
+
+    timer = threading.Timer(timeout, kill) if timeout else None
+    if timer:
+        timer.start()
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if live:
+                print(line, end="", flush=True)
+        proc.wait()
+    finally:
+        if timer:
+            timer.cancel()
+        if proc.poll() is None:
+            kill()
+            proc.wait()
+    out = "".join(lines)
+    if timed_out.is_set():
+        raise EcomkitError(f"{' '.join(cmd)} did not finish within {timeout} s and was killed. "
+                           f"Last output:\n{_tail(out)}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout=out, stderr="")
+
+
+def _tail(text: str, n: int = TAIL_LINES) -> str:
+    return "".join(deque(text.splitlines(keepends=True), maxlen=n)) or "(no output)"
+
+
+def _check(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    if result.returncode != 0:
+        raise EcomkitError(
+            f"command failed with exit status {result.returncode}: {' '.join(map(str, result.args))}\n"
+            f"Last {TAIL_LINES} lines of its output:\n{_tail(result.stdout)}"
+        )
+    return result
+
+
+def run_torchrun(script: str | Path, args: Sequence[str] = (), nproc: int = 2, *,
+                 env: Mapping[str, str] | None = None, timeout: float | None = None,
+                 max_restarts: int = 0, live: bool = True) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc_per_node N script args`` from the repository root.
+
+    Output (stdout and stderr of all ranks, merged) is printed live and kept in
+    ``result.stdout``. Raises :class:`EcomkitError` with the output's tail on a
+    non-zero exit or after ``timeout`` seconds.
+    """
+    root = repo_root()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           "--max_restarts", str(max_restarts), str(_resolve_script(script, root)), *map(str, args)]
+    return _check(_stream(cmd, cwd=root, env=_child_env(env), timeout=timeout, live=live))
+
+
+def run_python(script: str | Path, args: Sequence[str] = (), *, env: Mapping[str, str] | None = None,
+               timeout: float | None = None, live: bool = True) -> subprocess.CompletedProcess:
+    """One plain ``python script args`` process (world size 1), same streaming and errors as run_torchrun."""
+    root = repo_root()
+    cmd = [sys.executable, str(_resolve_script(script, root)), *map(str, args)]
+    return _check(_stream(cmd, cwd=root, env=_child_env(env), timeout=timeout, live=live))
+
+
+def read_json(path: str | Path) -> Any:
+    """Load a JSON file a script wrote; a clear DataError if it is missing or malformed."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{p}: no such file. The script that should write it probably failed or was "
+                        "given another --json-out/--out path; check its output above.")
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{p}, line {exc.lineno}: not valid JSON ({exc.msg}). The file may be truncated "
+                        "by a crashed run; run the script again.") from exc
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Load a JSON-lines metrics file (one object per line; blank lines skipped)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{p}: no such file. The script that should write it probably failed; check its output.")
+    rows = []
+    with p.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{p}, line {lineno}: not valid JSON ({exc.msg}). A run that was killed "
+                                "mid-write leaves a partial last line; delete that line or rerun.") from exc
+    return rows

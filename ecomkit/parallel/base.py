@@ -1,0 +1,130 @@
+"""The strategy interface the training loop talks to.
+
+Why an interface: the loop in ``ecomkit.train`` must be the same for every
+chapter. A strategy owns what differs between DDP, DeepSpeed ZeRO, FSDP2,
+tensor and pipeline parallelism, and Accelerate: how the model is wrapped,
+how gradients are synchronised, how the optimizer steps, and how the final
+model is gathered and saved. Everything else (data, loss normalisation,
+metrics, eval, logging) stays in the loop, written once.
+
+Loss convention (important for exact equivalence between world sizes): the
+loop hands ``backward`` a loss that is already normalised for the *whole
+global batch*: ``world_size × Σ(token losses on this rank's micro-batch) /
+(label tokens in the global batch)``. Averaging gradients over ranks (what
+DDP, ZeRO and FSDP do) then yields exactly the gradient of the global mean,
+whatever the world size or accumulation. Strategies must not rescale it
+again (DeepSpeed: ``scale_wrt_gas=False``; Accelerate: undo its ``/accum``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, ContextManager
+
+import torch
+from torch import nn
+
+from ..config import TrainConfig
+from ..dist import DistEnv
+
+
+@dataclass
+class StepStats:
+    """What a strategy reports about one optimizer step (merged into the metrics row)."""
+
+    grad_norm: float
+    skipped: bool = False            # fp16 overflow: the step was skipped by the loss scaler
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. bytes_sent by a compression hook
+
+
+class Strategy:
+    """Base class: a single process without any wrapper (also the world-size-1 fallback)."""
+
+    name = "single"
+    has_ddp_hooks = False            # gradient compression needs DDP communication hooks
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv):
+        self.cfg, self.env = cfg, env
+        self.model: nn.Module | None = None       # what the loop calls forward on
+        self.raw_model: nn.Module | None = None   # the unwrapped transformers model
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: Any = None
+        self.scaler: Any = None                   # fp16 dynamic loss scaler
+
+    # ------------------------------------------------------------ set-up
+    def setup(self, model: nn.Module, total_steps: int) -> None:
+        """Wrap ``model`` and build optimizer + scheduler. Subclasses usually override ``wrap``."""
+        from ..train.optim import build_optimizer, build_scheduler
+
+        from ..train.precision import build_grad_scaler
+
+        self.raw_model = model
+        self.model = self.wrap(model)
+        self.optimizer = build_optimizer(self.model, self.cfg)
+        self.scheduler = build_scheduler(self.optimizer, self.cfg, total_steps)
+        self.scaler = build_grad_scaler(self.cfg.precision, self.env.device)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    # ------------------------------------------------------------ one step
+    def micro_step_context(self, is_last: bool) -> ContextManager:
+        """Context for one micro-step; DDP returns ``no_sync()`` on all but the last."""
+        return contextlib.nullcontext()
+
+    def autocast(self) -> ContextManager:
+        """Autocast for bf16/fp16 where the device supports it; fp32 runs without it."""
+        from ..train.precision import autocast_context
+
+        return autocast_context(self.cfg.precision, self.env.device)
+
+    def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        with self.autocast():
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def clip_and_step(self, max_norm: float) -> StepStats:
+        """Clip (``max_norm <= 0``: only measure), step optimizer and scheduler, zero grads.
+
+        With fp16 the gradients are unscaled first, and a step whose gradients
+        overflowed is skipped by the scaler (reported as ``skipped``).
+        """
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        skipped = False
+        if self.scaler is not None:
+            before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            skipped = self.scaler.get_scale() < before
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepStats(grad_norm=float(norm), skipped=skipped)
+
+    def current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # ------------------------------------------------------------ end of run
+    def save_pretrained(self, out_dir: str, tokenizer: Any | None = None) -> None:
+        """Consolidated Hugging Face directory (safetensors), written by rank 0."""
+        if self.env.is_main:
+            self.raw_model.save_pretrained(out_dir)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(out_dir)
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes of params / grads / optimizer states held by this rank (counted tensors)."""
+        from ..memory_measure import model_state_bytes
+
+        return model_state_bytes(self.model, self.optimizer)
+
+    def close(self) -> None:
+        """Drop references so gloo threads die before the process group (trap 1)."""
+        self.model = self.raw_model = self.optimizer = self.scheduler = None

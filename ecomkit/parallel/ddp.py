@@ -1,0 +1,67 @@
+"""Data parallelism with ``DistributedDataParallel`` (chapter 02).
+
+DDP keeps a full replica per rank. During backward, gradients are grouped
+into buckets of ``bucket_cap_mb``; as soon as a bucket is complete its
+all-reduce starts asynchronously, overlapping with the rest of the backward
+pass, and ``optimizer.step()`` only runs after DDP has waited on every bucket.
+That is the correct version of "async all-reduce on a side stream".
+``no_sync()`` skips the all-reduce on accumulation micro-steps, so gradients
+are reduced once per optimizer step.
+"""
+
+from __future__ import annotations
+
+from typing import ContextManager
+
+import contextlib
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ..config import TrainConfig
+from ..dist import DistEnv
+from .base import Strategy
+
+
+def apply_ddp(model: nn.Module, env: DistEnv, bucket_cap_mb: float = 25.0,
+              gradient_as_bucket_view: bool = True) -> nn.Module:
+    """Wrap ``model`` in DDP (no-op for a single process).
+
+    ``device_ids`` is only passed on GPU; on CPU DDP must be built without it.
+    ``gradient_as_bucket_view`` makes ``.grad`` a view into the bucket, saving
+    one gradient-sized copy per rank.
+    """
+    if not env.distributed:
+        return model
+    device_ids = [env.device.index] if env.device.type == "cuda" else None
+    return DDP(model, device_ids=device_ids, bucket_cap_mb=bucket_cap_mb,
+               gradient_as_bucket_view=gradient_as_bucket_view)
+
+
+class DDPStrategy(Strategy):
+    """Replicated model, bucketed all-reduce, ``no_sync`` for accumulation."""
+
+    name = "ddp"
+    has_ddp_hooks = True
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv):
+        super().__init__(cfg, env)
+        self.comm_hook = None  # set by ecomkit.parallel.compression when a method is configured
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        wrapped = apply_ddp(model, self.env, self.cfg.bucket_cap_mb, self.cfg.gradient_as_bucket_view)
+        if self.cfg.compression.method != "none":
+            from .compression import register_compression  # chapter 05
+
+            self.comm_hook = register_compression(wrapped, self.cfg.compression, self.env)
+        return wrapped
+
+    def micro_step_context(self, is_last: bool) -> ContextManager:
+        if is_last or not isinstance(self.model, DDP):
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
+    def clip_and_step(self, max_norm: float):
+        stats = super().clip_and_step(max_norm)
+        if self.comm_hook is not None:
+            stats.extra.update(self.comm_hook.pop_step_stats())
+        return stats

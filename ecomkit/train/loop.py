@@ -1,0 +1,276 @@
+"""The one training loop every chapter reuses; only the strategy changes.
+
+Read it top to bottom like nanoGPT's ``train.py``: set-up, data, model,
+strategy, loop, eval, save. What differs between DDP, ZeRO, FSDP2, TP, PP and
+Accelerate lives in ``ecomkit.parallel`` behind :class:`~ecomkit.parallel.base.Strategy`.
+
+Callbacks (objects with any of ``on_train_start(run)``, ``on_step_end(run, row)``,
+``on_train_end(run, summary)``) add checkpointing, health monitoring and
+fault handling without touching the loop.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..config import TrainConfig
+from ..dist import DistEnv, log
+from ..flops import device_peak_flops, flops_per_token
+from ..models import count_parameters, load_model
+from .clip import ClipPolicy
+from .evaluate import evaluate_loss, evaluate_nlu_accuracy
+from .losses import count_label_tokens, token_loss_sum
+from .metrics import MetricsWriter, peak_memory
+from .progress import make_progress
+
+
+def tokenizer_cache_dir() -> Path:
+    return Path(os.environ.get("ECOMKIT_CACHE", Path.home() / ".cache" / "ecomkit"))
+
+
+class TrainingRun:
+    """State of one run. Attributes are public so callbacks (checkpointing) can read and restore them."""
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, callbacks: Sequence[Any] = ()):
+        self.cfg, self.env, self.callbacks = cfg, env, list(callbacks)
+        self.grad_accum = cfg.resolve_grad_accum(env.world_size)
+        self.step = 0                 # optimizer steps completed
+        self.epoch = 0
+        self.history: list[dict[str, Any]] = []
+        self.out_dir = Path(cfg.output_dir)
+
+    # ------------------------------------------------------------------ build
+    def build(self) -> "TrainingRun":
+        from ..parallel import build_strategy
+
+        self.tokenizer = self._build_tokenizer()
+        self._build_data()
+        model = load_model(self.cfg.model, vocab_size=len(self.tokenizer), device=self.env.device, seed=self.cfg.seed)
+        if self.cfg.attn != "eager":
+            from ..models_attention import install_attention  # chapter "performance"
+
+            install_attention(model, self.cfg.attn)
+        self.n_params = count_parameters(model)
+        self.model_config = model.config
+        if self.cfg.max_steps > 0:
+            self.total_steps = self.cfg.max_steps
+        else:
+            self.total_steps = max(1, math.ceil(self.cfg.epochs * self.sampler.steps_per_epoch))
+        self.strategy = build_strategy(self.cfg, self.env)
+        self.strategy.setup(model, self.total_steps)
+        self.clip = ClipPolicy(self.cfg.clip_policy, self.cfg.max_grad_norm, self.env)
+        self.metrics = MetricsWriter(self.out_dir, self.env.is_main, append=self._resuming())
+        return self
+
+    def _resuming(self) -> bool:
+        return any(getattr(cb, "resuming", False) for cb in self.callbacks)
+
+    def _build_tokenizer(self):
+        """Rank 0 trains/loads first (it may write the cache); the others load after a barrier."""
+        import torch.distributed as dist
+
+        from ..tokenizer import get_tokenizer
+
+        cache = tokenizer_cache_dir()
+        if self.env.distributed and not self.env.is_main:
+            dist.barrier()
+            return get_tokenizer(self.cfg.tokenizer, cache)
+        tok = get_tokenizer(self.cfg.tokenizer, cache)
+        if self.env.distributed:
+            dist.barrier()
+        return tok
+
+    def _build_data(self) -> None:
+        from ..data import DistributedBatchSampler, build_datasets, pad_collate
+
+        cfg = self.cfg
+        self.train_ds, self.eval_ds, self.eval_records, self.data_report = build_datasets(
+            cfg.data, n_rows=cfg.n_rows, seed=cfg.seed, task=cfg.task, tokenizer=self.tokenizer,
+            max_length=cfg.seq_len, column_map=cfg.column_map, strict=cfg.strict_data, num_proc=cfg.num_proc)
+        if cfg.clip_policy == "sentiment" and "polarity" not in self.train_ds.column_names:
+            from ..errors import ConfigError
+
+            raise ConfigError("clip_policy='sentiment' needs sentiment labels in the data (a 'sentiment' column).")
+        self.sampler = DistributedBatchSampler(
+            self.train_ds["length"], micro_batch_size=cfg.micro_batch_size, grad_accum=self.grad_accum,
+            num_replicas=self.env.world_size, rank=self.env.rank, seed=cfg.seed, bucketed=cfg.bucketed)
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.collate = lambda feats: pad_collate(feats, pad_id)
+        self.loader = DataLoader(self.train_ds, batch_sampler=self.sampler, collate_fn=self.collate)
+
+    # ------------------------------------------------------------------ loop
+    def global_batch(self) -> int:
+        return self.cfg.micro_batch_size * self.grad_accum * self.env.world_size
+
+    def startup_banner(self) -> str:
+        gb = self.global_batch()
+        return (f"strategy={self.strategy.name} model={self.cfg.model} params={self.n_params:,} | "
+                f"world_size={self.env.world_size} micro_batch={self.cfg.micro_batch_size}/device "
+                f"grad_accum={self.grad_accum} global_batch={gb} "
+                f"tokens/step<= {gb * self.cfg.seq_len:,} ({gb} × seq_len {self.cfg.seq_len}) | "
+                f"steps={self.total_steps} precision={self.cfg.precision} backend={self.env.backend}")
+
+    def _micro_batches(self) -> Iterator[list[dict]]:
+        """Yield the micro-batches of one optimizer step, crossing epoch boundaries as needed."""
+        while True:
+            self.sampler.set_epoch(self.epoch)
+            group: list[dict] = []
+            for batch in self.loader:
+                group.append(batch)
+                if len(group) == self.grad_accum:
+                    yield group
+                    group = []
+            self.epoch += 1
+
+    def fit(self) -> dict[str, Any]:
+        cfg, env = self.cfg, self.env
+        for cb in self.callbacks:
+            getattr(cb, "on_train_start", lambda run: None)(self)
+        if env.is_main:
+            log.info(self.startup_banner())
+            if self.data_report is not None and getattr(self.data_report, "skipped", 0):
+                log.info("data: %s", self.data_report.summary())
+        flops_tok = flops_per_token(self.n_params, self.model_config.n_layer, self.model_config.hidden_size, cfg.seq_len)
+        peak = device_peak_flops(env.device, cfg.precision)
+        bar = make_progress(self.total_steps, cfg.progress and env.is_main)
+        bar.update(self.step)
+        batches = self._micro_batches()
+        start_time = time.perf_counter()
+        while self.step < self.total_steps:
+            self._maybe_inject_fault()
+            row = self._train_step(next(batches), flops_tok, peak)
+            self.step += 1
+            if cfg.eval_interval and self.step % cfg.eval_interval == 0 and self.step < self.total_steps:
+                row.update(self.evaluate())
+            self.history.append(row)
+            if self.step % cfg.log_interval == 0 or "eval_loss" in row:
+                self.metrics.write(row)
+            bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}")
+            bar.update(1)
+            for cb in self.callbacks:
+                getattr(cb, "on_step_end", lambda run, r: None)(self, row)
+        bar.close()
+        final_eval = self.evaluate()
+        self.metrics.write({"type": "eval", "step": self.step, **final_eval})
+        summary = self._summary(final_eval, time.perf_counter() - start_time)
+        for cb in self.callbacks:
+            getattr(cb, "on_train_end", lambda run, s: None)(self, summary)
+        return summary
+
+    def _maybe_inject_fault(self) -> None:
+        """``--fault-fail-at-step K --fault-fail-rank R``: rank R dies at step K, once (not after a restart)."""
+        f = self.cfg.fault
+        if (f.fail_at_step >= 0 and self.step == f.fail_at_step and self.env.rank == f.fail_rank
+                and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0):
+            print(f"[rank {self.env.rank}] fault injection: exiting abruptly at step {self.step}", flush=True)
+            os._exit(13)
+
+    def _reduce_counts(self, counts: list[float]) -> list[float]:
+        from .evaluate import _all_reduce_sums
+
+        return _all_reduce_sums(counts, self.env)
+
+    def _train_step(self, micro: list[dict], flops_tok: float, peak: float | None) -> dict[str, Any]:
+        env, strategy = self.env, self.strategy
+        t0 = time.perf_counter()
+        micro = [{k: v.to(env.device) for k, v in b.items()} for b in micro]
+        local = [sum(count_label_tokens(b["labels"]) for b in micro),
+                 sum(int(b["attention_mask"].sum()) for b in micro),
+                 sum(b["input_ids"].size(0) for b in micro)]
+        label_tokens, input_tokens, samples = self._reduce_counts([float(x) for x in local])
+        t_data = time.perf_counter() - t0
+        loss_sum, times = 0.0, []
+        for i, b in enumerate(micro):
+            self.clip.observe(b)
+            tm = time.perf_counter()
+            with strategy.micro_step_context(is_last=i == len(micro) - 1):
+                logits = strategy.forward_logits(b["input_ids"], b["attention_mask"])
+                tok_sum = token_loss_sum(logits, b["labels"])
+                strategy.backward(tok_sum * (env.world_size / label_tokens))
+            loss_sum += float(tok_sum.detach())
+            times.append(time.perf_counter() - tm)
+        clip_value = self.clip.value()
+        tc = time.perf_counter()
+        stats = strategy.clip_and_step(clip_value)
+        t_opt = time.perf_counter() - tc
+        (loss_total,) = self._reduce_counts([loss_sum])
+        step_time = time.perf_counter() - t0
+        mem, mem_kind = peak_memory(env.device)
+        row: dict[str, Any] = {
+            "type": "train", "step": self.step + 1, "epoch": self.epoch,
+            "loss": loss_total / label_tokens, "lr": strategy.current_lr(),
+            "grad_norm": stats.grad_norm, "clip": clip_value, "skipped": stats.skipped,
+            "tokens": int(input_tokens), "samples": int(samples),
+            "tokens_per_s": input_tokens / step_time, "samples_per_s": samples / step_time,
+            "step_time_s": step_time, "data_s": t_data, "fwd_bwd_s": sum(times), "optim_s": t_opt,
+            # exposed communication, measurable with accumulation: the synced micro-step minus a no_sync one
+            "comm_exposed_s": (times[-1] - sum(times[:-1]) / (len(times) - 1)) if len(times) > 1 and env.distributed else None,
+            "peak_mem_bytes": mem, "mem_kind": mem_kind,
+            "mfu": (input_tokens * flops_tok / step_time) / (peak * env.world_size) if peak else None,
+        }
+        row.update(stats.extra)
+        return row
+
+    # ------------------------------------------------------------------ eval & end
+    def evaluate(self) -> dict[str, float]:
+        out = {"eval_loss": evaluate_loss(self.strategy, self.eval_ds, self.collate, self.env,
+                                          self.cfg.micro_batch_size, self.cfg.eval_batches)}
+        if self.cfg.task == "nlu" and self.eval_records:
+            out.update(evaluate_nlu_accuracy(self.strategy, self.tokenizer, self.eval_records, self.env,
+                                             self.cfg.eval_nlu_samples))
+        return out
+
+    def _summary(self, final_eval: dict[str, float], wall: float) -> dict[str, Any]:
+        train_rows = [r for r in self.history if r.get("type") == "train"]
+        steady = train_rows[1:] or train_rows  # step 1 includes warm-up allocations
+        mean = lambda k: sum(r[k] for r in steady) / len(steady) if steady else float("nan")  # noqa: E731
+        return {
+            "strategy": self.strategy.name, "model": self.cfg.model, "params": self.n_params,
+            "world_size": self.env.world_size, "global_batch": self.global_batch(),
+            "grad_accum": self.grad_accum, "steps": self.step,
+            "first_loss": train_rows[0]["loss"] if train_rows else None,
+            "final_loss": train_rows[-1]["loss"] if train_rows else None,
+            **final_eval,
+            "samples_per_s": mean("samples_per_s"), "tokens_per_s": mean("tokens_per_s"),
+            "step_time_s": mean("step_time_s"), "peak_mem_bytes": max((r["peak_mem_bytes"] for r in train_rows), default=0),
+            "wall_s": wall, "output_dir": str(self.out_dir.resolve()),
+            "model_dir": str((self.out_dir / "final").resolve()) if self.cfg.save_model else None,
+            "config": self.cfg.to_dict(),
+        }
+
+    def save(self) -> None:
+        if self.cfg.save_model:
+            self.strategy.save_pretrained(str(self.out_dir / "final"), self.tokenizer)
+
+    def close(self) -> None:
+        self.metrics.close()
+        if getattr(self, "strategy", None) is not None:
+            self.strategy.close()
+        self.strategy = None
+        self.loader = None
+
+
+def run_training(cfg: TrainConfig, callbacks: Iterable[Any] = ()) -> dict[str, Any]:
+    """Set up the process group, train, evaluate, save, tear down. Returns the summary (all ranks)."""
+    from ..dist import distributed_session
+
+    cfg.validate()
+    with distributed_session(timeout_s=cfg.timeout_s, seed=cfg.seed) as env:
+        run = TrainingRun(cfg, env, list(callbacks)).build()
+        try:
+            summary = run.fit()
+            run.save()
+            if env.is_main:
+                cfg.save(run.out_dir / "config.json")
+            run.metrics.finish(summary)
+        finally:
+            run.close()
+            del run
+    return summary
