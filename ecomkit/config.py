@@ -83,8 +83,6 @@ class FaultConfig:
     keep_last: int = 2                # keep this many checkpoints
     async_checkpoint: bool = False    # DCP async_save on its own process group
     resume: bool = True               # resume from the newest complete checkpoint in output_dir
-    fail_at_step: int = -1            # fault injection: this rank exits abruptly at this step, once
-    fail_rank: int = 0
 
 
 @dataclass
@@ -132,6 +130,8 @@ class TrainConfig:
     save_model: bool = True           # save_pretrained (safetensors) + tokenizer at the end
     progress: bool = True             # tqdm bar on rank 0
     log_interval: int = 1             # steps between metrics rows
+    fail_at_step: int = -1            # fault injection: --fail-rank exits abruptly at this step, once
+    fail_rank: int = 0                #   (not again after a torchrun restart); for tests and chapter 07
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)

@@ -205,7 +205,7 @@ def describe_presets(vocab_size: int | None = None) -> list[dict[str, Any]]:
             "layers": p.n_layer,
             "heads": p.n_head,
             "vocab": p.vocab_size or vocab_size or DEFAULT_TOY_VOCAB,
-            "params": preset_parameter_count(name, vocab_size),
+            "params": preset_parameter_count(name, vocab_size if p.vocab_size is None else None),
             "description": p.description,
         })
     return rows

@@ -12,7 +12,7 @@ Launch lines (the script is the same everywhere; torchrun sets the ranks):
     torchrun --standalone --nproc_per_node 1 scripts/01_env_check.py
 
     # one node with N GPUs (or N CPU processes with gloo)
-    torchrun --standalone --nproc_per_node 8 scripts/01_env_check.py --json-out runs/01/env.json
+    torchrun --standalone --nproc_per_node 8 scripts/01_env_check.py --json-out runs/env_check/env_check.json
 
     # two nodes, 8 GPUs each: run the same line on both nodes (c10d rendezvous)
     torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d \
@@ -29,7 +29,7 @@ import sys
 
 from ecomkit.dist import distributed_session
 from ecomkit.envcheck import run_env_check, size_range, write_json
-from ecomkit.errors import exit_on_user_error
+from ecomkit.errors import ConfigError, exit_on_user_error
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,9 +45,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.iters < 1:
+        raise ConfigError(f"--iters {args.iters}: need at least 1 timed iteration per size.")
     sizes = size_range(args.sizes, args.factor)
     with distributed_session(timeout_s=args.timeout) as env:
-        result = run_env_check(env, sizes, max(1, args.iters))
+        result = run_env_check(env, sizes, args.iters)
         if env.is_main and args.json_out:
             print(f"wrote {write_json(result, args.json_out)}", flush=True)
     return 0 if result["ok"] else 1

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_script
 
 from ecomkit.dist import DistEnv
 from ecomkit.envcheck import (
@@ -223,22 +221,15 @@ def test_script_exits_non_zero_when_the_check_fails(monkeypatch):
     assert mod.main(["--sizes", "1K:4K"]) == 0
 
 
-def _child_env(tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
-
-
-def test_script_bad_sizes_is_a_user_error(tmp_path):
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--sizes", "64M:1K"], cwd=ROOT,
-                          env=_child_env(tmp_path), capture_output=True, text=True, timeout=60)
+def test_script_bad_sizes_is_a_user_error():
+    proc = run_script("01_env_check.py", ["--sizes", "64M:1K"], timeout=60, check=False)
     assert proc.returncode == 2
     assert "--sizes" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_script_plain_python_writes_json(tmp_path):
     out = tmp_path / "env.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--sizes", "1K:1M", "--json-out", str(out)],
-                          cwd=ROOT, env=_child_env(tmp_path), capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    run_script("01_env_check.py", ["--sizes", "1K:1M", "--json-out", str(out)], timeout=60)
     data = json.loads(out.read_text())
     assert data["world_size"] == 1 and data["bandwidth"]["kind"] == "local_copy"
     assert "torch" in data["report"]["versions"] and "deepspeed" in data["report"]["libraries"]
@@ -247,10 +238,7 @@ def test_script_plain_python_writes_json(tmp_path):
 @pytest.mark.dist
 def test_script_under_torchrun_two_gloo_ranks(tmp_path):
     out = tmp_path / "env.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(SCRIPT), "--json-out", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_child_env(tmp_path), capture_output=True, text=True, timeout=90)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = run_script("01_env_check.py", ["--json-out", str(out)], nproc=2, timeout=90)
     data = json.loads(out.read_text())
     assert data["world_size"] == 2 and data["backend"] == "gloo" and data["ok"]
     assert data["all_reduce"]["passed"] and not data["all_reduce"]["skipped"]

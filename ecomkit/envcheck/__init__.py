@@ -1,6 +1,6 @@
 """Chapter 01: check the environment before training anything.
 
-- :mod:`.report`      versions (Python, torch, CUDA, NCCL, HF libraries), devices, CPU threads
+- :mod:`.system`      versions (Python, torch, CUDA, NCCL, HF libraries), devices, CPU threads
 - :mod:`.lint`        environment variables known to hurt NCCL / torch.distributed jobs
 - :mod:`.collectives` all-reduce correctness and an nccl-tests-style bandwidth sweep
 - :mod:`.run`         all of it for one torchrun job, printed on rank 0 and written as JSON
@@ -18,7 +18,7 @@ from .collectives import (
     size_range,
 )
 from .lint import Finding, MachineFacts, format_findings, lint_current_env, lint_env, probe_machine
-from .report import format_report, library_versions, system_report
+from .system import format_report, library_versions, system_report
 from .run import format_all_reduce, run_env_check, write_json
 
 __all__ = [

@@ -21,6 +21,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+import torch
+
+from .system import usable_cpu_count
+
 ERROR = "error"
 WARNING = "warning"
 INFO = "info"
@@ -68,10 +72,10 @@ def _rule_p2p(env: Mapping[str, str], m: MachineFacts) -> list[Finding]:
         "P2P drivers, not a speed-up, although some tuning guides recommend it as one."
     )
     if m.has_nvlink:
-        return [Finding(disabled_by, ERROR, what + " This machine has NVLink: expect several times lower all-reduce bandwidth.")]
+        return [Finding(disabled_by, ERROR, what + " NVLink is present: expect many times lower intra-node all-reduce bandwidth.")]
     if m.n_gpus > 1:
         return [Finding(disabled_by, WARNING, what + " With several GPUs on this node it slows every intra-node collective.")]
-    return [Finding(disabled_by, INFO, what + " With at most one GPU here it has no effect, but remove it before moving to a multi-GPU node.")]
+    return [Finding(disabled_by, INFO, what + " With at most one GPU it has no effect, but remove it before moving to a multi-GPU node.")]
 
 
 def _rule_ib(env: Mapping[str, str], m: MachineFacts) -> list[Finding]:
@@ -82,8 +86,8 @@ def _rule_ib(env: Mapping[str, str], m: MachineFacts) -> list[Finding]:
         "to TCP sockets. It does not make intra-node traffic faster (that uses NVLink, P2P or shared memory anyway)."
     )
     if m.has_infiniband:
-        return [Finding("NCCL_IB_DISABLE", ERROR, what + " This machine has InfiniBand devices: multi-node bandwidth will drop by an order of magnitude.")]
-    return [Finding("NCCL_IB_DISABLE", INFO, what + " No InfiniBand device here, so it changes nothing on this node.")]
+        return [Finding("NCCL_IB_DISABLE", ERROR, what + " InfiniBand devices are present: inter-node bandwidth typically drops several-fold or more.")]
+    return [Finding("NCCL_IB_DISABLE", INFO, what + " Without InfiniBand devices it changes nothing.")]
 
 
 def _ifname_matches(spec: str, interfaces: Sequence[str]) -> list[str]:
@@ -249,14 +253,6 @@ def lint_env(
     return sorted(findings, key=lambda f: (_SEVERITY_ORDER[f.severity], f.variable))
 
 
-def _count_cpus() -> int:
-    """Cores this process may run on (respects taskset/cgroups affinity), else os.cpu_count()."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def _has_infiniband(sys_dir: Path = Path("/sys/class/infiniband")) -> bool:
     try:
         return sys_dir.is_dir() and any(sys_dir.iterdir())
@@ -296,12 +292,10 @@ def _interfaces() -> tuple[str, ...] | None:
 
 def probe_machine(local_world_size: int | None = None) -> MachineFacts:
     """Gather the machine facts cheaply: CPU affinity, GPU count, /sys/class/infiniband, NVML, interfaces."""
-    import torch
-
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if local_world_size is None:
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    return MachineFacts(_count_cpus(), n_gpus, local_world_size, _has_infiniband(), _has_nvlink(n_gpus), _interfaces())
+    return MachineFacts(usable_cpu_count(), n_gpus, local_world_size, _has_infiniband(), _has_nvlink(n_gpus), _interfaces())
 
 
 def lint_current_env(local_world_size: int | None = None) -> list[Finding]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,7 +26,7 @@ from .collectives import (
     measure_local_copy_bandwidth,
 )
 from .lint import Finding, format_findings, lint_current_env
-from .report import format_report, system_report
+from .system import format_report, system_report
 
 
 def gather_from_ranks(obj: Any, env: DistEnv) -> list[Any]:
@@ -53,10 +54,9 @@ def _all_reduce_check(env: DistEnv) -> AllReduceCheck:
     if not env.distributed:
         return AllReduceCheck(passed=True, skipped=True, cases={},
                               note="single process: no peer to reduce with; launch with torchrun --nproc_per_node 2+")
-    check = check_all_reduce(env.rank, env.world_size, env.device)
-    check.note = "every rank passed" if all_ranks_passed(check.passed, env.device) else "at least one rank FAILED"
-    check.passed = check.note == "every rank passed"
-    return check
+    mine = check_all_reduce(env.rank, env.world_size, env.device)
+    everyone = all_ranks_passed(mine.passed, env.device)
+    return replace(mine, passed=everyone, note="every rank passed" if everyone else "at least one rank FAILED")
 
 
 def format_all_reduce(check: AllReduceCheck) -> str:
@@ -69,7 +69,7 @@ def format_all_reduce(check: AllReduceCheck) -> str:
 
 def run_env_check(env: DistEnv, sizes: list[int], iters: int,
                   echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run every check; rank 0 echoes each section and gets the full result (others get theirs)."""
+    """Run every check on every rank (all get the same result dict); only rank 0 echoes the sections."""
     say = echo if env.is_main else (lambda _s: None)
     start = time.perf_counter()
     report = system_report()

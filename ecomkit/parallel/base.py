@@ -43,6 +43,7 @@ class Strategy:
 
     name = "single"
     has_ddp_hooks = False            # gradient compression needs DDP communication hooks
+    replicated = True                # every rank holds the full model (DDP); False for ZeRO-3/FSDP/TP/PP
 
     def __init__(self, cfg: TrainConfig, env: DistEnv):
         self.cfg, self.env = cfg, env

@@ -84,24 +84,29 @@ def score_candidates(strategy, tokenizer, prompt: str, candidates: Sequence[str]
 
 @torch.no_grad()
 def evaluate_nlu_accuracy(strategy, tokenizer, records: Sequence[dict[str, Any]], env: DistEnv,
-                          n_samples: int) -> dict[str, float]:
-    """Accuracy per classification task (``acc_category``, ``acc_sentiment``) on held-out records."""
-    from ..data.tasks import classification_examples
+                          n_samples: int, category_labels: Sequence[str] | None = None) -> dict[str, float]:
+    """Accuracy per classification task (``acc_category``, ``acc_sentiment``) on held-out records.
 
-    per_rank = min(n_samples, len(records)) // env.world_size
-    mine = records[env.rank * per_rank : (env.rank + 1) * per_rank]
+    Only records that carry every classification label are scored, so each
+    rank runs exactly ``per_rank × len(tasks)`` forwards (sharded strategies
+    need the same number of collectives on every rank).
+    """
+    from ..data.tasks import CLASSIFICATION_TASKS, build_classification_example
+
+    usable = [r for r in records if all(r.get(t) for t in CLASSIFICATION_TASKS)]
+    per_rank = min(n_samples, len(usable)) // env.world_size
+    if per_rank == 0:
+        return {}
+    mine = usable[env.rank * per_rank : (env.rank + 1) * per_rank]
     model = strategy.model
     was_training = model.training
     model.eval()
-    correct: dict[str, float] = {}
-    total: dict[str, float] = {}
+    correct = dict.fromkeys(CLASSIFICATION_TASKS, 0.0)
     for rec in mine:
-        for ex in classification_examples(rec):
+        for task in CLASSIFICATION_TASKS:
+            ex = build_classification_example(rec, task, category_labels if task == "category" else None)
             pred = score_candidates(strategy, tokenizer, ex.prompt, ex.candidates, env.device)
-            correct[ex.task] = correct.get(ex.task, 0.0) + float(pred == ex.answer_index)
-            total[ex.task] = total.get(ex.task, 0.0) + 1.0
+            correct[task] += float(pred == ex.correct_index)
     model.train(was_training)
-    tasks = sorted(total)
-    sums = _all_reduce_sums([correct[t] for t in tasks] + [total[t] for t in tasks], env)
-    k = len(tasks)
-    return {f"acc_{t}": sums[i] / max(sums[k + i], 1.0) for i, t in enumerate(tasks)}
+    sums = _all_reduce_sums([correct[t] for t in CLASSIFICATION_TASKS], env)
+    return {f"acc_{t}": c / (per_rank * env.world_size) for t, c in zip(CLASSIFICATION_TASKS, sums)}

@@ -135,8 +135,7 @@ class TrainingRun:
             getattr(cb, "on_train_start", lambda run: None)(self)
         if env.is_main:
             log.info(self.startup_banner())
-            if self.data_report is not None and getattr(self.data_report, "skipped", 0):
-                log.info("data: %s", self.data_report.summary())
+            log.info("data: %s", self.data_report.summary())
         flops_tok = flops_per_token(self.n_params, self.model_config.n_layer, self.model_config.hidden_size, cfg.seq_len)
         peak = device_peak_flops(env.device, cfg.precision)
         bar = make_progress(self.total_steps, cfg.progress and env.is_main)
@@ -160,13 +159,15 @@ class TrainingRun:
         final_eval = self.evaluate()
         self.metrics.write({"type": "eval", "step": self.step, **final_eval})
         summary = self._summary(final_eval, time.perf_counter() - start_time)
+        if getattr(self.strategy, "replicated", False):
+            summary["replica_checksums"] = replica_checksums(self.strategy.raw_model, self.env)
         for cb in self.callbacks:
             getattr(cb, "on_train_end", lambda run, s: None)(self, summary)
         return summary
 
     def _maybe_inject_fault(self) -> None:
-        """``--fault-fail-at-step K --fault-fail-rank R``: rank R dies at step K, once (not after a restart)."""
-        f = self.cfg.fault
+        """``--fail-at-step K --fail-rank R``: rank R dies at step K, once (not after a torchrun restart)."""
+        f = self.cfg
         if (f.fail_at_step >= 0 and self.step == f.fail_at_step and self.env.rank == f.fail_rank
                 and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0):
             print(f"[rank {self.env.rank}] fault injection: exiting abruptly at step {self.step}", flush=True)
@@ -224,7 +225,7 @@ class TrainingRun:
                                           self.cfg.micro_batch_size, self.cfg.eval_batches)}
         if self.cfg.task == "nlu" and self.eval_records:
             out.update(evaluate_nlu_accuracy(self.strategy, self.tokenizer, self.eval_records, self.env,
-                                             self.cfg.eval_nlu_samples))
+                                             self.cfg.eval_nlu_samples, self.data_report.category_labels))
         return out
 
     def _summary(self, final_eval: dict[str, float], wall: float) -> dict[str, Any]:
@@ -255,6 +256,23 @@ class TrainingRun:
             self.strategy.close()
         self.strategy = None
         self.loader = None
+
+
+def replica_checksums(model: torch.nn.Module, env: DistEnv) -> list[str]:
+    """SHA-256 of every rank's parameters, gathered: replicas must be bit-identical after DDP."""
+    import hashlib
+
+    import torch.distributed as dist
+
+    h = hashlib.sha256()
+    for _, p in sorted(model.named_parameters()):
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    digest = h.hexdigest()[:16]
+    if not env.distributed:
+        return [digest]
+    out: list[Any] = [None] * env.world_size
+    dist.all_gather_object(out, digest)
+    return out
 
 
 def run_training(cfg: TrainConfig, callbacks: Iterable[Any] = ()) -> dict[str, Any]:

@@ -72,16 +72,20 @@ def device_list() -> list[dict[str, Any]]:
     return devices
 
 
+def usable_cpu_count() -> int:
+    """Cores this process may run on (taskset / cgroup affinity), else os.cpu_count()."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def cpu_threads() -> dict[str, Any]:
     """torch's intra-op threads next to the core count and OMP_NUM_THREADS, to spot oversubscription."""
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = None
     return {
         "torch_num_threads": torch.get_num_threads(),
         "os_cpu_count": os.cpu_count(),
-        "usable_cpus": usable,
+        "usable_cpus": usable_cpu_count(),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "unset"),
     }
 

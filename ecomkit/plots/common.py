@@ -1,0 +1,61 @@
+"""Loss-curve overlays and bar charts shared by the chapters (matplotlib, returns the Figure)."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+
+def _plt():
+    import matplotlib
+
+    if matplotlib.get_backend().lower().startswith("qt"):
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def train_rows(rows: Sequence[dict]) -> list[dict]:
+    return [r for r in rows if r.get("type", "train") == "train"]
+
+
+def plot_loss_curves(runs: Mapping[str, Sequence[dict]], key: str = "loss", title: str = "training loss",
+                     eval_key: str | None = "eval_loss", ax=None):
+    """Overlay per-step ``key`` for several runs; eval points as markers when present."""
+    plt = _plt()
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(7, 3.8))
+    styles = ["-", "--", ":", "-."]
+    for i, (label, rows) in enumerate(runs.items()):
+        tr = train_rows(rows)
+        line, = ax.plot([r["step"] for r in tr], [r[key] for r in tr], styles[i % 4], label=label, lw=1.6)
+        if eval_key:
+            ev = [r for r in rows if eval_key in r]
+            if ev:
+                ax.plot([r["step"] for r in ev], [r[eval_key] for r in ev], "o", color=line.get_color(), ms=4)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(key)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig or ax.figure
+
+
+def plot_throughput_bars(values: Mapping[str, float], ylabel: str = "samples/s", title: str = "",
+                         baseline: str | None = None, ax=None):
+    """Bars with the value (and the ratio to ``baseline``) written on each bar."""
+    plt = _plt()
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+    labels, vals = list(values), list(values.values())
+    bars = ax.bar(labels, vals, color="#4C72B0")
+    base = values.get(baseline) if baseline else None
+    for b, v in zip(bars, vals):
+        text = f"{v:.1f}" + (f"\n{v / base:.2f}×" if base else "")
+        ax.annotate(text, (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.margins(y=0.25)
+    return fig or ax.figure

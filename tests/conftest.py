@@ -1,0 +1,40 @@
+"""Shared fixtures: every test runs with one thread and writes only under tmp_path."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _hermetic_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # tokenizer cache is shared across tests (training one takes a few seconds)
+    monkeypatch.setenv("ECOMKIT_CACHE", os.environ.get("ECOMKIT_CACHE", str(REPO / ".cache" / "ecomkit")))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions")))
+
+
+def run_script(script: str, args: list[str], nproc: int = 0, timeout: int = 300,
+               extra_env: dict[str, str] | None = None, torchrun_args: list[str] | None = None,
+               check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``scripts/<script>`` with plain python (nproc=0) or torchrun --nproc_per_node N."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
+    path = str(REPO / "scripts" / script)
+    if nproc:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+               *(torchrun_args or []), path, *args]
+    else:
+        cmd = [sys.executable, path, *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
+                             f"--- stderr\n{proc.stderr[-6000:]}")
+    return proc

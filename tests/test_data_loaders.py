@@ -1,0 +1,163 @@
+"""Loaders: round trips, column mapping, every malformed-row reason, missing files."""
+
+import json
+import logging
+
+import pytest
+
+from ecomkit.data import generate_catalog, load_records, write_csv, write_hf_dataset, write_jsonl
+from ecomkit.data.validate import REASONS
+from ecomkit.errors import ConfigError, DataError
+
+GOOD = {"title": "星驰® 旗舰智能手机 256GB", "price": 2999.0, "spec": "颜色:黑色; 容量:256GB",
+        "review": "太棒了!物流三天到货。"}
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return generate_catalog(150, seed=3)
+
+
+@pytest.mark.parametrize("writer,name", [(write_jsonl, "data.jsonl"), (write_csv, "data.csv"),
+                                         (write_hf_dataset, "data_dir")])
+def test_round_trip_is_exact(tmp_path, catalog, writer, name):
+    path = writer(catalog, tmp_path / name)
+    result = load_records(path)
+    assert result.records == catalog
+    assert (result.report.total, result.report.kept, result.report.skipped) == (150, 150, 0)
+
+
+def test_arrow_shard_and_json_array(tmp_path, catalog):
+    directory = write_hf_dataset(catalog, tmp_path / "ds")
+    shard = next(directory.glob("*.arrow"))
+    assert load_records(shard).records == catalog
+    (tmp_path / "array.json").write_text(json.dumps(catalog, ensure_ascii=False), encoding="utf-8")
+    assert load_records(tmp_path / "array.json").records == catalog
+
+
+def test_column_map_loads_other_column_names(tmp_path, catalog):
+    renamed = [{"product_name": r["title"], "cost": r["price"], "attributes": r["spec"], "comment": r["review"],
+                "label": r["sentiment"]} for r in catalog]
+    column_map = {"product_name": "title", "cost": "price", "attributes": "spec", "comment": "review",
+                  "label": "sentiment"}
+    for path in (write_csv(renamed, tmp_path / "x.csv"), write_jsonl(renamed, tmp_path / "x.jsonl")):
+        records = load_records(path, column_map=column_map).records
+        assert [r["title"] for r in records] == [r["title"] for r in catalog]
+        assert [r["price"] for r in records] == [r["price"] for r in catalog]
+        assert [r["sentiment"] for r in records] == [r["sentiment"] for r in catalog]
+
+
+def test_strict_error_names_the_users_column(tmp_path):
+    path = write_jsonl([GOOD, {"product_name": "x", "cost": "abc", "spec": "s", "review": "r"}], tmp_path / "m.jsonl")
+    with pytest.raises(DataError, match=r"line 2, field 'price' \(your column 'cost'\)"):
+        load_records(path, column_map={"product_name": "title", "cost": "price"}, strict=True)
+
+
+def test_bad_column_map_and_missing_header_column(tmp_path):
+    with pytest.raises(ConfigError, match="unknown fields"):
+        load_records(write_jsonl([GOOD], tmp_path / "a.jsonl"), column_map={"name": "titel"})
+    no_price = [{k: v for k, v in GOOD.items() if k != "price"}]
+    with pytest.raises(DataError, match=r"no column for the required field\(s\) \['price'\].*column_map"):
+        load_records(write_csv(no_price, tmp_path / "b.csv"))
+
+
+def _jsonl_with_bad_line(tmp_path, bad_line: bytes):
+    good = json.dumps(GOOD, ensure_ascii=False).encode()
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b"\n".join([good, good, bad_line, good]) + b"\n")
+    return path
+
+
+def _line(**changes) -> bytes:
+    row = {**GOOD, **changes}
+    return json.dumps({k: v for k, v in row.items() if v is not ...}, ensure_ascii=False).encode()
+
+
+CASES = {
+    "missing_field": (_line(price=...), "price"),
+    "empty_field": (_line(title="   "), "title"),
+    "non_numeric_price": (_line(price="cheap"), "price"),
+    "negative_price": (_line(price=-5), "price"),
+    "wrong_type": (_line(review=["great"]), "review"),
+    "over_long_text": (_line(review="好" * 5000), "review"),
+    "invalid_label": (_line(sentiment="angry"), "sentiment"),
+    "undecodable_bytes": (b'{"title": "\xff\xfe bad", "price": 1, "spec": "s", "review": "r"}', None),
+    "malformed_line": (b'{"title": "unterminated', None),
+}
+
+
+def test_every_reason_has_a_case():
+    assert set(CASES) == set(REASONS)
+
+
+@pytest.mark.parametrize("reason", sorted(CASES))
+def test_lenient_counts_each_reason(tmp_path, reason, caplog):
+    path = _jsonl_with_bad_line(tmp_path, CASES[reason][0])
+    with caplog.at_level(logging.WARNING, logger="ecomkit.data"):
+        result = load_records(path)
+    report = result.report
+    assert (report.total, report.kept, report.skipped) == (4, 3, 1)
+    assert report.counts == {reason: 1}
+    assert reason in report.summary() and "line 3" in report.summary()
+    assert "kept 3 of 4 rows" in caplog.text  # nothing dropped silently
+
+
+@pytest.mark.parametrize("reason", sorted(CASES))
+def test_strict_raises_with_file_line_and_field(tmp_path, reason):
+    path = _jsonl_with_bad_line(tmp_path, CASES[reason][0])
+    field = CASES[reason][1]
+    with pytest.raises(DataError) as info:
+        load_records(path, strict=True)
+    message = str(info.value)
+    assert str(path) in message and "line 3" in message and f"[{reason}]" in message
+    if field:
+        assert f"field '{field}'" in message
+    assert "\n" not in message
+
+
+def test_csv_undecodable_bytes_and_wrong_column_count(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_bytes("title,price,spec,review\n好,1,s,r\n".encode() + b"caf\xe9,2,s,r\n" + b"x,3,s\n"
+                     + "最后,4,s,r\n".encode())
+    report = load_records(path).report
+    assert report.counts == {"undecodable_bytes": 1, "malformed_line": 1}
+    assert report.first_issue["undecodable_bytes"].location == "line 3"
+    assert report.first_issue["malformed_line"].location == "line 4"
+    with pytest.raises(DataError, match=r"bad.csv, line 3, field 'title'.*UTF-8"):
+        load_records(path, strict=True)
+
+
+def test_csv_multiline_field_keeps_line_numbers(tmp_path):
+    path = tmp_path / "multi.csv"
+    path.write_text('title,price,spec,review\na,1,s,"two\nlines"\nb,-1,s,r\n', encoding="utf-8")
+    issue = load_records(path).report.first_issue["negative_price"]
+    assert issue.location == "line 4"
+
+
+def test_prices_as_text_with_currency_are_accepted(tmp_path):
+    path = write_jsonl([{**GOOD, "price": "¥1,299.50"}, {**GOOD, "price": 12}], tmp_path / "p.jsonl")
+    assert [r["price"] for r in load_records(path).records] == [1299.5, 12.0]
+
+
+def test_task_decides_which_fields_are_required(tmp_path):
+    minimal = {"title": "UrbanFit® 纯棉T恤", "price": 99}
+    path = write_jsonl([minimal, GOOD], tmp_path / "t.jsonl")
+    assert load_records(path, task="lm").report.counts == {"missing_field": 1}
+    assert len(load_records(path, task="nlu").records) == 2
+
+
+def test_missing_file_is_one_clear_paragraph(tmp_path):
+    with pytest.raises(DataError) as info:
+        load_records(tmp_path / "nope.jsonl")
+    message = str(info.value)
+    assert "not found" in message and "nope.jsonl" in message and "synthetic" in message
+    assert "\n" not in message
+
+
+def test_unknown_extension_and_no_usable_rows(tmp_path):
+    (tmp_path / "data.xlsx").write_bytes(b"x")
+    with pytest.raises(DataError, match="extension"):
+        load_records(tmp_path / "data.xlsx")
+    path = write_jsonl([{**GOOD, "price": -1}] * 3, tmp_path / "allbad.jsonl")
+    with pytest.raises(DataError, match="No usable rows.*negative_price 3"):
+        load_records(path)
