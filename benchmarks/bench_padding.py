@@ -29,6 +29,9 @@ def main() -> None:
     parser.add_argument("--tokenizer", default="synthetic")
     args = parser.parse_args()
 
+    import datasets
+
+    datasets.disable_progress_bars()
     tok = get_tokenizer(args.tokenizer)
     start = time.perf_counter()
     records = generate_catalog(args.rows, seed=args.seed)

@@ -11,15 +11,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Session-wide, so module-scoped fixtures see them too. The tokenizer cache is
+# shared by all tests (training one takes a few seconds) and the DeepSpeed
+# CPU-Adam build is cached across runs.
+os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("ECOMKIT_CACHE", str(REPO / ".cache" / "ecomkit"))
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+
 
 @pytest.fixture(autouse=True)
-def _hermetic_env(tmp_path, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+def _hermetic_tmp(tmp_path, monkeypatch):
+    """torchrun writes torchelastic_* folders under TMPDIR (CPU notes, trap 14)."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    # tokenizer cache is shared across tests (training one takes a few seconds)
-    monkeypatch.setenv("ECOMKIT_CACHE", os.environ.get("ECOMKIT_CACHE", str(REPO / ".cache" / "ecomkit")))
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", os.environ.get("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions")))
 
 
 def run_script(script: str, args: list[str], nproc: int = 0, timeout: int = 300,

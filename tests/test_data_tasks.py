@@ -72,7 +72,8 @@ def test_category_labels_for_user_categories():
 
 def test_lm_labels_equal_inputs_and_end_with_eos(tok, records):
     ds = tokenize_records(records, tok, "lm", max_length=64)
-    assert ds.column_names == ["input_ids", "labels", "length"]
+    assert ds.column_names == ["input_ids", "labels", "length", "polarity"]
+    assert ds["polarity"] == [{"positive": 1, "neutral": 0, "negative": -1}[r["sentiment"]] for r in records]
     for row in ds:
         assert row["labels"] == row["input_ids"] and row["input_ids"][-1] == tok.eos_token_id
         assert row["length"] == len(row["input_ids"]) <= 64
@@ -85,6 +86,8 @@ def test_nlu_loss_only_on_answer_tokens(tok, records):
     ds = tokenize_records(records[:20], tok, "nlu", max_length=512)
     examples = [e for r in records[:20] for e in build_nlu_examples(r)]
     assert len(ds) == len(examples)
+    assert ds["polarity"] == [{"positive": 1, "neutral": 0, "negative": -1}[r["sentiment"]]
+                              for r in records[:20] for _ in build_nlu_examples(r)]
     for row, ex in zip(ds, examples):
         prompt = tok(ex.prompt, add_special_tokens=False)["input_ids"]
         answer = tok(ex.answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
@@ -116,7 +119,16 @@ def test_pad_collate_right_pads_with_masks():
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
+    assert "polarity" not in batch
     assert pad_collate([{"input_ids": [1], "labels": [1]}], pad_id=0, pad_to_multiple_of=8)["input_ids"].shape == (1, 8)
+    with_polarity = pad_collate([{"input_ids": [1], "labels": [1], "polarity": -1},
+                                 {"input_ids": [1, 2], "labels": [1, 2], "polarity": 0}], pad_id=0)
+    assert with_polarity["polarity"].tolist() == [-1, 0]
+
+
+def test_no_polarity_column_without_sentiment(tok):
+    records = [{k: v for k, v in RECORD.items() if k != "sentiment"}, RECORD]
+    assert tokenize_records(records, tok, "lm", 64).column_names == ["input_ids", "labels", "length"]
 
 
 def test_dataloader_with_sampler_and_collate(tok, records):
@@ -128,6 +140,7 @@ def test_dataloader_with_sampler_and_collate(tok, records):
     for batch in batches:
         assert batch["input_ids"].shape[0] == 4 and batch["input_ids"].dtype == torch.long
         assert (batch["attention_mask"].sum(1) == batch["input_ids"].ne(tok.pad_token_id).sum(1)).all()
+        assert batch["polarity"].shape == (4,)
 
 
 def test_tokenize_argument_errors(tok, records):

@@ -17,7 +17,7 @@ from ecomkit.data.sampler import DistributedBatchSampler
 
 def padding_rate(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> float:
     """Padded positions / total positions over ``batches`` (lists of indices into ``lengths``)."""
-    lengths = np.asarray(lengths)
+    lengths = np.asarray(lengths, dtype=np.int64)
     total = real = 0
     for batch in batches:
         if len(batch) == 0:

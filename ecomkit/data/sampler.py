@@ -50,7 +50,7 @@ def plan_global_batches(lengths: Sequence[int], global_batch_size: int, seed: in
     """
     if global_batch_size < 1:
         raise ConfigError(f"global_batch_size must be >= 1, got {global_batch_size}.")
-    lengths = np.asarray(lengths)
+    lengths = np.asarray(lengths, dtype=np.int64)
     rng = _rng(seed, epoch)
     order = rng.permutation(len(lengths))
     n_full = len(order) // global_batch_size
@@ -103,7 +103,7 @@ class DistributedBatchSampler:
                 raise ConfigError(f"{name} must be >= 1, got {value}.")
         if not 0 <= rank < num_replicas:
             raise ConfigError(f"rank must be in 0..{num_replicas - 1}, got {rank}.")
-        self.lengths = np.asarray(lengths)
+        self.lengths = np.asarray(lengths, dtype=np.int64)
         self.micro_batch_size, self.grad_accum = micro_batch_size, grad_accum
         self.num_replicas, self.rank, self.seed = num_replicas, rank, seed
         self.bucketed, self.drop_last, self.chunk_batches = bucketed, drop_last, chunk_batches

@@ -36,6 +36,7 @@ from ecomkit.errors import ConfigError, DataError
 TASKS: tuple[str, ...] = ("lm", "nlu")
 CATEGORY_LABELS: tuple[str, ...] = CATEGORIES
 SENTIMENT_LABELS: tuple[str, ...] = ("positive", "neutral", "negative")
+SENTIMENT_POLARITY: dict[str, int] = {"positive": 1, "neutral": 0, "negative": -1}
 NLU_TASKS: tuple[str, ...] = ("category", "sentiment", "brand", "price")
 CLASSIFICATION_TASKS: tuple[str, ...] = ("category", "sentiment")
 

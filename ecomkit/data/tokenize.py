@@ -5,6 +5,11 @@ mask differs per task (every token for ``lm``, only the answer for ``nlu``), and
 storing it keeps the training loop task-agnostic: it always computes the
 shifted cross-entropy over positions whose label is not -100.
 
+When every record has a ``sentiment``, a ``polarity`` column (+1 positive,
+0 neutral, -1 negative, from the source record) is kept as well, and
+:func:`pad_collate` passes it on as a tensor: the training loop's
+sentiment-adaptive clipping policy reads it per batch.
+
 No BOS is prepended (BLOOM's own tokenizer does not add one either); an EOS is
 appended so the model learns where a record, or an answer, ends.
 """
@@ -15,7 +20,13 @@ import functools
 import os
 from typing import Sequence
 
-from ecomkit.data.tasks import CATEGORY_LABELS, build_nlu_examples, check_task, format_lm_text
+from ecomkit.data.tasks import (
+    CATEGORY_LABELS,
+    SENTIMENT_POLARITY,
+    build_nlu_examples,
+    check_task,
+    format_lm_text,
+)
 from ecomkit.errors import ConfigError
 
 IGNORE_INDEX = -100
@@ -83,19 +94,31 @@ def _columns(pairs: list[tuple[list[int], list[int]]]) -> dict:
 
 
 def task_table(records: Sequence[dict], task: str, category_labels: Sequence[str] = CATEGORY_LABELS) -> dict:
-    """The untokenized columns: ``text`` for ``lm``; ``task``, ``prompt``, ``answer`` for ``nlu``."""
+    """The untokenized columns: ``text`` for ``lm``; ``task``, ``prompt``, ``answer`` for ``nlu``.
+
+    Plus ``polarity`` (one per row, from the source record) when every record has a sentiment.
+    """
+    with_polarity = bool(records) and all(r.get("sentiment") in SENTIMENT_POLARITY for r in records)
     if check_task(task) == "lm":
-        return {"text": [format_lm_text(r) for r in records]}
-    examples = [ex for r in records for ex in build_nlu_examples(r, category_labels)]
-    return {"task": [e.task for e in examples], "prompt": [e.prompt for e in examples],
-            "answer": [e.answer for e in examples]}
+        table = {"text": [format_lm_text(r) for r in records]}
+        sources = records
+    else:
+        pairs = [(r, ex) for r in records for ex in build_nlu_examples(r, category_labels)]
+        table = {"task": [e.task for _, e in pairs], "prompt": [e.prompt for _, e in pairs],
+                 "answer": [e.answer for _, e in pairs]}
+        sources = [r for r, _ in pairs]
+    if with_polarity:
+        table["polarity"] = [SENTIMENT_POLARITY[r["sentiment"]] for r in sources]
+    return table
 
 
 def tokenize_records(records: Sequence[dict], tokenizer, task: str, max_length: int, num_proc: int = 1,
                      category_labels: Sequence[str] | None = None):
     """Tokenize records into a ``datasets.Dataset`` with ``input_ids``, ``labels``, ``length``.
 
-    ``nlu`` produces several rows per record (see ``build_nlu_examples``).
+    A ``polarity`` column is added when every record has a sentiment (see the
+    module docstring). ``nlu`` produces several rows per record (see
+    ``build_nlu_examples``).
     ``num_proc > 1`` tokenizes in worker processes with ``datasets.map``; the
     tokenizer's own Rust thread pool is then switched off
     (``TOKENIZERS_PARALLELISM=false``) to avoid oversubscribing the cores.
@@ -114,15 +137,18 @@ def tokenize_records(records: Sequence[dict], tokenizer, task: str, max_length: 
     if n_proc > 1:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     fn = _tokenize_lm_batch if task == "lm" else _tokenize_nlu_batch
-    return raw.map(functools.partial(fn, tokenizer=tokenizer, max_length=max_length), batched=True,
-                   batch_size=1000, num_proc=n_proc if n_proc > 1 else None, remove_columns=raw.column_names,
-                   desc=None)
+    text_columns = [c for c in raw.column_names if c != "polarity"]
+    tokenized = raw.map(functools.partial(fn, tokenizer=tokenizer, max_length=max_length), batched=True,
+                        batch_size=1000, num_proc=n_proc if n_proc > 1 else None, remove_columns=text_columns)
+    order = [c for c in ("input_ids", "labels", "length", "polarity") if c in tokenized.column_names]
+    return tokenized.select_columns(order)
 
 
 def pad_collate(features: Sequence[dict], pad_id: int, pad_to_multiple_of: int | None = None) -> dict:
     """Right-pad a list of examples to the longest one: ``input_ids``, ``attention_mask``, ``labels`` tensors.
 
     ``labels`` are padded with -100 so pad positions never enter the loss.
+    A ``polarity`` value per example, if present, is returned as a 1-D tensor.
     Use as ``collate_fn=functools.partial(pad_collate, pad_id=tokenizer.pad_token_id)``.
     """
     import torch
@@ -140,4 +166,7 @@ def pad_collate(features: Sequence[dict], pad_id: int, pad_to_multiple_of: int |
         input_ids[row, :n] = torch.as_tensor(feature["input_ids"], dtype=torch.long)
         labels[row, :n] = torch.as_tensor(feature.get("labels", feature["input_ids"]), dtype=torch.long)
         attention_mask[row, :n] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+    if "polarity" in features[0]:
+        batch["polarity"] = torch.tensor([f["polarity"] for f in features], dtype=torch.long)
+    return batch

@@ -1,0 +1,286 @@
+"""Fused attention for transformers' BLOOM: ``--attn eager | sdpa | flex``.
+
+Why: transformers' ``BloomAttention`` only has an eager path. Every layer
+materialises the ``[batch, heads, T, T]`` score tensor, keeps its softmax for
+backward and builds the same-sized gradients, so at long sequences attention
+dominates memory and time. ``scaled_dot_product_attention`` (SDPA) never keeps
+the probabilities: it saves the inputs and a log-sum-exp per row and
+recomputes in backward.
+
+How it is installed (the one place that changes the model): the class of every
+``BloomAttention`` module is swapped in place for a subclass that overrides
+only ``forward`` (``module.__class__ = BloomSdpaAttention``). Parameters,
+``state_dict`` keys, ``isinstance`` checks, hooks and ``save_pretrained``
+output are untouched, so DDP, DeepSpeed ZeRO, FSDP2, tensor parallelism and
+``gradient_checkpointing_enable()`` wrap the model exactly as before, and
+``install_attention(model, "eager")`` swaps it back. Nothing of BLOOM is
+copied: the subclass reuses ``query_key_value``, ``_reshape``, ``dense``,
+``attention_dropout`` and transformers' own ``dropout_add``.
+
+What BLOOM's eager forward computes, and how each piece maps here:
+
+- scores = ``alibi.baddbmm(q, kᵀ, beta=self.beta, alpha=self.inv_norm_factor)``
+  + the 4-D additive causal/padding mask (0 or the dtype's minimum) →
+  SDPA with ``scale=self.inv_norm_factor`` and ``attn_mask = beta·alibi + mask``,
+  one ``[batch, heads, q, kv]`` float bias built once per forward and shared by
+  all layers (cached on the ``alibi`` tensor the model hands every block).
+  This transformers version has no layer-number scaling (``beta`` is 1 and
+  ``inv_norm_factor`` is 1/√head_dim); both are read from the module, so a
+  version or checkpoint that changes them is still followed.
+- the fused QKV layout ``[heads, 3, head_dim]`` → BLOOM's own ``_reshape``.
+- heads: always ``self.num_heads`` and the ``alibi`` argument, never the config.
+  The tensor-parallel pre-hook (chapter 04) sets ``num_heads = n_head / tp`` and
+  slices ``alibi`` to the rank's heads; this forward follows it unchanged.
+- attention dropout → ``dropout_p`` of SDPA (same probability, different random
+  stream, so with dropout > 0 runs agree in distribution, not bit for bit).
+- ``pretraining_tp > 1 and slow_but_exact`` → the same sliced ``dense``.
+- return value: ``(output, None)``; the block expects ``(hidden, attn_weights)``.
+  ``output_attentions=True`` needs the probabilities, so that call falls back
+  to the eager forward.
+
+``flex`` uses ``torch.nn.attention.flex_attention``: ALiBi is a ``score_mod``
+and the causal/padding mask a block mask (fully masked blocks are skipped).
+It is meant for GPUs, where it is compiled once per shape. On CPU torch has
+no FlexAttention backward and compiling its forward takes ~50 s, so
+``install_attention(model, "flex")`` on a CPU model refuses with a
+``ConfigError`` for training and, with ``for_training=False``, runs the
+unfused forward (a correctness reference, not a fast path). One visible
+difference: rows whose keys are all masked (padding queries under left
+padding) come out as zeros with flex and as a uniform average with eager;
+those positions never carry loss.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.bloom import modeling_bloom
+from transformers.models.bloom.modeling_bloom import BloomAttention, dropout_add
+
+from .errors import ConfigError, EcomkitError
+
+ATTN_CHOICES = ("eager", "sdpa", "flex")
+
+# The forward signature this module was written against (transformers 5.x).
+_EXPECTED_PARAMS = ("hidden_states", "residual", "alibi", "attention_mask", "layer_past", "use_cache",
+                    "output_attentions")
+_BIAS_ATTR = "_ecomkit_attention_bias"
+
+
+# ---------------------------------------------------------------------- shared pieces
+def attention_bias(alibi: torch.Tensor, attention_mask: torch.Tensor | None, num_heads: int,
+                   beta: float, q_length: int) -> torch.Tensor:
+    """``beta·alibi + mask`` as one ``[batch, heads, q, kv]`` additive bias, cached per forward.
+
+    Why cached on ``alibi``: BloomModel passes the same ``alibi`` and mask objects
+    to every block, so the bias is built once and every layer's SDPA saves a
+    reference to that one tensor for backward (instead of one copy per layer).
+    Under tensor parallelism the pre-hook slices ``alibi`` per layer, so each
+    layer builds its own (smaller, heads/tp) bias.
+    """
+    cached = getattr(alibi, _BIAS_ATTR, None)
+    if cached is not None and cached[0] is attention_mask and cached[1:4] == (num_heads, beta, q_length):
+        return cached[4]
+    kv_length = alibi.shape[-1]
+    batch = alibi.shape[0] // num_heads
+    bias = alibi.view(batch, num_heads, 1, kv_length) * beta if beta != 1.0 else alibi.view(batch, num_heads, 1, kv_length)
+    if attention_mask is not None:
+        bias = bias + attention_mask  # [b, 1, q, kv] broadcasts over heads
+    else:
+        bias = bias.expand(batch, num_heads, q_length, kv_length)
+    setattr(alibi, _BIAS_ATTR, (attention_mask, num_heads, beta, q_length, bias))
+    return bias
+
+
+def _project_output(attn: BloomAttention, context: torch.Tensor) -> torch.Tensor:
+    """The output ``dense``, including BLOOM's ``pretraining_tp``/``slow_but_exact`` slicing."""
+    if attn.pretraining_tp > 1 and attn.slow_but_exact:
+        slices = attn.hidden_size / attn.pretraining_tp
+        out = torch.zeros_like(context)
+        for i in range(attn.pretraining_tp):
+            lo, hi = int(i * slices), int((i + 1) * slices)
+            out = out + F.linear(context[:, :, lo:hi], attn.dense.weight[:, lo:hi])
+        return out
+    return attn.dense(context)
+
+
+class _FusedBloomAttention(BloomAttention):
+    """Common forward; subclasses implement ``_attend(q, k, v, alibi, mask) -> [b, h, q, d]``.
+
+    Never instantiated: ``install_attention`` swaps the class of existing modules.
+    """
+
+    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor, alibi: torch.Tensor,
+                attention_mask: torch.Tensor | None, layer_past: Any = None, use_cache: bool = False,
+                output_attentions: bool = False, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        if output_attentions:  # the probabilities are only materialised by the eager path
+            return BloomAttention.forward(self, hidden_states, residual, alibi, attention_mask, layer_past,
+                                          use_cache, output_attentions, **kwargs)
+        batch, q_length, _ = hidden_states.shape
+        query, key, value = self._reshape(self.query_key_value(hidden_states))  # [b, h, T, d] each
+        if layer_past is not None:
+            key, value = layer_past.update(key, value, self.layer_idx)
+        context = self._attend(query, key, value, alibi, attention_mask)
+        context = context.transpose(1, 2).reshape(batch, q_length, self.num_heads * self.head_dim)
+        output = _project_output(self, context)
+        return dropout_add(output, residual, self.hidden_dropout, self.training), None
+
+    def _attend(self, query, key, value, alibi, attention_mask) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+
+class BloomSdpaAttention(_FusedBloomAttention):
+    """BLOOM attention through ``F.scaled_dot_product_attention`` with ALiBi+mask as one bias."""
+
+    def _attend(self, query, key, value, alibi, attention_mask) -> torch.Tensor:
+        bias = attention_bias(alibi, attention_mask, self.num_heads, self.beta, query.shape[2])
+        dropout = self.attention_dropout.p if self.training else 0.0
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=bias.to(query.dtype),
+                                              dropout_p=dropout, scale=self.inv_norm_factor)
+
+
+# ---------------------------------------------------------------------- flex
+_COMPILED_FLEX: Any = None
+
+
+def _flex_function(device: torch.device):
+    """Compiled ``flex_attention`` on GPU (built once), the unfused reference elsewhere."""
+    global _COMPILED_FLEX
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type == "cpu":
+        return flex_attention
+    if _COMPILED_FLEX is None:
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED_FLEX
+
+
+def flex_block_mask(attention_mask: torch.Tensor | None, batch: int, q_length: int, kv_length: int,
+                    device: torch.device):
+    """A BlockMask from BLOOM's 4-D additive mask (0 = attend), or plain causal when there is none."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if attention_mask is None:
+        offset = kv_length - q_length
+        mask_mod = lambda b, h, q, kv: kv <= q + offset  # noqa: E731
+        return create_block_mask(mask_mod, None, None, q_length, kv_length, device=device)
+    allowed = attention_mask[:, 0] == 0  # [b, q, kv]
+    mask_mod = lambda b, h, q, kv: allowed[b, q, kv]  # noqa: E731
+    return create_block_mask(mask_mod, batch, None, q_length, kv_length, device=device)
+
+
+class BloomFlexAttention(_FusedBloomAttention):
+    """BLOOM attention through FlexAttention: ALiBi as ``score_mod``, causal+padding as a block mask."""
+
+    def _attend(self, query, key, value, alibi, attention_mask) -> torch.Tensor:
+        if self.training and self.attention_dropout.p > 0:
+            raise ConfigError(
+                f"attn='flex' has no attention dropout, but this model's attention_dropout is "
+                f"{self.attention_dropout.p}. Use --attn sdpa, or set attention_dropout=0 in the model config.")
+        if query.device.type == "cpu" and torch.is_grad_enabled() and query.requires_grad:
+            raise ConfigError(_FLEX_CPU_MESSAGE)
+        batch, q_length, kv_length = query.shape[0], query.shape[2], key.shape[2]
+        bias = alibi.view(batch, self.num_heads, kv_length) * self.beta
+        block_mask = _cached_block_mask(alibi, attention_mask, batch, q_length, kv_length, query.device)
+
+        def alibi_score(score, b, h, q, kv):
+            return score + bias[b, h, kv].to(score.dtype)
+
+        flex = _flex_function(query.device)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+            return flex(query, key, value, score_mod=alibi_score, block_mask=block_mask,
+                        scale=self.inv_norm_factor)
+
+
+def _cached_block_mask(alibi, attention_mask, batch, q_length, kv_length, device):
+    """One BlockMask per forward, shared by all layers (same trick as :func:`attention_bias`)."""
+    cached = getattr(alibi, "_ecomkit_block_mask", None)
+    if cached is not None and cached[0] is attention_mask and cached[1] == q_length:
+        return cached[2]
+    block_mask = flex_block_mask(attention_mask, batch, q_length, kv_length, device)
+    setattr(alibi, "_ecomkit_block_mask", (attention_mask, q_length, block_mask))
+    return block_mask
+
+
+_FLEX_CPU_MESSAGE = (
+    "attn='flex' cannot train on CPU: torch's FlexAttention has no CPU backward, and compiling its "
+    "forward for the CPU takes about a minute per shape. Use --attn sdpa on CPU (same results, "
+    "tested equal to eager); keep --attn flex for GPU runs.")
+
+_CLASSES: dict[str, type[BloomAttention]] = {
+    "eager": BloomAttention,
+    "sdpa": BloomSdpaAttention,
+    "flex": BloomFlexAttention,
+}
+
+
+# ---------------------------------------------------------------------- install
+def check_transformers_compatible() -> None:
+    """Refuse to patch a BLOOM whose attention forward no longer has the arguments this module reads."""
+    params = tuple(inspect.signature(BloomAttention.forward).parameters)[1:]
+    if params[: len(_EXPECTED_PARAMS)] != _EXPECTED_PARAMS:
+        raise EcomkitError(
+            f"transformers' BloomAttention.forward now takes {params} (file {modeling_bloom.__file__}); "
+            f"ecomkit.models_attention was written for {_EXPECTED_PARAMS}. Run with --attn eager, or pin "
+            "the transformers version listed in pyproject.toml.")
+
+
+def attention_modules(model: nn.Module) -> list[BloomAttention]:
+    return [m for m in model.modules() if isinstance(m, BloomAttention)]
+
+
+def install_attention(model: nn.Module, impl: str, *, for_training: bool = True) -> int:
+    """Switch every BLOOM attention module of ``model`` to ``impl``; returns how many were switched.
+
+    Call it before wrapping the model (DDP/ZeRO/FSDP2/TP) or after: only the
+    modules' classes change. ``for_training=False`` allows the unfused flex
+    forward on CPU (a correctness check).
+    """
+    if impl not in ATTN_CHOICES:
+        raise ConfigError(f"Unknown attn '{impl}'. Choose one of: {', '.join(ATTN_CHOICES)}.")
+    modules = attention_modules(model)
+    if not modules:
+        raise ConfigError(
+            f"attn='{impl}' replaces BLOOM's attention, but {type(model).__name__} has no BloomAttention "
+            "module. Pass --attn eager for other architectures.")
+    if impl == "eager":
+        for m in modules:
+            m.__class__ = BloomAttention
+        return len(modules)
+    check_transformers_compatible()
+    if impl == "flex":
+        _check_flex_usable(modules[0], for_training)
+    for m in modules:
+        m.__class__ = _CLASSES[impl]
+    return len(modules)
+
+
+def current_attention(model: nn.Module) -> str:
+    """The name of the implementation installed on ``model`` ('mixed' if modules disagree)."""
+    names = {next(k for k, c in _CLASSES.items() if type(m) is c) for m in attention_modules(model)}
+    return names.pop() if len(names) == 1 else "mixed"
+
+
+def _check_flex_usable(module: BloomAttention, for_training: bool) -> None:
+    try:
+        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"attn='flex' needs torch >= 2.5 (this is {torch.__version__}). Use --attn sdpa.") from None
+    device = module.query_key_value.weight.device
+    if device.type == "cpu" and for_training:
+        raise ConfigError(_FLEX_CPU_MESSAGE)
+
+
+def attention_score_bytes(batch: int, heads: int, seq_len: int, dtype_bytes: int = 4) -> int:
+    """Bytes of one ``[batch, heads, T, T]`` tensor: what eager keeps per layer (the benchmark's yardstick)."""
+    return batch * heads * seq_len * seq_len * dtype_bytes
+
+
+__all__ = ["ATTN_CHOICES", "BloomSdpaAttention", "BloomFlexAttention", "install_attention", "current_attention",
+           "attention_bias", "attention_score_bytes", "check_transformers_compatible"]
