@@ -4,6 +4,8 @@ The Rust tokenizer's own thread pool is switched off (TOKENIZERS_PARALLELISM=fal
 for both runs, so the ratio measures the process-level parallelism of
 ``datasets.map`` alone. Each configuration is warmed up once, then timed
 ``--repeats`` times; the best time is reported (least disturbed by other load).
+On a machine with 2 cores a speed-up needs both cores free: the load average
+is printed so a ratio measured under competing load can be recognised.
 
     python benchmarks/bench_tokenize.py [--rows 20000] [--task lm] [--repeats 2]
 """
@@ -44,12 +46,13 @@ def main() -> None:
     datasets.disable_progress_bars()
     tok = get_tokenizer(args.tokenizer)
     records = generate_catalog(args.rows, seed=0)
-    print(f"{args.rows:,} rows, task {args.task}, {os.cpu_count()} CPU cores visible")
+    print(f"{args.rows:,} rows, task {args.task}, {os.cpu_count()} CPU cores visible, "
+          f"load average before: {os.getloadavg()[0]:.2f} (other processes compete for the cores)")
     rates = {}
     for num_proc in (1, 2):
         rates[num_proc] = best_rows_per_second(records, tok, args.task, args.max_length, num_proc, args.repeats)
         print(f"num_proc={num_proc}: {rates[num_proc]:,.0f} rows/s")
-    print(f"speed-up num_proc 2 vs 1: {rates[2] / rates[1]:.2f}x")
+    print(f"speed-up num_proc 2 vs 1: {rates[2] / rates[1]:.2f}x (load average after: {os.getloadavg()[0]:.2f})")
 
 
 if __name__ == "__main__":

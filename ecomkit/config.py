@@ -46,6 +46,9 @@ class ZeroConfig:
     param_persistence_threshold: int = 0  # ZeRO-3: params smaller than this stay replicated
     activation_checkpointing: bool = False
     user_config: str | None = None    # a DeepSpeed JSON to merge on top (validated)
+    checkpoint_interval: int = 0      # steps between sharded engine checkpoints; 0 = off
+    checkpoint_dir: str | None = None # where they go (default: <output_dir>/checkpoints)
+    resume_from: str | None = None    # a checkpoint dir (latest tag) or its stepN subfolder
 
 
 @dataclass
@@ -54,7 +57,7 @@ class CompressionConfig:
 
     method: str = "none"              # none | fp16 | bf16 | powersgd | topk | topk_naive
     topk_ratio: float = 0.01          # fraction of each bucket's elements sent (topk*)
-    error_feedback: bool = True       # keep the unsent residual and add it next step (topk)
+    error_feedback: bool = True       # keep the unsent residual and add it next step (topk, powersgd)
     powersgd_rank: int = 4            # low-rank approximation rank
     powersgd_start_iter: int = 10     # plain all-reduce for the first iterations (warm-up)
     powersgd_warm_start: bool = True  # reuse the previous Q as the next initial guess
@@ -77,12 +80,18 @@ class ParallelConfig:
 
 @dataclass
 class FaultConfig:
-    """Checkpointing and fault injection (chapter 07)."""
+    """Checkpointing, hang diagnosis and health checks (chapter 07; see ecomkit.checkpoint, ecomkit.health)."""
 
-    checkpoint_interval: int = 0      # steps between checkpoints; 0 = off
-    keep_last: int = 2                # keep this many checkpoints
-    async_checkpoint: bool = False    # DCP async_save on its own process group
-    resume: bool = True               # resume from the newest complete checkpoint in output_dir
+    checkpoint_interval: int = -1     # steps between checkpoints; 0 = off; -1 = auto: on (every ~5% of the
+                                      #   run, at most 100 steps) only when a restart can use it
+                                      #   (torchrun --max-restarts > 0, or --fail-at-step set)
+    keep_last: int = 2                # keep this many complete checkpoints
+    async_checkpoint: bool = False    # DCP async_save on its own gloo group: training continues while writing
+    resume: bool = True               # resume from the newest complete checkpoint in checkpoint_dir
+    checkpoint_dir: str = ""          # "" = <output_dir>/checkpoints; must be one folder all ranks see
+    health_interval: int = 0          # steps between health samples (NVML on GPU, CPU/RAM otherwise); 0 = off
+    straggler_factor: float = 2.0     # warn when a rank's forward time exceeds this × the others' median
+    hang_dump_s: float = 0.0          # dump every rank's Python stacks when a step takes longer; 0 = off
 
 
 @dataclass
@@ -159,6 +168,9 @@ class TrainConfig:
         _choice("clip_policy", self.clip_policy, CLIP_POLICIES)
         _choice("attn", self.attn, ATTN_IMPLS)
         _choice("compression.method", self.compression.method, COMPRESSIONS)
+        from .parallel.compression import validate_compression  # chapter 05: ratio, rank, strategy
+
+        validate_compression(self)
         for name in ("lr", "seq_len", "micro_batch_size", "grad_accum", "n_rows"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be > 0.")

@@ -40,6 +40,7 @@ class MetricsCallback(TrainerCallback):
         if not logs or "loss" not in logs:
             return
         dt = getattr(self, "_last_dt", float("nan"))
+        # note: Trainer logs rank 0's loss (not the global mean that ecomkit logs)
         row = {"type": "train", "step": state.global_step, "loss": float(logs["loss"]),
                "lr": float(logs.get("learning_rate", float("nan"))), "grad_norm": float(logs.get("grad_norm", float("nan"))),
                "step_time_s": dt, "samples_per_s": self.samples_per_step / dt if dt else None}
@@ -68,6 +69,7 @@ def training_arguments(cfg: TrainConfig, env: DistEnv, grad_accum: int,
         logging_steps=1, report_to=[], save_strategy="no", eval_strategy="no",
         disable_tqdm=not (cfg.progress and env.is_main),
         ddp_bucket_cap_mb=int(cfg.bucket_cap_mb) if deepspeed is None else None,
+        ddp_find_unused_parameters=False,  # Trainer's default re-traverses the graph every step
         remove_unused_columns=False,
         seed=cfg.seed, data_seed=cfg.seed,
         deepspeed=deepspeed,

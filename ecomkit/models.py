@@ -41,7 +41,7 @@ class ModelPreset:
 # the transformer blocks.
 PRESETS: dict[str, ModelPreset] = {
     "tiny": ModelPreset(64, 2, 4, None, "2 blocks, hidden 64: unit tests, seconds on CPU"),
-    "small": ModelPreset(256, 4, 8, None, "4 blocks, hidden 256: benchmarks, a few minutes on CPU"),
+    "small": ModelPreset(512, 4, 8, None, "4 blocks, hidden 512: benchmarks, minutes on CPU"),
     "seqgpt-560m": ModelPreset(1024, 24, 16, 250_880, "SeqGPT-560M = BLOOM-560m shape"),
     "ecomgpt-7b": ModelPreset(4096, 30, 32, 250_880, "EcomGPT-7B = BLOOM-7b1 shape"),
 }

@@ -69,32 +69,64 @@ ATTN_CHOICES = ("eager", "sdpa", "flex")
 # The forward signature this module was written against (transformers 5.x).
 _EXPECTED_PARAMS = ("hidden_states", "residual", "alibi", "attention_mask", "layer_past", "use_cache",
                     "output_attentions")
-_BIAS_ATTR = "_ecomkit_attention_bias"
+_PLAN_ATTR = "_ecomkit_sdpa_mask_plan"
 
 
 # ---------------------------------------------------------------------- shared pieces
-def attention_bias(alibi: torch.Tensor, attention_mask: torch.Tensor | None, num_heads: int,
-                   beta: float, q_length: int) -> torch.Tensor:
-    """``beta·alibi + mask`` as one ``[batch, heads, q, kv]`` additive bias, cached per forward.
+def alibi_in_qk(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, alibi: torch.Tensor,
+                num_heads: int, scale: float, beta: float, multiple: int = 1
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fold ALiBi into the dot product: ``[q·scale, 1] · [k, beta·alibi] = scale·q·k + beta·alibi``.
 
-    Why cached on ``alibi``: BloomModel passes the same ``alibi`` and mask objects
-    to every block, so the bias is built once and every layer's SDPA saves a
-    reference to that one tensor for backward (instead of one copy per layer).
-    Under tensor parallelism the pre-hook slices ``alibi`` per layer, so each
-    layer builds its own (smaller, heads/tp) bias.
+    Why: BLOOM's ALiBi term depends on (batch, head, key) only, so it fits in one
+    extra channel of q and k. SDPA then needs just the model's own
+    ``[batch, 1, q, kv]`` mask (shared by all heads and layers) instead of a
+    ``[batch, heads, q, kv]`` bias: no tensor that grows with heads·T² exists.
+    The ALiBi values are used exactly as the model built them; the only extra
+    rounding is ``q·scale`` (exact when head_dim is a power of 4). ``value`` is
+    zero-padded to the same width because fused kernels require equal head
+    dims; ``multiple`` rounds the width up (8 on CUDA, for the aligned kernels).
     """
-    cached = getattr(alibi, _BIAS_ATTR, None)
-    if cached is not None and cached[0] is attention_mask and cached[1:4] == (num_heads, beta, q_length):
-        return cached[4]
-    kv_length = alibi.shape[-1]
-    batch = alibi.shape[0] // num_heads
-    bias = alibi.view(batch, num_heads, 1, kv_length) * beta if beta != 1.0 else alibi.view(batch, num_heads, 1, kv_length)
-    if attention_mask is not None:
-        bias = bias + attention_mask  # [b, 1, q, kv] broadcasts over heads
-    else:
-        bias = bias.expand(batch, num_heads, q_length, kv_length)
-    setattr(alibi, _BIAS_ATTR, (attention_mask, num_heads, beta, q_length, bias))
-    return bias
+    batch, _, q_len, head_dim = query.shape
+    kv_len = key.shape[2]
+    width = -(-(head_dim + 1) // multiple) * multiple
+    slope_pos = alibi.view(batch, num_heads, kv_len, 1).to(key.dtype)
+    if beta != 1.0:
+        slope_pos = slope_pos * beta
+    extra = width - head_dim - 1
+    q_aug = torch.cat([query * scale, query.new_ones(batch, num_heads, q_len, 1)], dim=-1)
+    k_aug = torch.cat([key, slope_pos], dim=-1)
+    v_aug = value
+    if extra:
+        q_aug = F.pad(q_aug, (0, extra))
+        k_aug = F.pad(k_aug, (0, extra))
+    if width != head_dim:
+        v_aug = F.pad(value, (0, width - head_dim))
+    return q_aug, k_aug, v_aug
+
+
+def sdpa_mask_plan(alibi: torch.Tensor, attention_mask: torch.Tensor | None, q_length: int
+                   ) -> tuple[torch.Tensor | None, bool]:
+    """``(attn_mask, is_causal)`` for SDPA, decided once per forward and cached on ``alibi``.
+
+    A batch without padding carries a plain causal mask: then SDPA gets
+    ``is_causal=True`` and no mask, which lets fused kernels skip the upper
+    triangle (and on CUDA pick FlashAttention). Otherwise the model's additive
+    mask is passed as is (0 = attend, dtype minimum = masked, same as eager, so
+    fully masked padding rows come out exactly as in eager).
+    Why cached on ``alibi``: BloomModel hands the same ``alibi`` and mask
+    objects to every block, so the check runs once per forward, not per layer.
+    """
+    cached = getattr(alibi, _PLAN_ATTR, None)
+    if cached is not None and cached[0] is attention_mask and cached[1] == q_length:
+        return cached[2], cached[3]
+    plan: tuple[torch.Tensor | None, bool] = (attention_mask, False)
+    if attention_mask is not None and attention_mask.shape[-1] == q_length == attention_mask.shape[-2]:
+        causal = torch.ones(q_length, q_length, dtype=torch.bool, device=attention_mask.device).tril()
+        if torch.equal(attention_mask == 0, causal.expand_as(attention_mask)):
+            plan = (None, True)
+    setattr(alibi, _PLAN_ATTR, (attention_mask, q_length, *plan))
+    return plan
 
 
 def _project_output(attn: BloomAttention, context: torch.Tensor) -> torch.Tensor:
@@ -135,13 +167,19 @@ class _FusedBloomAttention(BloomAttention):
 
 
 class BloomSdpaAttention(_FusedBloomAttention):
-    """BLOOM attention through ``F.scaled_dot_product_attention`` with ALiBi+mask as one bias."""
+    """BLOOM attention through ``F.scaled_dot_product_attention``, ALiBi folded into q·k."""
 
     def _attend(self, query, key, value, alibi, attention_mask) -> torch.Tensor:
-        bias = attention_bias(alibi, attention_mask, self.num_heads, self.beta, query.shape[2])
+        head_dim = query.shape[-1]
+        multiple = 8 if query.device.type == "cuda" else 1
+        q, k, v = alibi_in_qk(query, key, value, alibi, self.num_heads, self.inv_norm_factor, self.beta, multiple)
+        mask, is_causal = sdpa_mask_plan(alibi, attention_mask, query.shape[2])
+        if mask is not None and mask.dtype != q.dtype:
+            mask = mask.to(q.dtype)
         dropout = self.attention_dropout.p if self.training else 0.0
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=bias.to(query.dtype),
-                                              dropout_p=dropout, scale=self.inv_norm_factor)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal,
+                                             scale=1.0)
+        return out[..., :head_dim]
 
 
 # ---------------------------------------------------------------------- flex
@@ -199,7 +237,7 @@ class BloomFlexAttention(_FusedBloomAttention):
 
 
 def _cached_block_mask(alibi, attention_mask, batch, q_length, kv_length, device):
-    """One BlockMask per forward, shared by all layers (same trick as :func:`attention_bias`)."""
+    """One BlockMask per forward, shared by all layers (same trick as :func:`sdpa_mask_plan`)."""
     cached = getattr(alibi, "_ecomkit_block_mask", None)
     if cached is not None and cached[0] is attention_mask and cached[1] == q_length:
         return cached[2]
@@ -283,4 +321,4 @@ def attention_score_bytes(batch: int, heads: int, seq_len: int, dtype_bytes: int
 
 
 __all__ = ["ATTN_CHOICES", "BloomSdpaAttention", "BloomFlexAttention", "install_attention", "current_attention",
-           "attention_bias", "attention_score_bytes", "check_transformers_compatible"]
+           "alibi_in_qk", "sdpa_mask_plan", "attention_score_bytes", "check_transformers_compatible"]

@@ -144,9 +144,9 @@ def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future
     gathered = [torch.empty_like(message) for _ in range(world)]
     fut = dist.all_gather(gathered, message, group=state.group, async_op=True).get_future()
 
-    def decode(f: torch.futures.Future) -> torch.Tensor:
+    def decode(_: torch.futures.Future) -> torch.Tensor:
         total = torch.zeros_like(buf)
-        for msg in f.value()[0] if isinstance(f.value()[0], list) else gathered:
+        for msg in gathered:  # filled in place by the time the future completes
             vals, idx = unpack_message(msg, k)
             total.index_add_(0, idx, vals.to(buf.dtype))
         buf.copy_(total.div_(world))

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import warnings
-from pathlib import Path
 from typing import Any, ContextManager
 
 import torch
@@ -99,23 +99,33 @@ def build_zero_optimizer(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> to
     return build_optimizer(model, cfg)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _ensure_process_group(env: DistEnv) -> None:
     """DeepSpeed needs a process group even for one process; reuse ecomkit's when it exists."""
     import deepspeed
     import torch.distributed as dist
 
     if not dist.is_initialized():  # plain `python script.py`: a world of one
-        import os
-
-        from ..envcheck.collectives import free_port  # noqa: F401  (may not exist: fall back below)
-
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("LOCAL_RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
     deepspeed.init_distributed(dist_backend="nccl" if env.device.type == "cuda" else "gloo",
                                auto_mpi_discovery=False, verbose=False)
+
+
+def _quiet_deprecations() -> None:
+    """DeepSpeed calls torch collectives that torch 2.13 renamed; one FutureWarning per call floods the log."""
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated")
 
 
 class ZeroStrategy(Strategy):
@@ -137,9 +147,11 @@ class ZeroStrategy(Strategy):
 
         from ..train.optim import build_scheduler
 
+        _quiet_deprecations()
         _ensure_process_group(self.env)
         grad_accum = self.cfg.resolve_grad_accum(self.env.world_size)
-        self.ds_config = build_zero_config(self.cfg, self.env.world_size, grad_accum)
+        self.ds_config = build_zero_config(self.cfg, self.env.world_size, grad_accum,
+                                           n_params=sum(p.numel() for p in model.parameters()))
         if self.env.is_main:
             path = save_zero_config(self.ds_config, self.cfg.output_dir)
             log.info("DeepSpeed config (ZeRO-%d) written to %s", self.cfg.zero.stage, path)
@@ -235,7 +247,7 @@ class ZeroStrategy(Strategy):
 
     def save_pretrained(self, out_dir: str, tokenizer: Any | None = None) -> None:
         """One consolidated HF directory (safetensors) that loads without DeepSpeed."""
-        from ..models import consolidated_save_pretrained
+        from .zero_checkpoint import consolidated_save_pretrained
 
         state = self.full_state_dict()
         if self.env.is_main:
@@ -261,5 +273,4 @@ class ZeroStrategy(Strategy):
         gc.collect()
 
 
-__all__ = ["ZeroStrategy", "build_zero_config", "build_zero_optimizer", "CPUAdamUnavailableWarning",
-           "Path"]
+__all__ = ["ZeroStrategy", "build_zero_config", "build_zero_optimizer", "CPUAdamUnavailableWarning"]

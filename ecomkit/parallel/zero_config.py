@@ -63,22 +63,36 @@ def precision_section(precision: str) -> dict[str, Any]:
     return {}  # fp32: DeepSpeed still keeps an fp32 master partition inside the ZeRO optimizer
 
 
-def zero_section(cfg: TrainConfig, pin_memory: bool) -> dict[str, Any]:
+def bucket_elements(cfg: TrainConfig, n_params: int | None) -> int:
+    """``zero.bucket_size``, capped at the model size.
+
+    DeepSpeed allocates its reduce bucket at full size up front (ZeRO-3: an
+    fp32 buffer of ``reduce_bucket_size`` elements, 200 MB for 5e7), so a
+    bucket larger than the model only wastes memory: one bucket already holds
+    every gradient.
+    """
+    if n_params is None:
+        return cfg.zero.bucket_size
+    return max(1, min(cfg.zero.bucket_size, n_params))
+
+
+def zero_section(cfg: TrainConfig, pin_memory: bool, n_params: int | None = None) -> dict[str, Any]:
     """The ``zero_optimization`` block for stages 0-3 with optional CPU offload."""
     z = cfg.zero
+    bucket = bucket_elements(cfg, n_params)
     section: dict[str, Any] = {
         "stage": z.stage,
         "overlap_comm": z.overlap_comm,
         "contiguous_gradients": z.contiguous_gradients,
-        "reduce_bucket_size": z.bucket_size,
+        "reduce_bucket_size": bucket,
     }
     if z.stage in (1, 2):
-        section.update({"allgather_bucket_size": z.bucket_size, "reduce_scatter": True})
+        section.update({"allgather_bucket_size": bucket, "reduce_scatter": True})
     if z.stage == 3:
         section.update({
             # 0: even tiny tensors are partitioned (the 1e5 default keeps a toy model fully replicated)
             "stage3_param_persistence_threshold": z.param_persistence_threshold,
-            "stage3_prefetch_bucket_size": z.bucket_size,
+            "stage3_prefetch_bucket_size": bucket,
             "stage3_max_live_parameters": 1_000_000_000,
             "stage3_max_reuse_distance": 1_000_000_000,
             "stage3_gather_16bit_weights_on_model_save": True,
@@ -90,8 +104,12 @@ def zero_section(cfg: TrainConfig, pin_memory: bool) -> dict[str, Any]:
     return section
 
 
-def build_zero_config(cfg: TrainConfig, world_size: int, grad_accum: int) -> dict[str, Any]:
-    """The complete DeepSpeed config of a run: no ``"auto"``, batch sizes consistent by construction."""
+def build_zero_config(cfg: TrainConfig, world_size: int, grad_accum: int,
+                      n_params: int | None = None) -> dict[str, Any]:
+    """The complete DeepSpeed config of a run: no ``"auto"``, batch sizes consistent by construction.
+
+    ``n_params`` (Ψ, when known) caps the bucket sizes at the model size.
+    """
     import torch
 
     validate_zero_options(cfg)
@@ -100,7 +118,7 @@ def build_zero_config(cfg: TrainConfig, world_size: int, grad_accum: int) -> dic
         "gradient_accumulation_steps": grad_accum,
         "train_batch_size": cfg.micro_batch_size * grad_accum * world_size,
         "gradient_clipping": float(cfg.max_grad_norm),   # 0.0 disables clipping
-        "zero_optimization": zero_section(cfg, pin_memory=torch.cuda.is_available()),
+        "zero_optimization": zero_section(cfg, pin_memory=torch.cuda.is_available(), n_params=n_params),
         # the optimizer is built by ecomkit (torch AdamW or DeepSpeedCPUAdam) and passed in
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 1_000_000_000,                # ecomkit logs every step itself

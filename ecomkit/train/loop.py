@@ -279,7 +279,10 @@ def run_training(cfg: TrainConfig, callbacks: Iterable[Any] = ()) -> dict[str, A
     """Set up the process group, train, evaluate, save, tear down. Returns the summary (all ranks)."""
     from ..dist import distributed_session
 
+    from ..checkpoint import add_fault_tolerance_callbacks  # chapter 07: checkpoints/resume, health monitor
+
     cfg.validate()
+    callbacks = add_fault_tolerance_callbacks(cfg, callbacks)
     with distributed_session(timeout_s=cfg.timeout_s, seed=cfg.seed) as env:
         run = TrainingRun(cfg, env, list(callbacks)).build()
         try:

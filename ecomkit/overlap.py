@@ -1,0 +1,178 @@
+"""How much gradient communication DDP hides behind backward, and what the guide's stream trick gets wrong.
+
+DDP groups gradients into buckets of ``bucket_cap_mb``. The last layers'
+gradients are ready first, so their bucket's all-reduce starts while autograd
+is still computing the earlier layers: communication overlaps computation.
+Before ``backward()`` returns, DDP waits for every bucket, so
+``optimizer.step()`` always sees averaged gradients. Small buckets start
+communicating earlier but pay a per-collective latency more often; one huge
+bucket cannot start until the whole backward is done. :func:`sweep_bucket_cap`
+measures this trade-off with three timings per bucket size:
+
+- ``step_s``: forward + backward with DDP's bucketed, overlapped all-reduce;
+- ``compute_s``: the same forward + backward under ``no_sync()`` (no communication);
+- ``comm_s``: all-reducing the same gradients in the same-sized buckets, alone.
+
+``exposed_s = step_s − compute_s`` is the communication the step actually
+waited for; ``hidden_frac = 1 − exposed_s / comm_s`` is the share that
+overlapped. On a GPU, NCCL runs on its own stream; on CPU, gloo's threads
+compete with the compute thread for the same cores, so expect less overlap.
+
+The EcomGPT guide's version launches ``all_reduce(grad, async_op=True)`` on a
+side stream after ``backward()`` and calls ``optimizer.step()`` without waiting
+on the returned work handles. :func:`naive_async_allreduce` runs that recipe
+(and the corrected one that waits) and measures what the optimizer read: with
+no wait the step uses gradients whose all-reduce has not finished, each rank
+updates with different numbers, and the replicas drift apart.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .config import TrainConfig
+from .dist import DistEnv, distributed_session, log
+from .errors import EcomkitError
+from .models import load_model
+
+SYNTHETIC_VOCAB = 4096  # random token ids: timing and divergence do not need real text
+
+
+def synthetic_batch(micro_batch: int, seq_len: int, seed: int, vocab: int = SYNTHETIC_VOCAB) -> dict[str, torch.Tensor]:
+    """Random token ids with labels = inputs (causal LM loss), reproducible from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (micro_batch, seq_len), generator=g)
+    return {"input_ids": ids, "labels": ids}
+
+
+def _timed(fn: Callable[[], Any], env: DistEnv) -> float:
+    """Seconds for one call, ranks started together (a barrier first, so no rank waits for a late peer)."""
+    if env.distributed:
+        dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def bucket_chunks(model: torch.nn.Module, cap_mb: float) -> list[torch.Tensor]:
+    """Flat copies of the gradients, grouped like DDP's buckets (reverse parameter order, <= cap bytes each)."""
+    cap = cap_mb * 1024 * 1024
+    chunks, current, size = [], [], 0
+    for p in reversed([p for p in model.parameters() if p.grad is not None]):
+        nbytes = p.grad.numel() * p.grad.element_size()
+        if current and size + nbytes > cap:
+            chunks.append(torch.cat(current))
+            current, size = [], 0
+        current.append(p.grad.detach().reshape(-1))
+        size += nbytes
+    if current:
+        chunks.append(torch.cat(current))
+    return chunks
+
+
+def measure_bucket_cap(cfg: TrainConfig, cap_mb: float, env: DistEnv, repeats: int) -> dict[str, Any]:
+    """The three timings for one ``bucket_cap_mb`` (medians over ``repeats``, after two warm-up steps)."""
+    model = load_model(cfg.model, vocab_size=SYNTHETIC_VOCAB, device=env.device, seed=cfg.seed)
+    ddp = DDP(model, bucket_cap_mb=cap_mb, gradient_as_bucket_view=True)
+    batch = {k: v.to(env.device) for k, v in synthetic_batch(cfg.micro_batch_size, cfg.seq_len,
+                                                               cfg.seed + env.rank).items()}
+
+    def fwd_bwd() -> None:
+        ddp.zero_grad(set_to_none=False)
+        ddp(**batch).loss.backward()
+
+    def compute_only() -> None:
+        with ddp.no_sync():
+            fwd_bwd()
+
+    for _ in range(2):  # DDP rebuilds its buckets after the first backward
+        fwd_bwd()
+    chunks = bucket_chunks(model, cap_mb)
+
+    def comm_only() -> None:
+        for c in chunks:
+            dist.all_reduce(c)
+
+    times: dict[str, list[float]] = {"step_s": [], "compute_s": [], "comm_s": []}
+    for _ in range(repeats):  # interleaved, so a slow moment on the machine hits all three alike
+        times["step_s"].append(_timed(fwd_bwd, env))
+        times["compute_s"].append(_timed(compute_only, env))
+        times["comm_s"].append(_timed(comm_only, env))
+    row: dict[str, Any] = {"bucket_cap_mb": cap_mb, "n_buckets": len(chunks),
+                           "grad_bytes": sum(c.numel() * c.element_size() for c in chunks)}
+    row.update({k: statistics.median(v) for k, v in times.items()})
+    row["exposed_s"] = max(0.0, row["step_s"] - row["compute_s"])
+    row["hidden_frac"] = min(1.0, max(0.0, 1 - row["exposed_s"] / row["comm_s"])) if row["comm_s"] > 0 else None
+    del ddp, model
+    return row
+
+
+def sweep_bucket_cap(cfg: TrainConfig, caps_mb: list[float], env: DistEnv, repeats: int = 5) -> list[dict[str, Any]]:
+    """One row per bucket size (see the module docstring for the columns)."""
+    if not env.distributed:
+        raise EcomkitError("the bucket_cap_mb sweep measures communication: launch it with torchrun "
+                           "--nproc_per_node 2 (or more).")
+    rows = []
+    for cap in caps_mb:
+        rows.append(measure_bucket_cap(cfg, cap, env, repeats))
+        if env.is_main:
+            log.info("bucket_cap_mb=%s: %s", cap, {k: round(v, 4) if isinstance(v, float) else v
+                                                   for k, v in rows[-1].items()})
+    return rows
+
+
+# ---------------------------------------------------------------------- the guide's async all-reduce
+def _params_spread_across_ranks(model: torch.nn.Module, env: DistEnv) -> float:
+    """max |θ_rank − θ_rank0| over all parameters: 0.0 means the replicas are identical."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(env.world_size)]
+    dist.all_gather(gathered, flat)
+    return max(float((g - gathered[0]).abs().max()) for g in gathered)
+
+
+def naive_async_allreduce(cfg: TrainConfig, env: DistEnv, steps: int, wait: bool) -> dict[str, Any]:
+    """Train ``steps`` steps with per-tensor async all-reduce; ``wait=False`` is the guide's recipe.
+
+    Each rank sees different data, as in real data parallelism. Per step we
+    record the share of gradient tensors whose value when ``optimizer.step()``
+    started differs from their final all-reduced value: the gradients the
+    optimizer read before communication had finished.
+    """
+    model = load_model(cfg.model, vocab_size=SYNTHETIC_VOCAB, device=env.device, seed=cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    stale_shares = []
+    for step in range(steps):
+        batch = synthetic_batch(cfg.micro_batch_size, cfg.seq_len, cfg.seed + 1000 * step + env.rank)
+        model(**{k: v.to(env.device) for k, v in batch.items()}).loss.backward()
+        grads = [p.grad for p in model.parameters()]
+        for g in grads:
+            g.div_(env.world_size)  # gloo has no ReduceOp.AVG: pre-divide, then SUM
+        works = [dist.all_reduce(g, async_op=True) for g in grads]
+        if wait:
+            for w in works:
+                w.wait()
+        seen = [g.clone() for g in grads]  # what optimizer.step() starts reading now
+        opt.step()
+        for w in works:  # the guide never waits; we must, before the gradients are touched again
+            w.wait()
+        stale_shares.append(sum(not torch.equal(s, g) for s, g in zip(seen, grads)) / len(grads))
+        opt.zero_grad(set_to_none=True)
+    spread = _params_spread_across_ranks(model, env)
+    del model, opt
+    return {"wait": wait, "steps": steps, "stale_grad_share_mean": statistics.mean(stale_shares),
+            "stale_grad_share_per_step": stale_shares, "replica_max_abs_diff": spread}
+
+
+def run_overlap_study(cfg: TrainConfig, caps_mb: list[float], repeats: int, async_steps: int) -> dict[str, Any]:
+    """The bucket sweep and both async variants in one process group; returns what rank 0 should save."""
+    with distributed_session(timeout_s=cfg.timeout_s, seed=cfg.seed) as env:
+        sweep = sweep_bucket_cap(cfg, caps_mb, env, repeats)
+        demo = [naive_async_allreduce(cfg, env, async_steps, wait) for wait in (False, True)] if async_steps else []
+        return {"model": cfg.model, "micro_batch_size": cfg.micro_batch_size, "seq_len": cfg.seq_len,
+                "world_size": env.world_size, "backend": env.backend, "bucket_sweep": sweep, "async_allreduce": demo}

@@ -1,0 +1,92 @@
+"""FSDP2 (``fully_shard``) for BLOOM: one FSDP unit per transformer block, then the root.
+
+What FSDP2 does (the ZeRO-3 idea on DTensors): every parameter is stored as a
+``DTensor`` sharded on dim 0 across the data-parallel ranks, so each rank keeps
+``1/dp`` of the parameters, gradients and AdamW states. Before a unit's
+forward its parameters are all-gathered, after its backward the gradients are
+reduce-scattered (averaged), and the optimizer steps on the local shards.
+
+Why one unit per block, then the root: a unit is the granularity of
+communication and of memory. Per block, only one block's full parameters exist
+at a time (plus the prefetched next one), and the all-gather of block ``i+1``
+overlaps the compute of block ``i``. The root unit collects what is left:
+embeddings (tied to the LM head, so both stay in one unit), the embedding
+LayerNorm and ``ln_f``.
+
+``reshard_after_forward``:
+- ``True`` (ZeRO-3-like): free each block's gathered parameters after its
+  forward and all-gather them again in backward: least memory, 1.5× the
+  communication of DDP (all-gather fwd + all-gather bwd + reduce-scatter).
+- ``False`` (ZeRO-2-like): keep them gathered until backward: no second
+  all-gather, but full parameters live through the whole forward/backward.
+  The root is never resharded after forward (its parameters are needed first
+  thing in backward anyway); FSDP2 does that by default.
+
+Mixed precision (``MixedPrecisionPolicy``): with ``--precision bf16`` the
+gathered parameters and the compute are bf16 (half the all-gather bytes),
+while the sharded master parameters, the optimizer and the gradient
+reduce-scatter stay fp32 (``reduce_dtype``), which keeps summed gradients
+accurate.
+
+CPU offload (``CPUOffloadPolicy``): sharded parameters, gradients and
+optimizer states live in host memory and the optimizer steps on the CPU; each
+unit is copied to the GPU before its all-gather. On a CPU-only machine it
+changes nothing (everything is already in host memory), so it is accepted
+and reported, not measured, there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .tensor import bloom_blocks
+
+PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+
+
+def mixed_precision_policy(precision: str) -> Any:
+    """``MixedPrecisionPolicy`` for ``precision``: bf16 compute with fp32 gradient reduction, or none."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=PARAM_DTYPES.get(precision), reduce_dtype=torch.float32)
+
+
+def offload_policy(cpu_offload: bool, device: torch.device) -> Any:
+    """``CPUOffloadPolicy`` when asked (pinned memory only where a GPU exists), else no offload."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+    if not cpu_offload:
+        return OffloadPolicy()
+    return CPUOffloadPolicy(pin_memory=device.type == "cuda")
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: Any, *, precision: str = "fp32", reshard_after_forward: bool = True,
+               cpu_offload: bool = False, device: torch.device | None = None) -> nn.Module:
+    """``fully_shard`` each BLOOM block, then the whole model (the root unit); returns ``model``.
+
+    ``dp_mesh`` may be a 1-D mesh or the ``dp`` sub-mesh of a 2-D (dp, tp)
+    mesh: parameters already split by tensor parallelism then become 2-D
+    DTensors (sharded over dp *and* tp).
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    common = {"mesh": dp_mesh, "mp_policy": mixed_precision_policy(precision),
+              "offload_policy": offload_policy(cpu_offload, device or torch.device("cpu"))}
+    for block in bloom_blocks(model):
+        fully_shard(block, reshard_after_forward=reshard_after_forward, **common)
+    fully_shard(model, reshard_after_forward=False, **common)
+    return model
+
+
+def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
+    """FSDP2's ``no_sync``: skip the reduce-scatter on gradient-accumulation micro-steps.
+
+    Gradients then accumulate unsharded (more memory, less communication);
+    the last micro-step of an optimizer step reduces everything at once.
+    """
+    setter = getattr(model, "set_requires_gradient_sync", None)
+    if setter is not None:
+        setter(enabled)

@@ -1,0 +1,252 @@
+"""Model-state memory per rank under ZeRO: measured, by formula, and by DeepSpeed's own estimators.
+
+Why measure by counting tensors: on CPU there is no ``max_memory_allocated``,
+and process RSS mixes in Python, libraries and activations. What the ZeRO
+paper's formulas talk about is the bytes of parameters, gradients and
+optimizer states a rank holds, and those are tensors we can enumerate: the
+module's parameters (under ZeRO-3 their ``ds_tensor`` partitions), their
+gradients, and every tensor the DeepSpeed optimizer object keeps (fp32 master
+partitions, Adam moments, gradient partitions, communication buckets).
+Tensors are de-duplicated by *storage* and each storage counted at its full
+size, so views (ZeRO's flat buffers) are counted once and padding is included.
+On GPU the loop's ``peak_mem_bytes`` (``max_memory_allocated``) adds
+activations and temporaries on top.
+
+The formulas (mixed-precision Adam: 2-byte params and grads, 12 bytes of
+fp32 master + momentum + variance per parameter; Ψ parameters, N ranks):
+stage 0 ``16Ψ``, stage 1 ``4Ψ + 12Ψ/N``, stage 2 ``2Ψ + 14Ψ/N``, stage 3
+``16Ψ/N``. :func:`formula_bytes` generalises them to fp32 training, where
+params and grads take 4 bytes and DeepSpeed *still* keeps a separate fp32
+master partition (a clone, 4 bytes) besides the 8 bytes of Adam moments.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+CATEGORIES = ("params", "grads", "optimizer", "buffers")
+_SKIP_TYPES = (torch.nn.Module,)
+_MAX_DEPTH = 4
+
+
+# ---------------------------------------------------------------------- formulas
+def formula_bytes(stage: int, psi: int, n: int, param_bytes: int = 2, master_bytes: int = 4,
+                  adam_bytes: int = 8) -> dict[str, float]:
+    """Per-rank model-state bytes of ZeRO ``stage`` (0 = DDP), split into params / grads / optimizer.
+
+    Defaults are mixed precision (bf16/fp16 weights and grads, fp32 master and
+    moments): the 16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N of the ZeRO paper. For fp32
+    training under DeepSpeed use ``param_bytes=4`` (master_bytes stays 4: the
+    ZeRO optimizer clones its fp32 partition even when the weights are fp32);
+    for plain torch DDP in fp32 use ``param_bytes=4, master_bytes=0``.
+    """
+    opt = (master_bytes + adam_bytes) * psi
+    params = param_bytes * psi / (n if stage >= 3 else 1)
+    grads = param_bytes * psi / (n if stage >= 2 else 1)
+    optimizer = opt / (n if stage >= 1 else 1)
+    return {"params": params, "grads": grads, "optimizer": optimizer, "total": params + grads + optimizer}
+
+
+def formula_label(stage: int) -> str:
+    return {0: "16Ψ", 1: "4Ψ + 12Ψ/N", 2: "2Ψ + 14Ψ/N", 3: "16Ψ/N"}[stage]
+
+
+def deepspeed_estimates(psi: int, largest_layer: int, n_gpus: int, n_nodes: int = 1) -> dict[str, dict[str, int]]:
+    """DeepSpeed's own model-state estimators (the numbers its ``*_all_cold`` functions print), per GPU / CPU.
+
+    The printing ``estimate_zero{2,3}_model_states_mem_needs_all_cold`` call
+    these functions for each offload option; we call them directly to get the
+    numbers. Their assumptions differ from the paper's formulas (see
+    :data:`ESTIMATOR_NOTES`).
+    """
+    from .parallel.zero_config import ensure_deepspeed_env
+
+    ensure_deepspeed_env()
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    out: dict[str, dict[str, int]] = {}
+    for offload in (False, True):
+        cpu, gpu = estimate_zero2_model_states_mem_needs(psi, n_gpus, n_nodes, cpu_offload=offload)
+        out[f"zero2{'+offload_opt' if offload else ''}"] = {"gpu": gpu, "cpu": cpu}
+    for offload, offload_params in ((False, False), (True, False), (True, True)):
+        cpu, gpu, _ = estimate_zero3_model_states_mem_needs(psi, largest_layer, n_gpus, n_nodes,
+                                                           cpu_offload=offload, cpu_offload_params=offload_params)
+        key = "zero3" + ("+offload_opt" if offload else "") + ("+offload_param" if offload_params else "")
+        out[key] = {"gpu": gpu, "cpu": cpu}
+    return out
+
+
+ESTIMATOR_NOTES = {
+    "zero2": "DeepSpeed: 2Ψ + 18Ψ/N. It counts 16-bit params (2Ψ, replicated), and per partition 2 (16-bit grads) "
+             "+ 4 (fp32 grads: at step() the 16-bit gradient partition is copied to fp32 for the optimizer) + 4 "
+             "(fp32 master) + 8 (Adam) bytes. The paper's 2Ψ+14Ψ/N omits that fp32 gradient copy.",
+    "zero3": "DeepSpeed: 4·L + 18Ψ/N, L = largest layer's parameters: the gathered 16-bit params + grads of the "
+             "biggest layer live at once (2+2 bytes), plus the same 18 bytes per partitioned parameter as ZeRO-2 "
+             "(16-bit params here count in the 18: 2 params + 4 fp32 grads + 4 master + 8 Adam). The paper's 16Ψ/N "
+             "has no working-set term and no fp32 gradient copy.",
+    "offload": "With offload the estimators move the fp32 partitions, Adam states (and with offload_param the "
+               "16-bit params) to CPU memory, multiplied by additional_buffer_factor=1.5 for pinned staging buffers.",
+}
+
+
+def largest_layer_params(model: torch.nn.Module) -> int:
+    """Parameters of the largest leaf module (what ZeRO-3 gathers at once), as DeepSpeed's estimator counts them."""
+    best = 0
+    for m in model.modules():
+        if next(m.children(), None) is None:
+            best = max(best, sum(getattr(p, "ds_numel", p.numel()) for p in m.parameters(recurse=False)))
+    return best
+
+
+# ---------------------------------------------------------------------- measurement
+def _storage(t: torch.Tensor) -> tuple[int, int] | None:
+    """(data pointer, bytes) of the storage behind ``t``; None for empty or meta tensors."""
+    if t.device.type == "meta":
+        return None
+    st = t.untyped_storage()
+    return (st.data_ptr(), st.nbytes()) if st.nbytes() else None
+
+
+def _walk(obj: Any, path: str, depth: int, seen: set[int]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (attribute path, tensor) for tensors reachable from a DeepSpeed optimizer object."""
+    if id(obj) in seen or depth > _MAX_DEPTH:
+        return
+    seen.add(id(obj))
+    if torch.is_tensor(obj):
+        yield path, obj
+        if obj.grad is not None:
+            yield path + ".grad", obj.grad
+        return
+    if isinstance(obj, _SKIP_TYPES):
+        return
+    if isinstance(obj, dict):
+        items: Iterable = obj.items()
+    elif isinstance(obj, (list, tuple, set)):
+        items = enumerate(obj)
+    elif isinstance(obj, torch.optim.Optimizer) or type(obj).__module__.startswith("deepspeed"):
+        items = vars(obj).items() if hasattr(obj, "__dict__") else ()
+        if isinstance(obj, torch.optim.Optimizer):
+            items = list(items) + [("state", obj.state)]
+    else:
+        return
+    for i, (key, value) in enumerate(items):
+        name = key if isinstance(key, (str, int)) else i   # optimizer.state is keyed by tensors
+        yield from _walk(value, f"{path}.{name}" if path else str(name), depth + 1, seen)
+
+
+def _classify(path: str) -> str:
+    low = path.lower()
+    if "ipg" in low or "bucket" in low:
+        return "buffers"   # communication buckets, sized by reduce_bucket_size, not by Ψ
+    if "grad" in low:
+        return "grads"
+    return "optimizer"
+
+
+def zero_state_bytes(engine: Any) -> dict[str, Any]:
+    """Bytes of params / grads / optimizer states (+ comm buffers) this rank holds under a DeepSpeed engine.
+
+    Parameters win over other categories when storages are shared (ZeRO-1/2's
+    flat 16-bit buffer *is* the module's parameters). ``breakdown`` names the
+    attribute each counted storage was found under, to explain differences
+    from the formulas.
+    """
+    counted: dict[int, str] = {}
+    sizes: dict[int, int] = {}
+    breakdown: dict[str, int] = {}
+
+    def add(t: torch.Tensor, category: str, where: str) -> None:
+        key = _storage(t)
+        if key is None or key[0] in counted:
+            return
+        counted[key[0]], sizes[key[0]] = category, key[1]
+        label = f"{category}:{where}"
+        breakdown[label] = breakdown.get(label, 0) + key[1]
+
+    module = engine.module
+    for p in module.parameters():
+        ds_tensor = getattr(p, "ds_tensor", None)
+        add(ds_tensor if ds_tensor is not None else p.data, "params", "ds_tensor" if ds_tensor is not None else "module")
+    for p in module.parameters():
+        if p.grad is not None:
+            add(p.grad, "grads", "param.grad")
+    for path, t in _walk(engine.optimizer, "", 0, set()):
+        add(t, _classify(path), _short(path))
+    out: dict[str, Any] = {c: 0 for c in CATEGORIES}
+    for ptr, cat in counted.items():
+        out[cat] += sizes[ptr]
+    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    out["breakdown"] = dict(sorted(breakdown.items(), key=lambda kv: -kv[1]))
+    if torch.cuda.is_available():
+        out["cuda_allocated"] = int(torch.cuda.memory_allocated())
+        out["cuda_max_allocated"] = int(torch.cuda.max_memory_allocated())
+    return out
+
+
+def _short(path: str) -> str:
+    """``single_partition_of_fp32_groups.0`` → ``single_partition_of_fp32_groups``; keep ``.grad``."""
+    parts = [p for p in path.split(".") if not p.isdigit()]
+    name = parts[0] if parts else path
+    if name == "optimizer" and len(parts) > 1:
+        name = "optimizer." + parts[1]
+    if parts and parts[-1] == "grad":
+        name += ".grad"
+    return name.replace("_DeepSpeedZeroOptimizer_Stage3__", "")
+
+
+# ---------------------------------------------------------------------- the probe callback
+class MemoryProbeCallback:
+    """Counts model-state bytes just before each optimizer step, for any strategy; gathers them per rank.
+
+    Before the step is when gradients are still alive and (from step 2 on)
+    optimizer states exist, so it is the moment of peak model state. The
+    largest snapshot is kept; at the end rank 0 writes ``memory.json`` with
+    every rank's numbers (``per_rank``) and the run's Ψ and world size.
+    """
+
+    def __init__(self, out_path: str | None = None):
+        self.out_path = out_path
+        self.best: dict[str, Any] = {}
+        self.per_rank: list[dict[str, Any]] = []
+
+    def on_train_start(self, run) -> None:
+        strategy = run.strategy
+        original: Callable = strategy.clip_and_step
+
+        def probed(max_norm: float):
+            snap = strategy.memory_report()
+            if snap.get("total", 0) >= self.best.get("total", -1):
+                self.best = snap
+            return original(max_norm)
+
+        strategy.clip_and_step = probed
+
+    def on_train_end(self, run, summary: dict[str, Any]) -> None:
+        import json
+        from pathlib import Path
+
+        import torch.distributed as dist
+
+        mine = {k: v for k, v in self.best.items()}
+        if run.env.distributed:
+            gathered: list[Any] = [None] * run.env.world_size
+            dist.all_gather_object(gathered, mine)
+        else:
+            gathered = [mine]
+        self.per_rank = gathered
+        summary["model_state_bytes_per_rank"] = [g.get("total") for g in gathered]
+        if run.env.is_main and self.out_path:
+            report = {"strategy": run.strategy.name, "stage": _stage_of(run), "world_size": run.env.world_size,
+                      "psi": run.n_params, "precision": run.cfg.precision, "per_rank": gathered,
+                      "offload_optimizer": run.cfg.zero.offload_optimizer and run.cfg.strategy == "zero",
+                      "offload_param": run.cfg.zero.offload_param and run.cfg.strategy == "zero",
+                      "largest_layer": largest_layer_params(run.strategy.raw_model)}
+            Path(self.out_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(self.out_path).write_text(json.dumps(report, indent=2))
+
+
+def _stage_of(run) -> int:
+    return run.cfg.zero.stage if run.cfg.strategy == "zero" else 0
