@@ -36,6 +36,7 @@ entries with ``weights_only=True``; trainer state and RNG states are plain JSON.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import math
 import os
@@ -44,9 +45,10 @@ import random
 import re
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -246,11 +248,36 @@ def load_weights_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             "yourself, and prefer safetensors.") from None
 
 
+def _single_process() -> bool:
+    return not (dist.is_available() and dist.is_initialized())
+
+
+@contextlib.contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """DCP warns "assuming single process" even when told ``no_dist=True``; that is our intent, so hush it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def load_dcp(path: str | os.PathLike, state: dict[str, Any], group: Any = None) -> None:
-    """Load a DCP checkpoint into ``state`` in place, with the safe reader and planner."""
-    no_dist = not (dist.is_available() and dist.is_initialized())
-    dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner(),
-             process_group=group, no_dist=no_dist)
+    """Load a DCP checkpoint into ``state`` in place, with the safe reader and planner.
+
+    DCP wraps every rank's exception into one ``CheckpointException`` (a
+    ``BaseException``); ours are unwrapped so the caller sees the clear message.
+    """
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    SafeFileSystemReader(str(path)).read_metadata()  # refuse a crafted .metadata with our own error
+    try:
+        with _quiet_single_process():
+            dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner(),
+                     process_group=group, no_dist=_single_process())
+    except CheckpointException as exc:
+        for rank, (inner, _trace) in sorted(exc.failures.items()):
+            if isinstance(inner, EcomkitError):
+                raise type(inner)(f"{path} (rank {rank}): {inner}") from None
+        raise
 
 
 # ---------------------------------------------------------------------- writing
@@ -322,14 +349,16 @@ class CheckpointWriter:
         tmp.mkdir(parents=True, exist_ok=True)
         for name, obj in (json_files or {}).items():
             write_json_file(tmp / name, obj)
-        no_dist = not (dist.is_available() and dist.is_initialized())
         writer = FileSystemWriter(str(tmp), sync_files=True)
         if self.use_async:
-            future = dcp.async_save(state, storage_writer=writer, process_group=self.group, no_dist=no_dist)
+            with _quiet_single_process():
+                future = dcp.async_save(state, storage_writer=writer, process_group=self.group,
+                                        no_dist=_single_process())
             record = SaveRecord(step, str(final), time.perf_counter() - t0, asynchronous=True)
             self.pending = PendingSave(future, tmp, final, record, t0, self.is_main, self.keep_last)
         else:
-            dcp.save(state, storage_writer=writer, process_group=self.group, no_dist=no_dist)
+            with _quiet_single_process():
+                dcp.save(state, storage_writer=writer, process_group=self.group, no_dist=_single_process())
             record = SaveRecord(step, str(final), 0.0)
             if self.is_main:
                 commit(tmp, final)

@@ -36,13 +36,13 @@ timeout ends the job.
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import socket
 import statistics
 import sys
 import threading
 import time
+import traceback
 from typing import Any, Sequence
 
 import torch
@@ -193,7 +193,7 @@ class ForwardTimer:
 class HangWatchdog:
     """Print this rank's Python stacks when a step takes longer than ``seconds`` (re-armed every step).
 
-    A Python thread, so the message names the rank; it needs the GIL, which
+    A Python thread, so the message names the rank and goes to any stream; it needs the GIL, which
     torch releases while waiting in a collective or sleeping. For a process
     stuck *holding* the GIL, use ``py-spy dump --pid PID`` (works without it).
     """
@@ -219,12 +219,22 @@ class HangWatchdog:
                     f"\n[rank {self.rank} on {socket.gethostname()}, pid {os.getpid()}] step {self._step + 1} has "
                     f"taken {waited:.0f} s (> fault.hang_dump_s={self.seconds:g}); Python stacks of all threads "
                     f"follow (more: py-spy dump --pid {os.getpid()}):\n")
-                self.stream.flush()
-                faulthandler.dump_traceback(file=self.stream, all_threads=True)
+                self.stream.write(format_all_stacks())
                 self.stream.flush()
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def format_all_stacks() -> str:
+    """Python stacks of every thread but the caller, innermost call last (like a traceback)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        if ident != me:
+            parts.append(f"--- thread {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame)))
+    return "".join(parts)
 
 
 # ---------------------------------------------------------------------- NVML handle

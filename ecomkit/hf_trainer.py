@@ -46,6 +46,8 @@ class MetricsCallback(TrainerCallback):
                "step_time_s": dt, "samples_per_s": self.samples_per_step / dt if dt else None}
         self.rows.append(row)
         self.writer.write(row)
+        if self.writer.enabled and (state.global_step % max(1, state.max_steps // 10) == 0):
+            print(f"hf-trainer {state.global_step}/{state.max_steps} loss={row['loss']:.4f}", flush=True)
 
 
 def training_arguments(cfg: TrainConfig, env: DistEnv, grad_accum: int,
@@ -67,7 +69,7 @@ def training_arguments(cfg: TrainConfig, env: DistEnv, grad_accum: int,
         bf16=cfg.precision == "bf16", fp16=cfg.precision == "fp16",
         use_cpu=env.device.type == "cpu",
         logging_steps=1, report_to=[], save_strategy="no", eval_strategy="no",
-        disable_tqdm=not (cfg.progress and env.is_main),
+        disable_tqdm=True,  # progress comes from MetricsCallback's lines, like ecomkit's loop
         ddp_bucket_cap_mb=int(cfg.bucket_cap_mb) if deepspeed is None else None,
         ddp_find_unused_parameters=False,  # Trainer's default re-traverses the graph every step
         remove_unused_columns=False,
@@ -106,6 +108,9 @@ def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | None = None) -> dict[str,
         train_ds = run.train_ds.remove_columns([c for c in run.train_ds.column_names if c not in ("input_ids", "labels")])
         trainer = Trainer(model=model, args=args, train_dataset=train_ds,
                           data_collator=_ColumnsForModel(run.collate), callbacks=[cb])
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # it prints every log dict; our metrics file has them
         t0 = time.perf_counter()
         trainer.train()
         wall = time.perf_counter() - t0

@@ -20,10 +20,13 @@ copied: the subclass reuses ``query_key_value``, ``_reshape``, ``dense``,
 What BLOOM's eager forward computes, and how each piece maps here:
 
 - scores = ``alibi.baddbmm(q, kᵀ, beta=self.beta, alpha=self.inv_norm_factor)``
-  + the 4-D additive causal/padding mask (0 or the dtype's minimum) →
-  SDPA with ``scale=self.inv_norm_factor`` and ``attn_mask = beta·alibi + mask``,
-  one ``[batch, heads, q, kv]`` float bias built once per forward and shared by
-  all layers (cached on the ``alibi`` tensor the model hands every block).
+  + the 4-D additive causal/padding mask (0 or the dtype's minimum). ALiBi
+  depends only on (batch, head, key), so it is folded into one extra channel
+  of q and k (:func:`alibi_in_qk`): ``[q·scale, 1]·[k, beta·alibi]``. SDPA then
+  needs only the model's own ``[batch, 1, q, kv]`` mask, shared by all heads
+  and layers, or ``is_causal=True`` when the batch has no padding
+  (:func:`sdpa_mask_plan`). A ``[batch, heads, q, kv]`` bias would have been
+  the same size as the tensor this module exists to avoid.
   This transformers version has no layer-number scaling (``beta`` is 1 and
   ``inv_norm_factor`` is 1/√head_dim); both are read from the module, so a
   version or checkpoint that changes them is still followed.
@@ -32,7 +35,9 @@ What BLOOM's eager forward computes, and how each piece maps here:
   The tensor-parallel pre-hook (chapter 04) sets ``num_heads = n_head / tp`` and
   slices ``alibi`` to the rank's heads; this forward follows it unchanged.
 - attention dropout → ``dropout_p`` of SDPA (same probability, different random
-  stream, so with dropout > 0 runs agree in distribution, not bit for bit).
+  stream, so with dropout > 0 runs agree in distribution, not bit for bit; on
+  CPU torch's fused kernel has no dropout and SDPA falls back to its math
+  kernel). The presets set dropout to 0.
 - ``pretraining_tp > 1 and slow_but_exact`` → the same sliced ``dense``.
 - return value: ``(output, None)``; the block expects ``(hidden, attn_weights)``.
   ``output_attentions=True`` needs the probabilities, so that call falls back
@@ -46,19 +51,22 @@ no FlexAttention backward and compiling its forward takes ~50 s, so
 ``ConfigError`` for training and, with ``for_training=False``, runs the
 unfused forward (a correctness reference, not a fast path). One visible
 difference: rows whose keys are all masked (padding queries under left
-padding) come out as zeros with flex and as a uniform average with eager;
-those positions never carry loss.
+padding) come out as zeros with flex and as a uniform average with eager.
+ecomkit pads on the right, where no such row exists; the tests compare flex
+on the real tokens only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.models.bloom import modeling_bloom
 from transformers.models.bloom.modeling_bloom import BloomAttention, dropout_add
 
@@ -105,27 +113,47 @@ def alibi_in_qk(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ali
     return q_aug, k_aug, v_aug
 
 
-def sdpa_mask_plan(alibi: torch.Tensor, attention_mask: torch.Tensor | None, q_length: int
-                   ) -> tuple[torch.Tensor | None, bool]:
-    """``(attn_mask, is_causal)`` for SDPA, decided once per forward and cached on ``alibi``.
+class MaskPlan(NamedTuple):
+    """How one forward's mask is handed to SDPA (see :func:`sdpa_mask_plan`)."""
 
-    A batch without padding carries a plain causal mask: then SDPA gets
-    ``is_causal=True`` and no mask, which lets fused kernels skip the upper
-    triangle (and on CUDA pick FlashAttention). Otherwise the model's additive
-    mask is passed as is (0 = attend, dtype minimum = masked, same as eager, so
-    fully masked padding rows come out exactly as in eager).
-    Why cached on ``alibi``: BloomModel hands the same ``alibi`` and mask
-    objects to every block, so the check runs once per forward, not per layer.
+    attn_mask: torch.Tensor | None
+    is_causal: bool
+    has_empty_rows: bool  # some query row may attend to nothing (left padding)
+
+
+def sdpa_mask_plan(alibi: torch.Tensor, attention_mask: torch.Tensor | None, q_length: int) -> MaskPlan:
+    """Decide once per forward how to pass the mask to SDPA; cached on ``alibi``.
+
+    - A batch without padding carries a plain causal mask: SDPA then gets
+      ``is_causal=True`` and no mask, so fused kernels skip the upper triangle
+      (and CUDA can pick FlashAttention).
+    - Otherwise the model's additive mask is passed as is (0 = attend, dtype
+      minimum = masked, exactly as eager adds it), broadcast over heads.
+    - ``has_empty_rows``: with left padding the padding queries see no key at all.
+      Eager then averages over every key (all scores equal the minimum), and
+      SDPA's forward does the same, but torch's fused CPU backward treats such
+      rows differently from its own forward (measured: gradients off by O(1)
+      in those rows), and the loss does use one of them (the last padding
+      position predicts the first real token). The caller then runs the math
+      kernel, which is exact but materialises the scores like eager.
+      ecomkit's collate pads on the right, so training never pays for this.
+
+    Why cached on ``alibi``: BloomModel hands the same ``alibi`` and mask objects
+    to every block, so the checks run once per forward, not once per layer.
     """
     cached = getattr(alibi, _PLAN_ATTR, None)
     if cached is not None and cached[0] is attention_mask and cached[1] == q_length:
-        return cached[2], cached[3]
-    plan: tuple[torch.Tensor | None, bool] = (attention_mask, False)
-    if attention_mask is not None and attention_mask.shape[-1] == q_length == attention_mask.shape[-2]:
-        causal = torch.ones(q_length, q_length, dtype=torch.bool, device=attention_mask.device).tril()
-        if torch.equal(attention_mask == 0, causal.expand_as(attention_mask)):
-            plan = (None, True)
-    setattr(alibi, _PLAN_ATTR, (attention_mask, q_length, *plan))
+        return cached[2]
+    plan = MaskPlan(attention_mask, False, False)
+    if attention_mask is not None:
+        allowed = attention_mask == 0
+        square = attention_mask.shape[-1] == q_length == attention_mask.shape[-2]
+        causal = torch.ones(q_length, q_length, dtype=torch.bool, device=allowed.device).tril() if square else None
+        if causal is not None and torch.equal(allowed, causal.expand_as(allowed)):
+            plan = MaskPlan(None, True, False)
+        else:
+            plan = MaskPlan(attention_mask, False, bool((~allowed.any(dim=-1)).any()))
+    setattr(alibi, _PLAN_ATTR, (attention_mask, q_length, plan))
     return plan
 
 
@@ -173,12 +201,15 @@ class BloomSdpaAttention(_FusedBloomAttention):
         head_dim = query.shape[-1]
         multiple = 8 if query.device.type == "cuda" else 1
         q, k, v = alibi_in_qk(query, key, value, alibi, self.num_heads, self.inv_norm_factor, self.beta, multiple)
-        mask, is_causal = sdpa_mask_plan(alibi, attention_mask, query.shape[2])
+        plan = sdpa_mask_plan(alibi, attention_mask, query.shape[2])
+        mask = plan.attn_mask
         if mask is not None and mask.dtype != q.dtype:
             mask = mask.to(q.dtype)
         dropout = self.attention_dropout.p if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal,
-                                             scale=1.0)
+        exact_backward = plan.has_empty_rows and torch.is_grad_enabled() and q.requires_grad
+        with sdpa_kernel(SDPBackend.MATH) if exact_backward else contextlib.nullcontext():
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                                 is_causal=plan.is_causal, scale=1.0)
         return out[..., :head_dim]
 
 

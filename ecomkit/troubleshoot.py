@@ -186,9 +186,8 @@ def _collective_frames(exc: BaseException) -> tuple[str | None, str | None]:
         if fr.filename.endswith("distributed_c10d.py"):
             name = fr.name
             outside = [f for f in frames[:i] if f"{os.sep}torch{os.sep}" not in f.filename]
-            if outside:
-                f = outside[-1]
-                caller = f"{_short_path(f.filename)}:{f.lineno} in {f.name}()"
+            if outside:  # innermost three callers, innermost first
+                caller = " <- ".join(f"{_short_path(f.filename)}:{f.lineno} {f.name}()" for f in outside[::-1][:3])
     return name, caller
 
 

@@ -214,15 +214,25 @@ class MemoryProbeCallback:
 
     def on_train_start(self, run) -> None:
         strategy = run.strategy
-        original: Callable = strategy.clip_and_step
+        step: Callable = strategy.clip_and_step
+        backward: Callable = strategy.backward
 
-        def probed(max_norm: float):
-            snap = strategy.memory_report()
-            if snap.get("total", 0) >= self.best.get("total", -1):
-                self.best = snap
-            return original(max_norm)
+        def probed_step(max_norm: float):
+            self._sample(strategy, "before optimizer step")
+            return step(max_norm)
 
-        strategy.clip_and_step = probed
+        def probed_backward(loss):
+            out = backward(loss)
+            self._sample(strategy, "after backward")  # catches stage 1's full gradients between micro-steps
+            return out
+
+        strategy.clip_and_step = probed_step
+        strategy.backward = probed_backward
+
+    def _sample(self, strategy, moment: str) -> None:
+        snap = strategy.memory_report()
+        if snap.get("total", 0) >= self.best.get("total", -1):
+            self.best = {**snap, "moment": moment}
 
     def on_train_end(self, run, summary: dict[str, Any]) -> None:
         import json

@@ -92,7 +92,27 @@ def bf16_hook_any_backend(process_group, bucket: dist.GradBucket) -> torch.futur
     return default_hooks.bf16_compress_hook(process_group, bucket)
 
 
-def build_hook(comp: "CompressionConfig", group: CountingProcessGroup) -> tuple[Any, Callable]:
+def powersgd_hook_one_bucket_at_a_time(state: PowerSGDState, bucket: dist.GradBucket
+                                       ) -> torch.futures.Future[torch.Tensor]:
+    """torch's ``powerSGD_hook``, run to completion before the hook returns (used on gloo).
+
+    PowerSGD chains three all-reduces per bucket (1-D tensors, then P, then Q)
+    and issues the second and third from future callbacks, blocking on them
+    there. On gloo those callbacks run on the process group's worker threads;
+    with two or more buckets in flight the ranks deadlock at the first
+    compressed step (checked: torch 2.13, gloo, 2 processes, 2 buckets, with or
+    without our byte counting; one bucket works). Finishing each bucket
+    inside the hook keeps one bucket in flight, at the price of not
+    overlapping PowerSGD's communication with the rest of backward.
+    """
+    result = powerSGD_hook(state, bucket).wait()
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    done.set_result(result)
+    return done
+
+
+def build_hook(comp: "CompressionConfig", group: CountingProcessGroup, backend: str = "gloo"
+               ) -> tuple[Any, Callable]:
     """(state, hook) for ``comp.method``; every hook communicates through ``group``."""
     method = comp.method
     if method == "none":
@@ -105,7 +125,7 @@ def build_hook(comp: "CompressionConfig", group: CountingProcessGroup) -> tuple[
         state = PowerSGDState(process_group=group, matrix_approximation_rank=comp.powersgd_rank,
                               start_powerSGD_iter=comp.powersgd_start_iter, warm_start=comp.powersgd_warm_start,
                               use_error_feedback=comp.error_feedback)
-        return state, powerSGD_hook
+        return state, (powersgd_hook_one_bucket_at_a_time if backend == "gloo" else powerSGD_hook)
     if method == "topk":
         return TopKState(group, comp.topk_ratio, comp.error_feedback), topk_hook
     if method == "topk_naive":
@@ -165,6 +185,6 @@ def register_compression(ddp_model: torch.nn.Module, comp: "CompressionConfig", 
         return InactiveCompression(comp.method)
     counter = ByteCounter()
     group = CountingProcessGroup(ddp_model.process_group, counter)
-    state, hook = build_hook(comp, group)
+    state, hook = build_hook(comp, group, env.backend)
     ddp_model.register_comm_hook(state, count_dense_then(hook, counter))
     return CompressionHook(comp.method, counter, env.world_size, state)

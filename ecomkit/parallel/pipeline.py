@@ -191,7 +191,9 @@ class PipelineRunner:
             self.schedule.step(ids, mask, target=target, losses=[] if is_last else None)
         else:
             self.schedule.step(target=target, losses=[] if is_last else None)
-        total = torch.stack(self._token_sums).sum() if is_last else torch.zeros((), device=self.device)
+        # the first step also runs the loss once on placeholder tensors (shape inference): keep the real ones
+        real = self._token_sums[-self.n_microbatches:]
+        total = torch.stack(real).sum() if is_last else torch.zeros((), device=self.device)
         total = total.to(torch.float64)
         dist.broadcast(total, src=self.pp_ranks[-1], group=self.pp_group)
         self.sync_gradients()

@@ -88,8 +88,11 @@ class TrainingRun:
         return tok
 
     def _build_data(self) -> None:
+        import datasets
+
         from ..data import DistributedBatchSampler, build_datasets, pad_collate
 
+        datasets.disable_progress_bars()  # a few hundred ms of tokenisation: bars only add noise to logs
         cfg = self.cfg
         self.train_ds, self.eval_ds, self.eval_records, self.data_report = build_datasets(
             cfg.data, n_rows=cfg.n_rows, seed=cfg.seed, task=cfg.task, tokenizer=self.tokenizer,

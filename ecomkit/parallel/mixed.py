@@ -1,0 +1,378 @@
+"""Mixed parallelism (chapter 04): FSDP2, tensor parallel, pipeline parallel and 2-D meshes, torchtitan style.
+
+One strategy serves ``--strategy fsdp | tp | pp | mixed``; the degrees come
+from :class:`~ecomkit.parallel.dims.ParallelDims` (``--parallel-dp/-tp/-pp``).
+The model code stays free of parallelism: :func:`parallelize` changes a
+built ``BloomForCausalLM`` in place, in this order:
+
+1. **tensor parallel** (``apply_tensor_parallel``),
+2. **activation checkpointing** (``apply_activation_checkpointing``),
+3. **FSDP2** (``apply_fsdp``),
+
+and pipeline parallelism cuts the model before any of them (each stage is
+then a smaller model). Why this order is in the comments of :func:`parallelize`.
+
+**Which ranks see which data.** Ranks that hold pieces of the same model copy
+(the tp × pp ranks of one data-parallel replica) must process the same
+samples: tensor parallelism all-reduces partial results of *one* batch, and a
+pipeline's stages pass *one* batch along. So data is sharded over the ``dp``
+replicas only: :meth:`MixedParallelStrategy.data_shard` returns
+``(dp_rank, dp)`` for the training loop's sampler and evaluation slices
+(ranks of one replica load the same batch; the global batch is
+``micro_batch_size × grad_accum × dp``).
+
+**Loss convention.** Unchanged: the loop passes ``replica_count × token-loss
+sum / global label tokens`` with ``replica_count = dp``, FSDP2 averages over
+``dp``, and within a replica every tp rank computes the same loss (or, with a
+pipeline, the last stage computes it for all). Losses match a single process
+to float rounding; the tests check it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, ContextManager, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..comm_count import CollectiveCounter
+from ..config import TrainConfig
+from ..dist import DistEnv
+from ..errors import EcomkitError
+from .base import Strategy, StepStats
+from .dims import ParallelDims, validate_parallel_config
+from .fsdp import apply_fsdp, set_gradient_sync
+from .tensor import apply_tensor_parallel, bloom_blocks
+
+LAYOUT_FILE = "parallel_layout.json"
+
+
+# ---------------------------------------------------------------------- composition
+def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
+    """Wrap every BLOOM block in a non-reentrant activation-checkpoint wrapper (in place).
+
+    torch's ``checkpoint_wrapper`` is a module, so FSDP2 can then shard the
+    wrapper as one unit; parameter names and state-dict keys are unchanged
+    (the wrapper strips its own prefix).
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    blocks = bloom_blocks(model)
+    for i, block in enumerate(blocks):
+        blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    return model
+
+
+def parallelize(model: nn.Module, dims: ParallelDims, cfg: TrainConfig, mesh: Any,
+                device: torch.device | None = None) -> nn.Module:
+    """Apply TP → activation checkpointing → FSDP2 to ``model`` in place, as ``dims`` asks; returns it.
+
+    ``mesh`` is the (pp, dp, tp) DeviceMesh of :meth:`ParallelDims.build_mesh`
+    (unused dimensions have size 1). Pipeline cutting happens before this
+    function (``ecomkit.parallel.pipeline.build_pipeline``).
+    """
+    par = cfg.parallel
+    # 1. Tensor parallel first. It swaps each Linear's weight for a DTensor
+    #    sharded over the tp ranks and installs the hooks that all-reduce (or
+    #    all-gather / reduce-scatter) activations at the module boundaries.
+    #    FSDP2 must come after: it shards whatever parameters it finds over dp,
+    #    and a tp-sharded DTensor becomes a 2-D one (dp × tp). The other way
+    #    round, TP would find FSDP's dp shards instead of the Linear weights
+    #    its plan is written for.
+    if dims.tp > 1:
+        apply_tensor_parallel(model, mesh["tp"], sequence_parallel=par.sequence_parallel)
+    # 2. Activation checkpointing next, around each (already tensor-parallel)
+    #    block, so that the recomputation in backward replays the block's TP
+    #    collectives too. It goes *inside* FSDP: FSDP2's unit is then the
+    #    checkpoint wrapper, whose parameters FSDP all-gathers once before the
+    #    block's backward, and the recomputation runs on those gathered weights.
+    #    With FSDP inside the checkpoint, the recomputed forward would run
+    #    FSDP's forward hooks again and all-gather a second time.
+    if par.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    # 3. FSDP2 last, one unit per block, then the root (embeddings, LayerNorms).
+    if dims.dp > 1:
+        apply_fsdp(model, mesh["dp"], precision=cfg.precision, reshard_after_forward=par.reshard_after_forward,
+                   cpu_offload=par.fsdp_cpu_offload, device=device)
+    return model
+
+
+# ---------------------------------------------------------------------- gradient norm
+def total_grad_norm(grads: Sequence[torch.Tensor], extra_group: Any = None) -> torch.Tensor:
+    """L2 norm of gradients that may be DTensors on different meshes/placements (float64 scalar).
+
+    Gradients are grouped by (mesh, placements) so that each group's norm is
+    one DTensor reduction (``full_tensor`` resolves the partial norms over the
+    sharded dimensions only, never double-counting replicas). ``extra_group``:
+    also sum the squared norm over that group (pipeline stages hold
+    different parameters).
+    """
+    from torch.distributed.tensor import DTensor
+
+    groups: dict[Any, list[torch.Tensor]] = defaultdict(list)
+    for g in grads:
+        key = (id(g.device_mesh), tuple(g.placements)) if isinstance(g, DTensor) else None
+        groups[key].append(g)
+    total_sq = torch.zeros((), dtype=torch.float64)
+    for members in groups.values():
+        norm = torch.nn.utils.get_total_norm(members, 2.0, foreach=False)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        total_sq += norm.detach().to("cpu", torch.float64) ** 2
+    if extra_group is not None:
+        dist.all_reduce(total_sq, group=extra_group)
+    return total_sq.sqrt()
+
+
+def clip_gradients_(grads: Sequence[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
+    """Scale gradients like ``torch.nn.utils.clip_grad_norm_``: by ``min(1, max_norm / (norm + 1e-6))``."""
+    if max_norm <= 0:
+        return
+    coef = min(1.0, max_norm / (float(total_norm) + 1e-6))
+    for g in grads:
+        g.mul_(coef)
+
+
+# ---------------------------------------------------------------------- layout report
+def parameter_layout(model: nn.Module, rename: Any = None) -> list[dict[str, Any]]:
+    """One row per parameter this rank holds: global shape, local shape, placements, bytes."""
+    from torch.distributed.tensor import DTensor
+
+    rows = []
+    for name, p in model.named_parameters():
+        local = p.to_local() if isinstance(p, DTensor) else p
+        rows.append({
+            "name": rename(name) if rename else name,
+            "global_shape": list(p.shape),
+            "local_shape": list(local.shape),
+            "placements": [str(x) for x in p.placements] if isinstance(p, DTensor) else ["plain"],
+            "mesh_dims": list(p.device_mesh.mesh_dim_names or ()) if isinstance(p, DTensor) else [],
+            "local_bytes": local.numel() * local.element_size(),
+        })
+    return rows
+
+
+# ---------------------------------------------------------------------- strategy
+class MixedParallelStrategy(Strategy):
+    """FSDP2 / TP / PP / (TP or PP) × FSDP, with per-step collective counts in the metrics."""
+
+    replicated = False
+    has_ddp_hooks = False
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv):
+        super().__init__(cfg, env)
+        self.dims = validate_parallel_config(cfg.strategy, cfg.parallel, env.world_size, cfg.precision, cfg.model)
+        self.coords = self.dims.coordinates(env.rank)
+        self.name = cfg.strategy
+        self.mesh: Any = None
+        self.pipeline: Any = None
+        self.counter = CollectiveCounter() if cfg.parallel.count_collectives else None
+        self._layout_written = False
+
+    # ------------------------------------------------------------ data sharding (loop hook)
+    def data_shard(self) -> tuple[int, int]:
+        """(shard index, number of shards) for the data: the dp coordinate, not the global rank."""
+        return self.coords["dp"], self.dims.dp
+
+    @property
+    def owns_forward_backward(self) -> bool:
+        """True with a pipeline: the loop must call :meth:`forward_backward` once per optimizer step."""
+        return self.pipeline is not None
+
+    # ------------------------------------------------------------ set-up
+    def setup(self, model: nn.Module, total_steps: int) -> None:
+        from ..train.optim import build_optimizer, build_scheduler
+
+        self.dims.validate_for_model(model.config.n_head, model.config.n_layer, where=f"'{self.cfg.model}'")
+        self.raw_model = model
+        self.model_config = model.config
+        if self.env.distributed:
+            self.mesh = self.dims.build_mesh(self.env.device.type)
+        if self.dims.pp > 1:
+            self.model = self._build_pipeline(model)
+        else:
+            self.model = parallelize(model, self.dims, self.cfg, self.mesh, self.env.device)
+        self.optimizer = build_optimizer(self.model, self.cfg)
+        if self.pipeline is not None:
+            self._follow_tied_weight_decay()
+        self.scheduler = build_scheduler(self.optimizer, self.cfg, total_steps)
+        self.scaler = None  # fp16 is refused by validate_parallel_config
+
+    def _build_pipeline(self, model: nn.Module) -> nn.Module:
+        from .pipeline import build_pipeline
+
+        if self.cfg.parallel.activation_checkpointing:
+            apply_activation_checkpointing(model)
+        self.pipeline = build_pipeline(
+            model, mesh=self.mesh, dims=self.dims, device=self.env.device,
+            n_microbatches=self.cfg.parallel.pp_microbatches, schedule=self.cfg.parallel.pp_schedule,
+            seq_len=self.cfg.seq_len, pad_id=model.config.pad_token_id or 0)
+        return self.pipeline.module
+
+    def _follow_tied_weight_decay(self) -> None:
+        """The last stage's head copy follows the tied embedding's no-decay rule (it is named lm_head here)."""
+        tied = self.pipeline.module.tied_weight()
+        if tied is None or not self.pipeline.module.is_last or self.pipeline.module.is_first:
+            return
+        decay = [g for g in self.optimizer.param_groups if g["weight_decay"] > 0]
+        no_decay = [g for g in self.optimizer.param_groups if g["weight_decay"] == 0]
+        for group in decay:
+            if any(p is tied for p in group["params"]):
+                group["params"] = [p for p in group["params"] if p is not tied]
+                no_decay[0]["params"].append(tied)
+
+    # ------------------------------------------------------------ one step
+    def _counting(self) -> ContextManager:
+        return self.counter if self.counter is not None else contextlib.nullcontext()
+
+    def micro_step_context(self, is_last: bool) -> ContextManager:
+        stack = contextlib.ExitStack()
+        if self.dims.dp > 1 and self.pipeline is None:
+            set_gradient_sync(self.model, is_last)  # FSDP2's no_sync on accumulation micro-steps
+        stack.enter_context(self._counting())
+        return stack
+
+    def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.pipeline is not None:
+            if torch.is_grad_enabled() and self.model.training:
+                raise EcomkitError(_NEEDS_LOOP_HOOK)
+            with self.autocast():
+                return self.pipeline.forward_logits(input_ids, attention_mask)
+        t = input_ids.shape[1]
+        multiple = self.dims.tp if self.cfg.parallel.sequence_parallel else 1
+        pad = (-t) % multiple
+        if pad:  # sequence parallel cuts T into tp equal pieces; right padding leaves real positions unchanged
+            input_ids = torch.nn.functional.pad(input_ids, (0, pad), value=self.model_config.pad_token_id or 0)
+            attention_mask = torch.nn.functional.pad(attention_mask, (0, pad), value=0)
+        with self.autocast():
+            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+        return logits[:, :t] if pad else logits
+
+    def forward_backward(self, micro_batches: Sequence[dict[str, torch.Tensor]], loss_scale: float) -> float:
+        """Pipeline only: the whole step through the GPipe/1F1B schedule; returns the token-loss sum."""
+        if self.pipeline is None:
+            raise EcomkitError("forward_backward is the pipeline-parallel step; this run has pp=1.")
+        with self._counting(), self.autocast():
+            return self.pipeline.train_step(micro_batches, loss_scale)
+
+    def clip_and_step(self, max_norm: float) -> StepStats:
+        with self._counting():
+            if self.pipeline is not None:
+                params = self.pipeline.grad_norm_sq_parameters()
+                norm = total_grad_norm([p.grad for p in params], self.pipeline.pp_group)
+                grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            else:
+                grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+                norm = total_grad_norm(grads)
+            clip_gradients_(grads, max_norm, norm)
+            self.optimizer.step()
+        if not self._layout_written:
+            self._write_layout()   # after the first step: optimizer states exist, gradients not yet freed
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        extra: dict[str, Any] = {}
+        if self.counter is not None:
+            extra.update(self.counter.pop_stats().as_dict())
+        return StepStats(grad_norm=float(norm), extra=extra)
+
+    # ------------------------------------------------------------ reports
+    def _rename(self) -> Any:
+        if self.pipeline is None:
+            return None
+        lo = self.pipeline.module.layer_range[0]
+
+        def rename(name: str) -> str:
+            parts = name.split(".")
+            if parts[:3] == ["model", "transformer", "h"]:
+                parts[3] = str(int(parts[3]) + lo)
+            return ".".join(parts[1:]) if parts[0] == "model" else name
+
+        return rename
+
+    def _write_layout(self) -> None:
+        """Which tensor lives where: every rank's parameters (shapes, placements) and state bytes → one JSON."""
+        self._layout_written = True
+        mine = {"rank": self.env.rank, "coords": self.coords, "memory": self.memory_report(),
+                "params": parameter_layout(self.model, self._rename())}
+        parts: list[Any] = [None] * self.env.world_size
+        if self.env.distributed:
+            dist.all_gather_object(parts, mine)
+        else:
+            parts = [mine]
+        if self.env.is_main:
+            out = Path(self.cfg.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            report = {"strategy": self.cfg.strategy, "dims": {"dp": self.dims.dp, "tp": self.dims.tp,
+                      "pp": self.dims.pp, "world_size": self.dims.world_size},
+                      "sequence_parallel": self.cfg.parallel.sequence_parallel, "ranks": parts}
+            (out / LAYOUT_FILE).write_text(json.dumps(report, indent=1))
+
+    # ------------------------------------------------------------ end of run
+    def save_pretrained(self, out_dir: str, tokenizer: Any | None = None) -> None:
+        """Gather the full weights (all ranks take part), then rank 0 writes a plain HF directory."""
+        full = self.full_state_dict()
+        if not self.env.is_main:
+            return
+        from ..models import build_model
+
+        model = build_model(self.model_config, seed=None)
+        missing, unexpected = model.load_state_dict(full, strict=False)
+        missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embedding
+        if missing or unexpected:
+            raise EcomkitError(f"Consolidating the parallel model failed: missing {missing}, unexpected {unexpected}.")
+        model.save_pretrained(out_dir)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out_dir)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The unsplit model's state dict on rank 0 (empty elsewhere); a collective on every rank."""
+        if self.pipeline is not None:
+            from .pipeline import gather_pipeline_state_dict
+
+            return gather_pipeline_state_dict(self.pipeline, self.dims) or {}
+        if not self.env.distributed:
+            return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def close(self) -> None:
+        self.pipeline = None
+        self.counter = None
+        super().close()
+
+
+_NEEDS_LOOP_HOOK = (
+    "Pipeline parallelism runs a whole optimizer step through its GPipe/1F1B schedule, but this training loop "
+    "called forward_logits() for training, one micro-batch at a time. The loop must call "
+    "strategy.forward_backward(micro_batches, loss_scale) when strategy.owns_forward_backward is True (see "
+    "ecomkit/parallel/pipeline.py). Until then train with --parallel-pp 1 (FSDP2 and/or TP).")
+
+
+# ---------------------------------------------------------------------- DCP (sharded) checkpoints
+def save_sharded_model(model: nn.Module, path: str | Path) -> None:
+    """Every rank writes its own shards with ``torch.distributed.checkpoint`` (no gather to one rank)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(path))
+
+
+def load_sharded_model(model: nn.Module, path: str | Path) -> nn.Module:
+    """Load a DCP checkpoint into ``model``, whatever world size wrote it (DCP re-plans the reads).
+
+    ``model`` may be a plain single-process model or one parallelized
+    differently from the one that was saved; call it on every rank.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=str(path))
+    set_model_state_dict(model, state["model"])
+    return model

@@ -1,0 +1,130 @@
+"""Health monitor: samples, warnings, straggler rule, forward timer, hang watchdog (all single-process)."""
+
+from __future__ import annotations
+
+import io
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from ecomkit.config import TrainConfig
+from ecomkit.dist import DistEnv
+from ecomkit.health import (
+    ForwardTimer,
+    HangWatchdog,
+    HealthMonitor,
+    find_stragglers,
+    health_warnings,
+    read_cpu_health,
+    read_gpu_health,
+)
+
+
+@pytest.mark.parametrize("times, expected", [
+    ([0.010, 0.010], []),
+    ([0.010, 0.031], [1]),                 # two ranks: compared with each other
+    ([0.030, 0.010], [0]),
+    ([0.010, 0.011, 0.009, 0.050], [3]),    # one slow rank cannot drag the reference up
+    ([0.010, 0.019, 0.010, 0.011], []),     # below the factor
+    ([0.0010, 0.0030], []),                 # 3x but only 2 ms apart: timer noise
+    ([0.5], []),
+])
+def test_find_stragglers(times, expected):
+    assert find_stragglers(times, factor=2.0) == expected
+
+
+def test_cpu_sample_has_the_fields_the_monitor_logs():
+    s = read_cpu_health()
+    assert s["kind"] == "cpu" and s["rss_bytes"] > 0 and 0 <= s["ram_used_percent"] <= 100
+    assert health_warnings({**s, "ram_used_percent": 97.0})[0].startswith("system RAM 97%")
+    assert health_warnings({**s, "ram_used_percent": 10.0}) == []
+
+
+class FakeNvml:
+    """Stands in for pynvml: the same function names and constants, fixed readings."""
+
+    NVML_TEMPERATURE_GPU, NVML_CLOCK_SM = 0, 1
+    nvmlClocksEventReasonSwThermalSlowdown = 0x20
+    nvmlClocksEventReasonHwSlowdown = 0x08
+    nvmlClocksEventReasonSwPowerCap = 0x04
+
+    def __init__(self, temp: int, reasons: int, used: int):
+        self.temp, self.reasons, self.used = temp, reasons, used
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=97, memory=40)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return SimpleNamespace(used=self.used, total=80 * 2**30)
+
+    def nvmlDeviceGetTemperature(self, h, kind):
+        return self.temp
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        return 1100
+
+    def nvmlDeviceGetMaxClockInfo(self, h, kind):
+        return 1980
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 350_000
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return self.reasons
+
+
+def test_gpu_sample_and_warnings_from_nvml_readings():
+    hot = read_gpu_health(FakeNvml(temp=91, reasons=0x20 | 0x04, used=79 * 2**30), handle=None)
+    assert hot["power_w"] == 350.0 and hot["sm_clock_max_mhz"] == 1980
+    assert hot["slowdown_reasons"] == ["thermal (driver)", "power cap"]
+    text = " | ".join(health_warnings(hot))
+    assert "91 °C" in text and "clocks reduced" in text and "memory 99% used" in text
+    assert "do not reset" in text
+    cool = read_gpu_health(FakeNvml(temp=60, reasons=0, used=10 * 2**30), handle=None)
+    assert health_warnings(cool) == []
+
+
+def test_forward_timer_measures_only_the_forward():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    model[0].register_forward_hook(lambda *_: time.sleep(0.02))
+    timer = ForwardTimer(model, torch.device("cpu"))
+    for _ in range(3):
+        model(torch.randn(2, 4))
+    time.sleep(0.05)  # not a forward: must not count
+    mean = timer.pop_mean_s()
+    assert 0.02 <= mean < 0.045
+    assert timer.pop_mean_s() is None
+    timer.remove()
+
+
+def test_hang_watchdog_prints_stacks_naming_the_rank():
+    out = io.StringIO()
+    dog = HangWatchdog(0.2, rank=3, stream=out)
+    dog.arm(step=6)
+    time.sleep(0.8)
+    dog.stop()
+    text = out.getvalue()
+    assert "[rank 3 on" in text and "step 7 has taken" in text and "py-spy dump --pid" in text
+    assert "test_hang_watchdog_prints_stacks_naming_the_rank" in text  # the main thread's stack
+    assert text.count("step 7 has taken") == 1  # once per step, not every poll
+
+
+def test_monitor_writes_health_rows_and_summary(tmp_path):
+    cfg = TrainConfig(output_dir=str(tmp_path))
+    cfg.fault.health_interval = 2
+    model = torch.nn.Linear(4, 4)
+    run = SimpleNamespace(env=DistEnv(), strategy=SimpleNamespace(raw_model=model), callbacks=[], out_dir=tmp_path,
+                          step=0)
+    mon = HealthMonitor(cfg)
+    mon.on_train_start(run)
+    for step in range(1, 5):
+        model(torch.randn(2, 4))
+        run.step = step
+        mon.on_step_end(run, {})
+    summary: dict = {}
+    mon.on_train_end(run, summary)
+    rows = [line for line in (tmp_path / "health.jsonl").read_text().splitlines() if line]
+    assert len(rows) == 2 and summary["health"]["samples"] == 2
+    assert '"forward_s"' in rows[0] and '"kind": "cpu"' in rows[0]
