@@ -218,20 +218,25 @@ _COMPILED_FLEX: Any = None
 
 
 def _flex_function(device: torch.device):
-    """Compiled ``flex_attention`` on GPU (built once), the unfused reference elsewhere."""
+    """Compiled ``flex_attention`` on GPU (built once), the unfused reference elsewhere.
+
+    Compiled with torch's default dynamic-shape policy: the first shape compiles
+    a static kernel, a second shape recompiles once with dynamic sizes, so
+    length-bucketed batches do not recompile for every new length.
+    """
     global _COMPILED_FLEX
     from torch.nn.attention.flex_attention import flex_attention
 
     if device.type == "cpu":
         return flex_attention
     if _COMPILED_FLEX is None:
-        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+        _COMPILED_FLEX = torch.compile(flex_attention)
     return _COMPILED_FLEX
 
 
 def flex_block_mask(attention_mask: torch.Tensor | None, batch: int, q_length: int, kv_length: int,
                     device: torch.device):
-    """A BlockMask from BLOOM's 4-D additive mask (0 = attend), or plain causal when there is none."""
+    """A BlockMask from BLOOM's 4-D additive mask (0 = attend); ``None`` means a plain causal mask."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     if attention_mask is None:
@@ -254,7 +259,7 @@ class BloomFlexAttention(_FusedBloomAttention):
         if query.device.type == "cpu" and torch.is_grad_enabled() and query.requires_grad:
             raise ConfigError(_FLEX_CPU_MESSAGE)
         batch, q_length, kv_length = query.shape[0], query.shape[2], key.shape[2]
-        bias = alibi.view(batch, self.num_heads, kv_length) * self.beta
+        bias = alibi.reshape(batch, self.num_heads, kv_length) * self.beta
         block_mask = _cached_block_mask(alibi, attention_mask, batch, q_length, kv_length, query.device)
 
         def alibi_score(score, b, h, q, kv):
@@ -268,11 +273,19 @@ class BloomFlexAttention(_FusedBloomAttention):
 
 
 def _cached_block_mask(alibi, attention_mask, batch, q_length, kv_length, device):
-    """One BlockMask per forward, shared by all layers (same trick as :func:`sdpa_mask_plan`)."""
+    """One BlockMask per forward, shared by all layers (same trick as :func:`sdpa_mask_plan`).
+
+    A batch without padding gets the plain causal block mask, which does not
+    depend on the batch (cheaper to build than reading the 4-D mask).
+    """
     cached = getattr(alibi, "_ecomkit_block_mask", None)
     if cached is not None and cached[0] is attention_mask and cached[1] == q_length:
         return cached[2]
-    block_mask = flex_block_mask(attention_mask, batch, q_length, kv_length, device)
+    if attention_mask is None:  # eager applies no mask at all then (not even causal); so does flex
+        block_mask = None
+    else:
+        plain_causal = sdpa_mask_plan(alibi, attention_mask, q_length).is_causal
+        block_mask = flex_block_mask(None if plain_causal else attention_mask, batch, q_length, kv_length, device)
     setattr(alibi, "_ecomkit_block_mask", (attention_mask, q_length, block_mask))
     return block_mask
 
@@ -332,7 +345,10 @@ def install_attention(model: nn.Module, impl: str, *, for_training: bool = True)
 
 def current_attention(model: nn.Module) -> str:
     """The name of the implementation installed on ``model`` ('mixed' if modules disagree)."""
-    names = {next(k for k, c in _CLASSES.items() if type(m) is c) for m in attention_modules(model)}
+    def name(m: BloomAttention) -> str:
+        return next((k for k in ("flex", "sdpa") if isinstance(m, _CLASSES[k])), "eager")
+
+    names = {name(m) for m in attention_modules(model)}
     return names.pop() if len(names) == 1 else "mixed"
 
 

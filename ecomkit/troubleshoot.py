@@ -179,16 +179,19 @@ _PEER_GONE_TEXT = re.compile(r"Connection (closed|reset) by peer|communicator wa
 
 
 def _collective_frames(exc: BaseException) -> tuple[str | None, str | None]:
-    """(collective name, first caller outside torch) from the traceback of ``exc``."""
+    """(public collective called, its callers outside torch) from the traceback of ``exc``.
+
+    The outermost ``distributed_c10d`` frame is the API the program called
+    (``all_reduce``), deeper ones are its helpers.
+    """
     frames = traceback.extract_tb(exc.__traceback__)
-    name, caller = None, None
     for i, fr in enumerate(frames):
         if fr.filename.endswith("distributed_c10d.py"):
-            name = fr.name
             outside = [f for f in frames[:i] if f"{os.sep}torch{os.sep}" not in f.filename]
-            if outside:  # innermost three callers, innermost first
-                caller = " <- ".join(f"{_short_path(f.filename)}:{f.lineno} {f.name}()" for f in outside[::-1][:3])
-    return name, caller
+            # innermost three callers, innermost first
+            caller = " <- ".join(f"{_short_path(f.filename)}:{f.lineno} {f.name}()" for f in outside[::-1][:3])
+            return fr.name, caller or None
+    return None, None
 
 
 def _short_path(path: str) -> str:

@@ -156,13 +156,14 @@ def zero_state_bytes(engine: Any) -> dict[str, Any]:
     """
     counted: dict[int, str] = {}
     sizes: dict[int, int] = {}
+    on_host: dict[int, bool] = {}
     breakdown: dict[str, int] = {}
 
     def add(t: torch.Tensor, category: str, where: str) -> None:
         key = _storage(t)
         if key is None or key[0] in counted:
             return
-        counted[key[0]], sizes[key[0]] = category, key[1]
+        counted[key[0]], sizes[key[0]], on_host[key[0]] = category, key[1], t.device.type == "cpu"
         label = f"{category}:{where}"
         breakdown[label] = breakdown.get(label, 0) + key[1]
 
@@ -179,6 +180,9 @@ def zero_state_bytes(engine: Any) -> dict[str, Any]:
     for ptr, cat in counted.items():
         out[cat] += sizes[ptr]
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    # where the bytes live: with a GPU, offload moves them to host RAM; on a CPU-only machine all are host
+    out["host_bytes"] = sum(sizes[k] for k in counted if on_host[k])
+    out["accelerator_bytes"] = sum(sizes[k] for k in counted if not on_host[k])
     out["breakdown"] = dict(sorted(breakdown.items(), key=lambda kv: -kv[1]))
     if torch.cuda.is_available():
         out["cuda_allocated"] = int(torch.cuda.memory_allocated())
@@ -253,10 +257,108 @@ class MemoryProbeCallback:
                       "psi": run.n_params, "precision": run.cfg.precision, "per_rank": gathered,
                       "offload_optimizer": run.cfg.zero.offload_optimizer and run.cfg.strategy == "zero",
                       "offload_param": run.cfg.zero.offload_param and run.cfg.strategy == "zero",
-                      "largest_layer": largest_layer_params(run.strategy.raw_model)}
+                      "largest_layer": largest_layer_params(run.strategy.raw_model),
+                      "param_numels": [getattr(p, "ds_numel", p.numel()) for p in run.strategy.raw_model.parameters()]}
             Path(self.out_path).parent.mkdir(parents=True, exist_ok=True)
             Path(self.out_path).write_text(json.dumps(report, indent=2))
 
 
 def _stage_of(run) -> int:
     return run.cfg.zero.stage if run.cfg.strategy == "zero" else 0
+
+
+# ---------------------------------------------------------------------- comparison tables
+def state_bytes_per_element(strategy: str, precision: str) -> dict[str, int]:
+    """What each parameter costs in bytes for a strategy and precision (inputs to :func:`formula_bytes`).
+
+    - ecomkit DDP: fp32 weights (autocast computes in bf16 but stores fp32),
+      fp32 grads, torch AdamW's two fp32 moments, no separate master: 4+4+8.
+    - DeepSpeed in bf16/fp16: 2-byte weights and grads, fp32 master + moments: 2+2+12.
+    - DeepSpeed in fp32: 4-byte weights and grads, and the ZeRO optimizer still
+      clones its fp32 partition as a "master": 4+4+12.
+    """
+    if strategy == "ddp":
+        return {"param_bytes": 4, "master_bytes": 0, "adam_bytes": 8}
+    return {"param_bytes": 4 if precision == "fp32" else 2, "master_bytes": 4, "adam_bytes": 8}
+
+
+def zero3_padding_elements(numels: Iterable[int], n: int) -> int:
+    """Per-rank elements of padding under ZeRO-3: each parameter is cut into N equal pieces of ceil(numel/N)."""
+    return sum(-(-k // n) for k in numels) - sum(numels) / n
+
+
+def memory_row(report: dict[str, Any], label: str) -> dict[str, Any]:
+    """One variant's measured bytes (largest rank) beside its precision-matched formula and the paper's."""
+    ranks = report["per_rank"]
+    measured = {c: max(r.get(c, 0) for r in ranks) for c in (*CATEGORIES, "total")}
+    stage, n, psi = report["stage"], report["world_size"], report["psi"]
+    per_elem = state_bytes_per_element(report["strategy"], report["precision"])
+    formula = formula_bytes(stage, psi, n, **per_elem)
+    return {"label": label, "strategy": report["strategy"], "stage": stage, "world_size": n, "psi": psi,
+            "precision": report["precision"], "offload": bool(report.get("offload_optimizer")),
+            "measured": measured, "formula": formula, "paper": formula_bytes(stage, psi, n),
+            "formula_label": formula_label(stage), "ratio": measured["total"] / formula["total"],
+            "breakdown": ranks[0].get("breakdown", {}), "moment": ranks[0].get("moment"),
+            "largest_layer": report.get("largest_layer", 0)}
+
+
+def explain_row(row: dict[str, Any]) -> list[str]:
+    """Name the cause of every gap between the measured bytes and the formula, with the bytes involved."""
+    notes: list[str] = []
+    m, f, br = row["measured"], row["formula"], row["breakdown"]
+    if row["strategy"] == "zero" and row["precision"] == "fp32":
+        notes.append("fp32 training: 4-byte params and grads, and DeepSpeed still keeps a cloned fp32 master "
+                     "partition (4 bytes/param) next to the weights, so its totals are 20Ψ-based, not 16Ψ.")
+    if row["strategy"] == "ddp":
+        notes.append("torch DDP keeps fp32 weights (autocast only computes in bf16) and AdamW's two moments: "
+                     "4+4+8 = 16 bytes/param whatever --precision says; no separate master copy.")
+    if m["buffers"]:
+        notes.append(f"{m['buffers']:,} B of communication buckets (reduce/all-gather buffers sized by "
+                     "reduce_bucket_size, capped at Ψ here; allocated up front, not part of any formula). Stage 1/2 "
+                     "with overlap_comm double-buffers them.")
+    extra_grads = int(m["grads"] - f["grads"])
+    if row["stage"] in (1, 2) and extra_grads > 0.01 * f["grads"]:
+        if row["offload"]:
+            notes.append(f"+{extra_grads:,} B of gradients: with optimizer offload ZeRO-1/2 keep an fp32 copy of the "
+                         "gradient partition for the CPU optimizer plus staging buffers for the copy.")
+        else:
+            notes.append(f"+{extra_grads:,} B of gradients: the contiguous gradient buffer holds the WHOLE gradient of "
+                         "every parameter that touches this rank's partition, so a parameter straddling the partition "
+                         "boundary (here the embedding, the largest tensor) is held in full by both ranks.")
+    if row["stage"] == 1 and m["grads"] >= 0.99 * row["paper"]["grads"] * (2 if row["precision"] == "fp32" else 1):
+        notes.append(f"stage 1 keeps full gradients between micro-steps (measured {row['moment']}): only the "
+                     "optimizer states are partitioned.")
+    if row["stage"] == 3 and row["offload"] and extra_grads > 0:
+        notes.append(f"+{extra_grads:,} B: with optimizer offload ZeRO-3 keeps an fp32 gradient partition for the "
+                     "CPU optimizer.")
+    small = int(round(m["total"] - f["total"] - (extra_grads if extra_grads > 0.01 * f["grads"] else 0)))
+    if 0 < abs(small) < 1024:
+        notes.append(f"{small:+,} B: scalars (Adam step counters, the grad-norm and overflow trackers).")
+    return notes
+
+
+def extrapolate(psi: int, world_sizes: Iterable[int], stages: Iterable[int] = (0, 1, 2, 3)) -> list[dict[str, Any]]:
+    """Mixed-precision per-GPU model-state bytes of ``psi`` parameters for each stage and world size."""
+    return [{"stage": s, "world_size": n, "formula": formula_label(s), **formula_bytes(s, psi, n)}
+            for n in world_sizes for s in stages]
+
+
+def guide_plausibility(psi: int, dp_gb: float = 38.2, dp_batch: int = 12, z3_gb: float = 16.8, z3_batch: int = 24,
+                       n_gpus: int = 4, largest_layer: int = 0) -> dict[str, float]:
+    """Test the SeqGPT guide's table (DataParallel 38.2 GB at batch 12, ZeRO-3 16.8 GB at batch 24, 4 GPUs).
+
+    Everything the DP row holds beyond model states (16Ψ) is activations and
+    workspace, proportional to the batch. ZeRO-3 can remove model states (to
+    16Ψ/N, or ~0 with full offload) but not activations, so at twice the batch
+    its memory is at least ``2 × activations(12)`` plus what it keeps.
+    """
+    gb = 1e9
+    dp_states = 16 * psi / gb
+    act_per_sample = (dp_gb - dp_states) / dp_batch
+    z3_states = 16 * psi / n_gpus / gb
+    offload_states = 4 * largest_layer / gb
+    return {"dp_model_states_gb": dp_states, "activation_gb_per_sample": act_per_sample,
+            "z3_model_states_gb": z3_states, "z3_offload_working_set_gb": offload_states,
+            "z3_predicted_gb": z3_states + act_per_sample * z3_batch,
+            "z3_offload_predicted_gb": offload_states + act_per_sample * z3_batch,
+            "z3_claimed_gb": z3_gb, "saving_ceiling_gb": dp_states - offload_states}

@@ -21,7 +21,7 @@ Useful flags (`--help` lists all; every TrainConfig field is a flag):
   --zero-checkpoint-interval 10 [--zero-checkpoint-dir DIR]   sharded engine checkpoints
   --zero-resume-from DIR[/stepN]                              continue a run exactly
   --consolidate-to DIR    merge a sharded checkpoint into a save_pretrained folder (one process) and exit
-  --print-ds-config       print the generated DeepSpeed JSON and exit (no processes started)
+  --print-ds-config [--ds-world-size 8]   print the generated DeepSpeed JSON and exit (nothing launched)
 """
 
 from __future__ import annotations
@@ -47,16 +47,28 @@ def script_defaults() -> TrainConfig:
 
 def extra_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-ds-config", action="store_true", help="print the DeepSpeed JSON and exit")
+    parser.add_argument("--ds-world-size", type=int, default=None,
+                        help="with --print-ds-config: the number of processes to size the batch for (default: "
+                             "$WORLD_SIZE or 1)")
     parser.add_argument("--consolidate-to", default=None,
                         help="merge the sharded checkpoint given by --zero-resume-from into this save_pretrained dir")
+    parser.add_argument("--stages", default=None,
+                        help="run several variants in turn, e.g. ddp,1,2,3,3+opt (outputs in <output-dir>/<variant>)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None,
                         help=argparse.SUPPRESS)  # the deepspeed launcher passes it; LOCAL_RANK is read instead
 
 
-def print_ds_config(cfg: TrainConfig) -> None:
-    from ecomkit.parallel.zero_config import build_zero_config, format_zero_config
+def check_zero_config(cfg: TrainConfig) -> None:
+    from ecomkit.parallel.zero_config import build_zero_config
 
     world = int(os.environ.get("WORLD_SIZE", 1))
+    build_zero_config(cfg, world, cfg.resolve_grad_accum(world))
+
+
+def print_ds_config(cfg: TrainConfig, world: int | None) -> None:
+    from ecomkit.parallel.zero_config import build_zero_config, format_zero_config
+
+    world = world or int(os.environ.get("WORLD_SIZE", 1))
     print(format_zero_config(build_zero_config(cfg, world, cfg.resolve_grad_accum(world))))
 
 
@@ -88,27 +100,41 @@ def _model_config(cfg: TrainConfig, preset_config):
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
-    from ecomkit.parallel.zero_checkpoint import ZeroCheckpointCallback
-    from ecomkit.report import format_bytes, print_run_summary
-    from ecomkit.train import run_training
-    from ecomkit.zero_memory import MemoryProbeCallback
-
     cfg, ns = parse_config(argv, description=__doc__, defaults=script_defaults(), extra=extra_flags)
     if ns.print_ds_config:
-        return print_ds_config(cfg)
+        return print_ds_config(cfg, ns.ds_world_size)
+    if cfg.strategy == "zero" or ns.stages:
+        check_zero_config(cfg)  # a bad --zero-user-config fails here, before any process group exists
     if ns.consolidate_to:
         return consolidate(cfg, ns.consolidate_to)
+    if not ns.stages:
+        from ecomkit.train import run_training
+
+        return train_one(cfg, lambda callbacks: run_training(cfg, callbacks))
+    from ecomkit.parallel.zero_variants import parse_variants, run_variants, train_in_session
+
+    run_variants(cfg, parse_variants(ns.stages),
+                 lambda v_cfg, env: train_one(v_cfg, lambda cbs: train_in_session(v_cfg, env, cbs)))
+
+
+def train_one(cfg: TrainConfig, train) -> dict:
+    """One run with the memory probe (memory.json) and, if asked, sharded checkpoints / resume."""
+    from ecomkit.parallel.zero_checkpoint import ZeroCheckpointCallback
+    from ecomkit.report import format_bytes, print_run_summary
+    from ecomkit.zero_memory import MemoryProbeCallback
+
     out = Path(cfg.output_dir)
     memory = MemoryProbeCallback(str(out / "memory.json"))
-    callbacks = [memory]
+    callbacks: list = [memory]
     if cfg.strategy == "zero" and (cfg.zero.checkpoint_interval or cfg.zero.resume_from):
         ckpt_dir = cfg.zero.checkpoint_dir or str(out / "checkpoints")
         callbacks.append(ZeroCheckpointCallback(ckpt_dir, cfg.zero.checkpoint_interval, cfg.zero.resume_from))
-    summary = run_training(cfg, callbacks)
+    summary = train(callbacks)
     print_run_summary(summary)
     if int(os.environ.get("RANK", 0)) == 0 and memory.per_rank:
         per_rank = ", ".join(format_bytes(r.get("total", 0)) for r in memory.per_rank)
         print(f"model states    {per_rank} per rank (params + grads + optimizer; details in {out / 'memory.json'})")
+    return summary
 
 
 if __name__ == "__main__":

@@ -70,10 +70,12 @@ def test_sdpa_without_padding_uses_is_causal_and_still_matches(model):
     assert plan.attn_mask is None and plan.is_causal and not plan.has_empty_rows
 
 
-@pytest.mark.parametrize("seq_len", [7, 300])
-def test_flex_forward_matches_eager_on_real_tokens(model, seq_len):
+@pytest.mark.parametrize("seq_len,padded", [(7, True), (300, True), (300, False)])
+def test_flex_forward_matches_eager_on_real_tokens(model, seq_len, padded):
     pytest.importorskip("torch.nn.attention.flex_attention")
     ids, mask = padded_batch(seq_len)
+    if not padded:
+        mask[:] = 1  # the plain causal block mask path
     eager = logits_with(model, "eager", ids, mask)
     flex = logits_with(model, "flex", ids, mask, for_training=False)
     real = mask.bool()  # flex returns zeros for fully masked (left-padding) query rows; see module docstring

@@ -24,7 +24,7 @@ import copy
 import gc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..config import COMPRESSIONS, TrainConfig
 from ..errors import ConfigError
@@ -189,3 +189,38 @@ def train_methods(base: TrainConfig, specs: Sequence[MethodSpec], subdirs: bool 
             seed_everything(cfg.seed, env.rank)
             summaries.append(train_in_session(cfg, env, spec))
     return summaries
+
+
+# ---------------------------------------------------------------------- the guide's claims, measured
+GUIDE_COMM_CUT = 0.75          # EcomGPT guide, section 3.2: Top-K (25 %) "cuts communication by 75 %"
+GUIDE_ACC_DROP_POINTS = 0.15   # ... "top-1 category accuracy drops by only 0.15 points"
+
+
+def compare_with_guide(summaries: Mapping[str, dict[str, Any]], eval_nlu_samples: int,
+                       baseline: str = "none", candidates: Sequence[str] = ("topk_naive:0.25", "topk:0.25",
+                                                                             "topk:0.01")) -> list[dict[str, Any]]:
+    """Rows of (claim, method, guide's figure, our measurement) from summaries keyed by method spec.
+
+    Bytes are means over all steps. Accuracy differences are in points; one
+    scored record is worth at least ``100 / eval_nlu_samples`` points, so a
+    difference smaller than that cannot be resolved by this evaluation.
+    """
+    base = summaries[baseline]
+    resolution = 100 / eval_nlu_samples
+    rows = []
+    for spec in candidates:
+        if spec not in summaries:
+            continue
+        s, title = summaries[spec], parse_method_spec(spec).title
+        cut = 1 - s["comm_bytes_mean"] / base["comm_bytes_mean"]
+        rows.append({"claim": "Top-K cuts communication by 75 %", "method": title,
+                     "guide": f"{100 * GUIDE_COMM_CUT:.0f} %", "measured": f"{100 * cut:.1f} %"})
+        if "acc_category" in s and "acc_category" in base:
+            drop = 100 * (base["acc_category"] - s["acc_category"])
+            rows.append({"claim": "category accuracy drops 0.15 points", "method": title,
+                         "guide": f"{GUIDE_ACC_DROP_POINTS} points",
+                         "measured": f"{drop:+.2f} points (resolution >= {resolution:.1f})"})
+        loss_gap = s["eval_loss"] / base["eval_loss"] - 1
+        rows.append({"claim": "(not claimed) eval loss vs dense", "method": title, "guide": "-",
+                     "measured": f"{100 * loss_gap:+.1f} %"})
+    return rows

@@ -121,7 +121,11 @@ class TopKState:
 def bucket_layout(bucket: dist.GradBucket) -> list[tuple[Any, int, int]]:
     """(parameter, offset in the bucket buffer, numel) for every parameter in the bucket."""
     base = bucket.buffer().storage_offset()
-    return [(p, g.storage_offset() - base, g.numel()) for p, g in zip(bucket.parameters(), bucket.gradients())]
+    params, grads = bucket.parameters(), bucket.gradients()
+    if len(params) != len(grads) or any(p.shape != g.shape for p, g in zip(params, grads)):
+        raise RuntimeError("DDP bucket: parameters() and gradients() do not line up; error feedback would "
+                           "add residuals to the wrong parameters")
+    return [(p, g.storage_offset() - base, g.numel()) for p, g in zip(params, grads)]
 
 
 # ---------------------------------------------------------------------- hooks

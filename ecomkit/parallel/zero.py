@@ -43,7 +43,7 @@ from torch import nn
 
 from ..config import TrainConfig
 from ..dist import DistEnv, log
-from ..errors import EcomkitError
+from ..errors import ConfigError, EcomkitError
 from .base import StepStats, Strategy
 from .zero_config import build_zero_config, ensure_deepspeed_env, save_zero_config
 
@@ -122,6 +122,19 @@ def _ensure_process_group(env: DistEnv) -> None:
                                auto_mpi_discovery=False, verbose=False)
 
 
+def _check_precision_supported(precision: str) -> None:
+    """DeepSpeed's CPU accelerator has no fp16 engine; say so before start-up instead of a ValueError inside it."""
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    ok = {"fp16": acc.is_fp16_supported, "bf16": acc.is_bf16_supported}.get(precision, lambda: True)()
+    if not ok:
+        raise ConfigError(
+            f"--precision {precision} is not supported by DeepSpeed's '{acc.device_name()}' accelerator on this "
+            f"machine. On CPU use --precision bf16 (the same 2-byte weights and gradients, and no loss scaling "
+            "needed) or fp32; fp16 with loss scaling needs a GPU.")
+
+
 def _quiet_deprecations() -> None:
     """DeepSpeed calls torch collectives that torch 2.13 renamed; one FutureWarning per call floods the log."""
     warnings.filterwarnings("ignore", category=FutureWarning,
@@ -150,6 +163,7 @@ class ZeroStrategy(Strategy):
         from ..train.optim import build_scheduler
 
         _quiet_deprecations()
+        _check_precision_supported(self.cfg.precision)
         _ensure_process_group(self.env)
         grad_accum = self.cfg.resolve_grad_accum(self.env.world_size)
         self.ds_config = build_zero_config(self.cfg, self.env.world_size, grad_accum,

@@ -1,0 +1,90 @@
+"""Parallel degrees: clear errors before any process group, degree resolution, and the decision table."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from conftest import REPO, run_script
+from ecomkit.config import ParallelConfig
+from ecomkit.errors import ConfigError
+from ecomkit.parallel.dims import (ParallelDims, decision_table, model_state_bytes_per_gpu, Layout,
+                                   resolve_parallel_dims, validate_parallel_config)
+
+
+def test_product_must_equal_world_size():
+    with pytest.raises(ConfigError, match=r"dp=2 × tp=2 × pp=1 = 4, but torchrun started 2"):
+        ParallelDims(dp=2, tp=2, pp=1, world_size=2)
+
+
+def test_tp_must_divide_heads_and_pp_must_not_exceed_layers():
+    with pytest.raises(ConfigError, match=r"tp=3 does not divide the 4 heads .* \[1, 2, 4\]"):
+        ParallelDims(dp=1, tp=3, pp=1, world_size=3).validate_for_model(n_head=4, n_layer=2)
+    with pytest.raises(ConfigError, match=r"pp=3 is larger than the 2 blocks"):
+        ParallelDims(dp=1, tp=1, pp=3, world_size=3).validate_for_model(n_head=4, n_layer=2)
+    ParallelDims(dp=1, tp=2, pp=2, world_size=4).validate_for_model(n_head=4, n_layer=2)  # fine
+
+
+def test_degrees_resolve_from_strategy_and_leftover_dp():
+    par = ParallelConfig()
+    assert resolve_parallel_dims("fsdp", par, 4) == ParallelDims(4, 1, 1, 4)
+    assert resolve_parallel_dims("tp", par, 2) == ParallelDims(1, 2, 1, 2)
+    assert resolve_parallel_dims("pp", par, 2) == ParallelDims(1, 1, 2, 2)
+    assert resolve_parallel_dims("mixed", ParallelConfig(tp=2), 4) == ParallelDims(2, 2, 1, 4)
+    with pytest.raises(ConfigError, match="does not divide the 6 processes"):
+        resolve_parallel_dims("mixed", ParallelConfig(tp=4), 6)
+
+
+def test_unsupported_combinations_are_refused_with_a_way_out():
+    with pytest.raises(ConfigError, match="--pp 2 --dp 2"):
+        validate_parallel_config("mixed", ParallelConfig(tp=2, pp=2), 4)
+    with pytest.raises(ConfigError, match="--precision bf16"):
+        validate_parallel_config("fsdp", ParallelConfig(), 2, precision="fp16")
+    with pytest.raises(ConfigError, match="pp_schedule 'zb'"):
+        validate_parallel_config("pp", ParallelConfig(pp_schedule="zb"), 2)
+
+
+def test_rank_coordinates_put_tp_innermost():
+    dims = ParallelDims(dp=2, tp=2, pp=1, world_size=4)
+    assert [dims.coordinates(r) for r in range(4)] == [
+        {"pp": 0, "dp": 0, "tp": 0}, {"pp": 0, "dp": 0, "tp": 1},
+        {"pp": 0, "dp": 1, "tp": 0}, {"pp": 0, "dp": 1, "tp": 1}]
+    assert all(dims.rank_of(**dims.coordinates(r)) == r for r in range(4))
+
+
+def test_presets_are_checked_without_building_the_model():
+    with pytest.raises(ConfigError, match="larger than the 2 blocks of preset 'tiny'"):
+        validate_parallel_config("pp", ParallelConfig(pp=3), 3, model="tiny")
+
+
+def test_script_refuses_invalid_degrees_before_starting(tmp_path):
+    """WORLD_SIZE=3 without torchrun: the check must fire before any process group is created."""
+    proc = run_script("04_mixed_parallel.py", ["--tp", "3", "--model", "tiny", "--output-dir", str(tmp_path)],
+                      check=False, extra_env={"WORLD_SIZE": "3"}, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "does not divide the 4 heads" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_short_aliases_expand_to_config_flags():
+    spec = importlib.util.spec_from_file_location("mixed_script", REPO / "scripts" / "04_mixed_parallel.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.expand_aliases(["--tp", "2", "--dp=2", "--pp-x", "1"]) == ["--parallel-tp", "2", "--parallel-dp=2",
+                                                                          "--pp-x", "1"]
+
+
+def test_decision_table_is_computed_from_exact_parameter_counts():
+    from ecomkit.models import build_model, preset_parameter_count
+
+    psi = preset_parameter_count("ecomgpt-7b")
+    model = build_model("ecomgpt-7b", device="meta")
+    ddp = model_state_bytes_per_gpu(model, Layout("DP (DDP)", dp=8, sharded=False))
+    fsdp = model_state_bytes_per_gpu(model, Layout("ZeRO-3 / FSDP2", dp=8))
+    assert ddp["total"] == 16 * psi and fsdp["total"] == 16 * psi / 8
+    rows = decision_table(["seqgpt-560m", "ecomgpt-7b"], [4, 8], gpu_memory_bytes=80e9, micro_batch=4, seq_len=1024)
+    picks = {(r["model"], r["gpus"]): r["layout"] for r in rows if r["pick"]}
+    # 560M fits replicated: plain DDP; 7B needs 113 GB of model states replicated: shard it
+    assert picks[("seqgpt-560m", 4)] == picks[("seqgpt-560m", 8)] == "DP (DDP)"
+    assert picks[("ecomgpt-7b", 4)] == picks[("ecomgpt-7b", 8)] == "ZeRO-3 / FSDP2"
+    assert not [r for r in rows if r["model"] == "ecomgpt-7b" and r["layout"] == "DP (DDP)"][0]["fits"]

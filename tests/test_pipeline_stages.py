@@ -1,0 +1,55 @@
+"""Pipeline stages of BLOOM, chained in one process, reproduce the unsplit model (no process group needed)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from ecomkit.errors import ConfigError
+from ecomkit.models import build_model, preset_config
+from ecomkit.parallel.pipeline import BloomPipelineStage, pad_to_length, stage_layer_ranges
+
+
+def test_layer_ranges_are_contiguous_and_balanced():
+    assert stage_layer_ranges(30, 4) == [(0, 8), (8, 16), (16, 23), (23, 30)]
+    assert stage_layer_ranges(2, 2) == [(0, 1), (1, 2)]
+    with pytest.raises(ConfigError, match="between 1 and the 2 blocks"):
+        stage_layer_ranges(2, 3)
+
+
+@pytest.mark.parametrize("n_stages", [2, 3])
+def test_chained_stages_give_the_full_models_logits_and_state(n_stages):
+    cfg = preset_config("tiny", 200, n_layer=3)
+    full = build_model(cfg, seed=0).eval()
+    stages = [BloomPipelineStage(copy.deepcopy(full), s, n_stages).eval() for s in range(n_stages)]
+    ids = torch.randint(3, 200, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[0, 5:] = 0
+    with torch.no_grad():
+        out = (ids, mask)
+        for stage in stages:
+            out = stage(*out)
+        expected = full(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(out, expected)
+    # the last stage holds an untied copy of the embedding; the merged state dict stores it once
+    assert stages[-1].tied_weight() is not stages[0].tied_weight()
+    merged = {}
+    for stage in stages:
+        merged.update(stage.global_state_dict())
+    reference = {k: v for k, v in full.state_dict().items() if k != "lm_head.weight"}
+    assert merged.keys() == reference.keys()
+    for k, v in reference.items():
+        torch.testing.assert_close(merged[k], v)
+
+
+def test_padding_to_the_pipeline_length_masks_the_new_positions():
+    batch = {"input_ids": torch.tensor([[5, 6]]), "attention_mask": torch.tensor([[1, 1]]),
+             "labels": torch.tensor([[5, 6]])}
+    out = pad_to_length(batch, 4, pad_id=0)
+    assert out["input_ids"].tolist() == [[5, 6, 0, 0]]
+    assert out["attention_mask"].tolist() == [[1, 1, 0, 0]]
+    assert out["labels"].tolist() == [[5, 6, -100, -100]]
+    with pytest.raises(ConfigError, match="seq_len=1"):
+        pad_to_length(batch, 1)

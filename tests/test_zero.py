@@ -1,0 +1,186 @@
+"""Chapter 03 unit tests (one process, no torchrun): DeepSpeed config generation and validation,
+the CPU-Adam fallback, the memory formulas and DeepSpeed's estimators, variant parsing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from ecomkit.parallel.zero_config import ensure_deepspeed_env
+
+ensure_deepspeed_env()  # before anything imports deepspeed
+
+from ecomkit.config import TrainConfig  # noqa: E402
+from ecomkit.dist import DistEnv  # noqa: E402
+from ecomkit.errors import ConfigError  # noqa: E402
+from ecomkit.parallel.zero_config import build_zero_config, validate_user_config  # noqa: E402
+from conftest import REPO  # noqa: E402
+
+
+def zero_cfg(**zero) -> TrainConfig:
+    cfg = TrainConfig(strategy="zero", micro_batch_size=4, grad_accum=2, max_grad_norm=0.5)
+    for k, v in zero.items():
+        setattr(cfg.zero, k, v)
+    return cfg
+
+
+def all_values(node):
+    if isinstance(node, dict):
+        for v in node.values():
+            yield from all_values(v)
+    else:
+        yield node
+
+
+# ---------------------------------------------------------------------- generation
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_generated_config_is_consistent_and_has_no_auto(stage):
+    ds = build_zero_config(zero_cfg(stage=stage), world_size=4, grad_accum=2)
+    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * 4 == 32
+    assert ds["gradient_clipping"] == 0.5 and ds["zero_optimization"]["stage"] == stage
+    assert "auto" not in list(all_values(ds))
+    assert ("stage3_param_persistence_threshold" in ds["zero_optimization"]) == (stage == 3)
+    if stage == 3:
+        assert ds["zero_optimization"]["stage3_param_persistence_threshold"] == 0  # tiny models really partition
+
+
+def test_offload_precision_buckets_and_activation_checkpointing():
+    cfg = zero_cfg(stage=3, offload_optimizer=True, offload_param=True, activation_checkpointing=True)
+    cfg.precision = "fp16"
+    ds = build_zero_config(cfg, 2, 2, n_params=1000)
+    z = ds["zero_optimization"]
+    assert z["offload_optimizer"]["device"] == "cpu" and z["offload_param"]["device"] == "cpu"
+    assert ds["zero_force_ds_cpu_optimizer"] is False           # lets the torch-AdamW fallback run offloaded
+    assert ds["fp16"]["enabled"] and ds["fp16"]["loss_scale"] == 0  # dynamic loss scaling
+    assert z["reduce_bucket_size"] == z["stage3_prefetch_bucket_size"] == 1000  # capped at Ψ
+    assert "activation_checkpointing" in ds
+    cfg.precision = "bf16"
+    assert build_zero_config(cfg, 2, 2)["bf16"] == {"enabled": True}
+
+
+def test_offload_param_needs_stage_3():
+    with pytest.raises(ConfigError, match="needs ZeRO stage 3"):
+        build_zero_config(zero_cfg(stage=2, offload_param=True), 2, 1)
+
+
+# ---------------------------------------------------------------------- user configs
+@pytest.mark.parametrize("user, match", [
+    ({"gradient_clip": 1.0}, "unknown top-level key 'gradient_clip'. Did you mean 'gradient_clipping'"),
+    ({"zero_optimization": {"stage3_param_persistance_threshold": 0}},
+     "unknown zero_optimization key 'stage3_param_persistance_threshold'. Did you mean "
+     "'stage3_param_persistence_threshold'"),
+    ({"train_batch_size": 64}, "train_batch_size=64 disagrees with this run"),
+    ({"gradient_accumulation_steps": 4}, "gradient_accumulation_steps=4 disagrees"),
+    ({"gradient_clipping": "auto"}, "'gradient_clipping' is \"auto\""),
+    ({"amp": {"enabled": True}}, "'amp': NVIDIA Apex AMP integration has been removed"),
+])
+def test_bad_user_config_is_rejected_clearly(user, match):
+    generated = build_zero_config(zero_cfg(stage=2), 2, 2)
+    with pytest.raises(ConfigError, match=match.replace("(", r"\(").replace(")", r"\)")):
+        validate_user_config(user, generated, "my_ds.json")
+
+
+def test_valid_user_config_is_merged(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"reduce_bucket_size": 1234}, "train_batch_size": 16,
+                                "wall_clock_breakdown": True}))
+    ds = build_zero_config(zero_cfg(stage=2, user_config=str(path)), 2, 2)
+    assert ds["zero_optimization"]["reduce_bucket_size"] == 1234 and ds["wall_clock_breakdown"] is True
+    assert ds["zero_optimization"]["stage"] == 2  # untouched keys keep ecomkit's values
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("zero3_script", REPO / "scripts" / "03_zero3.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_script_rejects_a_bad_user_config_before_any_process_group(tmp_path, capsys):
+    bad = tmp_path / "ds.json"
+    bad.write_text('{"zero_optimization": {"stage": 3}, "train_batch_size": 999}')
+    with pytest.raises(SystemExit) as exc:
+        load_script().main(["--zero-user-config", str(bad), "--output-dir", str(tmp_path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "train_batch_size=999 disagrees" in err and str(bad) in err
+    assert not torch.distributed.is_initialized()
+
+
+def test_print_ds_config_prints_the_generated_json(capsys):
+    load_script().main(["--print-ds-config", "--ds-world-size", "8", "--zero-stage", "2", "--zero-offload-optimizer",
+                        "--micro-batch-size", "4"])
+    ds = json.loads(capsys.readouterr().out)
+    assert ds["train_batch_size"] == 32 and ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+
+
+# ---------------------------------------------------------------------- CPU Adam fallback, precision
+def test_offload_falls_back_to_torch_adamw_with_a_warning_when_cpu_adam_cannot_build(monkeypatch):
+    import deepspeed.ops.adam.cpu_adam as cpu_adam
+
+    from ecomkit.models import build_model
+    from ecomkit.parallel.zero import CPUAdamUnavailableWarning, build_zero_optimizer
+
+    class BrokenBuilder:
+        def load(self):
+            raise RuntimeError("Error building extension 'cpu_adam': g++ not found")
+
+    monkeypatch.setattr(cpu_adam, "CPUAdamBuilder", BrokenBuilder)
+    import cpuinfo
+
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: {})  # its subprocess probing takes seconds
+    model = build_model("tiny", vocab_size=256)
+    with pytest.warns(CPUAdamUnavailableWarning, match="g\\+\\+ not found.*Falling back to torch.optim.AdamW"):
+        opt = build_zero_optimizer(model, zero_cfg(stage=2, offload_optimizer=True), DistEnv())
+    assert type(opt) is torch.optim.AdamW
+    assert len(opt.param_groups) == 2  # same decay / no-decay groups as chapter 02
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused only by DeepSpeed's CPU accelerator")
+def test_fp16_on_cpu_is_a_clear_config_error():
+    from ecomkit.parallel.zero import _check_precision_supported
+
+    with pytest.raises(ConfigError, match="use --precision bf16"):
+        _check_precision_supported("fp16")
+    _check_precision_supported("bf16")
+
+
+# ---------------------------------------------------------------------- formulas and estimators
+def test_formulas_are_the_papers():
+    from ecomkit.zero_memory import formula_bytes
+
+    psi, n = 1000, 4
+    assert [formula_bytes(s, psi, n)["total"] for s in range(4)] == [16 * psi, 4 * psi + 12 * psi / n,
+                                                                      2 * psi + 14 * psi / n, 16 * psi / n]
+
+
+def test_deepspeed_estimators_are_what_we_explain():
+    from ecomkit.zero_memory import deepspeed_estimates
+
+    psi, largest, n = 1_000_000, 100_000, 4
+    est = deepspeed_estimates(psi, largest, n)
+    assert est["zero2"]["gpu"] == 2 * psi + 18 * psi // n
+    assert est["zero3"]["gpu"] == 4 * largest + 18 * psi // n
+    assert est["zero3+offload_opt+offload_param"]["gpu"] == 4 * largest
+
+
+def test_guide_table_check_uses_the_dp_row_to_infer_activations():
+    from ecomkit.zero_memory import guide_plausibility
+
+    g = guide_plausibility(psi=500_000_000, dp_gb=38.2, dp_batch=12, z3_gb=16.8, z3_batch=24, n_gpus=4)
+    assert g["dp_model_states_gb"] == pytest.approx(8.0)
+    assert g["activation_gb_per_sample"] == pytest.approx((38.2 - 8.0) / 12)
+    assert g["z3_predicted_gb"] == pytest.approx(2.0 + 24 * (38.2 - 8.0) / 12)
+
+
+def test_stage_list_parsing():
+    from ecomkit.parallel.zero_variants import parse_variants
+
+    vs = parse_variants("ddp,1,3+opt+param@bf16")
+    assert [(v.strategy, v.stage, v.offload_optimizer, v.offload_param, v.precision) for v in vs] == [
+        ("ddp", 0, False, False, None), ("zero", 1, False, False, None), ("zero", 3, True, True, "bf16")]
+    with pytest.raises(ConfigError, match="only ZeRO stage 3"):
+        parse_variants("2+param")
