@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,16 @@ STRATEGIES: dict[str, tuple[str, list[str], int]] = {
 }
 
 
+def failure_reason(proc: subprocess.CompletedProcess) -> str:
+    """The rank's own message (ecomkit prints '[rank N] error: ...') rather than torchrun's generic summary."""
+    lines = (proc.stderr + "\n" + proc.stdout).strip().splitlines()
+    own = [l.strip() for l in lines if re.match(r"\[rank \d+\] error:", l.strip())]
+    if own:
+        return own[0]
+    errors = [l.strip() for l in lines if re.search(r"(Error|error)[:\s]", l) and "elastic" not in l]
+    return errors[-1] if errors else " | ".join(lines[-3:]) or "no output"
+
+
 def run_strategy(name: str, args: argparse.Namespace) -> dict[str, Any]:
     script, flags, micro = STRATEGIES[name]
     path = REPO / "scripts" / script
@@ -56,8 +67,7 @@ def run_strategy(name: str, args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0 or not (out / "summary.json").exists():
-        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-4:])
-        return {"name": name, "status": f"failed (exit {proc.returncode}): {tail[-400:]}"}
+        return {"name": name, "status": f"failed (exit {proc.returncode}): {failure_reason(proc)[:400]}"}
     s = json.loads((out / "summary.json").read_text())
     return {"name": name, "status": "ok", "strategy": s["strategy"], "global_batch": s["global_batch"],
             "samples_per_s": s["samples_per_s"], "step_ms": 1000 * s["step_time_s"],
@@ -70,7 +80,7 @@ def main() -> None:
     ap.add_argument("--model", default="small")
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--attn", default="eager", choices=["eager", "sdpa"])
+    ap.add_argument("--attn", default="sdpa", choices=["eager", "sdpa"])
     ap.add_argument("--only", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES))
     args = ap.parse_args()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

@@ -174,6 +174,16 @@ def _attention_line(r: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------- part 2: chapter scripts
+def failure_reason(proc: subprocess.CompletedProcess) -> str:
+    """The rank's own message (ecomkit prints '[rank N] error: ...') rather than torchrun's generic summary."""
+    lines = (proc.stderr + "\n" + proc.stdout).strip().splitlines()
+    own = [l.strip() for l in lines if re.match(r"\[rank \d+\] error:", l.strip())]
+    if own:
+        return own[0]
+    errors = [l.strip() for l in lines if re.search(r"(Error|error)[:\s]", l) and "elastic" not in l]
+    return errors[-1] if errors else " | ".join(lines[-3:]) or "no output"
+
+
 def script_case(name: str, st: dict[str, Any], attn: str, precision: str, timeout_s: float) -> dict[str, Any]:
     """Run one chapter script with torchrun at world size 1 and read back its summary."""
     script, flags = SCRIPTS[name]
@@ -198,8 +208,8 @@ def script_case(name: str, st: dict[str, Any], attn: str, precision: str, timeou
     wall = time.perf_counter() - t0
     summary_path = out / "summary.json"
     if proc.returncode != 0 or not summary_path.exists():
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
-        return {"strategy": name, "status": "error", "returncode": proc.returncode, "reason": " | ".join(tail)[-800:]}
+        return {"strategy": name, "status": "error", "returncode": proc.returncode,
+                "reason": failure_reason(proc)[:800]}
     summary = json.loads(summary_path.read_text())
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if l.strip()]
     mfus = [r["mfu"] for r in rows if r.get("type") == "train" and r.get("mfu") is not None][1:]
@@ -270,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=0)
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--budget-s", type=float, default=420.0)
-    ap.add_argument("--out", default=None, help="report path (default: see the module docstring)")
+    ap.add_argument("--out", default=None, help="report file, or a folder for the default file name")
     args = ap.parse_args(argv)
 
     import torch
@@ -291,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     scripts = run_script_part(st, args.scripts, args.script_attn, "bf16" if on_gpu else "fp32", deadline)
     report = {"environment": env, "dry_run": not on_gpu, "settings": st, "attention": attention,
               "scripts": scripts, "goal": verdicts(attention, on_gpu)}
-    out = Path(args.out) if args.out else default_out(env, not on_gpu)
+    out = default_out(env, not on_gpu)
+    if args.out:  # a file, or a folder that gets the default file name (e.g. the device tool's $OUT)
+        out = Path(args.out) / out.name if Path(args.out).is_dir() else Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     g = report["goal"]

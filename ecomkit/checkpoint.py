@@ -61,6 +61,10 @@ from .config import TrainConfig
 from .dist import log
 from .errors import ConfigError, EcomkitError
 
+# DCP warns "assuming the intent is to save/load in a single process" on every single-process call, also
+# from async_save's writer thread where a local catch_warnings cannot reach; that is our intent here.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 TMP_PREFIX = ".tmp-"
 TRAINER_STATE = "trainer_state.json"
@@ -303,13 +307,20 @@ class PendingSave:
     started: float
     is_main: bool
     keep_last: int
+    written_at: float | None = None
+
+    def __post_init__(self) -> None:
+        self.future.add_done_callback(self._mark_written)
+
+    def _mark_written(self, _future: Any) -> None:
+        self.written_at = time.perf_counter()
 
     def done(self) -> bool:
         return self.future.done()
 
     def finish(self) -> SaveRecord:
         self.future.result()  # re-raises a failed background write here, in the training thread
-        self.record.total_s = time.perf_counter() - self.started
+        self.record.total_s = (self.written_at or time.perf_counter()) - self.started
         if self.is_main:
             commit(self.tmp, self.final)
             prune_checkpoints(self.final.parent, self.keep_last)

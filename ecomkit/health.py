@@ -59,11 +59,18 @@ MAX_WARNINGS_IN_SUMMARY = 50
 
 
 # ---------------------------------------------------------------------- samples
+_PROCESSES: dict[int, Any] = {}
+
+
 def read_cpu_health() -> dict[str, Any]:
-    """CPU and RAM of this process and machine (psutil)."""
+    """CPU and RAM of this process and machine (psutil).
+
+    ``cpu_percent`` is measured between two calls on the *same* ``Process``
+    object, so one is kept per pid (a fresh object would always report 0).
+    """
     import psutil
 
-    proc = psutil.Process()
+    proc = _PROCESSES.setdefault(os.getpid(), psutil.Process())
     vm = psutil.virtual_memory()
     return {
         "kind": "cpu",

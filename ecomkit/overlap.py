@@ -76,54 +76,65 @@ def bucket_chunks(model: torch.nn.Module, cap_mb: float) -> list[torch.Tensor]:
     return chunks
 
 
-def measure_bucket_cap(cfg: TrainConfig, cap_mb: float, env: DistEnv, repeats: int) -> dict[str, Any]:
-    """The three timings for one ``bucket_cap_mb`` (medians over ``repeats``, after two warm-up steps)."""
-    model = load_model(cfg.model, vocab_size=SYNTHETIC_VOCAB, device=env.device, seed=cfg.seed)
-    ddp = DDP(model, bucket_cap_mb=cap_mb, gradient_as_bucket_view=True)
-    batch = {k: v.to(env.device) for k, v in synthetic_batch(cfg.micro_batch_size, cfg.seq_len,
-                                                               cfg.seed + env.rank).items()}
+class BucketCapProbe:
+    """One DDP wrapper at one ``bucket_cap_mb``, with the three timed callables of the sweep."""
 
-    def fwd_bwd() -> None:
-        ddp.zero_grad(set_to_none=False)
-        ddp(**batch).loss.backward()
+    def __init__(self, cfg: TrainConfig, cap_mb: float, env: DistEnv):
+        self.cap_mb, self.env = cap_mb, env
+        self.model = load_model(cfg.model, vocab_size=SYNTHETIC_VOCAB, device=env.device, seed=cfg.seed)
+        self.ddp = DDP(self.model, bucket_cap_mb=cap_mb, gradient_as_bucket_view=True)
+        self.batch = {k: v.to(env.device) for k, v in synthetic_batch(cfg.micro_batch_size, cfg.seq_len,
+                                                                        cfg.seed + env.rank).items()}
+        for _ in range(2):  # DDP rebuilds its buckets after the first backward
+            self.step()
+        self.chunks = bucket_chunks(self.model, cap_mb)
+        self.times: dict[str, list[float]] = {"step_s": [], "compute_s": [], "comm_s": []}
 
-    def compute_only() -> None:
-        with ddp.no_sync():
-            fwd_bwd()
+    def step(self) -> None:
+        """Forward + backward with DDP's overlapped all-reduce (backward returns after DDP has waited)."""
+        self.ddp.zero_grad(set_to_none=False)
+        self.ddp(**self.batch).loss.backward()
 
-    for _ in range(2):  # DDP rebuilds its buckets after the first backward
-        fwd_bwd()
-    chunks = bucket_chunks(model, cap_mb)
+    def compute(self) -> None:
+        with self.ddp.no_sync():
+            self.step()
 
-    def comm_only() -> None:
-        for c in chunks:
+    def comm(self) -> None:
+        for c in self.chunks:
             dist.all_reduce(c)
 
-    times: dict[str, list[float]] = {"step_s": [], "compute_s": [], "comm_s": []}
-    for _ in range(repeats):  # interleaved, so a slow moment on the machine hits all three alike
-        times["step_s"].append(_timed(fwd_bwd, env))
-        times["compute_s"].append(_timed(compute_only, env))
-        times["comm_s"].append(_timed(comm_only, env))
-    row: dict[str, Any] = {"bucket_cap_mb": cap_mb, "n_buckets": len(chunks),
-                           "grad_bytes": sum(c.numel() * c.element_size() for c in chunks)}
-    row.update({k: statistics.median(v) for k, v in times.items()})
-    row["exposed_s"] = max(0.0, row["step_s"] - row["compute_s"])
-    row["hidden_frac"] = min(1.0, max(0.0, 1 - row["exposed_s"] / row["comm_s"])) if row["comm_s"] > 0 else None
-    del ddp, model
-    return row
+    def measure_once(self) -> None:
+        for key, fn in (("step_s", self.step), ("compute_s", self.compute), ("comm_s", self.comm)):
+            self.times[key].append(_timed(fn, self.env))
+
+    def row(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"bucket_cap_mb": self.cap_mb, "n_buckets": len(self.chunks),
+                               "grad_bytes": sum(c.numel() * c.element_size() for c in self.chunks)}
+        row.update({k: statistics.median(v) for k, v in self.times.items()})
+        row["exposed_s"] = max(0.0, row["step_s"] - row["compute_s"])
+        row["hidden_frac"] = min(1.0, max(0.0, 1 - row["exposed_s"] / row["comm_s"])) if row["comm_s"] > 0 else None
+        return row
 
 
 def sweep_bucket_cap(cfg: TrainConfig, caps_mb: list[float], env: DistEnv, repeats: int = 5) -> list[dict[str, Any]]:
-    """One row per bucket size (see the module docstring for the columns)."""
+    """One row per bucket size (see the module docstring for the columns).
+
+    All bucket sizes are measured round-robin within each repeat, so a busy
+    moment on a shared machine slows every bucket size alike instead of one.
+    Values are medians over ``repeats``.
+    """
     if not env.distributed:
         raise EcomkitError("the bucket_cap_mb sweep measures communication: launch it with torchrun "
                            "--nproc_per_node 2 (or more).")
-    rows = []
-    for cap in caps_mb:
-        rows.append(measure_bucket_cap(cfg, cap, env, repeats))
-        if env.is_main:
-            log.info("bucket_cap_mb=%s: %s", cap, {k: round(v, 4) if isinstance(v, float) else v
-                                                   for k, v in rows[-1].items()})
+    probes = [BucketCapProbe(cfg, cap, env) for cap in caps_mb]
+    for _ in range(repeats):
+        for probe in probes:
+            probe.measure_once()
+    rows = [p.row() for p in probes]
+    if env.is_main:
+        for r in rows:
+            log.info("bucket sweep: %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()})
+    del probes
     return rows
 
 

@@ -277,6 +277,7 @@ class StallDemoResult:
     explanation: str | None = None   # the CollectiveTimeoutError paragraph, if printed
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # py-spy colours its output even into a pipe
 _PID_LINE = re.compile(r"\[rank (\d+)\] pid (\d+)")
 _STALL_LINE = re.compile(r"\[rank (\d+)\] stalling for")
 
@@ -287,7 +288,7 @@ def _py_spy_dump(pid: int) -> str:
         return "py-spy is not installed (pip install py-spy)"
     try:
         out = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
-        return (out.stdout + out.stderr).strip()
+        return _ANSI.sub("", out.stdout + out.stderr).strip()
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"py-spy failed: {exc}"
 

@@ -28,7 +28,7 @@ import torch
 
 CATEGORIES = ("params", "grads", "optimizer", "buffers")
 _SKIP_TYPES = (torch.nn.Module,)
-_MAX_DEPTH = 4
+_MAX_DEPTH = 12  # deep enough for optimizer.param_groups[i]["params"][j]; containers are visited once
 
 
 # ---------------------------------------------------------------------- formulas
@@ -80,13 +80,14 @@ def deepspeed_estimates(psi: int, largest_layer: int, n_gpus: int, n_nodes: int 
 
 
 ESTIMATOR_NOTES = {
-    "zero2": "DeepSpeed: 2Ψ + 18Ψ/N. It counts 16-bit params (2Ψ, replicated), and per partition 2 (16-bit grads) "
-             "+ 4 (fp32 grads: at step() the 16-bit gradient partition is copied to fp32 for the optimizer) + 4 "
-             "(fp32 master) + 8 (Adam) bytes. The paper's 2Ψ+14Ψ/N omits that fp32 gradient copy.",
-    "zero3": "DeepSpeed: 4·L + 18Ψ/N, L = largest layer's parameters: the gathered 16-bit params + grads of the "
-             "biggest layer live at once (2+2 bytes), plus the same 18 bytes per partitioned parameter as ZeRO-2 "
-             "(16-bit params here count in the 18: 2 params + 4 fp32 grads + 4 master + 8 Adam). The paper's 16Ψ/N "
-             "has no working-set term and no fp32 gradient copy.",
+    "zero2": "DeepSpeed: 2Ψ + 18Ψ/N. Its source itemises the 18 as 2 (16-bit grads) + 4 (fp32 grads: inside "
+             "step() the gradient partition is copied to fp32 for the optimizer) + 4 (fp32 master) + 8 (Adam). The "
+             "paper's 2Ψ+14Ψ/N has no fp32 gradient copy; the 'inside step()' count above does.",
+    "zero3": "DeepSpeed: 4·L + 18Ψ/N, L = the largest layer's parameters (its gathered 16-bit params and grads, "
+             "2+2 bytes, live at once). The 18 is not itemised in its source; against the measured 16 (2 params + "
+             "2 grads + 4 master + 8 Adam) the extra 2 are of the order of the fp32 gradient copy made inside "
+             "step() (4 bytes, per sub-group of sub_group_size elements). The paper's 16Ψ/N has no working-set "
+             "term and no transient copies.",
     "offload": "With offload the estimators move the fp32 partitions, Adam states (and with offload_param the "
                "16-bit params) to CPU memory, multiplied by additional_buffer_factor=1.5 for pinned staging buffers.",
 }
@@ -206,14 +207,20 @@ class MemoryProbeCallback:
     """Counts model-state bytes just before each optimizer step, for any strategy; gathers them per rank.
 
     Before the step is when gradients are still alive and (from step 2 on)
-    optimizer states exist, so it is the moment of peak model state. The
-    largest snapshot is kept; at the end rank 0 writes ``memory.json`` with
-    every rank's numbers (``per_rank``) and the run's Ψ and world size.
+    optimizer states exist, so it is the moment of peak *resident* model
+    state (after each backward too, which catches ZeRO-1's full gradients
+    between accumulation micro-steps). A separate count is taken inside the
+    torch optimizer's ``step()`` (a step pre-hook), where DeepSpeed holds
+    transient fp32 copies of the gradient partition: DeepSpeed's estimators
+    include those, the paper's formulas do not. The largest snapshots are
+    kept; at the end rank 0 writes ``memory.json`` with every rank's numbers
+    (``per_rank``) and the run's Ψ and world size.
     """
 
     def __init__(self, out_path: str | None = None):
         self.out_path = out_path
-        self.best: dict[str, Any] = {}
+        self.best: dict[str, Any] = {}      # resident model states (after backward / before the step)
+        self.in_step: dict[str, Any] = {}   # the largest count taken inside the torch optimizer's step()
         self.per_rank: list[dict[str, Any]] = []
 
     def on_train_start(self, run) -> None:
@@ -232,11 +239,20 @@ class MemoryProbeCallback:
 
         strategy.clip_and_step = probed_step
         strategy.backward = probed_backward
+        base = getattr(strategy.optimizer, "optimizer", strategy.optimizer)  # DeepSpeed wraps a torch optimizer
+        if isinstance(base, torch.optim.Optimizer):
+            base.register_step_pre_hook(lambda *_: self._sample_in_step(strategy))
 
     def _sample(self, strategy, moment: str) -> None:
         snap = strategy.memory_report()
         if snap.get("total", 0) >= self.best.get("total", -1):
             self.best = {**snap, "moment": moment}
+
+    def _sample_in_step(self, strategy) -> None:
+        """Inside the optimizer step DeepSpeed holds transient fp32 copies of the gradient partition."""
+        snap = strategy.memory_report()
+        if snap.get("total", 0) >= self.in_step.get("total", -1):
+            self.in_step = snap
 
     def on_train_end(self, run, summary: dict[str, Any]) -> None:
         import json
@@ -244,7 +260,8 @@ class MemoryProbeCallback:
 
         import torch.distributed as dist
 
-        mine = {k: v for k, v in self.best.items()}
+        mine = {**self.best, "in_step": {k: v for k, v in self.in_step.items() if k != "breakdown"},
+                "in_step_breakdown": self.in_step.get("breakdown", {})}
         if run.env.distributed:
             gathered: list[Any] = [None] * run.env.world_size
             dist.all_gather_object(gathered, mine)
@@ -299,6 +316,8 @@ def memory_row(report: dict[str, Any], label: str) -> dict[str, Any]:
             "measured": measured, "formula": formula, "paper": formula_bytes(stage, psi, n),
             "formula_label": formula_label(stage), "ratio": measured["total"] / formula["total"],
             "breakdown": ranks[0].get("breakdown", {}), "moment": ranks[0].get("moment"),
+            "in_step_total": max(r.get("in_step", {}).get("total", 0) for r in ranks),
+            "in_step_breakdown": ranks[0].get("in_step_breakdown", {}),
             "largest_layer": report.get("largest_layer", 0)}
 
 
@@ -314,8 +333,8 @@ def explain_row(row: dict[str, Any]) -> list[str]:
                      "4+4+8 = 16 bytes/param whatever --precision says; no separate master copy.")
     if m["buffers"]:
         notes.append(f"{m['buffers']:,} B of communication buckets (reduce/all-gather buffers sized by "
-                     "reduce_bucket_size, capped at Ψ here; allocated up front, not part of any formula). Stage 1/2 "
-                     "with overlap_comm double-buffers them.")
+                     "reduce_bucket_size, capped at Ψ here; allocated up front, not part of any formula)"
+                     + (". Stage 1/2 with overlap_comm keep two of them." if row["stage"] in (1, 2) else "."))
     extra_grads = int(m["grads"] - f["grads"])
     if row["stage"] in (1, 2) and extra_grads > 0.01 * f["grads"]:
         if row["offload"]:
@@ -331,6 +350,11 @@ def explain_row(row: dict[str, Any]) -> list[str]:
     if row["stage"] == 3 and row["offload"] and extra_grads > 0:
         notes.append(f"+{extra_grads:,} B: with optimizer offload ZeRO-3 keeps an fp32 gradient partition for the "
                      "CPU optimizer.")
+    transient = int(row.get("in_step_total", 0) - m["total"])
+    if row["strategy"] == "zero" and transient > 0.01 * m["total"]:
+        notes.append(f"inside step() the rank briefly holds {transient:+,} B more: an fp32 copy of the gradient "
+                     "partition, made for the optimizer one parameter group at a time. DeepSpeed's estimators count "
+                     "such a copy, the formulas do not.")
     small = int(round(m["total"] - f["total"] - (extra_grads if extra_grads > 0.01 * f["grads"] else 0)))
     if 0 < abs(small) < 1024:
         notes.append(f"{small:+,} B: scalars (Adam step counters, the grad-norm and overflow trackers).")

@@ -42,6 +42,7 @@ def script_defaults() -> TrainConfig:
     """The `zero3-tiny` preset, short enough for 4 processes on a 2-core laptop."""
     cfg = preset_zero3_tiny()
     cfg.max_steps, cfg.n_rows, cfg.seq_len, cfg.eval_interval, cfg.eval_batches = 10, 800, 64, 0, 2
+    cfg.warmup_steps = 3
     return cfg
 
 

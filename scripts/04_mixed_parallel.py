@@ -34,7 +34,7 @@ import os
 import sys
 
 from ecomkit.config import TrainConfig, parse_config
-from ecomkit.errors import exit_on_user_error
+from ecomkit.errors import ConfigError, exit_on_user_error
 from ecomkit.parallel.dims import validate_parallel_config
 from ecomkit.report import print_run_summary
 from ecomkit.train import run_training
@@ -81,8 +81,16 @@ def main(argv: list[str] | None = None) -> None:
     cfg, ns = parse_config(argv, description=__doc__, defaults=chapter_defaults(), extra=add_script_flags)
     # every degree checked before the process group exists (product, heads, layers of a preset)
     if cfg.strategy in MIXED_STRATEGIES:
-        validate_parallel_config(cfg.strategy, cfg.parallel, int(os.environ.get("WORLD_SIZE", 1)), cfg.precision,
-                                 cfg.model)
+        dims = validate_parallel_config(cfg.strategy, cfg.parallel, int(os.environ.get("WORLD_SIZE", 1)),
+                                        cfg.precision, cfg.model)
+        if ns.dcp_dir and dims.pp > 1:
+            raise ConfigError(
+                "--dcp-dir saves the sharded model with torch.distributed.checkpoint, but pipeline stages hold "
+                "stage-local parameter names that do not load into the unsplit model. With --parallel-pp > 1 use "
+                "the consolidated Hugging Face directory the run writes to <output-dir>/final.")
+    elif ns.dcp_dir:
+        raise ConfigError(f"--dcp-dir is for the chapter-04 strategies ({', '.join(MIXED_STRATEGIES)}), "
+                          f"not --strategy {cfg.strategy}.")
     callbacks = [SaveShardedModel(ns.dcp_dir)] if ns.dcp_dir else []
     summary = run_training(cfg, callbacks)
     print_run_summary(summary)

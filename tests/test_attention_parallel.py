@@ -105,7 +105,7 @@ def worker() -> None:
 
     model = build_model("tiny", vocab_size=VOCAB)
     install_attention(model, "sdpa")
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable({"use_reentrant": False})
     for block in model.transformer.h:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)

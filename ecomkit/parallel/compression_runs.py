@@ -57,7 +57,8 @@ class MethodSpec:
     def title(self) -> str:
         """Readable name for plots and tables."""
         if self.method == "powersgd":
-            return (f"PowerSGD r={self.rank}" if self.rank else "PowerSGD") + (" no EF" if not self.error_feedback else "")
+            name = f"PowerSGD r={self.rank}" if self.rank else "PowerSGD"
+            return name + ("" if self.error_feedback else " no EF")
         if self.method in ("topk", "topk_naive"):
             pct = f" {self.ratio * 100:g} %" if self.ratio else ""
             if self.method == "topk_naive":

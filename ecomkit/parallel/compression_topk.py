@@ -134,8 +134,9 @@ def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future
 
     Each rank keeps the ``ratio`` largest entries of (gradient + residual),
     gathers every rank's sparse message, adds them into a dense tensor and
-    divides by the world size, so with ``ratio=1.0`` the result is exactly
-    DDP's average.
+    divides by the world size, so with ``ratio=1.0`` the result is DDP's
+    average: bit for bit with two ranks (tested), up to floating-point
+    summation order with more.
     """
     buf = bucket.buffer()
     if buf.numel() >= 2**31:

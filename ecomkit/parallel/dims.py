@@ -150,138 +150,71 @@ def validate_parallel_config(strategy: str, parallel: Any, world_size: int, prec
     return dims
 
 
-# ---------------------------------------------------------------------- planning from exact Ψ
-# Bytes per parameter of the model states: (param, grad, optimizer). Mixed precision keeps bf16
-# weights and grads plus an fp32 master copy and two fp32 Adam moments (ZeRO paper: 2 + 2 + 12);
-# plain fp32 AdamW keeps 4 + 4 + 8 (what the CPU runs of this repository do).
-MIXED_BF16_ADAM = (2, 2, 12)
-FP32_ADAM = (4, 4, 8)
+# ---------------------------------------------------------------------- which layout for which model
+# Memory per GPU comes from the repository's planner (ecomkit.memory, chapter 06), which follows this
+# chapter's TP plan and pipeline split parameter by parameter; this section adds the bytes each layout
+# sends per step and the rule that picks one.
 
 
 @dataclass(frozen=True)
 class Layout:
-    """A candidate way to use ``n`` GPUs: degrees plus whether the dp replicas shard (FSDP) or replicate (DDP)."""
+    """A candidate way to use ``gpus`` GPUs: the degrees, and whether dp replicas shard (FSDP2) or replicate (DDP)."""
 
     name: str
     dp: int
     tp: int = 1
     pp: int = 1
-    sharded: bool = True      # FSDP2 over dp (False: DDP, every replica holds everything)
+    sharded: bool = True
 
     @property
     def gpus(self) -> int:
         return self.dp * self.tp * self.pp
 
-
-def _tp_local_numel(name: str, shape: tuple[int, ...], hidden: int, tp: int) -> int:
-    """Elements of one parameter on one tp rank under ecomkit's BLOOM plan (replicated if not in the plan)."""
-    from .tensor import tensor_parallel_shapes
-
-    numel = 1
-    for d in shape:
-        numel *= d
-    if tp == 1:
-        return numel
-    for suffix, local in tensor_parallel_shapes(hidden, tp).items():
-        if name.endswith(suffix) and ".h." in f".{name}":
-            out = 1
-            for d in local:
-                out *= d
-            return out
-    return numel
+    @property
+    def planner_strategy(self) -> str:
+        """The ``ecomkit.memory`` strategy name for this layout (TP/PP shard their dp replicas with FSDP2)."""
+        if not self.sharded:
+            return "ddp"
+        if self.tp > 1:
+            return "tp"
+        return "pp" if self.pp > 1 else "fsdp2"
 
 
-def stage_parameter_counts(model: Any, layout: Layout) -> list[int]:
-    """Parameters held by one rank of each pipeline stage (TP applied; FSDP not yet), from the model itself.
+def replica_parameters(shape: Any, layout: Layout) -> int:
+    """Parameters one rank of the most loaded pipeline stage holds before FSDP sharding (its tp slice)."""
+    from ..memory import local_params
 
-    ``model`` is a ``BloomForCausalLM``, typically built on the meta device
-    (``ecomkit.models.build_model(name, device="meta")``): exact Ψ, no memory.
-    The last stage of a pipeline holds its own copy of the tied embedding.
-    """
-    from .pipeline import stage_layer_ranges
-
-    cfg = model.config
-    ranges = stage_layer_ranges(cfg.n_layer, layout.pp)
-    counts = [0] * layout.pp
-    for name, p in model.named_parameters():
-        local = _tp_local_numel(name, tuple(p.shape), cfg.hidden_size, layout.tp)
-        if name.startswith("transformer.h."):
-            block = int(name.split(".")[2])
-            stage = next(i for i, (lo, hi) in enumerate(ranges) if lo <= block < hi)
-            counts[stage] += local
-        elif name.startswith("transformer.ln_f"):
-            counts[-1] += local
-        else:  # word embeddings (tied to the head) and the embedding LayerNorm
-            counts[0] += local
-            if "word_embeddings.weight" in name and layout.pp > 1:
-                counts[-1] += local
-    return counts
+    return max(sum(p.numel for p in local_params(shape, layout.tp, layout.pp, stage)) for stage in range(layout.pp))
 
 
-def model_state_bytes_per_gpu(model: Any, layout: Layout, bytes_per_param: tuple[int, int, int] = MIXED_BF16_ADAM
-                              ) -> dict[str, float]:
-    """Params / grads / optimizer bytes on the most loaded GPU of ``layout`` (FSDP divides by dp)."""
-    local = max(stage_parameter_counts(model, layout))
-    shards = layout.dp if layout.sharded else 1
-    p, g, o = (b * local / shards for b in bytes_per_param)
-    return {"params": p, "grads": g, "optimizer": o, "total": p + g + o}
-
-
-def replica_batch(layout: Layout, n_gpus: int, micro_batch: int) -> int:
-    """Sequences one model replica processes per step when the global batch is ``n_gpus × micro_batch``."""
-    return micro_batch * n_gpus // layout.dp
-
-
-def activation_bytes_per_gpu(model: Any, layout: Layout, micro_batch: int, seq_len: int) -> float:
-    """Estimated activation bytes (bf16, no recomputation) on the most loaded GPU, global batch fixed.
-
-    The global batch is ``gpus × micro_batch`` sequences for every layout, so
-    each replica processes ``micro_batch × tp × pp`` of them. Per block,
-    Korthikanti et al. (2022): ``s·b·h·(34 + 5·a·s/h)`` bytes, divided by tp
-    with sequence parallelism. A 1F1B stage keeps ``p`` micro-batches (of
-    ``micro_batch`` sequences) in flight for its ``L/p`` blocks. Hence, at a
-    fixed global batch, TP and PP do *not* shrink activations per GPU: each
-    GPU holds ``1/t`` (or ``1/p``) of ``t`` (or ``p``) times more sequences.
-    The logits and their loss (``b·s·V`` in bf16 + fp32 for the softmax) come on
-    top on every GPU that runs the LM head: with a replicated head, every TP
-    rank computes the logits of the whole replica batch.
-    """
-    cfg = model.config
-    s, h, a, v, b = seq_len, cfg.hidden_size, cfg.n_head, cfg.vocab_size, micro_batch
-    per_sequence_block = s * h * (34 + 5 * a * s / h)
-    blocks_in_flight = cfg.n_layer * b  # DP/FSDP: L blocks × b; TP: L × b·t / t; PP: L/p × p micro-batches × b
-    head_sequences = b * layout.tp
-    return blocks_in_flight * per_sequence_block + head_sequences * s * v * (2 + 4)
-
-
-def comm_bytes_per_gpu_step(model: Any, layout: Layout, micro_batch: int, seq_len: int) -> dict[str, float]:
+def comm_bytes_per_gpu_step(shape: Any, layout: Layout, micro_batch: int, seq_len: int) -> dict[str, float]:
     """Estimated bytes one GPU sends per optimizer step (ring algorithms; bf16 activations/params, fp32 grads).
 
-    Global batch ``gpus × micro_batch`` sequences as in :func:`activation_bytes_per_gpu`.
+    The global batch is ``gpus × micro_batch`` sequences for every layout, so a
+    replica processes ``micro_batch × tp × pp`` of them.
 
     - DDP: all-reduce of fp32 gradients, ``2(d-1)/d · 4Ψ``, overlapped with backward;
     - FSDP2: bf16 all-gather in forward and again in backward, fp32
-      reduce-scatter: ``(d-1)/d · (2·2 + 4)·Ψ_local``, overlapped (prefetch);
+      reduce-scatter: ``(d-1)/d · (2·2 + 4)·Ψ_local``, overlapped by prefetching;
     - TP: 4 all-reduces of the ``b·s·h`` bf16 activations per block (2 in
       forward, 2 in backward), ``2(t-1)/t`` each, on the critical path;
     - PP: each stage boundary sends activations forward and their gradients
       back (``2 · b·s·h`` bf16), plus the tied-embedding gradient all-reduce
       between the first and the last stage; and a bubble of ``(p-1)/(m+p-1)``.
     """
-    cfg = model.config
-    h, s = cfg.hidden_size, seq_len
-    b = replica_batch(layout, layout.gpus, micro_batch)
-    local = max(stage_parameter_counts(model, layout))
+    h, s = shape.hidden, seq_len
+    b = micro_batch * layout.tp * layout.pp
+    local = replica_parameters(shape, layout)
     d, t, p = layout.dp, layout.tp, layout.pp
     out = {"data_parallel": 0.0, "tensor_parallel": 0.0, "pipeline": 0.0}
     if d > 1:
         ring = (d - 1) / d
         out["data_parallel"] = ring * (2 * 2 + 4) * local if layout.sharded else 2 * ring * 4 * local
     if t > 1:
-        blocks = -(-cfg.n_layer // p)
+        blocks = -(-shape.n_layer // p)
         out["tensor_parallel"] = blocks * 4 * 2 * (t - 1) / t * 2 * b * s * h
     if p > 1:
-        out["pipeline"] = 2 * 2 * b * s * h + 4 * cfg.vocab_size * h
+        out["pipeline"] = 2 * 2 * b * s * h + 4 * shape.vocab * h
     out["total"] = sum(out.values())
     return out
 
@@ -292,7 +225,7 @@ PREFERENCE = ("DP (DDP)", "ZeRO-3 / FSDP2", "TP 2 × FSDP", "TP", "PP")
 
 
 def candidate_layouts(n_gpus: int, n_head: int, n_layer: int) -> list[Layout]:
-    """DDP, FSDP2, TP, PP over all ``n_gpus``, and TP 2 × FSDP over the rest (those the model's shape allows)."""
+    """DDP, FSDP2, TP 2 × FSDP over the rest, TP and PP over all GPUs (those the model's shape allows)."""
     out = [Layout("DP (DDP)", dp=n_gpus, sharded=False), Layout("ZeRO-3 / FSDP2", dp=n_gpus)]
     if n_gpus >= 4 and n_head % 2 == 0:
         out.append(Layout(f"TP 2 × FSDP {n_gpus // 2}", dp=n_gpus // 2, tp=2))
@@ -307,31 +240,37 @@ def _preference(layout_name: str) -> int:
     return next(i for i, prefix in enumerate(PREFERENCE) if layout_name.startswith(prefix))
 
 
-def decision_table(models: Sequence[str], gpu_counts: Sequence[int], gpu_memory_bytes: float, micro_batch: int,
-                   seq_len: int, headroom: float = 0.9) -> list[dict[str, Any]]:
-    """One row per (model, GPUs, layout): bytes per GPU and per step from exact Ψ, and which layout to pick.
+def decision_table(models: Sequence[str], gpu_counts: Sequence[int], gpu: str = "a100-80g", micro_batch: int = 4,
+                   seq_len: int = 1024, precision: str = "bf16", activation_checkpointing: bool = False
+                   ) -> list[dict[str, Any]]:
+    """One row per (model, GPUs, layout): memory per GPU and bytes sent per step, and which layout to pick.
 
-    A layout *fits* when its model states (bf16 mixed-precision AdamW, 16 bytes
-    per parameter) plus the estimated activations stay under ``headroom ×
-    gpu_memory_bytes``. The pick, per (model, GPUs), is the first fitting
-    layout in :data:`PREFERENCE` order. Nothing here is typed in: Ψ and the
-    shapes come from the presets' meta models.
+    Same work per step for every layout: the global batch is ``gpus ×
+    micro_batch`` sequences of ``seq_len`` tokens, so a TP or PP replica
+    processes ``micro_batch × tp × pp`` of them. Memory per GPU (model states,
+    activations, temporaries such as the logits) is ``ecomkit.memory.plan_memory``
+    for the most loaded rank; *fits* is its verdict for ``gpu``. The pick, per
+    (model, GPUs), is the first fitting layout in :data:`PREFERENCE` order.
+    Nothing here is typed in: Ψ and every parameter's shape come from the
+    presets built on the meta device.
     """
-    from ..models import build_model
+    from ..memory import model_shape, plan_memory
 
     rows = []
     for name in models:
-        model = build_model(name, device="meta")
-        cfg = model.config
+        shape = model_shape(name)
         for n in gpu_counts:
             group = []
-            for layout in candidate_layouts(n, cfg.n_head, cfg.n_layer):
-                states = model_state_bytes_per_gpu(model, layout)["total"]
-                acts = activation_bytes_per_gpu(model, layout, micro_batch, seq_len)
-                comm = comm_bytes_per_gpu_step(model, layout, micro_batch, seq_len)
-                group.append({"model": name, "gpus": n, "layout": layout.name, "dp": layout.dp, "tp": layout.tp,
-                              "pp": layout.pp, "state_gb": states / 1e9, "activation_gb": acts / 1e9,
-                              "total_gb": (states + acts) / 1e9, "fits": states + acts <= headroom * gpu_memory_bytes,
+            for layout in candidate_layouts(n, shape.n_head, shape.n_layer):
+                plan = plan_memory(model=name, world_size=n, strategy=layout.planner_strategy, tp=layout.tp,
+                                   pp=layout.pp, precision=precision, micro_batch=micro_batch * layout.tp * layout.pp,
+                                   seq_len=seq_len, gpu=gpu, activation_checkpointing=activation_checkpointing)
+                comm = comm_bytes_per_gpu_step(shape, layout, micro_batch, seq_len)
+                group.append({"model": name, "gpus": n, "layout": layout.name + (" +AC" if activation_checkpointing else ""),
+                              "dp": layout.dp, "tp": layout.tp,
+                              "pp": layout.pp, "state_gb": plan.model_states / 1e9,
+                              "activation_gb": (plan.activation_total + plan.temporary_total) / 1e9,
+                              "total_gb": plan.total / 1e9, "fits": plan.fits,
                               "comm_gb_per_step": comm["total"] / 1e9})
             fitting = sorted((r for r in group if r["fits"]), key=lambda r: _preference(r["layout"]))
             for r in group:

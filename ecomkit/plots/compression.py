@@ -12,33 +12,71 @@ from .common import _plt, train_rows
 
 
 def plot_bytes_per_step(runs: Mapping[str, Sequence[dict]], ax=None):
-    """Bytes each rank handed to collectives per optimizer step, one line per method, log y axis.
+    """Bytes each rank handed to collectives per optimizer step, log y axis.
 
-    The dashed grey line is the dense fp32 figure (what ``none`` sends).
-    Steps where PowerSGD still runs its plain warm-up all-reduce show as a
-    step up to the dense line.
+    Methods whose per-step bytes are identical (fp16 and bf16, Top-K with and
+    without error feedback at the same ratio, the guide's Top-K and ``none``)
+    share one line and one legend entry, so nothing hides behind another line.
+    PowerSGD's plain warm-up steps show as a step down from the dense level.
     """
     plt = _plt()
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(8, 4.2))
-    dense_drawn = False
-    for i, (label, rows) in enumerate(runs.items()):
+    groups: dict[tuple, list[str]] = {}
+    steps: dict[tuple, list[int]] = {}
+    for label, rows in runs.items():
         tr = [r for r in train_rows(rows) if r.get("comm_bytes")]
-        if not tr:
-            continue
-        ax.plot([r["step"] for r in tr], [r["comm_bytes"] for r in tr], ["-", "--", ":", "-."][i % 4],
-                label=label, lw=1.6)
-        if not dense_drawn:
-            ax.plot([r["step"] for r in tr], [r["comm_bytes_dense"] for r in tr], color="grey", lw=4, alpha=0.3,
-                    label="dense fp32 (reference)")
-            dense_drawn = True
+        if tr:
+            key = tuple(r["comm_bytes"] for r in tr)
+            groups.setdefault(key, []).append(label)
+            steps[key] = [r["step"] for r in tr]
+    for i, (key, labels) in enumerate(sorted(groups.items(), key=lambda kv: -max(kv[0]))):
+        ax.plot(steps[key], list(key), ["-", "--", "-.", ":"][i % 4], lw=2, label=" = ".join(labels))
+        ax.annotate(f"{key[-1]:,} B", (steps[key][-1], key[-1]), fontsize=7, xytext=(3, 0),
+                    textcoords="offset points", va="center")
     ax.set_yscale("log")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("bytes sent per rank per step")
-    ax.set_title("communication per step (log scale)")
+    ax.set_title("communication per step (log scale); identical series share a line")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, ncol=2, loc="lower right")
+    ax.margins(x=0.15)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2)
+    return fig or ax.figure
+
+
+def plot_topk_losses(runs_by_spec: Mapping[str, Sequence[dict]], baseline: str = "none", ax=None):
+    """Training loss of the Top-K runs: colour = ratio, solid = error feedback, dashed = none; black = baseline.
+
+    ``runs_by_spec`` is keyed by method spec (``topk:0.01``, ``topk:0.01:noef``,
+    ``topk_naive:0.25``, ``none``).
+    """
+    from ..parallel.compression_runs import parse_method_spec
+
+    plt = _plt()
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+    colours: dict[float, str] = {}
+    palette = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+    for text, rows in runs_by_spec.items():
+        spec = parse_method_spec(text)
+        tr = train_rows(rows)
+        if spec.method == baseline:
+            style = {"color": "k", "ls": "-", "lw": 2.2}
+        elif spec.method == "topk":
+            colour = colours.setdefault(spec.ratio, palette[len(colours) % len(palette)])
+            style = {"color": colour, "ls": "-" if spec.error_feedback else "--", "lw": 1.6}
+        elif spec.method == "topk_naive":
+            style = {"color": "grey", "ls": ":", "lw": 2.2}
+        else:
+            continue
+        ax.plot([r["step"] for r in tr], [r["loss"] for r in tr], label=spec.title, **style)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss")
+    ax.set_title("Top-K: solid = error feedback, dashed = without")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
     return fig or ax.figure
 
 
@@ -79,7 +117,7 @@ def plot_bucket_sweep(sweep: Sequence[dict], ax=None):
     ax.plot(caps, [1000 * (r["compute_s"] + r["comm_s"]) for r in sweep], "^:", label="compute + all-reduce, serial")
     for r in sweep:
         if r.get("hidden_frac") is not None:
-            ax.annotate(f"{r['n_buckets']} bkt\n{100 * r['hidden_frac']:.0f}% hidden",
+            ax.annotate(f"{r['n_buckets']} buckets\n{100 * r['hidden_frac']:.0f}% hidden",
                         (r["bucket_cap_mb"], 1000 * r["step_s"]), fontsize=7, xytext=(0, 8),
                         textcoords="offset points", ha="center")
     ax.set_xscale("log")

@@ -42,7 +42,7 @@ def plot_memory_per_rank(layouts: Mapping[str, Mapping[str, Any]], title: str = 
     plt = _plt()
     fig = None
     if ax is None:
-        fig, ax = plt.subplots(figsize=(max(6, 0.55 * sum(len(l["ranks"]) for l in layouts.values()) + 2), 3.8))
+        fig, ax = plt.subplots(figsize=(max(6, 0.85 * sum(len(l["ranks"]) for l in layouts.values()) + 2), 3.8))
     x, ticks, labels = 0, [], []
     for run, layout in layouts.items():
         for rank in layout["ranks"]:
@@ -82,9 +82,9 @@ def plot_comm_per_step(rows: Mapping[str, Mapping[str, Any]], key: str = "comm_w
         ax.annotate(f"{row.get('comm_count', 0)} coll.", (i, bottom), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(rows)), list(rows), fontsize=8)
     ax.set_ylabel("MiB")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    ax.margins(y=0.2)
+    ax.set_title(title, pad=14)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.margins(y=0.25)
     ax.grid(axis="y", alpha=0.3)
     return fig or ax.figure
 
@@ -100,24 +100,29 @@ def format_decision_table(rows: Iterable[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def memory_vs_formula(layout: Mapping[str, Any], model: Any,
-                      bytes_per_param: tuple[int, int, int] = (4, 4, 8)) -> list[dict[str, Any]]:
-    """Per rank: measured model-state bytes (``parallel_layout.json``) next to the formula for its layout.
+def memory_vs_formula(layout: Mapping[str, Any], vocab_size: int, model: str = "tiny") -> list[dict[str, Any]]:
+    """Per rank: measured model-state bytes (``parallel_layout.json``) next to the planner's for that rank.
 
-    ``model`` is the run's model built on the meta device (exact Ψ). fp32
-    AdamW keeps 4 + 4 + 8 bytes per parameter. FSDP2 pads dim 0 to a multiple
-    of dp, so its measured bytes may exceed the formula by a few rows.
+    The planner (``ecomkit.memory``, chapter 06) derives each rank's
+    parameters from the model's exact shapes, this chapter's TP plan and
+    pipeline split, and FSDP2's ``torch.chunk`` sharding, at 4 + 4 + 8 bytes per
+    parameter (fp32 weights, gradients, two AdamW moments). The pipeline here
+    replicates its dp replicas (gradients all-reduced), so it is planned as DDP.
     """
-    from ..parallel.dims import Layout, stage_parameter_counts
+    from ..memory import PlanInput, local_params, model_shape, state_bytes_of_rank
 
     dims = layout["dims"]
-    shape = Layout("run", dp=dims["dp"], tp=dims["tp"], pp=dims["pp"], sharded=dims["pp"] == 1)
-    per_stage = stage_parameter_counts(model, shape)
+    shape = model_shape(model, vocab_size)
+    strategy = "ddp" if dims["pp"] > 1 or dims["dp"] == 1 else ("tp" if dims["tp"] > 1 else "fsdp2")
+    inp = PlanInput(model=model, world_size=dims["world_size"], strategy=strategy, tp=dims["tp"], pp=dims["pp"],
+                    precision="fp32", vocab_size=vocab_size)
     rows = []
     for rank in layout["ranks"]:
-        params = per_stage[rank["coords"]["pp"]] / (shape.dp if shape.sharded else 1)
-        formula = sum(b * params for b in bytes_per_param)
+        c = rank["coords"]
+        params = local_params(shape, dims["tp"], dims["pp"], c["pp"])
+        planned = state_bytes_of_rank(inp, params, c["dp"])
+        formula = planned["params"] + planned["grads"] + planned["optimizer"]
         measured = rank["memory"]["total"]
-        rows.append({"rank": rank["rank"], "measured_mib": measured / MIB, "formula_mib": formula / MIB,
+        rows.append({"rank": rank["rank"], "measured_mib": measured / MIB, "planned_mib": formula / MIB,
                      "ratio": measured / formula})
     return rows

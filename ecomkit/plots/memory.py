@@ -1,0 +1,131 @@
+"""Chapter 06 plots: planned memory breakdowns, measured vs predicted bytes, checkpointing, speed-up claims."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from .common import _plt
+
+GIB = 1024**3
+PART_COLORS = {
+    "parameters": "#4C72B0", "gradients": "#55A868", "optimizer states": "#C44E52",
+    "activations (blocks)": "#8172B2", "activations (attention scores)": "#CCB974",
+    "activations (embedding + LM head)": "#64B5CD", "temporary (logits / backward layer)": "#DD8452",
+    "temporary (comm buffers)": "#937860", "temporary (autocast weight copies)": "#DA8BC3", "CUDA context": "#8C8C8C",
+}
+
+
+def plot_memory_breakdown(plans: Mapping[str, Any], capacity_bytes: float | None = None, title: str = "",
+                          ax=None):
+    """Stacked bars (GiB per GPU) of each plan's parts; a dashed line at the GPU's capacity."""
+    plt = _plt()
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(plans) + 3), 4))
+    labels = list(plans)
+    breakdowns = [p.breakdown() if hasattr(p, "breakdown") else dict(p) for p in plans.values()]
+    bottoms = [0.0] * len(labels)
+    for part, color in PART_COLORS.items():
+        vals = [b.get(part, 0) / GIB for b in breakdowns]
+        if any(vals):
+            ax.bar(labels, vals, bottom=bottoms, color=color, label=part, width=0.6)
+            bottoms = [x + v for x, v in zip(bottoms, vals)]
+    for i, total in enumerate(bottoms):
+        ax.annotate(f"{total:.1f}", (i, total), ha="center", va="bottom", fontsize=8)
+    if capacity_bytes:
+        ax.axhline(capacity_bytes / GIB, ls="--", color="k", lw=1)
+        ax.annotate(f"GPU {capacity_bytes / GIB:.0f} GiB", (len(labels) - 0.5, capacity_bytes / GIB),
+                    ha="right", va="bottom", fontsize=8)
+    ax.set_ylabel("GiB per GPU")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.tick_params(axis="x", labelsize=8)
+    return fig or ax.figure
+
+
+def plot_measured_vs_predicted(rows: Sequence[dict], x: str = "seq_len", measured: str = "measured_saved",
+                               predicted: str = "predicted_saved", group: str = "mode", scale: float = 2**20,
+                               unit: str = "MiB", title: str = "", ax=None):
+    """Measured points and predicted lines against ``x``, one colour per ``group`` value."""
+    plt = _plt()
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(7, 4))
+    groups: dict[Any, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r.get(group, ""), []).append(r)
+    for name, rs in groups.items():
+        rs = sorted(rs, key=lambda r: r[x])
+        line, = ax.plot([r[x] for r in rs], [r[predicted] / scale for r in rs], "-", lw=1.2, label=f"{name} (planner)")
+        ax.plot([r[x] for r in rs], [r[measured] / scale for r in rs], "o", color=line.get_color(), ms=5,
+                label=f"{name} (measured)")
+    ax.set_xlabel(x)
+    ax.set_ylabel(unit)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig or ax.figure
+
+
+def plot_checkpointing(rows: Sequence[dict], title: str = "activation checkpointing"):
+    """Left: saved bytes off/on per sequence length; right: step-time cost (on/off)."""
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    seqs = [str(r["seq_len"]) for r in rows]
+    idx = range(len(rows))
+    a1.bar([i - 0.2 for i in idx], [r["saved_off"] / 2**20 for r in rows], 0.4, label="off", color="#C44E52")
+    a1.bar([i + 0.2 for i in idx], [r["saved_on"] / 2**20 for r in rows], 0.4, label="on", color="#55A868")
+    for i, r in zip(idx, rows):
+        a1.annotate(f"÷{r['measured_factor']:.1f}\n(pred ÷{r['predicted_factor']:.1f})", (i, r["saved_off"] / 2**20),
+                    ha="center", va="bottom", fontsize=7)
+    a1.set_xticks(list(idx), seqs)
+    a1.set_xlabel("sequence length")
+    a1.set_ylabel("saved for backward (MiB)")
+    a1.legend(fontsize=8)
+    a1.margins(y=0.3)
+    a2.bar(seqs, [r["time_cost"] for r in rows], color="#4C72B0")
+    a2.axhline(1, color="k", lw=0.8)
+    a2.axhline(4 / 3, color="k", lw=0.8, ls=":")
+    a2.annotate("4/3: one extra forward", (len(rows) - 0.5, 4 / 3), ha="right", va="bottom", fontsize=7)
+    a2.set_xlabel("sequence length")
+    a2.set_ylabel("step time, on / off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_speedup_claims(rows: Sequence[dict], title: str = "guides' speed-ups vs the time model"):
+    """Claimed speed-up (cross) and the predicted band (bar from low to high, dot at the central value)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(rows) + 1.5))
+    for i, r in enumerate(rows):
+        ax.plot([r["predicted_low"], r["predicted_high"]], [i, i], "-", color="#4C72B0", lw=6, alpha=0.4)
+        ax.plot(r["predicted"], i, "o", color="#4C72B0")
+        ax.plot(r["claimed_speedup"], i, "x", color="#C44E52", ms=9, mew=2)
+        ax.plot(r["gpus"], i, "|", color="k", ms=14)
+    ax.set_yticks(range(len(rows)), [r["claim"] for r in rows], fontsize=7)
+    ax.set_xlabel("speed-up over 1 GPU  (x = claimed, ● = predicted, band = assumptions, | = N)")
+    ax.set_title(title)
+    ax.grid(axis="x", alpha=0.3)
+    ax.invert_yaxis()
+    fig.tight_layout()
+    return fig
+
+
+def plot_state_comparison(rows: Sequence[dict], title: str = "model states per rank: planned vs measured"):
+    """Grouped bars per strategy and rank: measured total next to planned total (bytes)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    labels = [f"{r['strategy']}\nrank {r['rank']}" for r in rows]
+    idx = range(len(rows))
+    ax.bar([i - 0.2 for i in idx], [r["measured_total"] / 1e6 for r in rows], 0.4, label="measured", color="#4C72B0")
+    ax.bar([i + 0.2 for i in idx], [r["planned_total"] / 1e6 for r in rows], 0.4, label="planned", color="#DD8452")
+    ax.set_xticks(list(idx), labels, fontsize=7)
+    ax.set_ylabel("MB per rank")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return fig
+
+
+__all__ = ["plot_memory_breakdown", "plot_measured_vs_predicted", "plot_checkpointing", "plot_speedup_claims",
+           "plot_state_comparison", "PART_COLORS"]

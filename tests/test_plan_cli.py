@@ -1,0 +1,82 @@
+"""``python -m ecomkit.plan`` and the time model's arithmetic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ecomkit.memory import PlanInput
+from ecomkit.plan import main
+from ecomkit.step_time import LINKS, all_gather_s, all_reduce_s, comm_volume, predict_step_time, speedups
+
+
+def test_cli_prints_table_verdict_and_time(capsys):
+    main(["--model", "ecomgpt-7b", "--gpus", "8", "--gpu", "a100-40g", "--zero", "2", "--offload-optimizer"])
+    out = capsys.readouterr().out
+    for words in ("A100-SXM4-40GB", "parameters", "optimizer states", "activations (attention scores)",
+                  "host (CPU) memory, offloaded", "largest micro-batch that fits", "speed-up over 1 GPU"):
+        assert words in out
+    assert "fits" in out.splitlines()[0]
+
+
+def test_cli_json(capsys):
+    main(["--model", "seqgpt-560m", "--gpus", "4", "--gpu", "rtx4090", "--precision", "fp32", "--micro-batch", "8",
+          "--seq-len", "128", "--link", "pcie4-x16", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert data["psi"] == 559_214_592 and data["fits"] is True
+    assert data["max_micro_batch"] >= 8 and 1 < data["speedup"]["speedup"] <= 4
+
+
+@pytest.mark.parametrize("argv, words", [(["--gpus", "0"], "at least 1 GPU"), (["--gpu", "b100"], "Unknown GPU"),
+                                         (["--tp", "3", "--gpus", "3"], "attention heads"),
+                                         (["--zero", "2", "--strategy", "fsdp2"], "disagree")])
+def test_cli_user_errors_exit_2(argv, words, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert words in capsys.readouterr().err
+
+
+def test_alpha_beta_ring_formulas():
+    link = LINKS["nvlink-a100"]
+    s = 1e9
+    assert all_reduce_s(s, 1, link) == 0
+    assert all_reduce_s(s, 8, link) == pytest.approx(14 * link.latency_s + 2 * 7 / 8 * s / link.bus_bytes_per_s)
+    assert all_reduce_s(s, 8, link) == pytest.approx(2 * all_gather_s(s, 8, link))
+
+
+def test_comm_volume_per_strategy():
+    psi = 7_069_016_064
+    inp = PlanInput(world_size=8, precision="bf16")
+    assert comm_volume(PlanInput(world_size=8, strategy="ddp"), __import__("ecomkit.memory").memory.model_shape(
+        "ecomgpt-7b"))["grad all-reduce (fp32)"][1] == 4 * psi
+    z3 = comm_volume(PlanInput(world_size=8, strategy="zero3").resolved(),
+                     __import__("ecomkit.memory").memory.model_shape("ecomgpt-7b"))
+    assert sum(v[1] for v in z3.values()) == 3 * 2 * psi
+    assert inp.dp == 8
+
+
+def test_more_gpus_never_slow_a_step_down_more_than_comm_allows():
+    inp = PlanInput(model="seqgpt-560m", strategy="ddp", precision="bf16", micro_batch=8, seq_len=512, gpu="a100-80g")
+    rows = speedups(inp, [1, 2, 4, 8], link="nvlink-a100")
+    assert rows[0]["speedup"] == pytest.approx(1.0)
+    assert all(1 <= r["speedup"] <= r["gpus"] for r in rows)
+    slow = speedups(inp, [8], link="pcie4-x16", overlap=0.0)[0]["speedup"]
+    assert slow < rows[-1]["speedup"]
+    st = predict_step_time(inp, efficiency=0.5)
+    assert st.total_s == pytest.approx(st.compute_s + st.comm_exposed_s + st.optimizer_s + st.offload_s)
+
+
+def test_guide_claims_have_computed_verdicts():
+    from ecomkit.plan_comparisons import estimator_comparison, speedup_claims
+
+    rows = speedup_claims()
+    assert len(rows) == 6
+    for r in rows:
+        assert r["predicted_low"] <= r["predicted"] <= r["predicted_high"]
+        assert r["verdict"]
+    est = {(r["model"], r["setup"]): r for r in estimator_comparison()}
+    # with optimizer offload both the planner and DeepSpeed keep exactly the 16-bit weights (2Ψ) on the GPU
+    r = est[("ecomgpt-7b", "zero2+offload_opt")]
+    assert r["planner_gpu"] == r["deepspeed_gpu"] == 2 * r["psi"]
