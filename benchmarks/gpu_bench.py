@@ -61,7 +61,7 @@ SCRIPTS = {  # name -> (script, strategy flags)
 def settings(args: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
     """Full size on a GPU; a tiny, few-step version for the CPU dry run."""
     if on_gpu:
-        return {"shape": "seqgpt-560m", "dtype": "bf16", "batch": args.batch or 8, "seq": args.seq or 2048,
+        return {"shape": "seqgpt-560m", "dtype": "bf16", "batch": args.batch or 4, "seq": args.seq or 2048,
                 "warmup": 3, "steps": args.steps or 10, "script_model": "seqgpt-560m", "script_seq": 512,
                 "script_batch": 8, "script_steps": 15, "script_timeout_s": 240}
     return {"shape": "tiny", "dtype": "fp32", "batch": args.batch or 2, "seq": args.seq or 64,

@@ -70,9 +70,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.models.bloom import modeling_bloom
 from transformers.models.bloom.modeling_bloom import BloomAttention, dropout_add
 
+from .config import ATTN_IMPLS as ATTN_CHOICES  # eager | sdpa | flex: one list for flag and module
 from .errors import ConfigError, EcomkitError
-
-ATTN_CHOICES = ("eager", "sdpa", "flex")
 
 # The forward signature this module was written against (transformers 5.x).
 _EXPECTED_PARAMS = ("hidden_states", "residual", "alibi", "attention_mask", "layer_past", "use_cache",
@@ -362,10 +361,5 @@ def _check_flex_usable(module: BloomAttention, for_training: bool) -> None:
         raise ConfigError(_FLEX_CPU_MESSAGE)
 
 
-def attention_score_bytes(batch: int, heads: int, seq_len: int, dtype_bytes: int = 4) -> int:
-    """Bytes of one ``[batch, heads, T, T]`` tensor: what eager keeps per layer (the benchmark's yardstick)."""
-    return batch * heads * seq_len * seq_len * dtype_bytes
-
-
 __all__ = ["ATTN_CHOICES", "BloomSdpaAttention", "BloomFlexAttention", "install_attention", "current_attention",
-           "alibi_in_qk", "sdpa_mask_plan", "attention_score_bytes", "check_transformers_compatible"]
+           "alibi_in_qk", "sdpa_mask_plan", "check_transformers_compatible"]

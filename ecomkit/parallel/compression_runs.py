@@ -158,22 +158,14 @@ def comm_summary(history: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "comm_bytes_last": rows[-1]["comm_bytes"], "comm_bytes_dense_last": rows[-1]["comm_bytes_dense"]}
 
 
-def train_in_session(cfg: TrainConfig, env: Any, spec: MethodSpec) -> dict[str, Any]:
-    """One run inside an existing process group: the body of ``run_training``, plus byte totals."""
-    from ..train.loop import TrainingRun
+def train_method_in_session(cfg: TrainConfig, env: Any, spec: MethodSpec) -> dict[str, Any]:
+    """One run inside an existing process group (``ecomkit.train.loop.train_in_session``), plus byte totals."""
+    from ..train.loop import train_in_session
 
-    run = TrainingRun(cfg, env, [CountBaselineBytes()] if spec.count_bytes else []).build()
-    try:
-        summary = run.fit()
-        summary.update(method_spec=spec.text, method_title=spec.title, **comm_summary(run.history))
-        run.save()
-        if env.is_main:
-            cfg.save(run.out_dir / "config.json")
-        run.metrics.finish(summary)
-    finally:
-        run.close()
-        del run
-        gc.collect()
+    callbacks = [CountBaselineBytes()] if spec.count_bytes else []
+    summary = train_in_session(cfg, env, callbacks, extra_summary=lambda run: dict(
+        method_spec=spec.text, method_title=spec.title, **comm_summary(run.history)))
+    gc.collect()
     return summary
 
 
@@ -188,7 +180,7 @@ def train_methods(base: TrainConfig, specs: Sequence[MethodSpec], subdirs: bool 
     with distributed_session(timeout_s=base.timeout_s, seed=base.seed) as env:
         for spec, cfg in zip(specs, configs):
             seed_everything(cfg.seed, env.rank)
-            summaries.append(train_in_session(cfg, env, spec))
+            summaries.append(train_method_in_session(cfg, env, spec))
     return summaries
 
 

@@ -278,23 +278,35 @@ def replica_checksums(model: torch.nn.Module, env: DistEnv) -> list[str]:
     return out
 
 
+def train_in_session(cfg: TrainConfig, env: DistEnv, callbacks: Iterable[Any] = (),
+                     extra_summary: Any = None) -> dict[str, Any]:
+    """Build, train, evaluate and save one run inside an existing process group.
+
+    ``extra_summary(run) -> dict`` may add fields to the summary before it is
+    written (chapter 05 adds byte totals). Several runs can share one process
+    group this way (chapter 05 trains a dozen methods in one torchrun launch).
+    """
+    run = TrainingRun(cfg, env, list(callbacks)).build()
+    try:
+        summary = run.fit()
+        if extra_summary is not None:
+            summary.update(extra_summary(run))
+        run.save()
+        if env.is_main:
+            cfg.save(run.out_dir / "config.json")
+        run.metrics.finish(summary)
+    finally:
+        run.close()
+        del run
+    return summary
+
+
 def run_training(cfg: TrainConfig, callbacks: Iterable[Any] = ()) -> dict[str, Any]:
     """Set up the process group, train, evaluate, save, tear down. Returns the summary (all ranks)."""
-    from ..dist import distributed_session
-
     from ..checkpoint import add_fault_tolerance_callbacks  # chapter 07: checkpoints/resume, health monitor
+    from ..dist import distributed_session
 
     cfg.validate()
     callbacks = add_fault_tolerance_callbacks(cfg, callbacks)
     with distributed_session(timeout_s=cfg.timeout_s, seed=cfg.seed) as env:
-        run = TrainingRun(cfg, env, list(callbacks)).build()
-        try:
-            summary = run.fit()
-            run.save()
-            if env.is_main:
-                cfg.save(run.out_dir / "config.json")
-            run.metrics.finish(summary)
-        finally:
-            run.close()
-            del run
-    return summary
+        return train_in_session(cfg, env, callbacks)
