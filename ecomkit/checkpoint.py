@@ -466,11 +466,18 @@ def validate_fault_config(cfg: TrainConfig) -> None:
     if f.straggler_factor <= 1:
         raise ConfigError(f"fault.straggler_factor={f.straggler_factor} must be > 1 (e.g. 2: warn when a rank "
                           "is twice as slow as the others).")
-    if f.checkpoint_interval > 0 and cfg.strategy in STRATEGIES_WITHOUT_DCP:
+    reason = dcp_unsupported_reason(cfg)
+    if f.checkpoint_interval > 0 and reason:
         raise ConfigError(
-            f"--fault-checkpoint-interval is not supported with --strategy {cfg.strategy}: "
-            f"{STRATEGIES_WITHOUT_DCP[cfg.strategy]}, which these DCP checkpoints do not cover. Use --strategy "
-            "ddp/accelerate/fsdp/tp, or --fault-checkpoint-interval 0.")
+            f"--fault-checkpoint-interval is not supported with --strategy {cfg.strategy}: {reason}, which these "
+            "DCP checkpoints do not cover. Use --strategy ddp/accelerate/fsdp/tp, or --fault-checkpoint-interval 0.")
+
+
+def dcp_unsupported_reason(cfg: TrainConfig) -> str | None:
+    """Why this run's state is not one DCP state dict of (model, optimizer), or None if it is."""
+    if cfg.strategy == "mixed" and cfg.parallel.pp > 1:
+        return STRATEGIES_WITHOUT_DCP["pp"]
+    return STRATEGIES_WITHOUT_DCP.get(cfg.strategy)
 
 
 def restarts_possible() -> bool:
@@ -481,7 +488,7 @@ def restarts_possible() -> bool:
 def checkpoints_requested(cfg: TrainConfig) -> bool:
     """Explicitly (interval > 0), or automatically (-1) when a restart or an injected fault can use them."""
     interval = cfg.fault.checkpoint_interval
-    auto = interval == -1 and cfg.strategy not in STRATEGIES_WITHOUT_DCP
+    auto = interval == -1 and dcp_unsupported_reason(cfg) is None
     return interval > 0 or (auto and (cfg.fail_at_step >= 0 or restarts_possible()))
 
 

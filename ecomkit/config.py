@@ -86,7 +86,7 @@ class FaultConfig:
     checkpoint_interval: int = -1     # steps between checkpoints; 0 = off; -1 = auto: on (every ~5% of the
                                       #   run, at most 100 steps) only when a restart can use it
                                       #   (torchrun --max-restarts > 0, or --fail-at-step set)
-    keep_last: int = 2                # keep this many complete checkpoints
+    keep_last: int = 2                # keep this many complete checkpoints (0 = keep all)
     async_checkpoint: bool = False    # DCP async_save on its own gloo group: training continues while writing
     resume: bool = True               # resume from the newest complete checkpoint in checkpoint_dir
     checkpoint_dir: str = ""          # "" = <output_dir>/checkpoints; must be one folder all ranks see
@@ -102,7 +102,7 @@ class TrainConfig:
     # --- model ------------------------------------------------------------
     model: str = "tiny"               # preset (tiny, small, seqgpt-560m, ecomgpt-7b), local dir or hub id
     tokenizer: str = "local"          # "local": BPE trained on the catalog; or a dir / hub id
-    attn: str = "eager"               # eager | sdpa | flex attention for BLOOM
+    attn: str = "sdpa"                # sdpa (default, proven equal to eager) | eager | flex (GPU) attention
     # --- data -------------------------------------------------------------
     task: str = "lm"                  # lm: causal text; nlu: SeqGPT-style instructions (loss on answers)
     data: str = "synthetic"           # "synthetic" or a .jsonl/.csv file or a save_to_disk directory

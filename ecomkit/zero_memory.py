@@ -49,8 +49,10 @@ def formula_bytes(stage: int, psi: int, n: int, param_bytes: int = 2, master_byt
     return {"params": params, "grads": grads, "optimizer": optimizer, "total": params + grads + optimizer}
 
 
-def formula_label(stage: int) -> str:
-    return {0: "16Ψ", 1: "4Ψ + 12Ψ/N", 2: "2Ψ + 14Ψ/N", 3: "16Ψ/N"}[stage]
+def formula_label(stage: int, param_bytes: int = 2, master_bytes: int = 4, adam_bytes: int = 8) -> str:
+    """The formula as text, e.g. ``4Ψ + 12Ψ/N`` (mixed precision, stage 1) or ``20Ψ/N`` (DeepSpeed fp32, stage 3)."""
+    p, o = param_bytes, master_bytes + adam_bytes
+    return {0: f"{2 * p + o}Ψ", 1: f"{2 * p}Ψ + {o}Ψ/N", 2: f"{p}Ψ + {p + o}Ψ/N", 3: f"{2 * p + o}Ψ/N"}[stage]
 
 
 def deepspeed_estimates(psi: int, largest_layer: int, n_gpus: int, n_nodes: int = 1) -> dict[str, dict[str, int]]:
@@ -314,7 +316,7 @@ def memory_row(report: dict[str, Any], label: str) -> dict[str, Any]:
     return {"label": label, "strategy": report["strategy"], "stage": stage, "world_size": n, "psi": psi,
             "precision": report["precision"], "offload": bool(report.get("offload_optimizer")),
             "measured": measured, "formula": formula, "paper": formula_bytes(stage, psi, n),
-            "formula_label": formula_label(stage), "ratio": measured["total"] / formula["total"],
+            "formula_label": formula_label(stage, **per_elem), "ratio": measured["total"] / formula["total"],
             "breakdown": ranks[0].get("breakdown", {}), "moment": ranks[0].get("moment"),
             "in_step_total": max(r.get("in_step", {}).get("total", 0) for r in ranks),
             "in_step_breakdown": ranks[0].get("in_step_breakdown", {}),

@@ -44,6 +44,7 @@ class Strategy:
     name = "single"
     has_ddp_hooks = False            # gradient compression needs DDP communication hooks
     replicated = True                # every rank holds the full model (DDP); False for ZeRO-3/FSDP/TP/PP
+    owns_forward_backward = False    # True: the loop calls forward_backward() once per step (pipelines)
 
     def __init__(self, cfg: TrainConfig, env: DistEnv):
         self.cfg, self.env = cfg, env
@@ -69,6 +70,15 @@ class Strategy:
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
 
+    def data_shard(self) -> tuple[int, int]:
+        """(shard index, number of shards) the data is split by.
+
+        Data parallelism: every rank is its own shard. Tensor/pipeline parallel
+        ranks of one model copy must see the *same* batch, so mixed strategies
+        return their data-parallel coordinate and degree instead.
+        """
+        return self.env.rank, self.env.world_size
+
     # ------------------------------------------------------------ one step
     def micro_step_context(self, is_last: bool) -> ContextManager:
         """Context for one micro-step; DDP returns ``no_sync()`` on all but the last."""
@@ -83,6 +93,10 @@ class Strategy:
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         with self.autocast():
             return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def forward_backward(self, micro_batches: list[dict], loss_scale: float) -> float:
+        """Whole-step forward+backward for strategies that own the schedule (pipelines); returns the token-loss sum."""
+        raise NotImplementedError(f"strategy {self.name} does not own forward/backward")
 
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()

@@ -30,10 +30,17 @@ def _all_reduce_sums(values: list[float], env: DistEnv) -> list[float]:
 
 
 @torch.no_grad()
-def evaluate_loss(strategy, eval_ds, collate, env: DistEnv, micro_batch_size: int, n_batches: int) -> float:
-    """Mean next-token loss over ``n_batches`` micro-batches per rank (global token mean)."""
-    per_rank = min(n_batches * micro_batch_size, len(eval_ds) // env.world_size)
-    start = env.rank * per_rank
+def evaluate_loss(strategy, eval_ds, collate, env: DistEnv, micro_batch_size: int, n_batches: int,
+                  shard: tuple[int, int] | None = None) -> float:
+    """Mean next-token loss over ``n_batches`` micro-batches per data shard (global token mean).
+
+    ``shard`` = (index, count) from ``strategy.data_shard()``; ranks of one
+    shard (TP/PP) evaluate the same slice, and since numerator and denominator
+    are both summed over all ranks the replication cancels out.
+    """
+    idx, n_shards = shard or (env.rank, env.world_size)
+    per_rank = min(n_batches * micro_batch_size, len(eval_ds) // n_shards)
+    start = idx * per_rank
     loss_sum, tokens = 0.0, 0
     model = strategy.model
     was_training = model.training
@@ -84,7 +91,8 @@ def score_candidates(strategy, tokenizer, prompt: str, candidates: Sequence[str]
 
 @torch.no_grad()
 def evaluate_nlu_accuracy(strategy, tokenizer, records: Sequence[dict[str, Any]], env: DistEnv,
-                          n_samples: int, category_labels: Sequence[str] | None = None) -> dict[str, float]:
+                          n_samples: int, category_labels: Sequence[str] | None = None,
+                          shard: tuple[int, int] | None = None) -> dict[str, float]:
     """Accuracy per classification task (``acc_category``, ``acc_sentiment``) on held-out records.
 
     Only records that carry every classification label are scored, so each
@@ -93,11 +101,12 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Sequence[dict[str, Any]]
     """
     from ..data.tasks import CLASSIFICATION_TASKS, build_classification_example
 
+    idx, n_shards = shard or (env.rank, env.world_size)
     usable = [r for r in records if all(r.get(t) for t in CLASSIFICATION_TASKS)]
-    per_rank = min(n_samples, len(usable)) // env.world_size
+    per_rank = min(n_samples, len(usable)) // n_shards
     if per_rank == 0:
         return {}
-    mine = usable[env.rank * per_rank : (env.rank + 1) * per_rank]
+    mine = usable[idx * per_rank : (idx + 1) * per_rank]
     model = strategy.model
     was_training = model.training
     model.eval()
@@ -109,7 +118,8 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Sequence[dict[str, Any]]
             correct[task] += float(pred == ex.correct_index)
     model.train(was_training)
     sums = _all_reduce_sums([correct[t] for t in CLASSIFICATION_TASKS], env)
-    scored = per_rank * env.world_size
-    out = {f"acc_{t}": c / scored for t, c in zip(CLASSIFICATION_TASKS, sums)}
+    replication = env.world_size // n_shards  # TP/PP ranks of one shard score the same records
+    scored = per_rank * n_shards
+    out = {f"acc_{t}": c / replication / scored for t, c in zip(CLASSIFICATION_TASKS, sums)}
     out["nlu_scored"] = scored  # records scored per task: the accuracy resolution is 1/scored
     return out

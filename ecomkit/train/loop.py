@@ -45,11 +45,16 @@ class TrainingRun:
         self.epoch = 0
         self.history: list[dict[str, Any]] = []
         self.out_dir = Path(cfg.output_dir)
+        self.shard = (env.rank, env.world_size)  # replaced by strategy.data_shard() in build()
+        self.replication = 1
 
     # ------------------------------------------------------------------ build
     def build(self) -> "TrainingRun":
         from ..parallel import build_strategy
 
+        self.strategy = build_strategy(self.cfg, self.env)
+        self.shard = self.strategy.data_shard()                  # (index, count): dp coordinate for TP/PP
+        self.replication = self.env.world_size // self.shard[1]  # ranks that see the same batch
         self.tokenizer = self._build_tokenizer()
         self._build_data()
         model = load_model(self.cfg.model, vocab_size=len(self.tokenizer), device=self.env.device, seed=self.cfg.seed)
@@ -63,7 +68,6 @@ class TrainingRun:
             self.total_steps = self.cfg.max_steps
         else:
             self.total_steps = max(1, math.ceil(self.cfg.epochs * self.sampler.steps_per_epoch))
-        self.strategy = build_strategy(self.cfg, self.env)
         self.strategy.setup(model, self.total_steps)
         self.clip = ClipPolicy(self.cfg.clip_policy, self.cfg.max_grad_norm, self.env)
         self.metrics = MetricsWriter(self.out_dir, self.env.is_main, append=self._resuming())
@@ -103,14 +107,14 @@ class TrainingRun:
             raise ConfigError("clip_policy='sentiment' needs sentiment labels in the data (a 'sentiment' column).")
         self.sampler = DistributedBatchSampler(
             self.train_ds["length"], micro_batch_size=cfg.micro_batch_size, grad_accum=self.grad_accum,
-            num_replicas=self.env.world_size, rank=self.env.rank, seed=cfg.seed, bucketed=cfg.bucketed)
+            num_replicas=self.shard[1], rank=self.shard[0], seed=cfg.seed, bucketed=cfg.bucketed)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.collate = lambda feats: pad_collate(feats, pad_id)
         self.loader = DataLoader(self.train_ds, batch_sampler=self.sampler, collate_fn=self.collate)
 
     # ------------------------------------------------------------------ loop
     def global_batch(self) -> int:
-        return self.cfg.micro_batch_size * self.grad_accum * self.env.world_size
+        return self.cfg.micro_batch_size * self.grad_accum * self.shard[1]
 
     def startup_banner(self) -> str:
         gb = self.global_batch()
@@ -188,16 +192,25 @@ class TrainingRun:
         local = [sum(count_label_tokens(b["labels"]) for b in micro),
                  sum(int(b["attention_mask"].sum()) for b in micro),
                  sum(b["input_ids"].size(0) for b in micro)]
+        # Summed over all ranks, counts include each batch once per rank that saw it (TP/PP
+        # replicas see the same batch); the loss scale world/label_tokens = shards/N stays exact.
         label_tokens, input_tokens, samples = self._reduce_counts([float(x) for x in local])
+        scale = env.world_size / label_tokens
+        input_tokens, samples = input_tokens / self.replication, samples / self.replication
         t_data = time.perf_counter() - t0
         loss_sum, times = 0.0, []
-        for i, b in enumerate(micro):
+        for b in micro:
             self.clip.observe(b)
+        if strategy.owns_forward_backward:  # pipelines run the whole step through their schedule
+            tm = time.perf_counter()
+            loss_sum = strategy.forward_backward(micro, scale)
+            times.append(time.perf_counter() - tm)
+        for i, b in enumerate(micro if not strategy.owns_forward_backward else []):
             tm = time.perf_counter()
             with strategy.micro_step_context(is_last=i == len(micro) - 1):
                 logits = strategy.forward_logits(b["input_ids"], b["attention_mask"])
                 tok_sum = token_loss_sum(logits, b["labels"])
-                strategy.backward(tok_sum * (env.world_size / label_tokens))
+                strategy.backward(tok_sum * scale)
             loss_sum += float(tok_sum.detach())
             times.append(time.perf_counter() - tm)
         clip_value = self.clip.value()
@@ -225,10 +238,10 @@ class TrainingRun:
     # ------------------------------------------------------------------ eval & end
     def evaluate(self) -> dict[str, float]:
         out = {"eval_loss": evaluate_loss(self.strategy, self.eval_ds, self.collate, self.env,
-                                          self.cfg.micro_batch_size, self.cfg.eval_batches)}
+                                          self.cfg.micro_batch_size, self.cfg.eval_batches, self.shard)}
         if self.cfg.task == "nlu" and self.eval_records:
             out.update(evaluate_nlu_accuracy(self.strategy, self.tokenizer, self.eval_records, self.env,
-                                             self.cfg.eval_nlu_samples, self.data_report.category_labels))
+                                             self.cfg.eval_nlu_samples, self.data_report.category_labels, self.shard))
         return out
 
     def _summary(self, final_eval: dict[str, float], wall: float) -> dict[str, Any]:
