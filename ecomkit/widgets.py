@@ -64,7 +64,7 @@ def planner_form(defaults: PlanInput | None = None) -> tuple[Any, Callable[..., 
 
     from .plots.memory import plot_memory_breakdown
 
-    defaults = defaults or PlanInput(model="seqgpt-560m", gpu="rtx4090", world_size=4, seq_len=512, micro_batch=8)
+    defaults = defaults or PlanInput(model="seqgpt-560m", gpu="rtx4090", world_size=4, seq_len=256, micro_batch=8)
     controls = _controls(defaults)
     chart, verdict = w.Output(), w.Output()
 

@@ -55,6 +55,7 @@ class TrainingRun:
         self.strategy = build_strategy(self.cfg, self.env)
         self.shard = self.strategy.data_shard()                  # (index, count): dp coordinate for TP/PP
         self.replication = self.env.world_size // self.shard[1]  # ranks that see the same batch
+        self.grad_accum = self.cfg.resolve_grad_accum(self.shard[1])
         self.tokenizer = self._build_tokenizer()
         self._build_data()
         model = load_model(self.cfg.model, vocab_size=len(self.tokenizer), device=self.env.device, seed=self.cfg.seed)
