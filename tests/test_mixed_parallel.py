@@ -23,18 +23,6 @@ COMMON = ["--model", "tiny", "--n-rows", "400", "--seq-len", "48", "--max-steps"
 LOSS_RTOL, NORM_RTOL = 1e-5, 5e-4
 
 
-def _loop_shards_data_by_strategy() -> bool:
-    """The loop hook chapter 04 needs: the sampler asks ``strategy.data_shard()`` (see parallel/mixed.py)."""
-    from ecomkit.parallel.base import Strategy
-
-    return hasattr(Strategy, "data_shard")
-
-
-needs_loop_hook = pytest.mark.skipif(
-    not _loop_shards_data_by_strategy(),
-    reason="TP/PP need the training loop to shard data by strategy.data_shard() (chapter 04 report: loop hook)")
-
-
 def train_rows(out: Path) -> list[dict]:
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r.get("type") == "train"]
@@ -71,7 +59,6 @@ def test_fsdp2_matches_single_process_and_dcp_reloads_on_one_process(single_run,
 
 
 @pytest.mark.dist
-@needs_loop_hook
 def test_tensor_parallel_matches_single_process_with_planned_shapes(single_run, tmp_path):
     from ecomkit.parallel.tensor import tensor_parallel_shapes
 
@@ -94,7 +81,6 @@ def test_tensor_parallel_matches_single_process_with_planned_shapes(single_run, 
 
 
 @pytest.mark.dist
-@needs_loop_hook
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_pipeline_matches_single_process(single_run, tmp_path, schedule):
     out = tmp_path / "pp"
@@ -112,7 +98,6 @@ def test_pipeline_matches_single_process(single_run, tmp_path, schedule):
 
 
 @pytest.mark.dist
-@needs_loop_hook
 def test_2x2_tensor_times_data_parallel_matches_single_process(single_run, tmp_path):
     out = tmp_path / "tpdp"
     run_script(SCRIPT, COMMON + ["--micro-batch-size", "4", "--tp", "2", "--dp", "2", "--output-dir", str(out),

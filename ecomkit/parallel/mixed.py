@@ -175,12 +175,10 @@ class MixedParallelStrategy(Strategy):
         self.pipeline: Any = None
         self.counter = CollectiveCounter() if cfg.parallel.count_collectives else None
         self._layout_written = False
-        self._data_shard_asked = False
 
     # ------------------------------------------------------------ data sharding (loop hook)
     def data_shard(self) -> tuple[int, int]:
         """(shard index, number of shards) for the data: the dp coordinate, not the global rank."""
-        self._data_shard_asked = True
         return self.coords["dp"], self.dims.dp
 
     @property
@@ -193,8 +191,6 @@ class MixedParallelStrategy(Strategy):
         from ..train.optim import build_optimizer, build_scheduler
 
         self.dims.validate_for_model(model.config.n_head, model.config.n_layer, where=f"'{self.cfg.model}'")
-        if self.dims.model_replicas > 1 and not self._data_shard_asked:
-            raise EcomkitError(_NEEDS_DATA_SHARD)
         self.raw_model = model
         self.model_config = model.config
         if self.env.distributed:
@@ -355,17 +351,9 @@ class MixedParallelStrategy(Strategy):
 
 _NEEDS_LOOP_HOOK = (
     "Pipeline parallelism runs a whole optimizer step through its GPipe/1F1B schedule, but this training loop "
-    "called forward_logits() for training, one micro-batch at a time. The loop must call "
-    "strategy.forward_backward(micro_batches, loss_scale) when strategy.owns_forward_backward is True (see "
-    "ecomkit/parallel/pipeline.py). Until then train with --parallel-pp 1 (FSDP2 and/or TP).")
-
-
-_NEEDS_DATA_SHARD = (
-    "Tensor- and pipeline-parallel ranks of one model copy must train on the same batch, but this training loop "
-    "built its data sampler without asking the strategy (strategy.data_shard() returns the dp rank and the dp "
-    "degree to shard the data by). Without it every rank would get different samples and the TP all-reduces "
-    "would mix them. Update ecomkit/train/loop.py and evaluate.py to shard data by strategy.data_shard(), or "
-    "train with --parallel-tp 1 --parallel-pp 1 (FSDP2 only).")
+    "called forward_logits() for training, one micro-batch at a time. A training loop must call "
+    "strategy.forward_backward(micro_batches, loss_scale) when strategy.owns_forward_backward is True, as "
+    "ecomkit.train.loop does.")
 
 
 # ---------------------------------------------------------------------- DCP (sharded) checkpoints
