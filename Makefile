@@ -9,7 +9,6 @@ TORCH_SPEC ?= torch==2.13.0
 PY          = $(VENV)/bin/python
 STAMP       = $(VENV)/.ecomkit-installed
 export OMP_NUM_THREADS ?= 1
-export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export ECOMKIT_CACHE ?= $(CURDIR)/.cache/ecomkit
 
 .PHONY: demo test install bench clean-runs notebooks-clean

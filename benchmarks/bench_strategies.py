@@ -63,7 +63,6 @@ def run_strategy(name: str, args: argparse.Namespace) -> dict[str, Any]:
            "--output-dir", str(out), *flags]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(out)}
     env.setdefault("ECOMKIT_CACHE", str(REPO / ".cache" / "ecomkit"))
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0 or not (out / "summary.json").exists():

@@ -20,7 +20,6 @@ REPO = Path(__file__).resolve().parents[1]
 def bench_env(threads: int = 1) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     env.setdefault("ECOMKIT_CACHE", str(REPO / ".cache" / "ecomkit"))
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
     return env
 
 

@@ -198,7 +198,6 @@ def script_case(name: str, st: dict[str, Any], attn: str, precision: str, timeou
            "--no-save-model", "--no-progress", "--output-dir", str(out), *flags]
     env = {**os.environ, "TMPDIR": str(out), "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     env.setdefault("ECOMKIT_CACHE", str(REPO / ".cache" / "ecomkit"))
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))  # DeepSpeed's JIT ops, once
     env.setdefault("OMP_NUM_THREADS", "1")
     t0 = time.perf_counter()
     try:

@@ -20,6 +20,6 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
 fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.cache/torch_extensions}"
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/ecomkit/torch_extensions}"
 PORT="${MASTER_PORT:-$((29500 + RANDOM % 1000))}"
 exec deepspeed --num_gpus "$NPROC" --master_port "$PORT" "$ROOT/scripts/03_zero3.py" "$@"

@@ -17,7 +17,6 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ["OMP_NUM_THREADS"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("ECOMKIT_CACHE", str(REPO / ".cache" / "ecomkit"))
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 
 
 @pytest.fixture(autouse=True)

@@ -150,7 +150,7 @@ class ZeroStrategy(Strategy):
         super().__init__(cfg, env)
         # Stage 3 ranks hold only their partition of the weights, so there is no replica to checksum.
         # bf16/fp16 weights are skipped too: the loop's checksum goes through numpy, which has no bfloat16.
-        self.replicated = cfg.zero.stage < 3 and cfg.precision == "fp32"
+        self.replicated = cfg.zero.stage < 3
         self.engine: Any = None
         self.ds_config: dict[str, Any] = {}
         self._is_last_micro_step = True

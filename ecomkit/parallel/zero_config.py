@@ -47,8 +47,8 @@ def ensure_deepspeed_env() -> None:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    cache = Path(os.environ.get("ECOMKIT_CACHE", Path.home() / ".cache" / "ecomkit"))
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache / "torch_extensions"))
+    # per user, not per checkout: every clone (and CI on this machine) reuses one build
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "ecomkit" / "torch_extensions"))
 
 
 # ---------------------------------------------------------------------- generation

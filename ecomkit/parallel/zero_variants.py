@@ -98,19 +98,9 @@ def run_variants(cfg: TrainConfig, variants: list[ZeroVariant], train_one) -> di
 
 
 def train_in_session(cfg: TrainConfig, env, callbacks: list) -> dict:
-    """The body of :func:`ecomkit.train.run_training` for an already open session (see :func:`run_variants`)."""
+    """One variant in an already open session: the loop's own ``train_in_session`` plus the
+    fault-tolerance callbacks ``run_training`` would add (see :func:`run_variants`)."""
     from ..checkpoint import add_fault_tolerance_callbacks
-    from ..train.loop import TrainingRun
+    from ..train.loop import train_in_session as loop_train_in_session
 
-    callbacks = add_fault_tolerance_callbacks(cfg, callbacks)
-    run = TrainingRun(cfg, env, list(callbacks)).build()
-    try:
-        summary = run.fit()
-        run.save()
-        if env.is_main:
-            cfg.save(run.out_dir / "config.json")
-        run.metrics.finish(summary)
-    finally:
-        run.close()
-        del run
-    return summary
+    return loop_train_in_session(cfg, env, add_fault_tolerance_callbacks(cfg, callbacks))

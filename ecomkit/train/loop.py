@@ -283,7 +283,7 @@ def replica_checksums(model: torch.nn.Module, env: DistEnv) -> list[str]:
 
     h = hashlib.sha256()
     for _, p in sorted(model.named_parameters()):
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())  # any dtype, bf16 too
     digest = h.hexdigest()[:16]
     if not env.distributed:
         return [digest]
