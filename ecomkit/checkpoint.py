@@ -70,7 +70,8 @@ TMP_PREFIX = ".tmp-"
 TRAINER_STATE = "trainer_state.json"
 METADATA = ".metadata"
 AUTO_MAX_INTERVAL = 100
-STRATEGIES_WITHOUT_DCP = {"zero": "DeepSpeed keeps its own sharded engine state (engine.save_checkpoint)",
+STRATEGIES_WITHOUT_DCP = {"zero": "DeepSpeed keeps its own sharded engine state (use --zero-checkpoint-interval, "
+                                  "ecomkit.parallel.zero_checkpoint)",
                           "pp": "pipeline stages hold different sub-modules on each rank"}
 
 

@@ -111,6 +111,7 @@ def setup_distributed(timeout_s: float = 600.0, seed: int | None = 0) -> DistEnv
                 backend=backend,
                 timeout=_dt.timedelta(seconds=timeout_s),
                 device_id=device if backend == "nccl" else None,
+                **restart_safe_rendezvous(rank, world, timeout_s),
             )
     else:
         backend = "none"
@@ -118,9 +119,33 @@ def setup_distributed(timeout_s: float = 600.0, seed: int | None = 0) -> DistEnv
         if device.type == "cuda":
             torch.cuda.set_device(device)
     configure_logging(rank)
+    from .troubleshoot import install_stack_dump_signal
+
+    install_stack_dump_signal()  # `kill -USR1 <pid>` prints a rank's stacks instead of killing it (chapter 07)
     if seed is not None:
         seed_everything(seed, rank)
     return DistEnv(rank, local_rank, world, local_world, backend, device)
+
+
+def restart_safe_rendezvous(rank: int, world_size: int, timeout_s: float) -> dict:
+    """A per-restart namespace for the rendezvous keys, when torchrun shares its store with the workers.
+
+    torchrun's c10d rendezvous (``--standalone`` included) hands the workers its
+    own TCPStore and, in torch 2.13, keeps it across ``--max-restarts`` restarts,
+    while ``init_process_group`` writes the gloo addresses / NCCL unique id under
+    fixed keys. A restarted rank can then read the *dead* attempt's address and
+    fail with "Gloo connectFullMesh failed ... Connection refused" (pytorch
+    issue 135712). Prefixing the keys with the restart count avoids that on one
+    node. On several nodes restart counts can differ after a membership change:
+    launch with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` there (a new store per
+    attempt; then this function does nothing).
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=False, timeout=_dt.timedelta(seconds=timeout_s))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {"store": dist.PrefixStore(f"ecomkit/attempt_{attempt}", store), "rank": rank, "world_size": world_size}
 
 
 def configure_logging(rank: int) -> None:

@@ -676,7 +676,7 @@ def _plan_stage(inp: PlanInput, shape: ModelShape, gpu: GpuSpec, stage: int) -> 
     from .parallel.pipeline import stage_layer_ranges
 
     params = local_params(shape, inp.tp, inp.pp, stage)
-    ranks = [state_bytes_of_rank(inp, params, r) for r in range(min(inp.dp, 64))]
+    ranks = [state_bytes_of_rank(inp, params, r) for r in range(min(inp.dp, 64))]  # beyond 64 ranks: sampled
     worst = max(ranks, key=lambda d: d["params"] + d["grads"] + d["optimizer"])
     lo, hi = stage_layer_ranges(shape.n_layer, inp.pp)[stage] if inp.pp > 1 else (0, shape.n_layer)
     batch, in_flight = inp.micro_batch, 1

@@ -9,7 +9,6 @@ Nothing here is a stored result.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import time
 from typing import Any, Sequence
@@ -17,8 +16,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from .activation_measure import (LiveTensorTracker, causal_lm_loss, disable_checkpointing, enable_checkpointing,
-                                 measure_step_memory, time_step)
+from .activation_measure import (causal_lm_loss, disable_checkpointing, enable_checkpointing, measure_step_memory,
+                                 time_step)
 from .memory import activation_bytes, activation_dtypes, checkpointing_factor, model_shape
 
 

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from .memory import GIB, PlanInput, max_micro_batch, model_shape, plan_memory, state_bytes_of_rank, local_params
-from .step_time import predict_step_time, speedups
+from .step_time import speedups
 
 
 # ---------------------------------------------------------------------- other estimators

@@ -18,6 +18,10 @@ Useful flags (all derived from ecomkit.config.TrainConfig; `--help` lists them):
   --model tiny|small|seqgpt-560m|ecomgpt-7b|<dir>|<hub id>   --task lm|nlu
   --max-steps 60 --micro-batch-size 8 --grad-accum 1 --global-batch-size 0 --precision fp32|bf16|fp16
   --output-dir runs/ddp --clip-policy fixed|sentiment --config my.yaml --print-config
+Fault tolerance (chapter 07): under `torchrun --max-restarts 1 ...` checkpoints are written automatically
+and a restarted job resumes from the newest one; `--fail-at-step K --fail-rank R` kills rank R once at
+step K (for tests and demos); `--fault-checkpoint-interval N`, `--fault-async-checkpoint`,
+`--fault-health-interval N`, `--timeout-s S` (a stalled rank fails after S seconds instead of hanging).
 """
 
 from ecomkit.config import parse_config

@@ -86,7 +86,7 @@ def plot_checkpointing(rows: Sequence[dict], title: str = "activation checkpoint
     a2.bar(seqs, [r["time_cost"] for r in rows], color="#4C72B0")
     a2.axhline(1, color="k", lw=0.8)
     a2.axhline(4 / 3, color="k", lw=0.8, ls=":")
-    a2.annotate("4/3: one extra forward", (len(rows) - 0.5, 4 / 3), ha="right", va="bottom", fontsize=7)
+    a2.annotate("4/3: one extra forward if backward = 2 × forward", (len(rows) - 0.5, 4 / 3), ha="right", va="bottom", fontsize=7)
     a2.set_xlabel("sequence length")
     a2.set_ylabel("step time, on / off")
     fig.suptitle(title)
