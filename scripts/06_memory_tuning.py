@@ -103,11 +103,26 @@ def cmd_activations(argv: list[str]) -> None:
         "checkpointing": mt.checkpointing_experiment(cfg, 2, seqs[-2:]),
         "save_on_cpu_cpu": mt.save_on_cpu_experiment(cfg, 2, seqs[-1], device="cpu"),
         "memory_pool": mt.memory_pool_experiment(cfg, 2, 64),
+        "bucketing": bucketing_rows(mt, 1500 if args.quick else 6000),
     }
     if torch.cuda.is_available():
         out["save_on_cpu_gpu"] = mt.save_on_cpu_experiment(cfg, 2, seqs[-1], device="cuda")
         out["gpu_peak"] = mt.gpu_peak_check(cfg, 2, seqs)
     write_json(Path(args.output_dir) / "activations.json", out)
+
+
+def bucketing_rows(mt, n_rows: int) -> list[dict]:
+    """Random vs length-bucketed batches of the synthetic catalog's real token lengths."""
+    import datasets
+
+    from ecomkit.data import generate_catalog, tokenize_records
+    from ecomkit.tokenizer import get_tokenizer
+    from ecomkit.train.loop import tokenizer_cache_dir
+
+    datasets.disable_progress_bars()
+    tok = get_tokenizer("local", tokenizer_cache_dir())
+    lengths = tokenize_records(generate_catalog(n_rows, seed=0), tok, "lm", 256)["length"]
+    return mt.bucketing_experiment(lengths, mt.long_context_config(vocab_size=len(tok)), micro_batch=8, n_batches=12)
 
 
 COMMANDS = {"states": cmd_states, "calibrate": cmd_calibrate, "activations": cmd_activations}
@@ -118,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
         print(__doc__)
-        raise SystemExit(2 if argv and argv[0] not in ("-h", "--help") else 0)
+        raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
     COMMANDS[argv[0]](argv[1:])
 
 

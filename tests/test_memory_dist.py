@@ -14,6 +14,7 @@ SCALAR_BOOKKEEPING_BYTES = 64
 
 
 @pytest.mark.dist
+@pytest.mark.slow
 def test_planned_model_states_equal_measured_for_every_strategy(tmp_path):
     out = tmp_path / "states"
     run_script("06_memory_tuning.py", ["states", "--output-dir", str(out)], nproc=2, timeout=240)
@@ -32,6 +33,7 @@ def test_planned_model_states_equal_measured_for_every_strategy(tmp_path):
 
 
 @pytest.mark.dist
+@pytest.mark.slow
 def test_time_model_predicts_the_ddp_step_within_30_percent(tmp_path):
     out = tmp_path / "calibrate"
     run_script("06_memory_tuning.py", ["calibrate", "--output-dir", str(out), "--max-steps", "5", "--repeats", "3",

@@ -44,16 +44,17 @@ def plot_memory_breakdown(plans: Mapping[str, Any], capacity_bytes: float | None
 
 
 def plot_measured_vs_predicted(rows: Sequence[dict], x: str = "seq_len", measured: str = "measured_saved",
-                               predicted: str = "predicted_saved", group: str = "mode", scale: float = 2**20,
-                               unit: str = "MiB", title: str = "", ax=None):
-    """Measured points and predicted lines against ``x``, one colour per ``group`` value."""
+                               predicted: str = "predicted_saved", group: str | Sequence[str] = "mode",
+                               scale: float = 2**20, unit: str = "MiB", title: str = "", ax=None):
+    """Measured points and predicted lines against ``x``, one colour per value of ``group`` (a key or keys)."""
     plt = _plt()
     fig = None
     if ax is None:
         fig, ax = plt.subplots(figsize=(7, 4))
+    keys = [group] if isinstance(group, str) else list(group)
     groups: dict[Any, list[dict]] = {}
     for r in rows:
-        groups.setdefault(r.get(group, ""), []).append(r)
+        groups.setdefault(", ".join(str(r.get(k, "")) for k in keys), []).append(r)
     for name, rs in groups.items():
         rs = sorted(rs, key=lambda r: r[x])
         line, = ax.plot([r[x] for r in rs], [r[predicted] / scale for r in rs], "-", lw=1.2, label=f"{name} (planner)")
@@ -87,6 +88,7 @@ def plot_checkpointing(rows: Sequence[dict], title: str = "activation checkpoint
     a2.axhline(1, color="k", lw=0.8)
     a2.axhline(4 / 3, color="k", lw=0.8, ls=":")
     a2.annotate("4/3: one extra forward if backward = 2 × forward", (len(rows) - 0.5, 4 / 3), ha="right", va="bottom", fontsize=7)
+    a2.set_ylim(0, max(1.5, 1.15 * max(r["time_cost"] for r in rows)))
     a2.set_xlabel("sequence length")
     a2.set_ylabel("step time, on / off")
     fig.suptitle(title)
