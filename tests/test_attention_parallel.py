@@ -157,8 +157,6 @@ def test_sdpa_under_zero3_matches_eager_loss_curve(tmp_path):
     """Chapter 03's script with --attn sdpa (2 ranks) against the 1-process eager loop."""
     from conftest import run_script
 
-    if not (REPO / "scripts" / "03_zero3.py").exists():
-        pytest.skip("scripts/03_zero3.py (chapter 03) is not available yet")
     common = ["--model", "tiny", "--n-rows", "600", "--seq-len", "64", "--max-steps", "4", "--eval-interval", "0",
               "--eval-batches", "1", "--warmup-steps", "2", "--no-progress", "--no-save-model"]
     run_script("02_data_parallel.py", common + ["--micro-batch-size", "8", "--attn", "eager",
