@@ -19,13 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from common import failure_reason
 
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 16
@@ -38,16 +39,6 @@ STRATEGIES: dict[str, tuple[str, list[str], int]] = {
     "fsdp2": ("04_mixed_parallel.py", ["--strategy", "fsdp", "--parallel-dp", "2"], GLOBAL_BATCH // 2),
     "tp2": ("04_mixed_parallel.py", ["--strategy", "tp", "--parallel-tp", "2"], GLOBAL_BATCH),
 }
-
-
-def failure_reason(proc: subprocess.CompletedProcess) -> str:
-    """The rank's own message (ecomkit prints '[rank N] error: ...') rather than torchrun's generic summary."""
-    lines = (proc.stderr + "\n" + proc.stdout).strip().splitlines()
-    own = [l.strip() for l in lines if re.match(r"\[rank \d+\] error:", l.strip())]
-    if own:
-        return own[0]
-    errors = [l.strip() for l in lines if re.search(r"(Error|error)[:\s]", l) and "elastic" not in l]
-    return errors[-1] if errors else " | ".join(lines[-3:]) or "no output"
 
 
 def run_strategy(name: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -57,3 +58,13 @@ def verdict(name: str, value: float, goal: str, ok: bool) -> str:
     line = f"{'PASS' if ok else 'MISS'}  {name}: {value:.2f} (goal {goal})"
     print(line)
     return line
+
+
+def failure_reason(proc: subprocess.CompletedProcess) -> str:
+    """The rank's own message (ecomkit prints '[rank N] error: ...') rather than torchrun's generic summary."""
+    lines = (proc.stderr + "\n" + proc.stdout).strip().splitlines()
+    own = [l.strip() for l in lines if re.match(r"\[rank \d+\] error:", l.strip())]
+    if own:
+        return own[0]
+    errors = [l.strip() for l in lines if re.search(r"(Error|error)[:\s]", l) and "elastic" not in l]
+    return errors[-1] if errors else " | ".join(lines[-3:]) or "no output"

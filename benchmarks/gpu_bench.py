@@ -47,6 +47,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import failure_reason  # noqa: E402
 
 MFU_GOAL = 0.40
 ATTN_IMPLS = ("eager", "sdpa", "flex")
@@ -174,16 +176,6 @@ def _attention_line(r: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------- part 2: chapter scripts
-def failure_reason(proc: subprocess.CompletedProcess) -> str:
-    """The rank's own message (ecomkit prints '[rank N] error: ...') rather than torchrun's generic summary."""
-    lines = (proc.stderr + "\n" + proc.stdout).strip().splitlines()
-    own = [l.strip() for l in lines if re.match(r"\[rank \d+\] error:", l.strip())]
-    if own:
-        return own[0]
-    errors = [l.strip() for l in lines if re.search(r"(Error|error)[:\s]", l) and "elastic" not in l]
-    return errors[-1] if errors else " | ".join(lines[-3:]) or "no output"
-
-
 def script_case(name: str, st: dict[str, Any], attn: str, precision: str, timeout_s: float) -> dict[str, Any]:
     """Run one chapter script with torchrun at world size 1 and read back its summary."""
     script, flags = SCRIPTS[name]
