@@ -19,7 +19,7 @@ import sys
 import threading
 from collections import deque
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .errors import DataError, EcomkitError
 
@@ -61,8 +61,11 @@ def _resolve_script(script: str | Path, root: Path) -> Path:
 
 
 def _stream(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float | None,
-            live: bool) -> subprocess.CompletedProcess:
-    """Run ``cmd``, echo each output line as it arrives, kill the whole process group on timeout."""
+            live: bool, on_line: Callable[[str], None] | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd``, echo each output line as it arrives, kill the whole process group on timeout.
+
+    ``on_line`` sees every line as it arrives (chapter 07's stall demo watches for the stall there).
+    """
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1, errors="replace", start_new_session=True)
     timed_out = threading.Event()
@@ -84,6 +87,8 @@ def _stream(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float | 
             lines.append(line)
             if live:
                 print(line, end="", flush=True)
+            if on_line is not None:
+                on_line(line)
         proc.wait()
     finally:
         if timer:

@@ -299,36 +299,27 @@ def run_stall_demo(args: Sequence[str] = (), nproc: int = 2, dump_after_s: float
 
     The job is *expected* to fail: returns its output and timings instead of raising.
     """
-    from .launch import _child_env, repo_root
+    from .launch import _child_env, _stream, repo_root
 
     root = repo_root()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            str(root / "scripts" / "07_stall_demo.py"), *map(str, args)]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=root, env=_child_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1, errors="replace", start_new_session=True)
-    killer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
-    killer.start()
     pids: dict[int, int] = {}
-    lines: list[str] = []
     stacks: dict[int, str] = {}
-    t_stall = None
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if live:
-                print(line, end="", flush=True)
-            if m := _PID_LINE.search(line):
-                pids[int(m.group(1))] = int(m.group(2))
-            if t_stall is None and _STALL_LINE.search(line):
-                t_stall = time.perf_counter()
-                threading.Thread(target=_dump_all, args=(pids, stacks, dump_after_s), daemon=True).start()
-        proc.wait()
-    finally:
-        killer.cancel()
+    t_stall: float | None = None
+
+    def watch(line: str) -> None:
+        nonlocal t_stall
+        if m := _PID_LINE.search(line):
+            pids[int(m.group(1))] = int(m.group(2))
+        if t_stall is None and _STALL_LINE.search(line):
+            t_stall = time.perf_counter()
+            threading.Thread(target=_dump_all, args=(pids, stacks, dump_after_s), daemon=True).start()
+
+    proc = _stream(cmd, cwd=root, env=_child_env(env), timeout=timeout, live=live, on_line=watch)
     t_end = time.perf_counter()
-    out = "".join(lines)
+    out = proc.stdout
     expl = next((ln.split("error: ", 1)[1].strip() for ln in out.splitlines()
                  if "error: " in ln and "timed out after" in ln), None)
     return StallDemoResult(proc.returncode, out, (t_end - t_stall) if t_stall else None, t_end - t0, stacks, expl)
