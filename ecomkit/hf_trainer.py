@@ -96,8 +96,8 @@ def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | None = None) -> dict[str,
 
     with distributed_session(timeout_s=cfg.timeout_s, seed=cfg.seed) as env:
         run = TrainingRun(cfg, env)
-        run.tokenizer = run._build_tokenizer()
-        run._build_data()
+        run.tokenizer = run.build_tokenizer()
+        run.build_data()
         from .models import count_parameters, load_model
         from .train.metrics import MetricsWriter
 

@@ -56,8 +56,8 @@ class TrainingRun:
         self.shard = self.strategy.data_shard()                  # (index, count): dp coordinate for TP/PP
         self.replication = self.env.world_size // self.shard[1]  # ranks that see the same batch
         self.grad_accum = self.cfg.resolve_grad_accum(self.shard[1])
-        self.tokenizer = self._build_tokenizer()
-        self._build_data()
+        self.tokenizer = self.build_tokenizer()
+        self.build_data()
         model = load_model(self.cfg.model, vocab_size=len(self.tokenizer), device=self.env.device, seed=self.cfg.seed)
         if self.cfg.attn != "eager":
             from ..models_attention import install_attention  # chapter "performance"
@@ -77,7 +77,7 @@ class TrainingRun:
     def _resuming(self) -> bool:
         return any(getattr(cb, "resuming", False) for cb in self.callbacks)
 
-    def _build_tokenizer(self):
+    def build_tokenizer(self):
         """Rank 0 trains/loads first (it may write the cache); the others load after a barrier."""
         import torch.distributed as dist
 
@@ -92,7 +92,8 @@ class TrainingRun:
             dist.barrier()
         return tok
 
-    def _build_data(self) -> None:
+    def build_data(self) -> None:
+        """Datasets, sampler and loader; public because HF Trainer (ecomkit.hf_trainer) trains on the same data."""
         import datasets
 
         from ..data import DistributedBatchSampler, build_datasets, pad_collate
