@@ -103,6 +103,8 @@ class TrainConfig:
     model: str = "tiny"               # preset (tiny, small, seqgpt-560m, ecomgpt-7b), local dir or hub id
     tokenizer: str = "local"          # "local": BPE trained on the catalog; or a dir / hub id
     attn: str = "sdpa"                # sdpa (default, proven equal to eager) | eager | flex (GPU) attention
+    loss_chunk_tokens: int = 1024     # LM head + loss this many label positions at a time, no [B,T,vocab]
+                                      #   logits kept (0 = full logits); single/ddp/accelerate/fsdp only
     # --- data -------------------------------------------------------------
     task: str = "lm"                  # lm: causal text; nlu: SeqGPT-style instructions (loss on answers)
     data: str = "synthetic"           # "synthetic" or a .jsonl/.csv file or a save_to_disk directory
@@ -175,7 +177,8 @@ class TrainConfig:
         for name in ("lr", "seq_len", "micro_batch_size", "grad_accum", "n_rows"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be > 0.")
-        for name in ("weight_decay", "max_grad_norm", "warmup_steps", "max_steps", "epochs", "eval_interval"):
+        for name in ("loss_chunk_tokens", "weight_decay", "max_grad_norm", "warmup_steps", "max_steps", "epochs",
+                     "eval_interval"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0.")
         if self.max_steps == 0 and self.epochs <= 0:

@@ -47,7 +47,7 @@ def single_run(tmp_path_factory):
 def test_fsdp2_matches_single_process_and_dcp_reloads_on_one_process(single_run, tmp_path):
     out = tmp_path / "fsdp"
     run_script(SCRIPT, COMMON + ["--micro-batch-size", "4", "--dp", "2", "--output-dir", str(out),
-                                 "--dcp-dir", str(out / "dcp")], nproc=2)
+                                 "--dcp-dir", str(out / "dcp"), "--loss-chunk-tokens", "40"], nproc=2)
     assert_matches_single(out, single_run)
     rows = train_rows(out)
     kinds = rows[-1]["comm_by_kind"]

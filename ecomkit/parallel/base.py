@@ -45,6 +45,7 @@ class Strategy:
     has_ddp_hooks = False            # gradient compression needs DDP communication hooks
     replicated = True                # every rank holds the full model (DDP); False for ZeRO-3/FSDP/TP/PP
     owns_forward_backward = False    # True: the loop calls forward_backward() once per step (pipelines)
+    supports_chunked_loss = True     # the whole model runs in one forward per rank (ecomkit.models_loss)
 
     def __init__(self, cfg: TrainConfig, env: DistEnv):
         self.cfg, self.env = cfg, env
@@ -93,6 +94,17 @@ class Strategy:
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         with self.autocast():
             return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def forward_loss_sum(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Σ token losses of one micro-batch: chunked in the model's forward when installed, else from logits."""
+        from ..models_loss import has_chunked_loss
+        from ..train.losses import token_loss_sum
+
+        if self.raw_model is not None and has_chunked_loss(self.raw_model):
+            with self.autocast():
+                return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                  token_loss_labels=batch["labels"]).loss
+        return token_loss_sum(self.forward_logits(batch["input_ids"], batch["attention_mask"]), batch["labels"])
 
     def forward_backward(self, micro_batches: list[dict], loss_scale: float) -> float:
         """Whole-step forward+backward for strategies that own the schedule (pipelines); returns the token-loss sum."""

@@ -182,6 +182,11 @@ class MixedParallelStrategy(Strategy):
         return self.coords["dp"], self.dims.dp
 
     @property
+    def supports_chunked_loss(self) -> bool:
+        """FSDP2 alone: TP shards the head's output over ranks and a pipeline's last stage owns the loss."""
+        return self.dims.tp == 1 and self.dims.pp == 1
+
+    @property
     def owns_forward_backward(self) -> bool:
         """True with a pipeline: the loop must call :meth:`forward_backward` once per optimizer step."""
         return self.pipeline is not None

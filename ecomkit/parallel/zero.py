@@ -145,6 +145,7 @@ class ZeroStrategy(Strategy):
     """DeepSpeed engine behind ecomkit's loop: ZeRO stage 0-3, optional CPU offload of optimizer / params."""
 
     name = "zero"
+    supports_chunked_loss = False    # ZeRO-3 gathers lm_head's weight only around lm_head's own calls
 
     def __init__(self, cfg: TrainConfig, env: DistEnv):
         super().__init__(cfg, env)

@@ -26,7 +26,7 @@ from ..flops import device_peak_flops, flops_per_token
 from ..models import count_parameters, load_model
 from .clip import ClipPolicy
 from .evaluate import evaluate_loss, evaluate_nlu_accuracy
-from .losses import count_label_tokens, token_loss_sum
+from .losses import count_label_tokens
 from .metrics import MetricsWriter, peak_memory
 from .progress import make_progress
 
@@ -63,6 +63,10 @@ class TrainingRun:
             from ..models_attention import install_attention  # chapter "performance"
 
             install_attention(model, self.cfg.attn)
+        if self.cfg.loss_chunk_tokens > 0 and self.strategy.supports_chunked_loss:
+            from ..models_loss import install_chunked_loss  # chapter "performance": no [B, T, vocab] logits
+
+            install_chunked_loss(model, self.cfg.loss_chunk_tokens)
         self.n_params = count_parameters(model)
         self.model_config = model.config
         if self.cfg.max_steps > 0:
@@ -210,8 +214,7 @@ class TrainingRun:
         for i, b in enumerate(micro if not strategy.owns_forward_backward else []):
             tm = time.perf_counter()
             with strategy.micro_step_context(is_last=i == len(micro) - 1):
-                logits = strategy.forward_logits(b["input_ids"], b["attention_mask"])
-                tok_sum = token_loss_sum(logits, b["labels"])
+                tok_sum = strategy.forward_loss_sum(b)
                 strategy.backward(tok_sum * scale)
             loss_sum += float(tok_sum.detach())
             times.append(time.perf_counter() - tm)

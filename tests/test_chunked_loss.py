@@ -1,0 +1,107 @@
+"""The chunked LM-head loss (``ecomkit.models_loss``): same loss and gradients as the full logits, fewer bytes.
+
+Distributed checks (DDP and FSDP2 with several chunks per micro-batch against one
+unchunked process) live in test_train_ddp.py and test_mixed_parallel.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ecomkit.errors import ConfigError
+from ecomkit.models import build_model
+from ecomkit.models_loss import has_chunked_loss, install_chunked_loss, remove_chunked_loss
+from ecomkit.train.losses import chunked_token_loss_sum, token_loss_sum
+
+VOCAB = 300
+
+
+def _data(batch: int = 3, seq: int = 20, hidden: int = 16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(batch, seq, hidden, generator=g, requires_grad=True)
+    labels = torch.randint(0, VOCAB, (batch, seq), generator=g)
+    labels[0, 12:] = -100          # right padding
+    labels[2, :5] = -100           # an NLU prompt: loss on the answer only
+    head = torch.nn.Linear(hidden, VOCAB, bias=False)
+    return h, labels, head
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 10_000])
+def test_chunked_loss_and_gradients_equal_full_logits(chunk):
+    h, labels, head = _data()
+    ref = token_loss_sum(head(h), labels)
+    ref_grads = torch.autograd.grad(ref, [h, head.weight])
+    got = chunked_token_loss_sum(h, head, labels, chunk)
+    grads = torch.autograd.grad(got, [h, head.weight])
+    assert torch.allclose(got, ref, rtol=1e-6, atol=0)  # fp32: only the summation order differs
+    for g, r in zip(grads, ref_grads):
+        assert torch.allclose(g, r, rtol=1e-5, atol=1e-7)
+
+
+def test_micro_batch_without_labels_gives_zero_that_backpropagates():
+    h, labels, head = _data()
+    labels[:] = -100
+    loss = chunked_token_loss_sum(h, head, labels, 4)
+    loss.backward()
+    assert loss.item() == 0 and h.grad is not None and head.weight.grad is not None
+    assert h.grad.abs().max() == 0
+
+
+def test_chunks_keep_the_peak_of_autograd_saved_tensors_small():
+    """Forward of many chunks saves only the inputs, not one logits tensor per chunk."""
+    h, labels, head = _data(batch=4, seq=64)
+    saved: list[int] = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        chunked_token_loss_sum(h, head, labels, 8)
+    assert max(saved) < labels.numel() * VOCAB / 4  # full logits would be batch·T·vocab
+
+
+@pytest.fixture()
+def tiny():
+    torch.manual_seed(0)
+    return build_model("tiny", vocab_size=VOCAB)
+
+
+def test_model_forward_returns_chunked_loss_equal_to_logits_loss(tiny):
+    ids = torch.randint(3, VOCAB, (2, 24))
+    mask = torch.ones_like(ids)
+    mask[1, 18:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    ref = token_loss_sum(tiny(input_ids=ids, attention_mask=mask).logits, labels)
+    ref.backward()
+    ref_grads = {n: p.grad.clone() for n, p in tiny.named_parameters()}
+    tiny.zero_grad(set_to_none=True)
+    install_chunked_loss(tiny, 5)
+    out = tiny(input_ids=ids, attention_mask=mask, token_loss_labels=labels)
+    assert out.logits is None
+    out.loss.backward()
+    assert torch.allclose(out.loss, ref, rtol=1e-6)
+    for n, p in tiny.named_parameters():
+        assert torch.allclose(p.grad, ref_grads[n], rtol=1e-4, atol=1e-6), n
+    # other calls still get logits, and removing it restores the class's forward
+    assert tiny(input_ids=ids, attention_mask=mask).logits.shape == (2, 24, VOCAB)
+    remove_chunked_loss(tiny)
+    assert not has_chunked_loss(tiny) and "forward" not in tiny.__dict__
+
+
+def test_install_changes_neither_class_nor_saved_model(tiny, tmp_path):
+    cls = type(tiny)
+    install_chunked_loss(tiny, 64)
+    assert type(tiny) is cls and has_chunked_loss(tiny)
+    tiny.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["BloomForCausalLM"]
+
+
+def test_clear_errors(tiny):
+    with pytest.raises(ConfigError, match="loss-chunk-tokens 0"):
+        install_chunked_loss(tiny, 0)
+    with pytest.raises(ConfigError, match="BLOOM-style"):
+        install_chunked_loss(torch.nn.Linear(2, 2), 8)
