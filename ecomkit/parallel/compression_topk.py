@@ -16,6 +16,14 @@ did not send is kept as a residual and added to the next step's gradient
 only delayed. :func:`topk_naive_hook` is the guide's recipe, kept as the
 baseline the notebook measures against.
 
+Delayed is not free, especially under AdamW: at 1 % an entry waits until its
+accumulated residual is among the largest, then arrives as one burst. SGD
+moves the weight by the burst's full mass (later); Adam normalises each step
+by the gradient's running RMS, so one burst moves it less than the same mass
+spread over many steps. The eval-loss gap to dense is therefore large early
+in a run and closes slowly; ``benchmarks/bench_compression.py`` prints it
+along the run.
+
 Bytes: a kept element costs a 4-byte value plus a 4-byte index, so Top-K at a
 ratio ``r`` sends ``8 r / 4 = 2 r`` of the dense fp32 bytes. At 25 % that is a
 50 % cut, not 75 %; at 1 % it is 50× fewer bytes.
