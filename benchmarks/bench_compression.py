@@ -1,21 +1,22 @@
 #!/usr/bin/env python
 """Chapter 05 benchmark: bytes per step and final eval loss of each compression method, relative to dense.
 
-  python benchmarks/bench_compression.py [--model tiny] [--steps 1500] [--n-rows 20000]
+  python benchmarks/bench_compression.py [--model tiny] [--steps 3000] [--n-rows 40000] [--methods none,...]
 
 One torchrun launch (2 processes, gloo) trains the same job once per method
 (``scripts/05_grad_compression.py --methods ...``), then this prints, per
 method, the bytes each rank handed to collectives per step (counted by the
 hooks, not computed) and the final eval loss, both relative to ``none``, and
 how the eval-loss gap of the compressed methods shrinks during the run.
-About 15-20 minutes on 2 CPU cores (9 methods × 1500 steps of the tiny model).
+About 30 minutes on 2 CPU cores (9 methods × 3000 steps of the tiny model);
+``--methods none,topk:0.01`` runs only the pair the Top-K goal is about.
 
 Goals (from the chapter's issue):
 - Top-K 1 % with error feedback sends >= 20x fewer bytes than dense, with a
   final eval loss within 2 % of dense;
 - PowerSGD rank 4 sends >= 10x fewer bytes than dense.
 
-Why 1500 steps on 20,000 rows (about 1.3 epochs): error feedback does not
+Why 3000 steps on 40,000 rows (about 1.3 epochs): error feedback does not
 drop the unsent gradient, it *delays* it. At 1 % an entry waits on average
 until its accumulated residual is among the largest, and with AdamW a
 delayed, accumulated gradient also moves the weights less than the same mass
@@ -53,7 +54,7 @@ METHODS = ("none", "fp16", "bf16", "powersgd:1", "powersgd:4", "topk:0.01", "top
 
 def run_all(args: argparse.Namespace, out: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(REPO / "scripts" / "05_grad_compression.py"), "--methods", ",".join(METHODS),
+           str(REPO / "scripts" / "05_grad_compression.py"), "--methods", ",".join(args.methods),
            "--model", args.model, "--max-steps", str(args.steps), "--n-rows", str(args.n_rows), "--seq-len", "128",
            "--eval-interval", str(max(1, args.steps // 6)), "--eval-batches", "16", "--no-save-model", "--no-progress",
            "--compression-powersgd-start-iter", str(args.powersgd_start_iter), "--output-dir", str(out)]
@@ -88,13 +89,18 @@ def print_gap_trajectory(rows: list[dict], dense: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny")
-    ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--n-rows", type=int, default=20000, help="synthetic rows (19/20 train): keep epochs low")
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--n-rows", type=int, default=40000, help="synthetic rows (19/20 train): keep epochs low")
     ap.add_argument("--powersgd-start-iter", type=int, default=10)
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help="comma-separated specs; 'none' first (the baseline), e.g. none,topk:0.01 for a longer run")
     args = ap.parse_args()
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not args.methods or args.methods[0] != "none":
+        raise SystemExit("--methods: start with 'none', the dense baseline every ratio is relative to")
     out = Path(tempfile.mkdtemp(prefix="ecomkit-bench-compression-"))
     run_all(args, out)
-    rows = [method_row(out, spec, args.powersgd_start_iter) for spec in METHODS]
+    rows = [method_row(out, spec, args.powersgd_start_iter) for spec in args.methods]
     dense = rows[0]
     for r in rows:
         r["fewer bytes (x)"] = dense["bytes/step"] / r["bytes/step"]
@@ -107,10 +113,15 @@ def main() -> None:
     by = {r["spec"]: r for r in rows}
     print_gap_trajectory(rows, dense)
     print()
-    verdict("Top-K 1 % + EF: fewer bytes than dense", by["topk:0.01"]["fewer bytes (x)"], ">= 20x",
-            by["topk:0.01"]["fewer bytes (x)"] >= 20)
-    gap = 100 * (by["topk:0.01"]["eval loss vs dense"] - 1)
-    verdict("Top-K 1 % + EF: eval loss above dense (%)", gap, "<= 2 %", gap <= 2)
+    if "topk:0.01" in by:
+        topk = by["topk:0.01"]
+        verdict("Top-K 1 % + EF: fewer bytes than dense", topk["fewer bytes (x)"], ">= 20x",
+                topk["fewer bytes (x)"] >= 20)
+        gap = 100 * (topk["eval loss vs dense"] - 1)
+        verdict("Top-K 1 % + EF: eval loss above dense (%)", gap, "<= 2 %", gap <= 2)
+    if "powersgd:4" not in by:
+        print(f"outputs in {out}")
+        return
     ratio = by["powersgd:4"]["fewer bytes, compressed steps (x)"]
     verdict("PowerSGD r=4: fewer bytes than dense on compressed steps", ratio, ">= 10x", ratio >= 10)
     print(f"(PowerSGD r=4 over all {args.steps} steps, warm-up included: "
