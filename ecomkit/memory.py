@@ -274,6 +274,8 @@ class PlanInput:
     pp_microbatches: int = 0            # 0: pp (1F1B keeps at most pp micro-batches in flight)
     zero_bucket_elements: int = 50_000_000   # chapter 03's reduce/allgather bucket (capped at Ψ)
     vocab_size: int | None = None       # toy presets only: their tokenizer's vocabulary
+    loss_chunk_tokens: int = 0          # 0: full-logits loss (transformers'; ecomkit's ZeRO/TP/PP); > 0: ecomkit's
+                                        #   chunked LM-head loss (its loop's default 1024 for ddp/fsdp2)
     device: str = "cuda"                # "cpu" plans a CPU run (no CUDA context, SDPA width d+1)
 
     def resolved(self) -> "PlanInput":
@@ -290,11 +292,19 @@ class PlanInput:
     def dp(self) -> int:
         return self.world_size // (self.tp * self.pp)
 
+    def loss_chunk(self) -> int:
+        """Positions per LM-head chunk, 0 when the full logits are built (strategies as ecomkit's loop)."""
+        applies = self.strategy in ("ddp", "fsdp2") and self.tp == 1 and self.pp == 1
+        return self.loss_chunk_tokens if applies else 0
+
 
 def validate_plan_input(inp: PlanInput, shape: ModelShape) -> None:
     """Reject impossible setups with one clear sentence each (before any arithmetic)."""
     if not isinstance(inp.world_size, int) or inp.world_size < 1:
         raise ConfigError(f"world_size={inp.world_size!r} GPUs: a plan needs at least 1 GPU (--gpus N, N >= 1).")
+    if inp.loss_chunk_tokens < 0:
+        raise ConfigError(f"loss_chunk_tokens={inp.loss_chunk_tokens}: give positions per LM-head chunk "
+                          "(--loss-chunk-tokens N, N >= 1), or 0 for the full-logits loss.")
     if inp.strategy not in STRATEGIES:
         close = difflib.get_close_matches(inp.strategy, STRATEGIES, n=1)
         raise ConfigError(f"Unknown strategy '{inp.strategy}'.{' Did you mean ' + repr(close[0]) + '?' if close else ''}"
@@ -490,7 +500,8 @@ def layer_activation_bytes(shape: ModelShape, batch: int, seq: int, dt: Activati
 
 def activation_bytes(shape: ModelShape, batch: int, seq: int, *, strategy: str = "ddp", precision: str = "fp32",
                      attn: str = "eager", checkpointing: bool = False, tp: int = 1, layers: int | None = None,
-                     with_embedding: bool = True, with_head: bool = True, device: str = "cuda") -> dict[str, int]:
+                     with_embedding: bool = True, with_head: bool = True, device: str = "cuda",
+                     loss_chunk: int = 0) -> dict[str, int]:
     """Bytes autograd keeps between forward and backward for one micro-batch, by part.
 
     Parts: ``blocks`` (per-layer tensors), ``attention_scores`` (the
@@ -499,6 +510,10 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, strategy: str =
     the fp32 log-probabilities ``[b, T-1, V]`` the loss keeps, the targets).
     With checkpointing a block keeps only its input. Checked against
     :class:`~ecomkit.activation_measure.SavedTensorCounter` by the tests.
+    ``loss_chunk > 0`` (ecomkit's chunked loss, ``ecomkit.models_loss``):
+    with more than one chunk the log-probabilities are recomputed in
+    backward, not kept; the labelled positions' hidden states are kept
+    instead (modelled, not measured).
     """
     dt = activation_dtypes(strategy, precision)
     layers = shape.n_layer if layers is None else layers
@@ -515,6 +530,8 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, strategy: str =
         out["embedding"] = 8 * batch * seq + x * dt.embedding_ln_input + ln_stats
     if with_head:
         logprobs = 4 * batch * (seq - 1) * shape.vocab
+        if 0 < loss_chunk < batch * (seq - 1):
+            logprobs = batch * (seq - 1) * shape.hidden * dt.compute
         out["head"] = x * dt.residual + ln_stats + x * dt.compute + logprobs + 8 * batch * (seq - 1)
     out["total"] = sum(out.values())
     return out
@@ -548,7 +565,8 @@ def temporary_bytes(inp: PlanInput, shape: ModelShape, params: list[ParamInfo], 
     """
     dt = activation_dtypes(inp.strategy, inp.precision)
     seq, v = inp.seq_len, shape.vocab
-    logits = batch * seq * v * (dt.compute + 8)
+    positions = batch * seq if not inp.loss_chunk() else min(batch * (seq - 1), inp.loss_chunk())
+    logits = positions * v * (dt.compute + 8)
     heads = shape.n_head // inp.tp
     layer = 2 * 4 * batch * heads * seq * seq if inp.attn == "eager" else 0
     if inp.activation_checkpointing:
@@ -687,7 +705,7 @@ def _plan_stage(inp: PlanInput, shape: ModelShape, gpu: GpuSpec, stage: int) -> 
     acts = activation_bytes(shape, batch, inp.seq_len, strategy=inp.strategy, precision=inp.precision,
                             attn=inp.attn, checkpointing=inp.activation_checkpointing, tp=inp.tp,
                             layers=hi - lo, with_embedding=stage == 0, with_head=stage == inp.pp - 1,
-                            device=inp.device)
+                            device=inp.device, loss_chunk=inp.loss_chunk())
     acts = {k: v * in_flight for k, v in acts.items()}
     temp = temporary_bytes(inp, shape, params, batch)
     if stage != inp.pp - 1:

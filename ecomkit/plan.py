@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--checkpointing", "--activation-checkpointing", action="store_true", dest="checkpointing")
     p.add_argument("--attn", choices=("eager", "sdpa"), default="eager")
+    p.add_argument("--loss-chunk-tokens", type=int, default=0,
+                   help="ecomkit's chunked LM-head loss, positions per chunk (ddp/fsdp2; 0 = full logits)")
     p.add_argument("--offload-optimizer", action="store_true", help="ZeRO: optimizer states on the CPU")
     p.add_argument("--offload-param", action="store_true", help="ZeRO-3/FSDP2: parameters on the CPU too")
     p.add_argument("--link", default="nvlink-a100", help=f"interconnect: {', '.join(LINKS)}")
@@ -64,7 +66,7 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
                      tp=args.tp, pp=args.pp, precision=args.precision, micro_batch=args.micro_batch,
                      seq_len=args.seq_len, grad_accum=args.grad_accum, activation_checkpointing=args.checkpointing,
                      attn=args.attn, offload_optimizer=args.offload_optimizer, offload_param=args.offload_param,
-                     gpu=args.gpu)
+                     gpu=args.gpu, loss_chunk_tokens=args.loss_chunk_tokens)
 
 
 def run_plan(args: argparse.Namespace) -> dict[str, Any]:

@@ -155,3 +155,18 @@ def test_cpu_saved_bytes_do_not_depend_on_save_on_cpu(probe_config):
     out = save_on_cpu_experiment(probe_config, 1, 128, device="cpu")
     assert out["peak_ratio"] == pytest.approx(1.0, abs=0.01)
     assert torch.cuda.is_available() or out["instrument"] == "cpu live-tensor tracker"
+
+
+def test_chunked_loss_shrinks_logits_only_where_the_loop_uses_it():
+    """ecomkit's chunked LM-head loss: the [b, T, V] temporaries become [chunk, V]; ZeRO/TP keep full logits."""
+    base = PlanInput(model="seqgpt-560m", strategy="ddp", precision="bf16", micro_batch=4, seq_len=2048)
+    full, chunked = plan_memory(base), plan_memory(base, loss_chunk_tokens=1024)
+    v = full.shape.vocab
+    assert full.temporary["logits_or_backward_layer"] == 4 * 2048 * v * (2 + 8)
+    assert chunked.temporary["logits_or_backward_layer"] == 1024 * v * (2 + 8)
+    assert chunked.activations["head"] < full.activations["head"] / 10   # no fp32 log-probs kept
+    assert chunked.activations["blocks"] == full.activations["blocks"]
+    for other in (dict(strategy="zero3", world_size=2), dict(strategy="tp", world_size=2)):
+        assert plan_memory(base, loss_chunk_tokens=1024, **other).total == plan_memory(base, **other).total
+    with pytest.raises(ConfigError, match="--loss-chunk-tokens"):
+        plan_memory(base, loss_chunk_tokens=-1)
