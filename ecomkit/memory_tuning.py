@@ -275,7 +275,7 @@ def measure_strategy_states(env, strategies: Sequence[str] = ("ddp", "zero1", "z
     from .config import TrainConfig
     from .models import build_model, count_parameters, preset_config
     from .parallel import build_strategy
-    from .train.losses import count_label_tokens, token_loss_sum
+    from .train.losses import count_label_tokens
 
     rows: list[dict[str, Any]] = []
     for name in strategies:
@@ -294,7 +294,8 @@ def measure_strategy_states(env, strategies: Sequence[str] = ("ddp", "zero1", "z
         for step in range(steps):
             ids = torch.randint(3, vocab_size, (2, 32), generator=gen).to(env.device)
             with strategy.micro_step_context(True):
-                loss = token_loss_sum(strategy.forward_logits(ids, torch.ones_like(ids)), ids)
+                loss = strategy.forward_loss_sum({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                                                  "labels": ids})
                 strategy.backward(loss / count_label_tokens(ids))
             if step == steps - 1:
                 report = strategy.memory_report()
