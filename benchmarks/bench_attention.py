@@ -7,7 +7,7 @@ time <= 1.0x eager's.
 Two measurements per (attention, seq), each in a fresh process:
 
 - ``full``: one real training step as ecomkit's loop does it by default:
-  forward with the chunked LM-head loss (``ecomkit.models_loss``, chunks of
+  forward with the chunked LM-head loss (``ecomkit.models.loss``, chunks of
   ``TrainConfig.loss_chunk_tokens`` positions), backward, AdamW.
 - ``logits``: the same step with the full-logits loss (``--loss-chunk-tokens
   0``; what transformers' own ``labels=`` loss does). Its peak also holds the
@@ -56,10 +56,10 @@ def measure(model_name: str, attn: str, part: str, seq: int, batch: int, steps: 
     import torch
 
     from ecomkit.config import TrainConfig
-    from ecomkit.models import build_model
-    from ecomkit.models_attention import install_attention
-    from ecomkit.models_loss import install_chunked_loss
-    from ecomkit.train.losses import token_loss_sum
+    from ecomkit.models.bloom import build_model
+    from ecomkit.models.attention import install_attention
+    from ecomkit.models.loss import install_chunked_loss
+    from ecomkit.models.loss import token_loss_sum
 
     torch.manual_seed(seed)
     model = build_model(model_name)

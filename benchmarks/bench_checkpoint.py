@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 from common import print_table
-from ecomkit.checkpoint import TRAINER_STATE, CheckpointWriter, model_optimizer_state
-from ecomkit.models import build_model
+from ecomkit.faults.checkpoint import TRAINER_STATE, CheckpointWriter, model_optimizer_state
+from ecomkit.models.bloom import build_model
 
 
 def train_block(model, opt, batch, steps: int, writer: CheckpointWriter | None, interval: int) -> float:

@@ -38,11 +38,11 @@ def main() -> None:
 
     import datasets
 
-    from ecomkit import memory_tuning as mt
-    from ecomkit.activation_measure import disable_checkpointing, enable_checkpointing, measure_step_memory, time_step
+    from ecomkit.measure import memory_tuning as mt
+    from ecomkit.measure.activations import disable_checkpointing, enable_checkpointing, measure_step_memory, time_step
     from ecomkit.data import generate_catalog, tokenize_records
-    from ecomkit.memory import checkpointing_factor, model_shape
-    from ecomkit.tokenizer import get_tokenizer
+    from ecomkit.planner.memory import checkpointing_factor, model_shape
+    from ecomkit.models.tokenizer import get_tokenizer
     from ecomkit.train.loop import tokenizer_cache_dir
 
     datasets.disable_progress_bars()

@@ -4,7 +4,7 @@ Each layout trains the same BLOOM (``small`` preset by default: hidden 256, 4 bl
 synthetic global batch for a few steps, under torchrun with gloo. Per rank it records the model-state bytes
 (parameters, gradients, AdamW moments; counted tensor by tensor, DTensors by their local shard) and, for the
 last step, every collective with its payload and the bytes the rank sends (ring estimate; see
-``ecomkit.comm_count``). The parent prints one table with ratios to DP.
+``ecomkit.parallel.comm_count``). The parent prints one table with ratios to DP.
 
     python benchmarks/bench_mixed.py [--model small] [--seq-len 128] [--global-batch 8] [--steps 3]
 
@@ -36,12 +36,12 @@ LAYOUTS = {  # name: (processes, strategy, parallel degrees)
 def worker(args: argparse.Namespace) -> None:
     import torch
 
-    from ecomkit.comm_count import CollectiveCounter
+    from ecomkit.parallel.comm_count import CollectiveCounter
     from ecomkit.config import TrainConfig
     from ecomkit.dist import distributed_session
-    from ecomkit.models import build_model
+    from ecomkit.models.bloom import build_model
     from ecomkit.parallel import build_strategy
-    from ecomkit.train.losses import count_label_tokens, token_loss_sum
+    from ecomkit.models.loss import count_label_tokens, token_loss_sum
 
     cfg = TrainConfig(model=args.model, strategy=args.strategy, seq_len=args.seq_len, lr=1e-3, warmup_steps=0)
     for key, value in json.loads(args.degrees).items():

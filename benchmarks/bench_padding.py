@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from ecomkit.data import compare_padding, generate_catalog, tokenize_records
-from ecomkit.tokenizer import get_tokenizer
+from ecomkit.models.tokenizer import get_tokenizer
 
 BUCKETED_GOAL, RANDOM_GOAL = 0.05, 0.30
 

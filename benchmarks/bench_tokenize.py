@@ -19,7 +19,7 @@ import time
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 from ecomkit.data import generate_catalog, tokenize_records  # noqa: E402
-from ecomkit.tokenizer import get_tokenizer  # noqa: E402
+from ecomkit.models.tokenizer import get_tokenizer  # noqa: E402
 
 
 def best_rows_per_second(records, tok, task: str, max_length: int, num_proc: int, repeats: int) -> float:

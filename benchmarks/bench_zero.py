@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ecomkit.launch import read_json, run_torchrun  # noqa: E402
-from ecomkit.zero_memory import memory_row  # noqa: E402
+from ecomkit.measure.zero import memory_row  # noqa: E402
 
 VARIANTS = "ddp,0,1,2,3,1+opt,2+opt,3+opt,3+opt+param"
 
@@ -68,7 +68,7 @@ def print_table(rows: list[dict], args) -> None:
               + f"{r['formula']['total'] / mib:>8.2f} {r['formula_label']:<5}"
               + f"{r['samples_per_s']:>10.1f}{r['samples_per_s'] / base['samples_per_s']:>7.2f}×")
     print("MiB per rank; 'states' = params + grads + optimizer (communication buffers listed apart); "
-          "'formula' = the same stage's bytes for this precision (see ecomkit.zero_memory).")
+          "'formula' = the same stage's bytes for this precision (see ecomkit.measure.zero).")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Part 1 — attention. A SeqGPT-560M-shaped BLOOM (hidden 1024, 24 blocks, 16 hea
 vocabulary 250,880), randomly initialised directly on the GPU in bf16 (parameters
 and AdamW states in bf16: a throughput measurement, not a recipe), trained on
 random tokens for a few steps with each attention path. Reported per path:
-tokens/s, MFU (ecomkit.flops: 6Ψ + 12·L·h·T FLOPs per token over the GPU's
+tokens/s, MFU (ecomkit.hardware: 6Ψ + 12·L·h·T FLOPs per token over the GPU's
 dense bf16 peak), step time and peak allocated memory. Goal (issue 9): >= 40 %
 MFU for the best path.
 
@@ -77,7 +77,7 @@ def build_random_model(shape: str, device, dtype):
     import torch
     from transformers import BloomForCausalLM
 
-    from ecomkit.models import preset_config
+    from ecomkit.models.bloom import preset_config
 
     torch.manual_seed(0)
     with torch.device(device):
@@ -90,10 +90,10 @@ def attention_case(impl: str, st: dict[str, Any], device) -> dict[str, Any]:
     import torch
 
     from ecomkit.errors import EcomkitError
-    from ecomkit.flops import device_peak_flops, flops_per_token
-    from ecomkit.models import count_parameters
-    from ecomkit.models_attention import install_attention
-    from ecomkit.train.losses import token_loss_sum
+    from ecomkit.hardware import device_peak_flops, flops_per_token
+    from ecomkit.models.bloom import count_parameters
+    from ecomkit.models.attention import install_attention
+    from ecomkit.models.loss import token_loss_sum
 
     dtype = torch.bfloat16 if st["dtype"] == "bf16" else torch.float32
     model = build_random_model(st["shape"], device, dtype)

@@ -4,8 +4,8 @@ The package is organised so that every chapter of the learning path finds its
 code in one module:
 
 - ``ecomkit.data``      catalog generator, loaders, validation, task formats, samplers
-- ``ecomkit.tokenizer`` a byte-level BPE trained locally, with e-commerce special tokens
-- ``ecomkit.models``    BLOOM presets, meta-device parameter counts, ``load_model``
+- ``ecomkit.models.tokenizer`` a byte-level BPE trained locally, with e-commerce special tokens
+- ``ecomkit.models.bloom``    BLOOM presets, meta-device parameter counts, ``load_model``
 - ``ecomkit.dist``      torchrun environment, process group set-up and teardown
 - ``ecomkit.config``    the one training config dataclass, presets and CLI
 - ``ecomkit.train``     the strategy-independent training loop and its metrics

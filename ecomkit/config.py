@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import ConfigError
+from ecomkit.errors import ConfigError
 
 STRATEGIES = ("ddp", "accelerate", "zero", "fsdp", "tp", "pp", "mixed")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -81,7 +81,7 @@ class ParallelConfig:
 
 @dataclass
 class FaultConfig:
-    """Checkpointing, hang diagnosis and health checks (chapter 07; see ecomkit.checkpoint, ecomkit.health)."""
+    """Checkpointing, hang diagnosis and health checks (chapter 07; see ecomkit.faults.checkpoint, ecomkit.faults.health)."""
 
     checkpoint_interval: int = -1     # steps between checkpoints; 0 = off; -1 = auto: on (every ~5% of the
                                       #   run, at most 100 steps) only when a restart can use it
@@ -171,7 +171,7 @@ class TrainConfig:
         _choice("clip_policy", self.clip_policy, CLIP_POLICIES)
         _choice("attn", self.attn, ATTN_IMPLS)
         _choice("compression.method", self.compression.method, COMPRESSIONS)
-        from .parallel.compression import validate_compression  # chapter 05: ratio, rank, strategy
+        from ecomkit.parallel.compression.hooks import validate_compression  # chapter 05: ratio, rank, strategy
 
         validate_compression(self)
         for name in ("lr", "seq_len", "micro_batch_size", "grad_accum", "n_rows"):

@@ -15,16 +15,23 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import faulthandler
 import gc
 import logging
 import os
 import random
+import signal
+import statistics
+import sys
+import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from ecomkit.errors import EcomkitError
 
 log = logging.getLogger("ecomkit")
 
@@ -67,8 +74,6 @@ def pick_backend_and_device(local_rank: int) -> tuple[str, torch.device]:
     if torch.cuda.is_available():
         n = torch.cuda.device_count()
         if local_rank >= n:
-            from .errors import EcomkitError
-
             raise EcomkitError(
                 f"LOCAL_RANK={local_rank} but this node has only {n} GPU(s). Launch with "
                 f"--nproc_per_node {n} (or fewer), or set CUDA_VISIBLE_DEVICES so that "
@@ -119,8 +124,6 @@ def setup_distributed(timeout_s: float = 600.0, seed: int | None = 0) -> DistEnv
         if device.type == "cuda":
             torch.cuda.set_device(device)
     configure_logging(rank)
-    from .troubleshoot import install_stack_dump_signal
-
     install_stack_dump_signal()  # `kill -USR1 <pid>` prints a rank's stacks instead of killing it (chapter 07)
     if seed is not None:
         seed_everything(seed, rank)
@@ -212,3 +215,69 @@ def all_gather_floats(value: float, env: DistEnv) -> list[float]:
     out = [torch.zeros_like(t) for _ in range(env.world_size)]
     dist.all_gather(out, t)
     return [float(x.item()) for x in out]
+
+
+def gather_objects(obj: Any, env: DistEnv) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` without a process group.
+
+    The one "gather a Python object from every rank" in ecomkit: every rank must
+    call it (it is a collective), so callers catch their own local errors
+    *before* calling it and gather the error instead, never skip the call.
+    """
+    if not env.distributed:
+        return [obj]
+    out: list[Any] = [None] * env.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier_if_distributed() -> None:
+    """``dist.barrier()`` when a process group exists; nothing for a single process."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _synchronize(device: torch.device | None) -> None:
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, device: torch.device | None = None) -> float:
+    """Median seconds of ``fn`` over ``repeats`` runs, each started together on all ranks.
+
+    The one barrier-synchronised timer: a barrier before every run means no rank
+    times its wait for a late peer, and CUDA work is synchronised before the
+    clock is read (``device``). ``repeats=1, warmup=0`` times a single call.
+    """
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        barrier_if_distributed()
+        _synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        _synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+_SIGNAL_REGISTERED = False
+
+
+def install_stack_dump_signal(signum: int = signal.SIGUSR1) -> bool:
+    """``kill -USR1 <pid>`` prints this process's Python stacks (all threads) to stderr and continues.
+
+    Without it, SIGUSR1 *terminates* a Python process, so a reader following a
+    debugging guide would kill the rank they wanted to inspect. Returns False
+    where the signal does not exist (Windows). :func:`setup_distributed`
+    installs it on every rank (chapter 07).
+    """
+    global _SIGNAL_REGISTERED
+    if _SIGNAL_REGISTERED:
+        return True
+    if not hasattr(faulthandler, "register"):
+        return False
+    faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=False)
+    _SIGNAL_REGISTERED = True
+    return True

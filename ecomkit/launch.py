@@ -21,7 +21,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .errors import DataError, EcomkitError
+from ecomkit.errors import DataError, EcomkitError
 
 TAIL_LINES = 40
 

@@ -26,7 +26,7 @@ step K (for tests and demos); `--fault-checkpoint-interval N`, `--fault-async-ch
 
 from ecomkit.config import parse_config
 from ecomkit.errors import exit_on_user_error
-from ecomkit.report import print_run_summary
+from ecomkit.metrics import print_run_summary
 from ecomkit.train import run_training
 
 

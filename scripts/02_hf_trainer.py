@@ -9,7 +9,7 @@ precision); writes metrics.jsonl and summary.json in the same format.
 
 from ecomkit.config import parse_config
 from ecomkit.errors import exit_on_user_error
-from ecomkit.hf_trainer import run_hf_trainer
+from ecomkit.train.hf_trainer import run_hf_trainer
 
 
 @exit_on_user_error

@@ -6,7 +6,7 @@
 What is new compared with scripts/02_hf_trainer.py: `TrainingArguments(deepspeed=<dict>)`
 gets the config ecomkit generates from the same flags (no "auto" placeholders
 for Trainer to fill in), also saved as <output-dir>/ds_config.json. On CPU,
-Trainer needs `use_cpu=True` under torchrun (ecomkit.hf_trainer sets it),
+Trainer needs `use_cpu=True` under torchrun (ecomkit.train.hf_trainer sets it),
 or it sees a world size of 1 (shared CPU notes, trap 5).
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from ecomkit.parallel.zero_config import ensure_deepspeed_env
+from ecomkit.parallel.zero.config import ensure_deepspeed_env
 
 ensure_deepspeed_env()  # before transformers/accelerate import deepspeed
 
@@ -30,8 +30,8 @@ def script_defaults() -> TrainConfig:
 
 def trainer_zero_config(cfg: TrainConfig) -> dict:
     """The generated DeepSpeed dict for this launch (bucket capped by the preset's Ψ when it is a preset)."""
-    from ecomkit.models import PRESETS, preset_parameter_count
-    from ecomkit.parallel.zero_config import build_zero_config, save_zero_config
+    from ecomkit.models.bloom import PRESETS, preset_parameter_count
+    from ecomkit.parallel.zero.config import build_zero_config, save_zero_config
 
     world = int(os.environ.get("WORLD_SIZE", 1))
     psi = preset_parameter_count(cfg.model) if cfg.model in PRESETS else None  # toy presets: an upper bound
@@ -43,7 +43,7 @@ def trainer_zero_config(cfg: TrainConfig) -> dict:
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
-    from ecomkit.hf_trainer import run_hf_trainer
+    from ecomkit.train.hf_trainer import run_hf_trainer
 
     cfg, _ = parse_config(argv, description=__doc__, defaults=script_defaults())
     summary = run_hf_trainer(cfg, deepspeed=trainer_zero_config(cfg))

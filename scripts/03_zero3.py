@@ -30,7 +30,7 @@ import argparse
 import os
 from pathlib import Path
 
-from ecomkit.parallel.zero_config import ensure_deepspeed_env
+from ecomkit.parallel.zero.config import ensure_deepspeed_env
 
 ensure_deepspeed_env()  # DS_ACCELERATOR=cpu must be set before anything imports deepspeed
 
@@ -60,22 +60,22 @@ def extra_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def check_zero_config(cfg: TrainConfig) -> None:
-    from ecomkit.parallel.zero_config import build_zero_config
+    from ecomkit.parallel.zero.config import build_zero_config
 
     world = int(os.environ.get("WORLD_SIZE", 1))
     build_zero_config(cfg, world, cfg.resolve_grad_accum(world))
 
 
 def print_ds_config(cfg: TrainConfig, world: int | None) -> None:
-    from ecomkit.parallel.zero_config import build_zero_config, format_zero_config
+    from ecomkit.parallel.zero.config import build_zero_config, format_zero_config
 
     world = world or int(os.environ.get("WORLD_SIZE", 1))
     print(format_zero_config(build_zero_config(cfg, world, cfg.resolve_grad_accum(world))))
 
 
 def consolidate(cfg: TrainConfig, out_dir: str) -> None:
-    from ecomkit.models import preset_config
-    from ecomkit.parallel.zero_checkpoint import consolidate_checkpoint, resolve_resume
+    from ecomkit.models.bloom import preset_config
+    from ecomkit.parallel.zero.checkpoint import consolidate_checkpoint, resolve_resume
 
     if not cfg.zero.resume_from:
         from ecomkit.errors import ConfigError
@@ -90,8 +90,8 @@ def consolidate(cfg: TrainConfig, out_dir: str) -> None:
 def _model_config(cfg: TrainConfig, preset_config):
     from transformers import AutoConfig
 
-    from ecomkit.models import PRESETS
-    from ecomkit.tokenizer import get_tokenizer
+    from ecomkit.models.bloom import PRESETS
+    from ecomkit.models.tokenizer import get_tokenizer
     from ecomkit.train.loop import tokenizer_cache_dir
 
     if cfg.model in PRESETS:
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         from ecomkit.train import run_training
 
         return train_one(cfg, lambda callbacks: run_training(cfg, callbacks))
-    from ecomkit.parallel.zero_variants import parse_variants, run_variants, train_in_session
+    from ecomkit.train.sweep import parse_variants, run_variants, train_in_session
 
     run_variants(cfg, parse_variants(ns.stages),
                  lambda v_cfg, env: train_one(v_cfg, lambda cbs: train_in_session(v_cfg, env, cbs)))
@@ -120,9 +120,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def train_one(cfg: TrainConfig, train) -> dict:
     """One run with the memory probe (memory.json) and, if asked, sharded checkpoints / resume."""
-    from ecomkit.parallel.zero_checkpoint import ZeroCheckpointCallback
-    from ecomkit.report import format_bytes, print_run_summary
-    from ecomkit.zero_memory import MemoryProbeCallback
+    from ecomkit.parallel.zero.checkpoint import ZeroCheckpointCallback
+    from ecomkit.metrics import format_bytes, print_run_summary
+    from ecomkit.measure.zero import MemoryProbeCallback
 
     out = Path(cfg.output_dir)
     memory = MemoryProbeCallback(str(out / "memory.json"))

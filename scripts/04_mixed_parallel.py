@@ -36,7 +36,7 @@ import sys
 from ecomkit.config import TrainConfig, parse_config
 from ecomkit.errors import ConfigError, exit_on_user_error
 from ecomkit.parallel.dims import validate_parallel_config
-from ecomkit.report import print_run_summary
+from ecomkit.metrics import print_run_summary
 from ecomkit.train import run_training
 
 MIXED_STRATEGIES = ("fsdp", "tp", "pp", "mixed")

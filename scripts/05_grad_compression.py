@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ecomkit.config import parse_config
 from ecomkit.errors import ConfigError, exit_on_user_error
-from ecomkit.report import print_run_summary
+from ecomkit.metrics import print_run_summary
 
 
 def extra_flags(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +54,7 @@ def _floats(text: str, flag: str) -> list[float]:
 
 def run_overlap(cfg, ns) -> None:
     from ecomkit.dist import read_torchrun_env
-    from ecomkit.overlap import run_overlap_study
+    from ecomkit.measure.overlap import run_overlap_study
 
     result = run_overlap_study(cfg, _floats(ns.overlap_bucket_mb, "--overlap-bucket-mb"), ns.overlap_repeats,
                                ns.async_steps)
@@ -68,7 +68,7 @@ def run_overlap(cfg, ns) -> None:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
     from ecomkit.dist import read_torchrun_env
-    from ecomkit.parallel.compression_runs import parse_methods, spec_from_config, train_methods
+    from ecomkit.measure.compression import parse_methods, spec_from_config, train_methods
 
     cfg, ns = parse_config(argv, description=__doc__, extra=extra_flags)
     if ns.mode == "overlap":

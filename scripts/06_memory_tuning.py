@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Chapter 06: memory tuning, and checking the planner (ecomkit.memory / ecomkit.step_time) against measurement.
+"""Chapter 06: memory tuning, and checking the planner (ecomkit.planner.memory / ecomkit.planner.step_time) against measurement.
 
 What is new compared with scripts/02_data_parallel.py: nothing changes in the
 training loop; this script measures. Three sub-commands:
@@ -25,7 +25,7 @@ import os
 import sys
 from pathlib import Path
 
-from ecomkit.parallel.zero_config import ensure_deepspeed_env
+from ecomkit.parallel.zero.config import ensure_deepspeed_env
 
 ensure_deepspeed_env()  # DS_ACCELERATOR=cpu before anything imports deepspeed (the states command uses ZeRO)
 
@@ -40,7 +40,7 @@ def write_json(path: Path, data) -> None:
 
 def cmd_states(argv: list[str]) -> None:
     from ecomkit.dist import distributed_session
-    from ecomkit.memory_tuning import compare_states_with_plan, measure_strategy_states
+    from ecomkit.measure.memory_tuning import compare_states_with_plan, measure_strategy_states
 
     p = argparse.ArgumentParser(prog="06_memory_tuning.py states")
     p.add_argument("--output-dir", default="runs/06")
@@ -70,7 +70,7 @@ def calibration_defaults():
 
 def cmd_calibrate(argv: list[str]) -> None:
     from ecomkit.config import parse_config
-    from ecomkit.step_time_calibration import CalibrationCallback
+    from ecomkit.measure.calibration import CalibrationCallback
     from ecomkit.train import run_training
 
     def extra(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +88,7 @@ def cmd_calibrate(argv: list[str]) -> None:
 def cmd_activations(argv: list[str]) -> None:
     import torch
 
-    from ecomkit import memory_tuning as mt
+    from ecomkit.measure import memory_tuning as mt
 
     p = argparse.ArgumentParser(prog="06_memory_tuning.py activations")
     p.add_argument("--output-dir", default="runs/06")
@@ -116,7 +116,7 @@ def bucketing_rows(mt, n_rows: int) -> list[dict]:
     import datasets
 
     from ecomkit.data import generate_catalog, tokenize_records
-    from ecomkit.tokenizer import get_tokenizer
+    from ecomkit.models.tokenizer import get_tokenizer
     from ecomkit.train.loop import tokenizer_cache_dir
 
     datasets.disable_progress_bars()

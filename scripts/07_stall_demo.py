@@ -25,10 +25,10 @@ import argparse
 
 from ecomkit.config import TrainConfig, parse_config
 from ecomkit.errors import exit_on_user_error
-from ecomkit.health import HealthMonitor
-from ecomkit.report import print_run_summary
+from ecomkit.faults.health import HealthMonitor
+from ecomkit.metrics import print_run_summary
 from ecomkit.train import run_training
-from ecomkit.troubleshoot import SlowRank, StallInjector, install_stack_dump_signal, raise_explained
+from ecomkit.faults.diagnose import SlowRank, StallInjector, install_stack_dump_signal, raise_explained
 
 
 def demo_defaults() -> TrainConfig:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ecomkit.dist import distributed_session
 from ecomkit.errors import ConfigError, exit_on_user_error
-from ecomkit.troubleshoot import diagnose, explain_error, install_stack_dump_signal
+from ecomkit.faults.diagnose import diagnose, explain_error, install_stack_dump_signal
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from ecomkit.errors import ConfigError
-from ecomkit.models import build_model
-from ecomkit.models_attention import (
+from ecomkit.models.bloom import build_model
+from ecomkit.models.attention import (
     BloomSdpaAttention,
     current_attention,
     install_attention,

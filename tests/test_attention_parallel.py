@@ -39,7 +39,7 @@ def _batch(seq_len: int = 48):
 
 
 def _loss(model, ids, mask, labels, total_label_tokens: float, scale: float = 1.0):
-    from ecomkit.train.losses import token_loss_sum
+    from ecomkit.models.loss import token_loss_sum
 
     logits = model(input_ids=ids, attention_mask=mask).logits
     return token_loss_sum(logits, labels) * (scale / total_label_tokens), logits
@@ -64,10 +64,10 @@ def worker() -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from ecomkit.models import build_model
-    from ecomkit.models_attention import install_attention
+    from ecomkit.models.bloom import build_model
+    from ecomkit.models.attention import install_attention
     from ecomkit.parallel.tensor import apply_tensor_parallel
-    from ecomkit.train.losses import count_label_tokens
+    from ecomkit.models.loss import count_label_tokens
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from ecomkit.checkpoint import (
+from ecomkit.faults.checkpoint import (
     TMP_PREFIX,
     TRAINER_STATE,
     CheckpointWriter,

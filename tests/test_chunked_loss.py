@@ -1,4 +1,4 @@
-"""The chunked LM-head loss (``ecomkit.models_loss``): same loss and gradients as the full logits, fewer bytes.
+"""The chunked LM-head loss (``ecomkit.models.loss``): same loss and gradients as the full logits, fewer bytes.
 
 Distributed checks (DDP and FSDP2 with several chunks per micro-batch against one
 unchunked process) live in test_train_ddp.py and test_mixed_parallel.py.
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from ecomkit.errors import ConfigError
-from ecomkit.models import build_model
-from ecomkit.models_loss import has_chunked_loss, install_chunked_loss, remove_chunked_loss
-from ecomkit.train.losses import chunked_token_loss_sum, token_loss_sum
+from ecomkit.models.bloom import build_model
+from ecomkit.models.loss import has_chunked_loss, install_chunked_loss, remove_chunked_loss
+from ecomkit.models.loss import chunked_token_loss_sum, token_loss_sum
 
 VOCAB = 300
 

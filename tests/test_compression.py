@@ -17,9 +17,9 @@ from conftest import run_script
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.errors import ConfigError
-from ecomkit.parallel.compression import InactiveCompression, register_compression
-from ecomkit.parallel.compression_runs import parse_method_spec, parse_methods
-from ecomkit.parallel.compression_topk import (densify, error_feedback_step, pack_message, select_topk,
+from ecomkit.parallel.compression.hooks import InactiveCompression, register_compression
+from ecomkit.measure.compression import parse_method_spec, parse_methods
+from ecomkit.parallel.compression.topk import (densify, error_feedback_step, pack_message, select_topk,
                                                topk_count, unpack_message)
 
 COMMON = ["--model", "tiny", "--n-rows", "300", "--seq-len", "32", "--eval-interval", "0", "--eval-batches", "1",

@@ -23,7 +23,7 @@ from ecomkit.data import (
 )
 from ecomkit.data.tokenize import IGNORE_INDEX
 from ecomkit.errors import ConfigError, DataError
-from ecomkit.tokenizer import get_tokenizer
+from ecomkit.models.tokenizer import get_tokenizer
 
 RECORD = {"sku": "SKU-000001", "category": "手机", "brand": "星驰", "title": "星驰® 旗舰智能手机 256GB SKU-000001",
           "price": 2999.0, "spec": "颜色:黑色; 容量:256GB", "review": "太棒了!物流三天到货。", "sentiment": "positive"}

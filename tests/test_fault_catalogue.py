@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ecomkit.troubleshoot import (
+from ecomkit.faults.diagnose import (
     KNOWN_ERRORS,
     error_table,
     explain_collective_failure,

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import run_script
 from ecomkit.dist import DistEnv
-from ecomkit.troubleshoot import diagnose, run_stall_demo
+from ecomkit.faults.diagnose import diagnose, run_stall_demo
 
 COMMON = ["--max-steps", "8", "--n-rows", "300", "--seq-len", "64", "--eval-interval", "0", "--eval-batches", "1", "--no-progress",
           "--no-save-model"]

@@ -11,7 +11,7 @@ import torch
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
-from ecomkit.health import (
+from ecomkit.faults.health import (
     ForwardTimer,
     HangWatchdog,
     HealthMonitor,

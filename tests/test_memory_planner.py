@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from ecomkit.errors import ConfigError
-from ecomkit.memory import (GIB, PlanInput, activation_bytes, checkpointing_factor, deepspeed_partition,
+from ecomkit.planner.memory import (GIB, PlanInput, activation_bytes, checkpointing_factor, deepspeed_partition,
                             fsdp2_shard, local_params, max_micro_batch, model_shape, model_state_bytes_per_rank,
                             plan_memory, zero3_partition)
-from ecomkit.memory_tuning import MODES, activation_sweep, checkpointing_experiment, long_context_config
+from ecomkit.measure.memory_tuning import MODES, activation_sweep, checkpointing_experiment, long_context_config
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def probe_config():
 
 # ---------------------------------------------------------------------- model states
 def test_psi_is_exact_from_the_meta_device():
-    from ecomkit.models import preset_parameter_count
+    from ecomkit.models.bloom import preset_parameter_count
 
     for name in ("seqgpt-560m", "ecomgpt-7b"):
         assert model_shape(name).n_params == preset_parameter_count(name)
@@ -118,7 +118,7 @@ def test_a_7b_model_does_not_fit_one_24gb_gpu_under_ddp():
 
 
 def test_model_dir_and_config_are_accepted(tmp_path):
-    from ecomkit.models import preset_config
+    from ecomkit.models.bloom import preset_config
 
     cfg = preset_config("tiny", vocab_size=1001)
     cfg.save_pretrained(tmp_path)
@@ -150,7 +150,7 @@ def test_unknown_model_is_a_clear_error():
 
 def test_cpu_saved_bytes_do_not_depend_on_save_on_cpu(probe_config):
     """Trap 12: on a CPU, save_on_cpu has nothing to move; the saved bytes and the live peak are unchanged."""
-    from ecomkit.memory_tuning import save_on_cpu_experiment
+    from ecomkit.measure.memory_tuning import save_on_cpu_experiment
 
     out = save_on_cpu_experiment(probe_config, 1, 128, device="cpu")
     assert out["peak_ratio"] == pytest.approx(1.0, abs=0.01)

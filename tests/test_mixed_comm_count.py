@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ecomkit.comm_count import CollectiveCounter, CollectiveStats, merge_stats
+from ecomkit.parallel.comm_count import CollectiveCounter, CollectiveStats, merge_stats
 
 
 def test_counter_records_kind_count_and_payload(tmp_path):

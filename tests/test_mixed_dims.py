@@ -74,7 +74,7 @@ def test_short_aliases_expand_to_config_flags():
 
 
 def test_decision_table_is_computed_from_exact_parameter_counts():
-    from ecomkit.models import preset_parameter_count
+    from ecomkit.models.bloom import preset_parameter_count
 
     psi = preset_parameter_count("ecomgpt-7b")
     rows = decision_table(["seqgpt-560m", "ecomgpt-7b"], [4, 8], gpu="a100-80g", micro_batch=4, seq_len=1024)

@@ -113,7 +113,7 @@ def _assert_dcp_loads_at_world_size_one(out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ecomkit.models import build_model
+    from ecomkit.models.bloom import build_model
     from ecomkit.parallel.mixed import load_sharded_model
 
     saved = AutoModelForCausalLM.from_pretrained(out / "final")

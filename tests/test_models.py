@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ecomkit.errors import ModelNotFoundError
-from ecomkit.models import build_model, load_model, preset_parameter_count
+from ecomkit.models.bloom import build_model, load_model, preset_parameter_count
 
 
 def test_real_shapes_have_exact_parameter_counts_on_meta():

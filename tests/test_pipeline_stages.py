@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ecomkit.errors import ConfigError
-from ecomkit.models import build_model, preset_config
+from ecomkit.models.bloom import build_model, preset_config
 from ecomkit.parallel.pipeline import BloomPipelineStage, pad_to_length, stage_layer_ranges
 
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from ecomkit.memory import PlanInput
-from ecomkit.plan import main
-from ecomkit.step_time import LINKS, all_gather_s, all_reduce_s, comm_volume, predict_step_time, speedups
+from ecomkit.planner.memory import PlanInput, model_shape
+from ecomkit.planner.cli import main
+from ecomkit.planner.step_time import LINKS, all_gather_s, all_reduce_s, comm_volume, predict_step_time, speedups
 
 
 def test_cli_prints_table_verdict_and_time(capsys):
@@ -49,10 +49,10 @@ def test_alpha_beta_ring_formulas():
 def test_comm_volume_per_strategy():
     psi = 7_069_016_064
     inp = PlanInput(world_size=8, precision="bf16")
-    assert comm_volume(PlanInput(world_size=8, strategy="ddp"), __import__("ecomkit.memory").memory.model_shape(
+    assert comm_volume(PlanInput(world_size=8, strategy="ddp"), model_shape(
         "ecomgpt-7b"))["grad all-reduce (fp32)"][1] == 4 * psi
     z3 = comm_volume(PlanInput(world_size=8, strategy="zero3").resolved(),
-                     __import__("ecomkit.memory").memory.model_shape("ecomgpt-7b"))
+                     model_shape("ecomgpt-7b"))
     assert sum(v[1] for v in z3.values()) == 3 * 2 * psi
     assert inp.dp == 8
 
@@ -69,7 +69,7 @@ def test_more_gpus_never_slow_a_step_down_more_than_comm_allows():
 
 
 def test_guide_claims_have_computed_verdicts():
-    from ecomkit.plan_comparisons import estimator_comparison, speedup_claims
+    from ecomkit.planner.comparisons import estimator_comparison, speedup_claims
 
     rows = speedup_claims()
     assert len(rows) == 6

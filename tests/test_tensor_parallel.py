@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ecomkit.models import build_model, preset_config
+from ecomkit.models.bloom import build_model, preset_config
 from ecomkit.parallel.tensor import slice_alibi_to_local_heads, tensor_parallel_shapes
 
 

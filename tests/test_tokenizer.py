@@ -7,7 +7,7 @@ import pytest
 from ecomkit.data import generate_catalog
 from ecomkit.data.tasks import format_lm_text, training_texts_for_tokenizer
 from ecomkit.errors import ModelNotFoundError
-from ecomkit.tokenizer import (
+from ecomkit.models.tokenizer import (
     ECOM_SPECIAL_TOKENS,
     add_ecom_special_tokens,
     get_tokenizer,
@@ -80,7 +80,7 @@ def _plain_byte_level_bpe():
 def test_add_ecom_special_tokens_to_a_foreign_tokenizer(caplog):
     foreign = _plain_byte_level_bpe()
     before = len(foreign)
-    with caplog.at_level(logging.WARNING, logger="ecomkit.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="ecomkit.models.tokenizer"):
         added = add_ecom_special_tokens(foreign)
     assert added == len(foreign) - before == 4  # ™ SKU- UPC: ASIN:
     for token in ("™", "SKU-", "UPC:", "ASIN:"):
@@ -107,7 +107,7 @@ def test_get_tokenizer_synthetic_is_cached(tmp_path, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("the cached tokenizer should have been reused")
 
-    monkeypatch.setattr("ecomkit.tokenizer.train_tokenizer", no_training)
+    monkeypatch.setattr("ecomkit.models.tokenizer.train_tokenizer", no_training)
     second = get_tokenizer("local", tmp_path, n_rows=300, vocab_size=1000)
     assert second.get_vocab() == first.get_vocab()
     assert get_tokenizer(str(cached)).get_vocab() == first.get_vocab()

@@ -9,14 +9,14 @@ import json
 import pytest
 import torch
 
-from ecomkit.parallel.zero_config import ensure_deepspeed_env
+from ecomkit.parallel.zero.config import ensure_deepspeed_env
 
 ensure_deepspeed_env()  # before anything imports deepspeed
 
 from ecomkit.config import TrainConfig  # noqa: E402
 from ecomkit.dist import DistEnv  # noqa: E402
 from ecomkit.errors import ConfigError  # noqa: E402
-from ecomkit.parallel.zero_config import build_zero_config, validate_user_config  # noqa: E402
+from ecomkit.parallel.zero.config import build_zero_config, validate_user_config  # noqa: E402
 from conftest import REPO  # noqa: E402
 
 
@@ -121,8 +121,8 @@ def test_print_ds_config_prints_the_generated_json(capsys):
 def test_offload_falls_back_to_torch_adamw_with_a_warning_when_cpu_adam_cannot_build(monkeypatch):
     import deepspeed.ops.adam.cpu_adam as cpu_adam
 
-    from ecomkit.models import build_model
-    from ecomkit.parallel.zero import CPUAdamUnavailableWarning, build_zero_optimizer
+    from ecomkit.models.bloom import build_model
+    from ecomkit.parallel.zero.strategy import CPUAdamUnavailableWarning, build_zero_optimizer
 
     class BrokenBuilder:
         def load(self):
@@ -141,7 +141,7 @@ def test_offload_falls_back_to_torch_adamw_with_a_warning_when_cpu_adam_cannot_b
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused only by DeepSpeed's CPU accelerator")
 def test_fp16_on_cpu_is_a_clear_config_error():
-    from ecomkit.parallel.zero import _check_precision_supported
+    from ecomkit.parallel.zero.strategy import _check_precision_supported
 
     with pytest.raises(ConfigError, match="use --precision bf16"):
         _check_precision_supported("fp16")
@@ -150,7 +150,7 @@ def test_fp16_on_cpu_is_a_clear_config_error():
 
 # ---------------------------------------------------------------------- formulas and estimators
 def test_formulas_are_the_papers():
-    from ecomkit.zero_memory import formula_bytes
+    from ecomkit.measure.zero import formula_bytes
 
     psi, n = 1000, 4
     assert [formula_bytes(s, psi, n)["total"] for s in range(4)] == [16 * psi, 4 * psi + 12 * psi / n,
@@ -158,7 +158,7 @@ def test_formulas_are_the_papers():
 
 
 def test_deepspeed_estimators_are_what_we_explain():
-    from ecomkit.zero_memory import deepspeed_estimates
+    from ecomkit.measure.zero import deepspeed_estimates
 
     psi, largest, n = 1_000_000, 100_000, 4
     est = deepspeed_estimates(psi, largest, n)
@@ -168,7 +168,7 @@ def test_deepspeed_estimators_are_what_we_explain():
 
 
 def test_guide_table_check_uses_the_dp_row_to_infer_activations():
-    from ecomkit.zero_memory import guide_plausibility
+    from ecomkit.measure.zero import guide_plausibility
 
     g = guide_plausibility(psi=500_000_000, dp_gb=38.2, dp_batch=12, z3_gb=16.8, z3_batch=24, n_gpus=4)
     assert g["dp_model_states_gb"] == pytest.approx(8.0)
@@ -177,7 +177,7 @@ def test_guide_table_check_uses_the_dp_row_to_infer_activations():
 
 
 def test_stage_list_parsing():
-    from ecomkit.parallel.zero_variants import parse_variants
+    from ecomkit.train.sweep import parse_variants
 
     vs = parse_variants("ddp,1,3+opt+param@bf16")
     assert [(v.strategy, v.stage, v.offload_optimizer, v.offload_param, v.precision) for v in vs] == [

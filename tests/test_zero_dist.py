@@ -67,7 +67,7 @@ def test_zero_stages_give_ddps_losses(stages):
 
 @pytest.mark.dist
 def test_zero3_rank_holds_one_nth_of_the_model_states(stages):
-    from ecomkit.zero_memory import formula_bytes, state_bytes_per_element, zero3_padding_elements
+    from ecomkit.measure.zero import formula_bytes, state_bytes_per_element, zero3_padding_elements
 
     out, _ = stages
     for label, precision in (("3", "fp32"), ("3@bf16", "bf16")):
@@ -88,7 +88,7 @@ def test_consolidated_zero3_model_loads_without_deepspeed_and_equals_ddp(stages)
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ecomkit.parallel.zero_checkpoint import consolidate_checkpoint
+    from ecomkit.parallel.zero.checkpoint import consolidate_checkpoint
 
     out, _ = stages
     zero3 = AutoModelForCausalLM.from_pretrained(out / "3" / "final")

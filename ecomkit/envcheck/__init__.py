@@ -6,7 +6,7 @@
 - :mod:`.run`         all of it for one torchrun job, printed on rank 0 and written as JSON
 """
 
-from .collectives import (
+from ecomkit.envcheck.collectives import (
     AllReduceCheck,
     BandwidthRow,
     bus_bandwidth,
@@ -17,9 +17,9 @@ from .collectives import (
     parse_size,
     size_range,
 )
-from .lint import Finding, MachineFacts, format_findings, lint_current_env, lint_env, probe_machine
-from .system import format_report, library_versions, system_report
-from .run import format_all_reduce, run_env_check, write_json
+from ecomkit.envcheck.lint import Finding, MachineFacts, format_findings, lint_current_env, lint_env, probe_machine
+from ecomkit.envcheck.system import format_report, library_versions, system_report
+from ecomkit.envcheck.run import format_all_reduce, run_env_check, write_json
 
 __all__ = [
     "AllReduceCheck", "BandwidthRow", "Finding", "MachineFacts", "bus_bandwidth", "check_all_reduce",

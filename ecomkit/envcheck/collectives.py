@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..errors import ConfigError
+from ecomkit.errors import ConfigError
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20,
           "MIB": 2**20, "G": 2**30, "GB": 2**30, "GIB": 2**30}

@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from .system import usable_cpu_count
+from ecomkit.envcheck.system import usable_cpu_count
 
 ERROR = "error"
 WARNING = "warning"

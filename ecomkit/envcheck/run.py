@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from ..dist import DistEnv
-from .collectives import (
+from ecomkit.dist import DistEnv
+from ecomkit.envcheck.collectives import (
     AllReduceCheck,
     all_ranks_passed,
     check_all_reduce,
@@ -25,8 +25,8 @@ from .collectives import (
     measure_all_reduce_bandwidth,
     measure_local_copy_bandwidth,
 )
-from .lint import Finding, format_findings, lint_current_env
-from .system import format_report, system_report
+from ecomkit.envcheck.lint import Finding, format_findings, lint_current_env
+from ecomkit.envcheck.system import format_report, system_report
 
 
 def gather_from_ranks(obj: Any, env: DistEnv) -> list[Any]:

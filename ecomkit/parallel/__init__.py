@@ -5,9 +5,9 @@
 ====================  ===========================================  =========
 ``ddp``               :mod:`ecomkit.parallel.ddp`                   02
 ``accelerate``        :mod:`ecomkit.parallel.accelerate_path`       02
-``zero``              :mod:`ecomkit.parallel.zero` (DeepSpeed)      03
+``zero``              :mod:`ecomkit.parallel.zero.strategy` (DeepSpeed)      03
 ``fsdp``/``tp``/``pp``/``mixed``  :mod:`ecomkit.parallel.mixed`     04
-compression hooks     :mod:`ecomkit.parallel.compression`           05
+compression hooks     :mod:`ecomkit.parallel.compression.hooks`           05
 ====================  ===========================================  =========
 
 Modules are imported lazily so that, e.g., DeepSpeed is only imported by runs
@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import importlib
 
-from ..config import TrainConfig
-from ..dist import DistEnv
-from ..errors import ConfigError
-from .base import Strategy
+from ecomkit.config import TrainConfig
+from ecomkit.dist import DistEnv
+from ecomkit.errors import ConfigError
+from ecomkit.parallel.base import Strategy
 
 # strategy name -> "module:Class"
 STRATEGY_CLASSES: dict[str, str] = {
     "ddp": "ecomkit.parallel.ddp:DDPStrategy",
     "accelerate": "ecomkit.parallel.accelerate_path:AccelerateStrategy",
-    "zero": "ecomkit.parallel.zero:ZeroStrategy",
+    "zero": "ecomkit.parallel.zero.strategy:ZeroStrategy",
     "fsdp": "ecomkit.parallel.mixed:MixedParallelStrategy",
     "tp": "ecomkit.parallel.mixed:MixedParallelStrategy",
     "pp": "ecomkit.parallel.mixed:MixedParallelStrategy",

@@ -14,9 +14,9 @@ from typing import ContextManager
 
 import torch
 
-from ..config import TrainConfig
-from ..dist import DistEnv
-from .base import StepStats, Strategy
+from ecomkit.config import TrainConfig
+from ecomkit.dist import DistEnv
+from ecomkit.parallel.base import StepStats, Strategy
 
 
 class AccelerateStrategy(Strategy):
@@ -30,7 +30,7 @@ class AccelerateStrategy(Strategy):
         from accelerate import Accelerator
         from accelerate.utils import DistributedDataParallelKwargs
 
-        from ..train.optim import build_optimizer, build_scheduler
+        from ecomkit.models.optim import build_optimizer, build_scheduler
 
         self.grad_accum = self.cfg.resolve_grad_accum(self.env.world_size)
         mp = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[self.cfg.precision]

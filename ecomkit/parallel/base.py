@@ -25,8 +25,8 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
-from ..config import TrainConfig
-from ..dist import DistEnv
+from ecomkit.config import TrainConfig
+from ecomkit.dist import DistEnv
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Strategy:
     has_ddp_hooks = False            # gradient compression needs DDP communication hooks
     replicated = True                # every rank holds the full model (DDP); False for ZeRO-3/FSDP/TP/PP
     owns_forward_backward = False    # True: the loop calls forward_backward() once per step (pipelines)
-    supports_chunked_loss = True     # the whole model runs in one forward per rank (ecomkit.models_loss)
+    supports_chunked_loss = True     # the whole model runs in one forward per rank (ecomkit.models.loss)
 
     def __init__(self, cfg: TrainConfig, env: DistEnv):
         self.cfg, self.env = cfg, env
@@ -58,9 +58,9 @@ class Strategy:
     # ------------------------------------------------------------ set-up
     def setup(self, model: nn.Module, total_steps: int) -> None:
         """Wrap ``model`` and build optimizer + scheduler. Subclasses usually override ``wrap``."""
-        from ..train.optim import build_optimizer, build_scheduler
+        from ecomkit.models.optim import build_optimizer, build_scheduler
 
-        from ..train.precision import build_grad_scaler
+        from ecomkit.models.precision import build_grad_scaler
 
         self.raw_model = model
         self.model = self.wrap(model)
@@ -87,7 +87,7 @@ class Strategy:
 
     def autocast(self) -> ContextManager:
         """Autocast for bf16/fp16 where the device supports it; fp32 runs without it."""
-        from ..train.precision import autocast_context
+        from ecomkit.models.precision import autocast_context
 
         return autocast_context(self.cfg.precision, self.env.device)
 
@@ -97,8 +97,8 @@ class Strategy:
 
     def forward_loss_sum(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Σ token losses of one micro-batch: chunked in the model's forward when installed, else from logits."""
-        from ..models_loss import has_chunked_loss
-        from ..train.losses import token_loss_sum
+        from ecomkit.models.loss import has_chunked_loss
+        from ecomkit.models.loss import token_loss_sum
 
         if self.raw_model is not None and has_chunked_loss(self.raw_model):
             with self.autocast():
@@ -148,7 +148,7 @@ class Strategy:
 
     def memory_report(self) -> dict[str, int]:
         """Bytes of params / grads / optimizer states held by this rank (counted tensors)."""
-        from ..memory_measure import model_state_bytes
+        from ecomkit.parallel.state_bytes import model_state_bytes
 
         return model_state_bytes(self.model, self.optimizer)
 

@@ -17,9 +17,9 @@ import contextlib
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..config import TrainConfig
-from ..dist import DistEnv
-from .base import Strategy
+from ecomkit.config import TrainConfig
+from ecomkit.dist import DistEnv
+from ecomkit.parallel.base import Strategy
 
 
 def apply_ddp(model: nn.Module, env: DistEnv, bucket_cap_mb: float = 25.0,
@@ -45,12 +45,12 @@ class DDPStrategy(Strategy):
 
     def __init__(self, cfg: TrainConfig, env: DistEnv):
         super().__init__(cfg, env)
-        self.comm_hook = None  # set by ecomkit.parallel.compression when a method is configured
+        self.comm_hook = None  # set by ecomkit.parallel.compression.hooks when a method is configured
 
     def wrap(self, model: nn.Module) -> nn.Module:
         wrapped = apply_ddp(model, self.env, self.cfg.bucket_cap_mb, self.cfg.gradient_as_bucket_view)
         if self.cfg.compression.method != "none":
-            from .compression import register_compression  # chapter 05
+            from ecomkit.parallel.compression.hooks import register_compression  # chapter 05
 
             self.comm_hook = register_compression(wrapped, self.cfg.compression, self.env)
         return wrapped

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..errors import ConfigError
+from ecomkit.errors import ConfigError
 
 MESH_DIMS = ("pp", "dp", "tp")
 SCHEDULES = ("gpipe", "1f1b")
@@ -142,7 +142,7 @@ def validate_parallel_config(strategy: str, parallel: Any, world_size: int, prec
             "precision fp16 needs a loss scaler that understands sharded (DTensor) gradients, which the FSDP2/TP/PP "
             "strategies here do not set up. Use --precision bf16 (same memory, no loss scaling) or fp32.")
     if model is not None:
-        from ..models import PRESETS
+        from ecomkit.models.bloom import PRESETS
 
         if model in PRESETS:
             preset = PRESETS[model]
@@ -151,7 +151,7 @@ def validate_parallel_config(strategy: str, parallel: Any, world_size: int, prec
 
 
 # ---------------------------------------------------------------------- which layout for which model
-# Memory per GPU comes from the repository's planner (ecomkit.memory, chapter 06), which follows this
+# Memory per GPU comes from the repository's planner (ecomkit.planner.memory, chapter 06), which follows this
 # chapter's TP plan and pipeline split parameter by parameter; this section adds the bytes each layout
 # sends per step and the rule that picks one.
 
@@ -172,7 +172,7 @@ class Layout:
 
     @property
     def planner_strategy(self) -> str:
-        """The ``ecomkit.memory`` strategy name for this layout (TP/PP shard their dp replicas with FSDP2)."""
+        """The ``ecomkit.planner.memory`` strategy name for this layout (TP/PP shard their dp replicas with FSDP2)."""
         if not self.sharded:
             return "ddp"
         if self.tp > 1:
@@ -182,7 +182,7 @@ class Layout:
 
 def replica_parameters(shape: Any, layout: Layout) -> int:
     """Parameters one rank of the most loaded pipeline stage holds before FSDP sharding (its tp slice)."""
-    from ..memory import local_params
+    from ecomkit.planner.memory import local_params
 
     return max(sum(p.numel for p in local_params(shape, layout.tp, layout.pp, stage)) for stage in range(layout.pp))
 
@@ -248,13 +248,13 @@ def decision_table(models: Sequence[str], gpu_counts: Sequence[int], gpu: str = 
     Same work per step for every layout: the global batch is ``gpus ×
     micro_batch`` sequences of ``seq_len`` tokens, so a TP or PP replica
     processes ``micro_batch × tp × pp`` of them. Memory per GPU (model states,
-    activations, temporaries such as the logits) is ``ecomkit.memory.plan_memory``
+    activations, temporaries such as the logits) is ``ecomkit.planner.memory.plan_memory``
     for the most loaded rank; *fits* is its verdict for ``gpu``. The pick, per
     (model, GPUs), is the first fitting layout in :data:`PREFERENCE` order.
     Nothing here is typed in: Ψ and every parameter's shape come from the
     presets built on the meta device.
     """
-    from ..memory import model_shape, plan_memory
+    from ecomkit.planner.memory import model_shape, plan_memory
 
     rows = []
     for name in models:

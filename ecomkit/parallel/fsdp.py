@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .tensor import bloom_blocks
+from ecomkit.parallel.tensor import bloom_blocks
 
 PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 

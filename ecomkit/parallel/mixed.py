@@ -40,14 +40,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..comm_count import CollectiveCounter
-from ..config import TrainConfig
-from ..dist import DistEnv
-from ..errors import EcomkitError
-from .base import Strategy, StepStats
-from .dims import ParallelDims, validate_parallel_config
-from .fsdp import apply_fsdp, set_gradient_sync
-from .tensor import apply_tensor_parallel, bloom_blocks
+from ecomkit.parallel.comm_count import CollectiveCounter
+from ecomkit.config import TrainConfig
+from ecomkit.dist import DistEnv
+from ecomkit.errors import EcomkitError
+from ecomkit.parallel.base import Strategy, StepStats
+from ecomkit.parallel.dims import ParallelDims, validate_parallel_config
+from ecomkit.parallel.fsdp import apply_fsdp, set_gradient_sync
+from ecomkit.parallel.tensor import apply_tensor_parallel, bloom_blocks
 
 LAYOUT_FILE = "parallel_layout.json"
 _CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
@@ -193,7 +193,7 @@ class MixedParallelStrategy(Strategy):
 
     # ------------------------------------------------------------ set-up
     def setup(self, model: nn.Module, total_steps: int) -> None:
-        from ..train.optim import build_optimizer, build_scheduler
+        from ecomkit.models.optim import build_optimizer, build_scheduler
 
         self.dims.validate_for_model(model.config.n_head, model.config.n_layer, where=f"'{self.cfg.model}'")
         self.raw_model = model
@@ -211,7 +211,7 @@ class MixedParallelStrategy(Strategy):
         self.scaler = None  # fp16 is refused by validate_parallel_config
 
     def _build_pipeline(self, model: nn.Module) -> nn.Module:
-        from .pipeline import build_pipeline
+        from ecomkit.parallel.pipeline import build_pipeline
 
         if self.cfg.parallel.activation_checkpointing:
             apply_activation_checkpointing(model)
@@ -325,7 +325,7 @@ class MixedParallelStrategy(Strategy):
         full = self.full_state_dict()
         if not self.env.is_main:
             return
-        from ..models import build_model
+        from ecomkit.models.bloom import build_model
 
         model = build_model(self.model_config, seed=None)
         missing, unexpected = model.load_state_dict(full, strict=False)
@@ -339,7 +339,7 @@ class MixedParallelStrategy(Strategy):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The unsplit model's state dict on rank 0 (empty elsewhere); a collective on every rank."""
         if self.pipeline is not None:
-            from .pipeline import gather_pipeline_state_dict
+            from ecomkit.parallel.pipeline import gather_pipeline_state_dict
 
             return gather_pipeline_state_dict(self.pipeline, self.dims) or {}
         if not self.env.distributed:

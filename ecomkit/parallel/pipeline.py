@@ -55,8 +55,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import ConfigError
-from ..train.losses import token_loss_sum
+from ecomkit.errors import ConfigError
+from ecomkit.models.loss import token_loss_sum
 
 
 def stage_layer_ranges(n_layer: int, n_stages: int) -> list[tuple[int, int]]:

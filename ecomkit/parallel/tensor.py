@@ -30,7 +30,7 @@ bias ``[batch·H, 1, T]`` for all heads before the blocks run. A forward
 pre-hook on each ``self_attention`` keeps this rank's heads (the shared CPU
 notes, trap 7: overriding ``build_alibi_tensor`` is not enough, BLOOM skips it
 when there is no attention mask). The fused attention in
-``ecomkit.models_attention`` (``--attn sdpa``) reads ``num_heads`` and
+``ecomkit.models.attention`` (``--attn sdpa``) reads ``num_heads`` and
 ``alibi`` from the module and its arguments, so it follows both changes.
 
 **Embeddings and LM head stay replicated** (plain tensors, identical on every
@@ -55,7 +55,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import ConfigError
+from ecomkit.errors import ConfigError
 
 TP_ATTRIBUTE = "_ecomkit_tp"   # set on BloomAttention modules once they are split
 

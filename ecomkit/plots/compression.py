@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from .common import _plt, train_rows
+from ecomkit.plots.common import _plt, train_rows
 
 
 def plot_bytes_per_step(runs: Mapping[str, Sequence[dict]], ax=None):
@@ -51,7 +51,7 @@ def plot_topk_losses(runs_by_spec: Mapping[str, Sequence[dict]], baseline: str =
     ``runs_by_spec`` is keyed by method spec (``topk:0.01``, ``topk:0.01:noef``,
     ``topk_naive:0.25``, ``none``).
     """
-    from ..parallel.compression_runs import parse_method_spec
+    from ecomkit.measure.compression import parse_method_spec
 
     plt = _plt()
     fig = None

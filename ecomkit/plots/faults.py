@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .common import _plt, train_rows
+from ecomkit.plots.common import _plt, train_rows
 
 
 def split_attempts(rows: Sequence[dict]) -> list[list[dict]]:

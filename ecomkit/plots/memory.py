@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from .common import _plt
+from ecomkit.plots.common import _plt
 
 GIB = 1024**3
 PART_COLORS = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-from .common import _plt
+from ecomkit.plots.common import _plt
 
 MIB = 1024 * 1024
 STATE_PARTS = ("params", "grads", "optimizer")
@@ -103,13 +103,13 @@ def format_decision_table(rows: Iterable[Mapping[str, Any]]) -> str:
 def memory_vs_formula(layout: Mapping[str, Any], vocab_size: int, model: str = "tiny") -> list[dict[str, Any]]:
     """Per rank: measured model-state bytes (``parallel_layout.json``) next to the planner's for that rank.
 
-    The planner (``ecomkit.memory``, chapter 06) derives each rank's
+    The planner (``ecomkit.planner.memory``, chapter 06) derives each rank's
     parameters from the model's exact shapes, this chapter's TP plan and
     pipeline split, and FSDP2's ``torch.chunk`` sharding, at 4 + 4 + 8 bytes per
     parameter (fp32 weights, gradients, two AdamW moments). The pipeline here
     replicates its dp replicas (gradients all-reduced), so it is planned as DDP.
     """
-    from ..memory import PlanInput, local_params, model_shape, state_bytes_of_rank
+    from ecomkit.planner.memory import PlanInput, local_params, model_shape, state_bytes_of_rank
 
     dims = layout["dims"]
     shape = model_shape(model, vocab_size)

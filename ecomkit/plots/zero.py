@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from .common import _plt
+from ecomkit.plots.common import _plt
 
 COLORS = {"params": "#4C72B0", "grads": "#DD8452", "optimizer": "#55A868", "buffers": "#BBBBBB"}
 MIB = 2**20
@@ -13,7 +13,7 @@ MIB = 2**20
 def plot_memory_stacked(rows: Sequence[Mapping[str, Any]], ax=None, unit: float = MIB, unit_name: str = "MiB"):
     """Stacked bars (params, grads, optimizer; comm buffers hatched on top) per variant, formula as a black tick.
 
-    ``rows`` come from :func:`ecomkit.zero_memory.memory_row` (largest rank of each run).
+    ``rows`` come from :func:`ecomkit.measure.zero.memory_row` (largest rank of each run).
     """
     plt = _plt()
     fig = None

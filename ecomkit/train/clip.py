@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..dist import DistEnv, all_reduce_mean
+from ecomkit.dist import DistEnv, all_reduce_mean
 
 
 def sentiment_strength(polarity: torch.Tensor) -> float:

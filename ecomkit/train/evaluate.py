@@ -17,8 +17,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from ..dist import DistEnv
-from .losses import count_label_tokens, token_loss_sum
+from ecomkit.dist import DistEnv
+from ecomkit.models.loss import count_label_tokens, token_loss_sum
 
 
 def _all_reduce_sums(values: list[float], env: DistEnv) -> list[float]:
@@ -99,7 +99,7 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Sequence[dict[str, Any]]
     rank runs exactly ``per_rank × len(tasks)`` forwards (sharded strategies
     need the same number of collectives on every rank).
     """
-    from ..data.tasks import CLASSIFICATION_TASKS, build_classification_example
+    from ecomkit.data.tasks import CLASSIFICATION_TASKS, build_classification_example
 
     idx, n_shards = shard or (env.rank, env.world_size)
     usable = [r for r in records if all(r.get(t) for t in CLASSIFICATION_TASKS)]

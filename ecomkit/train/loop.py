@@ -20,15 +20,15 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader
 
-from ..config import TrainConfig
-from ..dist import DistEnv, log
-from ..flops import device_peak_flops, flops_per_token
-from ..models import count_parameters, load_model
-from .clip import ClipPolicy
-from .evaluate import evaluate_loss, evaluate_nlu_accuracy
-from .losses import count_label_tokens
-from .metrics import MetricsWriter, peak_memory
-from .progress import make_progress
+from ecomkit.config import TrainConfig
+from ecomkit.dist import DistEnv, log
+from ecomkit.hardware import device_peak_flops, flops_per_token
+from ecomkit.models.bloom import count_parameters, load_model
+from ecomkit.train.clip import ClipPolicy
+from ecomkit.train.evaluate import evaluate_loss, evaluate_nlu_accuracy
+from ecomkit.models.loss import count_label_tokens
+from ecomkit.metrics import MetricsWriter, peak_memory
+from ecomkit.train.progress import make_progress
 
 
 def tokenizer_cache_dir() -> Path:
@@ -50,7 +50,7 @@ class TrainingRun:
 
     # ------------------------------------------------------------------ build
     def build(self) -> "TrainingRun":
-        from ..parallel import build_strategy
+        from ecomkit.parallel import build_strategy
 
         self.strategy = build_strategy(self.cfg, self.env)
         self.shard = self.strategy.data_shard()                  # (index, count): dp coordinate for TP/PP
@@ -60,11 +60,11 @@ class TrainingRun:
         self.build_data()
         model = load_model(self.cfg.model, vocab_size=len(self.tokenizer), device=self.env.device, seed=self.cfg.seed)
         if self.cfg.attn != "eager":
-            from ..models_attention import install_attention  # chapter "performance"
+            from ecomkit.models.attention import install_attention  # chapter "performance"
 
             install_attention(model, self.cfg.attn)
         if self.cfg.loss_chunk_tokens > 0 and self.strategy.supports_chunked_loss:
-            from ..models_loss import install_chunked_loss  # chapter "performance": no [B, T, vocab] logits
+            from ecomkit.models.loss import install_chunked_loss  # chapter "performance": no [B, T, vocab] logits
 
             install_chunked_loss(model, self.cfg.loss_chunk_tokens)
         self.n_params = count_parameters(model)
@@ -85,7 +85,7 @@ class TrainingRun:
         """Rank 0 trains/loads first (it may write the cache); the others load after a barrier."""
         import torch.distributed as dist
 
-        from ..tokenizer import get_tokenizer
+        from ecomkit.models.tokenizer import get_tokenizer
 
         cache = tokenizer_cache_dir()
         if self.env.distributed and not self.env.is_main:
@@ -97,10 +97,10 @@ class TrainingRun:
         return tok
 
     def build_data(self) -> None:
-        """Datasets, sampler and loader; public because HF Trainer (ecomkit.hf_trainer) trains on the same data."""
+        """Datasets, sampler and loader; public because HF Trainer (ecomkit.train.hf_trainer) trains on the same data."""
         import datasets
 
-        from ..data import DistributedBatchSampler, build_datasets, pad_collate
+        from ecomkit.data import DistributedBatchSampler, build_datasets, pad_collate
 
         datasets.disable_progress_bars()  # a few hundred ms of tokenisation: bars only add noise to logs
         cfg = self.cfg
@@ -108,7 +108,7 @@ class TrainingRun:
             cfg.data, n_rows=cfg.n_rows, seed=cfg.seed, task=cfg.task, tokenizer=self.tokenizer,
             max_length=cfg.seq_len, column_map=cfg.column_map, strict=cfg.strict_data, num_proc=cfg.num_proc)
         if cfg.clip_policy == "sentiment" and "polarity" not in self.train_ds.column_names:
-            from ..errors import ConfigError
+            from ecomkit.errors import ConfigError
 
             raise ConfigError("clip_policy='sentiment' needs sentiment labels in the data (a 'sentiment' column).")
         self.sampler = DistributedBatchSampler(
@@ -187,7 +187,7 @@ class TrainingRun:
             os._exit(13)
 
     def _reduce_counts(self, counts: list[float]) -> list[float]:
-        from .evaluate import _all_reduce_sums
+        from ecomkit.train.evaluate import _all_reduce_sums
 
         return _all_reduce_sums(counts, self.env)
 
@@ -321,8 +321,8 @@ def train_in_session(cfg: TrainConfig, env: DistEnv, callbacks: Iterable[Any] = 
 
 def run_training(cfg: TrainConfig, callbacks: Iterable[Any] = ()) -> dict[str, Any]:
     """Set up the process group, train, evaluate, save, tear down. Returns the summary (all ranks)."""
-    from ..checkpoint import add_fault_tolerance_callbacks  # chapter 07: checkpoints/resume, health monitor
-    from ..dist import distributed_session
+    from ecomkit.faults.checkpoint import add_fault_tolerance_callbacks  # chapter 07: checkpoints/resume, health monitor
+    from ecomkit.dist import distributed_session
 
     cfg.validate()
     callbacks = add_fault_tolerance_callbacks(cfg, callbacks)

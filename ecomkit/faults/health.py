@@ -1,0 +1,362 @@
+"""Health monitoring during training: GPU (NVML) or CPU/RAM samples, stragglers, hung-step stack dumps.
+
+Why a callback that *only warns*: the EcomGPT guide's fix for a hot GPU is to
+run ``nvidia-smi -r`` from inside the training loop. A GPU reset while
+processes hold CUDA contexts on it is refused at best ("GPU is in use"); when
+it does go through, every context on that GPU is lost: the rank dies with
+sticky CUDA errors, its NCCL peers block in their next collective until the
+timeout, the whole job is lost (and, without a checkpoint, all its progress),
+and on a shared node other users' jobs on that GPU die too. It also needs
+root, and a reset does not cool anything: a GPU that is too hot already
+throttles its clocks by itself, which is exactly what the slowdown and the
+"straggler" in that story were. The useful reaction is to *see* it (this
+monitor), checkpoint regularly, and let the scheduler or an operator drain
+the node between jobs.
+
+What is sampled every ``fault.health_interval`` steps, per rank:
+
+- GPU via NVML (``nvidia-ml-py``): utilisation, memory used/total,
+  temperature, SM clock vs its maximum, power, and the clock-event
+  (throttle) reasons; warnings for >= 85 °C, thermal/power slowdown and
+  memory above 95 %.
+- CPU otherwise (``psutil``): process and system CPU %, process RSS, system
+  RAM %, warning above 90 % RAM.
+- Stragglers: each rank's mean *forward* time since the last sample (timed
+  with hooks on the unwrapped model, so for DDP it contains no
+  communication), all-gathered; a rank slower than ``straggler_factor`` × the
+  median of the other ranks is named. Step times cannot be used for this: in
+  synchronous training every rank waits for the slowest at each collective,
+  so all step times come out equal.
+
+``fault.hang_dump_s`` arms a watchdog thread per rank: when one step takes
+longer, the rank prints its Python stacks (all threads) with its rank, host
+and pid, so a hang shows *where* each rank is waiting before the process-group
+timeout ends the job.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ecomkit.config import TrainConfig
+from ecomkit.dist import DistEnv, log
+
+GPU_TEMP_WARN_C = 85
+GPU_MEM_WARN_FRACTION = 0.95
+RAM_WARN_PERCENT = 90.0
+STRAGGLER_MIN_GAP_S = 0.005   # ignore differences below 5 ms (timer noise on shared CPUs)
+MAX_WARNINGS_IN_SUMMARY = 50
+
+
+# ---------------------------------------------------------------------- samples
+_PROCESSES: dict[int, Any] = {}
+
+
+def read_cpu_health() -> dict[str, Any]:
+    """CPU and RAM of this process and machine (psutil).
+
+    ``cpu_percent`` is measured between two calls on the *same* ``Process``
+    object, so one is kept per pid (a fresh object would always report 0).
+    """
+    import psutil
+
+    proc = _PROCESSES.setdefault(os.getpid(), psutil.Process())
+    vm = psutil.virtual_memory()
+    return {
+        "kind": "cpu",
+        "process_cpu_percent": proc.cpu_percent(interval=None),  # since the previous call
+        "system_cpu_percent": psutil.cpu_percent(interval=None),
+        "rss_bytes": proc.memory_info().rss,
+        "ram_used_percent": vm.percent,
+        "ram_available_bytes": vm.available,
+    }
+
+
+_SLOWDOWN_REASONS = {  # clock-event bit name -> what it means
+    "nvmlClocksEventReasonSwThermalSlowdown": "thermal (driver)",
+    "nvmlClocksEventReasonHwThermalSlowdown": "thermal (hardware)",
+    "nvmlClocksEventReasonHwSlowdown": "hardware slowdown (thermal or power brake)",
+    "nvmlClocksEventReasonHwPowerBrakeSlowdown": "power brake",
+    "nvmlClocksEventReasonSwPowerCap": "power cap",
+}
+
+
+def read_gpu_health(nvml: Any, handle: Any) -> dict[str, Any]:
+    """One NVML sample of the GPU behind ``handle`` (``nvml`` is the ``pynvml`` module, injectable for tests)."""
+    util = nvml.nvmlDeviceGetUtilizationRates(handle)
+    mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+    sample: dict[str, Any] = {
+        "kind": "gpu",
+        "gpu_util_percent": util.gpu,
+        "mem_used_bytes": mem.used, "mem_total_bytes": mem.total,
+        "temperature_c": nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
+        "sm_clock_mhz": nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
+        "sm_clock_max_mhz": nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM),
+    }
+    try:
+        sample["power_w"] = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+    except Exception:  # not supported on every board
+        sample["power_w"] = None
+    get_reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+        nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    bits = get_reasons(handle)
+    sample["slowdown_reasons"] = [text for name, text in _SLOWDOWN_REASONS.items()
+                                  if hasattr(nvml, name) and bits & getattr(nvml, name)]
+    return sample
+
+
+def health_warnings(sample: dict[str, Any]) -> list[str]:
+    """Human-readable warnings for one sample (empty when healthy)."""
+    out = []
+    if sample.get("kind") == "gpu":
+        if sample["temperature_c"] >= GPU_TEMP_WARN_C:
+            out.append(f"GPU at {sample['temperature_c']} °C (>= {GPU_TEMP_WARN_C}); expect clock throttling. "
+                       "Check cooling/airflow between jobs; do not reset the GPU under a running job.")
+        if sample["slowdown_reasons"]:
+            out.append(f"GPU clocks reduced ({', '.join(sample['slowdown_reasons'])}): SM at "
+                       f"{sample['sm_clock_mhz']}/{sample['sm_clock_max_mhz']} MHz; this rank will straggle.")
+        if sample["mem_total_bytes"] and sample["mem_used_bytes"] / sample["mem_total_bytes"] > GPU_MEM_WARN_FRACTION:
+            out.append(f"GPU memory {sample['mem_used_bytes'] / sample['mem_total_bytes']:.0%} used: close to OOM "
+                       "(smaller micro-batch + accumulation, activation checkpointing, ZeRO/FSDP).")
+    elif sample.get("kind") == "cpu" and sample["ram_used_percent"] > RAM_WARN_PERCENT:
+        out.append(f"system RAM {sample['ram_used_percent']:.0f}% used: the OOM killer may end a rank "
+                   "(fewer dataloader workers, smaller shards, offload less).")
+    return out
+
+
+def find_stragglers(times: Sequence[float], factor: float = 2.0, min_gap_s: float = STRAGGLER_MIN_GAP_S) -> list[int]:
+    """Ranks whose time exceeds ``factor`` × the median of the *other* ranks (and by more than ``min_gap_s``).
+
+    Leave-one-out, so it works for two ranks (compared with each other) and a
+    single slow rank cannot drag the reference up.
+    """
+    out = []
+    for i, t in enumerate(times):
+        others = [x for j, x in enumerate(times) if j != i]
+        if not others:
+            continue
+        ref = statistics.median(others)
+        if t > factor * ref and t - ref > min_gap_s:
+            out.append(i)
+    return out
+
+
+# ---------------------------------------------------------------------- timers and watchdog
+class ForwardTimer:
+    """Sum of forward-pass seconds of one module (CUDA events on GPU, ``perf_counter`` on CPU)."""
+
+    def __init__(self, module: torch.nn.Module, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._pending: list[tuple[Any, Any]] = []
+        self._start: Any = None
+        self.total_s, self.count = 0.0, 0
+        self._handles = [module.register_forward_pre_hook(self._pre), module.register_forward_hook(self._post)]
+
+    def _pre(self, module, args) -> None:
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+
+    def _post(self, module, args, output) -> None:
+        if self._start is None:
+            return
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pending.append((self._start, end))
+        else:
+            self.total_s += time.perf_counter() - self._start
+            self.count += 1
+        self._start = None
+
+    def pop_mean_s(self) -> float | None:
+        """Mean forward time since the last call (None if no forward ran)."""
+        for start, end in self._pending:
+            end.synchronize()
+            self.total_s += start.elapsed_time(end) / 1000.0
+            self.count += 1
+        self._pending.clear()
+        mean = self.total_s / self.count if self.count else None
+        self.total_s, self.count = 0.0, 0
+        return mean
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+class HangWatchdog:
+    """Print this rank's Python stacks when a step takes longer than ``seconds`` (re-armed every step).
+
+    A Python thread, so the message names the rank and goes to any stream; it needs the GIL, which
+    torch releases while waiting in a collective or sleeping. For a process
+    stuck *holding* the GIL, use ``py-spy dump --pid PID`` (works without it).
+    """
+
+    def __init__(self, seconds: float, rank: int, stream: Any = None):
+        self.seconds, self.rank, self.stream = seconds, rank, stream or sys.stderr
+        self._armed_at = time.monotonic()
+        self._step = 0
+        self._stop = threading.Event()
+        self._fired_for = -1
+        self._thread = threading.Thread(target=self._run, name="ecomkit-hang-watchdog", daemon=True)
+        self._thread.start()
+
+    def arm(self, step: int) -> None:
+        self._armed_at, self._step = time.monotonic(), step
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(1.0, self.seconds / 4)):
+            waited = time.monotonic() - self._armed_at
+            if waited > self.seconds and self._fired_for != self._step:
+                self._fired_for = self._step
+                self.stream.write(
+                    f"\n[rank {self.rank} on {socket.gethostname()}, pid {os.getpid()}] step {self._step + 1} has "
+                    f"taken {waited:.0f} s (> fault.hang_dump_s={self.seconds:g}); Python stacks of all threads "
+                    f"follow (more: py-spy dump --pid {os.getpid()}):\n")
+                self.stream.write(format_all_stacks())
+                self.stream.flush()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def format_all_stacks() -> str:
+    """Python stacks of every thread but the caller, innermost call last (like a traceback)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        if ident != me:
+            parts.append(f"--- thread {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame)))
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------------- NVML handle
+def _nvml_handle(nvml: Any, device: torch.device) -> Any:
+    """The NVML handle of *this* CUDA device (NVML ignores CUDA_VISIBLE_DEVICES, so map by UUID)."""
+    index = device.index or 0
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    if uuid is not None:
+        text = str(uuid)
+        return nvml.nvmlDeviceGetHandleByUUID(text if text.startswith("GPU-") else f"GPU-{text}")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    parts = [p for p in visible.split(",") if p.strip()]
+    if parts and all(p.strip().isdigit() for p in parts):
+        index = int(parts[index])
+    return nvml.nvmlDeviceGetHandleByIndex(index)
+
+
+# ---------------------------------------------------------------------- the callback
+class HealthMonitor:
+    """Training callback: samples health, detects stragglers, arms the hang watchdog. Never acts on a device."""
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.interval = cfg.fault.health_interval
+        self.factor = cfg.fault.straggler_factor
+        self.nvml: Any = None
+        self.handle: Any = None
+        self.timer: ForwardTimer | None = None
+        self.watchdog: HangWatchdog | None = None
+        self.writer: Any = None
+        self.samples = 0
+        self.warnings: list[str] = []
+        self.straggler_counts: dict[int, int] = {}
+
+    def on_train_start(self, run: Any) -> None:
+        from ecomkit.metrics import MetricsWriter
+        from ecomkit.faults.diagnose import install_stack_dump_signal
+
+        env: DistEnv = run.env
+        install_stack_dump_signal()
+        if self.cfg.fault.hang_dump_s > 0:
+            self.watchdog = HangWatchdog(self.cfg.fault.hang_dump_s, env.rank)
+            self.watchdog.arm(run.step)
+        if self.interval <= 0:
+            return
+        if env.device.type == "cuda":
+            self._init_nvml(env.device)
+        else:
+            read_cpu_health()  # prime psutil's cpu_percent, whose first call returns 0
+        self.timer = ForwardTimer(run.strategy.raw_model, env.device)
+        resuming = any(getattr(cb, "resuming", False) for cb in run.callbacks)
+        self.writer = MetricsWriter(run.out_dir, env.is_main, filename="health.jsonl", append=resuming)
+
+    def _init_nvml(self, device: torch.device) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml, self.handle = pynvml, _nvml_handle(pynvml, device)
+        except Exception as exc:  # no driver library, MIG without permissions, ...
+            log.warning("health: NVML unavailable (%s); sampling CPU/RAM instead", exc)
+            self.nvml = self.handle = None
+
+    def on_step_end(self, run: Any, row: dict[str, Any]) -> None:
+        if self.watchdog is not None:
+            self.watchdog.arm(run.step)
+        if self.interval > 0 and run.step % self.interval == 0:
+            self.sample(run)
+
+    def sample(self, run: Any) -> dict[str, Any] | None:
+        """Collective: every rank calls it at the same step. Rank 0 logs and writes ``health.jsonl``."""
+        env: DistEnv = run.env
+        local = read_gpu_health(self.nvml, self.handle) if self.handle is not None else read_cpu_health()
+        local.update(rank=env.rank, host=socket.gethostname(), forward_s=self.timer.pop_mean_s() if self.timer else None)
+        ranks = _gather(local, env)
+        self.samples += 1
+        if not env.is_main:
+            return None
+        warnings = [f"rank {s['rank']} ({s['host']}): {w}" for s in ranks for w in health_warnings(s)]
+        fwd = [s["forward_s"] for s in ranks]
+        slow = find_stragglers(fwd, self.factor) if all(t is not None for t in fwd) and len(fwd) > 1 else []
+        for r in slow:
+            self.straggler_counts[r] = self.straggler_counts.get(r, 0) + 1
+            others = statistics.median([t for i, t in enumerate(fwd) if i != r])
+            warnings.append(f"straggler: rank {r} ({ranks[r]['host']}) forward {fwd[r] * 1e3:.1f} ms vs "
+                            f"{others * 1e3:.1f} ms median of the others ({fwd[r] / others:.1f}×); every step "
+                            "waits for it. Check its GPU clocks/temperature, CPU contention, data loading.")
+        for w in warnings:
+            log.warning("health: %s", w)
+        self.warnings.extend(warnings)
+        row = {"type": "health", "step": run.step, "ranks": ranks, "stragglers": slow, "warnings": warnings}
+        if self.writer is not None:
+            self.writer.write(row)
+        return row
+
+    def on_train_end(self, run: Any, summary: dict[str, Any]) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self.timer is not None:
+            self.timer.remove()
+        if self.writer is not None:
+            self.writer.close()
+        if self.nvml is not None:
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:
+                pass
+        summary["health"] = {"samples": self.samples, "warnings": self.warnings[:MAX_WARNINGS_IN_SUMMARY],
+                             "n_warnings": len(self.warnings),
+                             "straggler_counts": {str(k): v for k, v in sorted(self.straggler_counts.items())}}
+
+
+def _gather(obj: dict[str, Any], env: DistEnv) -> list[dict[str, Any]]:
+    if not env.distributed:
+        return [obj]
+    out: list[Any] = [None] * env.world_size
+    dist.all_gather_object(out, obj)
+    return out

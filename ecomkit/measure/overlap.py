@@ -1,0 +1,189 @@
+"""How much gradient communication DDP hides behind backward, and what the guide's stream trick gets wrong.
+
+DDP groups gradients into buckets of ``bucket_cap_mb``. The last layers'
+gradients are ready first, so their bucket's all-reduce starts while autograd
+is still computing the earlier layers: communication overlaps computation.
+Before ``backward()`` returns, DDP waits for every bucket, so
+``optimizer.step()`` always sees averaged gradients. Small buckets start
+communicating earlier but pay a per-collective latency more often; one huge
+bucket cannot start until the whole backward is done. :func:`sweep_bucket_cap`
+measures this trade-off with three timings per bucket size:
+
+- ``step_s``: forward + backward with DDP's bucketed, overlapped all-reduce;
+- ``compute_s``: the same forward + backward under ``no_sync()`` (no communication);
+- ``comm_s``: all-reducing the same gradients in the same-sized buckets, alone.
+
+``exposed_s = step_s − compute_s`` is the communication the step actually
+waited for; ``hidden_frac = 1 − exposed_s / comm_s`` is the share that
+overlapped. On a GPU, NCCL runs on its own stream; on CPU, gloo's threads
+compete with the compute thread for the same cores, so expect less overlap.
+
+The EcomGPT guide's version launches ``all_reduce(grad, async_op=True)`` on a
+side stream after ``backward()`` and calls ``optimizer.step()`` without waiting
+on the returned work handles. :func:`naive_async_allreduce` runs that recipe
+(and the corrected one that waits) and measures what the optimizer read: with
+no wait the step uses gradients whose all-reduce has not finished, each rank
+updates with different numbers, and the replicas drift apart.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ecomkit.config import TrainConfig
+from ecomkit.dist import DistEnv, distributed_session, log
+from ecomkit.errors import EcomkitError
+from ecomkit.models.bloom import load_model
+
+SYNTHETIC_VOCAB = 4096  # random token ids: timing and divergence do not need real text
+
+
+def synthetic_batch(micro_batch: int, seq_len: int, seed: int, vocab: int = SYNTHETIC_VOCAB) -> dict[str, torch.Tensor]:
+    """Random token ids with labels = inputs (causal LM loss), reproducible from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (micro_batch, seq_len), generator=g)
+    return {"input_ids": ids, "labels": ids}
+
+
+def _timed(fn: Callable[[], Any], env: DistEnv) -> float:
+    """Seconds for one call, ranks started together (a barrier first, so no rank waits for a late peer)."""
+    if env.distributed:
+        dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def bucket_chunks(model: torch.nn.Module, cap_mb: float) -> list[torch.Tensor]:
+    """Flat copies of the gradients, grouped like DDP's buckets (reverse parameter order, <= cap bytes each)."""
+    cap = cap_mb * 1024 * 1024
+    chunks, current, size = [], [], 0
+    for p in reversed([p for p in model.parameters() if p.grad is not None]):
+        nbytes = p.grad.numel() * p.grad.element_size()
+        if current and size + nbytes > cap:
+            chunks.append(torch.cat(current))
+            current, size = [], 0
+        current.append(p.grad.detach().reshape(-1))
+        size += nbytes
+    if current:
+        chunks.append(torch.cat(current))
+    return chunks
+
+
+class BucketCapProbe:
+    """One DDP wrapper at one ``bucket_cap_mb``, with the three timed callables of the sweep."""
+
+    def __init__(self, cfg: TrainConfig, cap_mb: float, env: DistEnv):
+        self.cap_mb, self.env = cap_mb, env
+        self.model = load_model(cfg.model, vocab_size=SYNTHETIC_VOCAB, device=env.device, seed=cfg.seed)
+        self.ddp = DDP(self.model, bucket_cap_mb=cap_mb, gradient_as_bucket_view=True)
+        self.batch = {k: v.to(env.device) for k, v in synthetic_batch(cfg.micro_batch_size, cfg.seq_len,
+                                                                        cfg.seed + env.rank).items()}
+        for _ in range(2):  # DDP rebuilds its buckets after the first backward
+            self.step()
+        self.chunks = bucket_chunks(self.model, cap_mb)
+        self.times: dict[str, list[float]] = {"step_s": [], "compute_s": [], "comm_s": []}
+
+    def step(self) -> None:
+        """Forward + backward with DDP's overlapped all-reduce (backward returns after DDP has waited)."""
+        self.ddp.zero_grad(set_to_none=False)
+        self.ddp(**self.batch).loss.backward()
+
+    def compute(self) -> None:
+        with self.ddp.no_sync():
+            self.step()
+
+    def comm(self) -> None:
+        for c in self.chunks:
+            dist.all_reduce(c)
+
+    def measure_once(self) -> None:
+        for key, fn in (("step_s", self.step), ("compute_s", self.compute), ("comm_s", self.comm)):
+            self.times[key].append(_timed(fn, self.env))
+
+    def row(self) -> dict[str, Any]:
+        row: dict[str, Any] = {"bucket_cap_mb": self.cap_mb, "n_buckets": len(self.chunks),
+                               "grad_bytes": sum(c.numel() * c.element_size() for c in self.chunks)}
+        row.update({k: statistics.median(v) for k, v in self.times.items()})
+        row["exposed_s"] = max(0.0, row["step_s"] - row["compute_s"])
+        row["hidden_frac"] = min(1.0, max(0.0, 1 - row["exposed_s"] / row["comm_s"])) if row["comm_s"] > 0 else None
+        return row
+
+
+def sweep_bucket_cap(cfg: TrainConfig, caps_mb: list[float], env: DistEnv, repeats: int = 5) -> list[dict[str, Any]]:
+    """One row per bucket size (see the module docstring for the columns).
+
+    All bucket sizes are measured round-robin within each repeat, so a busy
+    moment on a shared machine slows every bucket size alike instead of one.
+    Values are medians over ``repeats``.
+    """
+    if not env.distributed:
+        raise EcomkitError("the bucket_cap_mb sweep measures communication: launch it with torchrun "
+                           "--nproc_per_node 2 (or more).")
+    probes = [BucketCapProbe(cfg, cap, env) for cap in caps_mb]
+    for _ in range(repeats):
+        for probe in probes:
+            probe.measure_once()
+    rows = [p.row() for p in probes]
+    if env.is_main:
+        for r in rows:
+            log.info("bucket sweep: %s", {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()})
+    del probes
+    return rows
+
+
+# ---------------------------------------------------------------------- the guide's async all-reduce
+def _params_spread_across_ranks(model: torch.nn.Module, env: DistEnv) -> float:
+    """max |θ_rank − θ_rank0| over all parameters: 0.0 means the replicas are identical."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(env.world_size)]
+    dist.all_gather(gathered, flat)
+    return max(float((g - gathered[0]).abs().max()) for g in gathered)
+
+
+def naive_async_allreduce(cfg: TrainConfig, env: DistEnv, steps: int, wait: bool) -> dict[str, Any]:
+    """Train ``steps`` steps with per-tensor async all-reduce; ``wait=False`` is the guide's recipe.
+
+    Each rank sees different data, as in real data parallelism. Per step we
+    record the share of gradient tensors whose value when ``optimizer.step()``
+    started differs from their final all-reduced value: the gradients the
+    optimizer read before communication had finished.
+    """
+    model = load_model(cfg.model, vocab_size=SYNTHETIC_VOCAB, device=env.device, seed=cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    stale_shares = []
+    for step in range(steps):
+        batch = synthetic_batch(cfg.micro_batch_size, cfg.seq_len, cfg.seed + 1000 * step + env.rank)
+        model(**{k: v.to(env.device) for k, v in batch.items()}).loss.backward()
+        grads = [p.grad for p in model.parameters()]
+        for g in grads:
+            g.div_(env.world_size)  # gloo has no ReduceOp.AVG: pre-divide, then SUM
+        works = [dist.all_reduce(g, async_op=True) for g in grads]
+        if wait:
+            for w in works:
+                w.wait()
+        seen = [g.clone() for g in grads]  # what optimizer.step() starts reading now
+        opt.step()
+        for w in works:  # the guide never waits; we must, before the gradients are touched again
+            w.wait()
+        stale_shares.append(sum(not torch.equal(s, g) for s, g in zip(seen, grads)) / len(grads))
+        opt.zero_grad(set_to_none=True)
+    spread = _params_spread_across_ranks(model, env)
+    del model, opt
+    return {"wait": wait, "steps": steps, "stale_grad_share_mean": statistics.mean(stale_shares),
+            "stale_grad_share_per_step": stale_shares, "replica_max_abs_diff": spread}
+
+
+def run_overlap_study(cfg: TrainConfig, caps_mb: list[float], repeats: int, async_steps: int) -> dict[str, Any]:
+    """The bucket sweep and both async variants in one process group; returns what rank 0 should save."""
+    with distributed_session(timeout_s=cfg.timeout_s, seed=cfg.seed) as env:
+        sweep = sweep_bucket_cap(cfg, caps_mb, env, repeats)
+        demo = [naive_async_allreduce(cfg, env, async_steps, wait) for wait in (False, True)] if async_steps else []
+        return {"model": cfg.model, "micro_batch_size": cfg.micro_batch_size, "seq_len": cfg.seq_len,
+                "world_size": env.world_size, "backend": env.backend, "bucket_sweep": sweep, "async_allreduce": demo}

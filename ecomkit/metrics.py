@@ -1,0 +1,83 @@
+"""Run metrics: one JSON line per step or eval, a final ``summary.json``, and the printed summary.
+
+Rank 0 writes; every value was measured in this run. Each line is flushed
+immediately so a crash loses nothing and a notebook can plot a run that is
+still going.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def peak_memory(device: torch.device) -> tuple[int, str]:
+    """(bytes, kind): CUDA ``max_memory_allocated`` on GPU, peak RSS of this process on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "cpu_peak_rss"
+
+
+class MetricsWriter:
+    """Append rows to ``metrics.jsonl``; ``finish`` writes ``summary.json`` atomically."""
+
+    def __init__(self, output_dir: str | os.PathLike, enabled: bool, filename: str = "metrics.jsonl",
+                 append: bool = False):
+        self.dir = Path(output_dir)
+        self.enabled = enabled
+        self.path = self.dir / filename
+        self._fh = None
+        if enabled:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a" if append else "w", encoding="utf-8")
+
+    def write(self, row: dict[str, Any]) -> None:
+        if self._fh is None:
+            return
+        row = {"time": round(time.time(), 3), **row}
+        self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._fh.flush()
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        tmp = self.dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2, ensure_ascii=False))
+        os.replace(tmp, self.dir / "summary.json")
+        self.close()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def print_run_summary(summary: dict[str, Any]) -> None:
+    if int(os.environ.get("RANK", 0)) != 0:
+        return
+    acc = "  ".join(f"{k}={v:.3f}" for k, v in summary.items() if k.startswith("acc_"))
+    print(
+        "\n=== run summary ===\n"
+        f"strategy        {summary['strategy']} × {summary['world_size']} process(es), global batch {summary['global_batch']}\n"
+        f"loss            {summary['first_loss']:.4f} → {summary['final_loss']:.4f} (train), eval {summary['eval_loss']:.4f}\n"
+        + (f"eval accuracy   {acc}\n" if acc else "")
+        + f"throughput      {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} tokens/s "
+        f"({summary['step_time_s'] * 1000:.0f} ms/step)\n"
+        f"peak memory     {format_bytes(summary['peak_mem_bytes'])} per rank\n"
+        f"outputs         {summary['output_dir']} (metrics.jsonl, summary.json"
+        + (f", model in {summary['model_dir']}" if summary.get("model_dir") else "") + ")\n",
+        flush=True,
+    )

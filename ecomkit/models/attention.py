@@ -1,0 +1,365 @@
+"""Fused attention for transformers' BLOOM: ``--attn eager | sdpa | flex``.
+
+Why: transformers' ``BloomAttention`` only has an eager path. Every layer
+materialises the ``[batch, heads, T, T]`` score tensor, keeps its softmax for
+backward and builds the same-sized gradients, so at long sequences attention
+dominates memory and time. ``scaled_dot_product_attention`` (SDPA) never keeps
+the probabilities: it saves the inputs and a log-sum-exp per row and
+recomputes in backward.
+
+How it is installed (the one place that changes the model): the class of every
+``BloomAttention`` module is swapped in place for a subclass that overrides
+only ``forward`` (``module.__class__ = BloomSdpaAttention``). Parameters,
+``state_dict`` keys, ``isinstance`` checks, hooks and ``save_pretrained``
+output are untouched, so DDP, DeepSpeed ZeRO, FSDP2, tensor parallelism and
+``gradient_checkpointing_enable()`` wrap the model exactly as before, and
+``install_attention(model, "eager")`` swaps it back. Nothing of BLOOM is
+copied: the subclass reuses ``query_key_value``, ``_reshape``, ``dense``,
+``attention_dropout`` and transformers' own ``dropout_add``.
+
+What BLOOM's eager forward computes, and how each piece maps here:
+
+- scores = ``alibi.baddbmm(q, kᵀ, beta=self.beta, alpha=self.inv_norm_factor)``
+  + the 4-D additive causal/padding mask (0 or the dtype's minimum). ALiBi
+  depends only on (batch, head, key), so it is folded into one extra channel
+  of q and k (:func:`alibi_in_qk`): ``[q·scale, 1]·[k, beta·alibi]``. SDPA then
+  needs only the model's own ``[batch, 1, q, kv]`` mask, shared by all heads
+  and layers, or ``is_causal=True`` when the batch has no padding
+  (:func:`sdpa_mask_plan`). A ``[batch, heads, q, kv]`` bias would have been
+  the same size as the tensor this module exists to avoid.
+  This transformers version has no layer-number scaling (``beta`` is 1 and
+  ``inv_norm_factor`` is 1/√head_dim); both are read from the module, so a
+  version or checkpoint that changes them is still followed.
+- the fused QKV layout ``[heads, 3, head_dim]`` → BLOOM's own ``_reshape``.
+- heads: always ``self.num_heads`` and the ``alibi`` argument, never the config.
+  The tensor-parallel pre-hook (chapter 04) sets ``num_heads = n_head / tp`` and
+  slices ``alibi`` to the rank's heads; this forward follows it unchanged.
+- attention dropout → ``dropout_p`` of SDPA (same probability, different random
+  stream, so with dropout > 0 runs agree in distribution, not bit for bit; on
+  CPU torch's fused kernel has no dropout and SDPA falls back to its math
+  kernel). The presets set dropout to 0.
+- ``pretraining_tp > 1 and slow_but_exact`` → the same sliced ``dense``.
+- return value: ``(output, None)``; the block expects ``(hidden, attn_weights)``.
+  ``output_attentions=True`` needs the probabilities, so that call falls back
+  to the eager forward.
+
+``flex`` uses ``torch.nn.attention.flex_attention``: ALiBi is a ``score_mod``
+and the causal/padding mask a block mask (fully masked blocks are skipped).
+It is meant for GPUs, where it is compiled once per shape. On CPU torch has
+no FlexAttention backward and compiling its forward takes ~50 s, so
+``install_attention(model, "flex")`` on a CPU model refuses with a
+``ConfigError`` for training and, with ``for_training=False``, runs the
+unfused forward (a correctness reference, not a fast path). One visible
+difference: rows whose keys are all masked (padding queries under left
+padding) come out as zeros with flex and as a uniform average with eager.
+ecomkit pads on the right, where no such row exists; the tests compare flex
+on the real tokens only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import warnings
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers.models.bloom import modeling_bloom
+from transformers.models.bloom.modeling_bloom import BloomAttention, dropout_add
+
+from ecomkit.config import ATTN_IMPLS as ATTN_CHOICES  # eager | sdpa | flex: one list for flag and module
+from ecomkit.errors import ConfigError, EcomkitError
+
+# The forward signature this module was written against (transformers 5.x).
+_EXPECTED_PARAMS = ("hidden_states", "residual", "alibi", "attention_mask", "layer_past", "use_cache",
+                    "output_attentions")
+_PLAN_ATTR = "_ecomkit_sdpa_mask_plan"
+
+
+# ---------------------------------------------------------------------- shared pieces
+def alibi_in_qk(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, alibi: torch.Tensor,
+                num_heads: int, scale: float, beta: float, multiple: int = 1
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fold ALiBi into the dot product: ``[q·scale, 1] · [k, beta·alibi] = scale·q·k + beta·alibi``.
+
+    Why: BLOOM's ALiBi term depends on (batch, head, key) only, so it fits in one
+    extra channel of q and k. SDPA then needs just the model's own
+    ``[batch, 1, q, kv]`` mask (shared by all heads and layers) instead of a
+    ``[batch, heads, q, kv]`` bias: no tensor that grows with heads·T² exists.
+    The ALiBi values are used exactly as the model built them; the only extra
+    rounding is ``q·scale`` (exact when head_dim is a power of 4). ``value`` is
+    zero-padded to the same width because fused kernels require equal head
+    dims; ``multiple`` rounds the width up (8 on CUDA, for the aligned kernels).
+    """
+    batch, _, q_len, head_dim = query.shape
+    kv_len = key.shape[2]
+    width = -(-(head_dim + 1) // multiple) * multiple
+    slope_pos = alibi.view(batch, num_heads, kv_len, 1).to(key.dtype)
+    if beta != 1.0:
+        slope_pos = slope_pos * beta
+    extra = width - head_dim - 1
+    q_aug = torch.cat([query * scale, query.new_ones(batch, num_heads, q_len, 1)], dim=-1)
+    k_aug = torch.cat([key, slope_pos], dim=-1)
+    v_aug = value
+    if extra:
+        q_aug = F.pad(q_aug, (0, extra))
+        k_aug = F.pad(k_aug, (0, extra))
+    if width != head_dim:
+        v_aug = F.pad(value, (0, width - head_dim))
+    return q_aug, k_aug, v_aug
+
+
+class MaskPlan(NamedTuple):
+    """How one forward's mask is handed to SDPA (see :func:`sdpa_mask_plan`)."""
+
+    attn_mask: torch.Tensor | None
+    is_causal: bool
+    has_empty_rows: bool  # some query row may attend to nothing (left padding)
+
+
+def sdpa_mask_plan(alibi: torch.Tensor, attention_mask: torch.Tensor | None, q_length: int) -> MaskPlan:
+    """Decide once per forward how to pass the mask to SDPA; cached on ``alibi``.
+
+    - A batch without padding carries a plain causal mask: SDPA then gets
+      ``is_causal=True`` and no mask, so fused kernels skip the upper triangle
+      (and CUDA can pick FlashAttention).
+    - Otherwise the model's additive mask is passed as is (0 = attend, dtype
+      minimum = masked, exactly as eager adds it), broadcast over heads.
+    - ``has_empty_rows``: with left padding the padding queries see no key at all.
+      Eager then averages over every key (all scores equal the minimum), and
+      SDPA's forward does the same, but torch's fused CPU backward treats such
+      rows differently from its own forward (measured: gradients off by O(1)
+      in those rows), and the loss does use one of them (the last padding
+      position predicts the first real token). The caller then runs the math
+      kernel, which is exact but materialises the scores like eager.
+      ecomkit's collate pads on the right, so training never pays for this.
+
+    Why cached on ``alibi``: BloomModel hands the same ``alibi`` and mask objects
+    to every block, so the checks run once per forward, not once per layer.
+    """
+    cached = getattr(alibi, _PLAN_ATTR, None)
+    if cached is not None and cached[0] is attention_mask and cached[1] == q_length:
+        return cached[2]
+    plan = MaskPlan(attention_mask, False, False)
+    if attention_mask is not None:
+        allowed = attention_mask == 0
+        square = attention_mask.shape[-1] == q_length == attention_mask.shape[-2]
+        causal = torch.ones(q_length, q_length, dtype=torch.bool, device=allowed.device).tril() if square else None
+        if causal is not None and torch.equal(allowed, causal.expand_as(allowed)):
+            plan = MaskPlan(None, True, False)
+        else:
+            plan = MaskPlan(attention_mask, False, bool((~allowed.any(dim=-1)).any()))
+    setattr(alibi, _PLAN_ATTR, (attention_mask, q_length, plan))
+    return plan
+
+
+def _project_output(attn: BloomAttention, context: torch.Tensor) -> torch.Tensor:
+    """The output ``dense``, including BLOOM's ``pretraining_tp``/``slow_but_exact`` slicing."""
+    if attn.pretraining_tp > 1 and attn.slow_but_exact:
+        slices = attn.hidden_size / attn.pretraining_tp
+        out = torch.zeros_like(context)
+        for i in range(attn.pretraining_tp):
+            lo, hi = int(i * slices), int((i + 1) * slices)
+            out = out + F.linear(context[:, :, lo:hi], attn.dense.weight[:, lo:hi])
+        return out
+    return attn.dense(context)
+
+
+class _FusedBloomAttention(BloomAttention):
+    """Common forward; subclasses implement ``_attend(q, k, v, alibi, mask) -> [b, h, q, d]``.
+
+    Never instantiated: ``install_attention`` swaps the class of existing modules.
+    """
+
+    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor, alibi: torch.Tensor,
+                attention_mask: torch.Tensor | None, layer_past: Any = None, use_cache: bool = False,
+                output_attentions: bool = False, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        if output_attentions:  # the probabilities are only materialised by the eager path
+            return BloomAttention.forward(self, hidden_states, residual, alibi, attention_mask, layer_past,
+                                          use_cache, output_attentions, **kwargs)
+        batch, q_length, _ = hidden_states.shape
+        query, key, value = self._reshape(self.query_key_value(hidden_states))  # [b, h, T, d] each
+        if layer_past is not None:
+            key, value = layer_past.update(key, value, self.layer_idx)
+        context = self._attend(query, key, value, alibi, attention_mask)
+        context = context.transpose(1, 2).reshape(batch, q_length, self.num_heads * self.head_dim)
+        output = _project_output(self, context)
+        return dropout_add(output, residual, self.hidden_dropout, self.training), None
+
+    def _attend(self, query, key, value, alibi, attention_mask) -> torch.Tensor:  # pragma: no cover
+        raise NotImplementedError
+
+
+class BloomSdpaAttention(_FusedBloomAttention):
+    """BLOOM attention through ``F.scaled_dot_product_attention``, ALiBi folded into q·k."""
+
+    def _attend(self, query, key, value, alibi, attention_mask) -> torch.Tensor:
+        head_dim = query.shape[-1]
+        multiple = 8 if query.device.type == "cuda" else 1
+        q, k, v = alibi_in_qk(query, key, value, alibi, self.num_heads, self.inv_norm_factor, self.beta, multiple)
+        plan = sdpa_mask_plan(alibi, attention_mask, query.shape[2])
+        mask = plan.attn_mask
+        if mask is not None and mask.dtype != q.dtype:
+            mask = mask.to(q.dtype)
+        dropout = self.attention_dropout.p if self.training else 0.0
+        exact_backward = plan.has_empty_rows and torch.is_grad_enabled() and q.requires_grad
+        with sdpa_kernel(SDPBackend.MATH) if exact_backward else contextlib.nullcontext():
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                                 is_causal=plan.is_causal, scale=1.0)
+        return out[..., :head_dim]
+
+
+# ---------------------------------------------------------------------- flex
+_COMPILED_FLEX: Any = None
+
+
+def _flex_function(device: torch.device):
+    """Compiled ``flex_attention`` on GPU (built once), the unfused reference elsewhere.
+
+    Compiled with torch's default dynamic-shape policy: the first shape compiles
+    a static kernel, a second shape recompiles once with dynamic sizes, so
+    length-bucketed batches do not recompile for every new length.
+    """
+    global _COMPILED_FLEX
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type == "cpu":
+        return flex_attention
+    if _COMPILED_FLEX is None:
+        _COMPILED_FLEX = torch.compile(flex_attention)
+    return _COMPILED_FLEX
+
+
+def flex_block_mask(attention_mask: torch.Tensor | None, batch: int, q_length: int, kv_length: int,
+                    device: torch.device):
+    """A BlockMask from BLOOM's 4-D additive mask (0 = attend); ``None`` means a plain causal mask."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if attention_mask is None:
+        offset = kv_length - q_length
+        mask_mod = lambda b, h, q, kv: kv <= q + offset  # noqa: E731
+        return create_block_mask(mask_mod, None, None, q_length, kv_length, device=device)
+    allowed = attention_mask[:, 0] == 0  # [b, q, kv]
+    mask_mod = lambda b, h, q, kv: allowed[b, q, kv]  # noqa: E731
+    return create_block_mask(mask_mod, batch, None, q_length, kv_length, device=device)
+
+
+class BloomFlexAttention(_FusedBloomAttention):
+    """BLOOM attention through FlexAttention: ALiBi as ``score_mod``, causal+padding as a block mask."""
+
+    def _attend(self, query, key, value, alibi, attention_mask) -> torch.Tensor:
+        if self.training and self.attention_dropout.p > 0:
+            raise ConfigError(
+                f"attn='flex' has no attention dropout, but this model's attention_dropout is "
+                f"{self.attention_dropout.p}. Use --attn sdpa, or set attention_dropout=0 in the model config.")
+        if query.device.type == "cpu" and torch.is_grad_enabled() and query.requires_grad:
+            raise ConfigError(_FLEX_CPU_MESSAGE)
+        batch, q_length, kv_length = query.shape[0], query.shape[2], key.shape[2]
+        bias = alibi.reshape(batch, self.num_heads, kv_length) * self.beta
+        block_mask = _cached_block_mask(alibi, attention_mask, batch, q_length, kv_length, query.device)
+
+        def alibi_score(score, b, h, q, kv):
+            return score + bias[b, h, kv].to(score.dtype)
+
+        flex = _flex_function(query.device)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+            return flex(query, key, value, score_mod=alibi_score, block_mask=block_mask,
+                        scale=self.inv_norm_factor)
+
+
+def _cached_block_mask(alibi, attention_mask, batch, q_length, kv_length, device):
+    """One BlockMask per forward, shared by all layers (same trick as :func:`sdpa_mask_plan`).
+
+    A batch without padding gets the plain causal block mask, which does not
+    depend on the batch (cheaper to build than reading the 4-D mask).
+    """
+    cached = getattr(alibi, "_ecomkit_block_mask", None)
+    if cached is not None and cached[0] is attention_mask and cached[1] == q_length:
+        return cached[2]
+    if attention_mask is None:  # eager applies no mask at all then (not even causal); so does flex
+        block_mask = None
+    else:
+        plain_causal = sdpa_mask_plan(alibi, attention_mask, q_length).is_causal
+        block_mask = flex_block_mask(None if plain_causal else attention_mask, batch, q_length, kv_length, device)
+    setattr(alibi, "_ecomkit_block_mask", (attention_mask, q_length, block_mask))
+    return block_mask
+
+
+_FLEX_CPU_MESSAGE = (
+    "attn='flex' cannot train on CPU: torch's FlexAttention has no CPU backward, and compiling its "
+    "forward for the CPU takes about a minute per shape. Use --attn sdpa on CPU (same results, "
+    "tested equal to eager); keep --attn flex for GPU runs.")
+
+_CLASSES: dict[str, type[BloomAttention]] = {
+    "eager": BloomAttention,
+    "sdpa": BloomSdpaAttention,
+    "flex": BloomFlexAttention,
+}
+
+
+# ---------------------------------------------------------------------- install
+def check_transformers_compatible() -> None:
+    """Refuse to patch a BLOOM whose attention forward no longer has the arguments this module reads."""
+    params = tuple(inspect.signature(BloomAttention.forward).parameters)[1:]
+    if params[: len(_EXPECTED_PARAMS)] != _EXPECTED_PARAMS:
+        raise EcomkitError(
+            f"transformers' BloomAttention.forward now takes {params} (file {modeling_bloom.__file__}); "
+            f"ecomkit.models.attention was written for {_EXPECTED_PARAMS}. Run with --attn eager, or pin "
+            "the transformers version listed in pyproject.toml.")
+
+
+def attention_modules(model: nn.Module) -> list[BloomAttention]:
+    return [m for m in model.modules() if isinstance(m, BloomAttention)]
+
+
+def install_attention(model: nn.Module, impl: str, *, for_training: bool = True) -> int:
+    """Switch every BLOOM attention module of ``model`` to ``impl``; returns how many were switched.
+
+    Call it before wrapping the model (DDP/ZeRO/FSDP2/TP) or after: only the
+    modules' classes change. ``for_training=False`` allows the unfused flex
+    forward on CPU (a correctness check).
+    """
+    if impl not in ATTN_CHOICES:
+        raise ConfigError(f"Unknown attn '{impl}'. Choose one of: {', '.join(ATTN_CHOICES)}.")
+    modules = attention_modules(model)
+    if not modules:
+        raise ConfigError(
+            f"attn='{impl}' replaces BLOOM's attention, but {type(model).__name__} has no BloomAttention "
+            "module. Pass --attn eager for other architectures.")
+    if impl == "eager":
+        for m in modules:
+            m.__class__ = BloomAttention
+        return len(modules)
+    check_transformers_compatible()
+    if impl == "flex":
+        _check_flex_usable(modules[0], for_training)
+    for m in modules:
+        m.__class__ = _CLASSES[impl]
+    return len(modules)
+
+
+def current_attention(model: nn.Module) -> str:
+    """The name of the implementation installed on ``model`` ('mixed' if modules disagree)."""
+    def name(m: BloomAttention) -> str:
+        return next((k for k in ("flex", "sdpa") if isinstance(m, _CLASSES[k])), "eager")
+
+    names = {name(m) for m in attention_modules(model)}
+    return names.pop() if len(names) == 1 else "mixed"
+
+
+def _check_flex_usable(module: BloomAttention, for_training: bool) -> None:
+    try:
+        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"attn='flex' needs torch >= 2.5 (this is {torch.__version__}). Use --attn sdpa.") from None
+    device = module.query_key_value.weight.device
+    if device.type == "cpu" and for_training:
+        raise ConfigError(_FLEX_CPU_MESSAGE)
+
+
+__all__ = ["ATTN_CHOICES", "BloomSdpaAttention", "BloomFlexAttention", "install_attention", "current_attention",
+           "alibi_in_qk", "sdpa_mask_plan", "check_transformers_compatible"]

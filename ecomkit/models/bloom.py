@@ -1,0 +1,211 @@
+"""BLOOM model presets, exact parameter counts on the meta device, and ``load_model``.
+
+Why presets: the real models (SeqGPT-560M, EcomGPT-7B) cannot be downloaded
+here, and would not train on a 2-core laptop anyway. ``tiny`` and ``small``
+keep BLOOM's architecture (ALiBi, fused QKV, tied embeddings) at a size that
+trains in seconds, so every distributed code path runs for real; the two
+real shapes are built on the meta device, which gives their exact parameter
+count (Ψ) without allocating a byte.
+
+Model code here knows nothing about parallelism: strategies live in
+``ecomkit.parallel`` and are applied after the model is built.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, BloomConfig, BloomForCausalLM, PreTrainedModel
+
+from ecomkit.errors import ModelNotFoundError
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """A BLOOM shape. ``vocab_size=None`` means "take it from the tokenizer"."""
+
+    hidden_size: int
+    n_layer: int
+    n_head: int
+    vocab_size: int | None
+    description: str
+
+
+# Real BLOOM shapes use a 250,880-token vocabulary; the toy presets size their
+# embedding to the locally trained tokenizer so the embedding does not dwarf
+# the transformer blocks.
+PRESETS: dict[str, ModelPreset] = {
+    "tiny": ModelPreset(64, 2, 4, None, "2 blocks, hidden 64: unit tests, seconds on CPU"),
+    "small": ModelPreset(512, 4, 8, None, "4 blocks, hidden 512: benchmarks, minutes on CPU"),
+    "seqgpt-560m": ModelPreset(1024, 24, 16, 250_880, "SeqGPT-560M = BLOOM-560m shape"),
+    "ecomgpt-7b": ModelPreset(4096, 30, 32, 250_880, "EcomGPT-7B = BLOOM-7b1 shape"),
+}
+
+# The public checkpoints these shapes correspond to, for users with hub access.
+HUB_IDS: dict[str, str] = {
+    "seqgpt-560m": "DAMO-NLP/SeqGPT-560M",
+    "ecomgpt-7b": "Alibaba-NLP/EcomGPT-7B-Multilingual",
+}
+
+DEFAULT_TOY_VOCAB = 8192
+
+
+def _unknown_preset_message(name: str) -> str:
+    return (
+        f"Unknown model '{name}'. It is not a preset ({', '.join(PRESETS)}), not a local "
+        "directory containing config.json, and not a hub id of the form 'org/name'. Pass a "
+        "preset name, or the directory a model was saved to with save_pretrained()."
+    )
+
+
+def preset_config(name: str, vocab_size: int | None = None, **overrides: Any) -> BloomConfig:
+    """Return the ``BloomConfig`` of a preset; ``vocab_size`` fills in toy presets' vocabulary."""
+    if name not in PRESETS:
+        raise ModelNotFoundError(_unknown_preset_message(name))
+    p = PRESETS[name]
+    vocab = p.vocab_size if p.vocab_size is not None else (vocab_size or DEFAULT_TOY_VOCAB)
+    if p.vocab_size is not None and vocab_size is not None and vocab_size != p.vocab_size:
+        vocab = vocab_size  # a resized real model (special tokens added)
+    cfg = BloomConfig(
+        vocab_size=vocab,
+        hidden_size=p.hidden_size,
+        n_layer=p.n_layer,
+        n_head=p.n_head,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tie_word_embeddings=True,
+        use_cache=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def build_model(name_or_config: str | BloomConfig, *, vocab_size: int | None = None,
+                device: str | torch.device = "cpu", seed: int | None = 0,
+                dtype: torch.dtype = torch.float32) -> BloomForCausalLM:
+    """Build a randomly initialised BLOOM from a preset or config.
+
+    ``device="meta"`` allocates nothing: use it for parameter counts and for the
+    memory planner. Seeding happens here so that every rank (and a 1-process
+    reference run) starts from bit-identical weights.
+    """
+    cfg = name_or_config if isinstance(name_or_config, BloomConfig) else preset_config(name_or_config, vocab_size)
+    if seed is not None and str(device) != "meta":
+        torch.manual_seed(seed)
+    ctx = torch.device(device) if str(device) == "meta" else contextlib.nullcontext()
+    with ctx:
+        model = BloomForCausalLM(cfg)
+    if str(device) != "meta":
+        model = model.to(device=device, dtype=dtype)
+    return model
+
+
+def count_parameters(model: torch.nn.Module, trainable_only: bool = False) -> int:
+    """Count unique parameters (tied embeddings counted once), meta tensors included."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) in seen or (trainable_only and not p.requires_grad):
+            continue
+        seen.add(id(p))
+        total += p.numel()
+    return total
+
+
+def preset_parameter_count(name: str, vocab_size: int | None = None) -> int:
+    """Ψ of a preset, computed on the meta device (no memory allocated)."""
+    return count_parameters(build_model(name, vocab_size=vocab_size, device="meta"))
+
+
+def is_local_model_dir(path: str | os.PathLike) -> bool:
+    return Path(path).is_dir() and (Path(path) / "config.json").is_file()
+
+
+def load_model(name_or_path: str, *, vocab_size: int | None = None, device: str | torch.device = "cpu",
+               seed: int | None = 0, dtype: torch.dtype = torch.float32,
+               trust_remote_code: bool = False) -> PreTrainedModel:
+    """Load a model from a preset name, a local ``save_pretrained`` directory, or a hub id.
+
+    - preset → random init from the preset's config (seeded);
+    - local directory → ``from_pretrained`` with ``local_files_only=True``;
+    - ``org/name`` → ``from_pretrained`` from the hub; offline this fails with a
+      message saying how to provide local weights.
+
+    ``trust_remote_code`` stays off by default: BLOOM is built into transformers,
+    and executing a repository's Python code is a decision a user makes explicitly.
+    """
+    if name_or_path in PRESETS:
+        return build_model(name_or_path, vocab_size=vocab_size, device=device, seed=seed, dtype=dtype)
+    if is_local_model_dir(name_or_path):
+        model = AutoModelForCausalLM.from_pretrained(
+            name_or_path, local_files_only=True, dtype=dtype, trust_remote_code=trust_remote_code)
+        return model.to(device)
+    if Path(name_or_path).exists():
+        raise ModelNotFoundError(
+            f"'{name_or_path}' exists but holds no config.json, so it is not a model saved with "
+            "save_pretrained(). Point --model at the directory that contains config.json and the "
+            "*.safetensors weights.")
+    if "/" not in name_or_path or name_or_path.startswith((".", "/")):
+        raise ModelNotFoundError(_unknown_preset_message(name_or_path))
+    return _load_from_hub(name_or_path, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+
+
+def hub_reachable() -> bool:
+    """Cheap offline check: ``HF_HUB_OFFLINE`` or a hub host name that does not resolve.
+
+    Without it ``from_pretrained`` retries for ~30 s before failing; with it an
+    offline user gets the actionable message at once (the local cache is still used).
+    """
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return False
+    return True
+
+
+def _load_from_hub(hub_id: str, *, device, dtype, trust_remote_code: bool) -> PreTrainedModel:
+    """``from_pretrained`` from the hub, turning 'no network' into one actionable paragraph."""
+    offline = not hub_reachable()
+    try:
+        AutoConfig.from_pretrained(hub_id, trust_remote_code=trust_remote_code, local_files_only=offline)
+        model = AutoModelForCausalLM.from_pretrained(
+            hub_id, dtype=dtype, trust_remote_code=trust_remote_code, local_files_only=offline)
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(
+            f"Could not load '{hub_id}' from the Hugging Face hub ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200]}). This machine may be offline. On a machine with "
+            f"internet run `huggingface-cli download {hub_id} --local-dir ./models/{hub_id.split('/')[-1]}`, "
+            "copy that folder here, and pass its path as --model. To test the code paths without "
+            f"weights use a preset: {', '.join(PRESETS)}.") from None
+    return model.to(device)
+
+
+def describe_presets(vocab_size: int | None = None) -> list[dict[str, Any]]:
+    """One row per preset with its shape and exact Ψ (for notebooks and the README)."""
+    rows = []
+    for name, p in PRESETS.items():
+        rows.append({
+            "preset": name,
+            "hidden": p.hidden_size,
+            "layers": p.n_layer,
+            "heads": p.n_head,
+            "vocab": p.vocab_size or vocab_size or DEFAULT_TOY_VOCAB,
+            "params": preset_parameter_count(name, vocab_size if p.vocab_size is None else None),
+            "description": p.description,
+        })
+    return rows

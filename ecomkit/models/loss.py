@@ -1,0 +1,138 @@
+"""Chunked LM-head loss for transformers' BLOOM: the model's forward returns the loss sum, not logits.
+
+Why: with fused attention (``ecomkit.models.attention``) the largest tensors of
+a long-sequence training step are no longer attention scores but the LM
+head's ``[batch, T, vocab]`` logits, their fp32 log-softmax and the gradients
+of both. :func:`~ecomkit.models.loss.chunked_token_loss_sum` computes head +
+cross-entropy a chunk of positions at a time instead.
+
+Why inside the model's forward: the loss needs the LM head's weight, and a
+wrapper owns that weight only *during* the wrapped forward (DDP prepares its
+reducer there; FSDP2 unshards the root's parameters there). So the loss is
+computed in the forward, through ``model(input_ids, attention_mask,
+token_loss_labels=labels).loss``.
+
+How it is installed (the one place that changes the model): an instance
+attribute ``model.forward`` that handles ``token_loss_labels`` and passes every
+other call to the class's own forward (eval, generation, HF Trainer). The
+class, parameters, ``state_dict`` keys and ``save_pretrained`` output are
+untouched. :func:`remove_chunked_loss` deletes it again.
+
+Which strategies use it: those that run the whole model in one forward on
+each rank (single process, DDP, Accelerate, FSDP2 without TP/PP); see
+``Strategy.supports_chunked_loss``. ZeRO-3 gathers a module's weight only
+around that module's own calls, tensor parallelism shards the head's
+output, and a pipeline's last stage computes its own loss, so those keep the
+full-logits loss.
+
+Token-level loss sums (the first half of this module): Token-level loss sums, so the loop can normalise by the *global* token count.
+
+Why sums and not ``model(..., labels=...).loss``: the model's mean is over the
+micro-batch's tokens, so averaging micro-batch means weights short and long
+batches equally, and 1-process vs 2-process vs accumulation runs stop being
+comparable. Summing here and dividing once by the global batch's label-token
+count makes every split of the same global batch produce the same gradient.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
+
+from ecomkit.errors import ConfigError
+
+
+
+
+def shifted_token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-position next-token losses ``[B, T-1]`` (0 where labels are -100)."""
+    shift_logits = logits[:, :-1, :].float()
+    shift_labels = labels[:, 1:]
+    losses = F.cross_entropy(shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1),
+                             ignore_index=-100, reduction="none")
+    return losses.view(shift_labels.shape)
+
+
+def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return shifted_token_losses(logits, labels).sum()
+
+
+def count_label_tokens(labels: torch.Tensor) -> int:
+    """Positions that contribute to the loss after the causal shift."""
+    return int((labels[:, 1:] != -100).sum())
+
+
+def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.Tensor,
+                           chunk_tokens: int) -> torch.Tensor:
+    """:func:`token_loss_sum` from the last hidden state, never holding the ``[B, T, vocab]`` logits.
+
+    Why: at long sequences the LM head's logits, their fp32 log-softmax and
+    the gradients of both are the biggest tensors of a training step (each
+    ``B × T × vocab`` floats; BLOOM's vocabulary is 250,880). This keeps only
+    the positions that have a label (NLU answers are a small part of each
+    sequence), then computes head + cross-entropy ``chunk_tokens`` positions
+    at a time under activation checkpointing: the forward keeps no logits and
+    the backward recomputes one chunk's logits at a time. The cost is one
+    extra head matmul per chunk in backward; when everything fits in one
+    chunk nothing is recomputed.
+
+    Equal to ``token_loss_sum(head(hidden), labels)`` up to the order of the
+    floating-point sum (tested). ``head`` is called as a module, so wrappers'
+    hooks on it (FSDP2 unsharding, autocast) still run.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    flat_h = hidden[:, :-1].reshape(-1, hidden.size(-1))
+    flat_y = labels[:, 1:].reshape(-1)
+    keep = (flat_y != -100).nonzero().squeeze(1)
+    if keep.numel() == 0:  # no label in this micro-batch: a zero that still reaches every parameter
+        return F.cross_entropy(head(flat_h[:1]).float(), flat_y[:1].clamp(min=0), reduction="sum") * 0.0
+    h, y = flat_h.index_select(0, keep), flat_y.index_select(0, keep)
+    if y.numel() <= chunk_tokens:
+        return _head_loss_sum(head, h, y)
+    total = h.new_zeros((), dtype=torch.float32)
+    for start in range(0, y.numel(), chunk_tokens):
+        part = slice(start, start + chunk_tokens)
+        total = total + checkpoint(_head_loss_sum, head, h[part], y[part], use_reentrant=False)
+    return total
+
+
+def _head_loss_sum(head: torch.nn.Module, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(head(h).float(), y, reduction="sum")
+
+
+def _forward_with_chunked_loss(self: nn.Module, *args: Any, token_loss_labels: torch.Tensor | None = None,
+                               **kwargs: Any) -> Any:
+    if token_loss_labels is None:
+        return type(self).forward(self, *args, **kwargs)
+    kwargs.setdefault("use_cache", False)
+    hidden = self.transformer(*args, **kwargs)[0]
+    loss = chunked_token_loss_sum(hidden, self.lm_head, token_loss_labels, self.ecomkit_loss_chunk)
+    return CausalLMOutputWithCrossAttentions(loss=loss)
+
+
+def install_chunked_loss(model: nn.Module, chunk_tokens: int) -> None:
+    """Make ``model(..., token_loss_labels=labels).loss`` the chunked token-loss sum; call before wrapping."""
+    if chunk_tokens < 1:
+        raise ConfigError(f"loss_chunk_tokens={chunk_tokens}: give a positive number of positions per chunk, "
+                          "or 0 (flag --loss-chunk-tokens 0) to keep the full-logits loss.")
+    if not (hasattr(model, "transformer") and isinstance(getattr(model, "lm_head", None), nn.Module)):
+        raise ConfigError(f"the chunked loss needs a BLOOM-style causal LM (.transformer and .lm_head); "
+                          f"{type(model).__name__} has not. Pass --loss-chunk-tokens 0.")
+    model.ecomkit_loss_chunk = int(chunk_tokens)
+    model.forward = types.MethodType(_forward_with_chunked_loss, model)
+
+
+def remove_chunked_loss(model: nn.Module) -> None:
+    """Undo :func:`install_chunked_loss` (a no-op when it was not installed)."""
+    model.__dict__.pop("forward", None)
+    model.__dict__.pop("ecomkit_loss_chunk", None)
+
+
+def has_chunked_loss(model: nn.Module) -> bool:
+    return "ecomkit_loss_chunk" in model.__dict__

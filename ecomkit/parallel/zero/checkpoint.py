@@ -1,0 +1,119 @@
+"""ZeRO checkpoints: sharded save / resume with the engine, and consolidation into one HF directory.
+
+Two different things are called "checkpoint" here, on purpose kept apart:
+
+- **Sharded engine checkpoints** (``engine.save_checkpoint``): every rank
+  writes its own partition of the optimizer states (and, for ZeRO-3, of the
+  parameters). Fast, and the only way to resume *exactly*: fp32 masters,
+  Adam moments, lr-scheduler position. :class:`ZeroCheckpointCallback` also
+  stores the loop's step, epoch and batch-sampler position as client state,
+  so a resumed run's next loss is identical to the uninterrupted run's.
+- **A consolidated model** (:func:`consolidated_save_pretrained`): the fp32
+  weights gathered from all partitions and written as a normal Hugging Face
+  ``save_pretrained`` directory (safetensors) that ``from_pretrained`` loads
+  with no DeepSpeed installed. An existing sharded checkpoint can be converted
+  offline with :func:`consolidate_checkpoint` (DeepSpeed's ``zero_to_fp32``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ecomkit.dist import log
+from ecomkit.errors import ConfigError
+
+TAG_PATTERN = re.compile(r"^step(\d+)$")
+
+
+def consolidated_save_pretrained(config: Any, state_dict: dict[str, torch.Tensor], out_dir: str | os.PathLike) -> None:
+    """Write ``state_dict`` as a ``save_pretrained`` directory, building the model on the meta device.
+
+    Why a fresh model: under ZeRO-3 the training model's parameters are empty
+    placeholders (the data lives in partitions), so saving *it* would write
+    nothing useful. Building the architecture on ``meta`` costs no memory and
+    ``assign=True`` adopts the gathered tensors without a copy.
+    """
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    missing = [k for k in missing if k not in tied and not k.endswith("lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"gathered state dict does not match the model: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    model.save_pretrained(out_dir, safe_serialization=True)
+
+
+def consolidate_checkpoint(ckpt_dir: str | os.PathLike, config: Any, out_dir: str | os.PathLike,
+                           tag: str | None = None) -> None:
+    """Offline: merge a sharded DeepSpeed checkpoint into a ``save_pretrained`` directory (one process)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+    consolidated_save_pretrained(config, state, out_dir)
+
+
+def latest_tag(ckpt_dir: str | os.PathLike) -> str | None:
+    """The tag DeepSpeed recorded in ``latest``, or None when the directory holds no checkpoint."""
+    latest = Path(ckpt_dir) / "latest"
+    return latest.read_text().strip() if latest.is_file() else None
+
+
+class ZeroCheckpointCallback:
+    """Save a sharded checkpoint every ``interval`` steps; optionally resume from one at start.
+
+    The client state holds what the engine does not know: the loop's step and
+    epoch and the sampler's position (``run.sampler.state_dict()``). Resuming
+    restores the engine first (weights, optimizer partitions, lr schedule),
+    then those, so the next micro-batches are the ones the uninterrupted run
+    would have seen.
+    """
+
+    def __init__(self, ckpt_dir: str | os.PathLike, interval: int = 0, resume_from: str | None = None):
+        self.ckpt_dir = Path(ckpt_dir)
+        self.interval = interval
+        self.resume_from = resume_from
+        self.resuming = resume_from is not None   # the loop appends to metrics.jsonl instead of truncating
+        self.saved: list[str] = []
+
+    def on_train_start(self, run) -> None:
+        if self.resume_from is None:
+            return
+        ckpt_dir, tag = resolve_resume(self.resume_from)
+        client = run.strategy.load_checkpoint(str(ckpt_dir), tag)
+        missing = {"step", "epoch", "sampler"} - set(client)
+        if missing:
+            raise ConfigError(f"Checkpoint {ckpt_dir}/{tag} was not written by ecomkit (client state lacks "
+                              f"{sorted(missing)}); it cannot restore the data position. Resume from a directory "
+                              "written with --zero-checkpoint-interval.")
+        run.step, run.epoch = int(client["step"]), int(client["epoch"])
+        run.sampler.load_state_dict(client["sampler"])
+        if run.env.is_main:
+            log.info("resumed from %s/%s at step %d (epoch %d)", ckpt_dir, tag, run.step, run.epoch)
+
+    def on_step_end(self, run, row: dict[str, Any]) -> None:
+        if self.interval and run.step % self.interval == 0:
+            tag = f"step{run.step}"
+            state = {"step": run.step, "epoch": run.epoch, "sampler": run.sampler.state_dict()}
+            run.strategy.save_checkpoint(str(self.ckpt_dir), tag, state)
+            self.saved.append(tag)
+
+
+def resolve_resume(path: str) -> tuple[Path, str]:
+    """``--resume-from DIR`` (latest tag in DIR) or ``DIR/stepN`` (that tag)."""
+    p = Path(path)
+    if TAG_PATTERN.match(p.name) and p.is_dir():
+        return p.parent, p.name
+    tag = latest_tag(p)
+    if tag is None:
+        raise ConfigError(f"--resume-from {path}: no DeepSpeed checkpoint there (no 'latest' file and not a "
+                          "'stepN' folder). Pass the --zero-checkpoint-dir of an earlier run, or one of its "
+                          "stepN subfolders.")
+    return p, tag

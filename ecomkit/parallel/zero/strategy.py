@@ -1,0 +1,307 @@
+"""DeepSpeed ZeRO stages 0-3 (with CPU offload) as a strategy of chapter 02's loop (chapter 03).
+
+What ZeRO partitions, per rank, out of N data-parallel ranks (mixed-precision Adam, Ψ parameters):
+
+=========  ================================  ==================
+stage      partitioned across the N ranks    model-state bytes
+=========  ================================  ==================
+0 (DDP)    nothing                           16Ψ
+1          optimizer states (fp32 master,    4Ψ + 12Ψ/N
+           momentum, variance)
+2          + gradients                       2Ψ + 14Ψ/N
+3          + parameters                      16Ψ/N
+=========  ================================  ==================
+
+(:mod:`ecomkit.measure.zero` measures what each rank really holds and compares.)
+
+How the loop drives the engine. DeepSpeed counts micro-steps itself: each
+``engine.backward`` must be followed by ``engine.step()``, which only updates
+the weights (and steps the lr scheduler) on the accumulation boundary
+``(micro_steps + 1) % gradient_accumulation_steps == 0``. The loop calls
+``backward`` once per micro-batch and ``clip_and_step`` once per optimizer
+step, so :meth:`ZeroStrategy.backward` calls ``engine.step()`` after every
+non-final micro-batch and :meth:`clip_and_step` makes the final, boundary call.
+The loop's loss is already normalised for the global batch, so the engine
+must not divide it by the accumulation steps again: ``scale_wrt_gas=False``.
+That keeps the gradients identical to DDP's (the tests compare the losses).
+
+On a machine without GPUs :func:`~ecomkit.parallel.zero.config.ensure_deepspeed_env`
+sets ``DS_ACCELERATOR=cpu`` before DeepSpeed is imported; DeepSpeed then reuses
+the gloo process group that :mod:`ecomkit.dist` created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import warnings
+from typing import Any, ContextManager
+
+import torch
+from torch import nn
+
+from ecomkit.config import TrainConfig
+from ecomkit.dist import DistEnv, log
+from ecomkit.errors import ConfigError, EcomkitError
+from ecomkit.parallel.base import StepStats, Strategy
+from ecomkit.parallel.zero.config import build_zero_config, ensure_deepspeed_env, save_zero_config
+
+
+class CPUAdamUnavailableWarning(UserWarning):
+    """Offload was requested but DeepSpeedCPUAdam could not be built; torch AdamW runs instead."""
+
+
+def _cpu_adam_or_none(groups: list[dict], cfg: TrainConfig) -> tuple[torch.optim.Optimizer | None, str]:
+    """Try DeepSpeedCPUAdam (JIT-built C++ op); return (optimizer or None, reason it failed)."""
+    try:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8,
+                                weight_decay=cfg.weight_decay, adamw_mode=True), ""
+    except Exception as exc:  # a compiler missing, a failed build, an unsupported CPU: all mean "cannot use it"
+        cause = exc.__cause__ or exc
+        return None, f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+
+
+def _all_ranks_agree(ok: bool, env: DistEnv) -> bool:
+    """True only if ``ok`` on every rank: all ranks must pick the same optimizer or ZeRO's collectives hang."""
+    if not env.distributed:
+        return ok
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if ok else 0], device=env.device if env.backend == "nccl" else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def build_zero_optimizer(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> torch.optim.Optimizer:
+    """torch AdamW; with optimizer offload DeepSpeedCPUAdam, or AdamW plus a warning if it cannot be built.
+
+    Same hyper-parameters and parameter groups (no decay on biases, norms,
+    embeddings) as chapter 02's :func:`~ecomkit.models.optim.build_optimizer`.
+    """
+    from ecomkit.models.optim import build_optimizer, param_groups
+
+    if not cfg.zero.offload_optimizer:
+        return build_optimizer(model, cfg)
+    cpu_adam, why = _cpu_adam_or_none(param_groups(model, cfg.weight_decay), cfg)
+    if _all_ranks_agree(cpu_adam is not None, env):
+        return cpu_adam
+    if env.is_main:
+        warnings.warn(
+            "ZeRO optimizer offload was requested but DeepSpeedCPUAdam is unavailable on at least one rank "
+            f"({why or 'it built on this rank but not on another'}). Falling back to torch.optim.AdamW on the "
+            "offloaded fp32 partitions: same results, slower optimizer step. To get CPU Adam, install a C++ "
+            "compiler (g++) and the Python headers, and set TORCH_EXTENSIONS_DIR to a writable cache folder.",
+            CPUAdamUnavailableWarning, stacklevel=2)
+    del cpu_adam
+    return build_optimizer(model, cfg)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ensure_process_group(env: DistEnv) -> None:
+    """DeepSpeed needs a process group even for one process; reuse ecomkit's when it exists."""
+    import deepspeed
+    import torch.distributed as dist
+
+    if not dist.is_initialized():  # plain `python script.py`: a world of one
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+    deepspeed.init_distributed(dist_backend="nccl" if env.device.type == "cuda" else "gloo",
+                               auto_mpi_discovery=False, verbose=False)
+
+
+def _check_precision_supported(precision: str) -> None:
+    """DeepSpeed's CPU accelerator has no fp16 engine; say so before start-up instead of a ValueError inside it."""
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    ok = {"fp16": acc.is_fp16_supported, "bf16": acc.is_bf16_supported}.get(precision, lambda: True)()
+    if not ok:
+        raise ConfigError(
+            f"--precision {precision} is not supported by DeepSpeed's '{acc.device_name()}' accelerator on this "
+            f"machine. On CPU use --precision bf16 (the same 2-byte weights and gradients, and no loss scaling "
+            "needed) or fp32; fp16 with loss scaling needs a GPU.")
+
+
+def _quiet_deprecations() -> None:
+    """DeepSpeed calls torch collectives that torch 2.13 renamed; one FutureWarning per call floods the log."""
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated")
+
+
+class ZeroStrategy(Strategy):
+    """DeepSpeed engine behind ecomkit's loop: ZeRO stage 0-3, optional CPU offload of optimizer / params."""
+
+    name = "zero"
+    supports_chunked_loss = False    # ZeRO-3 gathers lm_head's weight only around lm_head's own calls
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv):
+        super().__init__(cfg, env)
+        # Stage 3 ranks hold only their partition of the weights, so there is no replica to checksum.
+        # bf16/fp16 weights are skipped too: the loop's checksum goes through numpy, which has no bfloat16.
+        self.replicated = cfg.zero.stage < 3
+        self.engine: Any = None
+        self.ds_config: dict[str, Any] = {}
+        self._is_last_micro_step = True
+
+    # ------------------------------------------------------------ set-up
+    def setup(self, model: nn.Module, total_steps: int) -> None:
+        ensure_deepspeed_env()
+        import deepspeed
+
+        from ecomkit.models.optim import build_scheduler
+
+        _quiet_deprecations()
+        _check_precision_supported(self.cfg.precision)
+        _ensure_process_group(self.env)
+        grad_accum = self.cfg.resolve_grad_accum(self.env.world_size)
+        self.ds_config = build_zero_config(self.cfg, self.env.world_size, grad_accum,
+                                           n_params=sum(p.numel() for p in model.parameters()))
+        if self.env.is_main:
+            path = save_zero_config(self.ds_config, self.cfg.output_dir)
+            log.info("DeepSpeed config (ZeRO-%d) written to %s", self.cfg.zero.stage, path)
+        if self.cfg.zero.activation_checkpointing:
+            self._enable_activation_checkpointing(model)
+        self.raw_model = model
+        optimizer = build_zero_optimizer(model, self.cfg, self.env)
+        scheduler = build_scheduler(optimizer, self.cfg, total_steps)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self.ds_config)
+        self.model = self.engine
+
+    def _enable_activation_checkpointing(self, model: nn.Module) -> None:
+        """Recompute each BLOOM block in backward with DeepSpeed's checkpoint function (configured from ds_config)."""
+        import deepspeed
+
+        deepspeed.checkpointing.configure(None, deepspeed_config=self.ds_config)
+        model.activation_checkpointing_enable()  # input grads on, blocks flagged, torch's function ...
+        model._set_gradient_checkpointing(enable=True,  # ... replaced by DeepSpeed's (same contract)
+                                          gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
+
+    # ------------------------------------------------------------ one step
+    def autocast(self) -> ContextManager:
+        # DeepSpeed casts the module to bf16/fp16 itself and keeps fp32 masters in the optimizer
+        return contextlib.nullcontext()
+
+    def micro_step_context(self, is_last: bool) -> ContextManager:
+        self._is_last_micro_step = is_last
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        engine = self.engine
+        if engine.is_gradient_accumulation_boundary() != self._is_last_micro_step:
+            raise EcomkitError(
+                f"DeepSpeed's micro-step counter ({engine.micro_steps}) disagrees with the loop about the "
+                f"accumulation boundary (gradient_accumulation_steps={engine.gradient_accumulation_steps()}). "
+                "Was the engine stepped outside ZeroStrategy? That would reduce gradients at the wrong time.")
+        engine.backward(loss, scale_wrt_gas=False)
+        if not self._is_last_micro_step:
+            engine.step()  # not a boundary: only advances DeepSpeed's micro-step counter
+
+    def clip_and_step(self, max_norm: float) -> StepStats:
+        self._set_clip(max_norm)
+        own_norm = self._stage0_grad_norm()
+        self.engine.step()  # the boundary: reduce (stage 0/1), clip, optimizer step, lr scheduler step
+        norm = self.engine.get_global_grad_norm()
+        norm = float(norm) if norm is not None else own_norm
+        return StepStats(grad_norm=norm, skipped=not self.engine.was_step_applied())
+
+    def _stage0_grad_norm(self) -> float:
+        """Stage 0 in fp32 keeps no norm (the engine clips with torch's function): measure it on the module grads.
+
+        The gradients were all-reduced in the final backward, so the norm is the global one.
+        Accumulated in float64 like DeepSpeed's own norm: torch's fp32 CPU norm of
+        the 0.5M-element embedding gradient is off by ~3e-5 (relative).
+        """
+        if self.cfg.zero.stage != 0:
+            return float("nan")
+        squares = [float(torch.linalg.vector_norm(p.grad, dtype=torch.float64)) ** 2
+                   for p in self.raw_model.parameters() if p.grad is not None]
+        return sum(squares) ** 0.5 if squares else float("nan")
+
+    def _set_clip(self, max_norm: float) -> None:
+        """Per-step clip value (the sentiment policy changes it): the engine and ZeRO optimizer read it at step()."""
+        value = float(max_norm) if max_norm > 0 else 0.0
+        self.engine._config.gradient_clipping = value
+        if hasattr(self.optimizer, "clip_grad"):
+            self.optimizer.clip_grad = value
+
+    def current_lr(self) -> float:
+        return float(self.engine.get_lr()[0])
+
+    # ------------------------------------------------------------ checkpoints and saving
+    def save_checkpoint(self, ckpt_dir: str, tag: str, client_state: dict[str, Any]) -> None:
+        """Sharded: every rank writes its own optimizer/parameter partition (a collective)."""
+        self.engine.save_checkpoint(ckpt_dir, tag=tag, client_state=client_state)
+
+    def load_checkpoint(self, ckpt_dir: str, tag: str | None = None) -> dict[str, Any]:
+        """Restore weights, optimizer partitions and lr scheduler; return the client state saved with them."""
+        path, client_state = self.engine.load_checkpoint(ckpt_dir, tag=tag, load_optimizer_states=True,
+                                                         load_lr_scheduler_states=True)
+        if path is None:
+            raise EcomkitError(f"No DeepSpeed checkpoint found in {ckpt_dir} (tag {tag or 'from the latest file'}). "
+                               "Pass the directory a run wrote with --zero-checkpoint-interval.")
+        return client_state or {}
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """fp32 weights gathered from the partitions (a collective); the dict on rank 0, None elsewhere.
+
+        ``safe_get_full_fp32_param`` returns the optimizer's fp32 master copy,
+        so a bf16 run still saves full-precision weights, exactly as DDP would.
+        """
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        out: dict[str, torch.Tensor] = {}
+        for name, p in self.raw_model.named_parameters():
+            full = safe_get_full_fp32_param(p)
+            if full is None:  # stage 0 without bf16/fp16: the module parameter is the master
+                full = p.detach()
+            if self.env.is_main:
+                out[name] = full.detach().float().cpu().clone()
+        if not self.env.is_main:
+            return None
+        for name, buf in self.raw_model.named_buffers():
+            out.setdefault(name, buf.detach().cpu().clone())
+        return out
+
+    def save_pretrained(self, out_dir: str, tokenizer: Any | None = None) -> None:
+        """One consolidated HF directory (safetensors) that loads without DeepSpeed."""
+        from ecomkit.parallel.zero.checkpoint import consolidated_save_pretrained
+
+        state = self.full_state_dict()
+        if self.env.is_main:
+            consolidated_save_pretrained(self.raw_model.config, state, out_dir)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(out_dir)
+        if self.env.distributed:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def memory_report(self) -> dict[str, int]:
+        from ecomkit.measure.zero import zero_state_bytes
+
+        return zero_state_bytes(self.engine)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            with contextlib.suppress(Exception):
+                self.engine.destroy()  # removes ZeRO-3 hooks that keep references alive
+        self.engine = None
+        super().close()
+        gc.collect()
+
+
+__all__ = ["ZeroStrategy", "build_zero_config", "build_zero_optimizer", "CPUAdamUnavailableWarning"]
