@@ -20,12 +20,68 @@ import json
 import os
 import typing
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable
 
 from ecomkit.errors import ConfigError
 
-STRATEGIES = ("ddp", "accelerate", "zero", "fsdp", "tp", "pp", "mixed")
+
+
+class StrategyName(str, Enum):
+    """The one vocabulary of training strategies: what ``--strategy`` takes.
+
+    A ``str`` enum, so ``StrategyName.ZERO == "zero"`` and configs, JSON files
+    and flags keep plain strings. The planner, the loop, the strategy registry
+    (``ecomkit.parallel.STRATEGY_FACTORIES``) and the sweeps all use it; the
+    planner's stage-specific names ("zero2", "fsdp2") are spelled by
+    :func:`plan_strategy_name` and read back by :func:`parse_plan_strategy`.
+    """
+
+    DDP = "ddp"
+    ACCELERATE = "accelerate"
+    ZERO = "zero"
+    FSDP = "fsdp"
+    TP = "tp"
+    PP = "pp"
+    MIXED = "mixed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STRATEGIES = tuple(s.value for s in StrategyName)
+# The planner plans one memory layout per name: ZeRO is split by stage, FSDP is FSDP2.
+PLAN_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2", "tp", "pp")
+DEEPSPEED_PLAN_STRATEGIES = ("zero1", "zero2", "zero3")
+PLAN_STRATEGY_ALIASES = {"zero0": "ddp", "zero-0": "ddp", "zero-1": "zero1", "zero-2": "zero2", "zero-3": "zero3",
+                         "fsdp": "fsdp2", "dp": "ddp", "accelerate": "ddp"}
+
+
+def plan_strategy_name(strategy: str, zero_stage: int = 0) -> str:
+    """The planner's name for a training strategy: ("zero", 2) -> "zero2", "fsdp" -> "fsdp2", ("zero", 0) -> "ddp"."""
+    s = StrategyName(strategy)
+    if s is StrategyName.ZERO:
+        return "ddp" if zero_stage == 0 else f"zero{zero_stage}"
+    if s is StrategyName.FSDP:
+        return "fsdp2"
+    if s is StrategyName.ACCELERATE:
+        return "ddp"
+    if s is StrategyName.MIXED:
+        raise ConfigError("The planner plans one strategy at a time; plan 'mixed' as tp, pp or fsdp2.")
+    return s.value
+
+
+def parse_plan_strategy(name: str) -> tuple[StrategyName, int]:
+    """Read a planner name back: "zero3" -> (ZERO, 3), "fsdp2" -> (FSDP, 0), "zero-1" -> (ZERO, 1)."""
+    key = PLAN_STRATEGY_ALIASES.get(str(name).lower(), str(name).lower())
+    if key not in PLAN_STRATEGIES:
+        _choice("planner strategy", key, PLAN_STRATEGIES)
+    if key in DEEPSPEED_PLAN_STRATEGIES:
+        return StrategyName.ZERO, int(key.removeprefix("zero"))
+    return (StrategyName.FSDP, 0) if key == "fsdp2" else (StrategyName(key), 0)
+
+
 PRECISIONS = ("fp32", "bf16", "fp16")
 TASKS = ("lm", "nlu")
 CLIP_POLICIES = ("fixed", "sentiment")
