@@ -26,8 +26,9 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) -m torch.distributed.run --standalone --nproc_per_node 2 scripts/02_data_parallel.py --output-dir runs/demo
 
-# The whole suite: unit + 2-process gloo tests, then every notebook top to bottom.
+# The whole suite: the import floors (lint-imports), unit + 2-process gloo tests, then every notebook.
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest tests notebooks --nbmake -q
 
 bench: $(STAMP)

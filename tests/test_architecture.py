@@ -1,0 +1,126 @@
+"""The house rules of ``ecomkit``'s layout, checked so they cannot drift.
+
+- The floors (``[tool.importlinter]`` in pyproject.toml) hold: ``lint-imports``
+  passes, and it *fails* on a copy of the package with one upward import added,
+  so the contract is known to bite.
+- No function-level import of an ecomkit module (an upward arrow in disguise).
+  Function-level imports are kept only for heavy optional third-party packages,
+  each with a ``# lazy:`` comment giving its reason.
+- At most 10 modules directly under ``ecomkit/``; no module over about 400 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "ecomkit"
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+MAX_TOP_LEVEL_MODULES = 10
+MAX_MODULE_LINES = 420   # "about 400": a docstring's worth of slack, not a second module
+LAZY_MARK = "# lazy:"
+# Heavy or optional third-party packages that may be imported inside a function (with a reason).
+LAZY_ALLOWED = ("deepspeed", "accelerate", "pynvml", "ipywidgets", "matplotlib", "IPython")
+
+
+def _lint(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:
+    if not LINT_IMPORTS.exists():
+        pytest.fail(f"{LINT_IMPORTS} is missing: install the test extra (pip install -e '.[test]').")
+    env = {**os.environ, "PYTHONPATH": str(pythonpath), "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_import_contract_holds():
+    result = _lint(ROOT, ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 kept, 0 broken" in result.stdout
+
+
+def test_import_contract_fails_on_an_upward_import(tmp_path):
+    """A copy of the package where ground (``ecomkit.errors``) imports the plots floor must be refused."""
+    shutil.copytree(PACKAGE, tmp_path / "ecomkit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    errors = tmp_path / "ecomkit" / "errors.py"
+    errors.write_text(errors.read_text() + "\nimport ecomkit.plots.common  # deliberate upward import\n")
+    result = _lint(tmp_path, tmp_path)
+    assert result.returncode != 0, result.stdout
+    assert "ecomkit.errors -> ecomkit.plots.common" in result.stdout, result.stdout
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _function_level_imports(path: Path) -> list[tuple[int, str, str]]:
+    """(line, imported module, source line) for every import statement inside a def."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    found = []
+    for fn in ast.walk(ast.parse(text)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = ["." * node.level + (node.module or "")]
+            else:
+                continue
+            found += [(node.lineno, name, lines[node.lineno - 1]) for name in names]
+    return found
+
+
+def test_no_function_level_imports_of_ecomkit_modules():
+    offenders = [f"{p.relative_to(ROOT)}:{line}: {src.strip()}"
+                 for p in _modules() for line, name, src in _function_level_imports(p)
+                 if name.startswith((".", "ecomkit"))]
+    assert not offenders, "import these at module level (or move the code to the right floor):\n" + "\n".join(
+        offenders)
+
+
+def _lazy_import_problem(name: str, src: str) -> str | None:
+    if name.startswith((".", "ecomkit")):
+        return None  # reported by the test above
+    if name.split(".")[0] not in LAZY_ALLOWED:
+        return f"import {name} at module level (only {', '.join(LAZY_ALLOWED)} may be imported lazily)"
+    if LAZY_MARK not in src:
+        return f"add '{LAZY_MARK} <reason>' on the line"
+    return None
+
+
+def test_function_level_imports_are_heavy_optional_packages_with_a_reason():
+    offenders = [f"{p.relative_to(ROOT)}:{line}: {src.strip()}  -> {why}"
+                 for p in _modules() for line, name, src in _function_level_imports(p)
+                 if (why := _lazy_import_problem(name, src))]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_top_level_is_small():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+def test_no_module_is_too_long():
+    long = {str(p.relative_to(ROOT)): n for p in _modules()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"split these modules (more than {MAX_MODULE_LINES} lines): {long}"
+
+
+def test_checks_catch_what_they_look_for(tmp_path):
+    """The AST scan itself finds a nested ecomkit import and a lazy import without its reason."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from ecomkit.dist import log\n    import deepspeed\n"
+                     "    import accelerate  # lazy: heavy optional package\n")
+    probe.write_text(probe.read_text() + "    import yaml  # lazy: not heavy\n")
+    found = _function_level_imports(probe)
+    assert [(n, LAZY_MARK in s) for _, n, s in found] == [
+        ("ecomkit.dist", False), ("deepspeed", False), ("accelerate", True), ("yaml", True)]
+    assert [_lazy_import_problem(n, s) is None for _, n, s in found] == [True, False, True, False]
