@@ -81,3 +81,47 @@ def print_run_summary(summary: dict[str, Any]) -> None:
         + (f", model in {summary['model_dir']}" if summary.get("model_dir") else "") + ")\n",
         flush=True,
     )
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated percentile of an already sorted list (q in [0, 1])."""
+    if not sorted_values:
+        return float("nan")
+    pos = (len(sorted_values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def throughput_summary(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
+                       slowest_rank_steady_s: float | None = None) -> dict[str, Any]:
+    """Throughput of the steady phase: total samples (tokens) divided by total wall time.
+
+    Why not the mean of per-step rates: with length-bucketed batches the step
+    times are uneven, and the mean of ``samples / step_time`` weights a short
+    fast step as much as a long slow one, so it overstates throughput (by 19-25 %
+    on the chapter 02 runs). Dividing totals gives the rate a user's epoch
+    actually runs at. The first ``warmup_steps`` rows (allocator warm-up,
+    kernel selection) are left out when enough rows remain.
+
+    ``slowest_rank_steady_s``: the steady-phase wall time of the slowest rank
+    (an ``all_reduce(MAX)`` done by the caller); with several ranks the job runs
+    at that rank's pace, so the rates are computed from it when given.
+    """
+    steady = train_rows[warmup_steps:] if len(train_rows) > warmup_steps else list(train_rows)
+    times = [float(r["step_time_s"]) for r in steady]
+    own_total = sum(times)
+    total = max(own_total, slowest_rank_steady_s) if slowest_rank_steady_s is not None else own_total
+    samples = sum(int(r["samples"]) for r in steady)
+    tokens = sum(int(r["tokens"]) for r in steady)
+    ordered = sorted(times)
+    return {
+        "steady_steps": len(steady),
+        "steady_wall_s": total,
+        "samples_per_s": samples / total if total > 0 else float("nan"),
+        "tokens_per_s": tokens / total if total > 0 else float("nan"),
+        "step_time_s": total / len(steady) if steady else float("nan"),
+        "step_time_median_s": _percentile(ordered, 0.5),
+        "step_time_p90_s": _percentile(ordered, 0.9),
+        "slowest_rank_steady_s": slowest_rank_steady_s,
+    }
