@@ -28,7 +28,7 @@ overfit makes a slower method look *better* on held-out loss. The table of
 eval-loss gaps per step shows the whole trajectory, not only the end.
 
 PowerSGD runs a plain all-reduce for its first ``--powersgd-start-iter``
-steps (torch requires >= 2, see ecomkit.parallel.compression.hooks), so its ratio
+steps (torch requires >= 2, checked by ecomkit.config.validate), so its ratio
 is judged on the compressed steps; the mean over all steps is printed too.
 Why the tiny model is enough for PowerSGD's 10x: its biggest matrix is the
 embedding (vocab × 64), which rank 4 compresses (vocab + 64) × 4 / (vocab × 64)

@@ -41,7 +41,8 @@ def main() -> None:
     from ecomkit.measure import memory_tuning as mt
     from ecomkit.measure.activations import disable_checkpointing, enable_checkpointing, measure_step_memory, time_step
     from ecomkit.data import generate_catalog, tokenize_records
-    from ecomkit.planner.memory import checkpointing_factor, model_shape
+    from ecomkit.planner.activations import checkpointing_factor
+    from ecomkit.planner.shapes import model_shape
     from ecomkit.models.tokenizer import get_tokenizer
     from ecomkit.train.loop import tokenizer_cache_dir
 

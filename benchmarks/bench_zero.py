@@ -68,7 +68,7 @@ def print_table(rows: list[dict], args) -> None:
               + f"{r['formula']['total'] / mib:>8.2f} {r['formula_label']:<5}"
               + f"{r['samples_per_s']:>10.1f}{r['samples_per_s'] / base['samples_per_s']:>7.2f}×")
     print("MiB per rank; 'states' = params + grads + optimizer (communication buffers listed apart); "
-          "'formula' = the same stage's bytes for this precision (see ecomkit.measure.zero).")
+          "'formula' = the same stage's bytes for this precision (see ecomkit.planner.zero_formulas).")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Part 1 — attention. A SeqGPT-560M-shaped BLOOM (hidden 1024, 24 blocks, 16 hea
 vocabulary 250,880), randomly initialised directly on the GPU in bf16 (parameters
 and AdamW states in bf16: a throughput measurement, not a recipe), trained on
 random tokens for a few steps with each attention path. Reported per path:
-tokens/s, MFU (ecomkit.hardware: 6Ψ + 12·L·h·T FLOPs per token over the GPU's
+tokens/s, MFU (6Ψ + 12·L·h·T FLOPs per token over the GPU's ecomkit.hardware
 dense bf16 peak), step time and peak allocated memory. Goal (issue 9): >= 40 %
 MFU for the best path.
 
@@ -90,8 +90,8 @@ def attention_case(impl: str, st: dict[str, Any], device) -> dict[str, Any]:
     import torch
 
     from ecomkit.errors import EcomkitError
-    from ecomkit.hardware import device_peak_flops, flops_per_token
-    from ecomkit.models.bloom import count_parameters
+    from ecomkit.hardware import device_peak_flops
+    from ecomkit.models.bloom import count_parameters, flops_per_token
     from ecomkit.models.attention import install_attention
     from ecomkit.models.loss import token_loss_sum
 

@@ -1,40 +1,232 @@
-"""FLOPs per token and device peaks, for MFU and for the time planner.
+"""The one hardware table: GPU peak FLOP/s per dtype, memory, HBM bandwidth, and interconnect presets.
 
-Training FLOPs per token ≈ 6Ψ (forward 2Ψ + backward 4Ψ, every weight is one
-multiply-add per token) plus the attention score/value products that do not
-involve weights: 12 · n_layer · hidden · seq_len (PaLM appendix B). Ψ counts
-every parameter once, embeddings included, as nanoGPT does; the LM head
-shares the embedding weight in BLOOM but still does its 2·V·h matmul, which
-6Ψ already counts.
+Why one table: MFU (``ecomkit.train.loop``), the memory planner and the time
+model (``ecomkit.planner``) must agree on what a GPU is. A figure that lives in
+two places drifts, and a peak matched by substring is wrong ("H100 PCIe"
+would get the SXM peak, 30 % too high). So:
+
+- every GPU has one row (:data:`GPUS`), with the source of its figures;
+- names match **exactly**, case-insensitively, against a key (``a100-40g``)
+  or an explicit alias (:data:`GPU_ALIASES`), which includes the string
+  ``torch.cuda.get_device_name()`` returns on that board;
+- a GPU that is not in the table gets no peak and the message
+  "MFU not reported: unknown GPU 'X'; add it to ecomkit/hardware.py",
+  never another board's peak;
+- a precision a board has no tensor cores for (bf16 on a V100) has no peak:
+  the planner refuses it instead of quietly using the fp16 figure.
+
+Peaks are **dense** (no 2:4 sparsity: the data sheets print the sparse figure
+first, twice as large). ``fp32`` is the non-tensor FP32 rate, which is what
+torch runs fp32 matmuls at by default (TF32 off). Memory is what
+``torch.cuda.get_device_properties().total_memory`` reports (approximately:
+a little under the marketing GB).
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
+from dataclasses import dataclass
+
 import torch
 
-# Dense peak TFLOP/s by precision (no sparsity), from the vendors' data sheets.
-GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
-    "H100": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
-    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
-    "A10": {"bf16": 125.0, "fp16": 125.0, "fp32": 31.2},
-    "L40S": {"bf16": 362.0, "fp16": 362.0, "fp32": 91.6},
-    "4090": {"bf16": 165.2, "fp16": 165.2, "fp32": 82.6},
-    "V100": {"bf16": 0.0, "fp16": 125.0, "fp32": 15.7},
+from ecomkit.config import PRECISIONS
+from ecomkit.errors import ConfigError
+
+log = logging.getLogger("ecomkit")
+GIB = 1024**3
+
+
+def _gib(x: float) -> int:
+    return int(x * GIB)
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU board: what the planner and MFU need. A ``None`` peak means the board lacks that dtype."""
+
+    key: str
+    name: str                    # what tables and verdicts print
+    memory_bytes: int            # torch's total_memory (approx.)
+    hbm_bytes_per_s: float       # memory bandwidth (data sheet), for the optimizer step
+    tflops_bf16: float | None    # dense tensor-core peak, TFLOP/s
+    tflops_fp16: float | None
+    tflops_fp32: float           # non-tensor FP32
+
+    def supports(self, precision: str) -> bool:
+        return self._tflops(precision) is not None
+
+    def _tflops(self, precision: str) -> float | None:
+        if precision not in PRECISIONS:
+            raise ConfigError(f"Unknown precision '{precision}'. Choose one of: {', '.join(PRECISIONS)}.")
+        return {"bf16": self.tflops_bf16, "fp16": self.tflops_fp16, "fp32": self.tflops_fp32}[precision]
+
+    def peak_flops(self, precision: str) -> float:
+        """Dense peak FLOP/s for ``precision``; a ConfigError when the board has no such tensor cores."""
+        tflops = self._tflops(precision)
+        if tflops is None:
+            other = [p for p in PRECISIONS if self._tflops(p) is not None]
+            raise ConfigError(f"{self.name} has no {precision} tensor cores, so there is no {precision} peak to plan "
+                              f"with. Use --precision {' or '.join(other)}, or another --gpu.")
+        return tflops * 1e12
+
+
+# Sources (dense, no sparsity):
+#   A100: "NVIDIA A100 Tensor Core GPU" data sheet (BF16/FP16 312, FP32 19.5; HBM 1,555 / 1,935 / 2,039 GB/s).
+#   H100 SXM / PCIe / NVL: "NVIDIA H100 Tensor Core GPU" data sheet (BF16 989 / 756 / 835, i.e. half the
+#     sparse 1,979 / 1,513 / 1,671; FP32 67 / 51 / 60; HBM 3.35 / 2.0 / 3.9 TB/s; NVL has 94 GB).
+#   H800 SXM: NVIDIA H800 product brief (H100 SXM compute and memory; only NVLink is cut, to 400 GB/s).
+#   H200 SXM: "NVIDIA H200 Tensor Core GPU" data sheet (BF16 989, FP32 67, 141 GB at 4.8 TB/s).
+#   B200 (HGX, 1,000 W): "NVIDIA HGX B200" data sheet (BF16 2,250 dense of 4,500 sparse; FP32 80; 180 GB, 8 TB/s).
+#   L40S: "NVIDIA L40S" data sheet (BF16/FP16 362 with FP32 accumulate, of 733 sparse; FP32 91.6; 48 GB, 864 GB/s).
+#   A10: "NVIDIA A10 Tensor Core GPU" data sheet (BF16/FP16 125, FP32 31.2; 24 GB, 600 GB/s).
+#   A10G (AWS EC2 G5 only, no NVIDIA data sheet): the figures AWS/NVIDIA publish for G5 (tensor BF16/FP16 70,
+#     FP32 35; same 24 GB and 600 GB/s as the A10).
+#   RTX 4090: "NVIDIA Ada GPU Architecture" whitepaper, appendix (FP16/BF16 with FP32 accumulate 165.2, FP32 82.6;
+#     1,008 GB/s).
+#   V100 SXM2: "NVIDIA Tesla V100" data sheet (FP16 tensor 125, FP32 15.7, no BF16; 900 GB/s).
+GPUS: dict[str, GpuSpec] = {g.key: g for g in (
+    GpuSpec("a100-40g", "A100-SXM4-40GB", _gib(39.4), 1.555e12, 312.0, 312.0, 19.5),
+    GpuSpec("a100-80g", "A100-SXM4-80GB", _gib(79.2), 2.039e12, 312.0, 312.0, 19.5),
+    GpuSpec("a100-pcie-40g", "A100-PCIe-40GB", _gib(39.4), 1.555e12, 312.0, 312.0, 19.5),
+    GpuSpec("a100-pcie-80g", "A100-PCIe-80GB", _gib(79.2), 1.935e12, 312.0, 312.0, 19.5),
+    GpuSpec("h100-80g", "H100-SXM5-80GB", _gib(79.1), 3.35e12, 989.0, 989.0, 67.0),
+    GpuSpec("h100-pcie", "H100-PCIe-80GB", _gib(79.1), 2.0e12, 756.0, 756.0, 51.0),
+    GpuSpec("h100-nvl", "H100-NVL-94GB", _gib(93.1), 3.9e12, 835.0, 835.0, 60.0),
+    GpuSpec("h800", "H800-SXM5-80GB", _gib(79.1), 3.35e12, 989.0, 989.0, 67.0),
+    GpuSpec("h200", "H200-SXM-141GB", _gib(139.8), 4.8e12, 989.0, 989.0, 67.0),
+    GpuSpec("b200", "B200-HGX-180GB", _gib(178.4), 8.0e12, 2250.0, 2250.0, 80.0),
+    GpuSpec("l40s", "L40S 48GB", _gib(44.4), 0.864e12, 362.0, 362.0, 91.6),
+    GpuSpec("a10-24g", "A10 24GB", _gib(22.0), 0.6e12, 125.0, 125.0, 31.2),
+    GpuSpec("a10g", "A10G 24GB", _gib(22.0), 0.6e12, 70.0, 70.0, 35.0),
+    GpuSpec("rtx4090", "GeForce RTX 4090 24GB", _gib(23.6), 1.008e12, 165.2, 165.2, 82.6),
+    GpuSpec("v100-32g", "V100-SXM2-32GB", _gib(31.7), 0.9e12, None, 125.0, 15.7),
+    GpuSpec("v100-16g", "V100-SXM2-16GB", _gib(15.8), 0.9e12, None, 125.0, 15.7),
+)}
+
+# Every other spelling that names a row: short flags, and what torch.cuda.get_device_name() returns.
+GPU_ALIASES: dict[str, str] = {
+    "a100": "a100-80g", "a100-40gb": "a100-40g", "a100-80gb": "a100-80g",
+    "nvidia a100-sxm4-40gb": "a100-40g", "nvidia a100-sxm4-80gb": "a100-80g",
+    "nvidia a100-pcie-40gb": "a100-pcie-40g", "nvidia a100 80gb pcie": "a100-pcie-80g",
+    "h100": "h100-80g", "h100-80gb": "h100-80g", "h100-sxm": "h100-80g", "nvidia h100 80gb hbm3": "h100-80g",
+    "nvidia h100 pcie": "h100-pcie", "nvidia h100 nvl": "h100-nvl",
+    "nvidia h800": "h800", "h800-sxm": "h800",
+    "nvidia h200": "h200", "h200-sxm": "h200",
+    "nvidia b200": "b200",
+    "nvidia l40s": "l40s",
+    "a10": "a10-24g", "nvidia a10": "a10-24g", "nvidia a10g": "a10g",
+    "4090": "rtx4090", "rtx-4090": "rtx4090", "rtx4090-24g": "rtx4090", "nvidia geforce rtx 4090": "rtx4090",
+    "v100": "v100-32g", "tesla v100-sxm2-32gb": "v100-32g", "tesla v100-sxm2-16gb": "v100-16g",
 }
 
 
-def flops_per_token(n_params: int, n_layer: int, hidden: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6Ψ + 12·L·h·T."""
-    return 6.0 * n_params + 12.0 * n_layer * hidden * seq_len
+def find_gpu(name: str) -> GpuSpec | None:
+    """The row whose key or alias equals ``name`` (case-insensitive, surrounding spaces ignored); else ``None``."""
+    key = str(name).strip().lower()
+    return GPUS.get(GPU_ALIASES.get(key, key))
+
+
+def gpu_spec(name: str | GpuSpec) -> GpuSpec:
+    """Look up a GPU by key, alias or device name; a ConfigError names the known ones (``--gpu``)."""
+    if isinstance(name, GpuSpec):
+        return name
+    spec = find_gpu(name)
+    if spec is not None:
+        return spec
+    close = difflib.get_close_matches(str(name).lower(), list(GPUS) + list(GPU_ALIASES), n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    raise ConfigError(f"Unknown GPU '{name}' (--gpu).{hint} Known GPUs: {', '.join(GPUS)}. To plan for another "
+                      "board, add it to ecomkit/hardware.py or pass a GpuSpec from Python.")
+
+
+# ---------------------------------------------------------------------- links
+@dataclass(frozen=True)
+class LinkSpec:
+    """A GPU interconnect for the α-β model of ring collectives."""
+
+    key: str
+    name: str
+    bus_bytes_per_s: float      # achievable all-reduce bus bandwidth per GPU (nccl-tests "busbw")
+    latency_s: float            # α: per-hop latency of one ring step
+    peak_note: str              # the marketing peak, and where the achievable figure comes from
+
+
+# Achievable bus bandwidths (what nccl-tests report as busbw on such systems), not the raw peaks in peak_note.
+LINKS: dict[str, LinkSpec] = {lk.key: lk for lk in (
+    LinkSpec("pcie4-x16", "PCIe 4.0 x16 (through the host)", 20e9, 10e-6,
+             "32 GB/s per direction raw; GeForce cards (RTX 4090) have no peer-to-peer, so NCCL stages through host "
+             "memory"),
+    LinkSpec("nvlink-a100", "NVLink 3 + NVSwitch (A100 SXM)", 230e9, 5e-6,
+             "600 GB/s total per GPU (300 per direction); DGX A100 all-reduce busbw ≈ 230 GB/s"),
+    LinkSpec("nvlink-h100", "NVLink 4 + NVSwitch (H100 SXM)", 370e9, 5e-6,
+             "900 GB/s total per GPU (450 per direction); DGX H100 busbw ≈ 350-450 GB/s"),
+    LinkSpec("ib-200g", "InfiniBand HDR 200 Gb/s per GPU", 23e9, 8e-6, "25 GB/s raw per NIC"),
+    LinkSpec("ib-400g", "InfiniBand NDR 400 Gb/s per GPU", 46e9, 8e-6, "50 GB/s raw per NIC"),
+)}
+
+
+def link_spec(name: str | LinkSpec) -> LinkSpec:
+    """Look up a link preset by key (``--link``); a ConfigError names the known ones."""
+    if isinstance(name, LinkSpec):
+        return name
+    key = str(name).strip().lower()
+    if key in LINKS:
+        return LINKS[key]
+    close = difflib.get_close_matches(key, list(LINKS), n=1)
+    raise ConfigError(f"Unknown link '{name}' (--link).{' Did you mean ' + repr(close[0]) + '?' if close else ''} "
+                      f"Known links: {', '.join(LINKS)}; or pass a LinkSpec.")
+
+
+# ---------------------------------------------------------------------- MFU
+_REPORTED: set[str] = set()
+
+
+def unknown_gpu_message(device_name: str) -> str:
+    return f"MFU not reported: unknown GPU '{device_name}'; add it to ecomkit/hardware.py"
+
+
+def peak_flops_or_reason(device_name: str, precision: str) -> tuple[float | None, str | None]:
+    """(peak FLOP/s, None) for a known board and dtype, else (None, why MFU cannot be reported)."""
+    spec = find_gpu(device_name)
+    if spec is None:
+        return None, unknown_gpu_message(device_name)
+    if not spec.supports(precision):
+        return None, f"MFU not reported: {spec.name} has no {precision} peak (no {precision} tensor cores)"
+    return spec.peak_flops(precision), None
+
+
+def device_mfu_note(device: torch.device, precision: str) -> str | None:
+    """Why ``device`` has no MFU (unknown GPU, dtype without tensor cores); None on a CPU or a known GPU."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return peak_flops_or_reason(torch.cuda.get_device_name(device), precision)[1]
 
 
 def device_peak_flops(device: torch.device, precision: str) -> float | None:
-    """Peak FLOP/s of one device for ``precision``; ``None`` when unknown (e.g. CPU)."""
+    """Peak FLOP/s of one device for ``precision``; ``None`` on a CPU or for a GPU the table does not know.
+
+    The reason for a ``None`` on a GPU is logged once per reason (not once per
+    step); :func:`mfu_fields` puts it in the metrics row where MFU would be.
+    """
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name(device)
-    for key, peaks in GPU_PEAK_TFLOPS.items():
-        if key in name and peaks.get(precision):
-            return peaks[precision] * 1e12
-    return None
+    peak, reason = peak_flops_or_reason(torch.cuda.get_device_name(device), precision)
+    if reason is not None and reason not in _REPORTED:
+        _REPORTED.add(reason)
+        log.warning(reason)
+    return peak
+
+
+def mfu_fields(achieved_flops_per_s: float, peak_per_device: float | None, n_devices: int,
+               device: torch.device, precision: str) -> dict[str, float | str | None]:
+    """``{"mfu": fraction}``, or ``{"mfu": None, "mfu_note": why}`` on a GPU without a known peak (none on CPU)."""
+    if peak_per_device:
+        return {"mfu": achieved_flops_per_s / (peak_per_device * n_devices)}
+    note = device_mfu_note(device, precision)
+    return {"mfu": None, "mfu_note": note} if note else {"mfu": None}
+
+
+__all__ = ["GpuSpec", "GPUS", "GPU_ALIASES", "find_gpu", "gpu_spec", "LinkSpec", "LINKS", "link_spec",
+           "unknown_gpu_message", "peak_flops_or_reason", "device_mfu_note", "device_peak_flops", "mfu_fields",
+           "GIB"]

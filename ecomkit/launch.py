@@ -42,7 +42,7 @@ def repo_root(start: str | Path | None = None) -> Path:
     )
 
 
-def _child_env(env: Mapping[str, str] | None) -> dict[str, str]:
+def child_env(env: Mapping[str, str] | None) -> dict[str, str]:
     """os.environ + ``env``; OMP_NUM_THREADS=1 unless given (N processes × all cores oversubscribes)."""
     merged = dict(os.environ)
     merged.update(env or {})
@@ -60,8 +60,8 @@ def _resolve_script(script: str | Path, root: Path) -> Path:
     return path
 
 
-def _stream(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float | None,
-            live: bool, on_line: Callable[[str], None] | None = None) -> subprocess.CompletedProcess:
+def stream_command(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float | None,
+                   live: bool, on_line: Callable[[str], None] | None = None) -> subprocess.CompletedProcess:
     """Run ``cmd``, echo each output line as it arrives, kill the whole process group on timeout.
 
     ``on_line`` sees every line as it arrives (chapter 07's stall demo watches for the stall there).
@@ -128,7 +128,7 @@ def run_torchrun(script: str | Path, args: Sequence[str] = (), nproc: int = 2, *
     root = repo_root()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "--max_restarts", str(max_restarts), str(_resolve_script(script, root)), *map(str, args)]
-    return _check(_stream(cmd, cwd=root, env=_child_env(env), timeout=timeout, live=live))
+    return _check(stream_command(cmd, cwd=root, env=child_env(env), timeout=timeout, live=live))
 
 
 def run_python(script: str | Path, args: Sequence[str] = (), *, env: Mapping[str, str] | None = None,
@@ -136,7 +136,7 @@ def run_python(script: str | Path, args: Sequence[str] = (), *, env: Mapping[str
     """One plain ``python script args`` process (world size 1), same streaming and errors as run_torchrun."""
     root = repo_root()
     cmd = [sys.executable, str(_resolve_script(script, root)), *map(str, args)]
-    return _check(_stream(cmd, cwd=root, env=_child_env(env), timeout=timeout, live=live))
+    return _check(stream_command(cmd, cwd=root, env=child_env(env), timeout=timeout, live=live))
 
 
 def read_json(path: str | Path) -> Any:
@@ -150,6 +150,14 @@ def read_json(path: str | Path) -> Any:
     except json.JSONDecodeError as exc:
         raise DataError(f"{p}, line {exc.lineno}: not valid JSON ({exc.msg}). The file may be truncated "
                         "by a crashed run; run the script again.") from exc
+
+
+def write_json(data: Any, path: str | Path) -> Path:
+    """Write what a script measured, for :func:`read_json` to read back; parent folders are created."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    return p
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

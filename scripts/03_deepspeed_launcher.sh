@@ -7,8 +7,8 @@
 # - without GPUs the launcher counts zero devices and starts ONE process unless
 #   it is given --num_gpus N (shared CPU notes, trap 4);
 # - the launcher process itself imports DeepSpeed, so DS_ACCELERATOR=cpu must be
-#   in its environment before it starts (the script sets it for the workers,
-#   too late for the launcher);
+#   in its environment before it starts (ecomkit's ZeRO strategy sets it in the
+#   workers, too late for the launcher);
 # - TORCH_EXTENSIONS_DIR keeps the JIT-built ops (CPU Adam, shm comm) between runs.
 # The launcher appends --local_rank=N to the script's arguments; 03_zero3.py accepts
 # and ignores it (LOCAL_RANK from the environment is what ecomkit reads).

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import os
 
-from ecomkit.parallel.zero.config import ensure_deepspeed_env
-
-ensure_deepspeed_env()  # before transformers/accelerate import deepspeed
-
-from ecomkit.config import TrainConfig, parse_config, preset_zero3_tiny  # noqa: E402
-from ecomkit.errors import exit_on_user_error  # noqa: E402
+from ecomkit.config import TrainConfig, parse_config, preset_zero3_tiny
+from ecomkit.errors import exit_on_user_error
+from ecomkit.parallel.zero.config import trainer_zero_config
+from ecomkit.train.hf_trainer import run_hf_trainer
 
 
 def script_defaults() -> TrainConfig:
@@ -28,23 +26,8 @@ def script_defaults() -> TrainConfig:
     return cfg
 
 
-def trainer_zero_config(cfg: TrainConfig) -> dict:
-    """The generated DeepSpeed dict for this launch (bucket capped by the preset's Ψ when it is a preset)."""
-    from ecomkit.models.bloom import PRESETS, preset_parameter_count
-    from ecomkit.parallel.zero.config import build_zero_config, save_zero_config
-
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    psi = preset_parameter_count(cfg.model) if cfg.model in PRESETS else None  # toy presets: an upper bound
-    ds = build_zero_config(cfg, world, cfg.resolve_grad_accum(world), n_params=psi)
-    if int(os.environ.get("RANK", 0)) == 0:
-        save_zero_config(ds, cfg.output_dir)
-    return ds
-
-
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
-    from ecomkit.train.hf_trainer import run_hf_trainer
-
     cfg, _ = parse_config(argv, description=__doc__, defaults=script_defaults())
     summary = run_hf_trainer(cfg, deepspeed=trainer_zero_config(cfg))
     if int(os.environ.get("RANK", 0)) == 0:

@@ -6,7 +6,7 @@ What is new compared with scripts/02_data_parallel.py: the strategy is
 writes ds_config.json (the DeepSpeed config it used) and memory.json (the
 bytes of params / grads / optimizer states each rank held).
 
-Launch lines (gloo + DS_ACCELERATOR=cpu without GPUs, nccl with them; picked automatically):
+Launch lines (gloo + DS_ACCELERATOR=cpu without GPUs, nccl with them; ecomkit picks them):
 
   torchrun --standalone --nproc_per_node 4 scripts/03_zero3.py           # ZeRO-3, tiny model
   torchrun --standalone --nproc_per_node 2 scripts/03_zero3.py --zero-stage 2 --zero-offload-optimizer
@@ -22,20 +22,20 @@ Useful flags (`--help` lists all; every TrainConfig field is a flag):
   --zero-resume-from DIR[/stepN]                              continue a run exactly
   --consolidate-to DIR    merge a sharded checkpoint into a save_pretrained folder (one process) and exit
   --print-ds-config [--ds-world-size 8]   print the generated DeepSpeed JSON and exit (nothing launched)
+  --stages ddp,1,2,3,3+opt,3@bf16         several variants in one launch, each in <output-dir>/<variant>
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
-from ecomkit.parallel.zero.config import ensure_deepspeed_env
-
-ensure_deepspeed_env()  # DS_ACCELERATOR=cpu must be set before anything imports deepspeed
-
-from ecomkit.config import TrainConfig, parse_config, preset_zero3_tiny  # noqa: E402
-from ecomkit.errors import exit_on_user_error  # noqa: E402
+from ecomkit.config import TrainConfig, parse_config, preset_zero3_tiny
+from ecomkit.errors import exit_on_user_error
+from ecomkit.measure.zero import model_states_line, train_zero_variants
+from ecomkit.metrics import print_run_summary
+from ecomkit.parallel.zero.checkpoint import consolidate_run
+from ecomkit.parallel.zero.config import format_zero_config, zero_config_for_launch
 
 
 def script_defaults() -> TrainConfig:
@@ -59,83 +59,20 @@ def extra_flags(parser: argparse.ArgumentParser) -> None:
                         help=argparse.SUPPRESS)  # the deepspeed launcher passes it; LOCAL_RANK is read instead
 
 
-def check_zero_config(cfg: TrainConfig) -> None:
-    from ecomkit.parallel.zero.config import build_zero_config
-
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    build_zero_config(cfg, world, cfg.resolve_grad_accum(world))
-
-
-def print_ds_config(cfg: TrainConfig, world: int | None) -> None:
-    from ecomkit.parallel.zero.config import build_zero_config, format_zero_config
-
-    world = world or int(os.environ.get("WORLD_SIZE", 1))
-    print(format_zero_config(build_zero_config(cfg, world, cfg.resolve_grad_accum(world))))
-
-
-def consolidate(cfg: TrainConfig, out_dir: str) -> None:
-    from ecomkit.models.bloom import preset_config
-    from ecomkit.parallel.zero.checkpoint import consolidate_checkpoint, resolve_resume
-
-    if not cfg.zero.resume_from:
-        from ecomkit.errors import ConfigError
-
-        raise ConfigError("--consolidate-to needs --zero-resume-from DIR (the sharded checkpoint to merge).")
-    ckpt_dir, tag = resolve_resume(cfg.zero.resume_from)
-    model_cfg = _model_config(cfg, preset_config)
-    consolidate_checkpoint(ckpt_dir, model_cfg, out_dir, tag)
-    print(f"consolidated {ckpt_dir}/{tag} into {out_dir}")
-
-
-def _model_config(cfg: TrainConfig, preset_config):
-    from transformers import AutoConfig
-
-    from ecomkit.models.bloom import PRESETS
-    from ecomkit.models.tokenizer import get_tokenizer
-    from ecomkit.train.loop import tokenizer_cache_dir
-
-    if cfg.model in PRESETS:
-        return preset_config(cfg.model, vocab_size=len(get_tokenizer(cfg.tokenizer, tokenizer_cache_dir())))
-    return AutoConfig.from_pretrained(cfg.model)
-
-
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
     cfg, ns = parse_config(argv, description=__doc__, defaults=script_defaults(), extra=extra_flags)
     if ns.print_ds_config:
-        return print_ds_config(cfg, ns.ds_world_size)
-    if cfg.strategy == "zero" or ns.stages:
-        check_zero_config(cfg)  # a bad --zero-user-config fails here, before any process group exists
+        print(format_zero_config(zero_config_for_launch(cfg, ns.ds_world_size)))
+        return
     if ns.consolidate_to:
-        return consolidate(cfg, ns.consolidate_to)
-    if not ns.stages:
-        from ecomkit.train import run_training
-
-        return train_one(cfg, lambda callbacks: run_training(cfg, callbacks))
-    from ecomkit.train.sweep import parse_variants, run_variants, train_in_session
-
-    run_variants(cfg, parse_variants(ns.stages),
-                 lambda v_cfg, env: train_one(v_cfg, lambda cbs: train_in_session(v_cfg, env, cbs)))
-
-
-def train_one(cfg: TrainConfig, train) -> dict:
-    """One run with the memory probe (memory.json) and, if asked, sharded checkpoints / resume."""
-    from ecomkit.parallel.zero.checkpoint import ZeroCheckpointCallback
-    from ecomkit.metrics import format_bytes, print_run_summary
-    from ecomkit.measure.zero import MemoryProbeCallback
-
-    out = Path(cfg.output_dir)
-    memory = MemoryProbeCallback(str(out / "memory.json"))
-    callbacks: list = [memory]
-    if cfg.strategy == "zero" and (cfg.zero.checkpoint_interval or cfg.zero.resume_from):
-        ckpt_dir = cfg.zero.checkpoint_dir or str(out / "checkpoints")
-        callbacks.append(ZeroCheckpointCallback(ckpt_dir, cfg.zero.checkpoint_interval, cfg.zero.resume_from))
-    summary = train(callbacks)
-    print_run_summary(summary)
-    if int(os.environ.get("RANK", 0)) == 0 and memory.per_rank:
-        per_rank = ", ".join(format_bytes(r.get("total", 0)) for r in memory.per_rank)
-        print(f"model states    {per_rank} per rank (params + grads + optimizer; details in {out / 'memory.json'})")
-    return summary
+        ckpt_dir, tag = consolidate_run(cfg, ns.consolidate_to)
+        print(f"consolidated {ckpt_dir}/{tag} into {ns.consolidate_to}")
+        return
+    for summary in train_zero_variants(cfg, ns.stages):
+        print_run_summary(summary)
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(model_states_line(summary), flush=True)
 
 
 if __name__ == "__main__":

@@ -20,36 +20,18 @@ Launch lines:
 
 Flags: every ``--parallel-*`` field of ecomkit.config.ParallelConfig (``--help`` lists them), plus the
 short aliases ``--dp/--tp/--pp`` for ``--parallel-dp/--parallel-tp/--parallel-pp``, and
-``--dcp-dir DIR``: also save the trained (sharded) model with torch.distributed.checkpoint into DIR.
+``--dcp-dir DIR`` (``--parallel-dcp-dir``): also save the trained (sharded) model with
+torch.distributed.checkpoint into DIR. Every degree is checked before the process group exists.
 
 Outputs in --output-dir: metrics.jsonl (per step: loss, comm_count, comm_payload_bytes, comm_wire_bytes
 per rank 0), summary.json, parallel_layout.json (every rank's parameter shapes and state bytes), final/
 (a plain Hugging Face model, gathered from the shards).
 """
 
-from __future__ import annotations
-
-import argparse
-import os
-import sys
-
-from ecomkit.config import TrainConfig, parse_config
-from ecomkit.errors import ConfigError, exit_on_user_error
-from ecomkit.parallel.dims import validate_parallel_config
+from ecomkit.config import PARALLEL_FLAG_ALIASES, TrainConfig, parse_config
+from ecomkit.errors import exit_on_user_error
 from ecomkit.metrics import print_run_summary
 from ecomkit.train import run_training
-
-MIXED_STRATEGIES = ("fsdp", "tp", "pp", "mixed")
-ALIASES = {"--dp": "--parallel-dp", "--tp": "--parallel-tp", "--pp": "--parallel-pp"}
-
-
-def expand_aliases(argv: list[str]) -> list[str]:
-    """``--tp 2`` / ``--tp=2`` → ``--parallel-tp 2``: the config's derived flag names, shorter."""
-    out = []
-    for arg in argv:
-        flag, sep, value = arg.partition("=")
-        out.append(ALIASES.get(flag, flag) + sep + value if flag in ALIASES else arg)
-    return out
 
 
 def chapter_defaults() -> TrainConfig:
@@ -58,41 +40,10 @@ def chapter_defaults() -> TrainConfig:
     return cfg
 
 
-def add_script_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dcp-dir", default=None,
-                        help="also save the sharded model with torch.distributed.checkpoint into this folder")
-
-
-class SaveShardedModel:
-    """Callback: at the end of training every rank writes its shards with DCP (``--dcp-dir``)."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def on_train_end(self, run, summary) -> None:
-        from ecomkit.parallel.mixed import save_sharded_model
-
-        save_sharded_model(run.strategy.model, self.path)
-
-
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
-    argv = expand_aliases(sys.argv[1:] if argv is None else argv)
-    cfg, ns = parse_config(argv, description=__doc__, defaults=chapter_defaults(), extra=add_script_flags)
-    # every degree checked before the process group exists (product, heads, layers of a preset)
-    if cfg.strategy in MIXED_STRATEGIES:
-        dims = validate_parallel_config(cfg.strategy, cfg.parallel, int(os.environ.get("WORLD_SIZE", 1)),
-                                        cfg.precision, cfg.model)
-        if ns.dcp_dir and dims.pp > 1:
-            raise ConfigError(
-                "--dcp-dir saves the sharded model with torch.distributed.checkpoint, but pipeline stages hold "
-                "stage-local parameter names that do not load into the unsplit model. With --parallel-pp > 1 use "
-                "the consolidated Hugging Face directory the run writes to <output-dir>/final.")
-    elif ns.dcp_dir:
-        raise ConfigError(f"--dcp-dir is for the chapter-04 strategies ({', '.join(MIXED_STRATEGIES)}), "
-                          f"not --strategy {cfg.strategy}.")
-    callbacks = [SaveShardedModel(ns.dcp_dir)] if ns.dcp_dir else []
-    summary = run_training(cfg, callbacks)
+    cfg, _ = parse_config(argv, description=__doc__, defaults=chapter_defaults(), aliases=PARALLEL_FLAG_ALIASES)
+    summary = run_training(cfg)  # --dcp-dir: the run also writes the DCP shards (ecomkit.parallel.mixed)
     print_run_summary(summary)
 
 

@@ -23,12 +23,15 @@ With one process there is no DDP: compression does nothing and says so.
 """
 
 import argparse
-import json
 from pathlib import Path
 
 from ecomkit.config import parse_config
-from ecomkit.errors import ConfigError, exit_on_user_error
+from ecomkit.dist import read_torchrun_env
+from ecomkit.errors import exit_on_user_error
+from ecomkit.measure.compression import train_methods
+from ecomkit.measure.overlap import parse_bucket_sizes, run_overlap_study
 from ecomkit.metrics import print_run_summary
+from ecomkit.parallel.compression.specs import parse_methods, spec_from_config
 
 
 def extra_flags(parser: argparse.ArgumentParser) -> None:
@@ -42,37 +45,13 @@ def extra_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--async-steps", type=int, default=5, help="steps of the guide's async all-reduce (0: skip)")
 
 
-def _floats(text: str, flag: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) <= 0:
-        raise ConfigError(f"{flag} '{text}': give positive numbers separated by commas, e.g. 0.25,1,4,25.")
-    return values
-
-
-def run_overlap(cfg, ns) -> None:
-    from ecomkit.dist import read_torchrun_env
-    from ecomkit.measure.overlap import run_overlap_study
-
-    result = run_overlap_study(cfg, _floats(ns.overlap_bucket_mb, "--overlap-bucket-mb"), ns.overlap_repeats,
-                               ns.async_steps)
-    if read_torchrun_env()[0] == 0:
-        out = Path(cfg.output_dir) / "overlap.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
-        print(f"overlap study written to {out}", flush=True)
-
-
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
-    from ecomkit.dist import read_torchrun_env
-    from ecomkit.measure.compression import parse_methods, spec_from_config, train_methods
-
     cfg, ns = parse_config(argv, description=__doc__, extra=extra_flags)
     if ns.mode == "overlap":
-        return run_overlap(cfg, ns)
+        out = Path(cfg.output_dir) / "overlap.json"
+        run_overlap_study(cfg, parse_bucket_sizes(ns.overlap_bucket_mb), ns.overlap_repeats, ns.async_steps, out)
+        return
     specs = parse_methods(ns.methods) if ns.methods else [spec_from_config(cfg)]
     for summary in train_methods(cfg, specs, subdirs=bool(ns.methods)):
         if read_torchrun_env()[0] == 0:

@@ -22,13 +22,16 @@ rank print its own after 5 s.
 from __future__ import annotations
 
 import argparse
+import os
 
 from ecomkit.config import TrainConfig, parse_config
+from ecomkit.dist import install_stack_dump_signal
 from ecomkit.errors import exit_on_user_error
+from ecomkit.faults.diagnose import SlowRank, StallInjector
 from ecomkit.faults.health import HealthMonitor
+from ecomkit.faults.known_errors import raise_explained
 from ecomkit.metrics import print_run_summary
 from ecomkit.train import run_training
-from ecomkit.faults.diagnose import SlowRank, StallInjector, install_stack_dump_signal, raise_explained
 
 
 def demo_defaults() -> TrainConfig:
@@ -59,8 +62,6 @@ def main(argv: list[str] | None = None) -> None:
     try:
         summary = run_training(cfg, callbacks)
     except RuntimeError as exc:  # gloo/NCCL raise RuntimeError subclasses (DistBackendError)
-        import os
-
         raise_explained(exc, cfg.timeout_s, int(os.environ.get("RANK", 0)))
     print_run_summary(summary)
 

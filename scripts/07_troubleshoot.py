@@ -25,9 +25,10 @@ import json
 import sys
 from pathlib import Path
 
-from ecomkit.dist import distributed_session
+from ecomkit.dist import distributed_session, install_stack_dump_signal
 from ecomkit.errors import ConfigError, exit_on_user_error
-from ecomkit.faults.diagnose import diagnose, explain_error, install_stack_dump_signal
+from ecomkit.faults.diagnose import diagnose
+from ecomkit.faults.known_errors import explain_error
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -17,27 +17,24 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+from ecomkit.config import TrainConfig
+from ecomkit.errors import ConfigError
+from ecomkit.faults.callbacks import checkpoints_requested, effective_checkpoint_interval
 from ecomkit.faults.checkpoint import (
     TMP_PREFIX,
     TRAINER_STATE,
     CheckpointWriter,
-    UnsafeCheckpointError,
     apply_model_optimizer_state,
     capture_rng_state,
-    checkpoints_requested,
-    effective_checkpoint_interval,
     latest_checkpoint,
     list_checkpoints,
     load_dcp,
-    load_weights_file,
     model_optimizer_state,
     remove_stale_temp_dirs,
     restore_rng_state,
     step_dir_name,
-    validate_fault_config,
 )
-from ecomkit.config import TrainConfig
-from ecomkit.errors import ConfigError
+from ecomkit.faults.safe_load import UnsafeCheckpointError, load_weights_file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -229,17 +226,18 @@ def test_checkpoint_interval_auto_only_when_a_restart_can_use_it(monkeypatch):
 
 
 def test_fault_config_validation():
+    """The fault settings are part of TrainConfig.validate(), which runs before any process group exists."""
     cfg = TrainConfig()
     cfg.fault.checkpoint_interval = -5
     with pytest.raises(ConfigError, match="checkpoint_interval"):
-        validate_fault_config(cfg)
+        cfg.validate(world_size=1)
     cfg = TrainConfig(strategy="zero")
     cfg.fault.checkpoint_interval = 10
     with pytest.raises(ConfigError, match="not supported with --strategy zero"):
-        validate_fault_config(cfg)
+        cfg.validate(world_size=1)
     cfg.fault.checkpoint_interval, cfg.fail_at_step = -1, 3
     assert not checkpoints_requested(cfg)  # auto stays off where DCP does not apply
     cfg = TrainConfig()
     cfg.fault.straggler_factor = 1.0
     with pytest.raises(ConfigError, match="straggler_factor"):
-        validate_fault_config(cfg)
+        cfg.validate(world_size=1)

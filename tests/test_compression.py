@@ -17,8 +17,10 @@ from conftest import run_script
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.errors import ConfigError
+from ecomkit.measure.compression import error_feedback_effect
+from ecomkit.measure.overlap import bucket_sweep_summary
 from ecomkit.parallel.compression.hooks import InactiveCompression, register_compression
-from ecomkit.measure.compression import parse_method_spec, parse_methods
+from ecomkit.parallel.compression.specs import parse_method_spec, parse_methods
 from ecomkit.parallel.compression.topk import (densify, error_feedback_step, pack_message, select_topk,
                                                topk_count, unpack_message)
 
@@ -115,6 +117,21 @@ def test_method_specs_parse_and_bad_ones_fail():
             parse_method_spec(bad)
     with pytest.raises(ConfigError, match="no method twice"):
         parse_methods("none,none")
+
+
+def test_error_feedback_effect_pairs_each_ratio_and_names_the_lower_loss():
+    summaries = {"topk:0.01": {"final_loss": 3.0}, "topk:0.01:noef": {"final_loss": 3.5},
+                 "topk:0.1": {"final_loss": 2.9}, "topk:0.1:noef": {"final_loss": 2.8}, "topk:0.25": {"final_loss": 1.0}}
+    rows = error_feedback_effect(summaries)
+    assert [(r["ratio"], r["ef_lower"]) for r in rows] == [(0.01, True), (0.1, False)]  # 0.25 has no pair: skipped
+
+
+def test_bucket_sweep_summary_picks_the_fastest_step_and_measures_noise():
+    sweep = [{"bucket_cap_mb": 1, "step_s": 0.30, "compute_s": 0.20, "comm_s": 0.2, "hidden_frac": 0.5},
+             {"bucket_cap_mb": 4, "step_s": 0.25, "compute_s": 0.22, "comm_s": 0.1, "hidden_frac": 0.7}]
+    b = bucket_sweep_summary(sweep)
+    assert b["fastest_bucket_cap_mb"] == 4 and b["hidden_frac"] == 0.7
+    assert b["compute_noise"] == pytest.approx(0.1)
 
 
 # ---------------------------------------------------------------------- two processes

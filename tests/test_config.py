@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from ecomkit.config import CONFIG_PRESETS, TrainConfig, parse_config
+from ecomkit.config import (CONFIG_PRESETS, StrategyName, TrainConfig, parse_config, parse_plan_strategy,
+                            plan_strategy_name)
 from ecomkit.errors import ConfigError
 
 
@@ -66,3 +69,63 @@ def test_every_named_preset_validates():
         cfg = make()
         cfg.validate(world_size=1)
         assert isinstance(cfg, TrainConfig), name
+
+
+# ---------------------------------------------------------------------- one validation, every chapter
+@pytest.mark.parametrize("change, match", [
+    ({"compression.method": "topk", "strategy": "zero"}, "needs DDP communication hooks"),
+    ({"compression.topk_ratio": 0.0}, "topk_ratio=0.0"),
+    ({"compression.method": "powersgd", "compression.powersgd_start_iter": 1}, "powersgd_start_iter=1"),
+    ({"strategy": "zero", "zero.stage": 2, "zero.offload_param": True}, "needs ZeRO stage 3"),
+    ({"zero.stage": 5}, r"zero.stage=5 must be 0, 1, 2 or 3"),
+    ({"fault.checkpoint_interval": -5}, "checkpoint_interval"),
+    ({"strategy": "zero", "fault.checkpoint_interval": 10}, "not supported with --strategy zero"),
+    ({"fault.straggler_factor": 1.0}, "straggler_factor"),
+    ({"parallel.dcp_dir": "shards"}, "--dcp-dir is for the chapter-04 strategies"),
+])
+def test_every_chapter_is_checked_by_validate(change, match):
+    cfg = TrainConfig()
+    for key, value in change.items():
+        owner, _, name = key.rpartition(".")
+        setattr(getattr(cfg, owner) if owner else cfg, name, value)
+    with pytest.raises(ConfigError, match=match):
+        cfg.validate(world_size=2)
+
+
+@pytest.mark.parametrize("user, match", [
+    ({"train_batch_size": 64}, "train_batch_size=64 disagrees with this run"),
+    ({"gradient_accumulation_steps": 4}, "gradient_accumulation_steps=4 disagrees"),
+])
+def test_deepspeed_json_batch_sizes_must_agree_with_the_launch(tmp_path, user, match):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(user))
+    cfg = TrainConfig(strategy="zero", micro_batch_size=4, grad_accum=2)
+    cfg.zero.user_config = str(path)
+    with pytest.raises(ConfigError, match=match):
+        cfg.validate(world_size=2)
+    path.write_text(json.dumps({"train_batch_size": 16}))  # 4 × 2 × 2: agrees
+    cfg.validate(world_size=2)
+
+
+def test_missing_deepspeed_json_is_reported_before_any_process_group():
+    cfg = TrainConfig(strategy="zero")
+    cfg.zero.user_config = "no_such_ds.json"
+    with pytest.raises(ConfigError, match="does not exist"):
+        cfg.validate(world_size=1)
+
+
+def test_strategy_vocabulary_round_trips_through_the_planner_names():
+    assert plan_strategy_name(StrategyName.ZERO, 2) == "zero2"
+    assert parse_plan_strategy("zero-3") == (StrategyName.ZERO, 3)
+    assert parse_plan_strategy("fsdp") == (StrategyName.FSDP, 0)
+    with pytest.raises(ConfigError, match="Unknown planner strategy"):
+        parse_plan_strategy("zero4")
+
+
+def test_every_strategy_name_has_a_typed_factory_and_ddp_does_not_load_deepspeed():
+    """The registry covers the whole vocabulary, and importing it (a DDP run) never imports DeepSpeed."""
+    code = ("import sys; from ecomkit.config import StrategyName; from ecomkit.parallel import STRATEGY_FACTORIES; "
+            "import ecomkit.train; assert set(STRATEGY_FACTORIES) == set(StrategyName), STRATEGY_FACTORIES; "
+            "assert 'deepspeed' not in sys.modules, 'deepspeed imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -5,17 +5,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ecomkit.faults.diagnose import (
+from ecomkit.faults.diagnose import StallDemoResult, hang_watchdog_reports, main_thread_stack
+from ecomkit.faults.known_errors import (
     KNOWN_ERRORS,
+    backend_message,
     error_table,
     explain_collective_failure,
     explain_error,
     is_collective_failure,
+)
+from ecomkit.faults.reproduce import (
+    Reproduction,
     reproduce_embedding_mismatch,
     reproduce_oom,
     reproduce_port_in_use,
     reproduce_unsafe_checkpoint,
     reproduce_world_size_mismatch,
+    reproduction_table,
 )
 
 
@@ -85,3 +91,62 @@ def test_collective_failure_message_names_collective_caller_and_timeout():
     text = explain_collective_failure(info.value.__cause__, 10)  # the c10d exception carries the frames
     assert "collective `all_reduce`" in text and "stuck_collective()" in text
     assert not is_collective_failure(ValueError("Timed out"))
+
+
+def test_backend_message_is_the_backends_own_words():
+    gloo = RuntimeError("Timed out waiting 10000ms for recv operation to complete")
+    assert backend_message(explain_collective_failure(gloo, 10)) == str(gloo)
+    peer = RuntimeError("Connection closed by peer [10.0.0.2]:1234")
+    assert backend_message(explain_collective_failure(peer, 10)) == str(peer)
+
+
+def test_reproduction_table_shows_what_was_seen_where():
+    reps = [Reproduction("oom", True, "OutOfMemoryError", "CUDA out of memory", 0.0),
+            Reproduction("vocab_mismatch", True, "IndexError", "index out of range in self", 0.1, fixed="resized"),
+            Reproduction("address_in_use", False, None, "no error was raised", 0.0)]
+    rows = {r["error"]: r for r in reproduction_table(reps, {"collective_timeout": "(stall demo) Timed out"})}
+    by_key = {e.key: rows[e.title] for e in KNOWN_ERRORS}
+    assert len(rows) == len(KNOWN_ERRORS)
+    assert by_key["oom"]["message seen here"] == "OutOfMemoryError: CUDA out of memory"
+    assert by_key["vocab_mismatch"]["message seen here"].endswith("→ fix applied: resized")
+    assert by_key["address_in_use"]["message seen here"] == "—"  # not reproduced: nothing to show
+    assert by_key["collective_timeout"]["message seen here"] == "(stall demo) Timed out"
+    assert by_key["duplicate_gpu"]["message seen here"] == "—"
+    assert all(row["cause"] and row["fix"] for row in rows.values())
+
+
+PY_SPY_DUMP = """Process 4242: /usr/bin/python scripts/07_stall_demo.py
+Python v3.11.9 (/usr/bin/python3.11)
+
+Thread 4242 (idle): "MainThread"
+    all_reduce (torch/distributed/distributed_c10d.py:2801)
+    _reduce_counts (ecomkit/train/loop.py:120)
+Thread 4250 (idle): "ecomkit-hang-watchdog"
+    _run (ecomkit/faults/health.py:250)
+"""
+
+
+def test_main_thread_stack_keeps_only_the_main_thread():
+    main = main_thread_stack(PY_SPY_DUMP)
+    assert "all_reduce" in main and "_reduce_counts" in main and "hang-watchdog" not in main
+    assert main_thread_stack("py-spy is not installed") == "py-spy is not installed"
+
+
+def test_hang_watchdog_reports_are_cut_from_the_job_output():
+    output = ("[rank 0] pid 1 on host\nstep 3 ok\n"
+              "[rank 1 on host, pid 7] step 5 has taken 6 s (> fault.hang_dump_s=5); Python stacks follow:\n"
+              "--- thread MainThread\n  a\n  b\n  c\n  time.sleep(self.seconds)\n"
+              "[rank 0] error: something else\n")
+    reports = hang_watchdog_reports(output, tail_lines=2)
+    assert reports == ["[rank 1 on host, pid 7] step 5 has taken 6 s (> fault.hang_dump_s=5); Python stacks "
+                       "follow:\n  c\n  time.sleep(self.seconds)"]
+
+
+def test_stall_demo_verdict_needs_a_failure_the_explanation_and_the_timeout():
+    explained = explain_collective_failure(RuntimeError("Timed out waiting 10000ms for recv"), 10, rank=0)
+    ok = StallDemoResult(1, "", stall_to_exit_s=14.0, wall_s=30.0, explanation=explained)
+    assert ok.ended_by_timeout(10) and ok.backend_said() == "Timed out waiting 10000ms for recv"
+    assert not StallDemoResult(0, "", 14.0, 30.0, explanation=explained).ended_by_timeout(10)   # it did not fail
+    assert not StallDemoResult(1, "", 14.0, 30.0).ended_by_timeout(10)                          # no explanation
+    assert not StallDemoResult(1, "", 95.0, 120.0, explanation=explained).ended_by_timeout(10)  # hung too long
+    assert not StallDemoResult(1, "", None, 120.0, explanation=explained).ended_by_timeout(10)  # never stalled

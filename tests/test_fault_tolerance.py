@@ -10,16 +10,14 @@ import pytest
 
 from conftest import run_script
 from ecomkit.dist import DistEnv
-from ecomkit.faults.diagnose import diagnose, run_stall_demo
+from ecomkit.faults.diagnose import compare_resumed_run, diagnose, losses_by_step, run_stall_demo
 
 COMMON = ["--max-steps", "8", "--n-rows", "300", "--seq-len", "64", "--eval-interval", "0", "--eval-batches", "1", "--no-progress",
           "--no-save-model"]
 
 
-def train_losses(out: Path) -> dict[int, float]:
-    """Loss per step; when a step appears twice (redone after a resume) the last one wins."""
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {r["step"]: r["loss"] for r in rows if r.get("type") == "train"}
+def metrics_rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
 def summary(out: Path) -> dict:
@@ -35,11 +33,11 @@ def uninterrupted(tmp_path_factory) -> Path:
 
 def assert_same_run(out: Path, ref: Path) -> None:
     """Same samples at every step (same per-step loss), same final parameters (replica checksums)."""
-    got, want = train_losses(out), train_losses(ref)
-    assert sorted(got) == list(range(1, 9))
-    for step in range(1, 9):
-        assert got[step] == pytest.approx(want[step], rel=1e-6, abs=1e-7), f"step {step}"
-    assert summary(out)["replica_checksums"][0] == summary(ref)["replica_checksums"][0]
+    assert sorted(losses_by_step(metrics_rows(out))) == list(range(1, 9))
+    comparison = compare_resumed_run(metrics_rows(ref), metrics_rows(out), summary(ref), summary(out))
+    assert comparison.losses_match(rel=1e-6, abs_tol=1e-7), comparison.loss_pairs
+    assert comparison.same_parameters, (comparison.reference_checksums, comparison.resumed_checksums)
+    assert comparison.identical()
 
 
 @pytest.mark.dist
@@ -98,3 +96,16 @@ def test_diagnose_single_process(tmp_path):
     assert result["ok"] and result["collectives"]["skipped"]
     assert result["checkpoint"]["identical_after_load"] and result["checkpoint"]["shared_dir_visible_to_all"]
     assert not list((tmp_path / "checkpoint_check").glob(".tmp-*"))
+
+
+def test_compare_resumed_run_last_logged_loss_wins_and_checksums_decide():
+    ref_rows = [{"type": "train", "step": s, "loss": 3.0 - s / 10} for s in (1, 2, 3)] + [{"type": "eval", "step": 3}]
+    got_rows = [{"type": "train", "step": 1, "loss": 2.9}, {"type": "train", "step": 2, "loss": 9.9},  # killed
+                {"type": "train", "step": 2, "loss": 2.8}, {"type": "train", "step": 3, "loss": 2.7}]  # resumed
+    ref = {"final_loss": 2.7, "replica_checksums": ["ab", "ab"]}
+    got = {"final_loss": 2.7, "replica_checksums": ["ab"], "checkpoint": {"resumed_from_step": 1, "restore_s": 0.2}}
+    c = compare_resumed_run(ref_rows, got_rows, ref, got)
+    assert c.steps_logged == [1, 2, 2, 3] and c.missing_steps == [] and c.resumed_from_step == 1
+    assert c.max_loss_diff == pytest.approx(0.0, abs=1e-12) and c.identical()  # 9.9 was redone
+    assert not compare_resumed_run(ref_rows, got_rows[:2], ref, got).losses_match()  # step 3 missing, step 2 off
+    assert not compare_resumed_run(ref_rows, got_rows, ref, {**got, "replica_checksums": ["cd"]}).identical()

@@ -5,11 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ecomkit.errors import ConfigError
-from ecomkit.planner.memory import (GIB, PlanInput, activation_bytes, checkpointing_factor, deepspeed_partition,
-                            fsdp2_shard, local_params, max_micro_batch, model_shape, model_state_bytes_per_rank,
-                            plan_memory, zero3_partition)
-from ecomkit.measure.memory_tuning import MODES, activation_sweep, checkpointing_experiment, long_context_config
+from ecomkit.errors import ConfigError, ModelNotFoundError
+from ecomkit.hardware import GIB
+from ecomkit.measure.memory_tuning import (MODES, activation_sweep, bucketing_rows, checkpointing_experiment,
+                                          long_context_config, memory_pool_experiment, save_on_cpu_experiment,
+                                          saved_bytes_by_mode)
+from ecomkit.models.bloom import preset_config, preset_parameter_count
+from ecomkit.planner.activations import activation_bytes, checkpointing_factor
+from ecomkit.planner.memory import PlanInput, max_micro_batch, model_state_bytes_per_rank, plan_memory
+from ecomkit.planner.shapes import deepspeed_partition, fsdp2_shard, local_params, model_shape, zero3_partition
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +23,6 @@ def probe_config():
 
 # ---------------------------------------------------------------------- model states
 def test_psi_is_exact_from_the_meta_device():
-    from ecomkit.models.bloom import preset_parameter_count
-
     for name in ("seqgpt-560m", "ecomgpt-7b"):
         assert model_shape(name).n_params == preset_parameter_count(name)
     assert model_shape("ecomgpt-7b").n_params == 7_069_016_064
@@ -91,6 +93,29 @@ def test_checkpointing_cuts_saved_bytes_by_the_predicted_factor(probe_config):
         assert r["measured_factor"] > 2
         assert r["measured_factor"] == pytest.approx(r["predicted_factor"], rel=0.15), r
         assert r["live_on"] < r["live_off"]
+        assert r["peak_saving"] == pytest.approx(1 - r["peak_on"] / r["peak_off"])
+
+
+def test_saved_bytes_by_mode_selects_by_field_and_divides_by_the_reference():
+    rows = [{"mode": "fp32", "attn": "eager", "seq_len": 128, "measured_saved": 100},
+            {"mode": "bf16", "attn": "eager", "seq_len": 128, "measured_saved": 60},
+            {"mode": "bf16", "attn": "sdpa", "seq_len": 128, "measured_saved": 10},
+            {"mode": "bf16", "attn": "eager", "seq_len": 256, "measured_saved": 999}]
+    assert saved_bytes_by_mode(rows, 128) == {"fp32": 100, "bf16": 60}
+    assert saved_bytes_by_mode(rows, 128, relative_to="fp32") == {"fp32": 1.0, "bf16": 0.6}
+
+
+def test_memory_pool_verdict_follows_the_peak_ratio(probe_config):
+    out = memory_pool_experiment(probe_config, batch=1, seq=16, n_frequent=8)
+    assert out["saves_memory"] == (out["peak_ratio"] < 0.99)
+    assert not out["saves_memory"]           # nn.Embedding saves only the ids: a cache cannot make the peak smaller
+
+
+def test_bucketing_rows_pad_less_when_bucketed():
+    rows = bucketing_rows(200, micro_batch=8, n_batches=2)
+    assert [r["batching"] for r in rows] == ["random", "bucketed"]
+    assert rows[1]["padding_rate_epoch"] < rows[0]["padding_rate_epoch"]
+    assert all(r["real_tokens"] > 0 and r["tokens_per_s"] > 0 for r in rows)
 
 
 def test_attention_scores_grow_quadratically_and_sdpa_removes_them():
@@ -118,8 +143,6 @@ def test_a_7b_model_does_not_fit_one_24gb_gpu_under_ddp():
 
 
 def test_model_dir_and_config_are_accepted(tmp_path):
-    from ecomkit.models.bloom import preset_config
-
     cfg = preset_config("tiny", vocab_size=1001)
     cfg.save_pretrained(tmp_path)
     assert model_shape(str(tmp_path)).n_params == model_shape(cfg).n_params == model_shape("tiny", 1001).n_params
@@ -142,16 +165,12 @@ def test_impossible_inputs_are_rejected(kwargs, words):
 
 
 def test_unknown_model_is_a_clear_error():
-    from ecomkit.errors import ModelNotFoundError
-
     with pytest.raises(ModelNotFoundError, match="not a preset"):
         model_shape("no-such-model")
 
 
 def test_cpu_saved_bytes_do_not_depend_on_save_on_cpu(probe_config):
     """Trap 12: on a CPU, save_on_cpu has nothing to move; the saved bytes and the live peak are unchanged."""
-    from ecomkit.measure.memory_tuning import save_on_cpu_experiment
-
     out = save_on_cpu_experiment(probe_config, 1, 128, device="cpu")
     assert out["peak_ratio"] == pytest.approx(1.0, abs=0.01)
     assert torch.cuda.is_available() or out["instrument"] == "cpu live-tensor tracker"

@@ -2,46 +2,62 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-from conftest import REPO, run_script
-from ecomkit.config import ParallelConfig
+from conftest import run_script
+from ecomkit.config import (PARALLEL_FLAG_ALIASES, ParallelConfig, TrainConfig, expand_aliases, parse_config,
+                            resolve_parallel_degrees)
 from ecomkit.errors import ConfigError
-from ecomkit.parallel.dims import ParallelDims, decision_table, resolve_parallel_dims, validate_parallel_config
+from ecomkit.parallel.dims import ParallelDims
+from ecomkit.planner.layouts import decision_table
+
+
+def mesh_cfg(strategy: str = "mixed", **parallel) -> TrainConfig:
+    return TrainConfig(strategy=strategy, parallel=ParallelConfig(**parallel))
 
 
 def test_product_must_equal_world_size():
     with pytest.raises(ConfigError, match=r"dp=2 × tp=2 × pp=1 = 4, but torchrun started 2"):
-        ParallelDims(dp=2, tp=2, pp=1, world_size=2)
+        mesh_cfg(dp=2, tp=2).validate(world_size=2)
 
 
 def test_tp_must_divide_heads_and_pp_must_not_exceed_layers():
     with pytest.raises(ConfigError, match=r"tp=3 does not divide the 4 heads .* \[1, 2, 4\]"):
-        ParallelDims(dp=1, tp=3, pp=1, world_size=3).validate_for_model(n_head=4, n_layer=2)
+        mesh_cfg(tp=3).validate(world_size=3, n_head=4, n_layer=2)
     with pytest.raises(ConfigError, match=r"pp=3 is larger than the 2 blocks"):
-        ParallelDims(dp=1, tp=1, pp=3, world_size=3).validate_for_model(n_head=4, n_layer=2)
-    ParallelDims(dp=1, tp=2, pp=2, world_size=4).validate_for_model(n_head=4, n_layer=2)  # fine
+        mesh_cfg(pp=3).validate(world_size=3, n_head=4, n_layer=2)
+    mesh_cfg(dp=2, tp=2).validate(world_size=4, n_head=4, n_layer=2)  # fine
 
 
 def test_degrees_resolve_from_strategy_and_leftover_dp():
     par = ParallelConfig()
-    assert resolve_parallel_dims("fsdp", par, 4) == ParallelDims(4, 1, 1, 4)
-    assert resolve_parallel_dims("tp", par, 2) == ParallelDims(1, 2, 1, 2)
-    assert resolve_parallel_dims("pp", par, 2) == ParallelDims(1, 1, 2, 2)
-    assert resolve_parallel_dims("mixed", ParallelConfig(tp=2), 4) == ParallelDims(2, 2, 1, 4)
+    assert resolve_parallel_degrees("fsdp", par, 4) == (4, 1, 1)
+    assert resolve_parallel_degrees("tp", par, 2) == (1, 2, 1)
+    assert resolve_parallel_degrees("pp", par, 2) == (1, 1, 2)
+    assert ParallelDims.from_config(mesh_cfg(tp=2), 4) == ParallelDims(2, 2, 1, 4)
     with pytest.raises(ConfigError, match="does not divide the 6 processes"):
-        resolve_parallel_dims("mixed", ParallelConfig(tp=4), 6)
+        resolve_parallel_degrees("mixed", ParallelConfig(tp=4), 6)
 
 
 def test_unsupported_combinations_are_refused_with_a_way_out():
     with pytest.raises(ConfigError, match="--pp 2 --dp 2"):
-        validate_parallel_config("mixed", ParallelConfig(tp=2, pp=2), 4)
+        mesh_cfg(tp=2, pp=2).validate(world_size=4)
     with pytest.raises(ConfigError, match="--precision bf16"):
-        validate_parallel_config("fsdp", ParallelConfig(), 2, precision="fp16")
+        TrainConfig(strategy="fsdp", precision="fp16").validate(world_size=2)
     with pytest.raises(ConfigError, match="pp_schedule 'zb'"):
-        validate_parallel_config("pp", ParallelConfig(pp_schedule="zb"), 2)
+        mesh_cfg("pp", pp_schedule="zb").validate(world_size=2)
+    with pytest.raises(ConfigError, match="--dcp-dir saves the sharded model"):
+        mesh_cfg("pp", dcp_dir="x").validate(world_size=2)
+    with pytest.raises(ConfigError, match="--dcp-dir is for the chapter-04 strategies"):
+        TrainConfig(parallel=ParallelConfig(dcp_dir="x")).validate(world_size=2)
+
+
+def test_global_batch_is_split_over_the_data_parallel_replicas_only():
+    """tp=2 on 2 processes is one replica: a global batch of 8 is micro 8 × 1 replica."""
+    cfg = mesh_cfg("tp")
+    cfg.micro_batch_size, cfg.global_batch_size = 8, 8
+    cfg.validate(world_size=2)
+    assert cfg.resolve_grad_accum(1) == 1
 
 
 def test_rank_coordinates_put_tp_innermost():
@@ -52,9 +68,16 @@ def test_rank_coordinates_put_tp_innermost():
     assert all(dims.rank_of(**dims.coordinates(r)) == r for r in range(4))
 
 
-def test_presets_are_checked_without_building_the_model():
-    with pytest.raises(ConfigError, match="larger than the 2 blocks of preset 'tiny'"):
-        validate_parallel_config("pp", ParallelConfig(pp=3), 3, model="tiny")
+def test_presets_are_checked_without_building_the_model(monkeypatch):
+    """run_training checks a preset's shape before it creates the process group."""
+    import torch.distributed as dist
+
+    from ecomkit.train import run_training
+
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ConfigError, match="larger than the 2 blocks of model 'tiny'"):
+        run_training(mesh_cfg("pp", pp=3))
+    assert not dist.is_initialized()
 
 
 def test_script_refuses_invalid_degrees_before_starting(tmp_path):
@@ -65,12 +88,12 @@ def test_script_refuses_invalid_degrees_before_starting(tmp_path):
     assert "does not divide the 4 heads" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_short_aliases_expand_to_config_flags():
-    spec = importlib.util.spec_from_file_location("mixed_script", REPO / "scripts" / "04_mixed_parallel.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    assert script.expand_aliases(["--tp", "2", "--dp=2", "--pp-x", "1"]) == ["--parallel-tp", "2", "--parallel-dp=2",
-                                                                          "--pp-x", "1"]
+def test_short_aliases_expand_to_config_flags(monkeypatch):
+    assert expand_aliases(["--tp", "2", "--dp=2", "--pp-x", "1", "--dcp-dir", "d"], PARALLEL_FLAG_ALIASES) == [
+        "--parallel-tp", "2", "--parallel-dp=2", "--pp-x", "1", "--parallel-dcp-dir", "d"]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg, _ = parse_config(["--strategy", "tp", "--tp", "2"], aliases=PARALLEL_FLAG_ALIASES)
+    assert cfg.parallel.tp == 2
 
 
 def test_decision_table_is_computed_from_exact_parameter_counts():

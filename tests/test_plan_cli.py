@@ -6,9 +6,14 @@ import json
 
 import pytest
 
-from ecomkit.planner.memory import PlanInput, model_shape
+from ecomkit.hardware import LINKS
 from ecomkit.planner.cli import main
-from ecomkit.planner.step_time import LINKS, all_gather_s, all_reduce_s, comm_volume, predict_step_time, speedups
+from ecomkit.planner.comparisons import (claims_for_model, ecomgpt_step_breakdown, estimator_comparison,
+                                         oom_recipe_summary, oom_recipes, seqgpt_epoch_minutes, single_node_scaling,
+                                         speedup_claims)
+from ecomkit.planner.memory import PlanInput
+from ecomkit.planner.shapes import model_shape
+from ecomkit.planner.step_time import all_gather_s, all_reduce_s, comm_volume, predict_step_time, speedups
 
 
 def test_cli_prints_table_verdict_and_time(capsys):
@@ -69,8 +74,6 @@ def test_more_gpus_never_slow_a_step_down_more_than_comm_allows():
 
 
 def test_guide_claims_have_computed_verdicts():
-    from ecomkit.planner.comparisons import estimator_comparison, speedup_claims
-
     rows = speedup_claims()
     assert len(rows) == 6
     for r in rows:
@@ -80,3 +83,39 @@ def test_guide_claims_have_computed_verdicts():
     # with optimizer offload both the planner and DeepSpeed keep exactly the 16-bit weights (2Ψ) on the GPU
     r = est[("ecomgpt-7b", "zero2+offload_opt")]
     assert r["planner_gpu"] == r["deepspeed_gpu"] == 2 * r["psi"]
+
+
+def test_claims_are_selected_by_their_model_field():
+    rows = speedup_claims()
+    seqgpt = claims_for_model(rows, "seqgpt-560m")
+    assert len(seqgpt) == 1 and seqgpt[0]["gpus"] == 4 and seqgpt[0]["link"] == "pcie4-x16"
+    assert len(claims_for_model(rows, "ecomgpt-7b")) == 5
+    fake = [{"model": "m", "gpus": 2, "predicted": 2.1}, {"model": "m", "gpus": 16, "predicted": 9.0}]
+    assert single_node_scaling(fake, "m") == "at least linear"          # 16 GPUs span two nodes: not counted
+    assert single_node_scaling(fake + [{"model": "m", "gpus": 8, "predicted": 7.0}], "m") == "sub-linear"
+
+
+def test_seqgpt_memory_verdict_and_ecomgpt_step_breakdown():
+    ep = seqgpt_epoch_minutes()
+    expected = ("more than the planner's" if ep["claimed_peak_gib"] > 1.2 * ep["planned_peak_gib_per_gpu"]
+                else "consistent with the planner's")
+    assert ep["memory_verdict"] == expected
+    st = ecomgpt_step_breakdown(gpus=8)
+    assert st["grad_bytes"] == 2 * model_shape("ecomgpt-7b").n_params
+    assert 0 < st["grad_reduce_scatter_s"] and st["offload_s"] > st["compute_s"] > 0
+    assert st["step_s"] == pytest.approx(st["compute_s"] + st["comm_exposed_s"] + st["offload_s"], rel=0.01)
+
+
+def test_oom_recipes_carry_fields_and_their_summary_is_computed_from_them():
+    rows = oom_recipes()
+    assert rows[0]["seq_len"] == 1024 and not rows[0]["activation_checkpointing"] and rows[0]["attn"] == "eager"
+    assert [r["recipe"] for r in rows if r["single_recipe"]] == ["shorter sequences (T=256)", "checkpointing (T=1024)"]
+    for r in rows:
+        assert r["plan"].inputs.seq_len == r["seq_len"] and r["plan"].inputs.attn == r["attn"]
+        assert r["plan"].total / 2**30 == pytest.approx(r["total_gib"])
+    summary = oom_recipe_summary(rows)
+    assert summary["rule_batch"] == 7                                  # floor(24 GB × 0.3): the guide's "7"
+    assert set(summary["max_micro_batch_by_seq_len"]) == {1024, 256}
+    assert summary["max_micro_batch_by_seq_len"][256] > summary["max_micro_batch_by_seq_len"][1024]
+    assert summary["checkpointing_seq_len"] == 1024 and 0 < summary["checkpointing_saving"] < 1
+    assert summary["biggest_single_recipe"] in ("shorter sequences (T=256)", "checkpointing (T=1024)")

@@ -1,23 +1,31 @@
 """Chapter 03 unit tests (one process, no torchrun): DeepSpeed config generation and validation,
-the CPU-Adam fallback, the memory formulas and DeepSpeed's estimators, variant parsing."""
+the CPU-Adam fallback, the memory formulas and DeepSpeed's estimators, the guide's table, variant parsing.
+
+No test prepares DeepSpeed's environment at import: the library sets it before it imports deepspeed,
+so each test passes alone and in any order."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 
 import pytest
 import torch
 
-from ecomkit.parallel.zero.config import ensure_deepspeed_env
-
-ensure_deepspeed_env()  # before anything imports deepspeed
-
-from ecomkit.config import TrainConfig  # noqa: E402
-from ecomkit.dist import DistEnv  # noqa: E402
-from ecomkit.errors import ConfigError  # noqa: E402
-from ecomkit.parallel.zero.config import build_zero_config, validate_user_config  # noqa: E402
-from conftest import REPO  # noqa: E402
+from conftest import REPO
+from ecomkit.config import TrainConfig
+from ecomkit.dist import DistEnv
+from ecomkit.errors import ConfigError
+from ecomkit.measure.zero import max_relative_loss_difference
+from ecomkit.models.bloom import build_model
+from ecomkit.parallel.state_bytes import tensor_bytes, unique_storage_bytes
+from ecomkit.parallel.zero.config import build_zero_config, validate_user_config
+from ecomkit.parallel.zero.env import ensure_deepspeed_env
+from ecomkit.parallel.zero.strategy import CPUAdamUnavailableWarning, _check_precision_supported, build_zero_optimizer
+from ecomkit.parallel.zero.variants import parse_variants
+from ecomkit.planner.zero_formulas import (SEQGPT_GUIDE_TABLE, check_guide_table, deepspeed_estimates, formula_bytes,
+                                           guide_plausibility)
 
 
 def zero_cfg(**zero) -> TrainConfig:
@@ -63,7 +71,7 @@ def test_offload_precision_buckets_and_activation_checkpointing():
 
 def test_offload_param_needs_stage_3():
     with pytest.raises(ConfigError, match="needs ZeRO stage 3"):
-        build_zero_config(zero_cfg(stage=2, offload_param=True), 2, 1)
+        zero_cfg(stage=2, offload_param=True).validate(world_size=2)
 
 
 # ---------------------------------------------------------------------- user configs
@@ -72,15 +80,23 @@ def test_offload_param_needs_stage_3():
     ({"zero_optimization": {"stage3_param_persistance_threshold": 0}},
      "unknown zero_optimization key 'stage3_param_persistance_threshold'. Did you mean "
      "'stage3_param_persistence_threshold'"),
-    ({"train_batch_size": 64}, "train_batch_size=64 disagrees with this run"),
-    ({"gradient_accumulation_steps": 4}, "gradient_accumulation_steps=4 disagrees"),
     ({"gradient_clipping": "auto"}, "'gradient_clipping' is \"auto\""),
     ({"amp": {"enabled": True}}, "'amp': NVIDIA Apex AMP integration has been removed"),
 ])
 def test_bad_user_config_is_rejected_clearly(user, match):
-    generated = build_zero_config(zero_cfg(stage=2), 2, 2)
     with pytest.raises(ConfigError, match=match.replace("(", r"\(").replace(")", r"\)")):
-        validate_user_config(user, generated, "my_ds.json")
+        validate_user_config(user, "my_ds.json")
+
+
+@pytest.mark.parametrize("user, match", [
+    ({"train_batch_size": 64}, "train_batch_size=64 disagrees with this run"),
+    ({"gradient_accumulation_steps": 4}, "gradient_accumulation_steps=4 disagrees"),
+])
+def test_user_config_batch_sizes_must_agree_with_the_launch(tmp_path, user, match):
+    path = tmp_path / "my_ds.json"
+    path.write_text(json.dumps(user))
+    with pytest.raises(ConfigError, match=match):
+        zero_cfg(stage=2, user_config=str(path)).validate(world_size=2)
 
 
 def test_valid_user_config_is_merged(tmp_path):
@@ -119,10 +135,8 @@ def test_print_ds_config_prints_the_generated_json(capsys):
 
 # ---------------------------------------------------------------------- CPU Adam fallback, precision
 def test_offload_falls_back_to_torch_adamw_with_a_warning_when_cpu_adam_cannot_build(monkeypatch):
+    ensure_deepspeed_env()  # this test patches DeepSpeed itself, so it imports deepspeed the way the library does
     import deepspeed.ops.adam.cpu_adam as cpu_adam
-
-    from ecomkit.models.bloom import build_model
-    from ecomkit.parallel.zero.strategy import CPUAdamUnavailableWarning, build_zero_optimizer
 
     class BrokenBuilder:
         def load(self):
@@ -139,27 +153,28 @@ def test_offload_falls_back_to_torch_adamw_with_a_warning_when_cpu_adam_cannot_b
     assert len(opt.param_groups) == 2  # same decay / no-decay groups as chapter 02
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused only by DeepSpeed's CPU accelerator")
-def test_fp16_on_cpu_is_a_clear_config_error():
-    from ecomkit.parallel.zero.strategy import _check_precision_supported
+@pytest.mark.parametrize("fp16_supported", [False, True])
+def test_fp16_without_accelerator_support_is_a_clear_config_error(monkeypatch, fp16_supported):
+    """Whether this machine's CPU has fp16 kernels (DeepSpeed asks oneDNN) must not decide the outcome."""
+    _check_precision_supported("bf16")   # sets DeepSpeed's environment and picks its accelerator, alone or not
+    from deepspeed.accelerator import get_accelerator
 
-    with pytest.raises(ConfigError, match="use --precision bf16"):
+    monkeypatch.setattr(get_accelerator(), "is_fp16_supported", lambda: fp16_supported)
+    if fp16_supported:
         _check_precision_supported("fp16")
-    _check_precision_supported("bf16")
+    else:
+        with pytest.raises(ConfigError, match="use --precision bf16"):
+            _check_precision_supported("fp16")
 
 
 # ---------------------------------------------------------------------- formulas and estimators
 def test_formulas_are_the_papers():
-    from ecomkit.measure.zero import formula_bytes
-
     psi, n = 1000, 4
     assert [formula_bytes(s, psi, n)["total"] for s in range(4)] == [16 * psi, 4 * psi + 12 * psi / n,
                                                                       2 * psi + 14 * psi / n, 16 * psi / n]
 
 
 def test_deepspeed_estimators_are_what_we_explain():
-    from ecomkit.measure.zero import deepspeed_estimates
-
     psi, largest, n = 1_000_000, 100_000, 4
     est = deepspeed_estimates(psi, largest, n)
     assert est["zero2"]["gpu"] == 2 * psi + 18 * psi // n
@@ -168,17 +183,46 @@ def test_deepspeed_estimators_are_what_we_explain():
 
 
 def test_guide_table_check_uses_the_dp_row_to_infer_activations():
-    from ecomkit.measure.zero import guide_plausibility
-
-    g = guide_plausibility(psi=500_000_000, dp_gb=38.2, dp_batch=12, z3_gb=16.8, z3_batch=24, n_gpus=4)
+    table = SEQGPT_GUIDE_TABLE
+    assert (table.dp_gb, table.dp_batch, table.z3_gb, table.z3_batch, table.n_gpus) == (38.2, 12, 16.8, 24, 4)
+    g = guide_plausibility(psi=500_000_000, largest_layer=1_000_000)
     assert g["dp_model_states_gb"] == pytest.approx(8.0)
     assert g["activation_gb_per_sample"] == pytest.approx((38.2 - 8.0) / 12)
     assert g["z3_predicted_gb"] == pytest.approx(2.0 + 24 * (38.2 - 8.0) / 12)
+    assert g["z3_offload_predicted_gb"] == pytest.approx(0.004 + 24 * (38.2 - 8.0) / 12)
+
+
+def test_guide_verdict_rejects_the_seqgpt_table_and_flips_for_a_consistent_one():
+    seqgpt = check_guide_table()   # SeqGPT-560M's real Ψ and largest layer, counted on the meta device
+    assert seqgpt["psi"] > 500_000_000 and not seqgpt["plausible"]
+    assert seqgpt["z3_offload_predicted_gb"] > SEQGPT_GUIDE_TABLE.gpu_gb   # batch 24 cannot fit a 40 GB GPU
+    assert seqgpt["verdict"].startswith("not plausible")
+    # the same DP row, with a ZeRO-3 row that keeps the batch and claims what activations alone need: plausible
+    same_batch = dataclasses.replace(SEQGPT_GUIDE_TABLE, z3_batch=12, z3_gb=30.0)
+    g = guide_plausibility(seqgpt["psi"], seqgpt["largest_layer"], same_batch)
+    assert g["plausible"] and g["verdict"].startswith("plausible")
+    # ... and one that claims too little for that batch is not
+    assert not guide_plausibility(seqgpt["psi"], seqgpt["largest_layer"],
+                                  dataclasses.replace(same_batch, z3_gb=16.8))["plausible"]
+
+
+def test_storage_counters_count_views_once_and_differ_only_on_padding():
+    flat = torch.zeros(10)                      # one storage of 40 bytes, e.g. a padded flat buffer
+    first, second = flat[:4], flat[4:8]         # two views covering 32 of its bytes
+    assert unique_storage_bytes([first, second, flat]) == 40    # the whole storage, once
+    assert tensor_bytes([first, second, first]) == 32           # the bytes the views cover, each view once
+    assert unique_storage_bytes([torch.zeros(3, device="meta"), None]) == 0
+
+
+def test_loss_difference_compares_the_steps_both_runs_logged():
+    ref = [{"type": "train", "step": 1, "loss": 2.0}, {"type": "train", "step": 2, "loss": 1.0}, {"type": "eval"}]
+    run = [{"type": "train", "step": 1, "loss": 2.0}, {"type": "train", "step": 2, "loss": 1.01}]
+    assert max_relative_loss_difference(run, ref) == pytest.approx(0.01)
+    with pytest.raises(ValueError, match="no logged training step"):
+        max_relative_loss_difference([], ref)
 
 
 def test_stage_list_parsing():
-    from ecomkit.train.sweep import parse_variants
-
     vs = parse_variants("ddp,1,3+opt+param@bf16")
     assert [(v.strategy, v.stage, v.offload_optimizer, v.offload_param, v.precision) for v in vs] == [
         ("ddp", 0, False, False, None), ("zero", 1, False, False, None), ("zero", 3, True, True, "bf16")]

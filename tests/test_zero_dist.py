@@ -67,7 +67,7 @@ def test_zero_stages_give_ddps_losses(stages):
 
 @pytest.mark.dist
 def test_zero3_rank_holds_one_nth_of_the_model_states(stages):
-    from ecomkit.measure.zero import formula_bytes, state_bytes_per_element, zero3_padding_elements
+    from ecomkit.planner.zero_formulas import formula_bytes, state_bytes_per_element, zero3_padding_elements
 
     out, _ = stages
     for label, precision in (("3", "fp32"), ("3@bf16", "bf16")):

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+from datasets import Dataset, DatasetDict, load_from_disk
+
 from ecomkit.data.tasks import required_fields_for_task
 from ecomkit.data.validate import (
     ALL_FIELDS,
@@ -116,8 +118,6 @@ def _rows_for(path: Path, column_map: Mapping[str, str], required) -> Iterator[t
     if path.is_dir():
         return _hf_rows(_load_hf_directory(path), column_map, required, path)
     if suffix == ".arrow":
-        from datasets import Dataset
-
         return _hf_rows(Dataset.from_file(str(path)), column_map, required, path)
     if suffix in (".jsonl", ".json"):
         return _json_rows(path)
@@ -211,8 +211,6 @@ def _check_header(path: Path, columns: Iterable[str], column_map: Mapping[str, s
 # --------------------------------------------------------- Hugging Face datasets
 
 def _load_hf_directory(path: Path):
-    from datasets import Dataset, DatasetDict, load_from_disk
-
     try:
         ds = load_from_disk(str(path))
     except FileNotFoundError as exc:
@@ -269,8 +267,6 @@ def _csv_value(value: Any) -> Any:
 
 def write_hf_dataset(records: Iterable[Mapping[str, Any]], directory: str | os.PathLike) -> Path:
     """Write a Hugging Face dataset with ``save_to_disk`` (Arrow shards), loadable by :func:`load_records`."""
-    from datasets import Dataset
-
     directory = Path(directory)
     Dataset.from_list([dict(r) for r in records]).save_to_disk(str(directory))
     return directory

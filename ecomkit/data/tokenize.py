@@ -20,6 +20,9 @@ import functools
 import os
 from typing import Sequence
 
+import torch
+from datasets import Dataset
+
 from ecomkit.data.tasks import (
     CATEGORY_LABELS,
     SENTIMENT_POLARITY,
@@ -123,8 +126,6 @@ def tokenize_records(records: Sequence[dict], tokenizer, task: str, max_length: 
     tokenizer's own Rust thread pool is then switched off
     (``TOKENIZERS_PARALLELISM=false``) to avoid oversubscribing the cores.
     """
-    from datasets import Dataset
-
     if max_length < MIN_MAX_LENGTH:
         raise ConfigError(f"max_length={max_length} is too short; use at least {MIN_MAX_LENGTH} (256 fits "
                           f"most catalog rows).")
@@ -151,8 +152,6 @@ def pad_collate(features: Sequence[dict], pad_id: int, pad_to_multiple_of: int |
     A ``polarity`` value per example, if present, is returned as a 1-D tensor.
     Use as ``collate_fn=functools.partial(pad_collate, pad_id=tokenizer.pad_token_id)``.
     """
-    import torch
-
     if not features:
         raise ValueError("pad_collate got an empty batch")
     longest = max(len(f["input_ids"]) for f in features)

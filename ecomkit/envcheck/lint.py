@@ -265,7 +265,7 @@ def _has_nvlink(n_gpus: int) -> bool | None:
     if n_gpus == 0:
         return False
     try:
-        import pynvml
+        import pynvml  # lazy: NVML bindings are only useful (and loadable) on GPU machines
 
         pynvml.nvmlInit()
         try:

@@ -14,9 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-import torch.distributed as dist
-
-from ecomkit.dist import DistEnv
+from ecomkit.dist import DistEnv, gather_objects
 from ecomkit.envcheck.collectives import (
     AllReduceCheck,
     all_ranks_passed,
@@ -29,24 +27,15 @@ from ecomkit.envcheck.lint import Finding, format_findings, lint_current_env
 from ecomkit.envcheck.system import format_report, system_report
 
 
-def gather_from_ranks(obj: Any, env: DistEnv) -> list[Any]:
-    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` without a process group."""
-    if not env.distributed:
-        return [obj]
-    out: list[Any] = [None] * env.world_size
-    dist.all_gather_object(out, obj)
-    return out
-
-
 def _rank_layout(env: DistEnv) -> list[dict[str, Any]]:
     me = {"rank": env.rank, "local_rank": env.local_rank, "host": socket.gethostname(), "device": str(env.device)}
-    return gather_from_ranks(me, env)
+    return gather_objects(me, env)
 
 
-def _lint_per_host(env: DistEnv) -> dict[str, list[dict[str, str]]]:
+def lint_per_host(env: DistEnv) -> dict[str, list[dict[str, str]]]:
     """Lint on every node (environments can differ between nodes), keyed by host name."""
     mine = [f.as_dict() for f in lint_current_env(env.local_world_size)] if env.local_rank == 0 else None
-    hosts = gather_from_ranks((socket.gethostname(), mine), env)
+    hosts = gather_objects((socket.gethostname(), mine), env)
     return {host: findings for host, findings in hosts if findings is not None}
 
 
@@ -77,7 +66,7 @@ def run_env_check(env: DistEnv, sizes: list[int], iters: int,
     say(format_report(report))
     say(f"job: world_size={env.world_size} backend={env.backend}")
     say("\n".join(f"  rank {r['rank']} (local {r['local_rank']}) on {r['host']}: {r['device']}" for r in layout))
-    lint = _lint_per_host(env)
+    lint = lint_per_host(env)
     for host, findings in lint.items():
         say(f"[{host}] " + format_findings([Finding(**f) for f in findings]))
     check = _all_reduce_check(env)

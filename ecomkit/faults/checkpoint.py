@@ -1,4 +1,4 @@
-"""Checkpoints that survive a killed rank: DCP, atomic directories, keep-last-k, async saves, safe loading.
+"""Checkpoints that survive a killed rank: DCP, atomic directories, keep-last-k, async saves, run state.
 
 Why ``torch.distributed.checkpoint`` (DCP) rather than ``torch.save`` on rank 0:
 each rank writes its own shards in parallel (FSDP2/TP never gather the full
@@ -25,12 +25,9 @@ its *own* gloo group (on the default group its collectives interleave with the
 training ones and deadlock; shared CPU notes, trap 9). The future is waited on
 before the next save and before exit.
 
-Safe loading: DCP itself reads ``.metadata`` with ``pickle.load`` and non-tensor
-entries with ``torch.load(weights_only=False)``, so a crafted checkpoint runs
-code on load. :class:`SafeFileSystemReader` unpickles the metadata with an
-allow-list of DCP's own classes and :class:`SafeLoadPlanner` loads non-tensor
-entries with ``weights_only=True``; trainer state and RNG states are plain JSON.
-:func:`load_weights_file` does the same for single ``.safetensors``/``.pt`` files.
+Loading goes through :mod:`ecomkit.faults.safe_load`, so a crafted checkpoint
+is refused instead of running code. The training callback that saves and
+resumes is :class:`ecomkit.faults.callbacks.CheckpointCallback`.
 """
 
 from __future__ import annotations
@@ -38,9 +35,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import math
 import os
-import pickle
 import random
 import re
 import shutil
@@ -48,18 +43,19 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ecomkit.config import TrainConfig
-from ecomkit.dist import log
-from ecomkit.errors import ConfigError, EcomkitError
+from ecomkit.errors import EcomkitError
+from ecomkit.faults.safe_load import METADATA, SafeFileSystemReader, SafeLoadPlanner
 
 # DCP warns "assuming the intent is to save/load in a single process" on every single-process call, also
 # from async_save's writer thread where a local catch_warnings cannot reach; that is our intent here.
@@ -68,23 +64,16 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 TMP_PREFIX = ".tmp-"
 TRAINER_STATE = "trainer_state.json"
-METADATA = ".metadata"
-AUTO_MAX_INTERVAL = 100
-STRATEGIES_WITHOUT_DCP = {"zero": "DeepSpeed keeps its own sharded engine state (use --zero-checkpoint-interval, "
-                                  "ecomkit.parallel.zero.checkpoint)",
-                          "pp": "pipeline stages hold different sub-modules on each rank"}
-
-
-class UnsafeCheckpointError(EcomkitError):
-    """A checkpoint file asked to unpickle something other than tensors and plain data."""
 
 
 # ---------------------------------------------------------------------- directories
 def checkpoint_root(cfg: TrainConfig) -> Path:
+    """``--fault-checkpoint-dir``, else ``<output_dir>/checkpoints``: a rerun into the same folder resumes."""
     return Path(cfg.fault.checkpoint_dir or Path(cfg.output_dir) / "checkpoints")
 
 
 def step_dir_name(step: int) -> str:
+    """Zero-padded, so the names sort in step order in any file browser."""
     return f"step_{step:08d}"
 
 
@@ -104,6 +93,7 @@ def list_checkpoints(root: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 def latest_checkpoint(root: str | os.PathLike) -> Path | None:
+    """The newest *complete* checkpoint, the one a restarted job resumes from (None: start fresh)."""
     found = list_checkpoints(root)
     return found[-1][1] if found else None
 
@@ -149,6 +139,7 @@ def commit(tmp: Path, final: Path) -> None:
 
 
 def write_json_file(path: Path, obj: Any) -> None:
+    """JSON, flushed and fsynced before the directory is committed, so a committed checkpoint is whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(obj, fh)
@@ -157,6 +148,7 @@ def write_json_file(path: Path, obj: Any) -> None:
 
 
 def read_json_file(path: Path) -> Any:
+    """A checkpoint's JSON file, with an error that says which step directory to delete when it is damaged."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -167,92 +159,7 @@ def read_json_file(path: Path) -> Any:
                            "Delete this step_* directory to resume from the previous one.") from None
 
 
-# ---------------------------------------------------------------------- safe reading
-_SAFE_GLOBALS = {
-    ("torch", "Size"), ("torch.serialization", "_get_layout"),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.distributed.checkpoint.filesystem", "_StoragePrefix"),
-    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
-    ("pathlib", "PureWindowsPath"), ("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"),
-}
-_SAFE_CLASS_MODULES = ("torch.distributed.checkpoint.metadata",)
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Only DCP's metadata dataclasses, torch dtypes/sizes and paths: nothing that can run code."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _SAFE_GLOBALS:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        if module in _SAFE_CLASS_MODULES:
-            obj = super().find_class(module, name)
-            if isinstance(obj, type) and obj.__module__ == module:
-                return obj
-        raise UnsafeCheckpointError(
-            f"refusing to load checkpoint metadata that references {module}.{name}: a DCP .metadata file only "
-            "holds DCP's own metadata classes, so this file was crafted or corrupted. Never load checkpoints from "
-            "an untrusted source; if you wrote this file yourself, re-save it with this version of ecomkit.")
-
-
-class SafeFileSystemReader(FileSystemReader):
-    """DCP's filesystem reader with an allow-list unpickler for ``.metadata`` (upstream uses ``pickle.load``)."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any):
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
-        rank = kwargs.get("rank")
-        name = METADATA if rank is None else f"__{rank}{METADATA}"
-        path = Path(str(self.path)) / name
-        try:
-            with open(path, "rb") as fh:
-                metadata = _MetadataUnpickler(fh).load()
-        except FileNotFoundError:
-            raise EcomkitError(f"{path} does not exist: {path.parent} is not a complete DCP checkpoint "
-                               "(it was probably interrupted while being written).") from None
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-
-class SafeLoadPlanner(DefaultLoadPlanner):
-    """Non-tensor entries (optimizer hyper-parameters, ...) are loaded with ``weights_only=True``."""
-
-    def load_bytes(self, read_item, value) -> None:
-        from torch.distributed.checkpoint._traverse import set_element
-
-        try:
-            obj = torch.load(value, weights_only=True)
-        except pickle.UnpicklingError as exc:
-            raise UnsafeCheckpointError(
-                f"refusing to unpickle checkpoint entry '{read_item.dest_index.fqn}': it holds more than tensors "
-                f"and plain Python values (torch.load(weights_only=True) said: {str(exc).splitlines()[0]}). "
-                "Never load checkpoints from an untrusted source.") from None
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj
-
-
-def load_weights_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Load a single weights file safely: safetensors, or ``torch.load(weights_only=True)`` for .pt/.bin."""
-    path = Path(path)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise UnsafeCheckpointError(
-            f"refusing to load {path}: it contains pickled Python objects that are not tensors or plain data "
-            f"(torch.load(weights_only=True) said: {str(exc).splitlines()[0]}). Loading it with "
-            "weights_only=False would run whatever code the file names; only do that for a file you made "
-            "yourself, and prefer safetensors.") from None
-
-
+# ---------------------------------------------------------------------- loading
 def _single_process() -> bool:
     return not (dist.is_available() and dist.is_initialized())
 
@@ -271,8 +178,6 @@ def load_dcp(path: str | os.PathLike, state: dict[str, Any], group: Any = None) 
     DCP wraps every rank's exception into one ``CheckpointException`` (a
     ``BaseException``); ours are unwrapped so the caller sees the clear message.
     """
-    from torch.distributed.checkpoint.api import CheckpointException
-
     SafeFileSystemReader(str(path)).read_metadata()  # refuse a crafted .metadata with our own error
     try:
         with _quiet_single_process():
@@ -415,6 +320,7 @@ def capture_rng_state() -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
+    """Undo :func:`capture_rng_state`: dropout masks after a resume are the ones the uninterrupted run drew."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
@@ -431,210 +337,14 @@ def _base_optimizer(optimizer: Any) -> torch.optim.Optimizer:
 
 def model_optimizer_state(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
     """``{"model": ..., "optim": ...}`` keyed by canonical names, so DDP, FSDP2 and a plain module agree."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
     msd, osd = get_state_dict(model, _base_optimizer(optimizer))
     return {"model": msd, "optim": osd}
 
 
 def apply_model_optimizer_state(model: torch.nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-
+    """Put a loaded :func:`model_optimizer_state` back (DCP loads into the tensors of a fresh state dict)."""
     set_state_dict(model, _base_optimizer(optimizer), model_state_dict=state["model"], optim_state_dict=state["optim"])
 
-
-def trainer_state(run: Any) -> dict[str, Any]:
-    """Everything besides tensors needed to continue exactly where ``run`` is now."""
-    strategy = run.strategy
-    return {
-        "step": run.step, "epoch": run.epoch, "total_steps": run.total_steps,
-        "world_size": run.env.world_size, "global_batch": run.global_batch(), "strategy": strategy.name,
-        "sampler": run.sampler.state_dict(),
-        "scheduler": strategy.scheduler.state_dict() if strategy.scheduler is not None else None,
-        "scaler": strategy.scaler.state_dict() if getattr(strategy, "scaler", None) is not None else None,
-        "saved_at": time.time(),
-    }
-
-
-# ---------------------------------------------------------------------- config
-def validate_fault_config(cfg: TrainConfig) -> None:
-    f = cfg.fault
-    if f.checkpoint_interval < -1:
-        raise ConfigError(f"fault.checkpoint_interval={f.checkpoint_interval}: use a number of steps > 0, "
-                          "0 to switch checkpoints off, or -1 for automatic.")
-    if f.health_interval < 0 or f.hang_dump_s < 0:
-        raise ConfigError("fault.health_interval and fault.hang_dump_s must be >= 0 (0 switches them off).")
-    if f.straggler_factor <= 1:
-        raise ConfigError(f"fault.straggler_factor={f.straggler_factor} must be > 1 (e.g. 2: warn when a rank "
-                          "is twice as slow as the others).")
-    reason = dcp_unsupported_reason(cfg)
-    if f.checkpoint_interval > 0 and reason:
-        raise ConfigError(
-            f"--fault-checkpoint-interval is not supported with --strategy {cfg.strategy}: {reason}, which these "
-            "DCP checkpoints do not cover. Use --strategy ddp/accelerate/fsdp/tp, or --fault-checkpoint-interval 0.")
-
-
-def dcp_unsupported_reason(cfg: TrainConfig) -> str | None:
-    """Why this run's state is not one DCP state dict of (model, optimizer), or None if it is."""
-    if cfg.strategy == "mixed" and cfg.parallel.pp > 1:
-        return STRATEGIES_WITHOUT_DCP["pp"]
-    return STRATEGIES_WITHOUT_DCP.get(cfg.strategy)
-
-
-def restarts_possible() -> bool:
-    """torchrun exports its --max-restarts to the workers; > 0 means a restart could resume."""
-    return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0
-
-
-def checkpoints_requested(cfg: TrainConfig) -> bool:
-    """Explicitly (interval > 0), or automatically (-1) when a restart or an injected fault can use them."""
-    interval = cfg.fault.checkpoint_interval
-    auto = interval == -1 and dcp_unsupported_reason(cfg) is None
-    return interval > 0 or (auto and (cfg.fail_at_step >= 0 or restarts_possible()))
-
-
-def effective_checkpoint_interval(cfg: TrainConfig, total_steps: int) -> int:
-    """Steps between checkpoints; ``-1`` (auto) means ~5 % of the run, between 1 and 100 steps.
-
-    Auto only switches checkpoints on when something can use them: torchrun
-    was given ``--max-restarts > 0`` or a fault is injected. A plain run then
-    writes nothing, and a rerun into the same output directory starts fresh.
-    """
-    if not checkpoints_requested(cfg):
-        return 0
-    if cfg.fault.checkpoint_interval > 0:
-        return cfg.fault.checkpoint_interval
-    return max(1, min(AUTO_MAX_INTERVAL, math.ceil(total_steps / 20)))
-
-
-# ---------------------------------------------------------------------- the callback
-class CheckpointCallback:
-    """Saves every ``interval`` steps and, on start, resumes from the newest complete checkpoint.
-
-    ``resuming`` is decided at construction (before the loop opens its metrics
-    file), so a resumed run appends to ``metrics.jsonl`` instead of truncating it.
-    """
-
-    def __init__(self, cfg: TrainConfig):
-        validate_fault_config(cfg)
-        self.cfg, self.root = cfg, checkpoint_root(cfg)
-        self.resume_from = latest_checkpoint(self.root) if cfg.fault.resume else None
-        self.resuming = self.resume_from is not None
-        self.interval = 0
-        self.writer: CheckpointWriter | None = None
-        self.resumed_step: int | None = None
-        self.restore_s: float | None = None
-
-    # ---- hooks
-    def on_train_start(self, run: Any) -> None:
-        env = run.env
-        self.interval = effective_checkpoint_interval(self.cfg, run.total_steps)
-        group = None
-        if env.distributed:
-            # Its own gloo group: DCP's background collectives never meet the training ones (trap 9).
-            import datetime as _dt
-
-            group = dist.new_group(backend="gloo", timeout=_dt.timedelta(seconds=self.cfg.timeout_s))
-        self.writer = CheckpointWriter(self.root, self.cfg.fault.keep_last, self.cfg.fault.async_checkpoint,
-                                       group, env.rank)
-        if env.is_main and self.interval:
-            for p in remove_stale_temp_dirs(self.root):
-                log.info("checkpoint: removed %s (a save interrupted by the previous attempt)", p.name)
-        path = self._agree_on_resume_path(env, group)
-        if path is not None:
-            self._restore(run, path)
-        if env.distributed:
-            dist.barrier(group=group)  # nobody writes into the root before rank 0 has cleaned it
-        if env.is_main and self.interval:
-            mode = "async (own gloo group)" if self.cfg.fault.async_checkpoint else "sync"
-            log.info("checkpoint: every %d steps into %s, %s, keep last %d", self.interval, self.root, mode,
-                     self.cfg.fault.keep_last)
-
-    def on_step_end(self, run: Any, row: dict[str, Any]) -> None:
-        if self.writer is None:
-            return
-        self.writer.poll()
-        if self.interval and run.step % self.interval == 0 and run.step < run.total_steps:
-            self.save(run)
-
-    def on_train_end(self, run: Any, summary: dict[str, Any]) -> None:
-        if self.writer is None:
-            return
-        self.writer.wait()
-        recs = self.writer.records
-        summary["checkpoint"] = {
-            "interval": self.interval, "async": self.cfg.fault.async_checkpoint, "dir": str(self.root.resolve()),
-            "saves": len(recs), "saved_steps": [r.step for r in recs],
-            "blocking_s": [round(r.blocking_s, 4) for r in recs],
-            "total_s": [round(r.total_s, 4) if r.total_s is not None else None for r in recs],
-            "resumed_from_step": self.resumed_step, "restore_s": self.restore_s,
-        }
-
-    # ---- work
-    def save(self, run: Any) -> SaveRecord:
-        state = model_optimizer_state(run.strategy.raw_model, run.strategy.optimizer)
-        files: dict[str, Any] = {f"rng_rank{run.env.rank}.json": capture_rng_state()}
-        if run.env.is_main:
-            files[TRAINER_STATE] = trainer_state(run)
-        return self.writer.save(run.step, state, files)
-
-    def _agree_on_resume_path(self, env: Any, group: Any) -> Path | None:
-        """Rank 0's choice wins; a rank that cannot see it has a checkpoint dir that is not shared."""
-        if not env.distributed:
-            return self.resume_from
-        choice = [str(self.resume_from) if self.resume_from else None]
-        dist.broadcast_object_list(choice, src=0, group=group)
-        path = Path(choice[0]) if choice[0] else None
-        if path is not None and not is_complete(path):
-            raise EcomkitError(
-                f"[rank {env.rank}] rank 0 resumes from {path}, but this rank cannot see that complete checkpoint. "
-                "--fault-checkpoint-dir must be a folder that every node sees (a shared filesystem).")
-        return path
-
-    def _restore(self, run: Any, path: Path) -> None:
-        t0 = time.perf_counter()
-        strategy, env = run.strategy, run.env
-        ts = read_json_file(path / TRAINER_STATE)
-        if ts["total_steps"] != run.total_steps:
-            log.warning("checkpoint %s was written by a run of %d steps; this run has %d, so the learning-rate "
-                        "schedule continues on the new length", path.name, ts["total_steps"], run.total_steps)
-        state = model_optimizer_state(strategy.raw_model, strategy.optimizer)
-        load_dcp(path, state, self.writer.group)
-        apply_model_optimizer_state(strategy.raw_model, strategy.optimizer, state)
-        if strategy.scheduler is not None and ts.get("scheduler") is not None:
-            strategy.scheduler.load_state_dict(ts["scheduler"])
-        if getattr(strategy, "scaler", None) is not None and ts.get("scaler"):
-            strategy.scaler.load_state_dict(ts["scaler"])
-        run.sampler.load_state_dict(ts["sampler"])
-        run.step, run.epoch = int(ts["step"]), int(ts["epoch"])
-        rng_file = path / f"rng_rank{env.rank}.json"
-        if ts["world_size"] == env.world_size and rng_file.is_file():
-            restore_rng_state(read_json_file(rng_file))
-        elif env.is_main:
-            log.warning("resuming at world size %d from a checkpoint written at %d: random-number streams are "
-                        "per rank, so they restart from the seed (data order is unaffected)",
-                        env.world_size, ts["world_size"])
-        self.resumed_step, self.restore_s = run.step, round(time.perf_counter() - t0, 4)
-        if env.is_main:
-            log.info("resumed from %s: step %d, epoch %d, %d global batches of this epoch already seen (%.2f s)",
-                     path, run.step, run.epoch, ts["sampler"]["consumed_global_batches"], self.restore_s)
-
-
-def add_fault_tolerance_callbacks(cfg: TrainConfig, callbacks: Iterable[Any] = ()) -> list[Any]:
-    """``callbacks`` plus chapter 07's: checkpoints (when requested) and the health monitor (when on).
-
-    Called by :func:`ecomkit.train.run_training`; kinds already present are not added twice.
-    """
-    from ecomkit.faults.health import HealthMonitor
-
-    out = list(callbacks)
-    validate_fault_config(cfg)
-    if checkpoints_requested(cfg) and not any(isinstance(c, CheckpointCallback) for c in out):
-        out.append(CheckpointCallback(cfg))
-    if (cfg.fault.health_interval > 0 or cfg.fault.hang_dump_s > 0) and not any(
-            isinstance(c, HealthMonitor) for c in out):
-        out.append(HealthMonitor(cfg))
-    return out
 
 
 def read_checkpoint_summary(path: str | os.PathLike) -> dict[str, Any]:
@@ -642,8 +352,10 @@ def read_checkpoint_summary(path: str | os.PathLike) -> dict[str, Any]:
     return read_json_file(Path(path) / TRAINER_STATE)
 
 
-__all__: Sequence[str] = (
-    "CheckpointCallback", "CheckpointWriter", "SafeFileSystemReader", "SafeLoadPlanner", "UnsafeCheckpointError",
-    "add_fault_tolerance_callbacks", "checkpoint_root", "effective_checkpoint_interval", "latest_checkpoint",
-    "list_checkpoints", "load_dcp", "load_weights_file", "model_optimizer_state", "read_checkpoint_summary",
-)
+__all__ = [
+    "STEP_DIR", "TMP_PREFIX", "TRAINER_STATE", "CheckpointWriter", "PendingSave", "SaveRecord",
+    "apply_model_optimizer_state", "capture_rng_state", "checkpoint_root", "commit", "is_complete",
+    "latest_checkpoint", "list_checkpoints", "load_dcp", "model_optimizer_state", "prune_checkpoints",
+    "read_checkpoint_summary", "read_json_file", "remove_stale_temp_dirs", "restore_rng_state", "step_dir_name",
+    "write_json_file",
+]

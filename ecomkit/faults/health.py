@@ -45,11 +45,12 @@ import time
 import traceback
 from typing import Any, Sequence
 
+import psutil
 import torch
-import torch.distributed as dist
 
 from ecomkit.config import TrainConfig
-from ecomkit.dist import DistEnv, log
+from ecomkit.dist import DistEnv, gather_objects, install_stack_dump_signal, log
+from ecomkit.metrics import MetricsWriter
 
 GPU_TEMP_WARN_C = 85
 GPU_MEM_WARN_FRACTION = 0.95
@@ -68,8 +69,6 @@ def read_cpu_health() -> dict[str, Any]:
     ``cpu_percent`` is measured between two calls on the *same* ``Process``
     object, so one is kept per pid (a fresh object would always report 0).
     """
-    import psutil
-
     proc = _PROCESSES.setdefault(os.getpid(), psutil.Process())
     vm = psutil.virtual_memory()
     return {
@@ -277,9 +276,6 @@ class HealthMonitor:
         self.straggler_counts: dict[int, int] = {}
 
     def on_train_start(self, run: Any) -> None:
-        from ecomkit.metrics import MetricsWriter
-        from ecomkit.faults.diagnose import install_stack_dump_signal
-
         env: DistEnv = run.env
         install_stack_dump_signal()
         if self.cfg.fault.hang_dump_s > 0:
@@ -297,7 +293,7 @@ class HealthMonitor:
 
     def _init_nvml(self, device: torch.device) -> None:
         try:
-            import pynvml
+            import pynvml  # lazy: NVIDIA's library; only on a CUDA device, and it may be missing
 
             pynvml.nvmlInit()
             self.nvml, self.handle = pynvml, _nvml_handle(pynvml, device)
@@ -316,7 +312,7 @@ class HealthMonitor:
         env: DistEnv = run.env
         local = read_gpu_health(self.nvml, self.handle) if self.handle is not None else read_cpu_health()
         local.update(rank=env.rank, host=socket.gethostname(), forward_s=self.timer.pop_mean_s() if self.timer else None)
-        ranks = _gather(local, env)
+        ranks = gather_objects(local, env)
         self.samples += 1
         if not env.is_main:
             return None
@@ -352,11 +348,3 @@ class HealthMonitor:
         summary["health"] = {"samples": self.samples, "warnings": self.warnings[:MAX_WARNINGS_IN_SUMMARY],
                              "n_warnings": len(self.warnings),
                              "straggler_counts": {str(k): v for k, v in sorted(self.straggler_counts.items())}}
-
-
-def _gather(obj: dict[str, Any], env: DistEnv) -> list[dict[str, Any]]:
-    if not env.distributed:
-        return [obj]
-    out: list[Any] = [None] * env.world_size
-    dist.all_gather_object(out, obj)
-    return out

@@ -34,16 +34,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-
-def _storage_key(t: torch.Tensor) -> tuple[int, int] | None:
-    """(data pointer, bytes) of the storage behind ``t``; None for meta/empty tensors or tensor subclasses."""
-    if t.device.type == "meta":
-        return None
-    try:
-        st = t.untyped_storage()
-    except (RuntimeError, NotImplementedError):  # e.g. a DTensor or a functional wrapper
-        return None
-    return (st.data_ptr(), st.nbytes()) if st.nbytes() else None
+from ecomkit.dist import timed
+from ecomkit.models.loss import token_loss_sum
+from ecomkit.parallel.state_bytes import storage_key
 
 
 class SavedTensorCounter:
@@ -54,7 +47,7 @@ class SavedTensorCounter:
     """
 
     def __init__(self, exclude: Iterable[torch.Tensor] = ()):
-        self._excluded = {k[0] for k in (_storage_key(t) for t in exclude) if k is not None}
+        self._excluded = {k[0] for k in (storage_key(t) for t in exclude) if k is not None}
         self._seen: dict[int, int] = {}
         self.records: list[tuple[tuple[int, ...], str, int]] = []
         self._hooks: Any = None
@@ -64,7 +57,7 @@ class SavedTensorCounter:
         return sum(self._seen.values())
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        key = _storage_key(t)
+        key = storage_key(t)
         if key is not None and key[0] not in self._excluded and key[0] not in self._seen:
             self._seen[key[0]] = key[1]
             self.records.append((tuple(t.shape), str(t.dtype).replace("torch.", ""), key[1]))
@@ -163,8 +156,6 @@ class StepMemory:
 def causal_lm_loss(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    autocast: torch.dtype | None = None) -> torch.Tensor:
     """The training loop's loss (sum of next-token losses), with optional autocast."""
-    from ecomkit.models.loss import token_loss_sum
-
     ctx = (torch.autocast(input_ids.device.type, dtype=autocast) if autocast is not None
            else contextlib.nullcontext())
     with ctx:
@@ -217,22 +208,19 @@ def measure_step_memory(model: torch.nn.Module, input_ids: torch.Tensor, attenti
 def time_step(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
               autocast: torch.dtype | None = None, repeats: int = 3,
               wrap: Callable[[], contextlib.AbstractContextManager] | None = None) -> float:
-    """Median seconds of forward + backward, without any instrument (one warm-up run first)."""
+    """Median seconds of forward + backward, without any instrument (one warm-up run first).
+
+    Timed by ``ecomkit.dist.timed``, the one timer (CUDA work is synchronised
+    before the clock is read); gradients are cleared after every run.
+    """
     wrap = wrap or contextlib.nullcontext
-    times = []
-    for i in range(repeats + 1):
-        if input_ids.device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
+
+    def step() -> None:
         with wrap():
             causal_lm_loss(model, input_ids, attention_mask, autocast).backward()
-        if input_ids.device.type == "cuda":
-            torch.cuda.synchronize()
-        if i:
-            times.append(time.perf_counter() - t0)
         model.zero_grad(set_to_none=True)
-    times.sort()
-    return times[len(times) // 2]
+
+    return timed(step, repeats=repeats, warmup=1, device=input_ids.device)
 
 
 def enable_checkpointing(model: torch.nn.Module, reentrant: bool = False) -> None:

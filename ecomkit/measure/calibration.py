@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import json
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -37,25 +36,14 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from ecomkit.config import TrainConfig
+from ecomkit.dist import timed
+from ecomkit.measure.activations import causal_lm_loss
+from ecomkit.models.bloom import count_parameters, flops_per_token
+from ecomkit.models.optim import build_optimizer
+from ecomkit.train import run_training
+
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024       # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
-
-
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
-def timed(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> float:
-    """Median seconds of ``fn`` over ``repeats`` runs, every run started together on all ranks."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        _barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def measure_matmul_flops(rows: int, hidden: int, repeats: int = 20) -> float:
@@ -83,8 +71,6 @@ def fit_alpha_beta(samples: list[tuple[int, float]], n: int) -> tuple[float, flo
 
 
 def _fwd_bwd(model: torch.nn.Module, ids: torch.Tensor) -> Callable[[], None]:
-    from ecomkit.measure.activations import causal_lm_loss
-
     mask = torch.ones_like(ids)
 
     def step() -> None:
@@ -116,12 +102,11 @@ class CpuCalibration:
 
 def calibrate(model: torch.nn.Module, micro_batch: int, seq_len: int, grad_accum: int = 1,
               repeats: int = 5) -> CpuCalibration:
-    """Run every microbenchmark on a copy of ``model`` (all ranks together); returns this rank's numbers."""
-    from ecomkit.hardware import flops_per_token
-    from ecomkit.models.bloom import count_parameters
-    from ecomkit.models.optim import build_optimizer
-    from ecomkit.config import TrainConfig
+    """Run every microbenchmark on a copy of ``model`` (all ranks together); returns this rank's numbers.
 
+    Every timing goes through ``ecomkit.dist.timed`` (the one barrier-synchronised
+    timer), so all ranks start each run together, as they do in DDP training.
+    """
     world = dist.get_world_size() if dist.is_initialized() else 1
     cfg = model.config
     probe = copy.deepcopy(model).train()
@@ -219,5 +204,27 @@ class CalibrationCallback:
             Path(self.out_path).write_text(json.dumps(self.report, indent=2))
 
 
+def calibration_defaults() -> TrainConfig:
+    """Chapter 06's calibration run: small BLOOM, seq 32, micro-batch 4, six steps.
+
+    These shapes keep every batch free of padding, so the prediction and the
+    measurement describe the same work (the report's ``padding_free`` checks it).
+    """
+    return TrainConfig(model="small", seq_len=32, micro_batch_size=4, max_steps=6, eval_interval=0, eval_batches=1,
+                       n_rows=300, save_model=False, progress=False, lr=1e-3, output_dir="runs/06/calibrate")
+
+
+def run_calibration(cfg: TrainConfig, repeats: int = 3) -> dict[str, Any]:
+    """Train ``cfg`` with chapter 02's loop, calibrating before and after; returns (and writes) the time-model report.
+
+    The report lands in ``<output_dir>/time_model.json`` (rank 0) and in the
+    run summary under ``time_model``; every rank returns it.
+    """
+    callback = CalibrationCallback(str(Path(cfg.output_dir) / "time_model.json"), repeats=repeats)
+    run_training(cfg, [callback])
+    return callback.report
+
+
 __all__ = ["CpuCalibration", "calibrate", "fit_alpha_beta", "measure_allreduce", "measure_matmul_flops",
-           "predict_ddp_step", "ddp_buckets", "CalibrationCallback", "mean_calibration", "timed"]
+           "predict_ddp_step", "ddp_buckets", "CalibrationCallback", "mean_calibration", "calibration_defaults",
+           "run_calibration"]

@@ -4,7 +4,9 @@ EcomGPT guide's "memory pool" really do to memory and time, each measured next t
 Every function builds a small BLOOM (long sequences are what make activations
 matter), runs real forward/backward passes on this machine and returns plain
 rows (lists of dicts) that the notebook plots and the script writes as JSON.
-Nothing here is a stored result.
+Nothing here is a stored result. Rows carry their setting as fields (``mode``,
+``attn``, ``seq_len``, ...), and the verdicts a chapter shows are computed here
+(:func:`saved_bytes_by_mode`, ``saves_memory``, ``peak_saving``), not in cells.
 """
 
 from __future__ import annotations
@@ -13,28 +15,34 @@ import gc
 import time
 from typing import Any, Sequence
 
+import datasets
 import torch
 from torch import nn
+from transformers import BloomConfig
 
-from ecomkit.measure.activations import (causal_lm_loss, disable_checkpointing, enable_checkpointing, measure_step_memory,
-                                 time_step)
-from ecomkit.planner.memory import activation_bytes, activation_dtypes, checkpointing_factor, model_shape
+from ecomkit.config import StrategyName, plan_strategy_name
+from ecomkit.data import DistributedBatchSampler, compare_padding, generate_catalog, tokenize_records
+from ecomkit.measure.activations import (causal_lm_loss, disable_checkpointing, enable_checkpointing,
+                                         measure_step_memory, time_step)
+from ecomkit.models.attention import install_attention
+from ecomkit.models.bloom import build_model, preset_config
+from ecomkit.models.tokenizer import get_tokenizer
+from ecomkit.planner.activations import activation_bytes, activation_dtypes, checkpointing_factor
+from ecomkit.planner.memory import PlanInput, plan_memory
+from ecomkit.planner.shapes import model_shape
+from ecomkit.train.loop import tokenizer_cache_dir
 
 
-def long_context_config(hidden: int = 128, n_layer: int = 2, n_head: int = 4, vocab_size: int = 1024):
+def long_context_config(hidden: int = 128, n_layer: int = 2, n_head: int = 4, vocab_size: int = 1024) -> BloomConfig:
     """A BLOOM small enough for seconds-long steps on a CPU at sequence lengths up to ~1k."""
-    from ecomkit.models.bloom import preset_config
-
     return preset_config("tiny", vocab_size=vocab_size, hidden_size=hidden, n_layer=n_layer, n_head=n_head)
 
 
-def build_probe_model(config, dtype: torch.dtype = torch.float32, device: str = "cpu", attn: str = "eager"):
-    from ecomkit.models.bloom import build_model
-
+def build_probe_model(config: BloomConfig, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                      attn: str = "eager") -> nn.Module:
+    """The model every experiment measures, in training mode, with the requested attention path."""
     model = build_model(config, device=device, dtype=dtype).train()
     if attn != "eager":
-        from ecomkit.models.attention import install_attention
-
         install_attention(model, attn)
     return model
 
@@ -45,10 +53,11 @@ def random_batch(vocab: int, batch: int, seq: int, device: str = "cpu", seed: in
     return ids, torch.ones_like(ids)
 
 
+_DDP, _ZERO2 = plan_strategy_name(StrategyName.DDP), plan_strategy_name(StrategyName.ZERO, 2)
 MODES = {  # name -> (planner strategy, precision, module dtype, autocast dtype)
-    "fp32": ("ddp", "fp32", torch.float32, None),
-    "bf16 autocast (torch DDP)": ("ddp", "bf16", torch.float32, torch.bfloat16),
-    "bf16 weights (DeepSpeed)": ("zero2", "bf16", torch.bfloat16, None),
+    "fp32": (_DDP, "fp32", torch.float32, None),
+    "bf16 autocast (torch DDP)": (_DDP, "bf16", torch.float32, torch.bfloat16),
+    "bf16 weights (DeepSpeed)": (_ZERO2, "bf16", torch.bfloat16, None),
 }
 
 
@@ -86,6 +95,19 @@ def activation_sweep(config, seq_lens: Sequence[int], batches: Sequence[int] = (
     return rows
 
 
+def saved_bytes_by_mode(rows: Sequence[dict[str, Any]], seq_len: int, relative_to: str | None = None,
+                        attn: str = "eager") -> dict[str, float]:
+    """Measured saved bytes per precision mode at one sequence length (of :func:`activation_sweep` rows).
+
+    With ``relative_to`` (e.g. ``"fp32"``) each value is divided by that
+    mode's: the ratio mixed precision really buys, selected by field.
+    """
+    picked = {r["mode"]: r["measured_saved"] for r in rows if r["seq_len"] == seq_len and r["attn"] == attn}
+    if relative_to is None:
+        return {k: float(v) for k, v in picked.items()}
+    return {k: v / picked[relative_to] for k, v in picked.items()}
+
+
 def checkpointing_experiment(config, batch: int, seq_lens: Sequence[int], repeats: int = 3) -> list[dict[str, Any]]:
     """Saved bytes, live peak and step time without / with activation checkpointing, next to the predicted factor."""
     rows = []
@@ -103,6 +125,7 @@ def checkpointing_experiment(config, batch: int, seq_lens: Sequence[int], repeat
             if on:
                 disable_checkpointing(model)
         row["measured_factor"] = row["saved_off"] / row["saved_on"]
+        row["peak_saving"] = 1 - row["peak_on"] / row["peak_off"]
         row["predicted_factor"] = checkpointing_factor(model_shape(config), batch, seq, device="cpu")
         row["time_cost"] = row["step_s_on"] / row["step_s_off"]
         rows.append(row)
@@ -137,8 +160,6 @@ def save_on_cpu_experiment(config, batch: int, seq: int, device: str | None = No
 
 def gpu_peak_check(config, batch: int, seq_lens: Sequence[int]) -> list[dict[str, Any]]:
     """On a GPU: ``max_memory_allocated`` of one step vs the planner's activations + temporaries (eager, fp32)."""
-    from ecomkit.planner.memory import PlanInput, plan_memory
-
     rows = []
     model = build_probe_model(config, device="cuda")
     for seq in seq_lens:
@@ -220,6 +241,7 @@ def memory_pool_experiment(config, batch: int, seq: int, n_frequent: int = 64) -
     out["cache_bytes"] = pool.cache_bytes()
     out["cache_hits_per_step"] = pool.hits // 2
     out["peak_ratio"] = out["peak_memory pool"] / out["peak_nn.Embedding"]
+    out["saves_memory"] = out["peak_ratio"] < 0.99       # within 1 %: the cache's own rows, nothing saved
     out["time_ratio"] = out["step_s_memory pool"] / out["step_s_nn.Embedding"]
     model.transformer.word_embeddings = original
     return out
@@ -229,8 +251,6 @@ def memory_pool_experiment(config, batch: int, seq: int, n_frequent: int = 64) -
 def bucketing_experiment(lengths: Sequence[int], config, micro_batch: int = 8, n_batches: int = 12,
                          seed: int = 0) -> list[dict[str, Any]]:
     """Padding rate over an epoch and real tokens/s of forward + backward, random vs length-bucketed batches."""
-    from ecomkit.data import DistributedBatchSampler, compare_padding
-
     rates = compare_padding(lengths, micro_batch_size=micro_batch, seed=seed)
     model = build_probe_model(config)
     rows = []
@@ -257,83 +277,47 @@ def bucketing_experiment(lengths: Sequence[int], config, micro_batch: int = 8, n
     return rows
 
 
-# ---------------------------------------------------------------------- model states under every strategy
-def measure_strategy_states(env, strategies: Sequence[str] = ("ddp", "zero1", "zero2", "zero3", "fsdp2"),
-                            precision: str = "fp32", vocab_size: int = 1024, steps: int = 2,
-                            output_dir: str = "runs/06_states") -> list[dict[str, Any]]:
-    """Inside torchrun: build the tiny BLOOM under each strategy of chapters 02-04, take two optimizer steps,
-    and count each rank's parameter, gradient and optimizer bytes just before the last step.
+def catalog_token_lengths(n_rows: int, max_length: int = 256) -> tuple[list[int], int]:
+    """Token lengths of the synthetic catalog's records (local tokenizer, causal-LM task), and the vocabulary size."""
+    datasets.disable_progress_bars()
+    tok = get_tokenizer("local", tokenizer_cache_dir())
+    lengths = tokenize_records(generate_catalog(n_rows, seed=0), tok, "lm", max_length)["length"]
+    return [int(n) for n in lengths], len(tok)
 
-    Reuses the strategies' own ``memory_report`` (chapter 03's DeepSpeed-aware
-    counter for ZeRO, ``ecomkit.parallel.state_bytes.model_state_bytes`` for the
-    others), so the numbers are what chapter 03/04 runs report in their
-    ``memory.json`` / ``parallel_layout.json``. Returns one row per strategy
-    and rank, gathered on every rank.
+
+def bucketing_rows(n_rows: int, micro_batch: int = 8, n_batches: int = 12) -> list[dict[str, Any]]:
+    """Random vs length-bucketed batches of the synthetic catalog's real token lengths (chapter 06, section 6)."""
+    lengths, vocab = catalog_token_lengths(n_rows)
+    return bucketing_experiment(lengths, long_context_config(vocab_size=vocab), micro_batch=micro_batch,
+                                n_batches=n_batches)
+
+
+def activation_report(quick: bool = False) -> dict[str, Any]:
+    """Every one-process experiment of chapter 06 on the long-context BLOOM (``06_memory_tuning.py activations``).
+
+    Sweep (modes × eager/SDPA × batches 1, 2), checkpointing, ``save_on_cpu``,
+    the memory pool and length bucketing; on a GPU also ``save_on_cpu`` with
+    ``max_memory_allocated`` and the planner's peak check. ``quick`` uses
+    shorter sequences and fewer catalog rows (tests, notebooks).
     """
-    import torch.distributed as dist
-
-    from ecomkit.config import TrainConfig
-    from ecomkit.models.bloom import build_model, count_parameters, preset_config
-    from ecomkit.parallel import build_strategy
-    from ecomkit.models.loss import count_label_tokens
-
-    rows: list[dict[str, Any]] = []
-    for name in strategies:
-        cfg = TrainConfig(model="tiny", precision=precision, output_dir=f"{output_dir}/{name}", progress=False,
-                          save_model=False, max_steps=steps, warmup_steps=1)
-        if name.startswith("zero"):
-            cfg.strategy, cfg.zero.stage = "zero", int(name[-1])
-        else:
-            cfg.strategy = "fsdp" if name == "fsdp2" else "ddp"
-        model = build_model(preset_config("tiny", vocab_size=vocab_size), seed=0)
-        psi = count_parameters(model)
-        strategy = build_strategy(cfg, env)
-        strategy.setup(model, steps)
-        gen = torch.Generator().manual_seed(env.rank)
-        report: dict[str, Any] = {}
-        for step in range(steps):
-            ids = torch.randint(3, vocab_size, (2, 32), generator=gen).to(env.device)
-            with strategy.micro_step_context(True):
-                loss = strategy.forward_loss_sum({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                                                  "labels": ids})
-                strategy.backward(loss / count_label_tokens(ids))
-            if step == steps - 1:
-                report = strategy.memory_report()
-            strategy.clip_and_step(1.0)
-        strategy.close()
-        del strategy, model
-        gc.collect()
-        mine = {"strategy": name, "rank": env.rank, "world_size": env.world_size, "precision": precision,
-                "psi": psi, **{k: int(report.get(k, 0)) for k in ("params", "grads", "optimizer")}}
-        gathered: list[Any] = [None] * env.world_size
-        if env.distributed:
-            dist.all_gather_object(gathered, mine)
-        else:
-            gathered = [mine]
-        rows.extend(gathered)
-    return rows
-
-
-def compare_states_with_plan(rows: Sequence[dict[str, Any]], vocab_size: int = 1024) -> list[dict[str, Any]]:
-    """Add the planner's per-rank bytes (same model, strategy, world size, rank) to measured rows."""
-    from ecomkit.planner.memory import PlanInput, model_state_bytes_per_rank
-
-    out = []
-    for r in rows:
-        plan = model_state_bytes_per_rank(PlanInput(model="tiny", vocab_size=vocab_size, world_size=r["world_size"],
-                                                    strategy=r["strategy"], precision=r["precision"], device="cpu"))
-        mine = plan[r["rank"]]
-        row = dict(r)
-        for k in ("params", "grads", "optimizer"):
-            row[f"planned_{k}"] = mine[k]
-        row["measured_total"] = r["params"] + r["grads"] + r["optimizer"]
-        row["planned_total"] = mine["params"] + mine["grads"] + mine["optimizer"]
-        row["difference_bytes"] = row["measured_total"] - row["planned_total"]
-        out.append(row)
+    cfg = long_context_config()
+    seqs = [128, 256, 512] if quick else [256, 512, 1024, 2048]
+    out: dict[str, Any] = {
+        "model": cfg.to_dict(),
+        "sweep": activation_sweep(cfg, seqs, batches=[1, 2], modes=list(MODES), attns=["eager", "sdpa"],
+                                  track_live=False),
+        "checkpointing": checkpointing_experiment(cfg, 2, seqs[-2:]),
+        "save_on_cpu_cpu": save_on_cpu_experiment(cfg, 2, seqs[-1], device="cpu"),
+        "memory_pool": memory_pool_experiment(cfg, 2, 64),
+        "bucketing": bucketing_rows(1500 if quick else 6000),
+    }
+    if torch.cuda.is_available():
+        out["save_on_cpu_gpu"] = save_on_cpu_experiment(cfg, 2, seqs[-1], device="cuda")
+        out["gpu_peak"] = gpu_peak_check(cfg, 2, seqs)
     return out
 
 
 __all__ = ["long_context_config", "build_probe_model", "random_batch", "MODES", "predicted_saved_bytes",
            "activation_sweep", "checkpointing_experiment", "save_on_cpu_experiment", "gpu_peak_check",
-           "FrequentTokenEmbeddingCache", "memory_pool_experiment", "bucketing_experiment",
-           "measure_strategy_states", "compare_states_with_plan"]
+           "FrequentTokenEmbeddingCache", "memory_pool_experiment", "bucketing_experiment", "saved_bytes_by_mode",
+           "catalog_token_lengths", "bucketing_rows", "activation_report"]

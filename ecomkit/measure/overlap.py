@@ -28,17 +28,18 @@ updates with different numbers, and the replicas drift apart.
 
 from __future__ import annotations
 
+import json
 import statistics
-import time
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ecomkit.config import TrainConfig
-from ecomkit.dist import DistEnv, distributed_session, log
-from ecomkit.errors import EcomkitError
+from ecomkit.dist import DistEnv, distributed_session, log, timed
+from ecomkit.errors import ConfigError, EcomkitError
 from ecomkit.models.bloom import load_model
 
 SYNTHETIC_VOCAB = 4096  # random token ids: timing and divergence do not need real text
@@ -49,15 +50,6 @@ def synthetic_batch(micro_batch: int, seq_len: int, seed: int, vocab: int = SYNT
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (micro_batch, seq_len), generator=g)
     return {"input_ids": ids, "labels": ids}
-
-
-def _timed(fn: Callable[[], Any], env: DistEnv) -> float:
-    """Seconds for one call, ranks started together (a barrier first, so no rank waits for a late peer)."""
-    if env.distributed:
-        dist.barrier()
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def bucket_chunks(model: torch.nn.Module, cap_mb: float) -> list[torch.Tensor]:
@@ -105,7 +97,8 @@ class BucketCapProbe:
 
     def measure_once(self) -> None:
         for key, fn in (("step_s", self.step), ("compute_s", self.compute), ("comm_s", self.comm)):
-            self.times[key].append(_timed(fn, self.env))
+            # one call per repeat: the sweep interleaves bucket sizes between repeats (see sweep_bucket_cap)
+            self.times[key].append(timed(fn, repeats=1, warmup=0, device=self.env.device))
 
     def row(self) -> dict[str, Any]:
         row: dict[str, Any] = {"bucket_cap_mb": self.cap_mb, "n_buckets": len(self.chunks),
@@ -177,13 +170,44 @@ def naive_async_allreduce(cfg: TrainConfig, env: DistEnv, steps: int, wait: bool
     spread = _params_spread_across_ranks(model, env)
     del model, opt
     return {"wait": wait, "steps": steps, "stale_grad_share_mean": statistics.mean(stale_shares),
-            "stale_grad_share_per_step": stale_shares, "replica_max_abs_diff": spread}
+            "stale_grad_share_per_step": stale_shares, "replica_max_abs_diff": spread,
+            "replicas_identical": spread == 0.0}
 
 
-def run_overlap_study(cfg: TrainConfig, caps_mb: list[float], repeats: int, async_steps: int) -> dict[str, Any]:
-    """The bucket sweep and both async variants in one process group; returns what rank 0 should save."""
+def bucket_sweep_summary(sweep: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest bucket size, and how much the compute-only time varies across the sweep.
+
+    The compute-only time (``no_sync``) cannot depend on the bucket size, so
+    its spread is this machine's noise: step-time differences smaller than
+    ``compute_noise`` are not an effect of the bucket size.
+    """
+    best = min(sweep, key=lambda r: r["step_s"])
+    computes = [r["compute_s"] for r in sweep]
+    return {"fastest_bucket_cap_mb": best["bucket_cap_mb"], "step_s": best["step_s"], "comm_s": best["comm_s"],
+            "hidden_frac": best["hidden_frac"], "compute_noise": max(computes) / min(computes) - 1}
+
+
+def parse_bucket_sizes(text: str, flag: str = "--overlap-bucket-mb") -> list[float]:
+    """``"0.25,1,4,25"`` → bucket sizes in MB; a ConfigError naming ``flag`` for anything else."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) <= 0:
+        raise ConfigError(f"{flag} '{text}': give positive numbers separated by commas, e.g. 0.25,1,4,25.")
+    return values
+
+
+def run_overlap_study(cfg: TrainConfig, caps_mb: list[float], repeats: int, async_steps: int,
+                      out_path: str | Path | None = None) -> dict[str, Any]:
+    """The bucket sweep and both async variants in one process group; rank 0 writes the result to ``out_path``."""
     with distributed_session(timeout_s=cfg.timeout_s, seed=cfg.seed) as env:
         sweep = sweep_bucket_cap(cfg, caps_mb, env, repeats)
         demo = [naive_async_allreduce(cfg, env, async_steps, wait) for wait in (False, True)] if async_steps else []
-        return {"model": cfg.model, "micro_batch_size": cfg.micro_batch_size, "seq_len": cfg.seq_len,
-                "world_size": env.world_size, "backend": env.backend, "bucket_sweep": sweep, "async_allreduce": demo}
+        result = {"model": cfg.model, "micro_batch_size": cfg.micro_batch_size, "seq_len": cfg.seq_len,
+                  "world_size": env.world_size, "backend": env.backend, "bucket_sweep": sweep, "async_allreduce": demo}
+        if env.is_main and out_path is not None:
+            Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(out_path).write_text(json.dumps(result, indent=2))
+            log.info("overlap study written to %s", out_path)
+        return result

@@ -67,6 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from transformers.models.bloom import modeling_bloom
 from transformers.models.bloom.modeling_bloom import BloomAttention, dropout_add
 
@@ -224,8 +225,6 @@ def _flex_function(device: torch.device):
     length-bucketed batches do not recompile for every new length.
     """
     global _COMPILED_FLEX
-    from torch.nn.attention.flex_attention import flex_attention
-
     if device.type == "cpu":
         return flex_attention
     if _COMPILED_FLEX is None:
@@ -236,8 +235,6 @@ def _flex_function(device: torch.device):
 def flex_block_mask(attention_mask: torch.Tensor | None, batch: int, q_length: int, kv_length: int,
                     device: torch.device):
     """A BlockMask from BLOOM's 4-D additive mask (0 = attend); ``None`` means a plain causal mask."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
     if attention_mask is None:
         offset = kv_length - q_length
         mask_mod = lambda b, h, q, kv: kv <= q + offset  # noqa: E731
@@ -352,10 +349,6 @@ def current_attention(model: nn.Module) -> str:
 
 
 def _check_flex_usable(module: BloomAttention, for_training: bool) -> None:
-    try:
-        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
-    except ImportError:
-        raise ConfigError(f"attn='flex' needs torch >= 2.5 (this is {torch.__version__}). Use --attn sdpa.") from None
     device = module.query_key_value.weight.device
     if device.type == "cpu" and for_training:
         raise ConfigError(_FLEX_CPU_MESSAGE)

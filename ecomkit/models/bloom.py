@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, BloomConfig, BloomForCausalLM, PreTrainedModel
+from transformers import (AutoConfig, AutoModelForCausalLM, BloomConfig, BloomForCausalLM, PretrainedConfig,
+                          PreTrainedModel)
 
 from ecomkit.errors import ModelNotFoundError
 
@@ -126,6 +129,18 @@ def preset_parameter_count(name: str, vocab_size: int | None = None) -> int:
     return count_parameters(build_model(name, vocab_size=vocab_size, device="meta"))
 
 
+def flops_per_token(n_params: int, n_layer: int, hidden: int, seq_len: int) -> float:
+    """Training FLOPs per token of a BLOOM: 6Ψ + 12·L·h·T (for MFU and the time planner).
+
+    6Ψ is forward 2Ψ + backward 4Ψ (every weight is one multiply-add per
+    token); 12·L·h·T are the attention score/value products, which involve no
+    weight (PaLM appendix B). Ψ counts every parameter once, embeddings
+    included, as nanoGPT does: the tied LM head still does its 2·V·h matmul,
+    which 6Ψ already counts.
+    """
+    return 6.0 * n_params + 12.0 * n_layer * hidden * seq_len
+
+
 def is_local_model_dir(path: str | os.PathLike) -> bool:
     return Path(path).is_dir() and (Path(path) / "config.json").is_file()
 
@@ -159,15 +174,27 @@ def load_model(name_or_path: str, *, vocab_size: int | None = None, device: str 
     return _load_from_hub(name_or_path, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
 
 
+def model_config(name_or_path: str, *, vocab_size: int | None = None) -> PretrainedConfig:
+    """The architecture :func:`load_model` builds for ``name_or_path``, without any weights.
+
+    The same choice as :func:`load_model`: a preset's config, or the
+    ``config.json`` of a local directory or hub id. ``vocab_size`` overrides
+    the vocabulary (a toy preset sized by its tokenizer, a resized real model).
+    """
+    if name_or_path in PRESETS:
+        return preset_config(name_or_path, vocab_size=vocab_size)
+    config = AutoConfig.from_pretrained(name_or_path, local_files_only=is_local_model_dir(name_or_path))
+    if vocab_size is not None:
+        config.vocab_size = vocab_size
+    return config
+
+
 def hub_reachable() -> bool:
     """Cheap offline check: ``HF_HUB_OFFLINE`` or a hub host name that does not resolve.
 
     Without it ``from_pretrained`` retries for ~30 s before failing; with it an
     offline user gets the actionable message at once (the local cache is still used).
     """
-    import socket
-    from urllib.parse import urlparse
-
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
         return False
     host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"

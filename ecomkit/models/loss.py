@@ -42,6 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
 
 from ecomkit.errors import ConfigError
@@ -85,8 +86,6 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     floating-point sum (tested). ``head`` is called as a module, so wrappers'
     hooks on it (FSDP2 unsharding, autocast) still run.
     """
-    from torch.utils.checkpoint import checkpoint
-
     flat_h = hidden[:, :-1].reshape(-1, hidden.size(-1))
     flat_y = labels[:, 1:].reshape(-1)
     keep = (flat_y != -100).nonzero().squeeze(1)

@@ -29,6 +29,11 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from ecomkit.data.catalog import generate_catalog
+from ecomkit.data.tasks import training_texts_for_tokenizer
 from ecomkit.errors import ConfigError, EcomkitError, ModelNotFoundError
 
 logger = logging.getLogger(__name__)
@@ -56,9 +61,6 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, 
     e-commerce tokens whole; ``len(tok)`` may exceed ``vocab_size`` by the up to
     six e-commerce tokens added after training. ~3 s for 5k catalog rows.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     if vocab_size < 300:
         raise ConfigError(f"vocab_size={vocab_size} is too small for a byte-level BPE (256 byte ids plus "
                           f"specials); use at least 300, typically 2000-8000 for the tiny models.")
@@ -103,8 +105,6 @@ def add_ecom_special_tokens(tokenizer) -> int:
     a warning, because adding it would corrupt decoding. After a non-zero
     return, call :func:`resize_embeddings_for` on the model.
     """
-    from tokenizers import AddedToken
-
     vocab = tokenizer.get_vocab()
     to_add = []
     for token in ECOM_SPECIAL_TOKENS:
@@ -139,8 +139,6 @@ def save_tokenizer(tokenizer, directory: str | os.PathLike) -> Path:
 
 def load_tokenizer(directory: str | os.PathLike):
     """Load a tokenizer saved by :func:`save_tokenizer` (or any local HF tokenizer directory)."""
-    from transformers import AutoTokenizer
-
     directory = Path(directory)
     if not (directory / "tokenizer.json").is_file() and not (directory / "tokenizer_config.json").is_file():
         raise EcomkitError(f"No tokenizer in {directory}: expected tokenizer.json and tokenizer_config.json. "
@@ -178,11 +176,24 @@ def get_tokenizer(name_or_dir: str | os.PathLike = "synthetic", cache_dir: str |
     return _hub_tokenizer(name_or_dir, cache_dir)
 
 
-def _cached_synthetic_tokenizer(cache_dir: Path, vocab_size: int, seed: int, n_rows: int):
-    from ecomkit.data.catalog import generate_catalog
-    from ecomkit.data.tasks import training_texts_for_tokenizer
+def local_tokenizer_dir(cache_dir: str | os.PathLike, vocab_size: int = DEFAULT_VOCAB_SIZE, seed: int = 0,
+                        n_rows: int = 5_000) -> Path:
+    """The directory of the local catalog BPE with this target vocabulary, trained and cached if needed.
 
-    final = cache_dir / f"catalog-bpe-v{TOKENIZER_FORMAT_VERSION}-vocab{vocab_size}-rows{n_rows}-seed{seed}"
+    Why a directory: a ``TrainConfig.tokenizer`` can name it, so a run's model
+    is sized by a vocabulary other than the default (chapter 06 measures how
+    an odd vocabulary splits into uneven FSDP2 shards).
+    """
+    _cached_synthetic_tokenizer(Path(cache_dir), vocab_size, seed, n_rows)
+    return _local_dir(Path(cache_dir), vocab_size, seed, n_rows)
+
+
+def _local_dir(cache_dir: Path, vocab_size: int, seed: int, n_rows: int) -> Path:
+    return cache_dir / f"catalog-bpe-v{TOKENIZER_FORMAT_VERSION}-vocab{vocab_size}-rows{n_rows}-seed{seed}"
+
+
+def _cached_synthetic_tokenizer(cache_dir: Path, vocab_size: int, seed: int, n_rows: int):
+    final = _local_dir(cache_dir, vocab_size, seed, n_rows)
     if (final / "tokenizer.json").is_file():
         return load_tokenizer(final)
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -197,8 +208,6 @@ def _cached_synthetic_tokenizer(cache_dir: Path, vocab_size: int, seed: int, n_r
 
 
 def _hub_tokenizer(name: str, cache_dir: str | os.PathLike | None):
-    from transformers import AutoTokenizer
-
     try:
         tok = AutoTokenizer.from_pretrained(name, cache_dir=str(cache_dir) if cache_dir else None)
     except (OSError, ValueError) as exc:

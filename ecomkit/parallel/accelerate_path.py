@@ -16,6 +16,7 @@ import torch
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
+from ecomkit.models.optim import build_optimizer, build_scheduler
 from ecomkit.parallel.base import StepStats, Strategy
 
 
@@ -27,10 +28,8 @@ class AccelerateStrategy(Strategy):
         self.accelerator = None
 
     def setup(self, model, total_steps: int) -> None:
-        from accelerate import Accelerator
-        from accelerate.utils import DistributedDataParallelKwargs
-
-        from ecomkit.models.optim import build_optimizer, build_scheduler
+        from accelerate import Accelerator  # lazy: optional path; importing accelerate costs ~1 s for every other run
+        from accelerate.utils import DistributedDataParallelKwargs  # lazy: as above
 
         self.grad_accum = self.cfg.resolve_grad_accum(self.env.world_size)
         mp = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[self.cfg.precision]

@@ -27,6 +27,10 @@ from torch import nn
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
+from ecomkit.models.loss import has_chunked_loss, token_loss_sum
+from ecomkit.models.optim import build_optimizer, build_scheduler
+from ecomkit.models.precision import autocast_context, build_grad_scaler
+from ecomkit.parallel.state_bytes import model_state_bytes
 
 
 @dataclass
@@ -58,10 +62,6 @@ class Strategy:
     # ------------------------------------------------------------ set-up
     def setup(self, model: nn.Module, total_steps: int) -> None:
         """Wrap ``model`` and build optimizer + scheduler. Subclasses usually override ``wrap``."""
-        from ecomkit.models.optim import build_optimizer, build_scheduler
-
-        from ecomkit.models.precision import build_grad_scaler
-
         self.raw_model = model
         self.model = self.wrap(model)
         self.optimizer = build_optimizer(self.model, self.cfg)
@@ -87,8 +87,6 @@ class Strategy:
 
     def autocast(self) -> ContextManager:
         """Autocast for bf16/fp16 where the device supports it; fp32 runs without it."""
-        from ecomkit.models.precision import autocast_context
-
         return autocast_context(self.cfg.precision, self.env.device)
 
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -97,9 +95,6 @@ class Strategy:
 
     def forward_loss_sum(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Σ token losses of one micro-batch: chunked in the model's forward when installed, else from logits."""
-        from ecomkit.models.loss import has_chunked_loss
-        from ecomkit.models.loss import token_loss_sum
-
         if self.raw_model is not None and has_chunked_loss(self.raw_model):
             with self.autocast():
                 return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -148,8 +143,6 @@ class Strategy:
 
     def memory_report(self) -> dict[str, int]:
         """Bytes of params / grads / optimizer states held by this rank (counted tensors)."""
-        from ecomkit.parallel.state_bytes import model_state_bytes
-
         return model_state_bytes(self.model, self.optimizer)
 
     def close(self) -> None:

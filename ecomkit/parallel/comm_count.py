@@ -36,6 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import torch
+from torch.distributed import ProcessGroup
+from torch.distributed.distributed_c10d import _resolve_process_group
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -108,8 +111,6 @@ def _bytes(obj: Any) -> int:
 
 def _group_size(args: tuple, kwargs: dict) -> int | None:
     """Size of the process group an operator runs on (c10d passes the group object, funcol its name)."""
-    from torch.distributed import ProcessGroup
-
     for value in list(args) + list(kwargs.values()):
         if isinstance(value, ProcessGroup):
             return value.size()
@@ -121,8 +122,6 @@ def _group_size(args: tuple, kwargs: dict) -> int | None:
     for value in list(args) + list(kwargs.values()):
         if isinstance(value, str):
             try:
-                from torch.distributed.distributed_c10d import _resolve_process_group
-
                 return _resolve_process_group(value).size()
             except Exception:  # not a group name
                 continue
@@ -206,8 +205,6 @@ class CollectiveCounter(TorchDispatchMode):
 
 
 def _is_dtensor_type(t: type) -> bool:
-    from torch.distributed.tensor import DTensor
-
     return isinstance(t, type) and issubclass(t, DTensor)
 
 

@@ -11,15 +11,16 @@ are reduced once per optimizer step.
 
 from __future__ import annotations
 
+import contextlib
 from typing import ContextManager
 
-import contextlib
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
-from ecomkit.parallel.base import Strategy
+from ecomkit.parallel.base import StepStats, Strategy
+from ecomkit.parallel.compression.hooks import CompressionHook, InactiveCompression, register_compression
 
 
 def apply_ddp(model: nn.Module, env: DistEnv, bucket_cap_mb: float = 25.0,
@@ -45,13 +46,11 @@ class DDPStrategy(Strategy):
 
     def __init__(self, cfg: TrainConfig, env: DistEnv):
         super().__init__(cfg, env)
-        self.comm_hook = None  # set by ecomkit.parallel.compression.hooks when a method is configured
+        self.comm_hook: CompressionHook | InactiveCompression | None = None  # set when a compression method is configured
 
     def wrap(self, model: nn.Module) -> nn.Module:
         wrapped = apply_ddp(model, self.env, self.cfg.bucket_cap_mb, self.cfg.gradient_as_bucket_view)
         if self.cfg.compression.method != "none":
-            from ecomkit.parallel.compression.hooks import register_compression  # chapter 05
-
             self.comm_hook = register_compression(wrapped, self.cfg.compression, self.env)
         return wrapped
 
@@ -60,7 +59,7 @@ class DDPStrategy(Strategy):
             return contextlib.nullcontext()
         return self.model.no_sync()
 
-    def clip_and_step(self, max_norm: float):
+    def clip_and_step(self, max_norm: float) -> StepStats:
         stats = super().clip_and_step(max_norm)
         if self.comm_hook is not None:
             stats.extra.update(self.comm_hook.pop_step_stats())

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from ecomkit.parallel.tensor import bloom_blocks
 
@@ -49,15 +50,11 @@ PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
 def mixed_precision_policy(precision: str) -> Any:
     """``MixedPrecisionPolicy`` for ``precision``: bf16 compute with fp32 gradient reduction, or none."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
     return MixedPrecisionPolicy(param_dtype=PARAM_DTYPES.get(precision), reduce_dtype=torch.float32)
 
 
 def offload_policy(cpu_offload: bool, device: torch.device) -> Any:
     """``CPUOffloadPolicy`` when asked (pinned memory only where a GPU exists), else no offload."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
-
     if not cpu_offload:
         return OffloadPolicy()
     return CPUOffloadPolicy(pin_memory=device.type == "cuda")
@@ -71,8 +68,6 @@ def apply_fsdp(model: nn.Module, dp_mesh: Any, *, precision: str = "fp32", resha
     mesh: parameters already split by tensor parallelism then become 2-D
     DTensors (sharded over dp *and* tp).
     """
-    from torch.distributed.fsdp import fully_shard
-
     common = {"mesh": dp_mesh, "mp_policy": mixed_precision_policy(precision),
               "offload_policy": offload_policy(cpu_offload, device or torch.device("cpu"))}
     for block in bloom_blocks(model):

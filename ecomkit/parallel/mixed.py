@@ -38,15 +38,22 @@ from typing import Any, ContextManager, Sequence
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.tensor import DTensor
 
-from ecomkit.parallel.comm_count import CollectiveCounter
 from ecomkit.config import TrainConfig
-from ecomkit.dist import DistEnv
+from ecomkit.dist import DistEnv, gather_objects
 from ecomkit.errors import EcomkitError
-from ecomkit.parallel.base import Strategy, StepStats
-from ecomkit.parallel.dims import ParallelDims, validate_parallel_config
+from ecomkit.models.bloom import build_model
+from ecomkit.models.optim import build_optimizer, build_scheduler
+from ecomkit.parallel.base import StepStats, Strategy
+from ecomkit.parallel.comm_count import CollectiveCounter
+from ecomkit.parallel.dims import ParallelDims
 from ecomkit.parallel.fsdp import apply_fsdp, set_gradient_sync
+from ecomkit.parallel.pipeline import build_pipeline, gather_pipeline_state_dict
 from ecomkit.parallel.tensor import apply_tensor_parallel, bloom_blocks
 
 LAYOUT_FILE = "parallel_layout.json"
@@ -61,8 +68,6 @@ def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
     wrapper as one unit; parameter names and state-dict keys are unchanged
     (the wrapper strips its own prefix).
     """
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
-
     blocks = bloom_blocks(model)
     for i, block in enumerate(blocks):
         blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
@@ -113,8 +118,6 @@ def total_grad_norm(grads: Sequence[torch.Tensor], extra_group: Any = None) -> t
     also sum the squared norm over that group (pipeline stages hold
     different parameters).
     """
-    from torch.distributed.tensor import DTensor
-
     groups: dict[Any, list[torch.Tensor]] = defaultdict(list)
     for g in grads:
         key = (id(g.device_mesh), tuple(g.placements)) if isinstance(g, DTensor) else None
@@ -142,8 +145,6 @@ def clip_gradients_(grads: Sequence[torch.Tensor], max_norm: float, total_norm: 
 # ---------------------------------------------------------------------- layout report
 def parameter_layout(model: nn.Module, rename: Any = None) -> list[dict[str, Any]]:
     """One row per parameter this rank holds: global shape, local shape, placements, bytes."""
-    from torch.distributed.tensor import DTensor
-
     rows = []
     for name, p in model.named_parameters():
         local = p.to_local() if isinstance(p, DTensor) else p
@@ -168,7 +169,7 @@ class MixedParallelStrategy(Strategy):
 
     def __init__(self, cfg: TrainConfig, env: DistEnv):
         super().__init__(cfg, env)
-        self.dims = validate_parallel_config(cfg.strategy, cfg.parallel, env.world_size, cfg.precision, cfg.model)
+        self.dims = ParallelDims.from_config(cfg, env.world_size)  # checked by TrainConfig.validate
         self.coords = self.dims.coordinates(env.rank)
         self.name = cfg.strategy
         self.mesh: Any = None
@@ -193,9 +194,6 @@ class MixedParallelStrategy(Strategy):
 
     # ------------------------------------------------------------ set-up
     def setup(self, model: nn.Module, total_steps: int) -> None:
-        from ecomkit.models.optim import build_optimizer, build_scheduler
-
-        self.dims.validate_for_model(model.config.n_head, model.config.n_layer, where=f"'{self.cfg.model}'")
         self.raw_model = model
         self.model_config = model.config
         if self.env.distributed:
@@ -208,11 +206,9 @@ class MixedParallelStrategy(Strategy):
         if self.pipeline is not None:
             self._follow_tied_weight_decay()
         self.scheduler = build_scheduler(self.optimizer, self.cfg, total_steps)
-        self.scaler = None  # fp16 is refused by validate_parallel_config
+        self.scaler = None  # fp16 is refused by TrainConfig.validate for these strategies
 
     def _build_pipeline(self, model: nn.Module) -> nn.Module:
-        from ecomkit.parallel.pipeline import build_pipeline
-
         if self.cfg.parallel.activation_checkpointing:
             apply_activation_checkpointing(model)
         self.pipeline = build_pipeline(
@@ -306,11 +302,7 @@ class MixedParallelStrategy(Strategy):
         self._layout_written = True
         mine = {"rank": self.env.rank, "coords": self.coords, "memory": self.memory_report(),
                 "params": parameter_layout(self.model, self._rename())}
-        parts: list[Any] = [None] * self.env.world_size
-        if self.env.distributed:
-            dist.all_gather_object(parts, mine)
-        else:
-            parts = [mine]
+        parts = gather_objects(mine, self.env)
         if self.env.is_main:
             out = Path(self.cfg.output_dir)
             out.mkdir(parents=True, exist_ok=True)
@@ -325,8 +317,6 @@ class MixedParallelStrategy(Strategy):
         full = self.full_state_dict()
         if not self.env.is_main:
             return
-        from ecomkit.models.bloom import build_model
-
         model = build_model(self.model_config, seed=None)
         missing, unexpected = model.load_state_dict(full, strict=False)
         missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embedding
@@ -339,13 +329,9 @@ class MixedParallelStrategy(Strategy):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The unsplit model's state dict on rank 0 (empty elsewhere); a collective on every rank."""
         if self.pipeline is not None:
-            from ecomkit.parallel.pipeline import gather_pipeline_state_dict
-
             return gather_pipeline_state_dict(self.pipeline, self.dims) or {}
         if not self.env.distributed:
             return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def close(self) -> None:
@@ -364,9 +350,6 @@ _NEEDS_LOOP_HOOK = (
 # ---------------------------------------------------------------------- DCP (sharded) checkpoints
 def save_sharded_model(model: nn.Module, path: str | Path) -> None:
     """Every rank writes its own shards with ``torch.distributed.checkpoint`` (no gather to one rank)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
     dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(path))
 
 
@@ -376,10 +359,26 @@ def load_sharded_model(model: nn.Module, path: str | Path) -> nn.Module:
     ``model`` may be a plain single-process model or one parallelized
     differently from the one that was saved; call it on every rank.
     """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-
     state = {"model": get_model_state_dict(model)}
     dcp.load(state, checkpoint_id=str(path))
     set_model_state_dict(model, state["model"])
     return model
+
+
+class SaveShardedModel:
+    """Callback: at the end of training every rank writes its shards with DCP into ``cfg.parallel.dcp_dir``.
+
+    Added by :func:`sharded_model_callbacks` (``--dcp-dir``); ``TrainConfig.validate``
+    has already refused it for strategies without a mesh and for pipelines.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_train_end(self, run: Any, summary: dict[str, Any]) -> None:
+        save_sharded_model(run.strategy.model, self.path)
+
+
+def sharded_model_callbacks(cfg: TrainConfig) -> list[SaveShardedModel]:
+    """The DCP-save callback when ``cfg.parallel.dcp_dir`` is set (chapter 04's ``--dcp-dir``), else nothing."""
+    return [SaveShardedModel(cfg.parallel.dcp_dir)] if cfg.parallel.dcp_dir else []

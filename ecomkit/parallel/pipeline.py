@@ -54,6 +54,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from ecomkit.errors import ConfigError
 from ecomkit.models.loss import token_loss_sum
@@ -145,8 +146,6 @@ class PipelineRunner:
     def __init__(self, stage_module: BloomPipelineStage, *, pp_rank: int, pp_size: int, pp_group: Any,
                  pp_ranks: Sequence[int], dp_group: Any | None, tied_group: Any | None, device: torch.device,
                  n_microbatches: int, schedule: str, seq_len: int, pad_id: int = 0):
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
         self.module = stage_module
         self.pp_rank, self.pp_size, self.pp_group = pp_rank, pp_size, pp_group
         self.pp_ranks = list(pp_ranks)            # global ranks of stages 0..pp-1 of this pipeline
@@ -251,9 +250,6 @@ def build_pipeline(model: nn.Module, *, mesh: Any, dims: Any, device: torch.devi
     """Cut ``model`` for this rank's stage and build its schedule. Every rank must call it (groups are created)."""
     pp_mesh = mesh["pp"]
     pp_rank, pp_size = pp_mesh.get_local_rank(), pp_mesh.size()
-    if n_microbatches < pp_size:
-        raise ConfigError(f"pp_microbatches={n_microbatches} must be >= pp={pp_size} (the 1F1B schedule needs one "
-                          "micro-batch per stage in flight). Raise --parallel-pp-microbatches.")
     coords = dims.coordinates(dist.get_rank())
     pp_ranks = [dims.rank_of(s, coords["dp"], coords["tp"]) for s in range(pp_size)]
     tied_group = _tied_embedding_group(dims) if pp_size > 1 else None

@@ -54,6 +54,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
+                                               parallelize_module)
 
 from ecomkit.errors import ConfigError
 
@@ -73,9 +76,6 @@ def bloom_blocks(model: nn.Module) -> nn.ModuleList:
 
 def bloom_block_tp_plan(sequence_parallel: bool = False) -> dict[str, Any]:
     """``parallelize_module`` plan for one ``BloomBlock`` (module path → ParallelStyle)."""
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
-
     if not sequence_parallel:
         return {
             "self_attention.query_key_value": ColwiseParallel(),
@@ -135,9 +135,6 @@ def _replicated_to_sequence_shards(model: nn.Module, tp_mesh: Any) -> None:
     backward all-gather the gradient, so the replicated embedding still gets
     the gradient of every position.
     """
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-    from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
-
     transformer = model.transformer
 
     def shard_sequence(module: nn.Module, inputs: tuple) -> tuple:
@@ -163,8 +160,6 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, sequence_parallel: boo
     Embeddings, the final LayerNorm and the (tied) LM head stay replicated; see
     the module docstring for why.
     """
-    from torch.distributed.tensor.parallel import parallelize_module
-
     tp_size, tp_rank = tp_mesh.size(), tp_mesh.get_local_rank()
     if tp_size == 1:
         return model

@@ -21,29 +21,33 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from ecomkit.config import PLAN_STRATEGIES, PRECISIONS, plan_strategy_name
 from ecomkit.errors import ConfigError, exit_on_user_error
-from ecomkit.planner.memory import GIB, GPUS, STRATEGIES, PlanInput, max_micro_batch, plan_memory
-from ecomkit.planner.step_time import DEFAULT_EFFICIENCY, DEFAULT_OVERLAP, LINKS, predict_step_time, speedups
+from ecomkit.hardware import GIB, GPUS, LINKS
+from ecomkit.planner.memory import ATTNS, PlanInput, max_micro_batch, plan_memory
+from ecomkit.planner.step_time import DEFAULT_EFFICIENCY, DEFAULT_OVERLAP, predict_step_time, speedups
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ecomkit.plan", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--model", default="ecomgpt-7b", help="preset (tiny, small, seqgpt-560m, ecomgpt-7b) or a directory "
                    "with a BLOOM config.json")
     p.add_argument("--vocab-size", type=int, default=None, help="vocabulary of the toy presets (their tokenizer)")
     p.add_argument("--gpus", type=int, default=1, help="number of GPUs (world size)")
     p.add_argument("--gpu", default="a100-80g", help=f"one of {', '.join(GPUS)}")
-    p.add_argument("--strategy", default=None, help=f"one of {', '.join(STRATEGIES)} (default ddp, or zeroN with --zero)")
+    p.add_argument("--strategy", default=None,
+                   help=f"one of {', '.join(PLAN_STRATEGIES)} (default ddp, or zeroN with --zero)")
     p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None, help="DeepSpeed ZeRO stage (0 = DDP)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="bf16")
+    p.add_argument("--precision", choices=PRECISIONS, default="bf16")
     p.add_argument("--micro-batch", type=int, default=1, help="samples per GPU per forward/backward")
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--checkpointing", "--activation-checkpointing", action="store_true", dest="checkpointing")
-    p.add_argument("--attn", choices=("eager", "sdpa"), default="eager")
+    p.add_argument("--attn", choices=ATTNS, default="eager")
     p.add_argument("--loss-chunk-tokens", type=int, default=0,
                    help="ecomkit's chunked LM-head loss, positions per chunk (ddp/fsdp2; 0 = full logits)")
     p.add_argument("--offload-optimizer", action="store_true", help="ZeRO: optimizer states on the CPU")
@@ -58,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
     strategy = args.strategy
     if args.zero is not None:
-        zero_name = "ddp" if args.zero == 0 else f"zero{args.zero}"
+        zero_name = plan_strategy_name("zero", args.zero)
         if strategy is not None and strategy != zero_name:
             raise ConfigError(f"--strategy {strategy} and --zero {args.zero} disagree; give one of them.")
         strategy = zero_name

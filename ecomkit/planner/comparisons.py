@@ -2,14 +2,18 @@
 
 - :func:`estimator_comparison`: per-GPU model-state bytes from the planner,
   from DeepSpeed's own ``estimate_zero{2,3}_model_states_mem_needs`` (through
-  ``ecomkit.measure.zero.deepspeed_estimates``) and from ``accelerate
+  ``ecomkit.planner.zero_formulas.deepspeed_estimates``) and from ``accelerate
   estimate-memory`` (its functions on a meta model: the command itself needs
   the hub), for SeqGPT-560M and EcomGPT-7B, with why they differ.
 - :func:`speedup_claims`: the time model's speed-ups for the guides' setups
   beside the numbers the guides report, with a band over the assumptions
   (efficiency, overlap, CPU-Adam speed) and a verdict computed from it.
 - :func:`oom_recipes`: the SeqGPT guide's three "CUDA out of memory" fixes,
-  checked against the planner.
+  checked against the planner, and :func:`oom_recipe_summary`, the verdicts
+  drawn from them.
+
+Rows carry fields (``model``, ``seq_len``, ``activation_checkpointing``, ...),
+not only labels: a notebook selects and plots by field, it never parses a label.
 """
 
 from __future__ import annotations
@@ -19,8 +23,12 @@ import math
 from dataclasses import replace
 from typing import Any, Sequence
 
-from ecomkit.planner.memory import GIB, PlanInput, max_micro_batch, model_shape, plan_memory, state_bytes_of_rank, local_params
-from ecomkit.planner.step_time import speedups
+from ecomkit.hardware import GIB, gpu_spec, link_spec
+from ecomkit.models.bloom import build_model
+from ecomkit.planner.memory import PlanInput, max_micro_batch, plan_memory, state_bytes_of_rank
+from ecomkit.planner.shapes import local_params, model_shape
+from ecomkit.planner.step_time import GPUS_PER_NODE, predict_step_time, reduce_scatter_s, speedups
+from ecomkit.planner.zero_formulas import deepspeed_estimates
 
 
 # ---------------------------------------------------------------------- other estimators
@@ -33,10 +41,8 @@ def accelerate_estimate(model: str) -> dict[str, Any]:
     Its "Training using Adam" column is the *largest* of its model / gradient /
     optimizer / step terms, not their sum.
     """
-    from accelerate.commands.estimate import estimate_training_usage
-    from accelerate.utils import calculate_maximum_sizes
-
-    from ecomkit.models.bloom import build_model
+    from accelerate.commands.estimate import estimate_training_usage  # lazy: optional, heavy (accelerate)
+    from accelerate.utils import calculate_maximum_sizes  # lazy: as above
 
     meta = build_model(model, device="meta")
     total, largest = calculate_maximum_sizes(meta)
@@ -51,8 +57,6 @@ def accelerate_estimate(model: str) -> dict[str, Any]:
 def estimator_comparison(models: Sequence[str] = ("seqgpt-560m", "ecomgpt-7b"), gpus: int = 8,
                          precision: str = "bf16") -> list[dict[str, Any]]:
     """Per-GPU (and CPU) model-state bytes: planner vs DeepSpeed's estimators vs accelerate, one row per setup."""
-    from ecomkit.measure.zero import deepspeed_estimates
-
     rows = []
     setups = [("zero2", False, False), ("zero2", True, False), ("zero3", False, False), ("zero3", True, False),
               ("zero3", True, True)]
@@ -103,7 +107,8 @@ def _band(inp: PlanInput, n: int, link: str) -> tuple[float, float, float]:
     """(low, central, high) predicted speed-up of n GPUs over 1 across the assumption band."""
     values = []
     for eff, ov, cpu in itertools.product(*ASSUMPTION_BAND.values()):
-        values.append(speedups(inp, [n], link=link, efficiency=eff, overlap=ov, cpu_adam_params_per_s=cpu)[0]["speedup"])
+        row = speedups(inp, [n], link=link, efficiency=eff, overlap=ov, cpu_adam_params_per_s=cpu)[0]
+        values.append(row["speedup"])
     central = speedups(inp, [n], link=link)[0]["speedup"]
     return min(values), central, max(values)
 
@@ -132,41 +137,81 @@ def speedup_claims() -> list[dict[str, Any]]:
     rows = []
     for label, inp, n, link, claim in claims:
         low, central, high = _band(inp, n, link)
-        rows.append({"claim": label, "gpus": n, "claimed_speedup": claim, "claimed_efficiency": claim / n,
+        rows.append({"claim": label, "model": inp.model, "gpus": n, "link": link,
+                     "claimed_speedup": claim, "claimed_efficiency": claim / n,
                      "predicted_low": low, "predicted": central, "predicted_high": high,
                      "verdict": _verdict(claim, n, low, high)})
     return rows
 
 
+def claims_for_model(rows: Sequence[dict[str, Any]], model: str) -> list[dict[str, Any]]:
+    """The :func:`speedup_claims` rows about one model (by its ``model`` field)."""
+    return [r for r in rows if r["model"] == model]
+
+
+def single_node_scaling(rows: Sequence[dict[str, Any]], model: str = "ecomgpt-7b",
+                        gpus_per_node: int = GPUS_PER_NODE) -> str:
+    """"at least linear" when every predicted speed-up of ``model`` within one node reaches N, else "sub-linear"."""
+    on_node = [r for r in claims_for_model(rows, model) if r["gpus"] <= gpus_per_node]
+    return "at least linear" if all(r["predicted"] >= r["gpus"] for r in on_node) else "sub-linear"
+
+
 def seqgpt_epoch_minutes(single_gpu_minutes: float = 87.0, gpus: int = 4) -> dict[str, Any]:
-    """The SeqGPT claim in minutes: predicted epoch time on N GPUs from the claimed single-GPU time."""
+    """The SeqGPT claim in minutes: predicted epoch time on N GPUs from the claimed single-GPU time.
+
+    Also the guide's memory figure (22.1 GB per GPU at micro-batch 8) next to
+    the plan: ``memory_verdict`` says whether it is more than the planned peak
+    (by over 20 %: nvidia-smi also counts the allocator's cache) or consistent with it.
+    """
     low, central, high = _band(SEQGPT_SETUP, gpus, "pcie4-x16")
     plan = plan_memory(SEQGPT_SETUP)
+    claimed_gib = 22.1 * 1e9 / GIB
+    planned_gib = plan.total / GIB
     return {"single_gpu_minutes": single_gpu_minutes, "claimed_minutes": 31.0,
             "predicted_minutes": single_gpu_minutes / central,
             "predicted_range_minutes": (single_gpu_minutes / high, single_gpu_minutes / low),
-            "planned_peak_gib_per_gpu": plan.total / GIB, "claimed_peak_gib": 22.1 * 1e9 / GIB,
+            "planned_peak_gib_per_gpu": planned_gib, "claimed_peak_gib": claimed_gib,
+            "memory_verdict": ("more than the planner's" if claimed_gib > 1.2 * planned_gib
+                               else "consistent with the planner's"),
             "max_micro_batch_on_4090": max_micro_batch(SEQGPT_SETUP)}
+
+
+def ecomgpt_step_breakdown(gpus: int = 8, link: str = "nvlink-a100") -> dict[str, float]:
+    """Where the predicted EcomGPT-7B step (the guide's ZeRO-2 + CPU offload setup) goes on ``gpus`` GPUs.
+
+    ``grad_reduce_scatter_s`` is the 16-bit gradient reduce-scatter alone
+    (2Ψ bytes), to compare with the CPU Adam update and its PCIe copies.
+    """
+    step = predict_step_time(replace(ECOMGPT_SETUP, world_size=gpus), link=link)
+    grad_bytes = 2 * model_shape(ECOMGPT_SETUP.model).n_params
+    return {"gpus": gpus, "step_s": step.total_s, "offload_s": step.offload_s, "compute_s": step.compute_s,
+            "comm_exposed_s": step.comm_exposed_s, "grad_bytes": grad_bytes,
+            "grad_reduce_scatter_s": reduce_scatter_s(grad_bytes, gpus, link_spec(link))}
 
 
 # ---------------------------------------------------------------------- OOM recipes (SeqGPT guide, section 6.1)
 def oom_recipes(gpu: str = "rtx4090", precision: str = "bf16") -> list[dict[str, Any]]:
-    """Each recipe's effect on the planned per-GPU bytes of SeqGPT-560M (DDP, micro-batch 8), and the 0.3×GB rule."""
-    from ecomkit.planner.memory import gpu_spec
+    """Each recipe's effect on the planned per-GPU bytes of SeqGPT-560M (DDP, micro-batch 8), and the 0.3×GB rule.
 
+    One row per setting, the baseline first. ``single_recipe`` marks the
+    guide's two recipes applied alone (shorter sequences; checkpointing), and
+    ``plan`` is the :class:`~ecomkit.planner.memory.MemoryPlan` of the row.
+    """
     base = PlanInput(model="seqgpt-560m", strategy="ddp", precision=precision, micro_batch=8, seq_len=1024, gpu=gpu)
-    spec = gpu_spec(gpu)
-    rule_batch = math.floor(spec.memory_bytes / 1e9 * 0.3)
-    rows = []
-    variants = [("baseline (T=1024)", base), ("shorter sequences (T=256)", replace(base, seq_len=256)),
-                ("checkpointing (T=1024)", replace(base, activation_checkpointing=True)),
-                ("checkpointing (T=256)", replace(base, seq_len=256, activation_checkpointing=True)),
-                ("T=256 + sdpa attention", replace(base, seq_len=256, attn="sdpa"))]
+    rule_batch = math.floor(gpu_spec(gpu).memory_bytes / 1e9 * 0.3)
+    variants = [("baseline (T=1024)", base, False),
+                ("shorter sequences (T=256)", replace(base, seq_len=256), True),
+                ("checkpointing (T=1024)", replace(base, activation_checkpointing=True), True),
+                ("checkpointing (T=256)", replace(base, seq_len=256, activation_checkpointing=True), False),
+                ("T=256 + sdpa attention", replace(base, seq_len=256, attn="sdpa"), False)]
     base_total = plan_memory(base).total
-    for label, inp in variants:
+    rows = []
+    for label, inp, single in variants:
         plan = plan_memory(inp)
         same_t_plain = plan_memory(inp, activation_checkpointing=False, attn="eager").total
-        rows.append({"recipe": label, "total_gib": plan.total / GIB, "fits": plan.fits,
+        rows.append({"recipe": label, "seq_len": inp.seq_len, "activation_checkpointing": inp.activation_checkpointing,
+                     "attn": inp.attn, "single_recipe": single, "plan": plan,
+                     "total_gib": plan.total / GIB, "fits": plan.fits,
                      "saving_vs_baseline": 1 - plan.total / base_total,
                      "saving_vs_same_T_plain": 1 - plan.total / same_t_plain,
                      "max_micro_batch": max_micro_batch(inp), "rule_0.3xGB_batch": rule_batch,
@@ -174,5 +219,26 @@ def oom_recipes(gpu: str = "rtx4090", precision: str = "bf16") -> list[dict[str,
     return rows
 
 
+def oom_recipe_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The verdicts drawn from :func:`oom_recipes` rows (selected by field, never by label).
+
+    - ``rule_batch`` and ``max_micro_batch_by_seq_len``: the 0.3×GB rule gives
+      one batch whatever T; the planner's largest micro-batch per T (plain eager rows);
+    - ``checkpointing_saving``: checkpointing alone at the baseline's T, against the same T without it;
+    - ``biggest_single_recipe`` / ``biggest_single_saving``: of the recipes applied alone,
+      the one that saves most against the baseline.
+    """
+    base = rows[0]
+    plain = [r for r in rows if not r["activation_checkpointing"] and r["attn"] == "eager"]
+    ckpt = next(r for r in rows if r["activation_checkpointing"] and r["seq_len"] == base["seq_len"]
+                and r["attn"] == "eager")
+    biggest = max((r for r in rows if r["single_recipe"]), key=lambda r: r["saving_vs_baseline"])
+    return {"rule_batch": base["rule_0.3xGB_batch"],
+            "max_micro_batch_by_seq_len": {r["seq_len"]: r["max_micro_batch"] for r in plain},
+            "checkpointing_seq_len": ckpt["seq_len"], "checkpointing_saving": ckpt["saving_vs_same_T_plain"],
+            "biggest_single_recipe": biggest["recipe"], "biggest_single_saving": biggest["saving_vs_baseline"]}
+
+
 __all__ = ["accelerate_estimate", "estimator_comparison", "ESTIMATOR_DIFFERENCES", "speedup_claims",
-           "seqgpt_epoch_minutes", "oom_recipes", "ECOMGPT_SETUP", "SEQGPT_SETUP", "ASSUMPTION_BAND"]
+           "claims_for_model", "single_node_scaling", "seqgpt_epoch_minutes", "ecomgpt_step_breakdown",
+           "oom_recipes", "oom_recipe_summary", "ECOMGPT_SETUP", "SEQGPT_SETUP", "ASSUMPTION_BAND"]

@@ -5,7 +5,7 @@ One optimizer step on one GPU takes
     compute + exposed communication + optimizer (+ CPU offload)
 
 - **compute** = tokens per GPU per step × FLOPs per token / (device peak ×
-  efficiency). FLOPs per token are ``ecomkit.hardware.flops_per_token``
+  efficiency). FLOPs per token are ``ecomkit.models.bloom.flops_per_token``
   (6Ψ + 12·L·h·T); activation checkpointing recomputes the forward, so it
   costs 4/3 of that. The efficiency (MFU) is an input: ~0.35-0.55 is what
   well-tuned A100/H100 runs of 1-10B models report; on this CPU it is
@@ -28,59 +28,28 @@ One optimizer step on one GPU takes
   (``cpu_adam_params_per_s`` for the whole node, an assumption), and each GPU
   moves its 16-bit gradient partition down and its weights back over PCIe.
 
-The link presets are *achievable* bus bandwidths (what nccl-tests report as
-busbw on such systems), not the marketing peak; both are listed.
+GPU peaks, HBM bandwidths and the link presets (*achievable* bus bandwidths,
+what nccl-tests report as busbw, next to the marketing peak) come from the one
+hardware table, :mod:`ecomkit.hardware`.
 """
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ecomkit.config import DEEPSPEED_PLAN_STRATEGIES
 from ecomkit.errors import ConfigError
-from ecomkit.planner.memory import DEEPSPEED_STRATEGIES, GpuSpec, ModelShape, PlanInput, gpu_spec, model_shape, validate_plan_input
-
-
-@dataclass(frozen=True)
-class LinkSpec:
-    """A GPU interconnect for the α-β model."""
-
-    key: str
-    name: str
-    bus_bytes_per_s: float      # achievable all-reduce bus bandwidth per GPU (nccl-tests "busbw")
-    latency_s: float            # α: per-hop latency of one ring step
-    peak_note: str
-
-
-LINKS: dict[str, LinkSpec] = {
-    "pcie4-x16": LinkSpec("pcie4-x16", "PCIe 4.0 x16 (through the host)", 20e9, 10e-6,
-                          "32 GB/s per direction raw; GeForce cards (RTX 4090) have no peer-to-peer, so NCCL "
-                          "stages through host memory"),
-    "nvlink-a100": LinkSpec("nvlink-a100", "NVLink 3 + NVSwitch (A100 SXM)", 230e9, 5e-6,
-                            "600 GB/s total per GPU (300 per direction); DGX A100 all-reduce busbw ≈ 230 GB/s"),
-    "nvlink-h100": LinkSpec("nvlink-h100", "NVLink 4 + NVSwitch (H100 SXM)", 370e9, 5e-6,
-                            "900 GB/s total per GPU (450 per direction); DGX H100 busbw ≈ 350-450 GB/s"),
-    "ib-200g": LinkSpec("ib-200g", "InfiniBand HDR 200 Gb/s per GPU", 23e9, 8e-6, "25 GB/s raw per NIC"),
-    "ib-400g": LinkSpec("ib-400g", "InfiniBand NDR 400 Gb/s per GPU", 46e9, 8e-6, "50 GB/s raw per NIC"),
-}
+from ecomkit.hardware import GpuSpec, LinkSpec, gpu_spec, link_spec
+from ecomkit.models.bloom import flops_per_token
+from ecomkit.planner.memory import PlanInput, validate_plan_input
+from ecomkit.planner.shapes import ModelShape, model_shape
 
 ADAM_BYTES_PER_ELEMENT = 28           # fp32 param, grad, exp_avg, exp_avg_sq read; param and moments written
 DEFAULT_EFFICIENCY = 0.45
 DEFAULT_OVERLAP = 0.9
 CPU_ADAM_PARAMS_PER_S = 2.0e9         # DeepSpeedCPUAdam, whole 2-socket node (assumption, not measured here)
 GPUS_PER_NODE = 8
-
-
-def link_spec(name: str | LinkSpec) -> LinkSpec:
-    if isinstance(name, LinkSpec):
-        return name
-    key = str(name).lower()
-    if key in LINKS:
-        return LINKS[key]
-    close = difflib.get_close_matches(key, list(LINKS), n=1)
-    raise ConfigError(f"Unknown link '{name}' (--link).{' Did you mean ' + repr(close[0]) + '?' if close else ''} "
-                      f"Known links: {', '.join(LINKS)}; or pass a LinkSpec.")
 
 
 # ---------------------------------------------------------------------- α-β collectives
@@ -154,8 +123,6 @@ def predict_step_time(inp: PlanInput, *, link: str | LinkSpec = "nvlink-a100", e
                       peak_flops: float | None = None, hbm_bytes_per_s: float | None = None,
                       shape: ModelShape | None = None) -> StepTime:
     """Predict one optimizer step on one GPU of ``inp`` (data parallel over ``inp.dp`` GPUs)."""
-    from ecomkit.hardware import flops_per_token
-
     inp = inp.resolved()
     shape = shape or model_shape(inp.model, inp.vocab_size)
     validate_plan_input(inp, shape)
@@ -193,7 +160,7 @@ def _optimizer_time(inp: PlanInput, shape: ModelShape, gpu: GpuSpec, host: LinkS
                     hbm: float | None) -> tuple[float, float]:
     psi = shape.n_params / (inp.tp * inp.pp)
     local = psi if inp.strategy == "ddp" else psi / inp.dp
-    if inp.strategy in DEEPSPEED_STRATEGIES and inp.offload_optimizer:
+    if inp.strategy in DEEPSPEED_PLAN_STRATEGIES and inp.offload_optimizer:
         w = 4 if inp.precision == "fp32" else 2
         gpus_on_node = min(inp.dp, GPUS_PER_NODE)
         cpu_s = local * gpus_on_node / cpu_rate       # the node's CPUs update every local partition
@@ -215,6 +182,5 @@ def speedups(inp: PlanInput, gpu_counts: list[int], **kwargs: Any) -> list[dict[
     return rows
 
 
-__all__ = ["LinkSpec", "LINKS", "link_spec", "all_reduce_s", "all_gather_s", "reduce_scatter_s", "StepTime",
-           "comm_volume", "predict_step_time", "speedups", "ADAM_BYTES_PER_ELEMENT", "DEFAULT_EFFICIENCY",
-           "DEFAULT_OVERLAP", "CPU_ADAM_PARAMS_PER_S"]
+__all__ = ["all_reduce_s", "all_gather_s", "reduce_scatter_s", "StepTime", "comm_volume", "predict_step_time",
+           "speedups", "ADAM_BYTES_PER_ELEMENT", "DEFAULT_EFFICIENCY", "DEFAULT_OVERLAP", "CPU_ADAM_PARAMS_PER_S"]

@@ -6,11 +6,12 @@ from typing import Mapping, Sequence
 
 
 def _plt():
-    import matplotlib
+    """matplotlib.pyplot, imported on first plot so training runs never pay for it."""
+    import matplotlib  # lazy: plotting only, keeps training processes free of matplotlib
 
     if matplotlib.get_backend().lower().startswith("qt"):
         matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after the backend choice above
 
     return plt
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from ecomkit.parallel.compression.specs import parse_method_spec
 from ecomkit.plots.common import _plt, train_rows
 
 
@@ -51,8 +52,6 @@ def plot_topk_losses(runs_by_spec: Mapping[str, Sequence[dict]], baseline: str =
     ``runs_by_spec`` is keyed by method spec (``topk:0.01``, ``topk:0.01:noef``,
     ``topk_naive:0.25``, ``none``).
     """
-    from ecomkit.measure.compression import parse_method_spec
-
     plt = _plt()
     fig = None
     if ax is None:

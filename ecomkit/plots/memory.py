@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from ecomkit.hardware import GIB
 from ecomkit.plots.common import _plt
 
-GIB = 1024**3
 PART_COLORS = {
     "parameters": "#4C72B0", "gradients": "#55A868", "optimizer states": "#C44E52",
     "activations (blocks)": "#8172B2", "activations (attention scores)": "#CCB974",
@@ -87,7 +87,8 @@ def plot_checkpointing(rows: Sequence[dict], title: str = "activation checkpoint
     a2.bar(seqs, [r["time_cost"] for r in rows], color="#4C72B0")
     a2.axhline(1, color="k", lw=0.8)
     a2.axhline(4 / 3, color="k", lw=0.8, ls=":")
-    a2.annotate("4/3: one extra forward if backward = 2 × forward", (len(rows) - 0.5, 4 / 3), ha="right", va="bottom", fontsize=7)
+    a2.annotate("4/3: one extra forward if backward = 2 × forward", (len(rows) - 0.5, 4 / 3), ha="right",
+                va="bottom", fontsize=7)
     a2.set_ylim(0, max(1.5, 1.15 * max(r["time_cost"] for r in rows)))
     a2.set_xlabel("sequence length")
     a2.set_ylabel("step time, on / off")
@@ -129,5 +130,11 @@ def plot_state_comparison(rows: Sequence[dict], title: str = "model states per r
     return fig
 
 
-__all__ = ["plot_memory_breakdown", "plot_measured_vs_predicted", "plot_checkpointing", "plot_speedup_claims",
-           "plot_state_comparison", "PART_COLORS"]
+def format_state_comparison(rows: Sequence[dict]) -> str:
+    """One line per strategy and rank: measured model-state bytes, planned bytes, and the difference."""
+    return "\n".join(f"{r['strategy']:>6} rank {r['rank']}: measured {r['measured_total']:>9,} B, "
+                     f"planned {r['planned_total']:>9,} B, difference {r['difference_bytes']:+,} B" for r in rows)
+
+
+__all__ = ["format_state_comparison", "plot_memory_breakdown", "plot_measured_vs_predicted", "plot_checkpointing",
+           "plot_speedup_claims", "plot_state_comparison", "PART_COLORS"]

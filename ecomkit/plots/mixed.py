@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
+from ecomkit.planner.memory import PlanInput, state_bytes_of_rank
+from ecomkit.planner.shapes import local_params, model_shape
 from ecomkit.plots.common import _plt
 
 MIB = 1024 * 1024
@@ -90,7 +92,7 @@ def plot_comm_per_step(rows: Mapping[str, Mapping[str, Any]], key: str = "comm_w
 
 
 def format_decision_table(rows: Iterable[Mapping[str, Any]]) -> str:
-    """Text table of :func:`ecomkit.parallel.dims.decision_table` rows, the picked layout marked with ←."""
+    """Text table of :func:`ecomkit.planner.layouts.decision_table` rows, the picked layout marked with ←."""
     lines = [f"{'model':<12} {'GPUs':>4}  {'layout':<18} {'states GB':>9} {'activ. GB':>9} {'total GB':>8} "
              f"{'fits':>5} {'sent GB/step':>12}"]
     for r in rows:
@@ -109,8 +111,6 @@ def memory_vs_formula(layout: Mapping[str, Any], vocab_size: int, model: str = "
     parameter (fp32 weights, gradients, two AdamW moments). The pipeline here
     replicates its dp replicas (gradients all-reduced), so it is planned as DDP.
     """
-    from ecomkit.planner.memory import PlanInput, local_params, model_shape, state_bytes_of_rank
-
     dims = layout["dims"]
     shape = model_shape(model, vocab_size)
     strategy = "ddp" if dims["pp"] > 1 or dims["dp"] == 1 else ("tp" if dims["tp"] > 1 else "fsdp2")

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ecomkit.config import PLAN_STRATEGIES, PRECISIONS
 from ecomkit.errors import EcomkitError
-from ecomkit.planner.memory import GPUS, GIB, PlanInput, max_micro_batch, plan_memory
-from ecomkit.planner.step_time import LINKS, predict_step_time
-
-STRATEGY_CHOICES = ("ddp", "zero1", "zero2", "zero3", "fsdp2", "tp", "pp")
+from ecomkit.hardware import GIB, GPUS, LINKS
+from ecomkit.planner.memory import ATTNS, MemoryPlan, PlanInput, max_micro_batch, plan_memory
+from ecomkit.planner.step_time import predict_step_time
+from ecomkit.plots.memory import plot_memory_breakdown
 
 
 def _controls(defaults: PlanInput) -> dict[str, Any]:
-    import ipywidgets as w
+    import ipywidgets as w  # lazy: optional notebook dependency, only the form needs it
 
     models = ["seqgpt-560m", "ecomgpt-7b"]
     model = defaults.model if defaults.model in models else models[0]
@@ -31,19 +32,19 @@ def _controls(defaults: PlanInput) -> dict[str, Any]:
         "model": w.Dropdown(options=models, value=model, description="model"),
         "gpu": w.Dropdown(options=list(GPUS), value=defaults.gpu, description="GPU"),
         "world_size": w.IntSlider(value=defaults.world_size, min=1, max=64, description="GPUs"),
-        "strategy": w.Dropdown(options=STRATEGY_CHOICES, value=defaults.strategy, description="strategy"),
-        "precision": w.Dropdown(options=["fp32", "bf16", "fp16"], value=defaults.precision, description="precision"),
+        "strategy": w.Dropdown(options=PLAN_STRATEGIES, value=defaults.strategy, description="strategy"),
+        "precision": w.Dropdown(options=PRECISIONS, value=defaults.precision, description="precision"),
         "micro_batch": w.IntSlider(value=defaults.micro_batch, min=1, max=64, description="micro-batch"),
         "seq_len": w.Dropdown(options=[128, 256, 512, 1024, 2048, 4096], value=defaults.seq_len, description="seq len"),
         "activation_checkpointing": w.Checkbox(value=defaults.activation_checkpointing, description="checkpointing"),
-        "attn": w.Dropdown(options=["eager", "sdpa"], value=defaults.attn, description="attention"),
+        "attn": w.Dropdown(options=ATTNS, value=defaults.attn, description="attention"),
         "offload_optimizer": w.Checkbox(value=defaults.offload_optimizer, description="offload optimizer"),
         "offload_param": w.Checkbox(value=defaults.offload_param, description="offload params"),
         "link": w.Dropdown(options=list(LINKS), value="nvlink-a100", description="link"),
     }
 
 
-def describe_plan(inp: PlanInput, link: str) -> tuple[Any, str]:
+def describe_plan(inp: PlanInput, link: str) -> tuple[MemoryPlan | None, str]:
     """(plan or None, text) for one setting; user errors become the text instead of a traceback."""
     try:
         plan = plan_memory(inp)
@@ -59,10 +60,8 @@ def describe_plan(inp: PlanInput, link: str) -> tuple[Any, str]:
 
 def planner_form(defaults: PlanInput | None = None) -> tuple[Any, Callable[..., Any]]:
     """Build the form; returns ``(box, update)``. ``update()`` re-plans from the current widget values."""
-    import ipywidgets as w
-    from IPython.display import display
-
-    from ecomkit.plots.memory import plot_memory_breakdown
+    import ipywidgets as w  # lazy: optional notebook dependency, only the form needs it
+    from IPython.display import display  # lazy: IPython comes with ipywidgets, not with the library
 
     defaults = defaults or PlanInput(model="seqgpt-560m", gpu="rtx4090", world_size=4, seq_len=256, micro_batch=8)
     controls = _controls(defaults)
@@ -77,7 +76,7 @@ def planner_form(defaults: PlanInput | None = None) -> tuple[Any, Callable[..., 
         with verdict:
             print(text)
         if plan is not None:
-            import matplotlib.pyplot as plt
+            import matplotlib.pyplot as plt  # lazy: heavy optional plotting dependency
 
             with chart:
                 fig = plot_memory_breakdown({f"{values['strategy']} × {values['world_size']}": plan},

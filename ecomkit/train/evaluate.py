@@ -17,11 +17,17 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from ecomkit.data.tasks import CLASSIFICATION_TASKS, build_classification_example
 from ecomkit.dist import DistEnv
 from ecomkit.models.loss import count_label_tokens, token_loss_sum
 
 
-def _all_reduce_sums(values: list[float], env: DistEnv) -> list[float]:
+def all_reduce_sums(values: list[float], env: DistEnv) -> list[float]:
+    """Element-wise sums over all ranks, in float64 (token and sample counts stay exact up to 2**53).
+
+    The loop's per-step counts and the evaluations both use it: one collective
+    for several numbers, on the device NCCL needs, on the CPU for gloo.
+    """
     if not env.distributed:
         return values
     t = torch.tensor(values, dtype=torch.float64, device=env.device if env.backend == "nccl" else "cpu")
@@ -53,7 +59,7 @@ def evaluate_loss(strategy, eval_ds, collate, env: DistEnv, micro_batch_size: in
         loss_sum += float(token_loss_sum(logits, batch["labels"]))
         tokens += count_label_tokens(batch["labels"])
     model.train(was_training)
-    total_loss, total_tokens = _all_reduce_sums([loss_sum, float(tokens)], env)
+    total_loss, total_tokens = all_reduce_sums([loss_sum, float(tokens)], env)
     return total_loss / max(total_tokens, 1.0)
 
 
@@ -99,8 +105,6 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Sequence[dict[str, Any]]
     rank runs exactly ``per_rank × len(tasks)`` forwards (sharded strategies
     need the same number of collectives on every rank).
     """
-    from ecomkit.data.tasks import CLASSIFICATION_TASKS, build_classification_example
-
     idx, n_shards = shard or (env.rank, env.world_size)
     usable = [r for r in records if all(r.get(t) for t in CLASSIFICATION_TASKS)]
     per_rank = min(n_samples, len(usable)) // n_shards
@@ -117,7 +121,7 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Sequence[dict[str, Any]]
             pred = score_candidates(strategy, tokenizer, ex.prompt, ex.candidates, env.device)
             correct[task] += float(pred == ex.correct_index)
     model.train(was_training)
-    sums = _all_reduce_sums([correct[t] for t in CLASSIFICATION_TASKS], env)
+    sums = all_reduce_sums([correct[t] for t in CLASSIFICATION_TASKS], env)
     replication = env.world_size // n_shards  # TP/PP ranks of one shard score the same records
     scored = per_rank * n_shards
     out = {f"acc_{t}": c / replication / scored for t, c in zip(CLASSIFICATION_TASKS, sums)}

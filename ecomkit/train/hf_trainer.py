@@ -17,9 +17,14 @@ from typing import Any
 
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import PrinterCallback
 
 from ecomkit.config import TrainConfig
-from ecomkit.dist import DistEnv
+from ecomkit.dist import DistEnv, distributed_session
+from ecomkit.metrics import MetricsWriter
+from ecomkit.models.bloom import count_parameters, load_model
+from ecomkit.parallel.zero.env import ensure_deepspeed_env
+from ecomkit.train.loop import TrainingRun, validate_before_launch
 
 
 class MetricsCallback(TrainerCallback):
@@ -53,6 +58,8 @@ class MetricsCallback(TrainerCallback):
 def training_arguments(cfg: TrainConfig, env: DistEnv, grad_accum: int,
                        deepspeed: dict | None = None) -> TrainingArguments:
     """TrainingArguments equivalent to ``cfg`` (same batch, lr schedule, clipping, precision)."""
+    if deepspeed is not None:
+        ensure_deepspeed_env()  # TrainingArguments imports deepspeed when given a DeepSpeed dict
     return TrainingArguments(
         output_dir=str(cfg.output_dir),
         per_device_train_batch_size=cfg.micro_batch_size,
@@ -91,16 +98,11 @@ class _ColumnsForModel:
 
 def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | None = None) -> dict[str, Any]:
     """Train with HF Trainer on ecomkit's model and data; returns a summary like ``run_training``."""
-    from ecomkit.dist import distributed_session
-    from ecomkit.train.loop import TrainingRun
-
+    validate_before_launch(cfg)
     with distributed_session(timeout_s=cfg.timeout_s, seed=cfg.seed) as env:
         run = TrainingRun(cfg, env)
         run.tokenizer = run.build_tokenizer()
         run.build_data()
-        from ecomkit.models.bloom import count_parameters, load_model
-        from ecomkit.metrics import MetricsWriter
-
         model = load_model(cfg.model, vocab_size=len(run.tokenizer), device=env.device, seed=cfg.seed)
         writer = MetricsWriter(cfg.output_dir, env.is_main)
         args = training_arguments(cfg, env, run.grad_accum, deepspeed)
@@ -108,8 +110,6 @@ def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | None = None) -> dict[str,
         train_ds = run.train_ds.remove_columns([c for c in run.train_ds.column_names if c not in ("input_ids", "labels")])
         trainer = Trainer(model=model, args=args, train_dataset=train_ds,
                           data_collator=_ColumnsForModel(run.collate), callbacks=[cb])
-        from transformers.trainer_callback import PrinterCallback
-
         trainer.remove_callback(PrinterCallback)  # it prints every log dict; our metrics file has them
         t0 = time.perf_counter()
         trainer.train()

@@ -11,23 +11,33 @@ fault handling without touching the loop.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+import datasets
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from ecomkit.config import TrainConfig
-from ecomkit.dist import DistEnv, log
-from ecomkit.hardware import device_peak_flops, flops_per_token
-from ecomkit.models.bloom import count_parameters, load_model
-from ecomkit.train.clip import ClipPolicy
-from ecomkit.train.evaluate import evaluate_loss, evaluate_nlu_accuracy
-from ecomkit.models.loss import count_label_tokens
+from ecomkit.data import DistributedBatchSampler, build_datasets, pad_collate
+from ecomkit.dist import DistEnv, distributed_session, gather_objects, log
+from ecomkit.errors import ConfigError
+from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
+from ecomkit.hardware import device_peak_flops, mfu_fields
 from ecomkit.metrics import MetricsWriter, peak_memory
+from ecomkit.models.attention import install_attention
+from ecomkit.models.bloom import PRESETS, count_parameters, flops_per_token, load_model
+from ecomkit.models.loss import count_label_tokens, install_chunked_loss
+from ecomkit.models.tokenizer import get_tokenizer
+from ecomkit.parallel import build_strategy
+from ecomkit.parallel.mixed import sharded_model_callbacks
+from ecomkit.train.clip import ClipPolicy
+from ecomkit.train.evaluate import all_reduce_sums, evaluate_loss, evaluate_nlu_accuracy
 from ecomkit.train.progress import make_progress
 
 
@@ -50,8 +60,8 @@ class TrainingRun:
 
     # ------------------------------------------------------------------ build
     def build(self) -> "TrainingRun":
-        from ecomkit.parallel import build_strategy
-
+        # The same checks as parse_config and run_training, for runs started inside a session (sweeps, notebooks).
+        self.cfg.validate(self.env.world_size)
         self.strategy = build_strategy(self.cfg, self.env)
         self.shard = self.strategy.data_shard()                  # (index, count): dp coordinate for TP/PP
         self.replication = self.env.world_size // self.shard[1]  # ranks that see the same batch
@@ -59,13 +69,12 @@ class TrainingRun:
         self.tokenizer = self.build_tokenizer()
         self.build_data()
         model = load_model(self.cfg.model, vocab_size=len(self.tokenizer), device=self.env.device, seed=self.cfg.seed)
+        # A model loaded from a directory or the hub is only known now: tp must divide its heads, pp its blocks.
+        self.cfg.validate(self.env.world_size, n_head=model.config.n_head, n_layer=model.config.n_layer)
         if self.cfg.attn != "eager":
-            from ecomkit.models.attention import install_attention  # chapter "performance"
-
-            install_attention(model, self.cfg.attn)
+            install_attention(model, self.cfg.attn)  # chapter "performance"
         if self.cfg.loss_chunk_tokens > 0 and self.strategy.supports_chunked_loss:
-            from ecomkit.models.loss import install_chunked_loss  # chapter "performance": no [B, T, vocab] logits
-
+            # chapter "performance": no [B, T, vocab] logits
             install_chunked_loss(model, self.cfg.loss_chunk_tokens)
         self.n_params = count_parameters(model)
         self.model_config = model.config
@@ -83,10 +92,6 @@ class TrainingRun:
 
     def build_tokenizer(self):
         """Rank 0 trains/loads first (it may write the cache); the others load after a barrier."""
-        import torch.distributed as dist
-
-        from ecomkit.models.tokenizer import get_tokenizer
-
         cache = tokenizer_cache_dir()
         if self.env.distributed and not self.env.is_main:
             dist.barrier()
@@ -98,18 +103,12 @@ class TrainingRun:
 
     def build_data(self) -> None:
         """Datasets, sampler and loader; public because HF Trainer (ecomkit.train.hf_trainer) trains on the same data."""
-        import datasets
-
-        from ecomkit.data import DistributedBatchSampler, build_datasets, pad_collate
-
         datasets.disable_progress_bars()  # a few hundred ms of tokenisation: bars only add noise to logs
         cfg = self.cfg
         self.train_ds, self.eval_ds, self.eval_records, self.data_report = build_datasets(
             cfg.data, n_rows=cfg.n_rows, seed=cfg.seed, task=cfg.task, tokenizer=self.tokenizer,
             max_length=cfg.seq_len, column_map=cfg.column_map, strict=cfg.strict_data, num_proc=cfg.num_proc)
         if cfg.clip_policy == "sentiment" and "polarity" not in self.train_ds.column_names:
-            from ecomkit.errors import ConfigError
-
             raise ConfigError("clip_policy='sentiment' needs sentiment labels in the data (a 'sentiment' column).")
         self.sampler = DistributedBatchSampler(
             self.train_ds["length"], micro_batch_size=cfg.micro_batch_size, grad_accum=self.grad_accum,
@@ -187,9 +186,7 @@ class TrainingRun:
             os._exit(13)
 
     def _reduce_counts(self, counts: list[float]) -> list[float]:
-        from ecomkit.train.evaluate import _all_reduce_sums
-
-        return _all_reduce_sums(counts, self.env)
+        return all_reduce_sums(counts, self.env)
 
     def _train_step(self, micro: list[dict], flops_tok: float, peak: float | None) -> dict[str, Any]:
         env, strategy = self.env, self.strategy
@@ -235,7 +232,7 @@ class TrainingRun:
             # exposed communication, measurable with accumulation: the synced micro-step minus a no_sync one
             "comm_exposed_s": (times[-1] - sum(times[:-1]) / (len(times) - 1)) if len(times) > 1 and env.distributed else None,
             "peak_mem_bytes": mem, "mem_kind": mem_kind,
-            "mfu": (input_tokens * flops_tok / step_time) / (peak * env.world_size) if peak else None,
+            **mfu_fields(input_tokens * flops_tok / step_time, peak, env.world_size, env.device, self.cfg.precision),
         }
         row.update(stats.extra)
         return row
@@ -281,19 +278,10 @@ class TrainingRun:
 
 def replica_checksums(model: torch.nn.Module, env: DistEnv) -> list[str]:
     """SHA-256 of every rank's parameters, gathered: replicas must be bit-identical after DDP."""
-    import hashlib
-
-    import torch.distributed as dist
-
     h = hashlib.sha256()
     for _, p in sorted(model.named_parameters()):
         h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())  # any dtype, bf16 too
-    digest = h.hexdigest()[:16]
-    if not env.distributed:
-        return [digest]
-    out: list[Any] = [None] * env.world_size
-    dist.all_gather_object(out, digest)
-    return out
+    return gather_objects(h.hexdigest()[:16], env)
 
 
 def train_in_session(cfg: TrainConfig, env: DistEnv, callbacks: Iterable[Any] = (),
@@ -319,12 +307,25 @@ def train_in_session(cfg: TrainConfig, env: DistEnv, callbacks: Iterable[Any] = 
     return summary
 
 
+def run_callbacks(cfg: TrainConfig, callbacks: Iterable[Any] = ()) -> list[Any]:
+    """``callbacks`` plus the ones the config asks for: ``--dcp-dir`` (chapter 04), checkpoints and health (07)."""
+    return add_fault_tolerance_callbacks(cfg, [*callbacks, *sharded_model_callbacks(cfg)])
+
+
+def validate_before_launch(cfg: TrainConfig) -> None:
+    """``cfg.validate`` for ``$WORLD_SIZE`` processes, with the preset's shape when the model is a preset.
+
+    Runs before the process group exists, so "tp=3 does not divide the 4
+    heads of model 'tiny'" costs no start-up; a model from a directory or the
+    hub is checked by :meth:`TrainingRun.build` once it is loaded.
+    """
+    preset = PRESETS.get(cfg.model)
+    cfg.validate(n_head=preset.n_head if preset else None, n_layer=preset.n_layer if preset else None)
+
+
 def run_training(cfg: TrainConfig, callbacks: Iterable[Any] = ()) -> dict[str, Any]:
     """Set up the process group, train, evaluate, save, tear down. Returns the summary (all ranks)."""
-    from ecomkit.faults.checkpoint import add_fault_tolerance_callbacks  # chapter 07: checkpoints/resume, health monitor
-    from ecomkit.dist import distributed_session
-
-    cfg.validate()
-    callbacks = add_fault_tolerance_callbacks(cfg, callbacks)
+    validate_before_launch(cfg)
+    callbacks = run_callbacks(cfg, callbacks)
     with distributed_session(timeout_s=cfg.timeout_s, seed=cfg.seed) as env:
         return train_in_session(cfg, env, callbacks)

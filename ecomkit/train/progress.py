@@ -7,10 +7,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from tqdm import tqdm
+
 
 def in_notebook() -> bool:
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # lazy: optional (notebooks extra); absent in plain script installs
 
         shell = get_ipython()
         return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
@@ -48,11 +50,9 @@ def make_progress(total: int, enabled: bool, desc: str = "train"):
     if not enabled:
         return NoProgress(total, desc)
     if in_notebook():
-        from tqdm.notebook import tqdm
+        from tqdm.notebook import tqdm as notebook_tqdm  # lazy: needs ipywidgets, only present in notebooks
 
-        return tqdm(total=total, desc=desc)
+        return notebook_tqdm(total=total, desc=desc)
     if sys.stderr.isatty():
-        from tqdm import tqdm
-
         return tqdm(total=total, desc=desc, dynamic_ncols=True)
     return LineProgress(total, desc)

@@ -36,7 +36,7 @@ a no-op (a warning says so) and the rows report ``comm_bytes = 0``.
 # annotation against dist.GradBucket at registration, and a string fails.
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -44,40 +44,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from ecomkit.config import CompressionConfig
 from ecomkit.dist import DistEnv, log
 from ecomkit.errors import ConfigError
 from ecomkit.parallel.compression.counting import ByteCounter, CountingProcessGroup
 from ecomkit.parallel.compression.topk import TopKState, topk_hook, topk_naive_hook
-
-if TYPE_CHECKING:
-    from ecomkit.config import CompressionConfig, TrainConfig
-
-HOOK_STRATEGIES = ("ddp",)  # strategies that wrap the model in torch DDP and accept its comm hooks
-
-
-# ---------------------------------------------------------------------- validation
-def validate_compression(cfg: "TrainConfig") -> None:
-    """Reject bad compression settings before any process group exists (called by ``TrainConfig.validate``)."""
-    comp = cfg.compression
-    if not 0 < comp.topk_ratio <= 1:
-        raise ConfigError(
-            f"compression.topk_ratio={comp.topk_ratio} (flag --compression-topk-ratio) must be in (0, 1]: it is "
-            "the fraction of each gradient bucket's entries that Top-K sends, e.g. 0.01 for 1 %.")
-    if comp.powersgd_rank < 1:
-        raise ConfigError(
-            f"compression.powersgd_rank={comp.powersgd_rank} (flag --compression-powersgd-rank) must be >= 1: it "
-            "is the rank of PowerSGD's low-rank approximation (1 to 4 is typical).")
-    if comp.method == "powersgd" and (comp.powersgd_warm_start or comp.error_feedback) and comp.powersgd_start_iter < 2:
-        raise ConfigError(
-            f"compression.powersgd_start_iter={comp.powersgd_start_iter} (flag --compression-powersgd-start-iter) "
-            "must be >= 2 with warm start or error feedback: DDP rebuilds its gradient buckets after the first "
-            "step, so PowerSGD's per-bucket memories only make sense from the second step on. Use 2 or more, or "
-            "pass --no-compression-powersgd-warm-start --no-compression-error-feedback.")
-    if comp.method != "none" and cfg.strategy not in HOOK_STRATEGIES:
-        raise ConfigError(
-            f"--compression-method {comp.method} needs DDP communication hooks, and strategy '{cfg.strategy}' has "
-            "none: ZeRO and FSDP reduce-scatter gradients in their own code, and tp/pp/mixed/accelerate do not "
-            "expose DDP's hook. Use --strategy ddp with compression, or --compression-method none.")
 
 
 # ---------------------------------------------------------------------- hooks

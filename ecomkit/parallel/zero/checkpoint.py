@@ -23,11 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM
 
+from ecomkit.config import TrainConfig
 from ecomkit.dist import log
 from ecomkit.errors import ConfigError
+from ecomkit.models.bloom import model_config
+from ecomkit.parallel.zero.env import ensure_deepspeed_env
 
 TAG_PATTERN = re.compile(r"^step(\d+)$")
+EMBEDDING_KEY = "transformer.word_embeddings.weight"   # BLOOM's input embedding: its rows are the vocabulary
 
 
 def consolidated_save_pretrained(config: Any, state_dict: dict[str, torch.Tensor], out_dir: str | os.PathLike) -> None:
@@ -38,8 +43,6 @@ def consolidated_save_pretrained(config: Any, state_dict: dict[str, torch.Tensor
     nothing useful. Building the architecture on ``meta`` costs no memory and
     ``assign=True`` adopts the gathered tensors without a copy.
     """
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
@@ -54,10 +57,31 @@ def consolidated_save_pretrained(config: Any, state_dict: dict[str, torch.Tensor
 def consolidate_checkpoint(ckpt_dir: str | os.PathLike, config: Any, out_dir: str | os.PathLike,
                            tag: str | None = None) -> None:
     """Offline: merge a sharded DeepSpeed checkpoint into a ``save_pretrained`` directory (one process)."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    consolidated_save_pretrained(config, fp32_state_dict(ckpt_dir, tag), out_dir)
 
-    state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+
+def fp32_state_dict(ckpt_dir: str | os.PathLike, tag: str | None = None) -> dict[str, torch.Tensor]:
+    """The full fp32 weights merged from every rank's partition of a sharded checkpoint (DeepSpeed's zero_to_fp32)."""
+    ensure_deepspeed_env()
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # lazy: heavy optional dependency
+
+    return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+
+
+def consolidate_run(cfg: TrainConfig, out_dir: str | os.PathLike) -> tuple[Path, str]:
+    """``--consolidate-to DIR``: merge the checkpoint named by ``--zero-resume-from`` into ``DIR``; (ckpt dir, tag).
+
+    The architecture is ``cfg.model``'s (:func:`~ecomkit.models.bloom.model_config`),
+    sized by the checkpoint's own embedding: a toy preset's vocabulary comes
+    from the tokenizer the run used, and the checkpoint is the record of it.
+    """
+    if not cfg.zero.resume_from:
+        raise ConfigError("--consolidate-to needs --zero-resume-from DIR (the sharded checkpoint to merge).")
+    ckpt_dir, tag = resolve_resume(cfg.zero.resume_from)
+    state = fp32_state_dict(ckpt_dir, tag)
+    config = model_config(cfg.model, vocab_size=int(state[EMBEDDING_KEY].shape[0]))
     consolidated_save_pretrained(config, state, out_dir)
+    return ckpt_dir, tag
 
 
 def latest_tag(ckpt_dir: str | os.PathLike) -> str | None:

@@ -11,10 +11,12 @@ saved next to each run as ``ds_config.json``, printable with
 ``--print-ds-config``, and accepted as is by ``deepspeed.initialize`` and by
 ``TrainingArguments(deepspeed=...)``.
 
-A user JSON (``--zero-user-config``) is merged on top after validation:
-unknown top-level or ``zero_optimization`` keys (compared with the keys
-DeepSpeed itself reads) and batch sizes that disagree with the run fail with a
-:class:`~ecomkit.errors.ConfigError` instead of being ignored.
+A user JSON (``--zero-user-config``) is merged on top after validation.
+``TrainConfig.validate`` has already checked it as plain JSON (readable, batch
+sizes that agree with the launch); what needs DeepSpeed installed is checked
+here: unknown top-level or ``zero_optimization`` keys (compared with the keys
+DeepSpeed itself reads), keys of removed features and ``"auto"`` values fail
+with a :class:`~ecomkit.errors.ConfigError` instead of being ignored.
 """
 
 from __future__ import annotations
@@ -27,28 +29,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ecomkit.config import TrainConfig
+import torch
+
+from ecomkit.config import TrainConfig, load_deepspeed_json
 from ecomkit.errors import ConfigError
+from ecomkit.models.bloom import PRESETS, preset_parameter_count
+from ecomkit.parallel.zero.env import ensure_deepspeed_env
 
 # Keys read outside ``DeepSpeedConfig._initialize_params`` (so the key recorder below misses them).
 EXTRA_TOP_LEVEL_KEYS = frozenset({"sequence_parallel_size"})
-BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-
-
-def ensure_deepspeed_env() -> None:
-    """Environment DeepSpeed reads at import time; call before the first ``import deepspeed``.
-
-    - ``DS_ACCELERATOR=cpu`` without a GPU: otherwise DeepSpeed probes for CUDA
-      and fails; with it, its communication falls back to gloo when oneCCL is absent.
-    - ``TORCH_EXTENSIONS_DIR``: where the JIT-built CPU Adam is cached (the
-      first build takes ~50 s; every later run reuses it).
-    """
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    # per user, not per checkout: every clone (and CI on this machine) reuses one build
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "ecomkit" / "torch_extensions"))
 
 
 # ---------------------------------------------------------------------- generation
@@ -108,11 +97,10 @@ def build_zero_config(cfg: TrainConfig, world_size: int, grad_accum: int,
                       n_params: int | None = None) -> dict[str, Any]:
     """The complete DeepSpeed config of a run: no ``"auto"``, batch sizes consistent by construction.
 
-    ``n_params`` (Ψ, when known) caps the bucket sizes at the model size.
+    ``cfg`` is a validated config (``TrainConfig.validate``: stage, offload
+    combinations, the user JSON's batch sizes). ``n_params`` (Ψ, when known)
+    caps the bucket sizes at the model size.
     """
-    import torch
-
-    validate_zero_options(cfg)
     ds: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
         "gradient_accumulation_steps": grad_accum,
@@ -133,28 +121,40 @@ def build_zero_config(cfg: TrainConfig, world_size: int, grad_accum: int,
         ds["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
                                           "cpu_checkpointing": False, "synchronize_checkpoint_boundary": False}
     if cfg.zero.user_config:
-        user = load_user_config(cfg.zero.user_config)
-        validate_user_config(user, ds, cfg.zero.user_config)
+        user = load_deepspeed_json(cfg.zero.user_config)
+        validate_user_config(user, cfg.zero.user_config)
         ds = merge_configs(ds, user)
     return ds
 
 
-def validate_zero_options(cfg: TrainConfig) -> None:
-    """Combinations DeepSpeed would reject late (after start-up) or silently ignore."""
-    z = cfg.zero
-    if z.stage not in (0, 1, 2, 3):
-        raise ConfigError(f"zero.stage={z.stage} must be 0, 1, 2 or 3 (--zero-stage).")
-    if z.offload_param and z.stage != 3:
-        raise ConfigError(
-            f"--zero-offload-param needs ZeRO stage 3 (got --zero-stage {z.stage}): only stage 3 partitions the "
-            "parameters, so only it can keep them on the CPU between uses. Use --zero-stage 3, or drop "
-            "--zero-offload-param (--zero-offload-optimizer works with stages 1-3).")
-    if z.offload_optimizer and z.stage == 0:
-        raise ConfigError("--zero-offload-optimizer needs ZeRO stage 1, 2 or 3 (got --zero-stage 0).")
-    if z.bucket_size <= 0:
-        raise ConfigError(f"zero.bucket_size={z.bucket_size} must be > 0 (elements per bucket).")
-    if z.param_persistence_threshold < 0:
-        raise ConfigError(f"zero.param_persistence_threshold={z.param_persistence_threshold} must be >= 0.")
+def launch_world_size() -> int:
+    """Processes of this launch: ``$WORLD_SIZE`` under torchrun or the deepspeed launcher, else 1."""
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def zero_config_for_launch(cfg: TrainConfig, world_size: int | None = None,
+                           n_params: int | None = None) -> dict[str, Any]:
+    """The DeepSpeed config this launch (``world_size`` processes, default :func:`launch_world_size`) will use.
+
+    What ``--print-ds-config`` prints and what a script builds before any
+    process group exists, so a bad ``--zero-user-config`` fails at once.
+    """
+    world = world_size or launch_world_size()
+    return build_zero_config(cfg, world, cfg.resolve_grad_accum(world), n_params=n_params)
+
+
+def trainer_zero_config(cfg: TrainConfig) -> dict[str, Any]:
+    """The DeepSpeed dict for ``TrainingArguments(deepspeed=...)``, saved as ``<output_dir>/ds_config.json``.
+
+    Buckets are capped by the preset's Ψ when ``cfg.model`` is a preset (an
+    upper bound for toy presets, whose vocabulary comes from the tokenizer);
+    Trainer builds the engine itself, so there is no model to count here.
+    """
+    psi = preset_parameter_count(cfg.model) if cfg.model in PRESETS else None
+    ds = zero_config_for_launch(cfg, n_params=psi)
+    if int(os.environ.get("RANK", 0)) == 0:
+        save_zero_config(ds, cfg.output_dir)
+    return ds
 
 
 def merge_configs(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -180,23 +180,7 @@ def format_zero_config(ds: dict[str, Any]) -> str:
     return json.dumps(ds, indent=2, sort_keys=True)
 
 
-# ---------------------------------------------------------------------- validation
-def load_user_config(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a DeepSpeed JSON; errors name the file, line and column."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"DeepSpeed config '{path}' (--zero-user-config) does not exist. Pass the path of a "
-                          "JSON file, or omit the flag to use the config ecomkit generates.")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"DeepSpeed config '{path}', line {exc.lineno}, column {exc.colno}: not valid JSON "
-                          f"({exc.msg}). Fix the file; note that JSON allows no comments or trailing commas.") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"DeepSpeed config '{path}' must hold a JSON object, not {type(data).__name__}.")
-    return data
-
-
+# ---------------------------------------------------------------------- checks that need DeepSpeed
 @functools.lru_cache(maxsize=1)
 def deepspeed_top_level_keys() -> frozenset[str]:
     """The top-level keys DeepSpeed reads, recorded by letting its own parser read a config.
@@ -208,7 +192,7 @@ def deepspeed_top_level_keys() -> frozenset[str]:
     every key looked up.
     """
     ensure_deepspeed_env()
-    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.config import DeepSpeedConfig  # lazy: heavy optional dependency
 
     seen: set[str] = set()
 
@@ -249,7 +233,7 @@ def deepspeed_top_level_keys() -> frozenset[str]:
 def deepspeed_zero_keys() -> frozenset[str]:
     """Field names and aliases of DeepSpeed's ``zero_optimization`` model."""
     ensure_deepspeed_env()
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # lazy: heavy optional dependency
 
     names = set()
     for name, field in DeepSpeedZeroConfig.model_fields.items():
@@ -269,7 +253,8 @@ def _unknown_key_message(source: str, where: str, key: str, known: frozenset[str
 
 def removed_key_message(user: dict[str, Any]) -> str | None:
     """DeepSpeed's own message for a key whose feature was removed (e.g. ``amp``, ``nebula``)."""
-    from deepspeed.runtime import config as ds_config
+    ensure_deepspeed_env()
+    from deepspeed.runtime import config as ds_config  # lazy: heavy optional dependency
 
     for key, message in getattr(ds_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {}).items():
         if key in user:
@@ -281,8 +266,8 @@ def removed_key_message(user: dict[str, Any]) -> str | None:
     return None
 
 
-def validate_user_config(user: dict[str, Any], generated: dict[str, Any], source: str) -> None:
-    """Reject unknown keys, ``"auto"`` values and batch sizes that disagree with the run."""
+def validate_user_config(user: dict[str, Any], source: str) -> None:
+    """Reject keys of removed features, unknown keys and ``"auto"`` values in a user's DeepSpeed JSON."""
     removed = removed_key_message(user)
     if removed:
         raise ConfigError(f"DeepSpeed config '{source}': {removed}")
@@ -298,7 +283,6 @@ def validate_user_config(user: dict[str, Any], generated: dict[str, Any], source
         if key not in zero_known:
             raise ConfigError(_unknown_key_message(source, "zero_optimization", key, zero_known))
     _reject_auto(user, source)
-    _check_batch_sizes(user, generated, source)
 
 
 def _reject_auto(node: Any, source: str, path: str = "") -> None:
@@ -310,17 +294,3 @@ def _reject_auto(node: Any, source: str, path: str = "") -> None:
             f"DeepSpeed config '{source}': '{path}' is \"auto\". Only Hugging Face Trainer fills in \"auto\" "
             "values; ecomkit computes every value from its own flags. Delete the key (ecomkit's generated value "
             "is used) or give a number.")
-
-
-def _check_batch_sizes(user: dict[str, Any], generated: dict[str, Any], source: str) -> None:
-    """Each batch key the user sets must equal what this launch computes (``train = micro × accum × world``)."""
-    for key in BATCH_KEYS:
-        if key in user and user[key] != generated[key]:
-            g = generated
-            world = g["train_batch_size"] // (g["train_micro_batch_size_per_gpu"] * g["gradient_accumulation_steps"])
-            raise ConfigError(
-                f"DeepSpeed config '{source}': {key}={user[key]!r} disagrees with this run, which has "
-                f"train_micro_batch_size_per_gpu={g['train_micro_batch_size_per_gpu']} (--micro-batch-size) × "
-                f"gradient_accumulation_steps={g['gradient_accumulation_steps']} (--grad-accum / "
-                f"--global-batch-size) × {world} processes = train_batch_size={g['train_batch_size']}. Remove the "
-                "batch keys from the JSON (ecomkit fills them in) or change the flags to match.")

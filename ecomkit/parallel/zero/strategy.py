@@ -12,7 +12,8 @@ stage      partitioned across the N ranks    model-state bytes
 3          + parameters                      16Ψ/N
 =========  ================================  ==================
 
-(:mod:`ecomkit.measure.zero` measures what each rank really holds and compares.)
+(:func:`~ecomkit.parallel.zero.state.zero_state_bytes` counts what each rank really holds;
+:mod:`ecomkit.measure.zero` compares it with the formulas.)
 
 How the loop drives the engine. DeepSpeed counts micro-steps itself: each
 ``engine.backward`` must be followed by ``engine.step()``, which only updates
@@ -25,9 +26,11 @@ The loop's loss is already normalised for the global batch, so the engine
 must not divide it by the accumulation steps again: ``scale_wrt_gas=False``.
 That keeps the gradients identical to DDP's (the tests compare the losses).
 
-On a machine without GPUs :func:`~ecomkit.parallel.zero.config.ensure_deepspeed_env`
-sets ``DS_ACCELERATOR=cpu`` before DeepSpeed is imported; DeepSpeed then reuses
-the gloo process group that :mod:`ecomkit.dist` created.
+DeepSpeed is imported only here, inside the methods that need it, each time
+right after :func:`~ecomkit.parallel.zero.env.ensure_deepspeed_env` (on a
+machine without GPUs it sets ``DS_ACCELERATOR=cpu``): importing this module
+costs nothing, and no caller has to prepare DeepSpeed's environment.
+DeepSpeed then reuses the gloo process group that :mod:`ecomkit.dist` created.
 """
 
 from __future__ import annotations
@@ -35,17 +38,23 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import socket
 import warnings
 from typing import Any, ContextManager
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, log
 from ecomkit.errors import ConfigError, EcomkitError
+from ecomkit.models.optim import build_optimizer, build_scheduler, param_groups
 from ecomkit.parallel.base import StepStats, Strategy
-from ecomkit.parallel.zero.config import build_zero_config, ensure_deepspeed_env, save_zero_config
+from ecomkit.parallel.zero.checkpoint import consolidated_save_pretrained
+from ecomkit.parallel.zero.config import build_zero_config, save_zero_config
+from ecomkit.parallel.zero.env import ensure_deepspeed_env
+from ecomkit.parallel.zero.state import zero_state_bytes
 
 
 class CPUAdamUnavailableWarning(UserWarning):
@@ -55,7 +64,8 @@ class CPUAdamUnavailableWarning(UserWarning):
 def _cpu_adam_or_none(groups: list[dict], cfg: TrainConfig) -> tuple[torch.optim.Optimizer | None, str]:
     """Try DeepSpeedCPUAdam (JIT-built C++ op); return (optimizer or None, reason it failed)."""
     try:
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        ensure_deepspeed_env()
+        from deepspeed.ops.adam import DeepSpeedCPUAdam  # lazy: heavy optional dependency (and a JIT build)
 
         return DeepSpeedCPUAdam(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8,
                                 weight_decay=cfg.weight_decay, adamw_mode=True), ""
@@ -68,8 +78,6 @@ def _all_ranks_agree(ok: bool, env: DistEnv) -> bool:
     """True only if ``ok`` on every rank: all ranks must pick the same optimizer or ZeRO's collectives hang."""
     if not env.distributed:
         return ok
-    import torch.distributed as dist
-
     flag = torch.tensor([1 if ok else 0], device=env.device if env.backend == "nccl" else "cpu")
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
@@ -81,8 +89,6 @@ def build_zero_optimizer(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> to
     Same hyper-parameters and parameter groups (no decay on biases, norms,
     embeddings) as chapter 02's :func:`~ecomkit.models.optim.build_optimizer`.
     """
-    from ecomkit.models.optim import build_optimizer, param_groups
-
     if not cfg.zero.offload_optimizer:
         return build_optimizer(model, cfg)
     cpu_adam, why = _cpu_adam_or_none(param_groups(model, cfg.weight_decay), cfg)
@@ -100,8 +106,6 @@ def build_zero_optimizer(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> to
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -109,8 +113,8 @@ def _free_port() -> int:
 
 def _ensure_process_group(env: DistEnv) -> None:
     """DeepSpeed needs a process group even for one process; reuse ecomkit's when it exists."""
-    import deepspeed
-    import torch.distributed as dist
+    ensure_deepspeed_env()
+    import deepspeed  # lazy: heavy optional dependency
 
     if not dist.is_initialized():  # plain `python script.py`: a world of one
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -124,7 +128,8 @@ def _ensure_process_group(env: DistEnv) -> None:
 
 def _check_precision_supported(precision: str) -> None:
     """DeepSpeed's CPU accelerator has no fp16 engine; say so before start-up instead of a ValueError inside it."""
-    from deepspeed.accelerator import get_accelerator
+    ensure_deepspeed_env()
+    from deepspeed.accelerator import get_accelerator  # lazy: heavy optional dependency
 
     acc = get_accelerator()
     ok = {"fp16": acc.is_fp16_supported, "bf16": acc.is_bf16_supported}.get(precision, lambda: True)()
@@ -159,9 +164,7 @@ class ZeroStrategy(Strategy):
     # ------------------------------------------------------------ set-up
     def setup(self, model: nn.Module, total_steps: int) -> None:
         ensure_deepspeed_env()
-        import deepspeed
-
-        from ecomkit.models.optim import build_scheduler
+        import deepspeed  # lazy: heavy optional dependency
 
         _quiet_deprecations()
         _check_precision_supported(self.cfg.precision)
@@ -183,7 +186,8 @@ class ZeroStrategy(Strategy):
 
     def _enable_activation_checkpointing(self, model: nn.Module) -> None:
         """Recompute each BLOOM block in backward with DeepSpeed's checkpoint function (configured from ds_config)."""
-        import deepspeed
+        ensure_deepspeed_env()
+        import deepspeed  # lazy: heavy optional dependency
 
         deepspeed.checkpointing.configure(None, deepspeed_config=self.ds_config)
         model.activation_checkpointing_enable()  # input grads on, blocks flagged, torch's function ...
@@ -261,7 +265,8 @@ class ZeroStrategy(Strategy):
         ``safe_get_full_fp32_param`` returns the optimizer's fp32 master copy,
         so a bf16 run still saves full-precision weights, exactly as DDP would.
         """
-        from deepspeed.utils import safe_get_full_fp32_param
+        ensure_deepspeed_env()
+        from deepspeed.utils import safe_get_full_fp32_param  # lazy: heavy optional dependency
 
         out: dict[str, torch.Tensor] = {}
         for name, p in self.raw_model.named_parameters():
@@ -278,21 +283,15 @@ class ZeroStrategy(Strategy):
 
     def save_pretrained(self, out_dir: str, tokenizer: Any | None = None) -> None:
         """One consolidated HF directory (safetensors) that loads without DeepSpeed."""
-        from ecomkit.parallel.zero.checkpoint import consolidated_save_pretrained
-
         state = self.full_state_dict()
         if self.env.is_main:
             consolidated_save_pretrained(self.raw_model.config, state, out_dir)
             if tokenizer is not None:
                 tokenizer.save_pretrained(out_dir)
         if self.env.distributed:
-            import torch.distributed as dist
-
             dist.barrier()
 
-    def memory_report(self) -> dict[str, int]:
-        from ecomkit.measure.zero import zero_state_bytes
-
+    def memory_report(self) -> dict[str, Any]:
         return zero_state_bytes(self.engine)
 
     def close(self) -> None:
@@ -304,4 +303,4 @@ class ZeroStrategy(Strategy):
         gc.collect()
 
 
-__all__ = ["ZeroStrategy", "build_zero_config", "build_zero_optimizer", "CPUAdamUnavailableWarning"]
+__all__ = ["ZeroStrategy", "build_zero_optimizer", "CPUAdamUnavailableWarning"]

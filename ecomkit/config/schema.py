@@ -1,11 +1,9 @@
-"""The one training configuration: a dataclass with commented defaults, named presets and a CLI.
+"""The one training configuration: dataclasses with commented defaults, and named presets.
 
 Why one dataclass: a notebook, a script and a test must describe the same run
-in the same words. Command-line flags are *derived* from the fields (``max_steps``
-→ ``--max-steps``, ``zero.stage`` → ``--zero-stage``), a YAML/JSON file can be
-loaded with ``--config``, and :meth:`TrainConfig.validate` rejects unknown or
-invalid values with a clear message *before* any process group is created, so
-a typo never costs a cluster start-up.
+in the same words. Flags are derived from the fields (:mod:`ecomkit.config.cli`)
+and :meth:`TrainConfig.validate` (:mod:`ecomkit.config.validate`) rejects
+invalid values with a clear message *before* any process group is created.
 
 Presets are plain functions that return a config; variants call a base preset
 and change a few fields (torchtitan's convention), never ``exec``.
@@ -13,80 +11,15 @@ and change a few fields (torchtitan's convention), never ``exec``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import difflib
 import json
 import os
-import typing
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any, Callable
 
+from ecomkit.config.validate import validate_train_config
 from ecomkit.errors import ConfigError
-
-
-
-class StrategyName(str, Enum):
-    """The one vocabulary of training strategies: what ``--strategy`` takes.
-
-    A ``str`` enum, so ``StrategyName.ZERO == "zero"`` and configs, JSON files
-    and flags keep plain strings. The planner, the loop, the strategy registry
-    (``ecomkit.parallel.STRATEGY_FACTORIES``) and the sweeps all use it; the
-    planner's stage-specific names ("zero2", "fsdp2") are spelled by
-    :func:`plan_strategy_name` and read back by :func:`parse_plan_strategy`.
-    """
-
-    DDP = "ddp"
-    ACCELERATE = "accelerate"
-    ZERO = "zero"
-    FSDP = "fsdp"
-    TP = "tp"
-    PP = "pp"
-    MIXED = "mixed"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-STRATEGIES = tuple(s.value for s in StrategyName)
-# The planner plans one memory layout per name: ZeRO is split by stage, FSDP is FSDP2.
-PLAN_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2", "tp", "pp")
-DEEPSPEED_PLAN_STRATEGIES = ("zero1", "zero2", "zero3")
-PLAN_STRATEGY_ALIASES = {"zero0": "ddp", "zero-0": "ddp", "zero-1": "zero1", "zero-2": "zero2", "zero-3": "zero3",
-                         "fsdp": "fsdp2", "dp": "ddp", "accelerate": "ddp"}
-
-
-def plan_strategy_name(strategy: str, zero_stage: int = 0) -> str:
-    """The planner's name for a training strategy: ("zero", 2) -> "zero2", "fsdp" -> "fsdp2", ("zero", 0) -> "ddp"."""
-    s = StrategyName(strategy)
-    if s is StrategyName.ZERO:
-        return "ddp" if zero_stage == 0 else f"zero{zero_stage}"
-    if s is StrategyName.FSDP:
-        return "fsdp2"
-    if s is StrategyName.ACCELERATE:
-        return "ddp"
-    if s is StrategyName.MIXED:
-        raise ConfigError("The planner plans one strategy at a time; plan 'mixed' as tp, pp or fsdp2.")
-    return s.value
-
-
-def parse_plan_strategy(name: str) -> tuple[StrategyName, int]:
-    """Read a planner name back: "zero3" -> (ZERO, 3), "fsdp2" -> (FSDP, 0), "zero-1" -> (ZERO, 1)."""
-    key = PLAN_STRATEGY_ALIASES.get(str(name).lower(), str(name).lower())
-    if key not in PLAN_STRATEGIES:
-        _choice("planner strategy", key, PLAN_STRATEGIES)
-    if key in DEEPSPEED_PLAN_STRATEGIES:
-        return StrategyName.ZERO, int(key.removeprefix("zero"))
-    return (StrategyName.FSDP, 0) if key == "fsdp2" else (StrategyName(key), 0)
-
-
-PRECISIONS = ("fp32", "bf16", "fp16")
-TASKS = ("lm", "nlu")
-CLIP_POLICIES = ("fixed", "sentiment")
-ATTN_IMPLS = ("eager", "sdpa", "flex")
-COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "topk", "topk_naive")
 
 
 @dataclass
@@ -133,6 +66,7 @@ class ParallelConfig:
     fsdp_cpu_offload: bool = False    # FSDP2 CPUOffloadPolicy (params, grads, optimizer in host memory)
     activation_checkpointing: bool = False  # recompute each block in backward (torch checkpoint_wrapper)
     count_collectives: bool = True    # count collectives and bytes per step (comm_* metrics; slows ops a little)
+    dcp_dir: str | None = None        # also save the sharded model with torch.distributed.checkpoint here (pp = 1)
 
 
 @dataclass
@@ -218,41 +152,18 @@ class TrainConfig:
                 f"that is a multiple of {per_step}, or change --micro-batch-size.")
         return self.global_batch_size // per_step
 
-    def validate(self, world_size: int | None = None) -> "TrainConfig":
-        """Reject invalid values with one clear message each; returns self for chaining."""
+    def validate(self, world_size: int | None = None, n_head: int | None = None,
+                 n_layer: int | None = None) -> "TrainConfig":
+        """Check everything about this config before any process group exists; returns self for chaining.
+
+        ``world_size`` defaults to ``$WORLD_SIZE`` (1 without torchrun).
+        ``n_head``/``n_layer`` are the model's shape when it is known (a preset,
+        or the loaded model): this package cannot import the models, so the
+        training loop calls ``validate`` again once the model is loaded.
+        """
         world = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", 1))
-        _choice("strategy", self.strategy, STRATEGIES)
-        _choice("precision", self.precision, PRECISIONS)
-        _choice("task", self.task, TASKS)
-        _choice("clip_policy", self.clip_policy, CLIP_POLICIES)
-        _choice("attn", self.attn, ATTN_IMPLS)
-        _choice("compression.method", self.compression.method, COMPRESSIONS)
-        from ecomkit.parallel.compression.hooks import validate_compression  # chapter 05: ratio, rank, strategy
-
-        validate_compression(self)
-        for name in ("lr", "seq_len", "micro_batch_size", "grad_accum", "n_rows"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name}={getattr(self, name)} must be > 0.")
-        for name in ("loss_chunk_tokens", "weight_decay", "max_grad_norm", "warmup_steps", "max_steps", "epochs",
-                     "eval_interval"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name}={getattr(self, name)} must be >= 0.")
-        if self.max_steps == 0 and self.epochs <= 0:
-            raise ConfigError("Set --max-steps > 0 or --epochs > 0: the run has no length.")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1].")
-        if self.zero.stage not in (0, 1, 2, 3):
-            raise ConfigError(f"zero.stage={self.zero.stage} must be 0, 1, 2 or 3.")
-        self.resolve_grad_accum(world)
-        self._validate_data_source()
+        validate_train_config(self, world, n_head=n_head, n_layer=n_layer)
         return self
-
-    def _validate_data_source(self) -> None:
-        if self.data != "synthetic" and not Path(self.data).exists():
-            raise ConfigError(
-                f"Data file '{self.data}' does not exist (resolved to {Path(self.data).resolve()}). "
-                "Pass --data synthetic for the built-in catalog, or the path of a .jsonl/.csv file or "
-                "of a directory written by datasets' save_to_disk().")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -260,13 +171,6 @@ class TrainConfig:
     def save(self, path: str | os.PathLike) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False))
-
-
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        close = difflib.get_close_matches(str(value), allowed, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"Unknown {name} '{value}'. Choose one of: {', '.join(allowed)}.{hint}")
 
 
 # ---------------------------------------------------------------------- presets
@@ -327,132 +231,3 @@ CONFIG_PRESETS: dict[str, Callable[[], TrainConfig]] = {
     "seqgpt-560m": preset_seqgpt_560m,
     "ecomgpt-7b": preset_ecomgpt_7b,
 }
-
-
-# ---------------------------------------------------------------------- CLI
-def _flag(prefix: str, name: str) -> str:
-    return "--" + (f"{prefix}-" if prefix else "") + name.replace("_", "-")
-
-
-def _dest(prefix: str, name: str) -> str:
-    return f"{prefix}__{name}" if prefix else name
-
-
-def _base_type(tp: Any) -> Any:
-    """Strip ``X | None`` to ``X``."""
-    args = [a for a in typing.get_args(tp) if a is not type(None)]
-    return args[0] if args and typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType", None)) else tp
-
-
-def _parse_dict(text: str) -> dict[str, str]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        raise argparse.ArgumentTypeError(f"expected JSON such as '{{\"name\": \"title\"}}', got {text!r}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    return value
-
-
-def _add_fields(parser: argparse.ArgumentParser, cls: type, prefix: str = "") -> None:
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        tp = _base_type(hints[f.name])
-        if dataclasses.is_dataclass(tp):
-            _add_fields(parser, tp, f.name)
-            continue
-        kw: dict[str, Any] = {"dest": _dest(prefix, f.name), "default": argparse.SUPPRESS}
-        if tp is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        elif typing.get_origin(tp) is dict or tp is dict:
-            kw["type"] = _parse_dict
-        else:
-            kw["type"] = tp
-        parser.add_argument(_flag(prefix, f.name), **kw)
-
-
-def build_arg_parser(description: str = "", extra: Callable[[argparse.ArgumentParser], None] | None = None
-                     ) -> argparse.ArgumentParser:
-    """An argparse parser whose flags are derived from :class:`TrainConfig` (dashes, nested prefixes)."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=sorted(CONFIG_PRESETS), default=None, help="start from a named preset")
-    parser.add_argument("--config", default=None, help="YAML or JSON file with config values")
-    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    _add_fields(parser, TrainConfig)
-    if extra is not None:
-        extra(parser)
-    return parser
-
-
-def apply_overrides(cfg: TrainConfig, values: dict[str, Any], source: str) -> TrainConfig:
-    """Set (possibly nested) fields from a dict, rejecting unknown keys with a suggestion."""
-    for key, value in values.items():
-        target, name = cfg, key
-        if isinstance(value, dict) and key in _nested_names():
-            sub = getattr(cfg, key)
-            for k2, v2 in value.items():
-                _set_known(sub, k2, v2, f"{source}: {key}.")
-            continue
-        _set_known(target, name, value, f"{source}: ")
-    return cfg
-
-
-def _nested_names() -> set[str]:
-    return {f.name for f in dataclasses.fields(TrainConfig) if dataclasses.is_dataclass(f.default_factory() if f.default_factory is not dataclasses.MISSING else None)}
-
-
-def _set_known(obj: Any, name: str, value: Any, where: str) -> None:
-    names = [f.name for f in dataclasses.fields(obj)]
-    if name not in names:
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"{where}unknown config key '{name}'.{hint} Valid keys: {', '.join(names)}.")
-    setattr(obj, name, value)
-
-
-def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a YAML or JSON config file into a dict (clear errors for missing or malformed files)."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"Config file '{path}' does not exist. Pass the path of a .yaml/.yml/.json file.")
-    text = p.read_text(encoding="utf-8")
-    try:
-        if p.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-        else:
-            data = json.loads(text)
-    except Exception as exc:  # yaml.YAMLError or json.JSONDecodeError
-        raise ConfigError(f"Config file '{path}' could not be parsed: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"Config file '{path}' must hold a mapping of keys to values, not {type(data).__name__}.")
-    return data
-
-
-def parse_config(argv: list[str] | None = None, description: str = "", defaults: TrainConfig | None = None,
-                 extra: Callable[[argparse.ArgumentParser], None] | None = None
-                 ) -> tuple[TrainConfig, argparse.Namespace]:
-    """Build a validated :class:`TrainConfig` from preset → ``--config`` file → flags.
-
-    Returns the config and the namespace (for script-specific extra flags).
-    Validation happens here, before any process group exists.
-    """
-    parser = build_arg_parser(description, extra)
-    ns = parser.parse_args(argv)
-    cfg = CONFIG_PRESETS[ns.preset]() if ns.preset else (defaults if defaults is not None else TrainConfig())
-    if ns.config:
-        apply_overrides(cfg, load_config_file(ns.config), ns.config)
-    for dest, value in vars(ns).items():
-        if dest in ("preset", "config", "print_config") or not hasattr(cfg, dest.split("__")[0]):
-            continue
-        if "__" in dest:
-            outer, inner = dest.split("__", 1)
-            setattr(getattr(cfg, outer), inner, value)
-        else:
-            setattr(cfg, dest, value)
-    cfg.validate()
-    if ns.print_config:
-        print(json.dumps(cfg.to_dict(), indent=2, ensure_ascii=False))
-        raise SystemExit(0)
-    return cfg, ns

@@ -1,0 +1,271 @@
+"""Every check of a :class:`~ecomkit.config.TrainConfig`, in one place, before any process group exists.
+
+Why one place: a check that runs only once callbacks are assembled, or only
+inside a strategy, costs a cluster start-up (and sometimes a hang) before the
+user learns about a typo. :func:`validate_train_config` runs from
+``parse_config`` (with ``$WORLD_SIZE``), from ``run_training`` (with the
+preset's shape) and from the training loop once the model is loaded (with the
+model's real ``n_head``/``n_layer``). Strategies and scripts do not re-check.
+
+The checks need no ecomkit module above the ground floor: the model's shape is
+passed in as numbers, and a user's DeepSpeed JSON is read here as plain JSON
+(the keys DeepSpeed itself knows are checked by ``ecomkit.parallel.zero.config``,
+which needs DeepSpeed installed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ecomkit.config.vocabulary import (ATTN_IMPLS, CLIP_POLICIES, COMPRESSIONS, HOOK_STRATEGIES, MESH_STRATEGIES,
+                                       PP_SCHEDULES, PRECISIONS, STRATEGIES, STRATEGIES_WITHOUT_DCP, TASKS,
+                                       StrategyName, check_choice)
+from ecomkit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ecomkit.config.schema import ParallelConfig, TrainConfig
+
+DEEPSPEED_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def validate_train_config(cfg: "TrainConfig", world_size: int, n_head: int | None = None,
+                          n_layer: int | None = None) -> None:
+    """Raise :class:`ConfigError` with one clear message for the first invalid value of ``cfg``."""
+    check_choice("strategy", cfg.strategy, STRATEGIES)
+    check_choice("precision", cfg.precision, PRECISIONS)
+    check_choice("task", cfg.task, TASKS)
+    check_choice("clip_policy", cfg.clip_policy, CLIP_POLICIES)
+    check_choice("attn", cfg.attn, ATTN_IMPLS)
+    check_choice("compression.method", cfg.compression.method, COMPRESSIONS)
+    check_compression(cfg)
+    for name in ("lr", "seq_len", "micro_batch_size", "grad_accum", "n_rows"):
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be > 0.")
+    for name in ("loss_chunk_tokens", "weight_decay", "max_grad_norm", "warmup_steps", "max_steps", "epochs",
+                 "eval_interval"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 0.")
+    if cfg.max_steps == 0 and cfg.epochs <= 0:
+        raise ConfigError("Set --max-steps > 0 or --epochs > 0: the run has no length.")
+    if not 0 <= cfg.min_lr_ratio <= 1:
+        raise ConfigError(f"min_lr_ratio={cfg.min_lr_ratio} must be in [0, 1].")
+    check_zero_options(cfg)
+    check_parallel(cfg, world_size, n_head, n_layer)
+    cfg.resolve_grad_accum(data_parallel_size(cfg, world_size))
+    check_deepspeed_batch_sizes(cfg, world_size)
+    check_fault_config(cfg)
+    check_data_source(cfg)
+
+
+# ---------------------------------------------------------------------- chapter 05: compression
+def check_compression(cfg: "TrainConfig") -> None:
+    """Ratio and rank in range; PowerSGD's warm-up long enough; a strategy that has DDP hooks."""
+    comp = cfg.compression
+    if not 0 < comp.topk_ratio <= 1:
+        raise ConfigError(
+            f"compression.topk_ratio={comp.topk_ratio} (flag --compression-topk-ratio) must be in (0, 1]: it is "
+            "the fraction of each gradient bucket's entries that Top-K sends, e.g. 0.01 for 1 %.")
+    if comp.powersgd_rank < 1:
+        raise ConfigError(
+            f"compression.powersgd_rank={comp.powersgd_rank} (flag --compression-powersgd-rank) must be >= 1: it "
+            "is the rank of PowerSGD's low-rank approximation (1 to 4 is typical).")
+    if comp.method == "powersgd" and (comp.powersgd_warm_start or comp.error_feedback) and comp.powersgd_start_iter < 2:
+        raise ConfigError(
+            f"compression.powersgd_start_iter={comp.powersgd_start_iter} (flag --compression-powersgd-start-iter) "
+            "must be >= 2 with warm start or error feedback: DDP rebuilds its gradient buckets after the first "
+            "step, so PowerSGD's per-bucket memories only make sense from the second step on. Use 2 or more, or "
+            "pass --no-compression-powersgd-warm-start --no-compression-error-feedback.")
+    if comp.method != "none" and cfg.strategy not in HOOK_STRATEGIES:
+        raise ConfigError(
+            f"--compression-method {comp.method} needs DDP communication hooks, and strategy '{cfg.strategy}' has "
+            "none: ZeRO and FSDP reduce-scatter gradients in their own code, and tp/pp/mixed/accelerate do not "
+            "expose DDP's hook. Use --strategy ddp with compression, or --compression-method none.")
+
+
+# ---------------------------------------------------------------------- chapter 03: ZeRO
+def check_zero_options(cfg: "TrainConfig") -> None:
+    """Combinations DeepSpeed would reject late (after start-up) or silently ignore."""
+    z = cfg.zero
+    if z.stage not in (0, 1, 2, 3):
+        raise ConfigError(f"zero.stage={z.stage} must be 0, 1, 2 or 3 (--zero-stage).")
+    if cfg.strategy != StrategyName.ZERO:
+        return
+    if z.offload_param and z.stage != 3:
+        raise ConfigError(
+            f"--zero-offload-param needs ZeRO stage 3 (got --zero-stage {z.stage}): only stage 3 partitions the "
+            "parameters, so only it can keep them on the CPU between uses. Use --zero-stage 3, or drop "
+            "--zero-offload-param (--zero-offload-optimizer works with stages 1-3).")
+    if z.offload_optimizer and z.stage == 0:
+        raise ConfigError("--zero-offload-optimizer needs ZeRO stage 1, 2 or 3 (got --zero-stage 0).")
+    if z.bucket_size <= 0:
+        raise ConfigError(f"zero.bucket_size={z.bucket_size} must be > 0 (elements per bucket).")
+    if z.param_persistence_threshold < 0:
+        raise ConfigError(f"zero.param_persistence_threshold={z.param_persistence_threshold} must be >= 0.")
+
+
+def load_deepspeed_json(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a user's DeepSpeed JSON (``--zero-user-config``); errors name the file, line and column."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"DeepSpeed config '{path}' (--zero-user-config) does not exist. Pass the path of a "
+                          "JSON file, or omit the flag to use the config ecomkit generates.")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"DeepSpeed config '{path}', line {exc.lineno}, column {exc.colno}: not valid JSON "
+                          f"({exc.msg}). Fix the file; note that JSON allows no comments or trailing commas.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"DeepSpeed config '{path}' must hold a JSON object, not {type(data).__name__}.")
+    return data
+
+
+def check_deepspeed_batch_sizes(cfg: "TrainConfig", world_size: int) -> None:
+    """Each batch key a user's DeepSpeed JSON sets must equal this launch's (``train = micro × accum × world``)."""
+    if cfg.strategy != StrategyName.ZERO or not cfg.zero.user_config:
+        return
+    user = load_deepspeed_json(cfg.zero.user_config)
+    micro, accum = cfg.micro_batch_size, cfg.resolve_grad_accum(world_size)
+    run = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum,
+           "train_batch_size": micro * accum * world_size}
+    for key in DEEPSPEED_BATCH_KEYS:
+        if key in user and user[key] != run[key]:
+            raise ConfigError(
+                f"DeepSpeed config '{cfg.zero.user_config}': {key}={user[key]!r} disagrees with this run, which has "
+                f"train_micro_batch_size_per_gpu={micro} (--micro-batch-size) × gradient_accumulation_steps={accum} "
+                f"(--grad-accum / --global-batch-size) × {world_size} processes = "
+                f"train_batch_size={run['train_batch_size']}. Remove the batch keys from the JSON (ecomkit fills "
+                "them in) or change the flags to match.")
+
+
+# ---------------------------------------------------------------------- chapter 04: parallel degrees
+def resolve_parallel_degrees(strategy: str, parallel: "ParallelConfig", world_size: int) -> tuple[int, int, int]:
+    """``(dp, tp, pp)`` for ``world_size`` processes; explicit degrees win.
+
+    - ``dp=-1`` means "whatever is left": ``world / (tp·pp)``;
+    - ``--strategy tp`` with tp left at 1 uses every process for TP (and
+      ``--strategy pp`` likewise for PP), so ``torchrun -n 2 ... --strategy tp``
+      just works;
+    - ``--strategy fsdp`` is data parallel (FSDP2) over all remaining ranks.
+    """
+    tp, pp, dp = int(parallel.tp), int(parallel.pp), int(parallel.dp)
+    if strategy == StrategyName.TP and tp == 1 and dp == -1:
+        tp = max(1, world_size // pp)
+    if strategy == StrategyName.PP and pp == 1 and dp == -1:
+        pp = max(1, world_size // tp)
+    if dp == -1:
+        if tp < 1 or pp < 1 or world_size % (tp * pp):
+            raise ConfigError(
+                f"--parallel-dp -1 takes the processes left after tp and pp, but tp={tp} × pp={pp} does not divide "
+                f"the {world_size} processes. Choose tp and pp whose product divides {world_size}.")
+        dp = world_size // (tp * pp)
+    for name, value in (("dp", dp), ("tp", tp), ("pp", pp), ("world_size", world_size)):
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(
+                f"parallel.{name}={value!r} must be a whole number >= 1 (flag --parallel-{name}"
+                f"{'' if name == 'world_size' else f' or --{name}'}).")
+    if dp * tp * pp != world_size:
+        raise ConfigError(
+            f"The parallel degrees do not multiply to the number of processes: dp={dp} × tp={tp} × "
+            f"pp={pp} = {dp * tp * pp}, but torchrun started {world_size}. Change "
+            f"--parallel-dp/--parallel-tp/--parallel-pp (or --dp/--tp/--pp) so that their product is "
+            f"{world_size}, set --parallel-dp -1 to let dp take whatever is left, or launch "
+            f"--nproc_per_node {dp * tp * pp}.")
+    return dp, tp, pp
+
+
+def data_parallel_size(cfg: "TrainConfig", world_size: int) -> int:
+    """How many data shards the global batch is split into: dp for the mesh strategies, every rank otherwise."""
+    if cfg.strategy in MESH_STRATEGIES:
+        return resolve_parallel_degrees(cfg.strategy, cfg.parallel, world_size)[0]
+    return world_size
+
+
+def check_parallel(cfg: "TrainConfig", world_size: int, n_head: int | None = None,
+                   n_layer: int | None = None) -> None:
+    """Degrees, schedule, micro-batches, precision, ``--dcp-dir`` and (when known) the model's shape."""
+    par = cfg.parallel
+    if cfg.strategy not in MESH_STRATEGIES:
+        if par.dcp_dir:
+            raise ConfigError(f"--dcp-dir is for the chapter-04 strategies "
+                              f"({', '.join(MESH_STRATEGIES)}), not --strategy {cfg.strategy}.")
+        return
+    dp, tp, pp = resolve_parallel_degrees(cfg.strategy, par, world_size)
+    if par.pp_schedule not in PP_SCHEDULES:
+        raise ConfigError(f"Unknown parallel.pp_schedule '{par.pp_schedule}' (flag --parallel-pp-schedule). "
+                          f"Choose one of: {', '.join(PP_SCHEDULES)}.")
+    if par.pp_microbatches < 1:
+        raise ConfigError(f"parallel.pp_microbatches={par.pp_microbatches} must be >= 1 "
+                          "(flag --parallel-pp-microbatches).")
+    if pp > 1 and par.pp_microbatches < pp:
+        raise ConfigError(f"pp_microbatches={par.pp_microbatches} must be >= pp={pp} (the 1F1B schedule needs one "
+                          "micro-batch per stage in flight). Raise --parallel-pp-microbatches.")
+    step_samples = cfg.micro_batch_size * cfg.resolve_grad_accum(dp)
+    if pp > 1 and step_samples % par.pp_microbatches:
+        raise ConfigError(
+            f"Pipeline parallelism cuts each optimizer step's {step_samples} samples (micro_batch_size × "
+            f"grad_accum) into {par.pp_microbatches} pipeline micro-batches (--parallel-pp-microbatches), "
+            "which must divide it. Change one of the three.")
+    if pp > 1 and tp > 1:
+        raise ConfigError(
+            f"pp={pp} together with tp={tp} is not implemented in ecomkit: combine pipeline stages with "
+            "data parallelism (--pp 2 --dp 2), or TP with data parallelism (--tp 2 --dp 2). torchtitan shows the "
+            "3-D version, which applies TP to every stage module.")
+    if cfg.precision == "fp16":
+        raise ConfigError(
+            "precision fp16 needs a loss scaler that understands sharded (DTensor) gradients, which the FSDP2/TP/PP "
+            "strategies here do not set up. Use --precision bf16 (same memory, no loss scaling) or fp32.")
+    if par.dcp_dir and pp > 1:
+        raise ConfigError(
+            "--dcp-dir saves the sharded model with torch.distributed.checkpoint, but pipeline stages hold "
+            "stage-local parameter names that do not load into the unsplit model. With --parallel-pp > 1 use "
+            "the consolidated Hugging Face directory the run writes to <output-dir>/final.")
+    where = f"model '{cfg.model}'"
+    if n_head is not None and n_head % tp:
+        divisors = [d for d in range(1, n_head + 1) if n_head % d == 0]
+        raise ConfigError(
+            f"Tensor parallelism splits the attention heads between ranks, but tp={tp} does not divide "
+            f"the {n_head} heads of {where} (config field n_head). Use --parallel-tp (or --tp) with one of "
+            f"{divisors}.")
+    if n_layer is not None and pp > n_layer:
+        raise ConfigError(
+            f"Pipeline parallelism gives each stage at least one transformer block, but pp={pp} is larger "
+            f"than the {n_layer} blocks of {where} (config field n_layer). Use --parallel-pp (or --pp) "
+            f"<= {n_layer}.")
+
+
+# ---------------------------------------------------------------------- chapter 07: fault tolerance
+def dcp_unsupported_reason(cfg: "TrainConfig") -> str | None:
+    """Why this run's state is not one DCP state dict of (model, optimizer), or None if it is."""
+    if cfg.strategy == StrategyName.MIXED and cfg.parallel.pp > 1:
+        return STRATEGIES_WITHOUT_DCP[StrategyName.PP]
+    return STRATEGIES_WITHOUT_DCP.get(cfg.strategy)
+
+
+def check_fault_config(cfg: "TrainConfig") -> None:
+    """Checkpoint interval, health sampling and straggler settings; DCP checkpoints only where they apply."""
+    f = cfg.fault
+    if f.checkpoint_interval < -1:
+        raise ConfigError(f"fault.checkpoint_interval={f.checkpoint_interval}: use a number of steps > 0, "
+                          "0 to switch checkpoints off, or -1 for automatic.")
+    if f.health_interval < 0 or f.hang_dump_s < 0:
+        raise ConfigError("fault.health_interval and fault.hang_dump_s must be >= 0 (0 switches them off).")
+    if f.straggler_factor <= 1:
+        raise ConfigError(f"fault.straggler_factor={f.straggler_factor} must be > 1 (e.g. 2: warn when a rank "
+                          "is twice as slow as the others).")
+    reason = dcp_unsupported_reason(cfg)
+    if f.checkpoint_interval > 0 and reason:
+        raise ConfigError(
+            f"--fault-checkpoint-interval is not supported with --strategy {cfg.strategy}: {reason}, which these "
+            "DCP checkpoints do not cover. Use --strategy ddp/accelerate/fsdp/tp, or --fault-checkpoint-interval 0.")
+
+
+# ---------------------------------------------------------------------- data
+def check_data_source(cfg: "TrainConfig") -> None:
+    if cfg.data != "synthetic" and not Path(cfg.data).exists():
+        raise ConfigError(
+            f"Data file '{cfg.data}' does not exist (resolved to {Path(cfg.data).resolve()}). "
+            "Pass --data synthetic for the built-in catalog, or the path of a .jsonl/.csv file or "
+            "of a directory written by datasets' save_to_disk().")

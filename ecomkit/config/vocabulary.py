@@ -1,0 +1,92 @@
+"""The words a config may use: strategy names, precisions, tasks, schedules; and the one "unknown X" message.
+
+Why a module of its own: the planner, the loop, the strategy registry and the
+sweeps must spell strategies the same way, and the validation, the CLI and
+the dataclasses all need these lists without needing each other.
+"""
+
+from __future__ import annotations
+
+import difflib
+from enum import Enum
+
+from ecomkit.errors import ConfigError
+
+
+class StrategyName(str, Enum):
+    """The one vocabulary of training strategies: what ``--strategy`` takes.
+
+    A ``str`` enum, so ``StrategyName.ZERO == "zero"`` and configs, JSON files
+    and flags keep plain strings. The planner, the loop, the strategy registry
+    (``ecomkit.parallel.STRATEGY_FACTORIES``) and the sweeps all use it; the
+    planner's stage-specific names ("zero2", "fsdp2") are spelled by
+    :func:`plan_strategy_name` and read back by :func:`parse_plan_strategy`.
+    """
+
+    DDP = "ddp"
+    ACCELERATE = "accelerate"
+    ZERO = "zero"
+    FSDP = "fsdp"
+    TP = "tp"
+    PP = "pp"
+    MIXED = "mixed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STRATEGIES = tuple(s.value for s in StrategyName)
+# Strategies that wrap the model in torch DDP, the only wrapper with communication hooks (chapter 05).
+HOOK_STRATEGIES = frozenset({StrategyName.DDP})
+# Strategies built on a (pp, dp, tp) device mesh (chapter 04): their degrees come from ``cfg.parallel``.
+MESH_STRATEGIES = (StrategyName.FSDP, StrategyName.TP, StrategyName.PP, StrategyName.MIXED)
+# Why a strategy's state is not one DCP state dict of (model, optimizer): chapter 07's checkpoints skip it.
+STRATEGIES_WITHOUT_DCP = {
+    StrategyName.ZERO: "DeepSpeed keeps its own sharded engine state (use --zero-checkpoint-interval, "
+                       "ecomkit.parallel.zero.checkpoint)",
+    StrategyName.PP: "pipeline stages hold different sub-modules on each rank",
+}
+
+# The planner plans one memory layout per name: ZeRO is split by stage, FSDP is FSDP2.
+PLAN_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2", "tp", "pp")
+DEEPSPEED_PLAN_STRATEGIES = ("zero1", "zero2", "zero3")
+PLAN_STRATEGY_ALIASES = {"zero0": "ddp", "zero-0": "ddp", "zero-1": "zero1", "zero-2": "zero2", "zero-3": "zero3",
+                         "fsdp": "fsdp2", "dp": "ddp", "accelerate": "ddp"}
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+TASKS = ("lm", "nlu")
+CLIP_POLICIES = ("fixed", "sentiment")
+ATTN_IMPLS = ("eager", "sdpa", "flex")
+COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "topk", "topk_naive")
+PP_SCHEDULES = ("gpipe", "1f1b")
+
+
+def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    """Raise "Unknown <name> '<value>'. Choose one of: ... Did you mean ...?" unless ``value`` is allowed."""
+    if value not in allowed:
+        close = difflib.get_close_matches(str(value), allowed, n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"Unknown {name} '{value}'. Choose one of: {', '.join(allowed)}.{hint}")
+
+
+def plan_strategy_name(strategy: str, zero_stage: int = 0) -> str:
+    """The planner's name for a training strategy: ("zero", 2) -> "zero2", "fsdp" -> "fsdp2", ("zero", 0) -> "ddp"."""
+    s = StrategyName(strategy)
+    if s is StrategyName.ZERO:
+        return "ddp" if zero_stage == 0 else f"zero{zero_stage}"
+    if s is StrategyName.FSDP:
+        return "fsdp2"
+    if s is StrategyName.ACCELERATE:
+        return "ddp"
+    if s is StrategyName.MIXED:
+        raise ConfigError("The planner plans one strategy at a time; plan 'mixed' as tp, pp or fsdp2.")
+    return s.value
+
+
+def parse_plan_strategy(name: str) -> tuple[StrategyName, int]:
+    """Read a planner name back: "zero3" -> (ZERO, 3), "fsdp2" -> (FSDP, 0), "zero-1" -> (ZERO, 1)."""
+    key = PLAN_STRATEGY_ALIASES.get(str(name).lower(), str(name).lower())
+    check_choice("planner strategy", key, PLAN_STRATEGIES)
+    if key in DEEPSPEED_PLAN_STRATEGIES:
+        return StrategyName.ZERO, int(key.removeprefix("zero"))
+    return (StrategyName.FSDP, 0) if key == "fsdp2" else (StrategyName(key), 0)
