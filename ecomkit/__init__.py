@@ -1,15 +1,18 @@
 """ecomkit: distributed fine-tuning of e-commerce BLOOM models, measured on your machine.
 
-The package is organised so that every chapter of the learning path finds its
-code in one module:
+The package is built in floors; a module imports only from its own floor or
+the floors below (``[tool.importlinter]`` in pyproject.toml, checked by
+``lint-imports`` in ``make test``). Top to bottom:
 
-- ``ecomkit.data``      catalog generator, loaders, validation, task formats, samplers
-- ``ecomkit.models.tokenizer`` a byte-level BPE trained locally, with e-commerce special tokens
-- ``ecomkit.models.bloom``    BLOOM presets, meta-device parameter counts, ``load_model``
-- ``ecomkit.dist``      torchrun environment, process group set-up and teardown
-- ``ecomkit.config``    the one training config dataclass, presets and CLI
-- ``ecomkit.train``     the strategy-independent training loop and its metrics
-- ``ecomkit.parallel``  one ``apply_*`` / ``build_*`` per strategy (DDP, ZeRO, FSDP2, TP, PP, compression)
+- ``plots``                      the figures the notebooks show
+- ``measure``                    chapter experiments (activations, calibration, overlap, ZeRO, compression, ...)
+- ``train`` · ``planner``        the one training loop, evaluation and sweep driver · memory/time planner
+- ``parallel`` · ``faults``      one strategy per module behind ``Strategy`` · checkpoints, health, diagnosis
+- ``models`` · ``envcheck``      BLOOM presets, attention, loss, tokenizer, optimizer · chapter 01 checks
+- ``data``                       catalog generator, loaders, validation, task formats, samplers
+- ground: ``errors``, ``config``, ``dist``, ``hardware``, ``metrics``, ``launch``
+
+The README's "Architecture" section says what each floor holds and why.
 """
 
 __version__ = "0.1.0"
