@@ -26,13 +26,16 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) -m torch.distributed.run --standalone --nproc_per_node 2 scripts/02_data_parallel.py --output-dir runs/demo
 
-# The whole suite: the import floors (lint-imports), unit + 2-process gloo tests, then every notebook.
+# The whole suite: the import floors (lint-imports), the README's measured tables against their artifacts,
+# unit + 2-process gloo tests, then every notebook.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
+	$(PY) benchmarks/report.py --check
 	$(PY) -m pytest tests notebooks --nbmake -q
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	$(PY) benchmarks/report.py
 
 notebooks-clean:
 	$(PY) -m nbconvert --clear-output --inplace notebooks/*.ipynb

@@ -46,6 +46,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import write_artifact  # noqa: E402
 
 MEMORY_GOAL, TIME_GOAL = 0.5, 1.0
 MiB = 1024 * 1024
@@ -129,7 +132,7 @@ def main() -> None:
     parts = ("full", "logits", "blocks")
     print(f"{'seq':>5} | {'full step: eager s':>18} {'sdpa s':>7} {'ratio':>6} | peak MiB eager / sdpa / ratio: "
           f"{'full step (chunked loss)':>24} | {'full-logits loss':>22} | {'blocks only':>22}")
-    last = {}
+    last, artifact_rows = {}, []
     for seq in args.seqs:
         r = {(a, p): run_fresh(args, a, p, seq, 1 if p == "blocks" else args.steps) for a in ("eager", "sdpa")
              for p in parts}
@@ -140,6 +143,10 @@ def main() -> None:
         print(f"{seq:>5} | {r['eager', 'full']['step_s']:>18.3f} {r['sdpa', 'full']['step_s']:>7.3f} "
               f"{t_ratio:>5.2f}x | {cells}", flush=True)
         last = {"seq": seq, "t": t_ratio, "m": m_ratio, "mem": mem, "r": r}
+        artifact_rows.append({"seq": seq, "eager_step_s": r["eager", "full"]["step_s"],
+                              "sdpa_step_s": r["sdpa", "full"]["step_s"], "step_time_ratio": t_ratio,
+                              **{f"peak_ratio_{p}": m_ratio[p] for p in parts},
+                              **{f"peak_bytes_{a}_{p}": mem[p][i] for p in parts for i, a in enumerate(("eager", "sdpa"))}})
 
     seq, m = last["seq"], last["m"]
     print(f"\nseq {seq}, goal sdpa/eager peak memory <= {MEMORY_GOAL}x: ecomkit's training step (chunked loss) "
@@ -151,6 +158,15 @@ def main() -> None:
           f"loss's, eager {full[0] / max(logits[0], 1):.2f}x; sdpa step time {t_chunk:.2f}x (one head recompute)")
     print(f"seq {seq}, goal sdpa/eager step time <= {TIME_GOAL}x: {last['t']:.2f}x {verdict(last['t'] <= TIME_GOAL)}")
     print(f"load average at end {os.getloadavg()[0]:.1f}")
+    write_artifact("bench_attention", artifact_rows, extra={
+        "settings": {k: v for k, v in vars(args).items() if k != "worker"},
+        "columns": ["seq", "step_time_ratio", "peak_ratio_full", "peak_ratio_logits", "peak_ratio_blocks"],
+        "headers": ["seq", "step time sdpa / eager", "peak memory sdpa / eager: training step", "full-logits loss",
+                    "blocks only"],
+        "notes": [f"seq {seq}: goal step time ≤ {TIME_GOAL}× — {verdict(last['t'] <= TIME_GOAL)} ({last['t']:.2f}×); "
+                  f"goal peak memory ≤ {MEMORY_GOAL}× — {verdict(m['full'] <= MEMORY_GOAL)} ({m['full']:.2f}×)",
+                  f"seq {seq}: chunked loss peak {full[1] / max(logits[1], 1):.2f}× the full-logits loss's (sdpa), "
+                  f"step time {t_chunk:.2f}×"]})
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from common import print_table
+from common import print_table, write_artifact
 from ecomkit.faults.checkpoint import TRAINER_STATE, CheckpointWriter, model_optimizer_state
 from ecomkit.models.bloom import build_model
 
@@ -88,7 +88,17 @@ def main() -> None:
     print_table(rows, ["config", "saves", "wall_per_step_s", "blocked_per_save_s", "save_written_after_s"])
     base, sync, asyn = (r["wall_per_step_s"] for r in rows)
     print(f"\nwall per step vs no checkpoint: sync {sync / base:.2f}x, async {asyn / base:.2f}x")
-    print(f"training blocked per save, async / sync: {rows[2]['blocked_per_save_s'] / rows[1]['blocked_per_save_s']:.2f}")
+    blocked = rows[2]['blocked_per_save_s'] / rows[1]['blocked_per_save_s']
+    print(f"training blocked per save, async / sync: {blocked:.2f}")
+    for r in rows:
+        r["wall_vs_none"] = r["wall_per_step_s"] / base
+    write_artifact("bench_checkpoint", rows, extra={
+        "settings": vars(args), "checkpoint_bytes": size,
+        "columns": ["config", "saves", "wall_per_step_s", "wall_vs_none", "blocked_per_save_s", "save_written_after_s"],
+        "headers": ["saves", "count", "wall s/step (median)", "vs no checkpoint", "training blocked s/save",
+                    "save complete after s"],
+        "notes": [f"model {args.model}, checkpoint {size / 2**20:.0f} MiB, a save every {args.interval} steps",
+                  f"training blocked per save, async / sync: {blocked:.2f}"]})
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import REPO, bench_env, print_table, verdict
+from common import REPO, bench_env, print_table, verdict, write_artifact
 
 METHODS = ("none", "fp16", "bf16", "powersgd:1", "powersgd:4", "topk:0.01", "topk:0.01:noef", "topk:0.1",
            "topk_naive:0.25")
@@ -113,18 +113,29 @@ def main() -> None:
     by = {r["spec"]: r for r in rows}
     print_gap_trajectory(rows, dense)
     print()
+    notes = []
     if "topk:0.01" in by:
         topk = by["topk:0.01"]
-        verdict("Top-K 1 % + EF: fewer bytes than dense", topk["fewer bytes (x)"], ">= 20x",
-                topk["fewer bytes (x)"] >= 20)
+        notes.append(verdict("Top-K 1 % + EF: fewer bytes than dense", topk["fewer bytes (x)"], ">= 20x",
+                             topk["fewer bytes (x)"] >= 20))
         gap = 100 * (topk["eval loss vs dense"] - 1)
-        verdict("Top-K 1 % + EF: eval loss above dense (%)", gap, "<= 2 %", gap <= 2)
+        notes.append(verdict("Top-K 1 % + EF: eval loss above dense (%)", gap, "<= 2 %", gap <= 2))
     if "powersgd:4" in by:
         ratio = by["powersgd:4"]["fewer bytes, compressed steps (x)"]
-        verdict("PowerSGD r=4: fewer bytes than dense on compressed steps", ratio, ">= 10x", ratio >= 10)
+        notes.append(verdict("PowerSGD r=4: fewer bytes than dense on compressed steps", ratio, ">= 10x",
+                             ratio >= 10))
         print(f"(PowerSGD r=4 over all {args.steps} steps, warm-up included: "
               f"{by['powersgd:4']['fewer bytes (x)']:.1f}x)")
     print(f"outputs in {out}")
+    for r in rows:
+        r["eval_curve"] = {str(k): v for k, v in r["eval_curve"].items()}
+    write_artifact("bench_compression", rows, extra={
+        "settings": vars(args),
+        "columns": ["method", "fewer bytes (x)", "fewer bytes, compressed steps (x)", "eval_loss",
+                    "eval loss vs dense", "ms/step"],
+        "headers": ["method", "fewer bytes than dense", "on compressed steps", "final eval loss", "vs dense",
+                    "ms/step"],
+        "notes": notes})
 
 
 if __name__ == "__main__":

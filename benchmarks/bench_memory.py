@@ -21,7 +21,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from common import print_table, verdict  # noqa: E402
+from common import print_table, verdict, write_artifact  # noqa: E402
 
 PADDING_GOAL = 0.05
 
@@ -58,8 +58,8 @@ def main() -> None:
     by = {r["batching"]: r for r in rows}
     speed = by["bucketed"]["tokens_per_s"] / by["random"]["tokens_per_s"]
     print(f"bucketed / random tokens/s: {speed:.2f}x")
-    verdict("bucketed padding rate", by["bucketed"]["padding_rate_epoch"], f"<= {PADDING_GOAL:.0%}",
-            by["bucketed"]["padding_rate_epoch"] <= PADDING_GOAL)
+    padding_line = verdict("bucketed padding rate", by["bucketed"]["padding_rate_epoch"], f"<= {PADDING_GOAL:.0%}",
+                           by["bucketed"]["padding_rate_epoch"] <= PADDING_GOAL)
 
     print(f"\n== activation checkpointing: hidden 256, 4 blocks, batch 2, T={args.seq_len}, {args.repeats} timed steps each")
     model = mt.build_probe_model(cfg)
@@ -78,6 +78,14 @@ def main() -> None:
     print(f"saved-activation factor: measured {off_m.saved_bytes / on_m.saved_bytes:.2f}, planner {predicted:.2f}")
     print(f"step-time cost of checkpointing: {ratio:.2f}x (one extra forward per block; 4/3 if backward took twice "
           "the forward, more when attention's softmax/elementwise work makes backward relatively cheaper)")
+    artifact_rows = [{"part": "batching", **r} for r in rows] + [{"part": "checkpointing", **r} for r in table]
+    write_artifact("bench_memory", artifact_rows, extra={
+        "settings": vars(args),
+        "columns": ["part", "batching", "padding_rate_epoch", "tokens_per_s", "checkpointing", "step_s", "saved_MiB",
+                    "peak_MiB"],
+        "notes": [padding_line, f"bucketed / random real tokens/s: {speed:.2f}×",
+                  f"activation checkpointing: step time {ratio:.2f}×, saved activations "
+                  f"{off_m.saved_bytes / on_m.saved_bytes:.2f}× smaller (planner: {predicted:.2f}×)"]})
 
 
 if __name__ == "__main__":

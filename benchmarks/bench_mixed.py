@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, bench_env, print_table  # noqa: E402
+from common import REPO, bench_env, print_table, write_artifact  # noqa: E402
 
 LAYOUTS = {  # name: (processes, strategy, parallel degrees)
     "DP (DDP)": (2, "ddp", {}),
@@ -138,8 +138,15 @@ def main() -> None:
         r["sent / DP"] = r["sent MiB/step"] / dp["sent MiB/step"] if dp["sent MiB/step"] else None
     print(f"\nmodel {args.model}, global batch {args.global_batch} × {args.seq_len} tokens, step {args.steps} of "
           f"{args.steps}; fp32 AdamW (16 bytes/parameter replicated)\n")
-    print_table(rows, ["layout", "rank", "state MiB", "state / DP", "params MiB", "collectives/step",
-                       "payload MiB/step", "sent MiB/step", "sent / DP", "kinds"])
+    columns = ["layout", "rank", "state MiB", "state / DP", "params MiB", "collectives/step", "payload MiB/step",
+               "sent MiB/step", "sent / DP", "kinds"]
+    print_table(rows, columns)
+    write_artifact("bench_mixed", rows, extra={
+        "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "strategy", "degrees", "out")},
+        "columns": [c for c in columns if c != "kinds"],
+        "notes": [f"model {args.model}, global batch {args.global_batch} × {args.seq_len} tokens, last of "
+                  f"{args.steps} steps; fp32 AdamW; the 4-process run oversubscribes 2 cores: compare bytes, "
+                  "not times"]})
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import failure_reason
+from common import failure_reason, write_artifact
 
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 16
@@ -94,6 +94,14 @@ def main() -> None:
         print(f"{r['name']:<9}{r['samples_per_s']:>10.2f}{ratio:>8}{r['step_ms']:>9.0f}{r['peak_mib']:>14.0f}"
               f"{r['final_loss']:>11.4f}{r['global_batch']:>13}")
     print(f"\nload average at end {os.getloadavg()[0]:.1f}: ratios are only meaningful on an otherwise idle machine")
+    for r in rows:
+        r["vs_ddp"] = r["samples_per_s"] / ddp["samples_per_s"] if ddp and r["status"] == "ok" else None
+    write_artifact("bench_strategies", rows, extra={
+        "settings": vars(args), "global_batch": GLOBAL_BATCH,
+        "columns": ["name", "status", "samples_per_s", "vs_ddp", "step_ms", "peak_mib", "final_loss"],
+        "headers": ["strategy", "status", "samples/s", "vs DDP", "ms/step", "peak MiB/rank", "final loss"],
+        "notes": [f"model {args.model}, seq {args.seq_len}, global batch {GLOBAL_BATCH}, {args.steps} steps, "
+                  f"--attn {args.attn}, 2 processes × 1 thread"]})
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import time
 
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
+from common import write_artifact  # noqa: E402
 from ecomkit.data import generate_catalog, tokenize_records  # noqa: E402
 from ecomkit.models.tokenizer import get_tokenizer  # noqa: E402
 
@@ -52,7 +53,13 @@ def main() -> None:
     for num_proc in (1, 2):
         rates[num_proc] = best_rows_per_second(records, tok, args.task, args.max_length, num_proc, args.repeats)
         print(f"num_proc={num_proc}: {rates[num_proc]:,.0f} rows/s")
-    print(f"speed-up num_proc 2 vs 1: {rates[2] / rates[1]:.2f}x (load average after: {os.getloadavg()[0]:.2f})")
+    speedup = rates[2] / rates[1]
+    print(f"speed-up num_proc 2 vs 1: {speedup:.2f}x (load average after: {os.getloadavg()[0]:.2f})")
+    write_artifact("bench_tokenize", [{"num_proc": n, "rows_per_s": r} for n, r in rates.items()], extra={
+        "settings": vars(args), "speedup_2_vs_1": speedup,
+        "columns": ["num_proc", "rows_per_s"], "headers": ["processes (num_proc)", "rows/s (best of repeats)"],
+        "notes": [f"{args.rows:,} rows, task {args.task}: num_proc 2 vs 1 = **{speedup:.2f}×** (needs both cores "
+                  "free: compare the load average above)"]})
 
 
 if __name__ == "__main__":

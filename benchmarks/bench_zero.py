@@ -24,6 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import write_artifact  # noqa: E402
 from ecomkit.launch import read_json, run_torchrun  # noqa: E402
 from ecomkit.measure.zero import memory_row  # noqa: E402
 
@@ -51,6 +54,21 @@ def main() -> None:
             row["samples_per_s"] = read_json(out / label / "summary.json")["samples_per_s"]
             rows.append(row)
     print_table(rows, args)
+    base = next(r for r in rows if r["label"] == "ddp")
+    flat = [{"variant": r["label"], **{f"{c}_bytes": r["measured"][c] for c in ("params", "grads", "optimizer",
+                                                                               "buffers", "total")},
+             "states_vs_ddp": r["measured"]["total"] / base["measured"]["total"],
+             "formula_bytes": r["formula"]["total"], "formula": r["formula_label"], "measured_vs_formula": r["ratio"],
+             "samples_per_s": r["samples_per_s"], "samples_per_s_vs_ddp": r["samples_per_s"] / base["samples_per_s"]}
+            for r in rows]
+    write_artifact("bench_zero", flat, extra={
+        "settings": vars(args), "psi": base["psi"],
+        "columns": ["variant", "total_bytes", "states_vs_ddp", "formula", "measured_vs_formula",
+                    "samples_per_s_vs_ddp"],
+        "headers": ["variant", "model-state bytes (largest rank)", "vs DDP", "formula", "measured / formula",
+                    "samples/s vs DDP"],
+        "notes": [f"model {args.model} (Ψ = {base['psi']:,}), {args.precision}, {args.nproc} processes, "
+                  f"{args.steps} steps"]})
 
 
 def print_table(rows: list[dict], args) -> None:

@@ -1,13 +1,20 @@
-"""Shared helpers for benchmarks: run a chapter script, read its summary, print a ratio table.
+"""Shared helpers for benchmarks: run a chapter script, read its summary, print a ratio table, write an artifact.
 
 Every benchmark measures all of its variants side by side in one run, on
-this machine, and prints ratios; nothing is read from earlier runs.
+this machine, and prints ratios; nothing is read from earlier runs. Each run
+ends with ``write_artifact``: ``benchmarks/results/<bench>-<yyyy-mm-dd>-<machine>.json``
+holds the command, the commit, the machine facts, the load average before and
+after, and the raw rows; ``benchmarks/report.py`` renders the README's tables
+from the newest artifact of each benchmark.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import importlib.metadata
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -15,7 +22,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+
 REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+# Read once when the benchmark module imports this file: the load average "before" the run.
+_LOAD_AT_START = os.getloadavg() if hasattr(os, "getloadavg") else None
 
 
 def bench_env(threads: int = 1) -> dict[str, str]:
@@ -68,3 +80,90 @@ def failure_reason(proc: subprocess.CompletedProcess) -> str:
         return own[0]
     errors = [l.strip() for l in lines if re.search(r"(Error|error)[:\s]", l) and "elastic" not in l]
     return errors[-1] if errors else " | ".join(lines[-3:]) or "no output"
+
+
+# -- artifacts -----------------------------------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _gpu_name() -> str | None:
+    try:
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001 - a broken CUDA set-up means "no GPU" for the facts
+        return None
+    return None
+
+
+def machine_slug(facts: dict[str, Any]) -> str:
+    """Short name of the machine for artifact file names: the GPU (``h100-80gb-hbm3``) or ``cpu<cores>``."""
+    if facts.get("gpu"):
+        return re.sub(r"[^a-z0-9]+", "-", facts["gpu"].lower().replace("nvidia", "")).strip("-")
+    return f"cpu{facts['cores']}"
+
+
+def machine_facts() -> dict[str, Any]:
+    """What a reader needs to judge a number: CPU model, cores, GPU, OS and library versions, commit."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                                    capture_output=True, text=True).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = None, None
+    return {
+        "cpu_model": _cpu_model(),
+        "cores": os.cpu_count(),
+        "gpu": _gpu_name(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {p: _version(p) for p in ("torch", "transformers", "deepspeed", "accelerate")},
+        "commit": commit,
+        "dirty": dirty,
+    }
+
+
+def write_artifact(bench: str, rows: list[dict[str, Any]], extra: dict[str, Any] | None = None,
+                   results_dir: str | Path | None = None) -> Path:
+    """Write ``<results_dir>/<bench>-<yyyy-mm-dd>-<machine>.json`` and return its path.
+
+    ``rows`` are the raw measurements (one dict per variant), ``extra`` anything else the report needs
+    (settings, ratios, verdicts). The command line, the machine facts and the load average when this
+    module was imported and now are added here, so every benchmark records them the same way.
+    """
+    facts = machine_facts()
+    now = _dt.datetime.now(_dt.timezone.utc)
+    doc = {
+        "bench": bench,
+        "date": now.strftime("%Y-%m-%d"),
+        "time_utc": now.isoformat(timespec="seconds"),
+        "command": " ".join(["python", os.path.relpath(sys.argv[0], REPO) if sys.argv[0] else "-", *sys.argv[1:]]),
+        "machine": machine_slug(facts),
+        **facts,
+        "load_before": list(_LOAD_AT_START) if _LOAD_AT_START else None,
+        "load_after": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "rows": rows,
+        "extra": extra or {},
+    }
+    out_dir = Path(results_dir) if results_dir is not None else RESULTS
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{bench}-{doc['date']}-{doc['machine']}.json"
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(f"artifact: {os.path.relpath(path, REPO) if path.is_relative_to(REPO) else path}")
+    return path

@@ -21,6 +21,7 @@ import logging
 import os
 import random
 import signal
+import socket
 import statistics
 import sys
 import time
@@ -206,6 +207,18 @@ def all_reduce_mean(value: float, env: DistEnv) -> float:
     return float(t.item()) / env.world_size
 
 
+def all_reduce_max(value: float, env: DistEnv) -> float:
+    """The largest of every rank's float (``all_reduce(MAX)``; a collective every rank must call).
+
+    Throughput uses it: with several ranks the job runs at the slowest rank's pace.
+    """
+    if not env.distributed:
+        return float(value)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=env.device if env.backend == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
 def all_gather_floats(value: float, env: DistEnv) -> list[float]:
     """Gather one float from each rank (used for straggler detection and per-rank memory)."""
     if not env.distributed:
@@ -281,3 +294,14 @@ def install_stack_dump_signal(signum: int = signal.SIGUSR1) -> bool:
     faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=False)
     _SIGNAL_REGISTERED = True
     return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it).
+
+    For rendezvous of a process group started without torchrun (DeepSpeed on
+    one process) and for the reproductions of chapter 07.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -163,6 +163,8 @@ LINKS: dict[str, LinkSpec] = {lk.key: lk for lk in (
              "900 GB/s total per GPU (450 per direction); DGX H100 busbw ≈ 350-450 GB/s"),
     LinkSpec("ib-200g", "InfiniBand HDR 200 Gb/s per GPU", 23e9, 8e-6, "25 GB/s raw per NIC"),
     LinkSpec("ib-400g", "InfiniBand NDR 400 Gb/s per GPU", 46e9, 8e-6, "50 GB/s raw per NIC"),
+    LinkSpec("pcie5-x16", "PCIe 5.0 x16 (host link)", 40e9, 10e-6,
+             "64 GB/s per direction raw; the achievable figure assumes the same ~62 % of raw as the PCIe 4 preset"),
 )}
 
 
@@ -176,6 +178,70 @@ def link_spec(name: str | LinkSpec) -> LinkSpec:
     close = difflib.get_close_matches(key, list(LINKS), n=1)
     raise ConfigError(f"Unknown link '{name}' (--link).{' Did you mean ' + repr(close[0]) + '?' if close else ''} "
                       f"Known links: {', '.join(LINKS)}; or pass a LinkSpec.")
+
+
+# ---------------------------------------------------------------------- nodes (the host side of CPU offload)
+@dataclass(frozen=True)
+class NodeSpec:
+    """One server: how many GPUs share a PCIe link to the CPUs, and how many CPU cores the node's ranks share.
+
+    ZeRO-Offload moves gradients down to and weights up from host memory over
+    the node's host links, and runs Adam on the node's cores. GPUs behind one
+    PCIe switch share its single uplink (``gpus_per_host_link``), and every
+    rank of a node shares the node's cores (DeepSpeed's launcher with
+    ``--bind_cores_to_rank`` gives each local rank ``cores // ranks`` of them).
+    """
+
+    key: str
+    name: str
+    gpus: int                   # GPUs per node
+    gpus_per_host_link: int     # GPUs behind one PCIe uplink to the CPUs
+    host_link: str              # LINKS key of that uplink: achievable copy bandwidth per direction
+    cpu_cores: int              # physical cores, all sockets
+    source: str
+
+    @property
+    def host_links(self) -> int:
+        return self.gpus // self.gpus_per_host_link
+
+
+# DeepSpeedCPUAdam throughput per physical core, fp32 master weights: an assumption, not measured here. It puts a
+# 128-core DGX A100 node at 2e9 parameters/s (the planner's central figure; chapter 06 bands it 1-4e9).
+CPU_ADAM_PARAMS_PER_S_PER_CORE = 2.0e9 / 128
+
+NODES: dict[str, NodeSpec] = {n.key: n for n in (
+    NodeSpec("dgx-a100", "DGX A100 / HGX A100 8-GPU", 8, 2, "pcie4-x16", 128,
+             "NVIDIA DGX A100 system architecture: four PCIe Gen4 switches, each connecting two A100s (and two "
+             "ConnectX-6 NICs) to the CPUs through one x16 uplink; 2 × AMD EPYC 7742, 64 cores each"),
+    NodeSpec("dgx-h100", "DGX H100 / HGX H100 8-GPU", 8, 1, "pcie5-x16", 112,
+             "NVIDIA DGX H100: each H100 reaches the CPUs through its own PCIe Gen5 x16 path (the ConnectX-7 "
+             "modules' PCIe switches, one GPU each); 2 × Intel Xeon Platinum 8480C, 56 cores each"),
+    NodeSpec("pcie-server", "8-GPU PCIe server (assumed layout)", 8, 2, "pcie4-x16", 64,
+             "an assumption for boards without a reference system: PCIe switches with two GPUs per x16 uplink, "
+             "64 cores"),
+)}
+
+# Which reference system a board usually sits in (planning default; --node overrides).
+GPU_DEFAULT_NODE: dict[str, str] = {"a100-40g": "dgx-a100", "a100-80g": "dgx-a100", "h100-80g": "dgx-h100",
+                                    "h800": "dgx-h100", "h200": "dgx-h100"}
+
+
+def node_spec(name: str | NodeSpec | None, gpu: str | GpuSpec | None = None) -> NodeSpec:
+    """A node preset by key (``--node``); ``None`` picks the usual system of ``gpu``, else the generic PCIe server."""
+    if isinstance(name, NodeSpec):
+        return name
+    if name is None:
+        key = gpu.key if isinstance(gpu, GpuSpec) else (find_gpu(gpu).key if gpu and find_gpu(gpu) else "")
+        return NODES[GPU_DEFAULT_NODE.get(key, "pcie-server")]
+    key = str(name).strip().lower()
+    if key in NODES:
+        return NODES[key]
+    raise ConfigError(f"Unknown node '{name}' (--node). Known nodes: {', '.join(NODES)}; or pass a NodeSpec.")
+
+
+def node_cpu_adam_params_per_s(node: NodeSpec) -> float:
+    """Parameters per second the node's cores update with CPU Adam (all its ranks together)."""
+    return node.cpu_cores * CPU_ADAM_PARAMS_PER_S_PER_CORE
 
 
 # ---------------------------------------------------------------------- MFU
@@ -229,4 +295,5 @@ def mfu_fields(achieved_flops_per_s: float, peak_per_device: float | None, n_dev
 
 __all__ = ["GpuSpec", "GPUS", "GPU_ALIASES", "find_gpu", "gpu_spec", "LinkSpec", "LINKS", "link_spec",
            "unknown_gpu_message", "peak_flops_or_reason", "device_mfu_note", "device_peak_flops", "mfu_fields",
-           "GIB"]
+           "NodeSpec", "NODES", "GPU_DEFAULT_NODE", "node_spec", "node_cpu_adam_params_per_s",
+           "CPU_ADAM_PARAMS_PER_S_PER_CORE", "GIB"]

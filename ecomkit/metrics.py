@@ -68,19 +68,37 @@ def format_bytes(n: float) -> str:
 def print_run_summary(summary: dict[str, Any]) -> None:
     if int(os.environ.get("RANK", 0)) != 0:
         return
-    acc = "  ".join(f"{k}={v:.3f}" for k, v in summary.items() if k.startswith("acc_"))
+    acc = "  ".join(f"{k}={v:.3f}" + (f" (majority baseline {summary[b]:.3f})" if (b := "majority_" + k[4:]) in summary
+                                      else "") for k, v in summary.items() if k.startswith("acc_"))
     print(
         "\n=== run summary ===\n"
         f"strategy        {summary['strategy']} × {summary['world_size']} process(es), global batch {summary['global_batch']}\n"
         f"loss            {summary['first_loss']:.4f} → {summary['final_loss']:.4f} (train), eval {summary['eval_loss']:.4f}\n"
         + (f"eval accuracy   {acc}\n" if acc else "")
-        + f"throughput      {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:.0f} tokens/s "
-        f"({summary['step_time_s'] * 1000:.0f} ms/step)\n"
-        f"peak memory     {format_bytes(summary['peak_mem_bytes'])} per rank\n"
+        + throughput_lines(summary)
+        + f"peak memory     {format_bytes(summary['peak_mem_bytes'])} per rank\n"
         f"outputs         {summary['output_dir']} (metrics.jsonl, summary.json"
         + (f", model in {summary['model_dir']}" if summary.get("model_dir") else "") + ")\n",
         flush=True,
     )
+
+
+def throughput_lines(summary: dict[str, Any]) -> str:
+    """The summary's throughput as printed: totals over the steady phase, then the step-time spread."""
+    steps, wall = summary.get("steady_steps"), summary.get("steady_wall_s")
+    basis = ""
+    if steps and wall:
+        who = f", slowest of {summary['world_size']} ranks" if summary.get("slowest_rank_steady_s") is not None else ""
+        basis = f" (totals over {steps} steady steps / {wall:.2f} s{who})"
+    line = (f"throughput      {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:,.0f} real tokens/s"
+            f"{basis}\n")
+    if summary.get("step_time_median_s") is not None:
+        line += (f"step time       {summary['step_time_s'] * 1000:.0f} ms mean, "
+                 f"{summary['step_time_median_s'] * 1000:.0f} ms median, "
+                 f"{summary['step_time_p90_s'] * 1000:.0f} ms p90\n")
+    else:
+        line += f"step time       {summary['step_time_s'] * 1000:.0f} ms mean\n"
+    return line
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -114,6 +132,7 @@ def throughput_summary(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
     total = max(own_total, slowest_rank_steady_s) if slowest_rank_steady_s is not None else own_total
     samples = sum(int(r["samples"]) for r in steady)
     tokens = sum(int(r["tokens"]) for r in steady)
+    padded = sum(int(r.get("padded_tokens", 0)) for r in steady)
     ordered = sorted(times)
     return {
         "steady_steps": len(steady),
@@ -124,4 +143,22 @@ def throughput_summary(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
         "step_time_median_s": _percentile(ordered, 0.5),
         "step_time_p90_s": _percentile(ordered, 0.9),
         "slowest_rank_steady_s": slowest_rank_steady_s,
+        # pad positions / all positions of the steady steps, when the rows count padded positions
+        "padding_rate": 1 - tokens / padded if padded and all("padded_tokens" in r for r in steady) else None,
     }
+
+
+def time_split(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
+               parts: tuple[str, ...] = ("data_s", "fwd_bwd_s", "optim_s")) -> dict[str, float]:
+    """Where the steady phase's wall time went: each part's share of the summed step times, plus ``other``.
+
+    Shares of totals, like the throughput (a mean of per-step shares would
+    weight short steps like long ones). ``other`` is what the parts leave out.
+    """
+    steady = train_rows[warmup_steps:] if len(train_rows) > warmup_steps else list(train_rows)
+    total = sum(float(r["step_time_s"]) for r in steady)
+    if total <= 0:
+        return {}
+    out = {p.removesuffix("_s"): sum(float(r.get(p) or 0.0) for r in steady) / total for p in parts}
+    out["other"] = 1.0 - sum(out.values())
+    return out

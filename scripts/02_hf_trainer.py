@@ -5,22 +5,32 @@
 
 Same flags as scripts/02_data_parallel.py (model, data, batch, lr schedule,
 precision); writes metrics.jsonl and summary.json in the same format.
+`--hf-sampling group_by_length` (default: Trainer at its best, batches of
+similar length) | `random` (Trainer's default sampler) | `batch_rebalance`.
 """
 
 import os
 
 from ecomkit.config import parse_config
 from ecomkit.errors import exit_on_user_error
-from ecomkit.train.hf_trainer import run_hf_trainer
+from ecomkit.metrics import throughput_lines
+from ecomkit.train.hf_trainer import HF_SAMPLING, run_hf_trainer
+
+
+def sampling_flag(parser) -> None:
+    parser.add_argument("--hf-sampling", choices=HF_SAMPLING, default=HF_SAMPLING[0],
+                        help="Trainer's train_sampling_strategy (default: %(default)s)")
 
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
-    cfg, _ = parse_config(argv, description=__doc__)
-    summary = run_hf_trainer(cfg)
+    cfg, ns = parse_config(argv, description=__doc__, extra=sampling_flag)
+    summary = run_hf_trainer(cfg, sampling=ns.hf_sampling)
     if summary and int(os.environ.get("RANK", 0)) == 0:
-        print(f"HF Trainer: loss {summary['first_loss']:.4f} → {summary['final_loss']:.4f}, "
-              f"{summary['samples_per_s']:.1f} samples/s, outputs in {summary['output_dir']}")
+        split = "  ".join(f"{k} {v:.0%}" for k, v in summary["time_split"].items())
+        print(f"HF Trainer ({summary['sampling']}): loss {summary['first_loss']:.4f} → {summary['final_loss']:.4f}, "
+              f"padding {summary['padding_rate']:.1%}, outputs in {summary['output_dir']}\n"
+              + throughput_lines(summary) + f"time split      {split}")
 
 
 if __name__ == "__main__":

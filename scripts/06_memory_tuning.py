@@ -6,7 +6,8 @@ training loop; this script measures. Three sub-commands:
 
   # model-state bytes per rank under DDP, ZeRO-1/2/3 and FSDP2 (tiny BLOOM), next to the planner's
   torchrun --standalone --nproc_per_node 2 scripts/06_memory_tuning.py states --output-dir runs/06
-  # calibrate the time model (matmul, fwd/bwd, AdamW, gloo α-β) around a real chapter-02 DDP run, and compare
+  # the time model's prediction of DDP, ZeRO-2 and FSDP2 steps from a compute measurement and gloo's α-β,
+  # next to chapter-02 training runs of each strategy
   torchrun --standalone --nproc_per_node 2 scripts/06_memory_tuning.py calibrate --output-dir runs/06/calibrate
   # activation experiments in one process: checkpointing, save_on_cpu, precision, sweeps, memory pool, bucketing
   python scripts/06_memory_tuning.py activations --output-dir runs/06 [--quick]
@@ -27,10 +28,10 @@ from pathlib import Path
 from ecomkit.config import parse_config
 from ecomkit.errors import exit_on_user_error
 from ecomkit.launch import write_json
-from ecomkit.measure.calibration import calibration_defaults, run_calibration
+from ecomkit.measure.calibration import CALIBRATION_STRATEGIES, calibration_defaults, run_calibration
 from ecomkit.measure.memory_tuning import activation_report
 from ecomkit.measure.strategy_states import compare_states_with_plan, measure_strategy_states
-from ecomkit.plots.memory import format_state_comparison
+from ecomkit.plots.memory import format_calibration, format_state_comparison
 
 
 def cmd_states(argv: list[str]) -> None:
@@ -51,13 +52,14 @@ def cmd_states(argv: list[str]) -> None:
 
 def cmd_calibrate(argv: list[str]) -> None:
     def extra(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--repeats", type=int, default=3, help="timed runs per microbenchmark")
+        parser.add_argument("--repeats", type=int, default=5, help="timed runs per compute measurement")
+        parser.add_argument("--strategies", default=",".join(CALIBRATION_STRATEGIES),
+                            help="strategies to train and predict (planner names: ddp, zero2, fsdp2, ...)")
 
     cfg, ns = parse_config(argv, description="calibrate the time model", defaults=calibration_defaults(), extra=extra)
-    report = run_calibration(cfg, repeats=ns.repeats)
+    report = run_calibration(cfg, ns.strategies.split(","), repeats=ns.repeats)
     if int(os.environ.get("RANK", 0)) == 0:
-        print(f"predicted DDP step {report['predicted']['total_s']:.3f} s, measured {report['measured_step_s']:.3f} s, "
-              f"predicted/measured = {report['ratio_predicted_over_measured']:.2f}")
+        print(format_calibration(report))
 
 
 def cmd_activations(argv: list[str]) -> None:

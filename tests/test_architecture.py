@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grimp  # comes with import-linter (the test extra)
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +55,14 @@ def test_import_contract_fails_on_an_upward_import(tmp_path):
     result = _lint(tmp_path, tmp_path)
     assert result.returncode != 0, result.stdout
     assert "ecomkit.errors -> ecomkit.plots.common" in result.stdout, result.stdout
+
+
+def test_no_import_cycles():
+    """No module reaches itself through its imports (``if TYPE_CHECKING:`` imports, which never run, excepted)."""
+    graph = grimp.build_graph("ecomkit", exclude_type_checking_imports=True, cache_dir=None)
+    cycles = [(a, b) for a in sorted(graph.modules) for b in graph.find_modules_directly_imported_by(a)
+              if graph.find_shortest_chain(importer=b, imported=a)]
+    assert not cycles, cycles
 
 
 def _modules() -> list[Path]:

@@ -11,6 +11,7 @@ from ecomkit import hardware
 from ecomkit.errors import ConfigError
 from ecomkit.hardware import (GPU_ALIASES, GPUS, LINKS, device_peak_flops, find_gpu, gpu_spec, link_spec, mfu_fields,
                               peak_flops_or_reason, unknown_gpu_message)
+from ecomkit.hardware import GPU_DEFAULT_NODE, NODES, node_cpu_adam_params_per_s, node_spec
 from ecomkit.models.bloom import flops_per_token
 from ecomkit.planner.memory import plan_memory
 
@@ -110,3 +111,16 @@ def test_bf16_on_a_gpu_without_bf16_is_a_planner_error():
 
 def test_flops_per_token_is_6_psi_plus_attention():
     assert flops_per_token(1000, 2, 64, 128) == 6 * 1000 + 12 * 2 * 64 * 128
+
+
+def test_every_node_has_a_layout_its_links_and_a_source():
+    for key, node in NODES.items():
+        assert node.key == key and node.source and node.host_link in LINKS
+        assert node.gpus % node.gpus_per_host_link == 0 and node.host_links >= 1 and node.cpu_cores > 0
+        assert node_cpu_adam_params_per_s(node) > 0
+    assert all(target in NODES for target in GPU_DEFAULT_NODE.values())
+    assert node_spec(None, "a100-40g").key == "dgx-a100" and node_spec(None, "h100-80g").key == "dgx-h100"
+    assert node_spec(None, "rtx4090").key == "pcie-server"
+    assert NODES["dgx-a100"].host_links == 4                 # four PCIe switches, two A100s behind each uplink
+    with pytest.raises(ConfigError, match="Unknown node"):
+        node_spec("dgx-z")

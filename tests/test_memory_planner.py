@@ -47,6 +47,17 @@ def test_textbook_formulas_for_a_large_model():
     assert min(r["grads"] for r in z2) > 2 * emb
 
 
+def test_zero1_counts_its_gradients_once():
+    """ZeRO-1 holds every gradient until the end-of-backward reduce: 2Ψ in all, never more (EcomGPT-7B, 8 GPUs)."""
+    psi = model_shape("ecomgpt-7b").n_params
+    for n in (2, 8):
+        plan = plan_memory(PlanInput(world_size=n, strategy="zero1", gpu="a100-80g"))
+        buckets = int(4.5 * 50_000_000 * 2)                       # DeepSpeed's overlap_comm buffers (bf16)
+        assert plan.grads + plan.temporary["comm"] - buckets == 2 * psi
+    z2 = plan_memory(PlanInput(world_size=8, strategy="zero2", gpu="a100-80g"))
+    assert plan.grads == z2.grads and plan.temporary["comm"] > z2.temporary["comm"]
+
+
 def test_partition_helpers_cover_every_element():
     params = local_params(model_shape("tiny", vocab_size=1001))
     psi = sum(p.numel for p in params)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ecomkit.metrics import throughput_summary
+from ecomkit.metrics import print_run_summary, throughput_lines, throughput_summary, time_split
 
 
 def _rows(step_times, samples=16, tokens_per_sample=100):
@@ -38,3 +38,31 @@ def test_short_runs_keep_their_rows():
     s = throughput_summary(_rows([0.2]), warmup_steps=1)
     assert s["steady_steps"] == 1 and s["samples_per_s"] == pytest.approx(80.0)
     assert throughput_summary([], warmup_steps=1)["steady_steps"] == 0
+
+
+def test_padding_rate_over_the_steady_steps():
+    rows = [{"step_time_s": 1.0, "samples": 2, "tokens": 10, "padded_tokens": 40},   # warm-up, left out
+            {"step_time_s": 1.0, "samples": 2, "tokens": 30, "padded_tokens": 40},
+            {"step_time_s": 1.0, "samples": 2, "tokens": 50, "padded_tokens": 60}]
+    assert throughput_summary(rows)["padding_rate"] == pytest.approx(1 - 80 / 100)
+    assert throughput_summary(_rows([0.1, 0.1]))["padding_rate"] is None   # rows without padded positions
+
+
+def test_time_split_is_shares_of_totals():
+    rows = [{"step_time_s": 9.0, "data_s": 9.0, "fwd_bwd_s": 0.0, "optim_s": 0.0},   # warm-up, left out
+            {"step_time_s": 1.0, "data_s": 0.5, "fwd_bwd_s": 0.5, "optim_s": 0.0},
+            {"step_time_s": 3.0, "data_s": 0.0, "fwd_bwd_s": 2.0, "optim_s": 0.5}]
+    split = time_split(rows, warmup_steps=1)
+    assert split == pytest.approx({"data": 0.5 / 4, "fwd_bwd": 2.5 / 4, "optim": 0.5 / 4, "other": 0.5 / 4})
+    assert time_split([], 1) == {}
+
+
+def test_printed_summary_shows_the_accounting(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    s = throughput_summary(_rows([5.0, 0.4, 0.1, 0.1, 0.1]), slowest_rank_steady_s=0.8)
+    summary = {"strategy": "ddp", "world_size": 2, "global_batch": 16, "first_loss": 9.0, "final_loss": 5.0,
+               "eval_loss": 5.5, "peak_mem_bytes": 2**20, "output_dir": "runs/x", **s}
+    print_run_summary(summary)
+    out = capsys.readouterr().out
+    assert "80.0 samples/s" in out and "(totals over 4 steady steps / 0.80 s, slowest of 2 ranks)" in out
+    assert "200 ms mean, 100 ms median, 310 ms p90" in throughput_lines(summary)

@@ -112,3 +112,20 @@ def test_decision_table_is_computed_from_exact_parameter_counts():
     # same work per step: DDP and FSDP2 send the same bytes (bf16 gathers twice + fp32 reduce-scatter = fp32 all-reduce)
     assert by[("ecomgpt-7b", 8, "DP (DDP)")]["comm_gb_per_step"] == pytest.approx(
         by[("ecomgpt-7b", 8, "ZeRO-3 / FSDP2")]["comm_gb_per_step"], rel=1e-3)
+
+
+def test_decision_facts_read_the_figures_chapter_04_quotes():
+    from ecomkit.planner.shapes import model_shape
+    from ecomkit.plots.mixed import decision_facts
+
+    rows = decision_table(["seqgpt-560m"], [8], gpu="a100-80g", micro_batch=4, seq_len=1024)
+    f = decision_facts(rows, "seqgpt-560m", 8)
+    psi = model_shape("seqgpt-560m").n_params
+    assert f["replicated_state_gb"] == pytest.approx(16 * psi / 1e9)
+    assert f["replicated_state_gb_all_gpus"] == pytest.approx(8 * 16 * psi / 1e9)
+    assert f["fewest_states_layout"] == "ZeRO-3 / FSDP2" and f["sharded_state_gb_range"][0] == pytest.approx(
+        2 * psi / 1e9, rel=1e-2)
+    assert f["most_memory_gb"] == max(r["total_gb"] for r in rows)
+    assert 0.4 < f["embedding_share"] < 0.5   # 250,880 × 1,024 of 559 M parameters
+    with pytest.raises(ValueError):
+        decision_facts(rows, "seqgpt-560m", 4)

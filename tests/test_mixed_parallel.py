@@ -10,7 +10,6 @@ norms by less).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -10,7 +11,7 @@ from ecomkit.hardware import LINKS
 from ecomkit.planner.cli import main
 from ecomkit.planner.comparisons import (claims_for_model, ecomgpt_step_breakdown, estimator_comparison,
                                          oom_recipe_summary, oom_recipes, seqgpt_epoch_minutes, single_node_scaling,
-                                         speedup_claims)
+                                         speedup_claims, speedup_verdict)
 from ecomkit.planner.memory import PlanInput
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import all_gather_s, all_reduce_s, comm_volume, predict_step_time, speedups
@@ -23,6 +24,11 @@ def test_cli_prints_table_verdict_and_time(capsys):
                   "host (CPU) memory, offloaded", "largest micro-batch that fits", "speed-up over 1 GPU"):
         assert words in out
     assert "fits" in out.splitlines()[0]
+    line = next(ln for ln in out.splitlines() if ln.startswith("speed-up over 1 GPU"))
+    speedup = float(re.search(r": ([0-9.]+)×", line).group(1))
+    assert 1.0 <= speedup <= 8.0, line          # 8 GPUs can never be more than 8× faster on the same training
+    assert speedup == pytest.approx(speedups(PlanInput(model="ecomgpt-7b", gpu="a100-40g", strategy="zero2",
+                                                       offload_optimizer=True), [8])[0]["speedup"], abs=0.01)
 
 
 def test_cli_json(capsys):
@@ -66,7 +72,7 @@ def test_more_gpus_never_slow_a_step_down_more_than_comm_allows():
     inp = PlanInput(model="seqgpt-560m", strategy="ddp", precision="bf16", micro_batch=8, seq_len=512, gpu="a100-80g")
     rows = speedups(inp, [1, 2, 4, 8], link="nvlink-a100")
     assert rows[0]["speedup"] == pytest.approx(1.0)
-    assert all(1 <= r["speedup"] <= r["gpus"] for r in rows)
+    assert all(1 <= r["speedup"] <= r["gpus"] for r in rows[1:])
     slow = speedups(inp, [8], link="pcie4-x16", overlap=0.0)[0]["speedup"]
     assert slow < rows[-1]["speedup"]
     st = predict_step_time(inp, efficiency=0.5)
@@ -77,8 +83,17 @@ def test_guide_claims_have_computed_verdicts():
     rows = speedup_claims()
     assert len(rows) == 6
     for r in rows:
-        assert r["predicted_low"] <= r["predicted"] <= r["predicted_high"]
-        assert r["verdict"]
+        assert r["predicted_low"] <= r["predicted"] <= r["predicted_high"] <= r["gpus"]
+        assert r["verdict"] == speedup_verdict(r["claimed_speedup"], r["gpus"], r["predicted_low"],
+                                               r["predicted_high"])
+    verdicts = {(r["model"], r["gpus"], r["claimed_speedup"]): r["verdict"] for r in rows}
+    # ZeRO-2 + CPU offload of 7B: the node's CPUs run Adam on all 7 B parameters every step, whatever the GPU count
+    # on the node, so 1.9× / 3.7× / 7.2× on 2 / 4 / 8 GPUs is faster than any assumption in the band allows
+    assert verdicts[("ecomgpt-7b", 2, 1.9)] == "faster than the model's range"
+    assert verdicts[("ecomgpt-7b", 4, 3.7)] == "faster than the model's range"
+    assert verdicts[("ecomgpt-7b", 8, 7.2)] == "faster than the model's range"
+    assert verdicts[("seqgpt-560m", 4, 87 / 31)] == "within the model's range"
+    assert not any(v == "implausible" for v in verdicts.values())       # no claim above N
     est = {(r["model"], r["setup"]): r for r in estimator_comparison()}
     # with optimizer offload both the planner and DeepSpeed keep exactly the 16-bit weights (2Ψ) on the GPU
     r = est[("ecomgpt-7b", "zero2+offload_opt")]

@@ -18,6 +18,30 @@ def losses(out: Path) -> list[float]:
     return [r["loss"] for r in rows if r.get("type") == "train"]
 
 
+def assert_summary_divides_totals(out: Path, world_size: int) -> None:
+    """The summary's throughput is the run's own rows' totals over its steady wall time (step 1 is warm-up)."""
+    rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    steady = [r for r in rows if r.get("type") == "train"][1:]
+    s = json.loads((out / "summary.json").read_text())
+    own_wall = sum(r["step_time_s"] for r in steady)
+    assert s["steady_steps"] == len(steady) == 4
+    if world_size == 1:
+        assert s["slowest_rank_steady_s"] is None and s["steady_wall_s"] == pytest.approx(own_wall, rel=1e-12)
+    else:  # rank 0 writes the rows; the job runs at the slowest rank's pace (all_reduce MAX)
+        assert s["steady_wall_s"] == s["slowest_rank_steady_s"] >= own_wall * (1 - 1e-12)
+    wall = s["steady_wall_s"]
+    assert s["samples_per_s"] == pytest.approx(sum(r["samples"] for r in steady) / wall, rel=1e-12)
+    assert s["tokens_per_s"] == pytest.approx(sum(r["tokens"] for r in steady) / wall, rel=1e-12)
+    assert s["step_time_s"] == pytest.approx(wall / 4, rel=1e-12)
+    times = sorted(r["step_time_s"] for r in steady)
+    assert s["step_time_median_s"] == pytest.approx((times[1] + times[2]) / 2, rel=1e-12)
+    assert times[2] <= s["step_time_p90_s"] <= times[3]
+    padded = sum(r["padded_tokens"] for r in steady)
+    assert padded >= sum(r["tokens"] for r in steady)
+    assert s["padding_rate"] == pytest.approx(1 - sum(r["tokens"] for r in steady) / padded, abs=1e-12)
+    assert all(r["samples"] == s["global_batch"] for r in steady)
+
+
 def assert_close_rel(a: list[float], b: list[float], rel: float = 1e-4) -> None:
     assert len(a) == len(b) == 5
     for x, y in zip(a, b):
@@ -40,6 +64,8 @@ def test_two_process_ddp_matches_one_process_and_replicas_agree(single_run, tmp_
     assert_close_rel(losses(out), losses(single_run))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["global_batch"] == 8
+    assert_summary_divides_totals(out, world_size=2)
+    assert_summary_divides_totals(single_run, world_size=1)
     checks = summary["replica_checksums"]
     assert len(checks) == 2 and checks[0] == checks[1]
     # the saved model reloads without ecomkit and generates text

@@ -118,7 +118,7 @@ class TrainConfig:
     precision: str = "fp32"           # fp32 | bf16 | fp16 (fp16 uses dynamic loss scaling)
     max_steps: int = 60               # optimizer steps; 0 = use epochs
     epochs: float = 0.0               # used when max_steps == 0
-    eval_interval: int = 20           # steps between evaluations; 0 = only at the end
+    eval_interval: int = 20           # steps between evaluations, from step 0; 0 = only at the end
     eval_batches: int = 8             # micro-batches per evaluation (per rank)
     eval_nlu_samples: int = 64        # records scored per NLU accuracy evaluation
     seed: int = 0

@@ -69,3 +69,61 @@ def compare_padding(lengths: Sequence[int], micro_batch_size: int = 8, grad_accu
     }
     return PaddingComparison(rates["bucketed"], rates["random"], micro_batch_size,
                              micro_batch_size * grad_accum * num_replicas)
+
+
+def rank_step_costs(lengths: Sequence[int], micro_batch_size: int, grad_accum: int, num_replicas: int,
+                    seed: int = 0, epoch: int = 0, bucketed: bool = True) -> np.ndarray:
+    """Padded positions each rank computes in each optimizer step: an array ``[num_replicas, steps]``.
+
+    Read from the samplers' plan, without training. A rank's cost in a step is
+    the sum over its micro-batches of ``len(micro-batch) * longest member``,
+    the positions its matrix multiplications run over (attention adds a term
+    that grows with the square of the length, so long batches weigh somewhat
+    more than this in practice).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    costs = []
+    for rank in range(num_replicas):
+        sampler = DistributedBatchSampler(lengths, micro_batch_size, grad_accum, num_replicas, rank, seed,
+                                          bucketed=bucketed)
+        sampler.set_epoch(epoch)
+        micro = [len(b) * int(lengths[np.asarray(b)].max()) for b in sampler]
+        costs.append([sum(micro[i:i + grad_accum]) for i in range(0, len(micro), grad_accum)])
+    return np.asarray(costs, dtype=np.float64)
+
+
+def wait_fraction(costs: np.ndarray) -> float:
+    """Share of the ranks' time spent waiting for the slowest rank of each step (0 when balanced).
+
+    ``costs[r, k]``: rank r's work in step k. Every step ends at an all-reduce,
+    so it lasts as long as its busiest rank: the ranks hold ``sum_k max_r``
+    each and work ``sum_k mean_r`` on average; the rest is waiting.
+    Totals, not a mean of per-step ratios, like the throughput.
+    """
+    costs = np.asarray(costs, dtype=np.float64)
+    busiest = costs.max(axis=0).sum()
+    return float(1.0 - costs.mean(axis=0).sum() / busiest) if busiest > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class RankWait:
+    """Wait at the per-step all-reduce caused by uneven batches, for bucketed and random batching."""
+
+    bucketed: float
+    random: float
+    micro_batch_size: int
+    grad_accum: int
+    num_replicas: int
+
+    def summary(self) -> str:
+        return (f"ranks waiting for the slowest rank (micro-batch {self.micro_batch_size} x accum {self.grad_accum} "
+                f"x {self.num_replicas} ranks): bucketed {self.bucketed:.1%}, random {self.random:.1%} of rank time")
+
+
+def compare_rank_wait(lengths: Sequence[int], micro_batch_size: int, grad_accum: int, num_replicas: int,
+                      seed: int = 0, epoch: int = 0) -> RankWait:
+    """:func:`wait_fraction` of the samplers' plan, bucketed and random, on the same data and batch shape."""
+    rates = {mode: wait_fraction(rank_step_costs(lengths, micro_batch_size, grad_accum, num_replicas, seed, epoch,
+                                                 bucketed=(mode == "bucketed")))
+             for mode in ("bucketed", "random")}
+    return RankWait(rates["bucketed"], rates["random"], micro_batch_size, grad_accum, num_replicas)

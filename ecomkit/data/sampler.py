@@ -18,6 +18,15 @@ on pad tokens. Sorting a *mega-chunk* (here 64 global batches) by length and
 cutting it into global batches makes neighbours similar in length, while the
 final shuffle of the batch order keeps the training signal random. Sorting the
 whole epoch instead would make the model see all short samples first.
+
+Why ranks do not wait on each other: every step ends at an all-reduce, so
+the rank with the longest sequences sets the pace. Because buckets are cut
+as *global* batches, all ranks of one step draw from the same length bucket
+(the step's samples are one contiguous run of a length-sorted chunk, rank r
+taking the r-th part), so no rank gets a long bucket while another gets a
+short one. What remains is the spread inside one bucket;
+:func:`ecomkit.data.padding.compare_rank_wait` computes the waiting from the
+plan, and ``benchmarks/bench_padding.py`` prints it next to random batching.
 """
 
 from __future__ import annotations

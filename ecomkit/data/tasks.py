@@ -10,8 +10,9 @@ Two tasks, matching the two kinds of model the cookbook fine-tunes:
   the category, classify the sentiment, extract the brand, extract the price.
 
 Classification is evaluated by *scoring candidates* rather than by free
-generation: for each candidate label the model's summed log-probability of the
-answer tokens is computed and the best candidate is the prediction. That needs
+generation: for each candidate label the model's mean log-probability per answer
+token (the EOS after it included; ``ecomkit.train.evaluate`` states why the mean)
+is computed and the best candidate is the prediction. That needs
 no decoding loop, works from the first step, and gives an exact accuracy.
 :func:`build_classification_example` returns the prompt, the candidates and
 the index of the correct one; encode each with

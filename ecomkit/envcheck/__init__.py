@@ -19,11 +19,11 @@ from ecomkit.envcheck.collectives import (
 )
 from ecomkit.envcheck.lint import Finding, MachineFacts, format_findings, lint_current_env, lint_env, probe_machine
 from ecomkit.envcheck.system import format_report, library_versions, system_report
-from ecomkit.envcheck.run import format_all_reduce, run_env_check, write_json
+from ecomkit.envcheck.run import format_all_reduce, run_env_check
 
 __all__ = [
     "AllReduceCheck", "BandwidthRow", "Finding", "MachineFacts", "bus_bandwidth", "check_all_reduce",
     "format_all_reduce", "format_bandwidth", "format_findings", "format_report", "library_versions",
     "lint_current_env", "lint_env", "measure_all_reduce_bandwidth", "measure_local_copy_bandwidth",
-    "parse_size", "probe_machine", "run_env_check", "size_range", "system_report", "write_json",
+    "parse_size", "probe_machine", "run_env_check", "size_range", "system_report",
 ]

@@ -7,11 +7,9 @@ rank 0 gathers the per-rank facts, prints each section as soon as it is done
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Callable
 
 from ecomkit.dist import DistEnv, gather_objects
@@ -90,10 +88,3 @@ def run_env_check(env: DistEnv, sizes: list[int], iters: int,
     say(f"env check {'OK' if result['ok'] else 'FAILED'} in {result['elapsed_s']:.1f} s")
     return result
 
-
-def write_json(result: dict[str, Any], path: str | Path) -> Path:
-    """Write the result for a notebook to read back (parent folders are created)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    return p

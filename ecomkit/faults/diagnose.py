@@ -124,6 +124,14 @@ class StallDemoResult:
         """Rank -> the main thread's part of its ``py-spy dump`` (where the training loop was)."""
         return {rank: main_thread_stack(text) for rank, text in sorted(self.stacks.items())}
 
+    def stack_shows(self, rank: int, frame: str) -> bool:
+        """Did the ``py-spy dump`` of ``rank`` taken during the hang contain ``frame`` (a function name)?
+
+        False when py-spy is missing or could not attach: the dump then holds
+        its error message instead of stacks.
+        """
+        return frame in self.stacks.get(rank, "")
+
     def watchdog_reports(self, tail_lines: int = 4) -> list[str]:
         """Each hang-watchdog report in the output: its header line and the innermost frames printed."""
         return hang_watchdog_reports(self.output, tail_lines)

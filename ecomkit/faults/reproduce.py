@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -21,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
+from ecomkit.dist import free_port
 from ecomkit.faults.known_errors import KNOWN_ERRORS
 from ecomkit.faults.safe_load import load_weights_file
 from ecomkit.models.bloom import build_model
@@ -49,13 +49,6 @@ def _capture(key: str, action: Callable[[], Any]) -> Reproduction:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return Reproduction(key, True, type(exc).__name__, first, round(time.perf_counter() - t0, 3))
     return Reproduction(key, False, None, "no error was raised", round(time.perf_counter() - t0, 3))
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def reproduce_oom(device: str | torch.device = "cpu", nbytes: int = 1 << 50) -> Reproduction:
@@ -153,7 +146,7 @@ def reproduction_table(reproductions: Sequence[Reproduction],
 
 
 __all__ = [
-    "DEMO_NEW_TOKENS", "Reproduction", "free_port", "reproduce_cpu_errors", "reproduce_embedding_mismatch",
+    "DEMO_NEW_TOKENS", "Reproduction", "reproduce_cpu_errors", "reproduce_embedding_mismatch",
     "reproduce_oom", "reproduce_port_in_use", "reproduce_unsafe_checkpoint", "reproduce_world_size_mismatch",
     "reproduction_table",
 ]

@@ -1,230 +1,271 @@
-"""Calibrate the time model on this machine and check it against a real 2-process DDP run of chapter 02's loop.
+"""Check the time model on this machine: predict DDP, ZeRO-2 and FSDP2 steps from inputs measured apart from them.
 
-What is measured, on every rank at the same time (so the processes compete
-for the cores exactly as during DDP training):
+The prediction is the planner's own (:func:`ecomkit.planner.step_time.predict_step_time`);
+this module only supplies what the planner takes from the hardware table on a
+GPU, measured here instead, **before** any of the predicted runs trains:
 
-- ``matmul_flops``: FLOP/s of one ``[b·T, h] × [h, 4h]`` matrix product (the
-  device "peak" for this model's shapes);
-- ``fwd_bwd_s``: one forward + backward of a copy of the model, no
-  communication; ``efficiency = model FLOPs / fwd_bwd_s / matmul_flops``
-  (what the GPU predictions take as an input, ~0.45);
-- ``optimizer_s``: gradient clipping + one AdamW step on a copy of the model;
-- α and β of gloo's all-reduce: times of all-reduces from 4 KiB to the
-  gradient size, fitted to ``t = 2(N-1)·α + 2(N-1)/N · S/B``.
+- **compute**: one process's forward + backward of the model at the training
+  micro-batch (no communication), and one AdamW step with gradient clipping on
+  all Ψ parameters. They become a "GPU" (:func:`measured_device`): a peak of
+  ``model FLOPs / fwd_bwd_s`` at efficiency 1 (so the planner's compute term
+  is exactly the measured time, times the accumulation), and an "HBM
+  bandwidth" of ``28 bytes × Ψ / optimizer_s`` (so its optimizer term on
+  ``Ψ/N`` local parameters is the measured step scaled by ``1/N``). The
+  processes measure at the same time, each alone with its model, so they
+  share the cores as the training processes will.
+- **network**: chapter 01's all-reduce sweep
+  (:func:`ecomkit.envcheck.collectives.measure_all_reduce_bandwidth`, fp32
+  sums of 1 KiB to 64 MiB, slowest rank) fitted to the ring model
+  ``t = 2(N-1)·α + 2(N-1)/N · S/B`` (:func:`fit_alpha_beta`), and the same
+  sweep for all-gather and reduce-scatter, each fitted to its own ring
+  formula: gloo's all-gather and reduce-scatter move bytes several times
+  slower than its all-reduce (the report prints each fit), so one all-reduce
+  fit would price FSDP's collectives far too low. Each
+  becomes a link (:func:`measured_links`).
 
-The prediction for one DDP step is then ``compute + DDP's bucketed gradient
-all-reduce (exposed) + optimizer + the loop's two small all-reduces``.
-``overlap`` is 0 here: with two single-threaded processes on two cores, no
-core is free to run gloo's communication thread while backward computes.
+On gloo the prediction is claimed for DDP only: ZeRO-2's collectives and
+FSDP2's buffer copies are not what the model prices
+(:data:`NOT_MODELLED_ON_GLOO` says why), so their rows are reported, not claimed.
 
-:class:`CalibrationCallback` runs the microbenchmarks right before and right
-after training (their mean is used, which halves the effect of a machine
-whose load changes), inside the same processes that run the chapter-02
-training loop (``run_training``, what ``scripts/02_data_parallel.py`` calls),
-and adds ``summary["time_model"]``: prediction, measurement and their ratio.
+``overlap`` is 0 on this CPU, set before any measurement: with one thread per
+process and no spare core, gloo's communication thread takes its core from
+backward, so nothing hides.
+
+:func:`run_calibration` does all of it in one ``torchrun`` job: the
+measurements at the start of the first run, then one chapter-02 training run
+per strategy (:func:`ecomkit.train.sweep.run_sweep`), each of whose steady
+step time (slowest rank) is compared with the prediction.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import statistics
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import timed
+from ecomkit.envcheck.collectives import measure_all_reduce_bandwidth
+from ecomkit.hardware import GpuSpec, LinkSpec
 from ecomkit.measure.activations import causal_lm_loss
+from ecomkit.measure.strategy_states import PlannerStrategy
 from ecomkit.models.bloom import count_parameters, flops_per_token
 from ecomkit.models.optim import build_optimizer
-from ecomkit.train import run_training
+from ecomkit.planner.memory import PlanInput
+from ecomkit.planner.shapes import model_shape
+from ecomkit.planner.step_time import ADAM_BYTES_PER_ELEMENT, StepTime, predict_step_time
+from ecomkit.train.sweep import run_sweep
 
-DDP_FIRST_BUCKET_BYTES = 1024 * 1024       # torch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES)
-
-
-def measure_matmul_flops(rows: int, hidden: int, repeats: int = 20) -> float:
-    a, w = torch.randn(rows, hidden), torch.randn(hidden, 4 * hidden)
-    return 2 * rows * hidden * 4 * hidden / timed(lambda: a @ w, repeats)
-
-
-def measure_allreduce(sizes: list[int], repeats: int = 5) -> list[tuple[int, float]]:
-    """(bytes, seconds) of fp32 all-reduces of each size on the default group."""
-    out = []
-    for nbytes in sizes:
-        x = torch.zeros(max(1, nbytes // 4))
-        out.append((nbytes, timed(lambda: dist.all_reduce(x), repeats)))
-    return out
-
-
-def fit_alpha_beta(samples: list[tuple[int, float]], n: int) -> tuple[float, float]:
-    """Least-squares α (s) and bus bandwidth B (bytes/s) of ``t = 2(n-1)α + 2(n-1)/n · S/B``."""
-    xs = [2 * (n - 1) / n * s for s, _ in samples]
-    ts = [t for _, t in samples]
-    mx, mt = statistics.fmean(xs), statistics.fmean(ts)
-    slope = sum((x - mx) * (t - mt) for x, t in zip(xs, ts)) / sum((x - mx) ** 2 for x in xs)
-    intercept = max(mt - slope * mx, 0.0)
-    return intercept / (2 * (n - 1)), 1.0 / slope if slope > 0 else float("inf")
+ALPHA_BETA_SIZES = [2**10 * 4**i for i in range(9)]     # 1 KiB … 64 MiB, chapter 01's sweep
+CPU_OVERLAP = 0.0
+CALIBRATION_STRATEGIES = ("ddp", "zero2", "fsdp2")
+# Where the model's collectives are not what the library runs on gloo, so its prediction is reported, not claimed.
+NOT_MODELLED_ON_GLOO = {
+    "zero2": "DeepSpeed's ZeRO-2 'reduce-scatter' is one dist.reduce per destination rank "
+             "(runtime/zero/stage_1_and_2.py, average_tensor), which gloo runs far slower than the ring "
+             "reduce-scatter the model prices",
+    "fsdp2": "FSDP2 copies every parameter into and out of its all-gather and reduce-scatter buffers and "
+             "dispatches DTensor ops in forward and backward: CPU work the model does not count, so its "
+             "measured forward+backward is well above the one-process compute plus the collectives",
+}
 
 
-def _fwd_bwd(model: torch.nn.Module, ids: torch.Tensor) -> Callable[[], None]:
-    mask = torch.ones_like(ids)
-
-    def step() -> None:
-        causal_lm_loss(model, ids, mask).backward()
-
-    return step
-
-
+# ---------------------------------------------------------------------- the measured inputs
 @dataclass
-class CpuCalibration:
-    """Microbenchmarks of this machine for one model and micro-batch shape."""
+class ComputeMeasurement:
+    """One process's compute for one model and micro-batch: no communication in it."""
 
-    world_size: int
     micro_batch: int
     seq_len: int
     n_params: int
-    matmul_flops: float
-    fwd_bwd_s: float
-    model_flops: float
-    optimizer_s: float
-    alpha_s: float
-    bus_bytes_per_s: float
-    allreduce: list[tuple[int, float]] = field(default_factory=list)
-
-    @property
-    def efficiency(self) -> float:
-        return self.model_flops / self.fwd_bwd_s / self.matmul_flops
+    fwd_bwd_s: float          # one micro-batch
+    optimizer_s: float        # clip + AdamW on all n_params
+    model_flops: float        # of one micro-batch (6Ψ + attention, per token)
 
 
-def calibrate(model: torch.nn.Module, micro_batch: int, seq_len: int, grad_accum: int = 1,
-              repeats: int = 5) -> CpuCalibration:
-    """Run every microbenchmark on a copy of ``model`` (all ranks together); returns this rank's numbers.
+@dataclass
+class LinkFit:
+    """α (s) and bus bandwidth (bytes/s) of each gloo collective on ``world_size`` processes, and the samples.
 
-    Every timing goes through ``ecomkit.dist.timed`` (the one barrier-synchronised
-    timer), so all ranks start each run together, as they do in DDP training.
+    ``fits`` maps ``all_reduce`` / ``all_gather`` / ``reduce_scatter`` to
+    ``(alpha_s, bus_bytes_per_s)``; ``samples`` to ``[(bytes, seconds), ...]``.
     """
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    cfg = model.config
-    probe = copy.deepcopy(model).train()
-    psi = count_parameters(probe)
-    ids = torch.randint(3, cfg.vocab_size, (micro_batch, seq_len))
-    matmul = measure_matmul_flops(micro_batch * seq_len, cfg.hidden_size)
-    fwd_bwd = timed(_fwd_bwd(probe, ids), repeats) * grad_accum
-    flops = grad_accum * micro_batch * seq_len * flops_per_token(psi, cfg.n_layer, cfg.hidden_size, seq_len)
-    _fwd_bwd(probe, ids)()
-    optimizer = build_optimizer(probe, TrainConfig())
 
-    def opt_step() -> None:
-        torch.nn.utils.clip_grad_norm_([p for p in probe.parameters() if p.grad is not None], 1.0)
-        optimizer.step()
-
-    optimizer_s = timed(opt_step, repeats)
-    sizes = [4096 * 4 ** i for i in range(12) if 4096 * 4 ** i < 4 * psi] + [4 * psi]
-    samples = measure_allreduce(sizes, repeats) if world > 1 else []
-    alpha, bus = fit_alpha_beta(samples, world) if world > 1 else (0.0, float("inf"))
-    del probe, optimizer
-    return CpuCalibration(world, micro_batch, seq_len, psi, matmul, fwd_bwd, flops, optimizer_s, alpha, bus, samples)
+    world_size: int
+    fits: dict[str, tuple[float, float]]
+    samples: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 
 
-def mean_calibration(a: CpuCalibration, b: CpuCalibration) -> CpuCalibration:
-    """Field-wise mean of two calibrations of the same setup (before and after training)."""
-    out = copy.deepcopy(a)
-    for name in ("matmul_flops", "fwd_bwd_s", "optimizer_s", "alpha_s"):
-        setattr(out, name, (getattr(a, name) + getattr(b, name)) / 2)
-    out.bus_bytes_per_s = 2 / (1 / a.bus_bytes_per_s + 1 / b.bus_bytes_per_s)
+RING_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}   # ring steps per (N-1), as in step_time
+
+
+def fit_alpha_beta(samples: Sequence[tuple[int, float]], n: int, kind: str = "all_reduce") -> tuple[float, float]:
+    """α (s) and bus bandwidth B (bytes/s) of ``t = k(n-1)α + k(n-1)/n · S/B`` (k = 2 for all-reduce, else 1).
+
+    Least squares on the *relative* error (weights 1/t²), so the small
+    messages that fix α count as much as the large ones that fix B.
+    """
+    if n < 2 or len(samples) < 2:
+        raise ValueError("an α-β fit needs at least 2 processes and 2 message sizes")
+    k = RING_STEPS[kind]
+    xs = [k * (n - 1) / n * s for s, _ in samples]
+    ts = [t for _, t in samples]
+    ws = [1 / t**2 for t in ts]
+    sw = sum(ws)
+    mx = sum(w * x for w, x in zip(ws, xs)) / sw
+    mt = sum(w * t for w, t in zip(ws, ts)) / sw
+    slope = sum(w * (x - mx) * (t - mt) for w, x, t in zip(ws, xs, ts)) / sum(w * (x - mx) ** 2
+                                                                            for w, x in zip(ws, xs))
+    intercept = max(mt - slope * mx, 0.0)
+    return intercept / (k * (n - 1)), 1.0 / slope if slope > 0 else float("inf")
+
+
+def _sweep(kind: str, sizes: Sequence[int], world_size: int, repeats: int) -> list[tuple[int, float]]:
+    """(total bytes, median seconds) of gloo's all-gather or reduce-scatter of fp32 tensors of each total size."""
+    out = []
+    for nbytes in sizes:
+        full = torch.zeros(max(world_size, nbytes // 4 // world_size * world_size))
+        shard = torch.zeros(full.numel() // world_size)
+        op = ((lambda: dist.all_gather_into_tensor(full, shard)) if kind == "all_gather"
+              else (lambda: dist.reduce_scatter_tensor(shard, full)))
+        out.append((full.numel() * 4, timed(op, repeats)))
     return out
 
 
-def ddp_buckets(grad_bytes: int, bucket_cap_mb: float) -> list[int]:
-    """Sizes of DDP's gradient buckets: a 1 MiB first bucket, then ``bucket_cap_mb`` ones."""
-    cap = int(bucket_cap_mb * 1024 * 1024)
-    buckets, left = [], grad_bytes
-    first = min(DDP_FIRST_BUCKET_BYTES, left)
-    buckets.append(first)
-    left -= first
-    while left > 0:
-        buckets.append(min(cap, left))
-        left -= buckets[-1]
-    return buckets
+def measure_link(world_size: int, sizes: Sequence[int] = ALPHA_BETA_SIZES, iters: int = 10,
+                 repeats: int = 3) -> LinkFit:
+    """Chapter 01's all-reduce sweep, and the same sizes for all-gather and reduce-scatter, each fitted to α-β."""
+    rows = measure_all_reduce_bandwidth(list(sizes), iters, world_size, torch.device("cpu"))
+    samples = {"all_reduce": [(r.size_bytes, r.time_us * 1e-6) for r in rows]}
+    for kind in ("all_gather", "reduce_scatter"):
+        samples[kind] = _sweep(kind, sizes, world_size, repeats)
+    return LinkFit(world_size, {k: fit_alpha_beta(v, world_size, k) for k, v in samples.items()}, samples)
 
 
-def predict_ddp_step(cal: CpuCalibration, bucket_cap_mb: float = 25.0, overlap: float = 0.0,
-                     small_allreduces: int = 2) -> dict[str, float]:
-    """The time model for one DDP step on this machine, by part (seconds)."""
-    n = cal.world_size
-    ring = lambda s: 2 * (n - 1) * cal.alpha_s + 2 * (n - 1) / n * s / cal.bus_bytes_per_s  # noqa: E731
-    comm = sum(ring(b) for b in ddp_buckets(4 * cal.n_params, bucket_cap_mb)) if n > 1 else 0.0
-    compute = cal.model_flops / (cal.matmul_flops * cal.efficiency)   # = fwd_bwd_s, written as the model does
-    backward = compute * 2 / 3
-    exposed = max(comm - overlap * backward, 0.0)
-    small = small_allreduces * ring(8) if n > 1 else 0.0
-    parts = {"compute_s": compute, "comm_s": comm, "comm_exposed_s": exposed, "optimizer_s": cal.optimizer_s,
-             "small_collectives_s": small}
-    parts["total_s"] = compute + exposed + cal.optimizer_s + small
-    return parts
+def measure_compute(model: torch.nn.Module, cfg: TrainConfig, repeats: int = 5) -> ComputeMeasurement:
+    """Forward + backward and one clip + AdamW step of a copy of ``model``, in this process alone."""
+    probe = copy.deepcopy(model).train()
+    mc = probe.config
+    psi = count_parameters(probe)
+    ids = torch.randint(3, mc.vocab_size, (cfg.micro_batch_size, cfg.seq_len))
+    mask = torch.ones_like(ids)
+
+    def fwd_bwd() -> None:
+        causal_lm_loss(probe, ids, mask).backward()
+
+    fwd_bwd_s = timed(fwd_bwd, repeats)
+    optimizer = build_optimizer(probe, cfg)
+
+    def opt_step() -> None:
+        torch.nn.utils.clip_grad_norm_([p for p in probe.parameters() if p.grad is not None], cfg.max_grad_norm)
+        optimizer.step()
+
+    optimizer_s = timed(opt_step, repeats)
+    flops = cfg.micro_batch_size * cfg.seq_len * flops_per_token(psi, mc.n_layer, mc.hidden_size, cfg.seq_len)
+    del probe, optimizer
+    return ComputeMeasurement(cfg.micro_batch_size, cfg.seq_len, psi, fwd_bwd_s, optimizer_s, flops)
 
 
-class CalibrationCallback:
-    """Calibrate before and after training, predict the DDP step, compare with the loop's measured steps."""
+# ---------------------------------------------------------------------- the planner's inputs, from measurements
+def measured_device(m: ComputeMeasurement) -> GpuSpec:
+    """This CPU as the planner's "GPU": compute at ``model_flops / fwd_bwd_s``, optimizer at the measured step."""
+    peak_tflops = m.model_flops / m.fwd_bwd_s / 1e12
+    return GpuSpec("cpu-measured", "this CPU (measured)", 2**50, ADAM_BYTES_PER_ELEMENT * m.n_params / m.optimizer_s,
+                   None, None, peak_tflops)
 
-    def __init__(self, out_path: str | None = None, repeats: int = 5, overlap: float = 0.0):
-        self.out_path, self.repeats, self.overlap = out_path, repeats, overlap
-        self.before: CpuCalibration | None = None
-        self.report: dict[str, Any] = {}
 
-    def _calibrate(self, run) -> CpuCalibration:
-        return calibrate(run.strategy.raw_model, run.cfg.micro_batch_size, run.cfg.seq_len, run.grad_accum,
-                         self.repeats)
+def measured_links(fit: LinkFit) -> dict[str, LinkSpec]:
+    """One link per collective, each fitted to its own sweep (1 KiB-64 MiB)."""
+    return {kind: LinkSpec(f"gloo-{kind}", f"gloo {kind}, {fit.world_size} processes (measured)", bus, alpha,
+                           "fitted to an α-β sweep of 1 KiB-64 MiB on this machine")
+            for kind, (alpha, bus) in fit.fits.items()}
+
+
+def predict_cpu_step(m: ComputeMeasurement, fit: LinkFit, strategy: str, cfg: TrainConfig, model_config: Any,
+                     overlap: float = CPU_OVERLAP) -> StepTime:
+    """The planner's step time for ``strategy`` on ``fit.world_size`` processes, from measured inputs only."""
+    inp = PlanInput(model=model_config, world_size=fit.world_size, strategy=strategy, precision="fp32",
+                    micro_batch=cfg.micro_batch_size, seq_len=cfg.seq_len, grad_accum=cfg.grad_accum,
+                    gpu=measured_device(m), zero_bucket_elements=cfg.zero.bucket_size, device="cpu")
+    shape = model_shape(model_config)
+    if shape.n_params != m.n_params:
+        raise ValueError(f"the measured model has {m.n_params:,} parameters, the planned one {shape.n_params:,}")
+    links = measured_links(fit)
+    return predict_step_time(inp, link=links["all_reduce"], collective_links=links, efficiency=1.0, overlap=overlap,
+                             bucket_bytes=cfg.bucket_cap_mb * 2**20, shape=shape)
+
+
+def calibration_rows(m: ComputeMeasurement, fit: LinkFit, measured_step_s: dict[str, float], cfg: TrainConfig,
+                     model_config: Any, overlap: float = CPU_OVERLAP) -> list[dict[str, Any]]:
+    """One row per strategy: predicted parts, predicted and measured step time, and their ratio."""
+    rows = []
+    for strategy, measured in measured_step_s.items():
+        st = predict_cpu_step(m, fit, strategy, cfg, model_config, overlap)
+        rows.append({"strategy": strategy, "processes": fit.world_size, "predicted_s": st.total_s,
+                     "measured_s": measured, "ratio": st.total_s / measured, "compute_s": st.compute_s,
+                     "comm_s": st.comm_s, "comm_exposed_s": st.comm_exposed_s, "optimizer_s": st.optimizer_s})
+    return rows
+
+
+def worst_ratio_error(rows: Sequence[dict[str, Any]]) -> float:
+    """The largest |predicted / measured − 1| over the rows."""
+    return max(abs(r["ratio"] - 1) for r in rows)
+
+
+# ---------------------------------------------------------------------- the job
+class MeasureInputsCallback:
+    """At the start of the first run, before its first step: the all-reduce sweep and the compute measurement."""
+
+    def __init__(self, repeats: int = 5, iters: int = 10):
+        self.repeats, self.iters = repeats, iters
+        self.compute: ComputeMeasurement | None = None
+        self.link: LinkFit | None = None
+        self.model_config: Any = None
 
     def on_train_start(self, run) -> None:
-        self.before = self._calibrate(run)
-
-    def on_train_end(self, run, summary: dict[str, Any]) -> None:
-        after = self._calibrate(run)
-        cal = mean_calibration(self.before, after) if self.before else after
-        predicted = predict_ddp_step(cal, run.cfg.bucket_cap_mb, self.overlap)
-        steps = [r["step_time_s"] for r in run.history if r.get("type") == "train"][1:]
-        measured = statistics.median(steps) if steps else float("nan")
-        expected_tokens = run.cfg.micro_batch_size * run.cfg.seq_len * run.grad_accum * run.env.world_size
-        tokens = [r["tokens"] for r in run.history if r.get("type") == "train"]
-        self.report = {
-            "calibration": {**asdict(cal), "efficiency": cal.efficiency},
-            "calibration_before_after_fwd_bwd_s": [self.before.fwd_bwd_s if self.before else None, after.fwd_bwd_s],
-            "predicted": predicted, "measured_step_s": measured, "measured_steps": steps,
-            "ratio_predicted_over_measured": predicted["total_s"] / measured,
-            "padding_free": all(t == expected_tokens for t in tokens),
-        }
-        summary["time_model"] = self.report
-        if run.env.is_main and self.out_path:
-            Path(self.out_path).parent.mkdir(parents=True, exist_ok=True)
-            Path(self.out_path).write_text(json.dumps(self.report, indent=2))
+        self.link = measure_link(run.env.world_size, iters=self.iters)
+        self.compute = measure_compute(run.strategy.raw_model, run.cfg, self.repeats)
+        self.model_config = copy.deepcopy(run.strategy.raw_model.config)
+        if dist.is_initialized():
+            dist.barrier()
 
 
 def calibration_defaults() -> TrainConfig:
-    """Chapter 06's calibration run: small BLOOM, seq 32, micro-batch 4, six steps.
-
-    These shapes keep every batch free of padding, so the prediction and the
-    measurement describe the same work (the report's ``padding_free`` checks it).
-    """
+    """Chapter 06's calibration runs: small BLOOM, seq 32, micro-batch 4, no padding, six steps."""
     return TrainConfig(model="small", seq_len=32, micro_batch_size=4, max_steps=6, eval_interval=0, eval_batches=1,
                        n_rows=300, save_model=False, progress=False, lr=1e-3, output_dir="runs/06/calibrate")
 
 
-def run_calibration(cfg: TrainConfig, repeats: int = 3) -> dict[str, Any]:
-    """Train ``cfg`` with chapter 02's loop, calibrating before and after; returns (and writes) the time-model report.
+def run_calibration(cfg: TrainConfig, strategies: Sequence[str] = CALIBRATION_STRATEGIES,
+                    repeats: int = 5) -> dict[str, Any]:
+    """Measure the inputs, train each strategy, predict each step; returns (and writes) the report on every rank.
 
-    The report lands in ``<output_dir>/time_model.json`` (rank 0) and in the
-    run summary under ``time_model``; every rank returns it.
+    The report lands in ``<output_dir>/time_model.json`` (rank 0): the
+    measured inputs, one row per strategy and the worst |ratio − 1|.
     """
-    callback = CalibrationCallback(str(Path(cfg.output_dir) / "time_model.json"), repeats=repeats)
-    run_training(cfg, [callback])
-    return callback.report
+    probe = MeasureInputsCallback(repeats)
+    variants = [PlannerStrategy(s) for s in strategies]
+    summaries = run_sweep(cfg, variants, lambda v, c: [probe] if v is variants[0] else [])
+    assert probe.compute is not None and probe.link is not None
+    measured = {v.label: s["step_time_s"] for v, s in zip(variants, summaries)}
+    rows = calibration_rows(probe.compute, probe.link, measured, cfg, probe.model_config)
+    report = {"compute": asdict(probe.compute), "link": asdict(probe.link), "overlap": CPU_OVERLAP, "rows": rows,
+              "worst_ratio_error": worst_ratio_error(rows), "world_size": probe.link.world_size,
+              "steady_steps": {v.label: s["steady_steps"] for v, s in zip(variants, summaries)}}
+    if int(os.environ.get("RANK", 0)) == 0:
+        out = Path(cfg.output_dir) / "time_model.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2))
+    return report
 
 
-__all__ = ["CpuCalibration", "calibrate", "fit_alpha_beta", "measure_allreduce", "measure_matmul_flops",
-           "predict_ddp_step", "ddp_buckets", "CalibrationCallback", "mean_calibration", "calibration_defaults",
-           "run_calibration"]
+__all__ = ["ComputeMeasurement", "LinkFit", "fit_alpha_beta", "measure_link", "measure_compute", "measured_device",
+           "measured_links", "predict_cpu_step", "calibration_rows", "worst_ratio_error", "MeasureInputsCallback",
+           "calibration_defaults", "run_calibration", "ALPHA_BETA_SIZES", "CPU_OVERLAP", "CALIBRATION_STRATEGIES",
+           "NOT_MODELLED_ON_GLOO"]

@@ -89,6 +89,47 @@ def error_feedback_effect(summaries: Mapping[str, dict[str, Any]],
     return rows
 
 
+# ---------------------------------------------------------------------- bytes: what each method must send
+BYTE_RATIO_TOLERANCE = 0.02   # Top-K keeps ceil(ratio × bucket) entries per bucket: rounding, a fraction of a percent
+
+
+def expected_byte_ratio(spec: str) -> float | None:
+    """Dense fp32 bytes / this method's bytes per step, from what the method puts on the wire.
+
+    fp16/bf16: 2-byte values instead of 4 → 2×. The guide's Top-K all-reduces a
+    dense tensor → 1×. Top-K at ``ratio`` sends a 4-byte value and a 4-byte index
+    per kept entry → ``1 / (2 × ratio)`` (2× at 25 %, 50× at 1 %). ``none`` is
+    the baseline (1×). PowerSGD's bytes depend on the matrix shapes: ``None``.
+    """
+    s = parse_method_spec(spec)
+    if s.method in ("none", "topk_naive"):
+        return 1.0
+    if s.method in ("fp16", "bf16"):
+        return 2.0
+    if s.method == "topk" and s.ratio:
+        return 1 / (2 * s.ratio)
+    return None
+
+
+def byte_ratio_checks(summaries: Mapping[str, dict[str, Any]],
+                      rel_tol: float = BYTE_RATIO_TOLERANCE) -> list[dict[str, Any]]:
+    """Per method (summaries keyed by spec): measured dense/sent bytes on the last step against the expected ratio.
+
+    The last step is used because PowerSGD sends dense bytes during its
+    warm-up; for the other methods every step sends the same bytes. Rows for
+    methods without a closed-form ratio (PowerSGD) check only that fewer
+    bytes than dense were sent. ``ok``: within ``rel_tol`` of the expectation.
+    """
+    rows = []
+    for spec, s in summaries.items():
+        measured = s["comm_bytes_dense_last"] / s["comm_bytes_last"]
+        expected = expected_byte_ratio(spec)
+        ok = abs(measured / expected - 1) <= rel_tol if expected is not None else measured > 1
+        rows.append({"method": parse_method_spec(spec).title, "spec": spec, "measured_ratio": measured,
+                     "expected_ratio": expected, "comm_cut": 1 - 1 / measured, "ok": ok})
+    return rows
+
+
 # ---------------------------------------------------------------------- the guide's claims, measured
 GUIDE_COMM_CUT = 0.75          # EcomGPT guide, section 3.2: Top-K (25 %) "cuts communication by 75 %"
 GUIDE_ACC_DROP_POINTS = 0.15   # ... "top-1 category accuracy drops by only 0.15 points"

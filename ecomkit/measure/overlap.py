@@ -23,15 +23,21 @@ side stream after ``backward()`` and calls ``optimizer.step()`` without waiting
 on the returned work handles. :func:`naive_async_allreduce` runs that recipe
 (and the corrected one that waits) and measures what the optimizer read: with
 no wait the step uses gradients whose all-reduce has not finished, each rank
-updates with different numbers, and the replicas drift apart.
+updates with different numbers, and the replicas drift apart. Ranks never
+reach a collective at the same instant; the demo makes that explicit by
+letting the last rank start its all-reduces ``late_s`` later (a straggler),
+so the un-waited outcome is not left to chance: rank 0's optimizer reads its
+own, un-averaged gradients. :func:`async_allreduce_verdict` states the
+expected outcome of both variants.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -140,10 +146,13 @@ def _params_spread_across_ranks(model: torch.nn.Module, env: DistEnv) -> float:
     return max(float((g - gathered[0]).abs().max()) for g in gathered)
 
 
-def naive_async_allreduce(cfg: TrainConfig, env: DistEnv, steps: int, wait: bool) -> dict[str, Any]:
+def naive_async_allreduce(cfg: TrainConfig, env: DistEnv, steps: int, wait: bool,
+                          late_s: float = 0.2) -> dict[str, Any]:
     """Train ``steps`` steps with per-tensor async all-reduce; ``wait=False`` is the guide's recipe.
 
-    Each rank sees different data, as in real data parallelism. Per step we
+    Each rank sees different data, as in real data parallelism. The last rank
+    starts its all-reduces ``late_s`` seconds after its backward (a straggler;
+    both variants alike), so no all-reduce can finish before then. Per step we
     record the share of gradient tensors whose value when ``optimizer.step()``
     started differs from their final all-reduced value: the gradients the
     optimizer read before communication had finished.
@@ -157,6 +166,8 @@ def naive_async_allreduce(cfg: TrainConfig, env: DistEnv, steps: int, wait: bool
         grads = [p.grad for p in model.parameters()]
         for g in grads:
             g.div_(env.world_size)  # gloo has no ReduceOp.AVG: pre-divide, then SUM
+        if env.rank == env.world_size - 1 and late_s > 0:
+            time.sleep(late_s)  # the straggler: its peers' all-reduces cannot complete before it joins
         works = [dist.all_reduce(g, async_op=True) for g in grads]
         if wait:
             for w in works:
@@ -169,9 +180,32 @@ def naive_async_allreduce(cfg: TrainConfig, env: DistEnv, steps: int, wait: bool
         opt.zero_grad(set_to_none=True)
     spread = _params_spread_across_ranks(model, env)
     del model, opt
-    return {"wait": wait, "steps": steps, "stale_grad_share_mean": statistics.mean(stale_shares),
+    return {"wait": wait, "steps": steps, "late_s": late_s, "stale_grad_share_mean": statistics.mean(stale_shares),
             "stale_grad_share_per_step": stale_shares, "replica_max_abs_diff": spread,
             "replicas_identical": spread == 0.0}
+
+
+def async_allreduce_verdict(demo: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What the two async variants must show: waited → identical replicas, un-waited → stale reads and drift.
+
+    ``demo`` is :func:`naive_async_allreduce`'s result for ``wait=False`` and
+    ``wait=True``. Identical means bit-identical (``max |θ_r − θ_0| == 0``):
+    every rank applies the same averaged gradient to the same weights with
+    the same optimizer, so nothing may differ. ``ok`` is true when both hold.
+    """
+    by_wait = {bool(d["wait"]): d for d in demo}
+    if set(by_wait) != {True, False}:
+        raise ValueError("need both the waited and the un-waited variant")
+    waited, unwaited = by_wait[True], by_wait[False]
+    checks = {
+        "waited: optimizer read only reduced gradients": waited["stale_grad_share_mean"] == 0.0,
+        "waited: replicas identical": waited["replica_max_abs_diff"] == 0.0,
+        "un-waited: optimizer read gradients still being reduced": unwaited["stale_grad_share_mean"] > 0.0,
+        "un-waited: replicas differ": unwaited["replica_max_abs_diff"] > 0.0,
+    }
+    return {"checks": checks, "ok": all(checks.values()), "failed": [k for k, v in checks.items() if not v],
+            "unwaited_max_abs_diff": unwaited["replica_max_abs_diff"],
+            "unwaited_stale_share": unwaited["stale_grad_share_mean"]}
 
 
 def bucket_sweep_summary(sweep: list[dict[str, Any]]) -> dict[str, Any]:

@@ -29,7 +29,8 @@ from ecomkit.parallel.zero.checkpoint import ZeroCheckpointCallback
 from ecomkit.parallel.zero.config import zero_config_for_launch
 from ecomkit.parallel.zero.state import CATEGORIES, largest_layer_params
 from ecomkit.parallel.zero.variants import parse_variants
-from ecomkit.planner.zero_formulas import formula_bytes, formula_label, state_bytes_per_element
+from ecomkit.planner.zero_formulas import (formula_bytes, formula_label, state_bytes_per_element,
+                                           zero3_padding_elements)
 from ecomkit.train.sweep import AsConfigured, Variant, run_sweep
 
 
@@ -154,6 +155,59 @@ def max_relative_loss_difference(rows: Sequence[dict[str, Any]], reference: Sequ
     return max(abs(mine[k] - ref[k]) / abs(ref[k]) for k in steps)
 
 
+# Stated tolerances of "ZeRO trains what DDP trains" (relative, per logged step). fp32: only the reduction
+# order differs (observed ~1e-8). Optimizer offload: DeepSpeedCPUAdam's own arithmetic (~1e-6). bf16:
+# DeepSpeed keeps bf16 weights while DDP keeps fp32 weights under autocast (observed ~1e-4).
+LOSS_TOLERANCE = {"fp32": 1e-6, "offload": 1e-5, "bf16": 1e-2, "fp16": 1e-2}
+SCALAR_BYTES = 1024   # Adam step counters, grad-norm and overflow trackers: a few scalars per rank
+
+
+def loss_tolerance(variant: str) -> float:
+    """The tolerance for a ``--stages`` label: ``3`` → fp32, ``2+opt`` → offload, ``3@bf16`` → bf16."""
+    if "@" in variant and variant.rsplit("@", 1)[1] in ("bf16", "fp16"):
+        return LOSS_TOLERANCE[variant.rsplit("@", 1)[1]]
+    return LOSS_TOLERANCE["offload" if "+opt" in variant else "fp32"]
+
+
+def loss_agreement(metrics: dict[str, Sequence[dict[str, Any]]], reference: str = "ddp") -> list[dict[str, Any]]:
+    """Each variant's largest relative loss difference to ``reference``, beside its stated tolerance."""
+    rows = []
+    for variant, rows_ in metrics.items():
+        if variant == reference:
+            continue
+        diff, tol = max_relative_loss_difference(rows_, metrics[reference]), loss_tolerance(variant)
+        rows.append({"variant": variant, "max_rel_diff": diff, "tolerance": tol, "ok": diff <= tol})
+    return rows
+
+
+def formula_check(row: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    """Does the measured model-state total (params + grads + optimizer, largest rank) equal the formula?
+
+    Expected: the precision-matched formula, plus what the formula leaves out
+    by construction, each bounded and named:
+
+    - ZeRO-3 pads every parameter to ``ceil(numel / N)`` elements per rank
+      (:func:`~ecomkit.planner.zero_formulas.zero3_padding_elements`);
+    - ZeRO-2 (and offloaded ZeRO-1/2) keep the whole gradient of a parameter
+      that straddles the partition boundary: at most the largest parameter's
+      gradient on top of the formula;
+    - a few scalars (``SCALAR_BYTES``).
+
+    ``ok`` when the measurement lies in ``[low, high]``.
+    """
+    formula, per_elem = row["formula"]["total"], state_bytes_per_element(row["strategy"], row["precision"])
+    elem_bytes = 2 * per_elem["param_bytes"] + per_elem["master_bytes"] + per_elem["adam_bytes"]  # grads = params
+    padding = (zero3_padding_elements(report["param_numels"], row["world_size"]) * elem_bytes
+               if row["stage"] == 3 else 0.0)
+    straddle = (max(report["param_numels"]) * per_elem["param_bytes"]
+                if row["stage"] == 2 or (row["stage"] == 1 and row["offload"]) else 0.0)
+    measured = row["measured"]["params"] + row["measured"]["grads"] + row["measured"]["optimizer"]
+    low, high = formula + padding - SCALAR_BYTES, formula + padding + straddle + SCALAR_BYTES
+    return {"label": row["label"], "measured": measured, "formula": formula, "padding": padding,
+            "straddle_allowance": straddle, "low": low, "high": high, "ok": low <= measured <= high,
+            "ratio": measured / formula}
+
+
 def memory_row(report: dict[str, Any], label: str) -> dict[str, Any]:
     """One variant's measured bytes (largest rank) beside its precision-matched formula and the paper's."""
     ranks = report["per_rank"]
@@ -174,7 +228,7 @@ def memory_row(report: dict[str, Any], label: str) -> dict[str, Any]:
 def explain_row(row: dict[str, Any]) -> list[str]:
     """Name the cause of every gap between the measured bytes and the formula, with the bytes involved."""
     notes: list[str] = []
-    m, f, br = row["measured"], row["formula"], row["breakdown"]
+    m, f = row["measured"], row["formula"]
     if row["strategy"] == "zero" and row["precision"] == "fp32":
         notes.append("fp32 training: 4-byte params and grads, and DeepSpeed still keeps a cloned fp32 master "
                      "partition (4 bytes/param) next to the weights, so its totals are 20Ψ-based, not 16Ψ.")
@@ -212,4 +266,5 @@ def explain_row(row: dict[str, Any]) -> list[str]:
 
 
 __all__ = ["MemoryProbeCallback", "zero_run_callbacks", "train_zero_variants", "model_states_line",
-           "max_relative_loss_difference", "memory_row", "explain_row"]
+           "max_relative_loss_difference", "loss_tolerance", "loss_agreement", "formula_check", "memory_row",
+           "explain_row"]

@@ -23,7 +23,7 @@ from typing import Any
 
 from ecomkit.config import PLAN_STRATEGIES, PRECISIONS, plan_strategy_name
 from ecomkit.errors import ConfigError, exit_on_user_error
-from ecomkit.hardware import GIB, GPUS, LINKS
+from ecomkit.hardware import GIB, GPUS, LINKS, NODES
 from ecomkit.planner.memory import ATTNS, PlanInput, max_micro_batch, plan_memory
 from ecomkit.planner.step_time import DEFAULT_EFFICIENCY, DEFAULT_OVERLAP, predict_step_time, speedups
 
@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--link", default="nvlink-a100", help=f"interconnect: {', '.join(LINKS)}")
     p.add_argument("--efficiency", type=float, default=DEFAULT_EFFICIENCY, help="fraction of peak FLOP/s reached")
     p.add_argument("--overlap", type=float, default=DEFAULT_OVERLAP, help="fraction of backward that hides comm")
+    p.add_argument("--node", default=None, help=f"server layout for CPU offload: {', '.join(NODES)} "
+                   "(default: the usual system of --gpu)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     return p
 
@@ -76,7 +78,7 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
 def run_plan(args: argparse.Namespace) -> dict[str, Any]:
     inp = plan_input_from_args(args)
     plan = plan_memory(inp)
-    time_kw = {"link": args.link, "efficiency": args.efficiency, "overlap": args.overlap}
+    time_kw = {"link": args.link, "efficiency": args.efficiency, "overlap": args.overlap, "node": args.node}
     step = predict_step_time(plan.inputs, **time_kw)
     scale = speedups(plan.inputs, [plan.inputs.world_size], **time_kw)[0] if plan.inputs.world_size > 1 else None
     return {"plan": plan, "max_micro_batch": max_micro_batch(plan.inputs), "step": step, "speedup": scale}
@@ -94,8 +96,8 @@ def render(result: dict[str, Any]) -> str:
              f"  total                {step.total_s:8.3f}  ({step.tokens_per_s_per_gpu:,.0f} tokens/s per GPU)"]
     if result["speedup"]:
         s = result["speedup"]
-        lines.append(f"speed-up over 1 GPU (same micro-batch per GPU): {s['speedup']:.2f}× "
-                     f"({s['efficiency']:.0%} scaling efficiency)")
+        lines.append(f"speed-up over 1 GPU (same global batch; one GPU accumulates {plan.inputs.dp}× more): "
+                     f"{s['speedup']:.2f}× ({s['efficiency']:.0%} scaling efficiency)")
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines)
 

@@ -113,15 +113,35 @@ def _band(inp: PlanInput, n: int, link: str) -> tuple[float, float, float]:
     return min(values), central, max(values)
 
 
-def _verdict(claim: float, n: int, low: float, high: float) -> str:
-    if claim > n * 1.001:
-        return "implausible: more than N× needs a super-linear effect the setup does not have"
-    if low * 0.95 <= claim <= high * 1.05:
-        return "plausible: inside the model's range"
-    if claim < low:
-        return ("physically possible but slower than the model's range: the loss must come from something the "
-                "model leaves out (data loading, stragglers, a slower CPU), not from communication")
-    return "faster than the model's range: only with better efficiency or overlap than assumed"
+VERDICTS = ("implausible", "within the model's range", "faster than the model's range",
+            "slower than the model's range")
+VERDICT_REASONS = {
+    "implausible": "more than N× on the same training would need each GPU to do less than 1/N of the work; "
+                   "the time model never predicts it (tests/test_step_time_properties.py)",
+    "within the model's range": "some efficiency, overlap and CPU-Adam speed inside the assumption band "
+                                "predicts it",
+    "faster than the model's range": "possible (at most N×) only with better efficiency, overlap or CPU-Adam "
+                                     "speed than the band assumes, or a different baseline",
+    "slower than the model's range": "the loss must come from something the model leaves out (data loading, "
+                                     "stragglers, a slower CPU or host link), not from the modelled terms",
+}
+
+
+def speedup_verdict(claim: float, n: int, low: float, high: float) -> str:
+    """One of :data:`VERDICTS` for a claimed speed-up on ``n`` GPUs, given the model's band ``[low, high]``.
+
+    The rule is the model's own output: anything above N× is impossible for
+    the time model (it never predicts it), the band is what it predicts over
+    its assumptions, and outside the band the claim is faster or slower than
+    any of those predictions.
+    """
+    if not 0 < low <= high:
+        raise ValueError(f"the model's band must satisfy 0 < low <= high, got [{low}, {high}]")
+    if claim > n:
+        return "implausible"
+    if low <= claim <= high:
+        return "within the model's range"
+    return "slower than the model's range" if claim < low else "faster than the model's range"
 
 
 def speedup_claims() -> list[dict[str, Any]]:
@@ -140,7 +160,7 @@ def speedup_claims() -> list[dict[str, Any]]:
         rows.append({"claim": label, "model": inp.model, "gpus": n, "link": link,
                      "claimed_speedup": claim, "claimed_efficiency": claim / n,
                      "predicted_low": low, "predicted": central, "predicted_high": high,
-                     "verdict": _verdict(claim, n, low, high)})
+                     "verdict": (v := speedup_verdict(claim, n, low, high)), "verdict_reason": VERDICT_REASONS[v]})
     return rows
 
 
@@ -240,5 +260,6 @@ def oom_recipe_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 __all__ = ["accelerate_estimate", "estimator_comparison", "ESTIMATOR_DIFFERENCES", "speedup_claims",
-           "claims_for_model", "single_node_scaling", "seqgpt_epoch_minutes", "ecomgpt_step_breakdown",
-           "oom_recipes", "oom_recipe_summary", "ECOMGPT_SETUP", "SEQGPT_SETUP", "ASSUMPTION_BAND"]
+           "claims_for_model", "single_node_scaling", "speedup_verdict", "VERDICTS", "VERDICT_REASONS",
+           "seqgpt_epoch_minutes", "ecomgpt_step_breakdown", "oom_recipes", "oom_recipe_summary", "ECOMGPT_SETUP",
+           "SEQGPT_SETUP", "ASSUMPTION_BAND"]

@@ -185,7 +185,8 @@ def model_state_bytes_per_rank(inp: PlanInput, shape: ModelShape | None = None) 
 
 
 # ---------------------------------------------------------------------- temporaries
-def temporary_bytes(inp: PlanInput, shape: ModelShape, params: list[ParamInfo], batch: int) -> dict[str, int]:
+def temporary_bytes(inp: PlanInput, shape: ModelShape, params: list[ParamInfo], batch: int,
+                    grad_bytes_held: int = 0) -> dict[str, int]:
     """Transient buffers on top of model states and saved activations (the peak of backward, roughly).
 
     - ``logits``: the LM-head output (compute dtype) alive during backward, and
@@ -195,7 +196,9 @@ def temporary_bytes(inp: PlanInput, shape: ModelShape, params: list[ParamInfo], 
       under checkpointing the block recomputed in full.
     - ``comm``: DDP none (gradients are views into its buckets); ZeRO-1/2
       4.5 × bucket (DeepSpeed's rule for overlap_comm) plus, for ZeRO-1, the
-      full gradients that exist until the end-of-backward reduce; ZeRO-3 its
+      gradients outside the rank's partition that exist until the
+      end-of-backward reduce (the full gradient minus ``grad_bytes_held``, the
+      part already counted as the rank's gradients: counted once); ZeRO-3 its
       reduce bucket and two gathered layers; FSDP2 the unsharded parameters of
       the root unit (embeddings, never resharded after forward) and of two
       blocks, plus one block's unsharded fp32 gradients.
@@ -212,14 +215,14 @@ def temporary_bytes(inp: PlanInput, shape: ModelShape, params: list[ParamInfo], 
     if inp.activation_checkpointing:
         per = layer_activation_bytes(shape, batch, seq, dt, inp.attn, inp.tp, inp.device)
         layer += per["layer"] + per["attention_scores"]
-    out = {"logits_or_backward_layer": max(logits, layer), "comm": _comm_buffers(inp, shape, params),
+    out = {"logits_or_backward_layer": max(logits, layer), "comm": _comm_buffers(inp, shape, params, grad_bytes_held),
            "autocast_weights": 0, "cuda_context": CUDA_CONTEXT_BYTES if inp.device == "cuda" else 0}
     if dt.weight_copies:
         out["autocast_weights"] = dt.compute * shape.linear_weight_numel // inp.tp
     return out
 
 
-def _comm_buffers(inp: PlanInput, shape: ModelShape, params: list[ParamInfo]) -> int:
+def _comm_buffers(inp: PlanInput, shape: ModelShape, params: list[ParamInfo], grad_bytes_held: int = 0) -> int:
     s, n = inp.strategy, inp.dp
     psi = sum(p.numel for p in params)
     w = 4 if inp.precision == "fp32" else 2
@@ -227,7 +230,7 @@ def _comm_buffers(inp: PlanInput, shape: ModelShape, params: list[ParamInfo]) ->
     if s in ("zero1", "zero2"):
         extra = int(DEEPSPEED_OVERLAP_BUCKET_FACTOR * bucket * w)
         if s == "zero1" and n > 1:
-            extra += w * (psi - psi // n)      # stage 1 reduces only at the end of backward
+            extra += max(w * psi - grad_bytes_held, 0)   # stage 1 reduces only at the end of backward
         return extra
     if s == "zero3":
         return bucket * w + 2 * 2 * w * max(shape.block_params(0) // inp.tp, shape.largest_leaf)
@@ -345,7 +348,7 @@ def _plan_stage(inp: PlanInput, shape: ModelShape, gpu: GpuSpec, stage: int) -> 
                             layers=hi - lo, with_embedding=stage == 0, with_head=stage == inp.pp - 1,
                             device=inp.device, loss_chunk=inp.loss_chunk())
     acts = {k: v * in_flight for k, v in acts.items()}
-    temp = temporary_bytes(inp, shape, params, batch)
+    temp = temporary_bytes(inp, shape, params, batch, worst["grads"])
     if stage != inp.pp - 1:
         temp["logits_or_backward_layer"] = 2 * 4 * batch * (shape.n_head // inp.tp) * inp.seq_len ** 2 \
             if inp.attn == "eager" else 0

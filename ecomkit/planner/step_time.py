@@ -8,29 +8,63 @@ One optimizer step on one GPU takes
   efficiency). FLOPs per token are ``ecomkit.models.bloom.flops_per_token``
   (6Ψ + 12·L·h·T); activation checkpointing recomputes the forward, so it
   costs 4/3 of that. The efficiency (MFU) is an input: ~0.35-0.55 is what
-  well-tuned A100/H100 runs of 1-10B models report; on this CPU it is
-  calibrated (:mod:`ecomkit.measure.calibration`).
+  well-tuned A100/H100 runs of 1-10B models report. On a CPU the peak and the
+  efficiency are replaced by a measured compute time
+  (:mod:`ecomkit.measure.calibration` builds a "GPU" from measurements).
 - **communication**, α-β model of ring collectives over ``N`` ranks and
   ``S`` bytes with per-message latency α and bus bandwidth ``B``:
   all-reduce ``2(N-1)·α + 2(N-1)/N · S/B``; all-gather and reduce-scatter
   ``(N-1)·α + (N-1)/N · S/B``. What each strategy sends per step: DDP
-  all-reduces the fp32 gradients (torch keeps fp32 grads under autocast);
-  ZeRO-1/2 reduce-scatter the 16-bit gradients and all-gather the updated
-  16-bit weights after the step (ZeRO-2 reduces every micro-step); ZeRO-3
-  and FSDP2 all-gather the weights in forward and again in backward and
-  reduce-scatter the gradients.
-- **overlap**: gradient reduction runs during backward. ``overlap`` is the
-  fraction of backward time that can hide it; the last bucket can never hide.
-  Post-step all-gathers (ZeRO-1/2) are never hidden.
+  all-reduces the fp32 gradients once per step (``no_sync`` on the other
+  micro-steps); ZeRO-1 reduce-scatters the 16-bit gradients once, ZeRO-2 every
+  micro-step, and both all-gather the updated 16-bit weights after the step;
+  ZeRO-3 and FSDP2 all-gather the weights in forward and again in backward of
+  every micro-step and reduce-scatter the gradients (ZeRO-3 every micro-step,
+  FSDP2 once, fp32).
+- **overlap**: each collective can hide behind a *window* of compute, times
+  ``overlap`` (the fraction of the window usable): forward all-gathers behind
+  the forward passes; gradient reductions issued every micro-step behind every
+  backward; a reduction issued once per step (DDP under ``no_sync``, ZeRO-1,
+  FSDP2's gradients) only behind the **last** micro-step's backward. The last
+  bucket, reduced with the collective the strategy really uses (all-reduce
+  for DDP, reduce-scatter for ZeRO/FSDP), can never hide; ZeRO-1/2's
+  all-gather after the step never hides.
 - **optimizer**: Adam is memory-bound: 28 bytes read + written per local fp32
-  element (param, grad, two moments) at the GPU's HBM bandwidth. With ZeRO
-  optimizer offload the node's CPUs run Adam on *all* the node's partitions
-  (``cpu_adam_params_per_s`` for the whole node, an assumption), and each GPU
-  moves its 16-bit gradient partition down and its weights back over PCIe.
+  element (param, grad, two moments) at the GPU's HBM bandwidth.
+- **CPU offload** (ZeRO ``offload_optimizer``, ZeRO-3/FSDP2 ``offload_param``),
+  per **node** (:class:`ecomkit.hardware.NodeSpec`): every rank's gradient
+  partition goes down and its weights come back up over the node's host
+  links, and GPUs behind one PCIe switch share its uplink; the node's cores,
+  shared by all its ranks, run Adam on every parameter the node's ranks own.
+  What DeepSpeed overlaps (deepspeed 0.19, ``runtime/zero/stage_1_and_2.py``):
+  the gradient copy to the host is issued with ``non_blocking=True`` from the
+  reduction path during backward (``copy_grads_in_partition`` /
+  ``async_inplace_copy_grad_to_fp32_buffer_from_gpu``), so under
+  ``overlap_comm`` it hides behind backward like a reduction; ``step()`` first
+  waits for those copies (``_wait_for_offload_copies``), then runs the CPU Adam
+  step, copies the 16-bit weights up and all-gathers them, one after the other:
+  the CPU step and the weight copy are never hidden (the ZeRO-Offload paper's
+  one-step delayed parameter update, which would overlap them, is not in
+  DeepSpeed's ZeRO-1/2 code). With gradient accumulation DeepSpeed also moves
+  each micro-step's 16-bit gradient partition to the host and back
+  (``async_accumulate_grad_in_cpu_via_gpu``); the model leaves that traffic
+  out, so offload predictions with ``grad_accum > 1`` are optimistic.
 
-GPU peaks, HBM bandwidths and the link presets (*achievable* bus bandwidths,
-what nccl-tests report as busbw, next to the marketing peak) come from the one
-hardware table, :mod:`ecomkit.hardware`.
+**Speed-up** (:func:`speedups`) compares the same training: the same global
+batch per optimizer step, so one GPU accumulates N× as many micro-batches as
+each of N GPUs does. Measured that way N GPUs cannot be more than N× faster:
+every term of an N-GPU step is at least 1/N of the same term on one GPU
+(tests/test_step_time_properties.py checks it over a grid). Parameter
+offload is the one exception, and a physical one: every micro-step fetches
+the parameters over PCIe, one GPU all of them through one link, N GPUs 1/N
+each through their own links (the rest over NVLink), so that term shrinks
+faster than 1/N, the super-linear scaling ZeRO-Infinity reports. A fixed
+micro-batch per GPU instead would credit N GPUs for running the optimizer step
+once per N× more samples.
+
+GPU peaks, HBM bandwidths, link presets (*achievable* bus bandwidths, what
+nccl-tests report as busbw, next to the marketing peak) and node layouts come
+from the one hardware table, :mod:`ecomkit.hardware`.
 """
 
 from __future__ import annotations
@@ -40,16 +74,18 @@ from typing import Any
 
 from ecomkit.config import DEEPSPEED_PLAN_STRATEGIES
 from ecomkit.errors import ConfigError
-from ecomkit.hardware import GpuSpec, LinkSpec, gpu_spec, link_spec
+from ecomkit.hardware import (GpuSpec, LinkSpec, NodeSpec, gpu_spec, link_spec, node_cpu_adam_params_per_s,
+                              node_spec)
 from ecomkit.models.bloom import flops_per_token
 from ecomkit.planner.memory import PlanInput, validate_plan_input
-from ecomkit.planner.shapes import ModelShape, model_shape
+from ecomkit.planner.shapes import ModelShape, local_params, model_shape
 
 ADAM_BYTES_PER_ELEMENT = 28           # fp32 param, grad, exp_avg, exp_avg_sq read; param and moments written
 DEFAULT_EFFICIENCY = 0.45
 DEFAULT_OVERLAP = 0.9
-CPU_ADAM_PARAMS_PER_S = 2.0e9         # DeepSpeedCPUAdam, whole 2-socket node (assumption, not measured here)
-GPUS_PER_NODE = 8
+GPUS_PER_NODE = 8                     # the reference nodes (ecomkit.hardware.NODES) hold 8 GPUs
+CPU_ADAM_PARAMS_PER_S = 2.0e9         # DeepSpeedCPUAdam, a 128-core node (ecomkit.hardware; an assumption)
+WINDOWS = ("forward", "backward", "backward_last", "exposed")
 
 
 # ---------------------------------------------------------------------- α-β collectives
@@ -68,6 +104,7 @@ def all_gather_s(nbytes: float, n: int, link: LinkSpec) -> float:
 
 
 reduce_scatter_s = all_gather_s   # same steps and bytes, the other direction
+_COLLECTIVE = {"all_reduce": all_reduce_s, "all_gather": all_gather_s, "reduce_scatter": reduce_scatter_s}
 
 
 # ---------------------------------------------------------------------- step time
@@ -93,36 +130,81 @@ class StepTime:
         return self.tokens_per_gpu / self.total_s
 
 
-def comm_volume(inp: PlanInput, shape: ModelShape) -> dict[str, tuple[str, float, bool]]:
-    """Collectives of one step: name → (kind, bytes, overlappable with backward)."""
+def comm_volume(inp: PlanInput, shape: ModelShape) -> dict[str, tuple[str, float, str]]:
+    """Collectives of one step: name → (kind, bytes, window it can hide behind: one of :data:`WINDOWS`)."""
     psi = shape.n_params / (inp.tp * inp.pp)
     s, acc = inp.strategy, inp.grad_accum
     w = 4 if inp.precision == "fp32" else 2
     if s == "ddp":
-        return {"grad all-reduce (fp32)": ("all_reduce", 4 * psi, True)}
-    if s in ("zero1", "zero2"):
-        reduces = acc if s == "zero2" else 1
-        return {"grad reduce-scatter": ("reduce_scatter", reduces * w * psi, True),
-                "weight all-gather after step": ("all_gather", w * psi, False)}
+        return {"grad all-reduce (fp32)": ("all_reduce", 4 * psi, "backward_last")}
+    if s == "zero1":
+        return {"grad reduce-scatter": ("reduce_scatter", w * psi, "backward_last"),
+                "weight all-gather after step": ("all_gather", w * psi, "exposed")}
+    if s == "zero2":
+        return {"grad reduce-scatter": ("reduce_scatter", acc * w * psi, "backward"),
+                "weight all-gather after step": ("all_gather", w * psi, "exposed")}
     if s == "zero3":
-        return {"weight all-gather (fwd)": ("all_gather", acc * w * psi, True),
-                "weight all-gather (bwd)": ("all_gather", acc * w * psi, True),
-                "grad reduce-scatter": ("reduce_scatter", acc * w * psi, True)}
+        return {"weight all-gather (fwd)": ("all_gather", acc * w * psi, "forward"),
+                "weight all-gather (bwd)": ("all_gather", acc * w * psi, "backward"),
+                "grad reduce-scatter": ("reduce_scatter", acc * w * psi, "backward")}
     pw = 2 if inp.precision != "fp32" else 4
-    return {"weight all-gather (fwd)": ("all_gather", acc * pw * psi, True),
-            "weight all-gather (bwd)": ("all_gather", acc * pw * psi, True),
-            "grad reduce-scatter (fp32)": ("reduce_scatter", 4 * psi, True)}
+    return {"weight all-gather (fwd)": ("all_gather", acc * pw * psi, "forward"),
+            "weight all-gather (bwd)": ("all_gather", acc * pw * psi, "backward"),
+            "grad reduce-scatter (fp32)": ("reduce_scatter", 4 * psi, "backward_last")}
 
 
-_COLLECTIVE = {"all_reduce": all_reduce_s, "all_gather": all_gather_s, "reduce_scatter": reduce_scatter_s}
+def last_bucket(inp: PlanInput, shape: ModelShape, bucket_bytes: float) -> tuple[str, float]:
+    """(collective, bytes) of the gradient reduction issued after the last gradient exists: it cannot hide.
+
+    DDP all-reduces its last bucket (``bucket_bytes``, torch's 25 MiB
+    default); ZeRO reduce-scatters its last ``reduce_bucket_size`` bucket
+    (``inp.zero_bucket_elements`` elements); FSDP2 reduce-scatters the root
+    unit last (the embedding and final norm: the first used in forward).
+    """
+    psi = shape.n_params / (inp.tp * inp.pp)
+    w = 4 if inp.precision == "fp32" else 2
+    if inp.strategy == "ddp":
+        return "all_reduce", min(bucket_bytes, 4 * psi)
+    if inp.strategy in DEEPSPEED_PLAN_STRATEGIES:
+        return "reduce_scatter", w * min(inp.zero_bucket_elements, psi)
+    root = sum(p.numel for p in local_params(shape, inp.tp, inp.pp, 0) if p.layer < 0 or p.layer == shape.n_layer)
+    return "reduce_scatter", 4 * root
+
+
+def hidden_exposed(times: dict[str, float], forward_s: float, backward_s: float, backward_last_s: float,
+                   overlap: float, floor_s: float = 0.0) -> float:
+    """Exposed seconds of collectives grouped by window (:data:`WINDOWS`), given the compute windows.
+
+    Forward collectives hide behind ``overlap × forward``. Backward ones share
+    the backward: those issued once per step fit only in the last micro-step's
+    window, the rest in what is left of the whole backward. The backward
+    group never exposes less than ``floor_s`` (the last bucket).
+    """
+    t_f, t_b, t_l = (times.get(k, 0.0) for k in ("forward", "backward", "backward_last"))
+    exposed_f = max(t_f - overlap * forward_s, 0.0)
+    hid_last = min(t_l, overlap * backward_last_s)
+    hid_all = min(t_b, max(overlap * backward_s - hid_last, 0.0))
+    exposed_b = t_b + t_l - hid_last - hid_all
+    if t_b + t_l > 0:
+        exposed_b = max(exposed_b, min(t_b + t_l, floor_s))
+    return exposed_f + exposed_b + times.get("exposed", 0.0)
 
 
 def predict_step_time(inp: PlanInput, *, link: str | LinkSpec = "nvlink-a100", efficiency: float = DEFAULT_EFFICIENCY,
                       overlap: float = DEFAULT_OVERLAP, bucket_bytes: float = 25 * 2**20,
-                      host_link: str | LinkSpec = "pcie4-x16", cpu_adam_params_per_s: float = CPU_ADAM_PARAMS_PER_S,
-                      peak_flops: float | None = None, hbm_bytes_per_s: float | None = None,
-                      shape: ModelShape | None = None) -> StepTime:
-    """Predict one optimizer step on one GPU of ``inp`` (data parallel over ``inp.dp`` GPUs)."""
+                      node: str | NodeSpec | None = None, host_link: str | LinkSpec | None = None,
+                      cpu_adam_params_per_s: float | None = None, peak_flops: float | None = None,
+                      hbm_bytes_per_s: float | None = None, shape: ModelShape | None = None,
+                      collective_links: dict[str, LinkSpec] | None = None) -> StepTime:
+    """Predict one optimizer step on one GPU of ``inp`` (data parallel over ``inp.dp`` GPUs).
+
+    ``node`` (default: the usual system of ``inp.gpu``) gives the host links
+    and CPU cores for offload; ``host_link`` and ``cpu_adam_params_per_s``
+    (the whole node's rate) override its figures. ``collective_links`` prices
+    one kind of collective (``all_gather``, ``reduce_scatter``,
+    ``all_reduce``) on its own fitted link, where a library's collectives are
+    not equally efficient (gloo's all-gather and reduce-scatter on a CPU).
+    """
     inp = inp.resolved()
     shape = shape or model_shape(inp.model, inp.vocab_size)
     validate_plan_input(inp, shape)
@@ -131,8 +213,11 @@ def predict_step_time(inp: PlanInput, *, link: str | LinkSpec = "nvlink-a100", e
     if not 0 <= overlap <= 1:
         raise ConfigError(f"overlap={overlap} must be in [0, 1]: the fraction of backward that can hide communication.")
     gpu: GpuSpec = gpu_spec(inp.gpu)
-    lk, host = link_spec(link), link_spec(host_link)
-    peak = peak_flops if peak_flops is not None else gpu.peak_flops(inp.precision)
+    lk = link_spec(link)
+    nd = node_spec(node, gpu)
+    host = link_spec(host_link if host_link is not None else nd.host_link)
+    cpu_rate = cpu_adam_params_per_s if cpu_adam_params_per_s is not None else node_cpu_adam_params_per_s(nd)
+    peak = peak_flops if peak_flops is not None else gpu.peak_flops(inp.precision)   # bf16 on V100: ConfigError
     tokens = inp.micro_batch * inp.seq_len * inp.grad_accum
     flops = tokens * flops_per_token(shape.n_params, shape.n_layer, shape.hidden, inp.seq_len)
     flops *= (4 / 3 if inp.activation_checkpointing else 1.0) / (inp.tp * inp.pp)
@@ -141,46 +226,95 @@ def predict_step_time(inp: PlanInput, *, link: str | LinkSpec = "nvlink-a100", e
         m = inp.pp_microbatches or inp.pp
         compute *= 1 + (inp.pp - 1) / m          # pipeline bubble
     backward = compute * (2 / 3 if not inp.activation_checkpointing else 3 / 4)
-    parts, hidden_part, exposed_part = {}, 0.0, 0.0
-    for name, (kind, nbytes, overlappable) in comm_volume(inp, shape).items():
-        t = _COLLECTIVE[kind](nbytes, inp.dp, lk)
+    forward = compute - backward
+    backward_last = backward / inp.grad_accum
+
+    links = {kind: (collective_links or {}).get(kind, lk) for kind in _COLLECTIVE}
+    parts: dict[str, float] = {}
+    by_window = {k: 0.0 for k in WINDOWS}
+    for name, (kind, nbytes, window) in comm_volume(inp, shape).items():
+        t = _COLLECTIVE[kind](nbytes, inp.dp, links[kind])
         parts[name] = t
-        if overlappable:
-            hidden_part += t
-        else:
-            exposed_part += t
-    last_bucket = all_reduce_s(min(bucket_bytes, sum(v[1] for v in comm_volume(inp, shape).values())), inp.dp, lk)
-    exposed = exposed_part + (max(hidden_part - overlap * backward, min(hidden_part, last_bucket))
-                              if hidden_part else 0.0)
-    optimizer, offload = _optimizer_time(inp, shape, gpu, host, cpu_adam_params_per_s, hbm_bytes_per_s)
-    return StepTime(compute, backward, hidden_part + exposed_part, exposed, optimizer, offload, tokens, parts)
+        by_window[window] += t
+    kind, nbytes = last_bucket(inp, shape, bucket_bytes)
+    floor = _COLLECTIVE[kind](nbytes, inp.dp, links[kind])
+    comm_total = sum(by_window.values())
+    comm_exposed = hidden_exposed(by_window, forward, backward, backward_last, overlap, floor)
+
+    optimizer, offload = 0.0, 0.0
+    off = _offload_traffic(inp, shape, nd, host)
+    if off is None:
+        optimizer = ADAM_BYTES_PER_ELEMENT * _local_params(inp, shape) / (hbm_bytes_per_s or gpu.hbm_bytes_per_s)
+    else:
+        # host copies share the compute windows with the collectives; what they add to the exposure is theirs
+        with_copies = dict(by_window)
+        with_copies[off["grad_window"]] += off["grad_down_s"]
+        with_copies["forward"] += off["fetch_fwd_s"]
+        with_copies["backward"] += off["fetch_bwd_s"]
+        copies_exposed = hidden_exposed(with_copies, forward, backward, backward_last, overlap, floor) - comm_exposed
+        cpu_s = off["node_params"] / cpu_rate
+        offload = copies_exposed + cpu_s + off["weights_up_s"]
+        parts.update({"offload: gradient copy to host": off["grad_down_s"],
+                      "offload: CPU Adam (node)": cpu_s, "offload: weights back to GPU": off["weights_up_s"],
+                      "offload: parameter fetch from host": off["fetch_fwd_s"] + off["fetch_bwd_s"]})
+    return StepTime(compute, backward, comm_total, comm_exposed, optimizer, offload, tokens, parts)
 
 
-def _optimizer_time(inp: PlanInput, shape: ModelShape, gpu: GpuSpec, host: LinkSpec, cpu_rate: float,
-                    hbm: float | None) -> tuple[float, float]:
+def _local_params(inp: PlanInput, shape: ModelShape) -> float:
     psi = shape.n_params / (inp.tp * inp.pp)
-    local = psi if inp.strategy == "ddp" else psi / inp.dp
-    if inp.strategy in DEEPSPEED_PLAN_STRATEGIES and inp.offload_optimizer:
-        w = 4 if inp.precision == "fp32" else 2
-        gpus_on_node = min(inp.dp, GPUS_PER_NODE)
-        cpu_s = local * gpus_on_node / cpu_rate       # the node's CPUs update every local partition
-        pcie_s = 2 * w * local / host.bus_bytes_per_s  # gradient partition down, weights back up
-        return 0.0, cpu_s + pcie_s
-    return ADAM_BYTES_PER_ELEMENT * local / (hbm or gpu.hbm_bytes_per_s), 0.0
+    return psi if inp.strategy == "ddp" else psi / inp.dp
+
+
+def _offload_traffic(inp: PlanInput, shape: ModelShape, node: NodeSpec, host: LinkSpec) -> dict[str, Any] | None:
+    """Host-link seconds (on the busiest uplink of the node) and the node's CPU-Adam parameters; None without offload.
+
+    Ranks fill a node's GPUs in order, so the first ``gpus_per_host_link``
+    ranks share one uplink; every rank of the node moves its own partition.
+    """
+    deepspeed = inp.strategy in DEEPSPEED_PLAN_STRATEGIES and inp.offload_optimizer
+    torch_offload = inp.strategy in ("fsdp2", "tp", "pp") and inp.offload_param
+    if not (deepspeed or torch_offload):
+        return None
+    local = _local_params(inp, shape)
+    w = 4 if inp.precision == "fp32" else 2
+    ranks_on_node = min(inp.world_size, node.gpus)
+    per_link = min(ranks_on_node, node.gpus_per_host_link)
+    bw = host.bus_bytes_per_s
+    acc = inp.grad_accum
+    if deepspeed:
+        grad_down = 4 * local                                 # the fp32 gradient partition, at the boundary
+        weights_up = 0.0 if inp.offload_param else w * local  # ZeRO-3 + offload_param: weights stay on the host
+        fetch = w * local if inp.strategy == "zero3" and inp.offload_param else 0.0
+        window = "backward" if inp.strategy == "zero3" else "backward_last"   # ZeRO-1/2: the boundary's backward
+    else:                                                      # FSDP2 CPUOffloadPolicy: fp32 shards on the host
+        grad_down, weights_up, fetch, window = 4 * local, 0.0, 4 * local, "backward_last"
+    return {"grad_down_s": per_link * grad_down / bw, "weights_up_s": per_link * weights_up / bw,
+            "fetch_fwd_s": per_link * acc * fetch / bw, "fetch_bwd_s": per_link * acc * fetch / bw,
+            "grad_window": window, "node_params": ranks_on_node * local}
 
 
 def speedups(inp: PlanInput, gpu_counts: list[int], **kwargs: Any) -> list[dict[str, Any]]:
-    """Throughput speed-up of N GPUs over 1 at the same per-GPU micro-batch (weak scaling), per N."""
-    base = predict_step_time(replace(inp, world_size=1), **kwargs)
+    """Speed-up of N GPUs over 1 on the same training (same global batch per optimizer step), per N.
+
+    One GPU accumulates ``grad_accum × dp`` micro-batches where each of the N
+    GPUs accumulates ``grad_accum``; tensor/pipeline degrees stay those of
+    ``inp`` on N GPUs and are 1 on one GPU.
+    """
+    inp = inp.resolved()
     rows = []
     for n in gpu_counts:
-        st = predict_step_time(replace(inp, world_size=n), **kwargs)
-        speedup = n * base.total_s / st.total_s
-        rows.append({"gpus": n, "step_s": st.total_s, "speedup": speedup, "efficiency": speedup / n,
-                     "compute_s": st.compute_s, "comm_exposed_s": st.comm_exposed_s,
+        run = replace(inp, world_size=n)
+        st = predict_step_time(run, **kwargs)
+        base_inp = replace(inp, world_size=1, tp=1, pp=1, pp_microbatches=0, grad_accum=inp.grad_accum * run.dp,
+                           strategy=inp.strategy if inp.strategy not in ("tp", "pp") else "fsdp2")
+        base = predict_step_time(base_inp, **kwargs)
+        speedup = base.total_s / st.total_s
+        rows.append({"gpus": n, "step_s": st.total_s, "single_gpu_step_s": base.total_s, "speedup": speedup,
+                     "efficiency": speedup / n, "compute_s": st.compute_s, "comm_exposed_s": st.comm_exposed_s,
                      "optimizer_s": st.optimizer_s + st.offload_s})
     return rows
 
 
-__all__ = ["all_reduce_s", "all_gather_s", "reduce_scatter_s", "StepTime", "comm_volume", "predict_step_time",
-           "speedups", "ADAM_BYTES_PER_ELEMENT", "DEFAULT_EFFICIENCY", "DEFAULT_OVERLAP", "CPU_ADAM_PARAMS_PER_S"]
+__all__ = ["all_reduce_s", "all_gather_s", "reduce_scatter_s", "StepTime", "comm_volume", "last_bucket",
+           "hidden_exposed", "predict_step_time", "speedups", "ADAM_BYTES_PER_ELEMENT",
+           "DEFAULT_EFFICIENCY", "DEFAULT_OVERLAP", "CPU_ADAM_PARAMS_PER_S", "GPUS_PER_NODE", "WINDOWS"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from ecomkit.parallel.compression.specs import parse_method_spec
-from ecomkit.plots.common import _plt, train_rows
+from ecomkit.plots.common import _plt, finish_axes, train_rows
 
 
 def plot_bytes_per_step(runs: Mapping[str, Sequence[dict]], ax=None):
@@ -71,11 +71,7 @@ def plot_topk_losses(runs_by_spec: Mapping[str, Sequence[dict]], baseline: str =
         else:
             continue
         ax.plot([r["step"] for r in tr], [r["loss"] for r in tr], label=spec.title, **style)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("training loss")
-    ax.set_title("Top-K: solid = error feedback, dashed = without")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    finish_axes(ax, "optimizer step", "training loss", "Top-K: solid = error feedback, dashed = without", legend_size=7)
     return fig or ax.figure
 
 
@@ -120,10 +116,7 @@ def plot_bucket_sweep(sweep: Sequence[dict], ax=None):
                         (r["bucket_cap_mb"], 1000 * r["step_s"]), fontsize=7, xytext=(0, 8),
                         textcoords="offset points", ha="center")
     ax.set_xscale("log")
-    ax.set_xlabel("bucket_cap_mb")
-    ax.set_ylabel("ms per forward + backward")
-    ax.set_title("how much all-reduce DDP hides behind backward")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    finish_axes(ax, "bucket_cap_mb", "ms per forward + backward", "how much all-reduce DDP hides behind backward",
+                grid="both")
     ax.margins(y=0.25)
     return fig or ax.figure

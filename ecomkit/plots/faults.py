@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ecomkit.plots.common import _plt, train_rows
+from ecomkit.plots.common import _plt, finish_axes, train_rows
 
 
 def split_attempts(rows: Sequence[dict]) -> list[list[dict]]:
@@ -45,11 +45,8 @@ def plot_resume(uninterrupted: Sequence[dict], interrupted: Sequence[dict], kill
         ax.axvline(resumed_from, color="#4C72B0", ls=":", lw=1)
         ax.annotate(f"checkpoint step {resumed_from}", (resumed_from, ax.get_ylim()[0]), fontsize=8, ha="right",
                     va="bottom", color="#4C72B0")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel(key)
-    ax.set_title("a rank killed mid-run: torchrun restarts, training resumes from the checkpoint")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    finish_axes(ax, "optimizer step", key,
+                "a rank killed mid-run: torchrun restarts, training resumes from the checkpoint")
     return fig or ax.figure
 
 
@@ -68,9 +65,5 @@ def plot_forward_times(health_rows: Sequence[dict], factor: float | None = None,
     if flagged:
         ax.plot([s for s, _ in flagged], [t * 1e3 for _, t in flagged], "x", color="k", ms=10,
                 label="flagged straggler" + (f" (> {factor:g}× others)" if factor else ""))
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("mean forward time (ms)")
-    ax.set_title("straggler detection: forward time per rank")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    finish_axes(ax, "optimizer step", "mean forward time (ms)", "straggler detection: forward time per rank")
     return fig or ax.figure

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ecomkit.hardware import GIB
-from ecomkit.plots.common import _plt
+from ecomkit.plots.common import _plt, finish_axes
 
 PART_COLORS = {
     "parameters": "#4C72B0", "gradients": "#55A868", "optimizer states": "#C44E52",
@@ -60,11 +60,7 @@ def plot_measured_vs_predicted(rows: Sequence[dict], x: str = "seq_len", measure
         line, = ax.plot([r[x] for r in rs], [r[predicted] / scale for r in rs], "-", lw=1.2, label=f"{name} (planner)")
         ax.plot([r[x] for r in rs], [r[measured] / scale for r in rs], "o", color=line.get_color(), ms=5,
                 label=f"{name} (measured)")
-    ax.set_xlabel(x)
-    ax.set_ylabel(unit)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    finish_axes(ax, x, unit, title, legend_size=7)
     return fig or ax.figure
 
 
@@ -136,5 +132,19 @@ def format_state_comparison(rows: Sequence[dict]) -> str:
                      f"planned {r['planned_total']:>9,} B, difference {r['difference_bytes']:+,} B" for r in rows)
 
 
-__all__ = ["format_state_comparison", "plot_memory_breakdown", "plot_measured_vs_predicted", "plot_checkpointing",
-           "plot_speedup_claims", "plot_state_comparison", "PART_COLORS"]
+def format_calibration(report: dict) -> str:
+    """The measured inputs, then one line per strategy: predicted and measured step time, and their ratio."""
+    c, lk = report["compute"], report["link"]
+    lines = [f"measured inputs ({report['world_size']} processes): forward+backward {1000 * c['fwd_bwd_s']:.1f} ms, "
+             f"AdamW on {c['n_params']:,} parameters {1000 * c['optimizer_s']:.1f} ms"]
+    lines += [f"  gloo {kind}: α {1e6 * alpha:.0f} µs, bus bandwidth {bus / 1e9:.2f} GB/s"
+              for kind, (alpha, bus) in lk["fits"].items()]
+    lines += [f"{r['strategy']:>6} × {r['processes']}: predicted {1000 * r['predicted_s']:7.1f} ms "
+              f"(compute {1000 * r['compute_s']:.1f}, comm {1000 * r['comm_exposed_s']:.1f}, optimizer "
+              f"{1000 * r['optimizer_s']:.1f}), measured {1000 * r['measured_s']:7.1f} ms, "
+              f"predicted/measured {r['ratio']:.2f}" for r in report["rows"]]
+    return "\n".join(lines)
+
+
+__all__ = ["format_calibration", "format_state_comparison", "plot_memory_breakdown", "plot_measured_vs_predicted",
+           "plot_checkpointing", "plot_speedup_claims", "plot_state_comparison", "PART_COLORS"]

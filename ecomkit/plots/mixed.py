@@ -126,3 +126,27 @@ def memory_vs_formula(layout: Mapping[str, Any], vocab_size: int, model: str = "
         rows.append({"rank": rank["rank"], "measured_mib": measured / MIB, "planned_mib": formula / MIB,
                      "ratio": measured / formula})
     return rows
+
+
+def decision_facts(rows: Iterable[Mapping[str, Any]], model: str, gpus: int) -> dict[str, Any]:
+    """The figures chapter 04's prose quotes, read off :func:`ecomkit.planner.layouts.decision_table` rows.
+
+    For ``model`` on ``gpus`` GPUs: the replicated model states per GPU (DDP's
+    16Ψ) and summed over the GPUs, the range of the sharded layouts' model
+    states, which layout holds the fewest model states, which needs the most
+    memory in total, and the share of Ψ in the tied embedding (which TP and
+    PP keep whole).
+    """
+    group = [r for r in rows if r["model"] == model and r["gpus"] == gpus]
+    if not group:
+        raise ValueError(f"no rows for {model} on {gpus} GPUs")
+    ddp = next(r for r in group if r["layout"].startswith("DP"))
+    sharded = [r for r in group if r is not ddp]
+    leanest, worst = min(group, key=lambda r: r["state_gb"]), max(group, key=lambda r: r["total_gb"])
+    shape = model_shape(model)
+    return {"model": model, "gpus": gpus, "replicated_state_gb": ddp["state_gb"],
+            "replicated_state_gb_all_gpus": gpus * ddp["state_gb"],
+            "sharded_state_gb_range": (min(r["state_gb"] for r in sharded), max(r["state_gb"] for r in sharded)),
+            "fewest_states_layout": leanest["layout"], "most_memory_layout": worst["layout"],
+            "most_memory_gb": worst["total_gb"], "fits_anywhere_replicated": ddp["fits"],
+            "embedding_share": shape.vocab * shape.hidden / shape.n_params}

@@ -7,11 +7,9 @@ code a unit test covers. Notebooks print and plot what these return.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
-
-# An eval-loss difference smaller than this is within one seed's noise on the tiny models.
-EVAL_LOSS_NOISE = 0.01
 
 
 def train_losses(rows: Sequence[Mapping[str, Any]]) -> list[float]:
@@ -33,6 +31,26 @@ def max_relative_loss_difference(rows: Sequence[Mapping[str, Any]],
     return max(abs(a - b) / abs(b) for a, b in pairs)
 
 
+def loss_fell(rows: Sequence[Mapping[str, Any]], min_drop: float) -> bool:
+    """True when the last training loss is below the first by at least ``min_drop`` (relative, e.g. 0.02)."""
+    losses = train_losses(rows)
+    if len(losses) < 2:
+        raise ValueError("need at least two training steps to tell whether the loss fell")
+    return losses[-1] <= (1 - min_drop) * losses[0]
+
+
+def eval_loss_ratio(rows: Sequence[Mapping[str, Any]]) -> float:
+    """Last eval loss / first eval loss of a metrics.jsonl (the loop evaluates at step 0 when ``eval_interval`` > 0).
+
+    Below 1 means the held-out loss fell; the first eval must be at step 0, before any update, so the
+    ratio measures all of the training.
+    """
+    evals = [r for r in rows if "eval_loss" in r]
+    if len(evals) < 2 or evals[0].get("step") != 0:
+        raise ValueError("need an eval at step 0 and a later one (run with eval_interval > 0)")
+    return float(evals[-1]["eval_loss"]) / float(evals[0]["eval_loss"])
+
+
 @dataclass(frozen=True)
 class Scaling:
     """Throughput of a run on ``processes`` processes against a baseline."""
@@ -49,11 +67,13 @@ def scaling(summary: Mapping[str, Any], baseline: Mapping[str, Any], processes: 
 
 @dataclass(frozen=True)
 class ClippingReport:
-    """How a clip policy behaved in one run: eval results, clip range, and how often it clipped."""
+    """How a clip policy behaved in one run: eval results and their baselines, clip range, how often it clipped."""
 
     eval_loss: float
     acc_sentiment: float | None
     acc_category: float | None
+    majority_sentiment: float | None   # majority-class baseline of the same scored records
+    majority_category: float | None
     clip_min: float
     clip_max: float
     clipped_fraction: float   # steps whose gradient norm exceeded the clip value
@@ -66,17 +86,92 @@ def clipping_report(rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any
         raise ValueError("no training steps in the metrics")
     return ClippingReport(
         eval_loss=float(summary["eval_loss"]), acc_sentiment=summary.get("acc_sentiment"),
-        acc_category=summary.get("acc_category"), clip_min=min(r["clip"] for r in train),
+        acc_category=summary.get("acc_category"), majority_sentiment=summary.get("majority_sentiment"),
+        majority_category=summary.get("majority_category"), clip_min=min(r["clip"] for r in train),
         clip_max=max(r["clip"] for r in train),
         clipped_fraction=sum(r["grad_norm"] > r["clip"] for r in train) / len(train))
 
 
-def clip_policy_verdict(fixed_eval_loss: float, adaptive_eval_loss: float,
-                        noise: float = EVAL_LOSS_NOISE) -> tuple[str, float]:
-    """(verdict, Δ eval loss) of the sentiment-adaptive policy against the fixed one.
+# An arm has learned a classification task when its accuracy beats the majority-class baseline by this much.
+LEARNED_MARGIN = 0.10
+CLASSIFICATION_METRICS = ("acc_category", "acc_sentiment")
 
-    An improvement counts only when the eval loss drops by more than ``noise``;
-    one seed on a tiny model cannot resolve less.
+
+@dataclass(frozen=True)
+class SeedSpread:
+    """One metric of one arm over its seeds: mean and sample standard deviation (0 with one seed)."""
+
+    mean: float
+    std: float
+    n: int
+
+
+def seed_spread(values: Sequence[float]) -> SeedSpread:
+    """Mean and sample standard deviation (n - 1 in the denominator) of one arm's per-seed values."""
+    if not values:
+        raise ValueError("no runs in this arm")
+    n = len(values)
+    mean = sum(values) / n
+    var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0
+    return SeedSpread(mean, math.sqrt(var), n)
+
+
+def margin_over_majority(report: ClippingReport, metric: str) -> float:
+    """Accuracy minus its majority-class baseline for ``metric`` in ``acc_category``/``acc_sentiment``."""
+    acc, base = getattr(report, metric), getattr(report, "majority_" + metric.removeprefix("acc_"))
+    if acc is None or base is None:
+        raise ValueError(f"the run has no {metric} or no majority baseline for it (an NLU run reports both)")
+    return acc - base
+
+
+@dataclass(frozen=True)
+class ClipComparison:
+    """Fixed vs sentiment-adaptive clipping on one metric, over several seeds per arm."""
+
+    metric: str
+    fixed: SeedSpread
+    adaptive: SeedSpread
+    difference: float          # adaptive mean - fixed mean (for eval_loss, negative is better)
+    spread: float              # std of a one-seed difference: sqrt(std_fixed² + std_adaptive²)
+    learned: bool              # every run of both arms beat the majority baseline by LEARNED_MARGIN
+    verdict: str
+
+
+def compare_clip_policies(fixed: Sequence[ClippingReport], adaptive: Sequence[ClippingReport],
+                          metric: str = "acc_category", learned_margin: float = LEARNED_MARGIN) -> ClipComparison:
+    """Verdict on ``metric`` (``acc_category``, ``acc_sentiment`` or ``eval_loss``) for seed-matched arms.
+
+    The rules, in order:
+
+    1. Both arms must have learned first: every run's category and sentiment
+       accuracy beats its majority-class baseline by ``learned_margin``.
+       Otherwise the runs say nothing about clipping ("not comparable").
+    2. A difference needs a spread to be judged against, so each arm needs at
+       least 2 seeds ("not enough seeds").
+    3. The difference of the arm means counts only when it exceeds the seed
+       spread, ``sqrt(std_fixed² + std_adaptive²)``: the typical difference
+       between two single runs that differ only in their seed.
     """
-    delta = adaptive_eval_loss - fixed_eval_loss
-    return ("no measurable benefit" if delta >= -noise else "a small improvement in eval loss"), delta
+    f = seed_spread([_metric(r, metric) for r in fixed])
+    a = seed_spread([_metric(r, metric) for r in adaptive])
+    learned = all(margin_over_majority(r, m) >= learned_margin
+                  for r in (*fixed, *adaptive) for m in CLASSIFICATION_METRICS)
+    diff, spread = a.mean - f.mean, math.sqrt(f.std ** 2 + a.std ** 2)
+    better = -diff if metric == "eval_loss" else diff
+    if not learned:
+        verdict = (f"not comparable: a run has not learned (accuracy within {100 * learned_margin:.0f} points "
+                   "of the majority baseline), so a difference would be noise")
+    elif min(f.n, a.n) < 2:
+        verdict = "not enough seeds: one run per arm gives no seed spread to judge a difference against"
+    elif abs(diff) <= spread:
+        verdict = "no difference beyond the seed spread"
+    else:
+        verdict = f"sentiment-adaptive clipping is {'better' if better > 0 else 'worse'}, beyond the seed spread"
+    return ClipComparison(metric, f, a, diff, spread, learned, verdict)
+
+
+def _metric(report: ClippingReport, metric: str) -> float:
+    value = getattr(report, metric)
+    if value is None:
+        raise ValueError(f"the run has no {metric}")
+    return float(value)

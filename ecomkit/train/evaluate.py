@@ -5,21 +5,49 @@ all-reduced. Equal sizes matter: with sharded strategies (ZeRO-3, FSDP)
 every forward is a collective, so all ranks must run the same number.
 
 Accuracy is computed the way SeqGPT-style models are used for
-classification: for each candidate label, the sum of the log-probabilities
-of its answer tokens after the prompt; the highest-scoring candidate is the
-prediction. No generation, no string matching.
+classification: score every candidate label after the prompt and predict the
+best one. No generation, no string matching.
+
+**The scoring rule.** A candidate is laid out exactly as in training
+(:func:`ecomkit.data.tokenize.encode_prompt_answer`: prompt, answer tokens,
+then the EOS the model was trained to emit after an answer), and its score is
+the **mean log-probability per scored token** (answer tokens and that EOS):
+``(1 / (n + 1)) · Σ log p(token | everything before it)``. Ties go to the
+lowest candidate index.
+
+Why the mean and not the sum: the sum adds one negative term per token, so
+a model that has not learned yet (near-uniform predictions, each token
+≈ -log V) prefers the candidate with the fewest tokens, whatever the input.
+With the local tokenizer one category label is 4 tokens and the other nine
+are 2, so before training the sum rule all but never predicts that category,
+and accuracy can end *below* chance.
+Under the mean, a model with uniform predictions gives every candidate the
+same score, so a label's length cannot decide the answer; once the model has
+learned, the correct answer's tokens are all likely and it wins under either
+rule. The EOS is scored because the model was trained to emit it: it tells
+whether the answer ends there, so a candidate that is a prefix of another is
+not favoured by stopping early.
+
+Alongside the accuracy, :func:`evaluate_nlu_accuracy` returns the
+**majority-class baseline** of the same scored records (the share of the most
+frequent correct label): an accuracy means something only above it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
 
 from ecomkit.data.tasks import CLASSIFICATION_TASKS, build_classification_example
+from ecomkit.data.tokenize import IGNORE_INDEX, encode_prompt_answer
 from ecomkit.dist import DistEnv
 from ecomkit.models.loss import count_label_tokens, token_loss_sum
+
+# No truncation unless the caller gives the training sequence length.
+_NO_TRUNCATION = 1 << 30
 
 
 def all_reduce_sums(values: list[float], env: DistEnv) -> list[float]:
@@ -63,47 +91,95 @@ def evaluate_loss(strategy, eval_ds, collate, env: DistEnv, micro_batch_size: in
     return total_loss / max(total_tokens, 1.0)
 
 
-def _candidate_batch(tokenizer, prompt: str, candidates: Sequence[str], device) -> tuple[dict, list[tuple[int, int]]]:
-    """Token ids of prompt+candidate for each candidate, right-padded; answer spans per row."""
-    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    rows, spans = [], []
-    for cand in candidates:
-        cand_ids = tokenizer(cand, add_special_tokens=False)["input_ids"]
-        rows.append(prompt_ids + cand_ids)
-        spans.append((len(prompt_ids), len(prompt_ids) + len(cand_ids)))
-    width = max(len(r) for r in rows)
+@dataclass(frozen=True)
+class CandidateScore:
+    """One candidate's log-probability after the prompt: the sum over its scored tokens and their count."""
+
+    log_prob: float   # Σ log p over the answer tokens and the end-of-answer EOS
+    n_tokens: int     # how many tokens that sum covers (answer tokens + 1)
+
+    @property
+    def mean(self) -> float:
+        """The score candidates are ranked by: mean log-probability per scored token."""
+        return self.log_prob / self.n_tokens
+
+
+def _candidate_batch(tokenizer, prompt: str, candidates: Sequence[str], max_length: int | None,
+                     device) -> tuple[dict, torch.Tensor]:
+    """prompt + candidate + EOS per candidate, as in training, right-padded; labels mark the scored tokens."""
+    rows = [encode_prompt_answer(tokenizer, prompt, cand, max_length or _NO_TRUNCATION) for cand in candidates]
+    width = max(len(ids) for ids, _ in rows)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
-    return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}, spans
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    for i, (row_ids, row_labels) in enumerate(rows):
+        ids[i, : len(row_ids)] = torch.tensor(row_ids)
+        mask[i, : len(row_ids)] = 1
+        labels[i, : len(row_labels)] = torch.tensor(row_labels)
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}, labels.to(device)
 
 
 @torch.no_grad()
-def score_candidates(strategy, tokenizer, prompt: str, candidates: Sequence[str], device) -> int:
-    """Index of the candidate whose answer tokens have the highest total log-probability."""
-    batch, spans = _candidate_batch(tokenizer, prompt, candidates, device)
-    logits = strategy.forward_logits(batch["input_ids"], batch["attention_mask"]).float()
-    logp = torch.log_softmax(logits, dim=-1)
-    scores = []
-    for row, (a, b) in enumerate(spans):
-        targets = batch["input_ids"][row, a:b]
-        # the token at position t is predicted by the logits at position t-1
-        scores.append(float(logp[row, a - 1 : b - 1].gather(-1, targets[:, None]).sum()))
-    return int(max(range(len(scores)), key=scores.__getitem__))
+def candidate_log_probs(strategy, tokenizer, prompt: str, candidates: Sequence[str], device,
+                        max_length: int | None = None) -> list[CandidateScore]:
+    """Σ log-probability of each candidate's answer tokens and EOS after ``prompt``, in one padded forward.
+
+    Right padding leaves every real position's logits unchanged (causal
+    attention never looks ahead), so each row scores as if it were alone.
+    ``max_length``: the training sequence length, so a long prompt is cut the
+    way training cut it.
+    """
+    batch, labels = _candidate_batch(tokenizer, prompt, candidates, max_length, device)
+    logits = strategy.forward_logits(batch["input_ids"], batch["attention_mask"])
+    # the token at position t is predicted by the logits at position t-1; only scored positions get a softmax
+    targets = labels[:, 1:]
+    scored = targets != IGNORE_INDEX
+    logp = torch.log_softmax(logits[:, :-1][scored].float(), dim=-1)            # [n_scored, vocab]
+    token_logp = logp.gather(-1, targets[scored][:, None]).squeeze(-1)
+    row_of = scored.nonzero()[:, 0]
+    sums = torch.zeros(len(candidates), dtype=torch.float64, device=token_logp.device)
+    sums.index_add_(0, row_of, token_logp.double())
+    return [CandidateScore(float(sums[i]), int(scored[i].sum())) for i in range(len(candidates))]
+
+
+def best_candidate(scores: Sequence[CandidateScore]) -> int:
+    """Index of the highest mean log-probability per scored token; ties go to the lowest index."""
+    if not scores:
+        raise ValueError("no candidates to choose from")
+    best = 0
+    for i, s in enumerate(scores):
+        if s.mean > scores[best].mean:
+            best = i
+    return best
+
+
+def score_candidates(strategy, tokenizer, prompt: str, candidates: Sequence[str], device,
+                     max_length: int | None = None) -> int:
+    """The predicted candidate: see the module docstring for the rule (mean log-prob per token, EOS included)."""
+    return best_candidate(candidate_log_probs(strategy, tokenizer, prompt, candidates, device, max_length))
+
+
+def majority_share(label_counts: Sequence[float]) -> float:
+    """The majority-class baseline: the share of the most frequent label (always predicting it scores this)."""
+    total = sum(label_counts)
+    return max(label_counts) / total if total else float("nan")
 
 
 @torch.no_grad()
 def evaluate_nlu_accuracy(strategy, tokenizer, records: Sequence[dict[str, Any]], env: DistEnv,
                           n_samples: int, category_labels: Sequence[str] | None = None,
-                          shard: tuple[int, int] | None = None) -> dict[str, float]:
+                          shard: tuple[int, int] | None = None, max_length: int | None = None) -> dict[str, float]:
     """Accuracy per classification task (``acc_category``, ``acc_sentiment``) on held-out records.
+
+    Also the majority-class baseline of the same scored records
+    (``majority_category``, ``majority_sentiment``): the share of the most
+    frequent correct label, which a model that ignores its input can reach.
 
     Only records that carry every classification label are scored, so each
     rank runs exactly ``per_rank × len(tasks)`` forwards (sharded strategies
-    need the same number of collectives on every rank).
+    need the same number of collectives on every rank). ``max_length``: the
+    training sequence length (prompts are cut as in training).
     """
     idx, n_shards = shard or (env.rank, env.world_size)
     usable = [r for r in records if all(r.get(t) for t in CLASSIFICATION_TASKS)]
@@ -115,15 +191,25 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Sequence[dict[str, Any]]
     was_training = model.training
     model.eval()
     correct = dict.fromkeys(CLASSIFICATION_TASKS, 0.0)
+    # per task, how often each candidate is the correct one (candidates are the same for every record of a task)
+    n_candidates = {t: len(build_classification_example(usable[0], t, category_labels if t == "category" else None)
+                           .candidates) for t in CLASSIFICATION_TASKS}
+    label_counts = {t: [0.0] * n for t, n in n_candidates.items()}
     for rec in mine:
         for task in CLASSIFICATION_TASKS:
             ex = build_classification_example(rec, task, category_labels if task == "category" else None)
-            pred = score_candidates(strategy, tokenizer, ex.prompt, ex.candidates, env.device)
+            pred = score_candidates(strategy, tokenizer, ex.prompt, ex.candidates, env.device, max_length)
             correct[task] += float(pred == ex.correct_index)
+            label_counts[task][ex.correct_index] += 1.0
     model.train(was_training)
-    sums = all_reduce_sums([correct[t] for t in CLASSIFICATION_TASKS], env)
+    flat = [correct[t] for t in CLASSIFICATION_TASKS] + [c for t in CLASSIFICATION_TASKS for c in label_counts[t]]
+    sums = all_reduce_sums(flat, env)
     replication = env.world_size // n_shards  # TP/PP ranks of one shard score the same records
     scored = per_rank * n_shards
     out = {f"acc_{t}": c / replication / scored for t, c in zip(CLASSIFICATION_TASKS, sums)}
+    offset = len(CLASSIFICATION_TASKS)
+    for t in CLASSIFICATION_TASKS:
+        out[f"majority_{t}"] = majority_share(sums[offset : offset + n_candidates[t]])
+        offset += n_candidates[t]
     out["nlu_scored"] = scored  # records scored per task: the accuracy resolution is 1/scored
     return out

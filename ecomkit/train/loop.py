@@ -25,11 +25,11 @@ from torch.utils.data import DataLoader
 
 from ecomkit.config import TrainConfig
 from ecomkit.data import DistributedBatchSampler, build_datasets, pad_collate
-from ecomkit.dist import DistEnv, distributed_session, gather_objects, log
+from ecomkit.dist import DistEnv, all_reduce_max, distributed_session, gather_objects, log
 from ecomkit.errors import ConfigError
 from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak_flops, mfu_fields
-from ecomkit.metrics import MetricsWriter, peak_memory
+from ecomkit.metrics import MetricsWriter, peak_memory, throughput_summary, time_split
 from ecomkit.models.attention import install_attention
 from ecomkit.models.bloom import PRESETS, count_parameters, flops_per_token, load_model
 from ecomkit.models.loss import count_label_tokens, install_chunked_loss
@@ -39,6 +39,10 @@ from ecomkit.parallel.mixed import sharded_model_callbacks
 from ecomkit.train.clip import ClipPolicy
 from ecomkit.train.evaluate import all_reduce_sums, evaluate_loss, evaluate_nlu_accuracy
 from ecomkit.train.progress import make_progress
+
+
+# Steps left out of throughput: the first step allocates memory and picks kernels.
+WARMUP_STEPS = 1
 
 
 def tokenizer_cache_dir() -> Path:
@@ -153,10 +157,13 @@ class TrainingRun:
         bar = make_progress(self.total_steps, cfg.progress and env.is_main)
         bar.update(self.step)
         batches = self._micro_batches()
+        if cfg.eval_interval and self.step == 0:  # evaluations at steps 0, k, 2k, ...: the untrained reference
+            self.metrics.write({"type": "eval", "step": 0, **self.evaluate()})
         start_time = time.perf_counter()
         while self.step < self.total_steps:
             self._maybe_inject_fault()
-            row = self._train_step(next(batches), flops_tok, peak)
+            fetch_start = time.perf_counter()  # a step's wall time starts with fetching its batches
+            row = self._train_step(next(batches), flops_tok, peak, fetch_start)
             self.step += 1
             if cfg.eval_interval and self.step % cfg.eval_interval == 0 and self.step < self.total_steps:
                 row.update(self.evaluate())
@@ -188,18 +195,21 @@ class TrainingRun:
     def _reduce_counts(self, counts: list[float]) -> list[float]:
         return all_reduce_sums(counts, self.env)
 
-    def _train_step(self, micro: list[dict], flops_tok: float, peak: float | None) -> dict[str, Any]:
+    def _train_step(self, micro: list[dict], flops_tok: float, peak: float | None,
+                    started: float | None = None) -> dict[str, Any]:
+        """One optimizer step; ``started`` is when fetching ``micro`` began (data time counts in the step)."""
         env, strategy = self.env, self.strategy
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if started is None else started
         micro = [{k: v.to(env.device) for k, v in b.items()} for b in micro]
         local = [sum(count_label_tokens(b["labels"]) for b in micro),
                  sum(int(b["attention_mask"].sum()) for b in micro),
-                 sum(b["input_ids"].size(0) for b in micro)]
+                 sum(b["input_ids"].size(0) for b in micro),
+                 sum(b["input_ids"].numel() for b in micro)]  # padded positions
         # Summed over all ranks, counts include each batch once per rank that saw it (TP/PP
         # replicas see the same batch); the loss scale world/label_tokens = shards/N stays exact.
-        label_tokens, input_tokens, samples = self._reduce_counts([float(x) for x in local])
+        label_tokens, input_tokens, samples, padded = self._reduce_counts([float(x) for x in local])
         scale = env.world_size / label_tokens
-        input_tokens, samples = input_tokens / self.replication, samples / self.replication
+        input_tokens, samples, padded = (x / self.replication for x in (input_tokens, samples, padded))
         t_data = time.perf_counter() - t0
         loss_sum, times = 0.0, []
         for b in micro:
@@ -226,7 +236,7 @@ class TrainingRun:
             "type": "train", "step": self.step + 1, "epoch": self.epoch,
             "loss": loss_total / label_tokens, "lr": strategy.current_lr(),
             "grad_norm": stats.grad_norm, "clip": clip_value, "skipped": stats.skipped,
-            "tokens": int(input_tokens), "samples": int(samples),
+            "tokens": int(input_tokens), "samples": int(samples), "padded_tokens": int(padded),
             "tokens_per_s": input_tokens / step_time, "samples_per_s": samples / step_time,
             "step_time_s": step_time, "data_s": t_data, "fwd_bwd_s": sum(times), "optim_s": t_opt,
             # exposed communication, measurable with accumulation: the synced micro-step minus a no_sync one
@@ -243,13 +253,16 @@ class TrainingRun:
                                           self.cfg.micro_batch_size, self.cfg.eval_batches, self.shard)}
         if self.cfg.task == "nlu" and self.eval_records:
             out.update(evaluate_nlu_accuracy(self.strategy, self.tokenizer, self.eval_records, self.env,
-                                             self.cfg.eval_nlu_samples, self.data_report.category_labels, self.shard))
+                                             self.cfg.eval_nlu_samples, self.data_report.category_labels, self.shard,
+                                             max_length=self.cfg.seq_len))
         return out
 
     def _summary(self, final_eval: dict[str, float], wall: float) -> dict[str, Any]:
         train_rows = [r for r in self.history if r.get("type") == "train"]
-        steady = train_rows[1:] or train_rows  # step 1 includes warm-up allocations
-        mean = lambda k: sum(r[k] for r in steady) / len(steady) if steady else float("nan")  # noqa: E731
+        # Totals over the steady phase, at the slowest rank's pace (a collective: every rank gets here).
+        own = throughput_summary(train_rows, WARMUP_STEPS)
+        slowest = all_reduce_max(own["steady_wall_s"], self.env) if self.env.distributed else None
+        throughput = throughput_summary(train_rows, WARMUP_STEPS, slowest)
         return {
             "strategy": self.strategy.name, "model": self.cfg.model, "params": self.n_params,
             "world_size": self.env.world_size, "global_batch": self.global_batch(),
@@ -257,8 +270,8 @@ class TrainingRun:
             "first_loss": train_rows[0]["loss"] if train_rows else None,
             "final_loss": train_rows[-1]["loss"] if train_rows else None,
             **final_eval,
-            "samples_per_s": mean("samples_per_s"), "tokens_per_s": mean("tokens_per_s"),
-            "step_time_s": mean("step_time_s"), "peak_mem_bytes": max((r["peak_mem_bytes"] for r in train_rows), default=0),
+            **throughput, "time_split": time_split(train_rows, WARMUP_STEPS),
+            "peak_mem_bytes": max((r["peak_mem_bytes"] for r in train_rows), default=0),
             "wall_s": wall, "output_dir": str(self.out_dir.resolve()),
             "model_dir": str((self.out_dir / "final").resolve()) if self.cfg.save_model else None,
             "config": self.cfg.to_dict(),

@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import socket
 import warnings
 from typing import Any, ContextManager
 
@@ -47,7 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ecomkit.config import TrainConfig
-from ecomkit.dist import DistEnv, log
+from ecomkit.dist import DistEnv, free_port, log
 from ecomkit.errors import ConfigError, EcomkitError
 from ecomkit.models.optim import build_optimizer, build_scheduler, param_groups
 from ecomkit.parallel.base import StepStats, Strategy
@@ -105,12 +104,6 @@ def build_zero_optimizer(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> to
     return build_optimizer(model, cfg)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ensure_process_group(env: DistEnv) -> None:
     """DeepSpeed needs a process group even for one process; reuse ecomkit's when it exists."""
     ensure_deepspeed_env()
@@ -118,7 +111,7 @@ def _ensure_process_group(env: DistEnv) -> None:
 
     if not dist.is_initialized():  # plain `python script.py`: a world of one
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("LOCAL_RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")

@@ -1,0 +1,67 @@
+#!/usr/bin/env python
+"""The time model against real steps: predicted / measured step time of DDP, ZeRO-2 and FSDP2 on 2 and 4 processes.
+
+For each process count, one torchrun job (``scripts/06_memory_tuning.py
+calibrate``) first measures the model's inputs — one process's forward +
+backward + AdamW step, and α-β fits of gloo's all-reduce (chapter 01's sweep,
+1 KiB-64 MiB), all-gather and reduce-scatter — then trains each strategy with
+chapter 02's loop; the planner (``ecomkit.planner.step_time``) predicts each
+step from the measured inputs alone. Goal: every prediction within 20 %.
+
+  python benchmarks/bench_calibration.py                     # small model, 2 and 4 processes
+  python benchmarks/bench_calibration.py --nprocs 2 --steps 6
+
+Four processes on a 2-core machine share the cores two to a core; the inputs
+are measured under the same sharing, so the prediction covers it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import verdict, write_artifact  # noqa: E402
+from ecomkit.launch import read_json, run_torchrun  # noqa: E402
+from ecomkit.measure.calibration import CALIBRATION_STRATEGIES  # noqa: E402
+
+GOAL = 0.20
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="small")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--nprocs", default="2,4")
+    p.add_argument("--strategies", default=",".join(CALIBRATION_STRATEGIES))
+    args = p.parse_args()
+    rows, inputs = [], {}
+    for nproc in (int(n) for n in args.nprocs.split(",")):
+        with tempfile.TemporaryDirectory() as tmp:
+            run_torchrun("scripts/06_memory_tuning.py", [
+                "calibrate", "--model", args.model, "--max-steps", str(args.steps), "--strategies", args.strategies,
+                "--no-progress", "--output-dir", tmp], nproc=nproc, live=False)
+            report = read_json(Path(tmp) / "time_model.json")
+        inputs[nproc] = {"compute": report["compute"], "link_fits": report["link"]["fits"]}
+        rows += report["rows"]
+    print(f"\ntime model vs measured steps: model={args.model}, {args.steps} steps per run (first one left out)")
+    print(f"{'strategy':<9}{'procs':>6}{'predicted ms':>14}{'measured ms':>13}{'pred/meas':>11}")
+    for r in rows:
+        print(f"{r['strategy']:<9}{r['processes']:>6}{1000 * r['predicted_s']:>14.1f}{1000 * r['measured_s']:>13.1f}"
+              f"{r['ratio']:>11.2f}")
+    worst = max(abs(r["ratio"] - 1) for r in rows)
+    verdict("worst |predicted/measured - 1|", worst, f"<= {GOAL:.0%}", worst <= GOAL)
+    write_artifact("bench_calibration", rows, extra={
+        "settings": vars(args), "inputs_by_processes": inputs, "worst_ratio_error": worst, "goal": GOAL,
+        "columns": ["strategy", "processes", "predicted_s", "measured_s", "ratio"],
+        "headers": ["strategy", "processes", "predicted s", "measured s", "predicted / measured"],
+        "notes": [f"model {args.model}, fp32, micro-batch 4 × 32 tokens, {args.steps} steps per strategy; inputs "
+                  "measured in the same job before training: one process's forward+backward+AdamW, gloo α-β"]})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+#!/usr/bin/env python
+"""Render the README's "Measured results" tables from the newest artifact of each benchmark.
+
+Every benchmark ends with ``common.write_artifact``, which writes
+``benchmarks/results/<bench>-<yyyy-mm-dd>-<machine>.json`` (command, commit,
+machine facts, load average before and after, raw rows). In README.md each
+benchmark's table sits between two marker comments::
+
+    <!-- report:bench_tokenize -->
+    ... generated, do not edit ...
+    <!-- /report -->
+
+This script replaces what lies between the markers with a table rendered from
+the newest artifact of that benchmark (newest date; for one date, the file
+written last). A benchmark without an artifact renders a line saying so, never
+old numbers.
+
+    python benchmarks/report.py            # rewrite README.md in place
+    python benchmarks/report.py --check    # exit 1 (and print a diff) if README.md is not what it would render
+
+What a table shows comes from the artifact: ``extra["columns"]`` (row keys, in
+order; default: the keys of the first row), ``extra["headers"]`` (optional,
+one per column) and ``extra["notes"]`` (lines printed under the table, such as
+the ratios and verdicts the benchmark computed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+README = REPO / "README.md"
+ARTIFACT = re.compile(r"^(?P<bench>[a-z0-9_]+)-(?P<date>\d{4}-\d{2}-\d{2})-(?P<machine>[a-z0-9-]+)\.json$")
+BLOCK = re.compile(r"(<!-- report:(?P<bench>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
+
+
+def newest_artifacts(results_dir: Path = RESULTS) -> dict[str, Path]:
+    """bench name → path of its newest artifact (by the date in the name, then by modification time)."""
+    found: dict[str, tuple[tuple[str, float], Path]] = {}
+    for path in sorted(Path(results_dir).glob("*.json")):
+        m = ARTIFACT.match(path.name)
+        if not m:
+            continue
+        key = (m["date"], path.stat().st_mtime)
+        if m["bench"] not in found or key > found[m["bench"]][0]:
+            found[m["bench"]] = (key, path)
+    return {bench: path for bench, (_, path) in found.items()}
+
+
+def fmt(value: Any) -> str:
+    """A cell: floats to 3 significant digits (thousands separated above 1,000), None as '-'."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "-"
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value).replace("|", "\\|")
+
+
+def _load(load: Any) -> str:
+    return f"{load[0]:.2f}" if load else "?"
+
+
+def render(doc: dict[str, Any], path: Path) -> str:
+    """The Markdown for one artifact: where and how it was measured, the table, the benchmark's notes."""
+    extra = doc.get("extra") or {}
+    rows = doc.get("rows") or []
+    columns = extra.get("columns") or (list(rows[0]) if rows else [])
+    headers = extra.get("headers") or columns
+    commit = (doc.get("commit") or "unknown")[:10] + (" + local changes" if doc.get("dirty") else "")
+    lines = [
+        f"Measured {doc['date']} on `{doc['machine']}` ({doc.get('cpu_model')}, {doc.get('cores')} cores"
+        + (f", {doc['gpu']}" if doc.get("gpu") else "") + f"), torch {doc.get('versions', {}).get('torch')}, "
+        f"commit {commit}, load average {_load(doc.get('load_before'))} before → {_load(doc.get('load_after'))} "
+        f"after. Artifact: `{path.relative_to(REPO) if path.is_relative_to(REPO) else path.name}`.",
+        "",
+        f"    {doc['command']}",
+        "",
+    ]
+    if rows and columns:
+        lines.append("| " + " | ".join(headers) + " |")
+        lines.append("|" + "|".join("---" if i == 0 else "---:" for i in range(len(columns))) + "|")
+        for row in rows:
+            lines.append("| " + " | ".join(fmt(row.get(c)) for c in columns) + " |")
+        lines.append("")
+    for note in extra.get("notes") or []:
+        lines.append(f"- {note}")
+    if extra.get("notes"):
+        lines.append("")
+    return "\n".join(lines)
+
+
+def missing(bench: str) -> str:
+    return (f"_No artifact of `{bench}` is committed yet: run `python benchmarks/{bench}.py` to write one to "
+            "`benchmarks/results/`, then `python benchmarks/report.py`._\n")
+
+
+def render_readme(text: str, results_dir: Path = RESULTS) -> str:
+    """``text`` with every marked block replaced by its benchmark's newest artifact (or the missing line)."""
+    artifacts = newest_artifacts(results_dir)
+
+    def block(m: re.Match) -> str:
+        path = artifacts.get(m["bench"])
+        body = render(json.loads(path.read_text()), path) if path else missing(m["bench"])
+        return m.group(1) + body + m.group(4)
+
+    return BLOCK.sub(block, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="exit 1 if README.md differs from what would be rendered")
+    p.add_argument("--readme", type=Path, default=README)
+    p.add_argument("--results", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    text = args.readme.read_text()
+    rendered = render_readme(text, args.results)
+    if args.check:
+        if rendered != text:
+            sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), rendered.splitlines(True),
+                                                       str(args.readme), "rendered from artifacts"))
+            print(f"\n{args.readme} is out of date: run python benchmarks/report.py", file=sys.stderr)
+            return 1
+        print(f"{args.readme}: every report block matches its newest artifact "
+              f"({len(BLOCK.findall(text))} blocks)")
+        return 0
+    if rendered != text:
+        args.readme.write_text(rendered)
+        print(f"rewrote {args.readme}")
+    else:
+        print(f"{args.readme} already up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The time model against real 2-process steps, from inputs measured apart from the runs it predicts.
+
+Unit tests cover the pure parts (the α-β fit, the measured "GPU" and links,
+the prediction assembly); one 2-process job checks the prediction of a DDP
+step against a training run of chapter 02's loop.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_script
+from ecomkit.config import TrainConfig
+from ecomkit.measure.calibration import (ComputeMeasurement, LinkFit, calibration_rows, fit_alpha_beta,
+                                         measured_device, measured_links, predict_cpu_step, worst_ratio_error)
+from ecomkit.models.bloom import flops_per_token, preset_config
+from ecomkit.planner.shapes import model_shape
+from ecomkit.planner.step_time import all_gather_s, all_reduce_s, reduce_scatter_s
+
+TOLERANCE = 0.25      # predicted / measured within 25 % at 2 processes (the issue's acceptance)
+
+
+@pytest.mark.parametrize("kind, formula", [("all_reduce", all_reduce_s), ("all_gather", all_gather_s),
+                                           ("reduce_scatter", reduce_scatter_s)])
+@pytest.mark.parametrize("n", [2, 4])
+def test_the_fit_recovers_alpha_and_bandwidth_of_its_own_ring_formula(kind, formula, n):
+    truth = measured_links(LinkFit(n, {kind: (80e-6, 0.7e9)}))[kind]
+    samples = [(s, formula(s, n, truth)) for s in (2**10 * 4**i for i in range(9))]
+    alpha, bus = fit_alpha_beta(samples, n, kind)
+    assert alpha == pytest.approx(80e-6, rel=1e-6) and bus == pytest.approx(0.7e9, rel=1e-6)
+    with pytest.raises(ValueError):
+        fit_alpha_beta(samples[:1], n, kind)
+
+
+def _inputs():
+    cfg = TrainConfig(model="small", seq_len=32, micro_batch_size=4, grad_accum=2)
+    model_config = preset_config("small", vocab_size=4003)
+    psi = model_shape(model_config).n_params
+    flops = 4 * 32 * flops_per_token(psi, model_config.n_layer, model_config.hidden_size, 32)
+    m = ComputeMeasurement(4, 32, psi, fwd_bwd_s=0.6, optimizer_s=0.3, model_flops=flops)
+    fit = LinkFit(2, {"all_reduce": (100e-6, 0.8e9), "all_gather": (2e-3, 0.15e9), "reduce_scatter": (4e-4, 0.2e9)})
+    return cfg, model_config, psi, m, fit
+
+
+def test_the_prediction_is_the_planners_with_measured_inputs_only():
+    cfg, model_config, psi, m, fit = _inputs()
+    device = measured_device(m)
+    assert device.peak_flops("fp32") == pytest.approx(m.model_flops / m.fwd_bwd_s)
+    links = measured_links(fit)
+    ddp = predict_cpu_step(m, fit, "ddp", cfg, model_config)
+    assert ddp.compute_s == pytest.approx(2 * m.fwd_bwd_s)              # the measured micro-step, × accumulation
+    assert ddp.optimizer_s == pytest.approx(m.optimizer_s)               # all Ψ on every rank
+    assert ddp.comm_s == pytest.approx(all_reduce_s(4 * psi, 2, links["all_reduce"]))
+    assert ddp.comm_exposed_s == pytest.approx(ddp.comm_s)               # overlap 0 on this CPU
+    fsdp = predict_cpu_step(m, fit, "fsdp2", cfg, model_config)
+    assert fsdp.optimizer_s == pytest.approx(m.optimizer_s / 2)          # half the parameters per rank
+    expected = (2 * all_gather_s(2 * 4 * psi, 2, links["all_gather"])   # fwd + bwd gathers of two micro-steps
+                + reduce_scatter_s(4 * psi, 2, links["reduce_scatter"]))
+    assert fsdp.comm_s == pytest.approx(expected)
+    zero2 = predict_cpu_step(m, fit, "zero2", cfg, model_config)
+    assert zero2.comm_s == pytest.approx(reduce_scatter_s(2 * 4 * psi, 2, links["reduce_scatter"])
+                                         + all_gather_s(4 * psi, 2, links["all_gather"]))
+    with pytest.raises(ValueError, match="parameters"):
+        predict_cpu_step(ComputeMeasurement(4, 32, psi + 1, 0.6, 0.3, 3e9), fit, "ddp", cfg, model_config)
+
+
+def test_rows_carry_the_ratio_and_the_worst_error():
+    cfg, model_config, _, m, fit = _inputs()
+    ddp = predict_cpu_step(m, fit, "ddp", cfg, model_config).total_s
+    rows = calibration_rows(m, fit, {"ddp": ddp * 1.25, "fsdp2": 10.0}, cfg, model_config)
+    assert [r["strategy"] for r in rows] == ["ddp", "fsdp2"]
+    assert rows[0]["ratio"] == pytest.approx(0.8) and rows[0]["measured_s"] == pytest.approx(ddp * 1.25)
+    assert worst_ratio_error(rows) == pytest.approx(max(0.2, abs(rows[1]["ratio"] - 1)))
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_time_model_predicts_the_ddp_step_within_25_percent(tmp_path):
+    """DDP only: on gloo, ZeRO-2's and FSDP2's real work is not what the model prices (NOT_MODELLED_ON_GLOO)."""
+    out = tmp_path / "calibrate"
+    run_script("06_memory_tuning.py", ["calibrate", "--output-dir", str(out), "--strategies", "ddp",
+                                       "--max-steps", "6", "--repeats", "3", "--no-progress"], nproc=2, timeout=300)
+    report = json.loads((out / "time_model.json").read_text())
+    assert report["world_size"] == 2 and report["overlap"] == 0.0
+    assert [r["strategy"] for r in report["rows"]] == ["ddp"] and report["steady_steps"]["ddp"] >= 5
+    for r in report["rows"]:
+        assert r["comm_s"] > 0 and r["compute_s"] > 0
+        assert abs(r["ratio"] - 1) <= TOLERANCE, report["rows"]

@@ -1,0 +1,164 @@
+"""Candidate scoring and NLU accuracy (``ecomkit.train.evaluate``), on a tiny model built from a config.
+
+No downloads: the model is the ``tiny`` preset with random weights and the
+tokenizer is the local catalog BPE (cached under ``ECOMKIT_CACHE``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from ecomkit.data.catalog import CATEGORIES
+from ecomkit.data.tasks import SENTIMENT_LABELS, build_classification_example
+from ecomkit.dist import DistEnv
+from ecomkit.models.bloom import load_model
+from ecomkit.models.tokenizer import get_tokenizer
+from ecomkit.train.evaluate import (CandidateScore, best_candidate, candidate_log_probs, evaluate_nlu_accuracy,
+                                    majority_share, score_candidates)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return get_tokenizer("local", Path(os.environ["ECOMKIT_CACHE"]))
+
+
+class ModelStrategy:
+    """The two things evaluation needs from a strategy: ``model`` and ``forward_logits``."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def forward_logits(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+class FavouringStrategy:
+    """Logits that favour a fixed set of token ids at every position, whatever the input.
+
+    ``noise`` adds Gaussian noise to the logits of the last 6 positions: with category prompts those hold
+    every position a candidate's score reads (≤ 4 answer tokens + EOS after a shared prompt), and leaving
+    the prompt positions alone keeps the test fast.
+    """
+
+    def __init__(self, vocab: int, favoured: set[int], noise: float = 0.0, seed: int = 0):
+        self.model = torch.nn.Module()  # evaluation toggles train/eval on it
+        self.vocab, self.favoured, self.noise = vocab, sorted(favoured), noise
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def forward_logits(self, input_ids, attention_mask):
+        logits = torch.zeros(*input_ids.shape, self.vocab)
+        if self.noise:
+            tail = logits[:, -6:]
+            tail += self.noise * torch.randn(*tail.shape, generator=self.gen)
+        logits[..., self.favoured] += 8.0
+        return logits
+
+
+@pytest.fixture(scope="module")
+def tiny(tokenizer):
+    model = load_model("tiny", vocab_size=len(tokenizer), seed=0)
+    model.eval()
+    return ModelStrategy(model)
+
+
+def record(category: str, sentiment: str, i: int = 0) -> dict:
+    return {"title": f"Acme® Gadget {i} Pro", "price": 10.0 + i, "category": category, "sentiment": sentiment,
+            "review": "还行吧,一般般。" if sentiment == "neutral" else "很好用,推荐!", "brand": "Acme"}
+
+
+def ids_of(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def test_candidate_scores_equal_a_brute_force_sum_computed_one_candidate_at_a_time(tiny, tokenizer):
+    ex = build_classification_example(record("手机", "positive"), "category")
+    lengths = {len(ids_of(tokenizer, c)) for c in ex.candidates}
+    assert len(lengths) > 1, "the candidates must differ in length, so the batched forward pads"
+    scores = candidate_log_probs(tiny, tokenizer, ex.prompt, ex.candidates, "cpu")
+    prompt = ids_of(tokenizer, ex.prompt)
+    for cand, score in zip(ex.candidates, scores):
+        ids = prompt + ids_of(tokenizer, cand) + [tokenizer.eos_token_id]   # alone, no padding
+        with torch.no_grad():
+            logp = torch.log_softmax(tiny.model(input_ids=torch.tensor([ids])).logits[0].float(), dim=-1)
+        brute = sum(float(logp[t - 1, ids[t]]) for t in range(len(prompt), len(ids)))
+        assert score.n_tokens == len(ids) - len(prompt)          # answer tokens + EOS
+        assert score.log_prob == pytest.approx(brute, abs=1e-4)  # float32 sums over ≤ 5 terms
+    means = [s.log_prob / s.n_tokens for s in scores]
+    assert score_candidates(tiny, tokenizer, ex.prompt, ex.candidates, "cpu") == means.index(max(means))
+
+
+def test_accuracy_and_majority_baseline_on_a_hand_built_case(tokenizer):
+    # 8 records: 3 × 手机 and 5 × 服饰; 2 positive, 6 neutral. The stub always answers 手机 / positive.
+    cats = ["手机"] * 3 + ["服饰"] * 5
+    sents = ["positive"] * 2 + ["neutral"] * 6
+    records = [record(c, s, i) for i, (c, s) in enumerate(zip(cats, sents))]
+    favoured = set(ids_of(tokenizer, "手机")) | set(ids_of(tokenizer, "positive")) | {tokenizer.eos_token_id}
+    stub = FavouringStrategy(len(tokenizer), favoured)
+    stub.model.train()
+    out = evaluate_nlu_accuracy(stub, tokenizer, records, DistEnv(), n_samples=8, category_labels=CATEGORIES)
+    assert out["acc_category"] == 3 / 8 and out["acc_sentiment"] == 2 / 8
+    assert out["majority_category"] == 5 / 8 and out["majority_sentiment"] == 6 / 8
+    assert out["nlu_scored"] == 8
+    assert stub.model.training  # evaluation restores the mode it found
+    # n_samples limits how many records are scored
+    assert evaluate_nlu_accuracy(stub, tokenizer, records, DistEnv(), n_samples=3)["acc_category"] == 1.0
+
+
+def test_majority_share_is_the_most_frequent_labels_share():
+    assert majority_share([1.0, 3.0, 0.0]) == 0.75
+    assert math.isnan(majority_share([0.0, 0.0]))
+
+
+def test_ties_go_to_the_lowest_index_and_the_mean_ranks():
+    assert best_candidate([CandidateScore(-4.0, 2), CandidateScore(-6.0, 3), CandidateScore(-1.0, 1)]) == 2
+    assert best_candidate([CandidateScore(-4.0, 2), CandidateScore(-6.0, 3)]) == 0   # both -2 per token
+    with pytest.raises(ValueError):
+        best_candidate([])
+
+
+def test_uniform_predictions_give_every_candidate_the_same_score_whatever_its_length(tokenizer):
+    """The rule: mean log-prob per scored token (answer + EOS). Under the sum, length alone would decide."""
+    ex = build_classification_example(record("手机", "positive"), "category")
+    uniform = FavouringStrategy(len(tokenizer), set())
+    scores = candidate_log_probs(uniform, tokenizer, ex.prompt, ex.candidates, "cpu")
+    assert {s.n_tokens for s in scores} == {3, 5}   # 数码配件 is 4 tokens, the other labels 2 (+ EOS)
+    for s in scores:
+        assert s.mean == pytest.approx(-math.log(len(tokenizer)), rel=1e-6)
+    sums = [s.log_prob for s in scores]
+    assert min(sums) < max(sums) - 1.0   # the sum would rank by length
+
+
+def test_near_uniform_predictions_do_not_systematically_pick_the_shortest_candidate(tokenizer):
+    """Uniform logits plus small noise: the mean rule spreads its picks; the sum rule never picks the long label."""
+    noisy = FavouringStrategy(len(tokenizer), set(), noise=0.1, seed=0)
+    long_label = max(range(len(CATEGORIES)), key=lambda i: len(ids_of(tokenizer, CATEGORIES[i])))
+    by_mean, by_sum = Counter(), Counter()
+    n = 200
+    for i in range(n):
+        ex = build_classification_example(record(CATEGORIES[i % len(CATEGORIES)], "neutral", i), "category")
+        scores = candidate_log_probs(noisy, tokenizer, ex.prompt, ex.candidates, "cpu")
+        by_mean[best_candidate(scores)] += 1
+        by_sum[max(range(len(scores)), key=lambda j: scores[j].log_prob)] += 1
+    assert by_sum[long_label] == 0                       # the bias the mean removes
+    # Fair share is n / 10 = 20. The long label's mean averages more noise terms, so it is picked somewhat less
+    # often (~8 seen); a third of the fair share leaves room for that, and is far from the sum rule's 0.
+    assert by_mean[long_label] >= n / len(CATEGORIES) / 3
+    assert max(by_mean.values()) <= 2 * n / len(CATEGORIES)   # no candidate takes more than twice its share
+    assert len(by_mean) == len(CATEGORIES)
+
+
+def test_sentiment_candidates_are_scored_as_in_training_with_eos(tiny, tokenizer):
+    ex = build_classification_example(record("手机", "negative"), "sentiment")
+    assert ex.candidates == SENTIMENT_LABELS
+    scores = candidate_log_probs(tiny, tokenizer, ex.prompt, ex.candidates, "cpu")
+    assert [s.n_tokens for s in scores] == [len(ids_of(tokenizer, c)) + 1 for c in SENTIMENT_LABELS]
+    # a prompt cut to the training length scores differently from the full one (the cut is applied)
+    cut = candidate_log_probs(tiny, tokenizer, ex.prompt, ex.candidates, "cpu", max_length=24)
+    assert [s.n_tokens for s in cut] == [s.n_tokens for s in scores]
+    assert cut[0].log_prob != pytest.approx(scores[0].log_prob, abs=1e-6)
