@@ -227,5 +227,7 @@ def test_async_allreduce_verdict_needs_identical_waited_and_diverged_unwaited_re
     assert async_allreduce_verdict(waited_drifts)["failed"] == ["waited: replicas identical"]
     lucky = [{**good[0], "stale_grad_share_mean": 0.0, "replica_max_abs_diff": 0.0}, good[1]]
     assert not async_allreduce_verdict(lucky)["ok"] and len(async_allreduce_verdict(lucky)["failed"]) == 2
+    blown_up = [{**good[0], "replica_max_abs_diff": float("inf")}, good[1]]  # a non-finite weight: they differ
+    assert async_allreduce_verdict(blown_up)["ok"]
     with pytest.raises(ValueError):
         async_allreduce_verdict(good[:1])

@@ -139,20 +139,32 @@ def sweep_bucket_cap(cfg: TrainConfig, caps_mb: list[float], env: DistEnv, repea
 
 # ---------------------------------------------------------------------- the guide's async all-reduce
 def _params_spread_across_ranks(model: torch.nn.Module, env: DistEnv) -> float:
-    """max |θ_rank − θ_rank0| over all parameters: 0.0 means the replicas are identical."""
+    """max |θ_rank − θ_rank0| over all parameters: 0.0 means the replicas are identical.
+
+    A NaN or infinite weight on any rank counts as an infinite spread: an
+    optimizer that read gradients while gloo was still writing them can mix
+    a half-reduced value into Adam's moments and blow a weight up, and
+    ``nan > 0`` would otherwise read as "no difference".
+    """
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     gathered = [torch.empty_like(flat) for _ in range(env.world_size)]
     dist.all_gather(gathered, flat)
-    return max(float((g - gathered[0]).abs().max()) for g in gathered)
+    diffs = [(g - gathered[0]).abs().max() for g in gathered]
+    finite = all(bool(torch.isfinite(g).all()) for g in gathered)
+    return max(float(d) for d in diffs) if finite else float("inf")
 
 
 def naive_async_allreduce(cfg: TrainConfig, env: DistEnv, steps: int, wait: bool,
-                          late_s: float = 0.2) -> dict[str, Any]:
+                          late_s: float = 0.5) -> dict[str, Any]:
     """Train ``steps`` steps with per-tensor async all-reduce; ``wait=False`` is the guide's recipe.
 
-    Each rank sees different data, as in real data parallelism. The last rank
-    starts its all-reduces ``late_s`` seconds after its backward (a straggler;
-    both variants alike), so no all-reduce can finish before then. Per step we
+    Each rank sees different data, as in real data parallelism. All ranks
+    finish backward (a barrier), then the last rank starts its all-reduces
+    ``late_s`` seconds after the others (a straggler; both variants alike), so
+    no all-reduce can finish before then: rank 0's ``optimizer.step()`` reads
+    its own un-reduced gradient whenever it takes less than ``late_s``, which
+    makes the un-waited variant's drift a certainty rather than a race that
+    backward-time noise on a busy machine could decide either way. Per step we
     record the share of gradient tensors whose value when ``optimizer.step()``
     started differs from their final all-reduced value: the gradients the
     optimizer read before communication had finished.
@@ -166,6 +178,7 @@ def naive_async_allreduce(cfg: TrainConfig, env: DistEnv, steps: int, wait: bool
         grads = [p.grad for p in model.parameters()]
         for g in grads:
             g.div_(env.world_size)  # gloo has no ReduceOp.AVG: pre-divide, then SUM
+        dist.barrier()  # every rank is done with backward; only the straggler's delay below decides the order
         if env.rank == env.world_size - 1 and late_s > 0:
             time.sleep(late_s)  # the straggler: its peers' all-reduces cannot complete before it joins
         works = [dist.all_reduce(g, async_op=True) for g in grads]
