@@ -198,13 +198,18 @@ def distributed_session(timeout_s: float = 600.0, seed: int | None = 0) -> Itera
             dist.destroy_process_group()
 
 
-def all_reduce_mean(value: float, env: DistEnv) -> float:
-    """Average a Python float over ranks (a no-op for a single process)."""
+def _all_reduce_float(value: float, env: DistEnv, op: Any) -> float:
+    """All-reduce one Python float with ``op`` (the value itself for a single process)."""
     if not env.distributed:
         return float(value)
     t = torch.tensor([float(value)], dtype=torch.float64, device=env.device if env.backend == "nccl" else "cpu")
-    dist.all_reduce(t)
-    return float(t.item()) / env.world_size
+    dist.all_reduce(t, op=op)
+    return float(t.item())
+
+
+def all_reduce_mean(value: float, env: DistEnv) -> float:
+    """Average a Python float over ranks (a no-op for a single process)."""
+    return _all_reduce_float(value, env, dist.ReduceOp.SUM) / env.world_size
 
 
 def all_reduce_max(value: float, env: DistEnv) -> float:
@@ -212,11 +217,7 @@ def all_reduce_max(value: float, env: DistEnv) -> float:
 
     Throughput uses it: with several ranks the job runs at the slowest rank's pace.
     """
-    if not env.distributed:
-        return float(value)
-    t = torch.tensor([float(value)], dtype=torch.float64, device=env.device if env.backend == "nccl" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    return _all_reduce_float(value, env, dist.ReduceOp.MAX)
 
 
 def all_gather_floats(value: float, env: DistEnv) -> list[float]:

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ecomkit.dist import DistEnv, all_reduce_max
+
 
 def peak_memory(device: torch.device) -> tuple[int, str]:
     """(bytes, kind): CUDA ``max_memory_allocated`` on GPU, peak RSS of this process on CPU."""
@@ -162,3 +164,17 @@ def time_split(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
     out = {p.removesuffix("_s"): sum(float(r.get(p) or 0.0) for r in steady) / total for p in parts}
     out["other"] = 1.0 - sum(out.values())
     return out
+
+
+def slowest_rank_throughput(own_rows: list[dict[str, Any]], env: DistEnv, warmup_steps: int = 1,
+                            rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """:func:`throughput_summary` of ``rows`` (default: ``own_rows``) at the slowest rank's pace.
+
+    Every rank must call it (one ``all_reduce(MAX)`` of this rank's steady wall
+    time when several ranks run). ``rows`` lets a caller that gathered every
+    rank's counts summarise those while the pace still comes from each rank's
+    own step times.
+    """
+    own_wall = throughput_summary(own_rows, warmup_steps)["steady_wall_s"]
+    slowest = all_reduce_max(own_wall, env) if env.distributed else None
+    return throughput_summary(own_rows if rows is None else rows, warmup_steps, slowest)

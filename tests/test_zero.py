@@ -88,17 +88,6 @@ def test_bad_user_config_is_rejected_clearly(user, match):
         validate_user_config(user, "my_ds.json")
 
 
-@pytest.mark.parametrize("user, match", [
-    ({"train_batch_size": 64}, "train_batch_size=64 disagrees with this run"),
-    ({"gradient_accumulation_steps": 4}, "gradient_accumulation_steps=4 disagrees"),
-])
-def test_user_config_batch_sizes_must_agree_with_the_launch(tmp_path, user, match):
-    path = tmp_path / "my_ds.json"
-    path.write_text(json.dumps(user))
-    with pytest.raises(ConfigError, match=match):
-        zero_cfg(stage=2, user_config=str(path)).validate(world_size=2)
-
-
 def test_valid_user_config_is_merged(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"zero_optimization": {"reduce_bucket_size": 1234}, "train_batch_size": 16,

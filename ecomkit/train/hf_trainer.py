@@ -30,8 +30,8 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback
 
 from ecomkit.config import TrainConfig
-from ecomkit.dist import DistEnv, all_reduce_max, distributed_session, gather_objects
-from ecomkit.metrics import MetricsWriter, throughput_summary, time_split
+from ecomkit.dist import DistEnv, distributed_session, gather_objects
+from ecomkit.metrics import MetricsWriter, slowest_rank_throughput, time_split
 from ecomkit.models.bloom import count_parameters, load_model
 from ecomkit.parallel.zero.env import ensure_deepspeed_env
 from ecomkit.train.loop import WARMUP_STEPS, TrainingRun, validate_before_launch
@@ -204,14 +204,13 @@ def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | None = None,
         rows = global_step_rows(gather_objects(recorder.rows, env), recorder.losses)
         for row in rows:
             writer.write(row)
-        own = throughput_summary(recorder.rows, WARMUP_STEPS)
-        slowest = all_reduce_max(own["steady_wall_s"], env) if env.distributed else None
         summary = {
             "strategy": "hf-trainer" + ("+deepspeed" if deepspeed else ""), "sampling": sampling,
             "model": cfg.model, "params": count_parameters(model), "world_size": env.world_size,
             "global_batch": run.global_batch(), "steps": trainer.state.global_step,
             "first_loss": rows[0].get("loss") if rows else None, "final_loss": rows[-1].get("loss") if rows else None,
-            **throughput_summary(rows, WARMUP_STEPS, slowest), "time_split": time_split(rows, WARMUP_STEPS),
+            **slowest_rank_throughput(recorder.rows, env, WARMUP_STEPS, rows),
+            "time_split": time_split(rows, WARMUP_STEPS),
             "wall_s": wall, "output_dir": str(cfg.output_dir),
         }
         writer.finish(summary)

@@ -25,11 +25,11 @@ from torch.utils.data import DataLoader
 
 from ecomkit.config import TrainConfig
 from ecomkit.data import DistributedBatchSampler, build_datasets, pad_collate
-from ecomkit.dist import DistEnv, all_reduce_max, distributed_session, gather_objects, log
+from ecomkit.dist import DistEnv, distributed_session, gather_objects, log
 from ecomkit.errors import ConfigError
 from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak_flops, mfu_fields
-from ecomkit.metrics import MetricsWriter, peak_memory, throughput_summary, time_split
+from ecomkit.metrics import MetricsWriter, peak_memory, slowest_rank_throughput, time_split
 from ecomkit.models.attention import install_attention
 from ecomkit.models.bloom import PRESETS, count_parameters, flops_per_token, load_model
 from ecomkit.models.loss import count_label_tokens, install_chunked_loss
@@ -260,9 +260,7 @@ class TrainingRun:
     def _summary(self, final_eval: dict[str, float], wall: float) -> dict[str, Any]:
         train_rows = [r for r in self.history if r.get("type") == "train"]
         # Totals over the steady phase, at the slowest rank's pace (a collective: every rank gets here).
-        own = throughput_summary(train_rows, WARMUP_STEPS)
-        slowest = all_reduce_max(own["steady_wall_s"], self.env) if self.env.distributed else None
-        throughput = throughput_summary(train_rows, WARMUP_STEPS, slowest)
+        throughput = slowest_rank_throughput(train_rows, self.env, WARMUP_STEPS)
         return {
             "strategy": self.strategy.name, "model": self.cfg.model, "params": self.n_params,
             "world_size": self.env.world_size, "global_batch": self.global_batch(),
