@@ -59,6 +59,19 @@ class MetricsWriter:
             self._fh.close()
             self._fh = None
 
+def attention_length(tokens: float, squared_lengths: float) -> float:
+    """The sequence length to put in the attention FLOPs term: ΣL²/ΣL over the real (unpadded) sequences.
+
+    Why not ``cfg.seq_len``: a sequence of L real tokens does 12·n_layer·h·L
+    attention FLOPs per token, so a batch does Σ L·(6Ψ + 12·n_layer·h·L) =
+    tokens × (6Ψ + 12·n_layer·h·ΣL²/ΣL). Counting ``cfg.seq_len`` instead
+    credits every short sample with attention over positions it never had,
+    which inflates MFU on data shorter than the truncation length. Padded
+    positions are not useful work either, so they are not counted.
+    """
+    return squared_lengths / tokens if tokens > 0 else 0.0
+
+
 def format_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

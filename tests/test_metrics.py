@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from ecomkit.metrics import print_run_summary, throughput_lines, throughput_summary, time_split
+from ecomkit.metrics import attention_length, print_run_summary, throughput_lines, throughput_summary, time_split
+from ecomkit.models.bloom import flops_per_token
 
 
 def _rows(step_times, samples=16, tokens_per_sample=100):
@@ -66,3 +68,16 @@ def test_printed_summary_shows_the_accounting(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "80.0 samples/s" in out and "(totals over 4 steady steps / 0.80 s, slowest of 2 ranks)" in out
     assert "200 ms mean, 100 ms median, 310 ms p90" in throughput_lines(summary)
+
+
+def test_mfu_attention_term_uses_the_real_lengths_not_the_truncation_length():
+    """Two sequences of 10 and 30 real tokens (padded to 30, truncation 128): the FLOPs of each counted exactly."""
+    n_params, n_layer, hidden = 1_000_000, 4, 64
+    lengths = [10, 30]
+    exact = sum(L * flops_per_token(n_params, n_layer, hidden, L) for L in lengths)  # each sequence on its own
+    mask = torch.tensor([[1] * 10 + [0] * 20, [1] * 30])
+    tokens, squared = float(mask.sum()), float((mask.sum(dim=1) ** 2).sum())  # what the loop reduces
+    assert attention_length(tokens, squared) == pytest.approx(25.0)  # (100 + 900) / 40, not 20 (mean) or 128
+    assert tokens * flops_per_token(n_params, n_layer, hidden, attention_length(tokens, squared)) == pytest.approx(exact)
+    assert tokens * flops_per_token(n_params, n_layer, hidden, 128) > 1.01 * exact  # what cfg.seq_len overstated
+    assert attention_length(0.0, 0.0) == 0.0

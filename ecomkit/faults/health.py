@@ -17,8 +17,12 @@ What is sampled every ``fault.health_interval`` steps, per rank:
 
 - GPU via NVML (``nvidia-ml-py``): utilisation, memory used/total,
   temperature, SM clock vs its maximum, power, and the clock-event
-  (throttle) reasons; warnings for >= 85 °C, thermal/power slowdown and
-  memory above 95 %.
+  (throttle) reasons under either generation of pynvml names; warnings for
+  >= 85 °C, thermal/power slowdown and memory above 95 %. Each reading is
+  guarded on its own: one NVML refuses (``NVMLError_NotSupported`` on a
+  board without power readings, say) comes out as ``None`` and is named in
+  ``nvml_errors``, and a rank whose whole sample fails still reaches the
+  gather with an ``error`` sample, so no rank is left waiting in it.
 - CPU otherwise (``psutil``): process and system CPU %, process RSS, system
   RAM %, warning above 90 % RAM.
 - Stragglers: each rank's mean *forward* time since the last sample (timed
@@ -43,7 +47,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import psutil
 import torch
@@ -81,55 +85,90 @@ def read_cpu_health() -> dict[str, Any]:
     }
 
 
-_SLOWDOWN_REASONS = {  # clock-event bit name -> what it means
-    "nvmlClocksEventReasonSwThermalSlowdown": "thermal (driver)",
-    "nvmlClocksEventReasonHwThermalSlowdown": "thermal (hardware)",
-    "nvmlClocksEventReasonHwSlowdown": "hardware slowdown (thermal or power brake)",
-    "nvmlClocksEventReasonHwPowerBrakeSlowdown": "power brake",
-    "nvmlClocksEventReasonSwPowerCap": "power cap",
+# Clock-event (throttle) bits under both pynvml generations: nvidia-ml-py >= 12.535 names them
+# nvmlClocksEventReason*, older releases nvmlClocksThrottleReason*. Same bit values, one meaning.
+_SLOWDOWN_REASONS = {  # bit name without the generation prefix -> what it means
+    "SwThermalSlowdown": "thermal (driver)",
+    "HwThermalSlowdown": "thermal (hardware)",
+    "HwSlowdown": "hardware slowdown (thermal or power brake)",
+    "HwPowerBrakeSlowdown": "power brake",
+    "SwPowerCap": "power cap",
 }
+_REASON_PREFIXES = ("nvmlClocksEventReason", "nvmlClocksThrottleReason")
+_REASON_GETTERS = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+
+
+def slowdown_reasons(nvml: Any, bits: int) -> list[str]:
+    """The slowdown reasons set in ``bits``, whichever generation of constant names ``nvml`` has."""
+    out = []
+    for suffix, text in _SLOWDOWN_REASONS.items():
+        mask = next((getattr(nvml, p + suffix) for p in _REASON_PREFIXES if hasattr(nvml, p + suffix)), None)
+        if mask is not None and bits & mask:
+            out.append(text)
+    return out
+
+
+def _read_metric(errors: list[str], name: str, read: Callable[[], Any]) -> Any:
+    """``read()``, or None with ``name: error`` appended to ``errors``.
+
+    Why per metric: boards differ in what NVML supports (power on some
+    consumer cards, clocks under MIG, ...). One unsupported reading must cost
+    only that field, never the whole sample, and never an exception before the
+    collective gather that every rank has to reach.
+    """
+    try:
+        return read()
+    except Exception as exc:  # NVMLError_NotSupported, NVMLError_NoPermission, GPU lost, ...
+        errors.append(f"{name}: {type(exc).__name__}: {exc}"[:200])
+        return None
 
 
 def read_gpu_health(nvml: Any, handle: Any) -> dict[str, Any]:
-    """One NVML sample of the GPU behind ``handle`` (``nvml`` is the ``pynvml`` module, injectable for tests)."""
-    util = nvml.nvmlDeviceGetUtilizationRates(handle)
-    mem = nvml.nvmlDeviceGetMemoryInfo(handle)
-    sample: dict[str, Any] = {
+    """One NVML sample of the GPU behind ``handle`` (``nvml`` is the ``pynvml`` module, injectable for tests).
+
+    Never raises: a reading NVML refuses is None and named in ``nvml_errors``.
+    """
+    errors: list[str] = []
+    util = _read_metric(errors, "utilisation", lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    mem = _read_metric(errors, "memory", lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+    power_mw = _read_metric(errors, "power", lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+    getter = next((getattr(nvml, g) for g in _REASON_GETTERS if hasattr(nvml, g)), None)
+    bits = _read_metric(errors, "clock-event reasons", lambda: getter(handle)) if getter else None
+    return {
         "kind": "gpu",
-        "gpu_util_percent": util.gpu,
-        "mem_used_bytes": mem.used, "mem_total_bytes": mem.total,
-        "temperature_c": nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
-        "sm_clock_mhz": nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM),
-        "sm_clock_max_mhz": nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM),
+        "gpu_util_percent": util,
+        "mem_used_bytes": getattr(mem, "used", None), "mem_total_bytes": getattr(mem, "total", None),
+        "temperature_c": _read_metric(errors, "temperature",
+                                      lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
+        "sm_clock_mhz": _read_metric(errors, "SM clock", lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+        "sm_clock_max_mhz": _read_metric(errors, "SM max clock",
+                                         lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM)),
+        "power_w": power_mw / 1000.0 if power_mw is not None else None,
+        "slowdown_reasons": slowdown_reasons(nvml, bits) if bits is not None else None,
+        "nvml_errors": errors,
     }
-    try:
-        sample["power_w"] = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
-    except Exception:  # not supported on every board
-        sample["power_w"] = None
-    get_reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-        nvml.nvmlDeviceGetCurrentClocksThrottleReasons
-    bits = get_reasons(handle)
-    sample["slowdown_reasons"] = [text for name, text in _SLOWDOWN_REASONS.items()
-                                  if hasattr(nvml, name) and bits & getattr(nvml, name)]
-    return sample
 
 
 def health_warnings(sample: dict[str, Any]) -> list[str]:
-    """Human-readable warnings for one sample (empty when healthy)."""
+    """Human-readable warnings for one sample (empty when healthy); a missing (None) reading warns of nothing."""
     out = []
     if sample.get("kind") == "gpu":
-        if sample["temperature_c"] >= GPU_TEMP_WARN_C:
-            out.append(f"GPU at {sample['temperature_c']} °C (>= {GPU_TEMP_WARN_C}); expect clock throttling. "
+        temp, reasons = sample.get("temperature_c"), sample.get("slowdown_reasons")
+        used, total = sample.get("mem_used_bytes"), sample.get("mem_total_bytes")
+        if temp is not None and temp >= GPU_TEMP_WARN_C:
+            out.append(f"GPU at {temp} °C (>= {GPU_TEMP_WARN_C}); expect clock throttling. "
                        "Check cooling/airflow between jobs; do not reset the GPU under a running job.")
-        if sample["slowdown_reasons"]:
-            out.append(f"GPU clocks reduced ({', '.join(sample['slowdown_reasons'])}): SM at "
-                       f"{sample['sm_clock_mhz']}/{sample['sm_clock_max_mhz']} MHz; this rank will straggle.")
-        if sample["mem_total_bytes"] and sample["mem_used_bytes"] / sample["mem_total_bytes"] > GPU_MEM_WARN_FRACTION:
-            out.append(f"GPU memory {sample['mem_used_bytes'] / sample['mem_total_bytes']:.0%} used: close to OOM "
+        if reasons:
+            out.append(f"GPU clocks reduced ({', '.join(reasons)}): SM at "
+                       f"{sample.get('sm_clock_mhz')}/{sample.get('sm_clock_max_mhz')} MHz; this rank will straggle.")
+        if used is not None and total and used / total > GPU_MEM_WARN_FRACTION:
+            out.append(f"GPU memory {used / total:.0%} used: close to OOM "
                        "(smaller micro-batch + accumulation, activation checkpointing, ZeRO/FSDP).")
     elif sample.get("kind") == "cpu" and sample["ram_used_percent"] > RAM_WARN_PERCENT:
         out.append(f"system RAM {sample['ram_used_percent']:.0f}% used: the OOM killer may end a rank "
                    "(fewer dataloader workers, smaller shards, offload less).")
+    if sample.get("kind") == "error":
+        out.append(f"health sample failed on this rank: {sample.get('error')}")
     return out
 
 
@@ -307,10 +346,17 @@ class HealthMonitor:
         if self.interval > 0 and run.step % self.interval == 0:
             self.sample(run)
 
+    def _local_sample(self) -> dict[str, Any]:
+        """This rank's reading; any failure becomes an ``error`` sample, so the gather below always happens."""
+        try:
+            return read_gpu_health(self.nvml, self.handle) if self.handle is not None else read_cpu_health()
+        except Exception as exc:  # never skip the collective: the other ranks would wait until the timeout
+            return {"kind": "error", "error": f"{type(exc).__name__}: {exc}"[:300]}
+
     def sample(self, run: Any) -> dict[str, Any] | None:
         """Collective: every rank calls it at the same step. Rank 0 logs and writes ``health.jsonl``."""
         env: DistEnv = run.env
-        local = read_gpu_health(self.nvml, self.handle) if self.handle is not None else read_cpu_health()
+        local = self._local_sample()
         local.update(rank=env.rank, host=socket.gethostname(), forward_s=self.timer.pop_mean_s() if self.timer else None)
         ranks = gather_objects(local, env)
         self.samples += 1
