@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounter
+from torch.nn.attention.flex_attention import flex_attention
 
+import ecomkit.models.attention as attention_module
 from ecomkit.errors import ConfigError
 from ecomkit.models.bloom import build_model
 from ecomkit.models.attention import (
@@ -183,3 +186,33 @@ def _read_jsonl(path):
     import json
 
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_flex_compiles_once_per_shape_with_one_score_mod_per_model(monkeypatch):
+    """Two blocks × repeated calls compile one graph; a new length adds one (dynamic) recompilation, then none.
+
+    Counted with dynamo's frame counter on CPU (the ``eager`` backend: dynamo's guards
+    and recompilations are the same as under inductor, without inductor's minute of
+    CPU code generation). Every layer and call must pass the very same ``score_mod``.
+    """
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(flex_attention, backend=counter)
+    score_mods: set[int] = set()
+
+    def recording(*args, **kwargs):
+        score_mods.add(id(kwargs["score_mod"]))
+        return compiled(*args, **kwargs)
+
+    monkeypatch.setattr(attention_module, "_flex_function", lambda device: recording)
+    model = build_model("tiny", vocab_size=VOCAB).eval()
+    n_layers = install_attention(model, "flex", for_training=False)
+    frames = []
+    with torch.no_grad():
+        for seq_len in (16, 16, 16, 24, 24, 40):
+            ids, mask = padded_batch(seq_len)
+            model(input_ids=ids, attention_mask=mask)
+            frames.append(counter.frame_count)
+    assert n_layers == 2 and len(score_mods) == 1
+    assert frames == [1, 1, 1, 2, 2, 2], frames  # 6 forwards × 2 layers = 12 calls, 2 compilations
+    torch._dynamo.reset()

@@ -43,9 +43,26 @@ What BLOOM's eager forward computes, and how each piece maps here:
   ``output_attentions=True`` needs the probabilities, so that call falls back
   to the eager forward.
 
+Head-dim padding (sdpa on CUDA): the ALiBi channel makes q and k one wider
+than the head, and :func:`alibi_in_qk` rounds that up to a multiple of 8 for
+the aligned fused kernels: head_dim 64 (SeqGPT-560M: 1024 / 16 heads) becomes
+72, head_dim 128 (EcomGPT-7B: 4096 / 32) becomes 136. FlashAttention's
+kernels exist for head dims 32, 64, 96, 128, 160, 192, 224 and 256, so a
+72-wide head runs the 96 kernel and a 136-wide head the 160 kernel: the
+attention products do up to 96/64 = 1.5× and 160/128 = 1.25× the work of the
+unpadded head. Attention is only the 12·L·h·T part of the step's FLOPs (next
+to 6Ψ), and the alternative, a ``[batch, heads, T, T]`` bias, would rule out
+FlashAttention altogether. ``benchmarks/gpu_bench.py`` measures the kernel
+time at 64 vs 72 and 128 vs 136 on the GPU it runs on; MFU counts only the
+unpadded FLOPs, so the padding shows as lost MFU, never as extra work done.
+
 ``flex`` uses ``torch.nn.attention.flex_attention``: ALiBi is a ``score_mod``
 and the causal/padding mask a block mask (fully masked blocks are skipped).
-It is meant for GPUs, where it is compiled once per shape. On CPU torch has
+The ``score_mod`` (:class:`AlibiScoreMod`) is built once per model by
+:func:`install_attention` and shared by every layer and call, so the compiled
+function sees one function object and compiles once per shape (a second
+length recompiles once with dynamic sizes; tests/test_attention.py counts).
+It is meant for GPUs, where it is compiled. On CPU torch has
 no FlexAttention backward and compiling its forward takes ~50 s, so
 ``install_attention(model, "flex")`` on a CPU model refuses with a
 ``ConfigError`` for training and, with ``for_training=False``, runs the
@@ -255,17 +272,36 @@ class BloomFlexAttention(_FusedBloomAttention):
         if query.device.type == "cpu" and torch.is_grad_enabled() and query.requires_grad:
             raise ConfigError(_FLEX_CPU_MESSAGE)
         batch, q_length, kv_length = query.shape[0], query.shape[2], key.shape[2]
-        bias = alibi.reshape(batch, self.num_heads, kv_length) * self.beta
         block_mask = _cached_block_mask(alibi, attention_mask, batch, q_length, kv_length, query.device)
-
-        def alibi_score(score, b, h, q, kv):
-            return score + bias[b, h, kv].to(score.dtype)
-
+        score_mod = self._ecomkit_alibi_score
+        score_mod.bias = alibi.reshape(batch, self.num_heads, kv_length) * self.beta
         flex = _flex_function(query.device)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-            return flex(query, key, value, score_mod=alibi_score, block_mask=block_mask,
+            return flex(query, key, value, score_mod=score_mod.fn, block_mask=block_mask,
                         scale=self.inv_norm_factor)
+
+
+class AlibiScoreMod:
+    """BLOOM's ALiBi as a FlexAttention ``score_mod``: built once per model, shared by every layer and call.
+
+    Why once: the compiled ``flex_attention`` is traced with its ``score_mod``;
+    a fresh closure per layer and per call invites a recompilation (and at
+    least re-guarding) for each. Here ``fn`` is one function object for the
+    whole model; each layer only stores this forward's ``[batch, heads, kv]``
+    bias in ``self.bias`` before calling, which the compiled graph reads as an
+    input (its shape, not its identity, is what is guarded).
+    tests/test_attention.py counts the compilations.
+    """
+
+    def __init__(self) -> None:
+        self.bias: torch.Tensor | None = None
+        holder = self
+
+        def alibi_score(score, b, h, q, kv):
+            return score + holder.bias[b, h, kv].to(score.dtype)
+
+        self.fn = alibi_score
 
 
 def _cached_block_mask(alibi, attention_mask, batch, q_length, kv_length, device):
@@ -334,6 +370,9 @@ def install_attention(model: nn.Module, impl: str, *, for_training: bool = True)
     check_transformers_compatible()
     if impl == "flex":
         _check_flex_usable(modules[0], for_training)
+        score_mod = AlibiScoreMod()  # one per model: see AlibiScoreMod
+        for m in modules:
+            m._ecomkit_alibi_score = score_mod
     for m in modules:
         m.__class__ = _CLASSES[impl]
     return len(modules)
