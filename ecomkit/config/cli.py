@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import inspect
 import json
 import os
 import sys
@@ -22,7 +23,9 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
+from ecomkit.config.field_help import field_docs
 from ecomkit.config.schema import CONFIG_PRESETS, TrainConfig
+from ecomkit.config.vocabulary import FIELD_CHOICES
 from ecomkit.errors import ConfigError
 
 
@@ -50,31 +53,84 @@ def _parse_dict(text: str) -> dict[str, str]:
     return value
 
 
-def _add_fields(parser: argparse.ArgumentParser, cls: type, prefix: str = "") -> None:
+# Titles of the --help sections: TrainConfig's ``# --- name ---`` comments, then its nested dataclasses.
+SECTION_TITLES = {"model": "model", "data": "data", "optimisation": "optimisation", "run": "strategy and run",
+                  "zero": "zero (DeepSpeed, --strategy zero)", "compression": "compression (DDP hooks)",
+                  "parallel": "parallel (FSDP2, TP, PP)", "fault": "faults (checkpoints, health, hangs)"}
+
+
+def _metavar(name: str, tp: Any, choices: tuple | None) -> str:
+    """``{0,1,2,3}`` for a field with fixed choices, else a word for its type (never ``ZERO__STAGE``)."""
+    if choices:
+        return "{" + ",".join(str(c) for c in choices) + "}"
+    if typing.get_origin(tp) is dict or tp is dict:
+        return "JSON"
+    if tp is str and (name.endswith(("_dir", "_from", "_config")) or name in ("data", "model", "tokenizer")):
+        return "PATH"
+    return {int: "N", float: "X", str: "TEXT"}.get(tp, "VALUE")
+
+
+def _help_text(doc: str, default: Any, choices: tuple | None, alias: str | None) -> str:
+    """The field's comment, then its default, its allowed values and its short alias (argparse escapes %)."""
+    parts = [doc.rstrip(".")] if doc else []
+    shown = '""' if default == "" else default
+    parts.append(f"default: {shown}")
+    if choices:
+        parts.append("choices: " + ", ".join(str(c) for c in choices))
+    if alias:
+        parts.append(f"short: {alias}")
+    return "; ".join(parts).replace("%", "%%")
+
+
+def _add_fields(parser: argparse.ArgumentParser, cls: type, defaults: Any, prefix: str = "",
+                groups: dict[str, Any] | None = None, aliases: Mapping[str, str] | None = None) -> None:
+    """One flag per field, in a --help section per schema section; help from the field's comment."""
     hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    groups = {} if groups is None else groups
+    short = {long: alias for alias, long in (aliases or {}).items()}
     for f in dataclasses.fields(cls):
         tp = _base_type(hints[f.name])
         if dataclasses.is_dataclass(tp):
-            _add_fields(parser, tp, f.name)
+            _add_fields(parser, tp, getattr(defaults, f.name), f.name, groups, aliases)
             continue
-        kw: dict[str, Any] = {"dest": _dest(prefix, f.name), "default": argparse.SUPPRESS}
+        section = prefix or docs[f.name].section or "other"
+        if section not in groups:
+            description = (inspect.getdoc(cls) or "").splitlines()[0].replace("``", "") if prefix else None
+            groups[section] = parser.add_argument_group(SECTION_TITLES.get(section, section), description)
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        choices = FIELD_CHOICES.get(key)
+        flag = _flag(prefix, f.name)
+        kw: dict[str, Any] = {"dest": _dest(prefix, f.name), "default": argparse.SUPPRESS,
+                              "help": _help_text(docs[f.name].help, getattr(defaults, f.name), choices,
+                                                 short.get(flag))}
         if tp is bool:
             kw["action"] = argparse.BooleanOptionalAction
-        elif typing.get_origin(tp) is dict or tp is dict:
-            kw["type"] = _parse_dict
         else:
-            kw["type"] = tp
-        parser.add_argument(_flag(prefix, f.name), **kw)
+            kw["type"] = _parse_dict if typing.get_origin(tp) is dict or tp is dict else tp
+            kw["metavar"] = _metavar(f.name, tp, choices)
+        groups[section].add_argument(flag, **kw)
 
 
-def build_arg_parser(description: str = "", extra: Callable[[argparse.ArgumentParser], None] | None = None
+def build_arg_parser(description: str = "", extra: Callable[[argparse.ArgumentParser], None] | None = None,
+                     defaults: TrainConfig | None = None, aliases: Mapping[str, str] | None = None
                      ) -> argparse.ArgumentParser:
-    """An argparse parser whose flags are derived from :class:`TrainConfig` (dashes, nested prefixes)."""
+    """An argparse parser whose flags are derived from :class:`TrainConfig` (dashes, nested prefixes).
+
+    ``--help`` shows one section per part of the config; each flag's text is the
+    comment next to its field in ``schema.py`` (:mod:`ecomkit.config.field_help`),
+    with the default of this script (``defaults``) and the allowed values.
+    Choices are shown, not enforced here: :meth:`TrainConfig.validate` rejects a
+    bad value with a message that suggests the closest allowed one.
+    """
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=sorted(CONFIG_PRESETS), default=None, help="start from a named preset")
-    parser.add_argument("--config", default=None, help="YAML or JSON file with config values")
-    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    _add_fields(parser, TrainConfig)
+    files = parser.add_argument_group("presets and config files")
+    files.add_argument("--preset", choices=sorted(CONFIG_PRESETS), default=None,
+                       help="start from a named preset instead of this script's defaults")
+    files.add_argument("--config", default=None, metavar="PATH",
+                       help="YAML or JSON file with config values (nested sections as mappings); flags win over it")
+    files.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
+    _add_fields(parser, TrainConfig, defaults if defaults is not None else TrainConfig(), aliases=aliases)
     if extra is not None:
         extra(parser)
     return parser
@@ -147,7 +203,7 @@ def parse_config(argv: list[str] | None = None, description: str = "", defaults:
     ``aliases`` maps short flags to derived ones (e.g. :data:`PARALLEL_FLAG_ALIASES`).
     Validation happens here, before any process group exists.
     """
-    parser = build_arg_parser(description, extra)
+    parser = build_arg_parser(description, extra, defaults, aliases)
     if aliases:
         argv = expand_aliases(sys.argv[1:] if argv is None else list(argv), aliases)
     ns = parser.parse_args(argv)
