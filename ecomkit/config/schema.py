@@ -33,7 +33,7 @@ class ZeroConfig:
     contiguous_gradients: bool = True # copy gradients into one buffer to avoid fragmentation
     bucket_size: int = 50_000_000     # elements per reduce / allgather bucket
     param_persistence_threshold: int = 0  # ZeRO-3: params smaller than this stay replicated
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = False  # recompute each block in backward (deepspeed.checkpointing)
     user_config: str | None = None    # a DeepSpeed JSON to merge on top (validated)
     checkpoint_interval: int = 0      # steps between sharded engine checkpoints; 0 = off
     checkpoint_dir: str | None = None # where they go (default: <output_dir>/checkpoints)
@@ -110,9 +110,9 @@ class TrainConfig:
     lr: float = 3e-3                  # peak learning rate (AdamW)
     min_lr_ratio: float = 0.1         # cosine decays to lr * this
     warmup_steps: int = 10            # linear warm-up
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.95
+    weight_decay: float = 0.01        # AdamW decoupled weight decay (none on biases, LayerNorms, embeddings)
+    beta1: float = 0.9                # AdamW first-moment decay
+    beta2: float = 0.95               # AdamW second-moment decay
     max_grad_norm: float = 1.0        # 0 disables clipping
     clip_policy: str = "fixed"        # fixed | sentiment (the EcomGPT guide's adaptive clipping)
     precision: str = "fp32"           # fp32 | bf16 | fp16 (fp16 uses dynamic loss scaling)
@@ -121,7 +121,7 @@ class TrainConfig:
     eval_interval: int = 20           # steps between evaluations, from step 0; 0 = only at the end
     eval_batches: int = 8             # micro-batches per evaluation (per rank)
     eval_nlu_samples: int = 64        # records scored per NLU accuracy evaluation
-    seed: int = 0
+    seed: int = 0                     # random seed: model init, synthetic data, batch order
     # --- run --------------------------------------------------------------
     output_dir: str = "runs/ddp"      # metrics.jsonl, summary.json, final model
     strategy: str = "ddp"             # ddp | accelerate | zero | fsdp | tp | pp | mixed
@@ -133,7 +133,8 @@ class TrainConfig:
     progress: bool = True             # tqdm bar on rank 0
     log_interval: int = 1             # steps between metrics rows
     fail_at_step: int = -1            # fault injection: --fail-rank exits abruptly at this step, once
-    fail_rank: int = 0                #   (not again after a torchrun restart); for tests and chapter 07
+                                      #   (not again after a torchrun restart); for tests and chapter 07
+    fail_rank: int = 0                # the rank that --fail-at-step ends
     zero: ZeroConfig = field(default_factory=ZeroConfig)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
