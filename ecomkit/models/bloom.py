@@ -129,8 +129,13 @@ def preset_parameter_count(name: str, vocab_size: int | None = None) -> int:
     return count_parameters(build_model(name, vocab_size=vocab_size, device="meta"))
 
 
-def flops_per_token(n_params: int, n_layer: int, hidden: int, seq_len: int) -> float:
+def flops_per_token(n_params: int, n_layer: int, hidden: int, seq_len: float) -> float:
     """Training FLOPs per token of a BLOOM: 6Ψ + 12·L·h·T (for MFU and the time planner).
+
+    ``seq_len`` (T) is the attention length: the planner passes the planned
+    sequence length; MFU of a real run passes the token-weighted mean of the
+    batch's *real* lengths (``ecomkit.metrics.attention_length``), so padding
+    and short samples are not counted as attention work.
 
     6Ψ is forward 2Ψ + backward 4Ψ (every weight is one multiply-add per
     token); 12·L·h·T are the attention score/value products, which involve no

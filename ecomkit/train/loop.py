@@ -11,12 +11,13 @@ fault handling without touching the loop.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import datasets
 import torch
@@ -29,7 +30,7 @@ from ecomkit.dist import DistEnv, distributed_session, gather_objects, log
 from ecomkit.errors import ConfigError
 from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak_flops, mfu_fields
-from ecomkit.metrics import MetricsWriter, peak_memory, slowest_rank_throughput, time_split
+from ecomkit.metrics import MetricsWriter, attention_length, peak_memory, slowest_rank_throughput, time_split
 from ecomkit.models.attention import install_attention
 from ecomkit.models.bloom import PRESETS, count_parameters, flops_per_token, load_model
 from ecomkit.models.loss import count_label_tokens, install_chunked_loss
@@ -152,7 +153,9 @@ class TrainingRun:
         if env.is_main:
             log.info(self.startup_banner())
             log.info("data: %s", self.data_report.summary())
-        flops_tok = flops_per_token(self.n_params, self.model_config.n_layer, self.model_config.hidden_size, cfg.seq_len)
+        # FLOPs per token given the batch's attention length (metrics.attention_length: real tokens, not cfg.seq_len)
+        flops_tok = functools.partial(flops_per_token, self.n_params, self.model_config.n_layer,
+                                      self.model_config.hidden_size)
         peak = device_peak_flops(env.device, cfg.precision)
         bar = make_progress(self.total_steps, cfg.progress and env.is_main)
         bar.update(self.step)
@@ -195,7 +198,7 @@ class TrainingRun:
     def _reduce_counts(self, counts: list[float]) -> list[float]:
         return all_reduce_sums(counts, self.env)
 
-    def _train_step(self, micro: list[dict], flops_tok: float, peak: float | None,
+    def _train_step(self, micro: list[dict], flops_tok: Callable[[float], float], peak: float | None,
                     started: float | None = None) -> dict[str, Any]:
         """One optimizer step; ``started`` is when fetching ``micro`` began (data time counts in the step)."""
         env, strategy = self.env, self.strategy
@@ -204,12 +207,13 @@ class TrainingRun:
         local = [sum(count_label_tokens(b["labels"]) for b in micro),
                  sum(int(b["attention_mask"].sum()) for b in micro),
                  sum(b["input_ids"].size(0) for b in micro),
-                 sum(b["input_ids"].numel() for b in micro)]  # padded positions
+                 sum(b["input_ids"].numel() for b in micro),  # padded positions
+                 sum(int((b["attention_mask"].sum(dim=1) ** 2).sum()) for b in micro)]  # Σ L² of real lengths (MFU)
         # Summed over all ranks, counts include each batch once per rank that saw it (TP/PP
         # replicas see the same batch); the loss scale world/label_tokens = shards/N stays exact.
-        label_tokens, input_tokens, samples, padded = self._reduce_counts([float(x) for x in local])
+        label_tokens, input_tokens, samples, padded, squared = self._reduce_counts([float(x) for x in local])
         scale = env.world_size / label_tokens
-        input_tokens, samples, padded = (x / self.replication for x in (input_tokens, samples, padded))
+        input_tokens, samples, padded, squared = (x / self.replication for x in (input_tokens, samples, padded, squared))
         t_data = time.perf_counter() - t0
         loss_sum, times = 0.0, []
         for b in micro:
@@ -242,7 +246,8 @@ class TrainingRun:
             # exposed communication, measurable with accumulation: the synced micro-step minus a no_sync one
             "comm_exposed_s": (times[-1] - sum(times[:-1]) / (len(times) - 1)) if len(times) > 1 and env.distributed else None,
             "peak_mem_bytes": mem, "mem_kind": mem_kind,
-            **mfu_fields(input_tokens * flops_tok / step_time, peak, env.world_size, env.device, self.cfg.precision),
+            **mfu_fields(input_tokens * flops_tok(attention_length(input_tokens, squared)) / step_time, peak,
+                         env.world_size, env.device, self.cfg.precision),
         }
         row.update(stats.extra)
         return row
