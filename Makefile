@@ -27,10 +27,12 @@ demo: $(STAMP)
 	$(PY) -m torch.distributed.run --standalone --nproc_per_node 2 scripts/02_data_parallel.py --output-dir runs/demo
 
 # The whole suite: the import floors (lint-imports), the README's measured tables against their artifacts,
+# the guides' claims page (docs/claims.md) and the README's verdict counts against the ledger,
 # unit + 2-process gloo tests, then every notebook.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) benchmarks/report.py --check
+	$(PY) -m ecomkit.claims --check
 	$(PY) -m pytest tests notebooks --nbmake -q
 
 bench: $(STAMP)
