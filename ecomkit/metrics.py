@@ -83,19 +83,51 @@ def format_bytes(n: float) -> str:
 def print_run_summary(summary: dict[str, Any]) -> None:
     if int(os.environ.get("RANK", 0)) != 0:
         return
-    acc = "  ".join(f"{k}={v:.3f}" + (f" (majority baseline {summary[b]:.3f})" if (b := "majority_" + k[4:]) in summary
-                                      else "") for k, v in summary.items() if k.startswith("acc_"))
     print(
         "\n=== run summary ===\n"
         f"strategy        {summary['strategy']} × {summary['world_size']} process(es), global batch {summary['global_batch']}\n"
-        f"loss            {summary['first_loss']:.4f} → {summary['final_loss']:.4f} (train), eval {summary['eval_loss']:.4f}\n"
-        + (f"eval accuracy   {acc}\n" if acc else "")
+        + data_line(summary)
+        + f"loss            {summary['first_loss']:.4f} → {summary['final_loss']:.4f} (train), eval {summary['eval_loss']:.4f}\n"
+        + classification_lines(summary)
         + throughput_lines(summary)
         + f"peak memory     {format_bytes(summary['peak_mem_bytes'])} per rank\n"
         f"outputs         {summary['output_dir']} (metrics.jsonl, summary.json"
         + (f", model in {summary['model_dir']}" if summary.get("model_dir") else "") + ")\n",
         flush=True,
     )
+
+
+def classification_lines(summary: dict[str, Any]) -> str:
+    """One line per classification target: accuracy, macro-F1, the majority baseline and the margin over it.
+
+    The margin is what a claim "the model learned" rests on: an accuracy is
+    only worth its distance from always answering the most frequent label.
+    """
+    lines = ""
+    for key in [k for k in summary if k.startswith("acc_")]:
+        target, acc = key[4:], summary[key]
+        line = f"eval {target:<11}accuracy {acc:.3f}"
+        if summary.get(f"macro_f1_{target}") is not None:
+            line += f", macro-F1 {summary[f'macro_f1_{target}']:.3f}"
+        if summary.get(f"majority_{target}") is not None:
+            base = summary[f"majority_{target}"]
+            line += f"; majority baseline {base:.3f}, margin {100 * (acc - base):+.1f} points"
+        if summary.get(f"scored_{target}"):
+            line += f" ({summary[f'scored_{target}']} held-out records)"
+        lines += line + "\n"
+    return lines
+
+
+def data_line(summary: dict[str, Any]) -> str:
+    """What the run trained on: records used of those read, and the examples built per kind (when known)."""
+    data = summary.get("data")
+    if not data:
+        return ""
+    kinds = ", ".join(f"{k} {n:,}" for k, n in data.get("examples_per_kind", {}).items())
+    capped = data.get("max_rows") and data["records_used"] < data["rows_valid"]
+    cap = f", capped by max_rows={data['max_rows']:,}" if capped else ""
+    return (f"data            {data['records_used']:,} of {data['rows_read']:,} rows used{cap} "
+            f"({data['train_records']:,} train / {data['eval_records']:,} eval); examples: {kinds}\n")
 
 
 def throughput_lines(summary: dict[str, Any]) -> str:

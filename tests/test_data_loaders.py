@@ -56,13 +56,16 @@ def test_strict_error_names_the_users_column(tmp_path):
 def test_bad_column_map_and_missing_header_column(tmp_path):
     with pytest.raises(ConfigError, match="unknown fields"):
         load_records(write_jsonl([GOOD], tmp_path / "a.jsonl"), column_map={"name": "titel"})
-    no_price = [{k: v for k, v in GOOD.items() if k != "price"}]
-    with pytest.raises(DataError, match=r"no column for the required field\(s\) \['price'\].*column_map"):
-        load_records(write_csv(no_price, tmp_path / "b.csv"))
+    no_text = [{"price": 5, "label": 1}]
+    with pytest.raises(DataError, match=r"has no text column.*column_map"):
+        load_records(write_csv(no_text, tmp_path / "b.csv"))
+    text_only = [{"text": "好评"}] * 3
+    with pytest.raises(DataError, match=r"nothing for task 'nlu'.*sentiment"):
+        load_records(write_csv(text_only, tmp_path / "c.csv"), task="nlu")
 
 
-def _jsonl_with_bad_line(tmp_path, bad_line: bytes):
-    good = json.dumps(GOOD, ensure_ascii=False).encode()
+def _jsonl_with_bad_line(tmp_path, bad_line: bytes, label_map=None):
+    good = json.dumps({**GOOD, "sentiment": 1} if label_map else GOOD, ensure_ascii=False).encode()
     path = tmp_path / "rows.jsonl"
     path.write_bytes(b"\n".join([good, good, bad_line, good]) + b"\n")
     return path
@@ -73,16 +76,18 @@ def _line(**changes) -> bytes:
     return json.dumps({k: v for k, v in row.items() if v is not ...}, ensure_ascii=False).encode()
 
 
-CASES = {
-    "missing_field": (_line(price=...), "price"),
-    "empty_field": (_line(title="   "), "title"),
-    "non_numeric_price": (_line(price="cheap"), "price"),
-    "negative_price": (_line(price=-5), "price"),
-    "wrong_type": (_line(review=["great"]), "review"),
-    "over_long_text": (_line(review="好" * 5000), "review"),
-    "invalid_label": (_line(sentiment="angry"), "sentiment"),
-    "undecodable_bytes": (b'{"title": "\xff\xfe bad", "price": 1, "spec": "s", "review": "r"}', None),
-    "malformed_line": (b'{"title": "unterminated', None),
+SENTIMENT_01 = {"sentiment": {"0": "negative", "1": "positive"}}
+CASES = {  # reason: (the bad line, the field strict mode names, load_records arguments)
+    "missing_field": (json.dumps({"price": 5, "category": "手机"}).encode(), None, {}),
+    "empty_field": (_line(title="   ", spec="", review=" "), "title", {}),
+    "non_numeric_price": (_line(price="cheap"), "price", {}),
+    "negative_price": (_line(price=-5), "price", {}),
+    "wrong_type": (_line(review=["great"]), "review", {}),
+    "over_long_text": (_line(review="好" * 5000), "review", {}),
+    "invalid_label": (_line(sentiment="很好\n用"), "sentiment", {}),
+    "unmapped_label": (_line(sentiment=2), "sentiment", {"label_map": SENTIMENT_01}),
+    "undecodable_bytes": (b'{"title": "\xff\xfe bad", "price": 1, "spec": "s", "review": "r"}', None, {}),
+    "malformed_line": (b'{"title": "unterminated', None, {}),
 }
 
 
@@ -92,9 +97,10 @@ def test_every_reason_has_a_case():
 
 @pytest.mark.parametrize("reason", sorted(CASES))
 def test_lenient_counts_each_reason(tmp_path, reason, caplog):
-    path = _jsonl_with_bad_line(tmp_path, CASES[reason][0])
+    line, _, kwargs = CASES[reason]
+    path = _jsonl_with_bad_line(tmp_path, line, **kwargs)
     with caplog.at_level(logging.WARNING, logger="ecomkit.data"):
-        result = load_records(path)
+        result = load_records(path, **kwargs)
     report = result.report
     assert (report.total, report.kept, report.skipped) == (4, 3, 1)
     assert report.counts == {reason: 1}
@@ -104,10 +110,10 @@ def test_lenient_counts_each_reason(tmp_path, reason, caplog):
 
 @pytest.mark.parametrize("reason", sorted(CASES))
 def test_strict_raises_with_file_line_and_field(tmp_path, reason):
-    path = _jsonl_with_bad_line(tmp_path, CASES[reason][0])
-    field = CASES[reason][1]
+    line, field, kwargs = CASES[reason]
+    path = _jsonl_with_bad_line(tmp_path, line, **kwargs)
     with pytest.raises(DataError) as info:
-        load_records(path, strict=True)
+        load_records(path, strict=True, **kwargs)
     message = str(info.value)
     assert str(path) in message and "line 3" in message and f"[{reason}]" in message
     if field:
@@ -139,11 +145,12 @@ def test_prices_as_text_with_currency_are_accepted(tmp_path):
     assert [r["price"] for r in load_records(path).records] == [1299.5, 12.0]
 
 
-def test_task_decides_which_fields_are_required(tmp_path):
-    minimal = {"title": "UrbanFit® 纯棉T恤", "price": 99}
-    path = write_jsonl([minimal, GOOD], tmp_path / "t.jsonl")
-    assert load_records(path, task="lm").report.counts == {"missing_field": 1}
-    assert len(load_records(path, task="nlu").records) == 2
+def test_every_field_is_optional_but_a_row_needs_text(tmp_path):
+    rows = [{"title": "UrbanFit® 纯棉T恤", "price": 99}, {"review": "很好", "sentiment": "positive"},
+            {"text": "一段没有标签的文字"}, {"price": 12, "brand": "Acme"}, GOOD]
+    result = load_records(write_jsonl(rows, tmp_path / "t.jsonl"))
+    assert result.report.counts == {"missing_field": 1} and result.report.first_issue["missing_field"].location == "line 4"
+    assert [sorted(r) for r in result.records[:3]] == [["price", "title"], ["review", "sentiment"], ["text"]]
 
 
 def test_missing_file_is_one_clear_paragraph(tmp_path):

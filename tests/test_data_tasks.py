@@ -66,7 +66,8 @@ def test_classification_example_candidates_and_index():
 
 
 def test_category_labels_for_user_categories():
-    assert category_labels_for([RECORD]) == CATEGORY_LABELS
+    assert category_labels_for([RECORD]) == ("手机",)   # the labels the data has, in the built-in order
+    assert category_labels_for([{**RECORD, "category": "服饰"}, RECORD]) == ("手机", "服饰")
     assert category_labels_for([{**RECORD, "category": "汽车"}, RECORD]) == ("手机", "汽车")
 
 
@@ -158,7 +159,7 @@ def test_build_datasets_synthetic_split_is_deterministic(tok):
     assert report.category_labels == CATEGORY_LABELS and "kept 300 of 300" in report.summary()
     again = build_datasets("synthetic", n_rows=300, seed=4, task="nlu", tokenizer=tok, max_length=256,
                            eval_fraction=0.1)
-    assert again[2] == raw_eval and again[1]["input_ids"] == evald["input_ids"]
+    assert again[2].to_list() == raw_eval.to_list() and again[1]["input_ids"] == evald["input_ids"]
     other = build_datasets("synthetic", n_rows=300, seed=5, task="nlu", tokenizer=tok, max_length=256,
                            eval_fraction=0.1)
     assert [r["sku"] for r in other[2]] != [r["sku"] for r in raw_eval]
@@ -166,11 +167,14 @@ def test_build_datasets_synthetic_split_is_deterministic(tok):
 
 def test_build_datasets_from_file_with_cap(tok, tmp_path, records):
     path = write_jsonl(records + [{**RECORD, "price": "free"}], tmp_path / "d.jsonl")
-    train, evald, raw_eval, report = build_datasets(str(path), n_rows=100, seed=0, task="lm", tokenizer=tok,
+    train, evald, raw_eval, report = build_datasets(str(path), max_rows=100, seed=0, task="lm", tokenizer=tok,
                                                     max_length=128)
     assert (len(train), len(evald)) == (95, 5)
     assert report.validation.counts == {"non_numeric_price": 1}
-    assert all(r in records for r in raw_eval)
+    assert {r["sku"] for r in raw_eval} <= {r["sku"] for r in records}
+    assert "Capped by max_rows=100: using 100 of 200 valid records" in report.summary()
+    with pytest.raises(ConfigError, match="n_rows=100 sets the size of the synthetic catalog.*max_rows"):
+        build_datasets(str(path), n_rows=100, seed=0, task="lm", tokenizer=tok, max_length=128)
     with pytest.raises(DataError, match="not found"):
         build_datasets(str(tmp_path / "missing.csv"), n_rows=None, seed=0, task="lm", tokenizer=tok, max_length=64)
     with pytest.raises(ConfigError, match="eval_fraction"):

@@ -20,7 +20,7 @@ from ecomkit.dist import DistEnv
 from ecomkit.models.bloom import load_model
 from ecomkit.models.tokenizer import get_tokenizer
 from ecomkit.train.evaluate import (CandidateScore, best_candidate, candidate_log_probs, evaluate_nlu_accuracy,
-                                    majority_share, score_candidates)
+                                    macro_f1, majority_share, score_candidates)
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +162,23 @@ def test_sentiment_candidates_are_scored_as_in_training_with_eos(tiny, tokenizer
     cut = candidate_log_probs(tiny, tokenizer, ex.prompt, ex.candidates, "cpu", max_length=24)
     assert [s.n_tokens for s in cut] == [s.n_tokens for s in scores]
     assert cut[0].log_prob != pytest.approx(scores[0].log_prob, abs=1e-6)
+
+
+def test_macro_f1_weights_every_label_equally():
+    # gold × predicted: the majority label (index 0) always predicted: accuracy 0.75, macro-F1 ≈ 0.43
+    always_first = [[3.0, 0.0], [1.0, 0.0]]
+    assert macro_f1(always_first) == pytest.approx((2 * 3 / (3 + 4) + 0.0) / 2)
+    assert macro_f1([[2.0, 0.0], [0.0, 5.0]]) == 1.0
+    assert math.isnan(macro_f1([[0.0]]))
+
+
+def test_each_target_is_scored_on_the_records_that_have_it_with_labels_from_the_data(tokenizer):
+    # sentiment-only records (a review file with 0/1 labels mapped to two names); no category anywhere
+    records = [{"review": "很好用,推荐!", "sentiment": "positive"}] * 3 + [{"review": "差评", "sentiment": "negative"}]
+    favoured = set(ids_of(tokenizer, "positive")) | {tokenizer.eos_token_id}
+    stub = FavouringStrategy(len(tokenizer), favoured)
+    out = evaluate_nlu_accuracy(stub, tokenizer, records, DistEnv(), n_samples=8,
+                                labels={"category": (), "sentiment": ("positive", "negative")})
+    assert "acc_category" not in out and out["scored_sentiment"] == out["nlu_scored"] == 4
+    assert out["acc_sentiment"] == out["majority_sentiment"] == 0.75
+    assert out["macro_f1_sentiment"] == pytest.approx((2 * 3 / 7 + 0.0) / 2)

@@ -98,9 +98,12 @@ class TrainConfig:
     # --- data -------------------------------------------------------------
     task: str = "lm"                  # lm: causal text; nlu: SeqGPT-style instructions (loss on answers)
     data: str = "synthetic"           # "synthetic" or a .jsonl/.csv file or a save_to_disk directory
-    n_rows: int = 4000                # rows generated when data == "synthetic"
+    n_rows: int = 4000                # rows generated when data == "synthetic" (a file is used whole)
+    max_rows: int = 0                 # use at most this many valid rows of a data file (0 = all; logged)
     column_map: dict[str, str] | None = None  # user column -> ecomkit field, e.g. {"name": "title"}
+    label_map: dict[str, dict[str, str]] | None = None  # raw label -> name, e.g. {"sentiment": {"0": "negative"}}
     strict_data: bool = False         # raise on the first malformed row instead of skipping it
+    max_bad_fraction: float = 0.05    # stop when more than this share of a file's rows is malformed
     bucketed: bool = True             # length-bucketed batches (less padding)
     seq_len: int = 128                # max tokens per sample (truncation)
     micro_batch_size: int = 8         # samples per device per forward/backward

@@ -263,9 +263,38 @@ def check_fault_config(cfg: "TrainConfig") -> None:
 
 
 # ---------------------------------------------------------------------- data
+# The targets a label_map may map: ecomkit.data.validate.LABEL_FIELDS (the data floor sits above this one;
+# tests/test_user_data.py checks the two agree).
+LABEL_MAP_TARGETS = ("category", "sentiment", "brand")
+
+
 def check_data_source(cfg: "TrainConfig") -> None:
     if cfg.data != "synthetic" and not Path(cfg.data).exists():
         raise ConfigError(
             f"Data file '{cfg.data}' does not exist (resolved to {Path(cfg.data).resolve()}). "
             "Pass --data synthetic for the built-in catalog, or the path of a .jsonl/.csv file or "
             "of a directory written by datasets' save_to_disk().")
+    if cfg.max_rows < 0 or cfg.max_rows == 1:
+        raise ConfigError(f"max_rows={cfg.max_rows} (flag --max-rows) must be 0 (use every valid row of the file) "
+                          "or at least 2.")
+    if not 0.0 <= cfg.max_bad_fraction <= 1.0:
+        raise ConfigError(f"max_bad_fraction={cfg.max_bad_fraction} (flag --max-bad-fraction) must be in [0, 1]: "
+                          "the share of malformed rows above which a run stops, e.g. 0.05.")
+    check_label_map_shape(cfg.label_map)
+
+
+def check_label_map_shape(label_map: Any) -> None:
+    """``{target: {raw value: label name}}`` with targets among :data:`LABEL_MAP_TARGETS`."""
+    example = """'{"sentiment": {"0": "negative", "1": "positive"}}'"""
+    if label_map is None:
+        return
+    if not isinstance(label_map, dict):
+        raise ConfigError(f"label_map must be an object of target -> {{raw value: label}}, e.g. --label-map {example}.")
+    for target, mapping in label_map.items():
+        if target not in LABEL_MAP_TARGETS:
+            raise ConfigError(f"label_map has the key {target!r}; it maps the values of one of "
+                              f"{list(LABEL_MAP_TARGETS)}, e.g. --label-map {example}.")
+        if not isinstance(mapping, dict) or not mapping or not all(
+                isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in mapping.values()):
+            raise ConfigError(f"label_map[{target!r}] must be a non-empty object of raw value -> label name, got "
+                              f"{mapping!r}; e.g. --label-map {example}.")

@@ -1,22 +1,28 @@
 """Data for ecomkit: synthetic catalog, loaders with validation, task formats, tokenization, samplers.
 
-Typical use::
+Everything between a source and the sampler is a ``datasets`` Arrow table,
+memory-mapped and cached by content hash (:mod:`ecomkit.data.arrow`); the
+sampler needs only the lengths. Typical use::
 
-    from ecomkit.data import build_datasets, DistributedBatchSampler, pad_collate
+    from ecomkit.data import build_datasets, DistributedBatchSampler, lengths_array, pad_collate
     train_ds, eval_ds, eval_records, report = build_datasets(
-        "synthetic", n_rows=2000, seed=0, task="lm", tokenizer=tok, max_length=256)
-    sampler = DistributedBatchSampler(train_ds["length"], micro_batch_size=8, grad_accum=2,
+        "reviews.csv", seed=0, task="nlu", tokenizer=tok, max_length=256,
+        column_map={"cat": "category", "label": "sentiment", "review": "review"},
+        label_map={"sentiment": {"0": "negative", "1": "positive"}})
+    sampler = DistributedBatchSampler(lengths_array(train_ds), micro_batch_size=8, grad_accum=2,
                                       num_replicas=world_size, rank=rank, seed=0)
 """
 
-from ecomkit.data.build import BuildReport, build_datasets
-from ecomkit.data.catalog import CATEGORIES, CATEGORY_ENGLISH, generate_catalog
+from ecomkit.data.arrow import data_cache_dir, lengths_array
+from ecomkit.data.build import BuildReport, build_datasets, stratified_split
+from ecomkit.data.catalog import CATEGORIES, CATEGORY_ENGLISH, generate_catalog, generate_catalog_chunks
 from ecomkit.data.loaders import LoadResult, load_records, write_csv, write_hf_dataset, write_jsonl
 from ecomkit.data.padding import PaddingComparison, compare_padding, epoch_micro_batches, padding_rate
 from ecomkit.data.sampler import DistributedBatchSampler, plan_global_batches
 from ecomkit.data.tasks import (
     CATEGORY_LABELS,
     CLASSIFICATION_TASKS,
+    KINDS,
     NLU_TASKS,
     SENTIMENT_LABELS,
     TASKS,
@@ -24,19 +30,21 @@ from ecomkit.data.tasks import (
     NluExample,
     build_classification_example,
     build_nlu_examples,
+    can_classify,
     category_labels_for,
     format_lm_text,
-    required_fields_for_task,
+    labels_from_values,
 )
 from ecomkit.data.tokenize import IGNORE_INDEX, encode_prompt_answer, pad_collate, tokenize_records
-from ecomkit.data.validate import REASONS, ValidationIssue, ValidationReport
+from ecomkit.data.validate import REASONS, ValidationIssue, ValidationReport, check_label_map
 
 __all__ = [
-    "BuildReport", "build_datasets", "CATEGORIES", "CATEGORY_ENGLISH", "generate_catalog", "LoadResult",
-    "load_records", "write_csv", "write_hf_dataset", "write_jsonl", "PaddingComparison", "compare_padding",
-    "epoch_micro_batches", "padding_rate", "DistributedBatchSampler", "plan_global_batches", "CATEGORY_LABELS",
-    "CLASSIFICATION_TASKS", "NLU_TASKS", "SENTIMENT_LABELS", "TASKS", "ClassificationExample", "NluExample",
-    "build_classification_example", "build_nlu_examples", "category_labels_for", "format_lm_text",
-    "required_fields_for_task", "IGNORE_INDEX", "encode_prompt_answer", "pad_collate", "tokenize_records",
-    "REASONS", "ValidationIssue", "ValidationReport",
+    "data_cache_dir", "lengths_array", "BuildReport", "build_datasets", "stratified_split", "CATEGORIES",
+    "CATEGORY_ENGLISH", "generate_catalog", "generate_catalog_chunks", "LoadResult", "load_records", "write_csv",
+    "write_hf_dataset", "write_jsonl", "PaddingComparison", "compare_padding", "epoch_micro_batches",
+    "padding_rate", "DistributedBatchSampler", "plan_global_batches", "CATEGORY_LABELS", "CLASSIFICATION_TASKS",
+    "KINDS", "NLU_TASKS", "SENTIMENT_LABELS", "TASKS", "ClassificationExample", "NluExample",
+    "build_classification_example", "build_nlu_examples", "can_classify", "category_labels_for", "format_lm_text",
+    "labels_from_values", "IGNORE_INDEX", "encode_prompt_answer", "pad_collate", "tokenize_records", "REASONS",
+    "ValidationIssue", "ValidationReport", "check_label_map",
 ]

@@ -1,31 +1,43 @@
 """One call from a data source to tokenized train/eval sets: :func:`build_datasets`.
 
+Nothing is capped silently: ``n_rows`` is the size of the synthetic catalog
+only; a user's file is used whole unless ``max_rows`` caps it, and the report
+(logged at start-up) says so. Lenient loading stops when more than
+``max_bad_fraction`` of the rows are malformed.
+
 The split is done on *records* before the NLU expansion, so an eval record
-never has one of its instruction examples in the training set.
+never has one of its instruction examples in the training set, and it is
+**stratified** by the classification labels (category × sentiment): each
+label keeps its share in the held-out set, so a rare category is evaluated
+too and the majority baseline of the eval set is that of the data.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from datasets import Dataset
 
-from ecomkit.data.catalog import generate_catalog
-from ecomkit.data.loaders import load_records
-from ecomkit.data.tasks import category_labels_for, check_task
+from ecomkit.data.arrow import cached_table, column_numpy, fingerprint, unique_values
+from ecomkit.data.catalog import MIN_ROWS, generate_catalog_chunks
+from ecomkit.data.loaders import RECORD_FEATURES, load_records
+from ecomkit.data.tasks import CLASSIFICATION_TASKS, KINDS, check_task, labels_from_values
 from ecomkit.data.tokenize import tokenize_records
-from ecomkit.data.validate import ValidationReport
+from ecomkit.data.validate import RECORD_FIELDS, ValidationReport, check_bad_fraction
 from ecomkit.errors import ConfigError, DataError
 
 SYNTHETIC = "synthetic"
+MAX_SYNTHETIC_ROWS = 100_000_000
 
 
 @dataclass
 class BuildReport:
-    """Where the data came from and what was kept, plus the category candidates used in NLU prompts."""
+    """Where the data came from, what was kept and built, and the candidate labels of each classification target."""
 
     source: str
     validation: ValidationReport
@@ -34,53 +46,125 @@ class BuildReport:
     n_train_examples: int
     n_eval_examples: int
     category_labels: tuple[str, ...] = field(default_factory=tuple)
+    labels: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    examples_per_kind: dict[str, int] = field(default_factory=dict)   # train + eval, kinds with examples
+    n_usable: int = 0                  # valid records before any cap
+    max_rows: int | None = None        # the cap the caller asked for (None: all rows)
+
+    @property
+    def capped(self) -> bool:
+        return self.max_rows is not None and self.max_rows < self.n_usable
+
+    def facts(self) -> dict:
+        """The numbers of :meth:`summary` as a dict, for ``summary.json`` and notebooks."""
+        v = self.validation
+        return {"source": self.source, "rows_read": v.total, "rows_valid": v.kept, "skipped": dict(v.counts),
+                "max_rows": self.max_rows, "records_used": self.n_train_records + self.n_eval_records,
+                "train_records": self.n_train_records, "eval_records": self.n_eval_records,
+                "train_examples": self.n_train_examples, "eval_examples": self.n_eval_examples,
+                "examples_per_kind": dict(self.examples_per_kind), "labels": {k: list(v) for k, v in self.labels.items()}}
 
     def summary(self) -> str:
-        return (f"{self.validation.summary()} Split: {self.n_train_records:,} train / {self.n_eval_records:,} "
-                f"eval records -> {self.n_train_examples:,} / {self.n_eval_examples:,} tokenized examples.")
+        used = self.n_train_records + self.n_eval_records
+        cap = (f"Capped by max_rows={self.max_rows:,}: using {used:,} of {self.n_usable:,} valid records."
+               if self.capped else f"Using all {used:,} valid records.")
+        kinds = ", ".join(f"{k} {n:,}" for k, n in self.examples_per_kind.items()) or "none"
+        return (f"{self.validation.summary()} {cap} Split (stratified by label): {self.n_train_records:,} train / "
+                f"{self.n_eval_records:,} eval records -> {self.n_train_examples:,} / {self.n_eval_examples:,} "
+                f"tokenized examples. Examples built per kind: {kinds}.")
 
 
-def build_datasets(source: str | os.PathLike, *, n_rows: int | None, seed: int, task: str, tokenizer,
+def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed: int, task: str, tokenizer,
                    max_length: int, eval_fraction: float = 0.05, column_map: Mapping[str, str] | None = None,
-                   strict: bool = False, num_proc: int = 1):
-    """Return ``(train_ds, eval_ds, raw_eval_records, report)``.
+                   strict: bool = False, num_proc: int = 1, label_map: Mapping[str, Mapping[str, str]] | None = None,
+                   max_rows: int | None = None, max_bad_fraction: float = 0.05):
+    """Return ``(train_ds, eval_ds, eval_records, report)``.
 
     ``source="synthetic"`` generates ``n_rows`` catalog rows with ``seed``;
     any other value is a path loaded with ``load_records`` (by extension, or a
-    ``save_to_disk`` directory), shuffled with ``seed`` and capped at
-    ``n_rows`` if given. The first ``ceil(eval_fraction * n)`` shuffled records
-    are the eval set, so the split depends only on ``(data, seed)``.
-    ``raw_eval_records`` are the eval records as dicts, for candidate-scoring
-    accuracy (``build_classification_example``). ``report`` is a
-    :class:`BuildReport` (``report.validation`` is the loader's report,
-    ``report.category_labels`` the candidates to use for category accuracy).
+    ``save_to_disk`` directory), every valid row, or ``max_rows`` of them
+    (a random subset drawn with ``seed``) when given. ``ceil(eval_fraction * n)``
+    records, stratified by label, are the eval set, so the split depends only
+    on ``(data, seed)``. ``eval_records`` is that set as a record table (in a
+    random order), for candidate-scoring accuracy; ``report`` is a
+    :class:`BuildReport` (``report.labels`` the candidates per target).
     """
     check_task(task)
     if not 0.0 < eval_fraction < 1.0:
         raise ConfigError(f"eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction}.")
-    records, validation = _source_records(source, n_rows, seed, task, column_map, strict)
+    if max_rows is not None and max_rows < 2:
+        raise ConfigError(f"max_rows must be at least 2 (or None for all rows), got {max_rows}.")
+    records, validation = _source_records(source, n_rows, seed, task, column_map, strict, label_map, num_proc)
+    check_bad_fraction(validation, max_bad_fraction)
+    labels = {t: labels_from_values(unique_values(records, t), t) for t in CLASSIFICATION_TASKS}
     order = np.random.default_rng(seed).permutation(len(records))
-    records = [records[i] for i in order[: n_rows or len(records)]]
-    n_eval = math.ceil(eval_fraction * len(records))
-    if n_eval >= len(records):
-        raise DataError(f"{source}: only {len(records)} usable records, too few to split off an eval set with "
+    if max_rows is not None:
+        order = order[:max_rows]
+    eval_idx, train_idx = stratified_split(order, _strata(records, labels, order), eval_fraction)
+    if len(train_idx) == 0:
+        raise DataError(f"{source}: only {len(order)} usable records, too few to split off an eval set with "
                         f"eval_fraction={eval_fraction}. Provide more rows.")
-    eval_records, train_records = records[:n_eval], records[n_eval:]
-    labels = category_labels_for(records)
-    train_ds = tokenize_records(train_records, tokenizer, task, max_length, num_proc, labels)
-    eval_ds = tokenize_records(eval_records, tokenizer, task, max_length, num_proc, labels)
-    report = BuildReport(str(source), validation, len(train_records), len(eval_records), len(train_ds),
-                         len(eval_ds), labels)
-    return train_ds, eval_ds, eval_records, report
+    # Training rows in table order (sequential reads while tokenising; the sampler shuffles), eval rows shuffled.
+    train_records, eval_records = records.select(np.sort(train_idx)), records.select(eval_idx)
+    train_ds = tokenize_records(train_records, tokenizer, task, max_length, num_proc, labels=labels, keep_kind=True)
+    eval_ds = tokenize_records(eval_records, tokenizer, task, max_length, num_proc, labels=labels, keep_kind=True)
+    kinds = np.bincount(column_numpy(train_ds, "kind").astype(np.int64), minlength=len(KINDS)) + np.bincount(
+        column_numpy(eval_ds, "kind").astype(np.int64), minlength=len(KINDS))
+    if kinds.sum() == 0:
+        raise DataError(f"{source}: no {task} example could be built from {len(order):,} valid records. For task "
+                        f"'nlu' a record needs a target (category, sentiment, brand, price) and a text to read it "
+                        f"from, or an instruction pair; check column_map, or use task='lm'.")
+    report = BuildReport(str(source), validation, len(train_idx), len(eval_idx), len(train_ds), len(eval_ds),
+                         labels["category"], labels, {k: int(n) for k, n in zip(KINDS, kinds) if n},
+                         len(records), max_rows)
+    return train_ds.remove_columns("kind"), eval_ds.remove_columns("kind"), eval_records, report
 
 
-def _source_records(source, n_rows, seed, task, column_map, strict) -> tuple[list[dict], ValidationReport]:
+def stratified_split(order: np.ndarray, strata: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(eval, train)`` indices from ``order`` (a permutation): ``ceil(fraction * n)`` eval rows, every stratum
+    holding its share within one row.
+
+    Systematic sampling over the rows grouped by stratum (random order inside a
+    group, since ``order`` is random): row ``i`` of the grouped order is taken
+    when ``floor((i + 1) f + c)`` steps past ``floor(i f + c)``. Vectorised, so
+    10 M rows take a second; the eval indices keep the random order.
+    """
+    n = len(order)
+    grouped = np.argsort(strata, kind="stable")
+    steps = np.floor(np.arange(n + 1, dtype=np.float64) * fraction + (1.0 - 1e-9))
+    chosen = np.zeros(n, dtype=bool)
+    chosen[grouped[np.diff(steps) > 0]] = True
+    return order[chosen], order[~chosen]
+
+
+def _strata(records: Dataset, labels: Mapping[str, tuple[str, ...]], order: np.ndarray) -> np.ndarray:
+    """One integer per row of ``order``: its (category, sentiment) combination, 0 for an absent label."""
+    key = np.zeros(len(records), dtype=np.int64)
+    table = records.data.table
+    for task in CLASSIFICATION_TASKS:
+        codes = pc.fill_null(pc.index_in(table.column(task), value_set=pa.array(labels[task], pa.string())), -1)
+        key = key * (len(labels[task]) + 1) + codes.to_numpy(zero_copy_only=False).astype(np.int64) + 1
+    return key[order]
+
+
+def _source_records(source, n_rows, seed, task, column_map, strict, label_map,
+                    num_proc) -> tuple[Dataset, ValidationReport]:
     if str(source) == SYNTHETIC:
-        if n_rows is None:
-            raise ConfigError("n_rows is required for the synthetic catalog (e.g. n_rows=2000).")
-        records = generate_catalog(n_rows, seed)
+        if n_rows is None or not MIN_ROWS <= n_rows <= MAX_SYNTHETIC_ROWS:
+            raise ConfigError(f"n_rows (the size of the synthetic catalog) must be in {MIN_ROWS}.."
+                              f"{MAX_SYNTHETIC_ROWS:,}, "
+                              f"got {n_rows} (e.g. n_rows=2000).")
+        records = cached_table(fingerprint("synthetic", n_rows, seed), lambda: _synthetic_batches(n_rows, seed),
+                               RECORD_FEATURES)
         return records, ValidationReport(source=SYNTHETIC, total=len(records), kept=len(records))
-    if n_rows is not None and n_rows < 2:
-        raise ConfigError(f"n_rows must be at least 2 (or None for all rows), got {n_rows}.")
-    result = load_records(source, column_map=column_map, task=task, strict=strict)
-    return result.records, result.report
+    if n_rows is not None:
+        raise ConfigError(f"n_rows={n_rows} sets the size of the synthetic catalog; {source} is a file, used whole. "
+                          f"To use part of it, pass max_rows (--max-rows).")
+    result = load_records(source, column_map=column_map, task=task, strict=strict, label_map=label_map,
+                          num_proc=num_proc)
+    return result.dataset, result.report
+
+
+def _synthetic_batches(n_rows: int, seed: int) -> Iterator[dict[str, list]]:
+    for chunk in generate_catalog_chunks(n_rows, seed):
+        yield {name: [record.get(name) for record in chunk] for name in RECORD_FIELDS}

@@ -20,6 +20,8 @@ fixed order; only the final string assembly is a Python loop, which keeps
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
 from ecomkit.data.catalog_pools import (
@@ -46,7 +48,7 @@ MAX_BODY_SENTENCES = 16
 _ALNUM = np.array(list("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"))
 
 
-def generate_catalog(n_rows: int, seed: int = 0) -> list[dict]:
+def generate_catalog(n_rows: int, seed: int | tuple[int, ...] = 0) -> list[dict]:
     """Return ``n_rows`` product records, identical for identical ``(n_rows, seed)``.
 
     Each record has ``sku``, ``category``, ``brand``, ``title``, ``price``
@@ -73,6 +75,44 @@ def generate_catalog(n_rows: int, seed: int = 0) -> list[dict]:
         }
         for i in range(n_rows)
     ]
+
+
+def generate_catalog_chunks(n_rows: int, seed: int = 0, chunk_rows: int = 100_000) -> Iterator[list[dict]]:
+    """Yield a catalog of any size in chunks of at most ``chunk_rows`` records, one chunk in memory at a time.
+
+    Up to ``chunk_rows`` rows this is ``generate_catalog(n_rows, seed)`` itself;
+    beyond, the rows are split into near-equal chunks, chunk ``i`` drawn with the
+    seed sequence ``(seed, i)``: deterministic, and bounded in memory whatever
+    ``n_rows`` is (SKUs are unique within a chunk only).
+    """
+    if n_rows <= chunk_rows:
+        yield generate_catalog(n_rows, seed)
+        return
+    n_chunks = -(-n_rows // chunk_rows)
+    base, extra = divmod(n_rows, n_chunks)
+    for i in range(n_chunks):
+        yield generate_catalog(base + (i < extra), (seed, i))
+
+
+def review_rows(n_rows: int, seed: int = 0, categories: int = 4) -> list[dict]:
+    """Rows in the most common public shape of Chinese e-commerce review data: ``cat``, ``label`` (0/1), ``review``.
+
+    For examples and tests of "bring your own data": the columns are *not*
+    ecomkit's names and the label is an integer, so loading needs a column map
+    and a label map. Drawn from the catalog (neutral reviews left out, so the
+    label is binary; only the first ``categories`` categories); the review text
+    names the product first, as real reviews often do.
+    """
+    keep = set(CATEGORIES[:categories])
+    rows: list[dict] = []
+    draw = min(MAX_ROWS, max(MIN_ROWS, 4 * n_rows * len(CATEGORIES) // max(1, len(keep))))
+    part = 0
+    while len(rows) < n_rows:
+        rows += [{"cat": r["category"], "label": int(r["sentiment"] == "positive"),
+                  "review": f"{r['title']} {r['review']}"} for r in generate_catalog(draw, (seed, part))
+                 if r["category"] in keep and r["sentiment"] != "neutral"]
+        part += 1
+    return rows[:n_rows]
 
 
 def _check_n_rows(n_rows: int) -> None:

@@ -1,16 +1,23 @@
-"""Load user data (JSONL, CSV, Hugging Face ``save_to_disk`` directories, ``.arrow`` files) and write it back.
+"""Load user data (JSONL, CSV, Hugging Face ``save_to_disk`` directories, ``.arrow`` files) into Arrow tables.
 
-Every loader goes through the same validation (:mod:`ecomkit.data.validate`),
-so a row is accepted or rejected for the same reasons whatever the format.
-Files are read as bytes and decoded line by line, so one line in a foreign
-encoding is reported as ``undecodable_bytes`` with its line number instead of
-aborting the whole load with a ``UnicodeDecodeError`` traceback.
+Two steps, both written to memory-mapped Arrow tables cached by content hash
+(:mod:`ecomkit.data.arrow`):
+
+1. **Read** the file as bytes, line by line (never whole), into a raw table:
+   one row per data row with its location (``line 12``), the row as JSON text,
+   and a reading problem if there was one. One line in a foreign encoding is
+   ``undecodable_bytes`` with its line number, not a ``UnicodeDecodeError``
+   that aborts the load; a BOM is dropped; quoted CSV fields may span lines
+   and hold 100k characters.
+2. **Validate** with a batched ``datasets.map`` (``num_proc`` workers): each
+   row becomes a record of :data:`~ecomkit.data.validate.RECORD_FIELDS`, or a
+   reason. The report counts reasons (Arrow compute, no Python loop over rows);
+   strict mode raises on the first bad row, naming file, line and field.
 
 ``column_map`` maps *your* column names to ecomkit fields, e.g.
-``{"product_name": "title", "cost": "price"}``; error messages name your
-column. Fields: required per task (see ``required_fields_for_task``), plus the
-optional ``category``, ``sentiment``, ``sku`` and ``brand``; other columns are
-ignored.
+``{"product_name": "title", "label": "sentiment"}``; error messages name your
+column. ``label_map`` maps raw label values to label names, e.g.
+``{"sentiment": {"0": "negative", "1": "positive"}}``. Other columns are ignored.
 """
 
 from __future__ import annotations
@@ -24,14 +31,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from datasets import Dataset, DatasetDict, load_from_disk
+import numpy as np
+import pyarrow.compute as pc
+from datasets import Dataset, DatasetDict, Features, Value, load_from_disk
 
-from ecomkit.data.tasks import required_fields_for_task
+from ecomkit.data.arrow import cached_table, file_digest, fingerprint
+from ecomkit.data.tasks import check_task
 from ecomkit.data.validate import (
     ALL_FIELDS,
+    INSTRUCTION_FIELDS,
+    RECORD_FIELDS,
+    TARGET_FIELDS,
+    TEXT_FIELDS,
     RowProblem,
     ValidationIssue,
     ValidationReport,
+    check_label_map,
     strict_error,
     validate_row,
 )
@@ -40,52 +55,83 @@ from ecomkit.errors import ConfigError, DataError
 logger = logging.getLogger(__name__)
 
 SUPPORTED = ".jsonl/.json (JSON Lines or a JSON array), .csv, .arrow, or a directory written by save_to_disk"
+RAW_FEATURES = Features({"location": Value("string"), "row": Value("string"), "reason": Value("string"),
+                         "field": Value("string"), "detail": Value("string")})
+RECORD_FEATURES = Features({name: Value("float64" if name == "price" else "string") for name in RECORD_FIELDS})
+_ISSUE_COLUMNS = ("_reason", "_field", "_detail", "_location")
+VALIDATED_FEATURES = Features({**RECORD_FEATURES, **{c: Value("string") for c in _ISSUE_COLUMNS}})
+_CSV_FIELD_LIMIT = 1 << 27  # characters per CSV field (the csv module's default, 131,072, refuses long reviews)
 
 
 @dataclass
 class LoadResult:
-    """Valid records (ecomkit field names, price as float) and the validation report."""
+    """Valid records as an Arrow table (:data:`RECORD_FIELDS`, None where absent) and the validation report."""
 
-    records: list[dict]
+    dataset: Dataset
     report: ValidationReport
+
+    @property
+    def records(self) -> list[dict]:
+        """The records as dicts without their absent fields: for small data, tests and notebooks."""
+        return [{k: v for k, v in row.items() if v is not None} for row in self.dataset]
 
 
 def load_records(path: str | os.PathLike, *, column_map: Mapping[str, str] | None = None, task: str = "lm",
-                 strict: bool = False, max_chars: int = 4096) -> LoadResult:
+                 strict: bool = False, max_chars: int = 4096, label_map: Mapping[str, Mapping[str, str]] | None = None,
+                 num_proc: int = 1) -> LoadResult:
     """Load and validate records from ``path``, choosing the reader by extension.
 
     ``strict=True`` raises :class:`DataError` at the first malformed row
     (file, line, field, fix). Otherwise malformed rows are skipped, counted per
-    reason in ``result.report`` and the summary is logged as a warning.
+    reason in ``result.report`` and the summary is logged as a warning (the
+    caller decides whether too many were bad: ``check_bad_fraction``).
     """
     path = Path(path)
-    column_map = _check_column_map(column_map)
-    required = required_fields_for_task(task)
-    rows = _rows_for(path, column_map, required)
-    report = ValidationReport(source=str(path))
-    column_of = {ours: theirs for theirs, ours in column_map.items()}
-    records = []
-    for location, raw in rows:
-        report.total += 1
-        try:
-            if isinstance(raw, RowProblem):
-                raise raw
-            records.append(validate_row(_rename(raw, column_map), required, max_chars))
-        except RowProblem as problem:
-            issue = ValidationIssue(problem.reason, location, problem.field, problem.detail)
-            if strict:
-                raise strict_error(str(path), issue, column_of) from None
-            report.add_issue(issue)
-    report.kept = len(records)
+    column_map, label_map = _check_column_map(column_map), check_label_map(label_map)
+    check_task(task)
+    raw, from_file = _raw_table(path, column_map, task)
+    key = fingerprint("validated", raw._fingerprint, column_map, label_map, max_chars)
+    validated = raw.map(_validate_batch, batched=True, with_indices=True, remove_columns=raw.column_names,
+                        features=VALIDATED_FEATURES, num_proc=num_proc if num_proc > 1 else None,
+                        fn_kwargs={"column_map": column_map, "label_map": label_map, "max_chars": max_chars,
+                                   "from_file": from_file}, new_fingerprint=key, desc="validating rows")
+    report = _report(str(path), validated)
+    if strict and report.counts:
+        first = min(report.first_issue.values(), key=lambda issue: _row_number(issue.location))
+        raise strict_error(str(path), first, {ours: theirs for theirs, ours in column_map.items()})
     _finish(report)
-    return LoadResult(records, report)
+    good = validated if not report.skipped else validated.select(
+        np.flatnonzero(pc.is_null(validated.data.column("_reason")).to_numpy(zero_copy_only=False)))
+    if good._indices is not None:
+        good = good.flatten_indices(new_fingerprint=fingerprint("kept", key))
+    return LoadResult(good.remove_columns(list(_ISSUE_COLUMNS)), report)
+
+
+def _row_number(location: str) -> int:
+    return int(location.rsplit(" ", 1)[-1])
+
+
+def _report(source: str, validated: Dataset) -> ValidationReport:
+    """Counts per reason and the first row of each, from the issue columns (Arrow compute, no row loop)."""
+    reasons = validated.data.column("_reason")
+    report = ValidationReport(source=source, total=len(validated))
+    for item in pc.value_counts(reasons).to_pylist():
+        if item["values"] is None:
+            continue
+        first = pc.index(reasons, item["values"]).as_py()
+        row = validated[first]
+        report.add_issue(ValidationIssue(row["_reason"], row["_location"], row["_field"], row["_detail"]),
+                         count=item["counts"])
+    report.kept = report.total - sum(report.counts.values())
+    return report
 
 
 def _finish(report: ValidationReport) -> None:
     if report.total == 0:
         raise DataError(f"{report.source} contains no rows. Check that it is the right file and not empty.")
     if report.kept == 0:
-        raise DataError(f"No usable rows in {report.source}. {report.summary()} Fix the data or its column_map.")
+        raise DataError(f"No usable rows in {report.source}. {report.summary()} Fix the data or its "
+                        f"column_map/label_map.")
     if report.skipped:
         logger.warning("%s", report.summary())
 
@@ -99,8 +145,74 @@ def _check_column_map(column_map: Mapping[str, str] | None) -> dict[str, str]:
     return column_map
 
 
-def _rename(raw: Mapping[str, Any], column_map: Mapping[str, str]) -> dict:
-    return {column_map.get(key, key): value for key, value in raw.items()}
+# ------------------------------------------------------------------ validation (a batched map)
+
+def _validate_batch(batch: dict[str, list], indices: list[int], column_map: Mapping[str, str],
+                    label_map: Mapping[str, Mapping[str, str]], max_chars: int, from_file: bool) -> dict[str, list]:
+    out: dict[str, list] = {name: [] for name in VALIDATED_FEATURES}
+    for i, index in enumerate(indices):
+        location = batch["location"][i] if from_file else f"row {index + 1}"
+        try:
+            row = _file_row(batch, i) if from_file else {k: batch[k][i] for k in batch}
+            raw = {column_map.get(k, k): v for k, v in row.items()}
+            record, issue = validate_row(raw, max_chars, label_map), (None, None, None)
+        except RowProblem as problem:
+            record, issue = dict.fromkeys(RECORD_FIELDS), (problem.reason, problem.field, problem.detail)
+        for name in RECORD_FIELDS:
+            out[name].append(record[name])
+        for column, value in zip(_ISSUE_COLUMNS, (*issue, location)):
+            out[column].append(value)
+    return out
+
+
+def _file_row(batch: dict[str, list], i: int) -> dict:
+    if batch["reason"][i]:
+        raise RowProblem(batch["reason"][i], batch["field"][i], batch["detail"][i])
+    try:
+        obj = json.loads(batch["row"][i])
+    except json.JSONDecodeError as exc:
+        raise RowProblem("malformed_line", None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(obj, dict):
+        raise RowProblem("malformed_line", None, f"a JSON {type(obj).__name__}, expected an object")
+    return obj
+
+
+# ------------------------------------------------------------------ reading into a raw table
+
+def _raw_table(path: Path, column_map: Mapping[str, str], task: str) -> tuple[Dataset, bool]:
+    """The file as a raw Arrow table (cached by its SHA-256), or the HF dataset itself; and whether it is a file."""
+    if not path.exists():
+        raise _missing_data_error(path)
+    suffix = path.suffix.lower()
+    if path.is_dir() or suffix == ".arrow":
+        ds = _load_hf_directory(path) if path.is_dir() else Dataset.from_file(str(path))
+        _check_columns(path, ds.column_names, column_map, task)
+        return ds, False
+    if suffix in (".jsonl", ".json"):
+        _check_json_array(path)
+    elif suffix == ".csv":
+        _check_columns(path, _csv_header(path), column_map, task)
+    else:
+        raise DataError(f"Cannot tell the format of {path} from its extension '{suffix}'. Supported: {SUPPORTED}.")
+    digest = fingerprint("raw", file_digest(path), suffix, column_map)
+    return cached_table(digest, lambda: _raw_batches(path, column_map), RAW_FEATURES), True
+
+
+def _raw_batches(path: Path, column_map: Mapping[str, str], batch_rows: int = 10_000) -> Iterator[dict[str, list]]:
+    """The file's rows as column batches of the raw table; only one batch is held in memory."""
+    rows = _csv_rows(path, column_map) if path.suffix.lower() == ".csv" else _json_rows(path)
+    batch: dict[str, list] = {name: [] for name in RAW_FEATURES}
+    for location, row in rows:
+        problem = row if isinstance(row, RowProblem) else None
+        values = (location, None, problem.reason, problem.field, problem.detail) if problem else (
+            location, row, None, None, None)
+        for name, value in zip(RAW_FEATURES, values):
+            batch[name].append(value)
+        if len(batch["location"]) == batch_rows:
+            yield batch
+            batch = {name: [] for name in RAW_FEATURES}
+    if batch["location"]:
+        yield batch
 
 
 def _missing_data_error(path: Path) -> DataError:
@@ -111,101 +223,105 @@ def _missing_data_error(path: Path) -> DataError:
     )
 
 
-def _rows_for(path: Path, column_map: Mapping[str, str], required) -> Iterator[tuple[str, Any]]:
-    if not path.exists():
-        raise _missing_data_error(path)
-    suffix = path.suffix.lower()
-    if path.is_dir():
-        return _hf_rows(_load_hf_directory(path), column_map, required, path)
-    if suffix == ".arrow":
-        return _hf_rows(Dataset.from_file(str(path)), column_map, required, path)
-    if suffix in (".jsonl", ".json"):
-        return _json_rows(path)
-    if suffix == ".csv":
-        return _csv_rows(path, column_map, required)
-    raise DataError(f"Cannot tell the format of {path} from its extension '{suffix}'. Supported: {SUPPORTED}.")
+def _check_columns(path: Path, columns: Iterable[str], column_map: Mapping[str, str], task: str) -> None:
+    """One error for the file, not one per row: it needs a text column, and for ``nlu`` something to learn."""
+    columns = list(columns)
+    present = {column_map.get(c, c) for c in columns}
+    if not present & {*TEXT_FIELDS, *INSTRUCTION_FIELDS}:
+        raise DataError(
+            f"{path} has no text column (its columns: {columns}); ecomkit needs one of {list(TEXT_FIELDS)} or an "
+            f"instruction pair (instruction/output or prompt/response). Rename a column, or pass "
+            f"column_map={{'your_column': 'text'}} (or 'review', 'title') to say which column holds the text.")
+    if task == "nlu" and not present & {*TARGET_FIELDS, *INSTRUCTION_FIELDS}:
+        raise DataError(
+            f"{path} has nothing for task 'nlu' to learn (its columns: {columns}): it needs a target column "
+            f"({', '.join(TARGET_FIELDS)}) or instruction pairs. Map one with column_map={{'label': 'sentiment'}}, "
+            f"or train with task='lm' on the text alone.")
 
 
 # ---------------------------------------------------------------- JSON Lines
 
 def _json_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    data = path.read_bytes()
-    if data.lstrip()[:1] == b"[":
-        yield from _json_array_rows(path, data)
+    with open(path, "rb") as f:
+        head = f.read(64).lstrip(b"\xef\xbb\xbf \t\r\n")
+    if head[:1] == b"[":
+        yield from _json_array_rows(path)
         return
-    for number, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue  # blank lines (e.g. a trailing newline) are not rows
-        yield f"line {number}", _parse_json_line(line)
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue  # blank lines (e.g. a trailing newline) are not rows
+            try:
+                text = line.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                yield f"line {number}", RowProblem("undecodable_bytes", None, f"byte 0x{line[exc.start]:02x} at "
+                                                   f"column {exc.start + 1} is not valid UTF-8")
+                continue
+            yield f"line {number}", text.strip()
 
 
-def _parse_json_line(line: bytes) -> Any:
+def _check_json_array(path: Path) -> None:
+    with open(path, "rb") as f:
+        head = f.read(64).lstrip(b"\xef\xbb\xbf \t\r\n")
+    if head[:1] == b"[":
+        _parse_json_array(path)
+
+
+def _parse_json_array(path: Path) -> list:
     try:
-        text = line.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        return RowProblem("undecodable_bytes", None, f"byte 0x{line[exc.start]:02x} at column {exc.start + 1} is "
-                                                     f"not valid UTF-8")
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return RowProblem("malformed_line", None, f"not valid JSON ({exc.msg} at column {exc.colno})")
-    if not isinstance(obj, dict):
-        return RowProblem("malformed_line", None, f"a JSON {type(obj).__name__}, expected an object")
-    return obj
-
-
-def _json_array_rows(path: Path, data: bytes) -> Iterator[tuple[str, Any]]:
-    try:
-        items = json.loads(data.decode("utf-8-sig"))
+        return json.loads(path.read_bytes().decode("utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DataError(f"{path} starts like a JSON array but cannot be parsed ({exc}). Fix the file, or "
                         f"convert it to JSON Lines (one object per line) so bad rows can be skipped one by one.")
-    for number, obj in enumerate(items, start=1):
-        yield f"item {number}", obj if isinstance(obj, dict) else RowProblem(
-            "malformed_line", None, f"a JSON {type(obj).__name__}, expected an object")
+
+
+def _json_array_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    for number, obj in enumerate(_parse_json_array(path), start=1):
+        yield f"item {number}", json.dumps(obj, ensure_ascii=False)
 
 
 # ----------------------------------------------------------------------- CSV
 
-def _csv_rows(path: Path, column_map: Mapping[str, str], required) -> Iterator[tuple[str, Any]]:
+def _open_csv(path: Path):
     # surrogateescape keeps undecodable bytes as lone surrogates, found per field below,
-    # so one bad line does not make the whole file unreadable.
-    text = path.read_bytes().decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
-    reader = csv.reader(io.StringIO(text, newline=""))
-    try:
-        header = next(reader)
-    except StopIteration:
-        return
-    _check_header(path, header, column_map, required)
-    last_line = reader.line_num
-    for values in reader:
-        location, last_line = f"line {last_line + 1}", reader.line_num
-        if not any(v.strip() for v in values):
-            continue
-        if len(values) != len(header):
-            yield location, RowProblem("malformed_line", None,
-                                       f"{len(values)} columns, the header has {len(header)}")
-            continue
-        yield location, _csv_record(header, values, column_map)
+    # so one bad line does not make the whole file unreadable; utf-8-sig drops a BOM.
+    csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
+    return io.TextIOWrapper(open(path, "rb"), encoding="utf-8-sig", errors="surrogateescape", newline="")
+
+
+def _csv_header(path: Path) -> list[str]:
+    with _open_csv(path) as f:
+        return next(csv.reader(f), [])
+
+
+def _csv_rows(path: Path, column_map: Mapping[str, str]) -> Iterator[tuple[str, Any]]:
+    with _open_csv(path) as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            return
+        last_line = reader.line_num
+        for values in reader:
+            location, last_line = f"line {last_line + 1}", reader.line_num
+            if not any(v.strip() for v in values):
+                continue
+            if len(values) != len(header):
+                yield location, RowProblem("malformed_line", None,
+                                           f"{len(values)} columns, the header has {len(header)}")
+                continue
+            yield location, _csv_record(header, values, column_map)
 
 
 def _csv_record(header: list[str], values: list[str], column_map: Mapping[str, str]) -> Any:
+    row = {}
     for column, value in zip(header, values):
-        if column_map.get(column, column) in ALL_FIELDS and any("\udc80" <= ch <= "\udcff" for ch in value):
-            return RowProblem("undecodable_bytes", column_map.get(column, column),
-                              f"column '{column}' contains bytes that are not valid UTF-8")
-    return dict(zip(header, values))
-
-
-def _check_header(path: Path, columns: Iterable[str], column_map: Mapping[str, str], required) -> None:
-    """A required field absent from the header is one error for the file, not one per row."""
-    present = {column_map.get(c, c) for c in columns}
-    missing = [f for f in required if f not in present]
-    if missing:
-        raise DataError(
-            f"{path} has no column for the required field(s) {missing} (its columns: {list(columns)}). "
-            f"Rename the columns, or pass column_map={{'your_column': '{missing[0]}'}} to say which column "
-            f"holds it.")
+        ours = column_map.get(column, column)
+        if ours not in ALL_FIELDS:
+            continue  # other columns are ignored (and may hold anything)
+        if any("\udc80" <= ch <= "\udcff" for ch in value):
+            return RowProblem("undecodable_bytes", ours, f"column '{column}' contains bytes that are not valid UTF-8")
+        row[column] = value  # renamed with the column map during validation, like JSON rows
+    return json.dumps(row, ensure_ascii=False)
 
 
 # --------------------------------------------------------- Hugging Face datasets
@@ -223,12 +339,6 @@ def _load_hf_directory(path: Path):
         ds = next(iter(ds.values()))
     assert isinstance(ds, Dataset)
     return ds
-
-
-def _hf_rows(ds, column_map: Mapping[str, str], required, path: Path) -> Iterator[tuple[str, Any]]:
-    _check_header(path, ds.column_names, column_map, required)
-    for number, row in enumerate(ds.to_list(), start=1):
-        yield f"row {number}", row
 
 
 # ------------------------------------------------------------------- writers
@@ -256,13 +366,9 @@ def write_csv(records: Iterable[Mapping[str, Any]], path: str | os.PathLike,
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         for record in records:
-            writer.writerow({k: _csv_value(record.get(k)) for k in fields})
+            # str(float) is the shortest string that parses back to the same float, so prices round-trip exactly.
+            writer.writerow({k: "" if record.get(k) is None else record.get(k) for k in fields})
     return path
-
-
-def _csv_value(value: Any) -> Any:
-    # str(float) is the shortest string that parses back to the same float, so prices round-trip exactly.
-    return "" if value is None else value
 
 
 def write_hf_dataset(records: Iterable[Mapping[str, Any]], directory: str | os.PathLike) -> Path:
@@ -270,3 +376,4 @@ def write_hf_dataset(records: Iterable[Mapping[str, Any]], directory: str | os.P
     directory = Path(directory)
     Dataset.from_list([dict(r) for r in records]).save_to_disk(str(directory))
     return directory
+

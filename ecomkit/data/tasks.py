@@ -1,35 +1,42 @@
-"""Task formats: what a record becomes before tokenization.
+"""Task formats: what a record becomes before tokenization, following the fields the record has.
 
 Two tasks, matching the two kinds of model the cookbook fine-tunes:
 
-- ``"lm"``: continued pre-training on catalog text, one string per record,
-  ``商品:{title} 价格:{price} 规格:{spec} 评论:{review}``; the loss is on every token.
+- ``"lm"``: continued pre-training; one string per record and the loss on
+  every token. A record with catalog fields gives
+  ``商品:{title} 价格:{price} 规格:{spec} 评论:{review}`` (the parts it has);
+  a record with only ``text`` gives that text.
 - ``"nlu"``: SeqGPT-style instructions, each a (prompt, answer) pair; the loss
   is on the answer only, because the model should learn to answer, not to
-  reproduce the instruction text it is always given. Four sub-tasks: classify
-  the category, classify the sentiment, extract the brand, extract the price.
+  reproduce the instruction text it is always given. One example per target
+  the record can support (:func:`build_nlu_examples`):
+
+  ======================= ======================================= ======================
+  example kind            needs                                   input shown
+  ======================= ======================================= ======================
+  ``category``            category + title, review or text        title, else review/text
+  ``sentiment``           sentiment + review or text              review, else text
+  ``brand``               brand + title or text                   title, else text
+  ``price``               price + title or text                   title (+ spec), else text
+  ======================= ======================================= ======================
+
+Instruction rows (``prompt``/``response`` after validation; ``instruction``/
+``input``/``output`` in the file) are one ``instruction`` example with the
+loss on the response, in either task. Missing parts give fewer examples, never
+an error; the build report counts the examples of each kind.
 
 Classification is evaluated by *scoring candidates* rather than by free
 generation: for each candidate label the model's mean log-probability per answer
 token (the EOS after it included; ``ecomkit.train.evaluate`` states why the mean)
-is computed and the best candidate is the prediction. That needs
-no decoding loop, works from the first step, and gives an exact accuracy.
-:func:`build_classification_example` returns the prompt, the candidates and
-the index of the correct one; encode each with
-``ecomkit.data.tokenize.encode_prompt_answer`` so scoring sees exactly the
-token layout used in training.
-
-Fields required per task (:func:`required_fields_for_task`): ``lm`` needs
-title, price, spec and review. ``nlu`` needs only title and price (price
-extraction always applies); category classification, brand extraction and
-sentiment classification are produced for a record only when it has
-``category``, ``brand``, or ``sentiment`` and ``review`` respectively.
+is computed and the best candidate is the prediction. The candidates come from
+the data (:func:`labels_from_values`), so a user's categories or mapped 0/1
+sentiment labels are what the prompt lists and what is scored.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from ecomkit.data.catalog import CATEGORIES
 from ecomkit.errors import ConfigError, DataError
@@ -40,8 +47,9 @@ SENTIMENT_LABELS: tuple[str, ...] = ("positive", "neutral", "negative")
 SENTIMENT_POLARITY: dict[str, int] = {"positive": 1, "neutral": 0, "negative": -1}
 NLU_TASKS: tuple[str, ...] = ("category", "sentiment", "brand", "price")
 CLASSIFICATION_TASKS: tuple[str, ...] = ("category", "sentiment")
-
-_REQUIRED = {"lm": ("title", "price", "spec", "review"), "nlu": ("title", "price")}
+KINDS: tuple[str, ...] = ("lm", *NLU_TASKS, "instruction")   # example kinds, counted by the build report
+BUILTIN_LABELS: dict[str, tuple[str, ...]] = {"category": CATEGORY_LABELS, "sentiment": SENTIMENT_LABELS}
+_INPUT_NAMES = {"title": "商品", "review": "评论", "text": "文本"}
 
 
 @dataclass(frozen=True)
@@ -70,84 +78,124 @@ def check_task(task: str) -> str:
     return task
 
 
-def required_fields_for_task(task: str) -> tuple[str, ...]:
-    """Fields a record must have (non-empty) to be usable for ``task``."""
-    return _REQUIRED[check_task(task)]
-
-
 def format_price(price: float) -> str:
     return f"{price:.2f}"
 
 
-def format_lm_text(record: dict) -> str:
-    """``商品:{title} 价格:{price} 规格:{spec} 评论:{review}``."""
-    return (f"商品:{record['title']} 价格:{format_price(record['price'])} "
-            f"规格:{record['spec']} 评论:{record['review']}")
+def format_lm_text(record: Mapping[str, Any]) -> str:
+    """``商品:{title} 价格:{price} 规格:{spec} 评论:{review}`` with the parts present; else the plain ``text``."""
+    parts = [f"{name}:{value}" for name, value in (
+        ("商品", record.get("title")),
+        ("价格", format_price(record["price"]) if record.get("price") is not None else None),
+        ("规格", record.get("spec")), ("评论", record.get("review"))) if value]
+    if record.get("text"):
+        parts.append(record["text"])
+    return " ".join(parts)
 
 
-def _category_prompt(record: dict, labels: Sequence[str]) -> str:
-    return f"任务:商品分类。从候选类目中选出商品所属的一个。\n候选:{'、'.join(labels)}\n商品:{record['title']}\n答:"
+def _first(record: Mapping[str, Any], names: Sequence[str]) -> tuple[str, str] | None:
+    for name in names:
+        if record.get(name):
+            return name, record[name]
+    return None
 
 
-def _sentiment_prompt(record: dict) -> str:
-    return f"任务:评论情感分类。判断评论的情感倾向。\n候选:{'、'.join(SENTIMENT_LABELS)}\n评论:{record['review']}\n答:"
+def _category_prompt(record: Mapping[str, Any], labels: Sequence[str]) -> str:
+    name, value = _first(record, ("title", "review", "text"))
+    return f"任务:商品分类。从候选类目中选出商品所属的一个。\n候选:{'、'.join(labels)}\n{_INPUT_NAMES[name]}:{value}\n答:"
 
 
-def _brand_prompt(record: dict) -> str:
-    return f"任务:品牌抽取。从商品标题中抽出品牌名。\n商品:{record['title']}\n答:"
+def _sentiment_prompt(record: Mapping[str, Any], labels: Sequence[str] = SENTIMENT_LABELS) -> str:
+    name, value = _first(record, ("review", "text"))
+    return f"任务:评论情感分类。判断评论的情感倾向。\n候选:{'、'.join(labels)}\n{_INPUT_NAMES[name]}:{value}\n答:"
 
 
-def _price_prompt(record: dict) -> str:
-    spec = f";规格:{record['spec']}" if record.get("spec") else ""
-    return f"任务:价格抽取。从商品信息中抽出售价(元)。\n商品:{record['title']};售价{format_price(record['price'])}元{spec}\n答:"
+def _brand_prompt(record: Mapping[str, Any]) -> str:
+    name, value = _first(record, ("title", "text"))
+    return f"任务:品牌抽取。从商品标题中抽出品牌名。\n{_INPUT_NAMES[name]}:{value}\n答:"
 
 
-def build_nlu_examples(record: dict, category_labels: Sequence[str] = CATEGORY_LABELS) -> list[NluExample]:
-    """All NLU examples a record supports, in the order of :data:`NLU_TASKS`."""
-    out = []
-    if record.get("category"):
-        out.append(NluExample("category", _category_prompt(record, category_labels), record["category"]))
-    if record.get("sentiment") and record.get("review"):
-        out.append(NluExample("sentiment", _sentiment_prompt(record), record["sentiment"]))
-    if record.get("brand"):
-        out.append(NluExample("brand", _brand_prompt(record), record["brand"]))
-    out.append(NluExample("price", _price_prompt(record), format_price(record["price"])))
+def _price_prompt(record: Mapping[str, Any]) -> str:
+    price = format_price(record["price"])
+    if record.get("title"):
+        spec = f";规格:{record['spec']}" if record.get("spec") else ""
+        return f"任务:价格抽取。从商品信息中抽出售价(元)。\n商品:{record['title']};售价{price}元{spec}\n答:"
+    return f"任务:价格抽取。从商品信息中抽出售价(元)。\n文本:{record['text']};售价{price}元\n答:"
+
+
+def build_nlu_examples(record: Mapping[str, Any], category_labels: Sequence[str] = CATEGORY_LABELS,
+                       sentiment_labels: Sequence[str] = SENTIMENT_LABELS) -> list[NluExample]:
+    """All NLU examples a record supports, in the order of :data:`KINDS` (see the table in the module docstring)."""
+    r, out = record, []
+    if r.get("prompt") and r.get("response"):
+        return [NluExample("instruction", r["prompt"], r["response"])]
+    if r.get("category") and (r.get("title") or r.get("review") or r.get("text")):
+        out.append(NluExample("category", _category_prompt(r, category_labels), r["category"]))
+    if r.get("sentiment") and (r.get("review") or r.get("text")):
+        out.append(NluExample("sentiment", _sentiment_prompt(r, sentiment_labels), r["sentiment"]))
+    if r.get("brand") and (r.get("title") or r.get("text")):
+        out.append(NluExample("brand", _brand_prompt(r), r["brand"]))
+    if r.get("price") is not None and (r.get("title") or r.get("text")):
+        out.append(NluExample("price", _price_prompt(r), format_price(r["price"])))
     return out
 
 
-def build_classification_example(record: dict, task: str,
+def task_examples(record: Mapping[str, Any], task: str, labels: Mapping[str, Sequence[str]]) -> list[NluExample]:
+    """What ``task`` trains on from one record: kind ``lm`` (prompt empty, loss on all) or prompt/answer pairs."""
+    if record.get("prompt") and record.get("response"):
+        return [NluExample("instruction", record["prompt"], record["response"])]
+    if task == "lm":
+        text = format_lm_text(record)
+        return [NluExample("lm", "", text)] if text else []
+    return build_nlu_examples(record, labels.get("category", CATEGORY_LABELS),
+                              labels.get("sentiment", SENTIMENT_LABELS))
+
+
+def build_classification_example(record: Mapping[str, Any], task: str,
                                  labels: Sequence[str] | None = None) -> ClassificationExample:
     """Prompt, candidates and correct index for ``task`` in ``("category", "sentiment")``.
 
     Pure function: same record, same output. ``labels`` defaults to
     :data:`CATEGORY_LABELS` / :data:`SENTIMENT_LABELS`; for your own data pass
-    :func:`category_labels_for` of the whole data set, so training prompts and
-    evaluation candidates list the same categories.
+    the labels of the whole data set (``BuildReport.labels[task]``), so training
+    prompts and evaluation candidates list the same labels.
     """
     if task == "category":
         labels = tuple(labels or CATEGORY_LABELS)
         prompt, gold = _category_prompt(record, labels), record.get("category")
     elif task == "sentiment":
         labels = tuple(labels or SENTIMENT_LABELS)
-        prompt, gold = _sentiment_prompt(record), record.get("sentiment")
+        prompt, gold = _sentiment_prompt(record, labels), record.get("sentiment")
     else:
         raise ConfigError(f"Unknown classification task {task!r}; use one of {CLASSIFICATION_TASKS}.")
     if gold not in labels:
-        raise DataError(f"Record {record.get('sku', '')!s} has {task}={gold!r}, which is not among the candidate "
-                        f"labels {list(labels)}. Pass labels=category_labels_for(all_records), or drop records "
-                        f"without a {task}.")
+        raise DataError(f"Record {record.get('sku') or ''!s} has {task}={gold!r}, which is not among the candidate "
+                        f"labels {list(labels)}. Pass the labels of the whole data set (labels_from_values, or "
+                        f"category_labels_for(all_records)), or drop records without a {task}.")
     return ClassificationExample(task, prompt, labels, labels.index(gold))
 
 
-def category_labels_for(records: Iterable[dict]) -> tuple[str, ...]:
-    """Candidate categories for a data set: the built-in labels if they cover it, else its sorted categories."""
-    seen = {r["category"] for r in records if r.get("category")}
-    if seen <= set(CATEGORY_LABELS):
-        return CATEGORY_LABELS
+def can_classify(record: Mapping[str, Any], task: str) -> bool:
+    """Whether ``record`` gives a ``task`` classification example (its label and an input to read)."""
+    inputs = ("title", "review", "text") if task == "category" else ("review", "text")
+    return bool(record.get(task)) and not record.get("prompt") and any(record.get(f) for f in inputs)
+
+
+def labels_from_values(values: Iterable[Any], task: str) -> tuple[str, ...]:
+    """Candidate labels from the data: those seen, in the built-in order when all are built-in, else sorted."""
+    seen = {v for v in values if v}
+    builtin = BUILTIN_LABELS.get(task, ())
+    if seen <= set(builtin):
+        return tuple(label for label in builtin if label in seen)
     return tuple(sorted(seen))
 
 
-def training_texts_for_tokenizer(records: Iterable[dict]) -> Iterable[str]:
+def category_labels_for(records: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
+    """Candidate categories for a data set (see :func:`labels_from_values`)."""
+    return labels_from_values((r.get("category") for r in records), "category")
+
+
+def training_texts_for_tokenizer(records: Iterable[Mapping[str, Any]]) -> Iterable[str]:
     """Texts a catalog tokenizer should be trained on: LM strings and NLU prompts/answers.
 
     Including the prompts makes the fixed instruction words cheap (few ids),

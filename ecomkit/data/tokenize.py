@@ -1,12 +1,20 @@
 """Records to token ids: ``input_ids``, ``labels`` (-100 = no loss) and ``length``, plus the padding collator.
 
 Why ``labels`` are stored rather than derived in the training loop: the loss
-mask differs per task (every token for ``lm``, only the answer for ``nlu``), and
-storing it keeps the training loop task-agnostic: it always computes the
-shifted cross-entropy over positions whose label is not -100.
+mask differs per example kind (every token for ``lm``, only the answer for
+NLU and instruction examples), and storing it keeps the training loop
+task-agnostic: it always computes the shifted cross-entropy over positions
+whose label is not -100.
 
-When every record has a ``sentiment``, a ``polarity`` column (+1 positive,
-0 neutral, -1 negative, from the source record) is kept as well, and
+Tokenisation is one batched ``datasets.map`` over the record table (records →
+examples → ids, ``num_proc`` workers). On a table on disk the result is
+written next to it, memory-mapped, and named by a hash of the records, the
+tokenizer, the task, the labels and ``max_length``, so a second run maps it
+instead of tokenising again. A ``kind`` column (the index into
+:data:`~ecomkit.data.tasks.KINDS`) lets the build report count examples per kind.
+
+When every record has a sentiment among positive/neutral/negative, a
+``polarity`` column (+1, 0, -1, from the source record) is kept as well, and
 :func:`pad_collate` passes it on as a tensor: the training loop's
 sentiment-adaptive clipping policy reads it per batch.
 
@@ -16,25 +24,22 @@ appended so the model learns where a record, or an answer, ends.
 
 from __future__ import annotations
 
-import functools
 import os
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
-from datasets import Dataset
+from datasets import Dataset, Features, Sequence as ArrowList, Value
 
-from ecomkit.data.tasks import (
-    CATEGORY_LABELS,
-    SENTIMENT_POLARITY,
-    build_nlu_examples,
-    check_task,
-    format_lm_text,
-)
+from ecomkit.data.arrow import fingerprint, tokenizer_digest, unique_values
+from ecomkit.data.loaders import RECORD_FEATURES
+from ecomkit.data.tasks import CATEGORY_LABELS, KINDS, SENTIMENT_POLARITY, check_task, task_examples
+from ecomkit.data.validate import RECORD_FIELDS
 from ecomkit.errors import ConfigError
 
 IGNORE_INDEX = -100
 MIN_MAX_LENGTH = 16
 _PROMPT_TAIL = 8  # prompt tokens kept at the end when a prompt is truncated (the "答:" cue)
+_IDS = ArrowList(Value("int32"))
 
 
 def _eos_id(tokenizer) -> int:
@@ -76,52 +81,56 @@ def encode_prompt_answer(tokenizer, prompt: str, answer: str, max_length: int) -
     return encode_prompt_answer_ids(ids[0], ids[1], _eos_id(tokenizer), max_length)
 
 
-def _tokenize_lm_batch(batch: dict, tokenizer, max_length: int) -> dict:
+def _tokenize_batch(batch: dict[str, list], tokenizer, task: str, labels: Mapping[str, Sequence[str]],
+                    max_length: int, with_polarity: bool) -> dict[str, list]:
+    """Records → examples → ids for one batch; a record gives 0..4 rows (see ``tasks.task_examples``)."""
+    n = len(batch[next(iter(batch))])
+    kinds, prompts, answers, polarity = [], [], [], []
+    for i in range(n):
+        record = {name: batch[name][i] for name in batch}
+        for ex in task_examples(record, task, labels):
+            kinds.append(KINDS.index(ex.task))
+            prompts.append(ex.prompt)
+            answers.append(ex.answer)
+            if with_polarity:
+                polarity.append(SENTIMENT_POLARITY[record["sentiment"]])
     eos = _eos_id(tokenizer)
-    encoded = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
-    pairs = [encode_lm_ids(ids, eos, max_length) for ids in encoded]
-    return _columns(pairs)
-
-
-def _tokenize_nlu_batch(batch: dict, tokenizer, max_length: int) -> dict:
-    eos = _eos_id(tokenizer)
-    prompts = tokenizer(batch["prompt"], add_special_tokens=False)["input_ids"]
-    answers = tokenizer(batch["answer"], add_special_tokens=False)["input_ids"]
-    pairs = [encode_prompt_answer_ids(p, a, eos, max_length) for p, a in zip(prompts, answers)]
-    return _columns(pairs)
-
-
-def _columns(pairs: list[tuple[list[int], list[int]]]) -> dict:
-    return {"input_ids": [p[0] for p in pairs], "labels": [p[1] for p in pairs],
-            "length": [len(p[0]) for p in pairs]}
-
-
-def task_table(records: Sequence[dict], task: str, category_labels: Sequence[str] = CATEGORY_LABELS) -> dict:
-    """The untokenized columns: ``text`` for ``lm``; ``task``, ``prompt``, ``answer`` for ``nlu``.
-
-    Plus ``polarity`` (one per row, from the source record) when every record has a sentiment.
-    """
-    with_polarity = bool(records) and all(r.get("sentiment") in SENTIMENT_POLARITY for r in records)
-    if check_task(task) == "lm":
-        table = {"text": [format_lm_text(r) for r in records]}
-        sources = records
-    else:
-        pairs = [(r, ex) for r in records for ex in build_nlu_examples(r, category_labels)]
-        table = {"task": [e.task for _, e in pairs], "prompt": [e.prompt for _, e in pairs],
-                 "answer": [e.answer for _, e in pairs]}
-        sources = [r for r, _ in pairs]
+    answer_ids = tokenizer(answers, add_special_tokens=False)["input_ids"] if answers else []
+    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if any(prompts) else [[]] * len(prompts)
+    pairs = [encode_lm_ids(a, eos, max_length) if not p else encode_prompt_answer_ids(p, a, eos, max_length)
+             for p, a in zip(prompt_ids, answer_ids)]
+    out = {"input_ids": [p[0] for p in pairs], "labels": [p[1] for p in pairs],
+           "length": [len(p[0]) for p in pairs], "kind": kinds}
     if with_polarity:
-        table["polarity"] = [SENTIMENT_POLARITY[r["sentiment"]] for r in sources]
-    return table
+        out["polarity"] = polarity
+    return out
 
 
-def tokenize_records(records: Sequence[dict], tokenizer, task: str, max_length: int, num_proc: int = 1,
-                     category_labels: Sequence[str] | None = None):
-    """Tokenize records into a ``datasets.Dataset`` with ``input_ids``, ``labels``, ``length``.
+def as_record_table(records: Sequence[Mapping[str, Any]] | Dataset) -> Dataset:
+    """A record table (:data:`RECORD_FIELDS` columns) from a Dataset as is, or from a list of dicts (in memory)."""
+    if isinstance(records, Dataset):
+        return records
+    columns = {name: [r.get(name) for r in records] for name in RECORD_FIELDS}
+    return Dataset.from_dict(columns, features=RECORD_FEATURES)
+
+
+def has_polarity(records: Dataset) -> bool:
+    """Every record has a sentiment the clipping policy knows (positive/neutral/negative)."""
+    if len(records) == 0:
+        return False
+    return set(unique_values(records, "sentiment")) <= set(SENTIMENT_POLARITY)
+
+
+def tokenize_records(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, task: str, max_length: int,
+                     num_proc: int = 1, category_labels: Sequence[str] | None = None,
+                     labels: Mapping[str, Sequence[str]] | None = None, keep_kind: bool = False) -> Dataset:
+    """Tokenize records (a list of dicts, or a record table) into ``input_ids``, ``labels``, ``length``.
 
     A ``polarity`` column is added when every record has a sentiment (see the
-    module docstring). ``nlu`` produces several rows per record (see
-    ``build_nlu_examples``).
+    module docstring); ``keep_kind`` keeps the ``kind`` column. ``nlu``
+    produces several rows per record (see ``tasks.build_nlu_examples``).
+    ``labels``: candidate labels per classification target (default: the
+    built-in ones; ``category_labels`` sets the category candidates alone).
     ``num_proc > 1`` tokenizes in worker processes with ``datasets.map``; the
     tokenizer's own Rust thread pool is then switched off
     (``TOKENIZERS_PARALLELISM=false``) to avoid oversubscribing the cores.
@@ -131,18 +140,26 @@ def tokenize_records(records: Sequence[dict], tokenizer, task: str, max_length: 
                           f"most catalog rows).")
     if num_proc < 1:
         raise ConfigError(f"num_proc must be >= 1, got {num_proc}.")
+    check_task(task)
     _eos_id(tokenizer)
-    table = task_table(records, task, category_labels or CATEGORY_LABELS)
-    raw = Dataset.from_dict(table)
-    n_proc = min(num_proc, max(1, len(raw)))
+    labels = dict(labels or {})
+    labels.setdefault("category", tuple(category_labels or CATEGORY_LABELS))
+    table = as_record_table(records)
+    with_polarity = has_polarity(table)
+    n_proc = min(num_proc, max(1, len(table)))
     if n_proc > 1:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    fn = _tokenize_lm_batch if task == "lm" else _tokenize_nlu_batch
-    text_columns = [c for c in raw.column_names if c != "polarity"]
-    tokenized = raw.map(functools.partial(fn, tokenizer=tokenizer, max_length=max_length), batched=True,
-                        batch_size=1000, num_proc=n_proc if n_proc > 1 else None, remove_columns=text_columns)
+    features = Features({"input_ids": _IDS, "labels": _IDS, "length": Value("int32"), "kind": Value("int8"),
+                         **({"polarity": Value("int8")} if with_polarity else {})})
+    key = fingerprint("tokens", table._fingerprint, tokenizer_digest(tokenizer), task, max_length,
+                      {k: list(v) for k, v in labels.items()}, with_polarity)
+    tokenized = table.map(_tokenize_batch, batched=True, batch_size=1000, num_proc=n_proc if n_proc > 1 else None,
+                          remove_columns=table.column_names, features=features, new_fingerprint=key,
+                          fn_kwargs={"tokenizer": tokenizer, "task": task, "labels": labels,
+                                     "max_length": max_length, "with_polarity": with_polarity},
+                          desc="tokenizing")
     order = [c for c in ("input_ids", "labels", "length", "polarity") if c in tokenized.column_names]
-    return tokenized.select_columns(order)
+    return tokenized.select_columns(order + (["kind"] if keep_kind else []))
 
 
 def pad_collate(features: Sequence[dict], pad_id: int, pad_to_multiple_of: int | None = None) -> dict:

@@ -4,9 +4,19 @@ Why both modes: a user preparing a data set wants the first bad row pointed
 out precisely (``strict=True``: a DataError naming file, line, field and the
 fix); a user training on a large scraped file wants bad rows skipped but
 *counted*, so that "kept 98,812 of 100,000 rows" is visible in the log instead
-of a silent shrink. Each row is counted once, under the first problem found
-(fields are checked in the order title, price, spec, review, then optional
-fields).
+of a silent shrink. Lenient mode has a limit: when more than
+``max_bad_fraction`` of the rows are malformed (:func:`check_bad_fraction`),
+the file is not what its column map says and the run stops with the report.
+
+**The data model.** Text fields are ``title``, ``review``, ``spec`` and a free
+``text``; targets are ``category``, ``sentiment``, ``brand`` and ``price``;
+instruction rows carry ``instruction``/``input``/``output`` (Alpaca, SeqGPT) or
+``prompt``/``response``. Every field is optional: a row needs one text field
+(or an instruction pair), and the task builds from each row the examples its
+fields allow (:mod:`ecomkit.data.tasks`). A field that is present but malformed
+(a price that is not a number, a label not in ``label_map``) makes the row bad;
+a field that is absent or empty is simply absent. Each row is counted once,
+under the first problem found (fields are checked in :data:`CHECK_ORDER`).
 """
 
 from __future__ import annotations
@@ -14,30 +24,41 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
-from ecomkit.errors import DataError
+from ecomkit.errors import ConfigError, DataError
 
-TEXT_FIELDS: tuple[str, ...] = ("title", "spec", "review", "category", "brand", "sku", "sentiment")
-ALL_FIELDS: tuple[str, ...] = ("sku", "category", "brand", "title", "price", "spec", "review", "sentiment")
-CHECK_ORDER: tuple[str, ...] = ("title", "price", "spec", "review", "category", "sentiment", "brand", "sku")
+TEXT_FIELDS: tuple[str, ...] = ("title", "review", "spec", "text")
+TARGET_FIELDS: tuple[str, ...] = ("category", "sentiment", "brand", "price")
+LABEL_FIELDS: tuple[str, ...] = ("category", "sentiment", "brand")   # the targets label_map can map
+INSTRUCTION_FIELDS: tuple[str, ...] = ("instruction", "input", "output", "prompt", "response")
+ALL_FIELDS: tuple[str, ...] = ("sku", "category", "brand", "title", "price", "spec", "review", "sentiment", "text",
+                               *INSTRUCTION_FIELDS)
+CHECK_ORDER: tuple[str, ...] = ("title", "price", "spec", "review", "text", "category", "sentiment", "brand", "sku",
+                                *INSTRUCTION_FIELDS)
+# The columns of a validated record table; instruction rows are normalised to prompt/response.
+RECORD_FIELDS: tuple[str, ...] = ("sku", "category", "brand", "title", "price", "spec", "review", "sentiment", "text",
+                                  "prompt", "response")
+MAX_LABEL_CHARS = 64
 
 REASONS: dict[str, str] = {
-    "missing_field": "a required field is absent (or null)",
-    "empty_field": "a required field is empty or only whitespace",
+    "missing_field": "the row has no text field (title, review, spec, text) and no instruction pair",
+    "empty_field": "every text field of the row is empty or only whitespace",
     "non_numeric_price": "price is not a number",
     "negative_price": "price is zero or negative",
     "wrong_type": "a field has the wrong type (text expected, or a number for price)",
     "undecodable_bytes": "the line is not valid UTF-8",
     "over_long_text": "a text field is longer than max_chars",
     "malformed_line": "the line is not a JSON object, or a CSV row has the wrong number of columns",
-    "invalid_label": "sentiment is not positive, neutral or negative",
+    "invalid_label": "a label spans lines or is longer than 64 characters (a text column mapped as a label?)",
+    "unmapped_label": "a label value is not a key of label_map",
 }
 
 _ADVICE: dict[str, str] = {
-    "missing_field": "Add the field to every row; if your data calls it differently, pass "
+    "missing_field": "Give every row a text field (title, review, spec or text) or an instruction pair "
+                     "(instruction/output or prompt/response); if your data calls it differently, pass "
                      "column_map={'your_column': '<field>'}.",
-    "empty_field": "Fill in the value or remove the row.",
+    "empty_field": "Fill in the text or remove the row.",
     "non_numeric_price": "Write the price as a plain number such as 199.00 (a leading ¥/$ and thousands "
                          "separators are accepted).",
     "negative_price": "Prices must be greater than zero.",
@@ -45,7 +66,9 @@ _ADVICE: dict[str, str] = {
     "undecodable_bytes": "Re-save the file as UTF-8 (e.g. `iconv -f GBK -t UTF-8 in.csv > out.csv`).",
     "over_long_text": "Shorten the text, or raise max_chars if such long texts are intended.",
     "malformed_line": "Each JSONL line must be one JSON object; each CSV row must match the header.",
-    "invalid_label": "Use positive, neutral or negative (正面/中性/负面 are also accepted).",
+    "invalid_label": "Check the column_map: a label column holds short names such as 'positive' or '手机'.",
+    "unmapped_label": "Add the value to label_map (--label-map '{\"<field>\": {\"0\": \"negative\", ...}}'), or "
+                      "remove the row.",
 }
 
 SENTIMENT_ALIASES: dict[str, str] = {
@@ -85,8 +108,12 @@ class ValidationReport:
     def skipped(self) -> int:
         return self.total - self.kept
 
-    def add_issue(self, issue: ValidationIssue) -> None:
-        self.counts[issue.reason] += 1
+    @property
+    def bad_fraction(self) -> float:
+        return self.skipped / self.total if self.total else 0.0
+
+    def add_issue(self, issue: ValidationIssue, count: int = 1) -> None:
+        self.counts[issue.reason] += count
         self.first_issue.setdefault(issue.reason, issue)
 
     def summary(self) -> str:
@@ -101,6 +128,15 @@ class ValidationReport:
         return f"{head}; skipped {self.skipped:,}: " + "; ".join(parts) + "."
 
 
+def check_bad_fraction(report: ValidationReport, max_bad_fraction: float) -> None:
+    """Stop when more than ``max_bad_fraction`` of the rows were skipped: the file is not what it seems."""
+    if report.total and report.bad_fraction > max_bad_fraction:
+        raise DataError(
+            f"{report.summary()} That is {report.bad_fraction:.1%} of the rows, above max_bad_fraction="
+            f"{max_bad_fraction:g}. Fix the data or its column_map/label_map (strict_data=True / --strict-data "
+            f"names the first bad row), or raise --max-bad-fraction if losing these rows is intended.")
+
+
 def strict_error(source: str, issue: ValidationIssue, column_of: Mapping[str, str]) -> DataError:
     """The one-paragraph error of strict mode: file, location, field, problem, fix."""
     where = f"{source}, {issue.location}"
@@ -112,14 +148,35 @@ def strict_error(source: str, issue: ValidationIssue, column_of: Mapping[str, st
                      f"malformed rows and get a count per reason.")
 
 
-def parse_price(value: Any) -> float:
-    """A positive finite float from a number or a numeric string such as '¥1,299.00'."""
+def check_label_map(label_map: Mapping[str, Mapping[str, str]] | None) -> dict[str, dict[str, str]]:
+    """``{target: {raw value: label}}`` with string keys and values, for the targets in LABEL_FIELDS."""
+    out: dict[str, dict[str, str]] = {}
+    for target, mapping in (label_map or {}).items():
+        if target not in LABEL_FIELDS:
+            raise ConfigError(f"label_map has the key {target!r}; it maps the values of one of {list(LABEL_FIELDS)}, "
+                              f"e.g. label_map={{'sentiment': {{'0': 'negative', '1': 'positive'}}}}.")
+        if not isinstance(mapping, Mapping) or not mapping:
+            raise ConfigError(f"label_map[{target!r}] must be a non-empty object of raw value -> label name, "
+                              f"got {mapping!r}.")
+        out[target] = {label_key(k): str(v).strip() for k, v in mapping.items()}
+    return out
+
+
+def label_key(value: Any) -> str:
+    """A raw label as text: 1, 1.0 and "1" are the same key (JSON numbers, CSV strings)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value).strip()
+
+
+def parse_price(value: Any) -> float | None:
+    """A positive finite float from a number or a numeric string such as '¥1,299.00'; None when empty."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise RowProblem("wrong_type", "price", f"price has type {type(value).__name__}, expected a number")
     if isinstance(value, str):
         text = value.strip().strip(_CURRENCY).replace(",", "")
         if not text:
-            raise RowProblem("empty_field", "price", "price is empty")
+            return None
         try:
             number = float(text)
         except ValueError:
@@ -134,6 +191,8 @@ def parse_price(value: Any) -> float:
 
 
 def _check_text(name: str, value: Any, max_chars: int) -> str:
+    if name in LABEL_FIELDS and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = label_key(value)  # integer labels (0/1) are common in review data sets
     if not isinstance(value, str):
         raise RowProblem("wrong_type", name, f"{name} has type {type(value).__name__}, expected text")
     if any("\udc80" <= ch <= "\udcff" for ch in value):
@@ -144,30 +203,64 @@ def _check_text(name: str, value: Any, max_chars: int) -> str:
     return value
 
 
-def validate_row(raw: Mapping[str, Any], required: Sequence[str], max_chars: int) -> dict:
-    """Return the normalised record (our field names, price as float) or raise :class:`RowProblem`.
+def _label(name: str, text: str, label_map: Mapping[str, Mapping[str, str]]) -> str:
+    if name in label_map:
+        if text not in label_map[name]:
+            keys = ", ".join(repr(k) for k in list(label_map[name])[:8])
+            raise RowProblem("unmapped_label", name, f"{name} value {text!r} is not in label_map['{name}'] "
+                                                     f"(its keys: {keys})")
+        text = label_map[name][text]
+    if "\n" in text or len(text) > MAX_LABEL_CHARS:
+        raise RowProblem("invalid_label", name, f"{name} label {text[:40]!r}... spans lines or has {len(text):,} "
+                                                f"characters (a label has at most {MAX_LABEL_CHARS})")
+    if name == "sentiment":
+        text = SENTIMENT_ALIASES.get(text.lower(), text)
+    return text
 
-    Optional fields that are absent, null or empty are left out of the record.
-    Columns that are not ecomkit fields are dropped.
+
+def validate_row(raw: Mapping[str, Any], max_chars: int = 4096,
+                 label_map: Mapping[str, Mapping[str, str]] | None = None) -> dict:
+    """Return the normalised record (all of :data:`RECORD_FIELDS`, None where absent) or raise :class:`RowProblem`.
+
+    Columns that are not ecomkit fields are dropped; ``price`` becomes a float;
+    labels are mapped with ``label_map`` (already checked by :func:`check_label_map`);
+    instruction/input/output become ``prompt``/``response``.
     """
-    record: dict = {}
+    values: dict[str, Any] = {}
+    empty_text = None
     for name in CHECK_ORDER:
         value = raw.get(name)
         if value is None:
-            if name in required:
-                raise RowProblem("missing_field", name, f"{name} is missing")
             continue
         if name == "price":
-            record["price"] = parse_price(value)
+            values["price"] = parse_price(value)
             continue
         text = _check_text(name, value, max_chars)
         if not text:
-            if name in required:
-                raise RowProblem("empty_field", name, f"{name} is empty")
+            empty_text = empty_text or (name if name in TEXT_FIELDS else None)
             continue
-        if name == "sentiment":
-            if text.lower() not in SENTIMENT_ALIASES:
-                raise RowProblem("invalid_label", name, f"sentiment {text!r} is not positive/neutral/negative")
-            text = SENTIMENT_ALIASES[text.lower()]
-        record[name] = text
+        values[name] = _label(name, text, label_map or {}) if name in LABEL_FIELDS else text
+    record = {name: values.get(name) for name in RECORD_FIELDS}
+    _instruction_pair(values, record)
+    if not any(record[f] for f in (*TEXT_FIELDS, "prompt")):
+        if empty_text:
+            raise RowProblem("empty_field", empty_text, "every text field of the row is empty")
+        raise RowProblem("missing_field", None, "the row has no text field (title, review, spec or text) and no "
+                                                "instruction pair")
     return record
+
+
+def _instruction_pair(values: Mapping[str, Any], record: dict) -> None:
+    """Alpaca/SeqGPT ``instruction`` (+ ``input``) → ``output``, or ``prompt`` → ``response``; both halves needed."""
+    if values.get("instruction") or values.get("output"):
+        for half in ("instruction", "output"):
+            if not values.get(half):
+                raise RowProblem("missing_field", half, f"an instruction row needs both instruction and output; "
+                                                        f"{half} is missing or empty")
+        body = values["instruction"] + (f"\n{values['input']}" if values.get("input") else "")
+        record["prompt"], record["response"] = f"{body}\n答:", values["output"]
+    elif values.get("prompt") or values.get("response"):
+        for half in ("prompt", "response"):
+            if not values.get(half):
+                raise RowProblem("missing_field", half, f"a prompt/response row needs both; {half} is missing "
+                                                        f"or empty")

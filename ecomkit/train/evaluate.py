@@ -28,20 +28,21 @@ rule. The EOS is scored because the model was trained to emit it: it tells
 whether the answer ends there, so a candidate that is a prefix of another is
 not favoured by stopping early.
 
-Alongside the accuracy, :func:`evaluate_nlu_accuracy` returns the
-**majority-class baseline** of the same scored records (the share of the most
-frequent correct label): an accuracy means something only above it.
+Alongside the accuracy, :func:`evaluate_nlu_accuracy` returns the macro-F1 and
+the **majority-class baseline** of the same scored records (the share of the
+most frequent correct label): an accuracy means something only above it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
-from ecomkit.data.tasks import CLASSIFICATION_TASKS, build_classification_example
+from ecomkit.data.tasks import (CATEGORY_LABELS, CLASSIFICATION_TASKS, SENTIMENT_LABELS, build_classification_example,
+                                can_classify)
 from ecomkit.data.tokenize import IGNORE_INDEX, encode_prompt_answer
 from ecomkit.dist import DistEnv
 from ecomkit.models.loss import count_label_tokens, token_loss_sum
@@ -166,50 +167,89 @@ def majority_share(label_counts: Sequence[float]) -> float:
     return max(label_counts) / total if total else float("nan")
 
 
+def macro_f1(confusion: Sequence[Sequence[float]]) -> float:
+    """Mean F1 over the labels that occur as gold or prediction (``confusion[gold][pred]`` counts).
+
+    Why beside accuracy: on skewed labels (most reviews positive) a model that
+    always answers the majority label has a high accuracy and a macro-F1 near
+    ``1 / n_labels``; macro-F1 rises only when every label is recognised.
+    """
+    k = len(confusion)
+    scores = []
+    for c in range(k):
+        tp = confusion[c][c]
+        gold = sum(confusion[c])
+        pred = sum(confusion[g][c] for g in range(k))
+        if gold or pred:
+            scores.append(2 * tp / (gold + pred))
+    return sum(scores) / len(scores) if scores else float("nan")
+
+
+def _usable(records: Iterable[dict[str, Any]], task: str, limit: int) -> list[dict[str, Any]]:
+    """The first ``limit`` records that give a ``task`` example (records may be a list or an Arrow table)."""
+    out = []
+    for rec in records:
+        if len(out) >= limit:
+            break
+        if can_classify(rec, task):
+            out.append(rec)
+    return out
+
+
 @torch.no_grad()
-def evaluate_nlu_accuracy(strategy, tokenizer, records: Sequence[dict[str, Any]], env: DistEnv,
+def evaluate_nlu_accuracy(strategy, tokenizer, records: Iterable[dict[str, Any]], env: DistEnv,
                           n_samples: int, category_labels: Sequence[str] | None = None,
-                          shard: tuple[int, int] | None = None, max_length: int | None = None) -> dict[str, float]:
-    """Accuracy per classification task (``acc_category``, ``acc_sentiment``) on held-out records.
+                          shard: tuple[int, int] | None = None, max_length: int | None = None,
+                          labels: Mapping[str, Sequence[str]] | None = None) -> dict[str, float]:
+    """Accuracy, macro-F1 and majority-class baseline per classification target, on held-out records.
 
-    Also the majority-class baseline of the same scored records
-    (``majority_category``, ``majority_sentiment``): the share of the most
-    frequent correct label, which a model that ignores its input can reach.
-
-    Only records that carry every classification label are scored, so each
-    rank runs exactly ``per_rank × len(tasks)`` forwards (sharded strategies
-    need the same number of collectives on every rank). ``max_length``: the
-    training sequence length (prompts are cut as in training).
+    Per target ``t`` in ``category``/``sentiment``: ``acc_t``, ``macro_f1_t``,
+    ``majority_t`` (the share of the most frequent correct label, which a model
+    that ignores its input reaches) and ``scored_t``. Each target is scored on
+    up to ``n_samples`` records that carry its label and an input to read
+    (``can_classify``), so a file with only sentiment labels is still scored on
+    sentiment; a target with fewer than two candidate labels is skipped.
+    Every rank runs the same number of forwards (sharded strategies need the
+    same number of collectives on every rank). ``labels``: the candidates per
+    target (``BuildReport.labels``); ``category_labels`` sets the category
+    candidates alone. ``max_length``: the training sequence length (prompts
+    are cut as in training). ``nlu_scored`` is the fewest records scored for a target.
     """
     idx, n_shards = shard or (env.rank, env.world_size)
-    usable = [r for r in records if all(r.get(t) for t in CLASSIFICATION_TASKS)]
-    per_rank = min(n_samples, len(usable)) // n_shards
-    if per_rank == 0:
+    candidates = {"category": tuple(category_labels or CATEGORY_LABELS), "sentiment": SENTIMENT_LABELS,
+                  **{t: tuple(v) for t, v in (labels or {}).items() if t in CLASSIFICATION_TASKS}}
+    tasks = [t for t in CLASSIFICATION_TASKS if len(candidates[t]) >= 2]
+    mine, scored = {}, {}
+    for task in tasks:
+        usable = _usable(records, task, n_samples)
+        per_rank = len(usable) // n_shards
+        if per_rank:
+            mine[task], scored[task] = usable[idx * per_rank:(idx + 1) * per_rank], per_rank * n_shards
+    if not mine:
         return {}
-    mine = usable[idx * per_rank : (idx + 1) * per_rank]
     model = strategy.model
     was_training = model.training
     model.eval()
-    correct = dict.fromkeys(CLASSIFICATION_TASKS, 0.0)
-    # per task, how often each candidate is the correct one (candidates are the same for every record of a task)
-    n_candidates = {t: len(build_classification_example(usable[0], t, category_labels if t == "category" else None)
-                           .candidates) for t in CLASSIFICATION_TASKS}
-    label_counts = {t: [0.0] * n for t, n in n_candidates.items()}
-    for rec in mine:
-        for task in CLASSIFICATION_TASKS:
-            ex = build_classification_example(rec, task, category_labels if task == "category" else None)
+    confusion = {t: [[0.0] * len(candidates[t]) for _ in candidates[t]] for t in mine}
+    for task, recs in mine.items():
+        for rec in recs:
+            ex = build_classification_example(rec, task, candidates[task])
             pred = score_candidates(strategy, tokenizer, ex.prompt, ex.candidates, env.device, max_length)
-            correct[task] += float(pred == ex.correct_index)
-            label_counts[task][ex.correct_index] += 1.0
+            confusion[task][ex.correct_index][pred] += 1.0
     model.train(was_training)
-    flat = [correct[t] for t in CLASSIFICATION_TASKS] + [c for t in CLASSIFICATION_TASKS for c in label_counts[t]]
+    flat = [c for t in mine for row in confusion[t] for c in row]
     sums = all_reduce_sums(flat, env)
     replication = env.world_size // n_shards  # TP/PP ranks of one shard score the same records
-    scored = per_rank * n_shards
-    out = {f"acc_{t}": c / replication / scored for t, c in zip(CLASSIFICATION_TASKS, sums)}
-    offset = len(CLASSIFICATION_TASKS)
-    for t in CLASSIFICATION_TASKS:
-        out[f"majority_{t}"] = majority_share(sums[offset : offset + n_candidates[t]])
-        offset += n_candidates[t]
-    out["nlu_scored"] = scored  # records scored per task: the accuracy resolution is 1/scored
+    out: dict[str, float] = {}
+    offset = 0
+    for task in mine:
+        k = len(candidates[task])
+        matrix = [[sums[offset + g * k + p] / replication for p in range(k)] for g in range(k)]
+        offset += k * k
+        total = sum(map(sum, matrix))
+        out[f"acc_{task}"] = sum(matrix[c][c] for c in range(k)) / total
+        out[f"macro_f1_{task}"] = macro_f1(matrix)
+        out[f"majority_{task}"] = majority_share([sum(row) for row in matrix])
+        out[f"scored_{task}"] = scored[task]
+    out["nlu_scored"] = min(scored.values())  # the accuracy resolution is 1/scored
     return out

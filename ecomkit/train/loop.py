@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from ecomkit.config import TrainConfig
-from ecomkit.data import DistributedBatchSampler, build_datasets, pad_collate
+from ecomkit.data import DistributedBatchSampler, build_datasets, lengths_array, pad_collate
 from ecomkit.dist import DistEnv, distributed_session, gather_objects, log
 from ecomkit.errors import ConfigError
 from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
@@ -108,15 +108,26 @@ class TrainingRun:
 
     def build_data(self) -> None:
         """Datasets, sampler and loader; public because HF Trainer (ecomkit.train.hf_trainer) trains on the same data."""
-        datasets.disable_progress_bars()  # a few hundred ms of tokenisation: bars only add noise to logs
+        datasets.disable_progress_bars()  # progress bars only add noise to logs
         cfg = self.cfg
-        self.train_ds, self.eval_ds, self.eval_records, self.data_report = build_datasets(
-            cfg.data, n_rows=cfg.n_rows, seed=cfg.seed, task=cfg.task, tokenizer=self.tokenizer,
-            max_length=cfg.seq_len, column_map=cfg.column_map, strict=cfg.strict_data, num_proc=cfg.num_proc)
+        # Rank 0 loads, validates and tokenises into the Arrow cache; the others then map the same tables.
+        # The barrier is in `finally`: if rank 0 fails (bad data), the others fail the same way, not hang.
+        if self.env.distributed and not self.env.is_main:
+            dist.barrier()
+        try:
+            self.train_ds, self.eval_ds, self.eval_records, self.data_report = build_datasets(
+                cfg.data, n_rows=cfg.n_rows if cfg.data == "synthetic" else None, seed=cfg.seed, task=cfg.task,
+                tokenizer=self.tokenizer, max_length=cfg.seq_len, column_map=cfg.column_map, strict=cfg.strict_data,
+                num_proc=cfg.num_proc, label_map=cfg.label_map, max_rows=cfg.max_rows or None,
+                max_bad_fraction=cfg.max_bad_fraction)
+        finally:
+            if self.env.distributed and self.env.is_main:
+                dist.barrier()
         if cfg.clip_policy == "sentiment" and "polarity" not in self.train_ds.column_names:
-            raise ConfigError("clip_policy='sentiment' needs sentiment labels in the data (a 'sentiment' column).")
+            raise ConfigError("clip_policy='sentiment' needs sentiment labels in the data (a 'sentiment' column "
+                              "whose values are, or are mapped by label_map to, positive/neutral/negative).")
         self.sampler = DistributedBatchSampler(
-            self.train_ds["length"], micro_batch_size=cfg.micro_batch_size, grad_accum=self.grad_accum,
+            lengths_array(self.train_ds), micro_batch_size=cfg.micro_batch_size, grad_accum=self.grad_accum,
             num_replicas=self.shard[1], rank=self.shard[0], seed=cfg.seed, bucketed=cfg.bucketed)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.collate = lambda feats: pad_collate(feats, pad_id)
@@ -256,10 +267,10 @@ class TrainingRun:
     def evaluate(self) -> dict[str, float]:
         out = {"eval_loss": evaluate_loss(self.strategy, self.eval_ds, self.collate, self.env,
                                           self.cfg.micro_batch_size, self.cfg.eval_batches, self.shard)}
-        if self.cfg.task == "nlu" and self.eval_records:
+        if self.cfg.task == "nlu" and len(self.eval_records):
             out.update(evaluate_nlu_accuracy(self.strategy, self.tokenizer, self.eval_records, self.env,
-                                             self.cfg.eval_nlu_samples, self.data_report.category_labels, self.shard,
-                                             max_length=self.cfg.seq_len))
+                                             self.cfg.eval_nlu_samples, shard=self.shard, max_length=self.cfg.seq_len,
+                                             labels=self.data_report.labels))
         return out
 
     def _summary(self, final_eval: dict[str, float], wall: float) -> dict[str, Any]:
@@ -269,6 +280,7 @@ class TrainingRun:
         return {
             "strategy": self.strategy.name, "model": self.cfg.model, "params": self.n_params,
             "world_size": self.env.world_size, "global_batch": self.global_batch(),
+            "data": self.data_report.facts(),
             "grad_accum": self.grad_accum, "steps": self.step,
             "first_loss": train_rows[0]["loss"] if train_rows else None,
             "final_loss": train_rows[-1]["loss"] if train_rows else None,
