@@ -259,10 +259,12 @@ def head_dim_part(st: dict[str, Any], device) -> list[dict[str, Any]]:
 
 # ---------------------------------------------------------------------- part 4: strategies on all GPUs
 def strategy_case(name: str, st: dict[str, Any], pre: dict[str, Any], attn: str, precision: str,
-                  timeout_s: float) -> dict[str, Any]:
-    """One chapter script under torchrun, one process per GPU; read back its summary and metrics."""
+                  timeout_s: float, nproc: int) -> dict[str, Any]:
+    """One chapter script under torchrun with ``nproc`` processes (one per GPU); read back its summary and metrics."""
     script, flags, needs = SCRIPTS[name]
-    row: dict[str, Any] = {"part": "strategy", "strategy": name, "script": script, "nproc": st["nproc"]}
+    row: dict[str, Any] = {"part": "strategy", "strategy": name, "script": script, "nproc": nproc,
+                           "model": st["script_model"], "seq_len": st["script_seq"], "micro_batch": st["script_batch"],
+                           "precision": precision}
     absent = [n for n in needs if not pre[n]]
     if absent:
         return {**row, "status": "skipped", "reason": f"{', '.join(absent)} not installed ("
@@ -274,7 +276,7 @@ def strategy_case(name: str, st: dict[str, Any], pre: dict[str, Any], attn: str,
             "--no-save-model", "--no-progress", "--output-dir", str(out), *flags]
     t0 = time.perf_counter()
     try:
-        proc = _torchrun(st["nproc"], script, args, timeout_s, out)
+        proc = _torchrun(nproc, script, args, timeout_s, out)
     except subprocess.TimeoutExpired:
         return {**row, "status": "timeout", "reason": f"still running after {timeout_s:.0f} s"}
     summary_path = out / "summary.json"
@@ -291,21 +293,34 @@ def strategy_case(name: str, st: dict[str, Any], pre: dict[str, Any], attn: str,
 
 
 def strategy_part(st: dict[str, Any], pre: dict[str, Any], names: list[str], attn: str, precision: str,
-                  deadline: float) -> list[dict[str, Any]]:
+                  deadline: float, on_gpu: bool) -> list[dict[str, Any]]:
+    """Each strategy on all GPUs; on a multi-GPU machine DDP also on one GPU first, the baseline of its scaling."""
+    cases = [(name, st["nproc"]) for name in names]
+    if on_gpu and st["nproc"] > 1 and "ddp" in names:
+        cases.insert(0, ("ddp", 1))
     rows = []
-    for name in names:
+    for name, nproc in cases:
         left = deadline - time.monotonic()
         if left < 30:
-            rows.append({"part": "strategy", "strategy": name, "status": "skipped", "reason": "time budget spent"})
+            rows.append({"part": "strategy", "strategy": name, "nproc": nproc, "status": "skipped",
+                         "reason": "time budget spent"})
         else:
-            rows.append(strategy_case(name, st, pre, attn, precision, min(st["script_timeout_s"], left)))
+            rows.append(strategy_case(name, st, pre, attn, precision, min(st["script_timeout_s"], left), nproc))
         print(_line(rows[-1]), flush=True)
     return rows
 
 
+def scaling_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The strategy rows in the shape ecomkit.claims reads (``scaling``/``memory``: model, strategy, gpus, ...)."""
+    return [{"model": r.get("model"), "strategy": r["strategy"], "gpus": r.get("nproc"), "status": r["status"],
+             "samples_per_s": r.get("samples_per_s"), "tokens_per_s": r.get("tokens_per_s"),
+             "micro_batch": r.get("micro_batch"), "seq_len": r.get("seq_len"), "precision": r.get("precision"),
+             "peak_bytes": r.get("peak_mem_bytes")} for r in rows if r["part"] == "strategy"]
+
+
 # ---------------------------------------------------------------------- report
 def _line(r: dict[str, Any]) -> str:
-    label = {"attention": r.get("attn"), "strategy": r.get("strategy"), "all_reduce": "all-reduce",
+    label = {"attention": r.get("attn"), "strategy": f"{r.get('strategy')}×{r.get('nproc')}", "all_reduce": "all-reduce",
              "head_dim": f"d={r.get('head_dim')}"}[r["part"]]
     if r["status"] != "ok":
         return f"  {label:<10} {r['status']}: {r.get('reason', '')[:200]}"
@@ -374,11 +389,14 @@ def main(argv: list[str] | None = None) -> int:
     if "strategy" in args.parts:
         print(f"4. strategies, {st['nproc']} processes (--attn {args.script_attn}, model {st['script_model']}):",
               flush=True)
-        rows += strategy_part(st, pre, args.strategies, args.script_attn, "bf16" if on_gpu else "fp32", deadline)
+        rows += strategy_part(st, pre, args.strategies, args.script_attn, "bf16" if on_gpu else "fp32", deadline,
+                              on_gpu)
     goal = verdict(rows, on_gpu)
     out = Path(args.out) if args.out else (REPO / "benchmarks" / "results" if on_gpu else REPO / "runs" / "gpu_bench_dryrun")
+    scaling = scaling_rows(rows)
     write_artifact("gpu_bench", rows, {"dry_run": not on_gpu, "settings": st, "preflight": pre, "goal": goal,
-                                       "cuda": torch.version.cuda}, results_dir=out)
+                                       "cuda": torch.version.cuda, "scaling": scaling, "memory": scaling},
+                   results_dir=out)
     print(f"MFU goal >= {MFU_GOAL:.0%}: {goal['verdict']}"
           + (f" (best: {goal['best']} {goal['best_mfu']:.1%})" if goal.get("best_mfu") is not None else ""))
     return 1 if any(r["status"] in ("error", "timeout") for r in rows) else 0

@@ -40,6 +40,9 @@ def test_gpu_bench_dry_run_writes_a_complete_artifact(tmp_path):
     (ddp,) = parts["strategy"]
     assert ddp["status"] == "ok", ddp
     assert ddp["samples_per_s"] > 0 and ddp["world_size"] == 2
+    (scaling,) = doc["extra"]["scaling"]  # what ecomkit.claims reads from a GPU report
+    assert (scaling["model"], scaling["strategy"], scaling["gpus"]) == ("tiny", "ddp", 2)
+    assert scaling["samples_per_s"] == ddp["samples_per_s"]
     assert doc["extra"]["goal"]["verdict"].startswith("n/a")
 
 
@@ -55,5 +58,5 @@ def test_preflight_names_what_is_missing(monkeypatch):
     assert any(m.startswith("no CUDA GPU visible") for m in pre["missing"])
     assert any("deepspeed is not installed: zero3 skipped (pip install deepspeed)" == m for m in pre["missing"])
     st = gpu_bench.settings(gpu_bench.parse_args(["--dry-run"]), on_gpu=False, n_gpus=0)
-    row = gpu_bench.strategy_case("zero3", st, pre, "sdpa", "fp32", timeout_s=1)
+    row = gpu_bench.strategy_case("zero3", st, pre, "sdpa", "fp32", timeout_s=1, nproc=2)
     assert row["status"] == "skipped" and "pip install deepspeed" in row["reason"]
