@@ -178,6 +178,10 @@ def test_label_map_from_flag_and_yaml_and_its_checks(tmp_path):
 
 # ----------------------------------------------------------------- the acceptance run: 2 processes, learns both targets
 
+# 2,000 review rows (4 categories, 0/1 labels), 150 steps of global batch 64 at lr 5e-3, seq_len 64, tiny
+# model. Measured (100 held-out records, eval every 30 steps): category 0.25 → 1.00 by step 60 (majority 0.27),
+# sentiment stays at its majority 0.70 until step 90 (0.74), then 0.97 at 120 and 0.99 at 150. At lr 1e-2
+# sentiment had not left the majority by step 100, so 150 steps at 5e-3 leave room. ~80 s on 2 busy cores.
 ROWS, STEPS = 2000, 150
 MARGIN = 0.10   # accuracy ≥ majority baseline + 10 points, category and sentiment
 
