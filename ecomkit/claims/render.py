@@ -28,6 +28,14 @@ def counts_table(counts: dict[str, int]) -> str:
     return "\n".join([*lines, f"| **all** | **{sum(counts.values())}** |"]) + "\n"
 
 
+def rows_markdown(rows: Sequence[dict[str, Any]]) -> str:
+    """A Markdown table of ledger rows (what a chapter's notebook displays and docs/claims.md holds)."""
+    out = ["| id | guide § | claim | setup | verdict | evidence | source | reason |", "|---|---|---|---|---|---|---|---|"]
+    out += [f"| {r['id']} | {r['section']} | {_cell(r['quote'])}<br>*{_cell(r['gloss'])}* | {_cell(r['setup'])} | "
+            f"**{r['verdict']}** | {_cell(r['evidence'])} | {_cell(r['source'])} | {_cell(r['reason'])} |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
 def render_page(rows: Sequence[dict[str, Any]], counts: dict[str, int]) -> str:
     """The whole ``docs/claims.md``: what the page is, the counts, then one table per chapter."""
     out = ["# The guides' claims, decided by code", "",
@@ -44,12 +52,7 @@ def render_page(rows: Sequence[dict[str, Any]], counts: dict[str, int]) -> str:
         part = [r for r in rows if r["chapter"] == chapter]
         if not part:
             continue
-        out += [f"## Chapter {title}", "", "| id | guide § | claim | setup | verdict | evidence | source | reason |",
-                "|---|---|---|---|---|---|---|---|"]
-        out += [f"| {r['id']} | {r['section']} | {_cell(r['quote'])}<br>*{_cell(r['gloss'])}* | {_cell(r['setup'])} | "
-                f"**{r['verdict']}** | {_cell(r['evidence'])} | {_cell(r['source'])} | {_cell(r['reason'])} |"
-                for r in part]
-        out.append("")
+        out += [f"## Chapter {title}", "", rows_markdown(part)]
     return "\n".join(out)
 
 
