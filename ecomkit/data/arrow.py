@@ -86,16 +86,19 @@ def tokenizer_digest(tokenizer) -> str:
 
 def column_numpy(ds: Dataset, name: str) -> np.ndarray:
     """One column as a numpy array, read from the Arrow table (no list of Python objects for 10 M rows)."""
-    return _table(ds).column(name).to_numpy(zero_copy_only=False)
+    return _column(ds, name).to_numpy()
 
 
-def _table(ds: Dataset):
-    return ds.with_format("arrow")[:] if ds._indices is not None else ds.data.table
+def _column(ds: Dataset, name: str):
+    """One column as a pyarrow ChunkedArray; through the indices mapping (gathering this column only) if any."""
+    if ds._indices is None:
+        return ds.data.table.column(name)
+    return ds.select_columns([name]).with_format("arrow")[:].column(name)
 
 
 def unique_values(ds: Dataset, name: str) -> list:
     """The distinct values of a column (None included when some rows lack it), computed by Arrow."""
-    return pc.unique(_table(ds).column(name)).to_pylist()
+    return pc.unique(_column(ds, name)).to_pylist()
 
 
 def lengths_array(ds: Dataset) -> np.ndarray:
