@@ -19,8 +19,9 @@ again (DeepSpeed: ``scale_wrt_gas=False``; Accelerate: undo its ``/accum``).
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass, field
-from typing import Any, ContextManager
+from typing import Any, ContextManager, Iterator
 
 import torch
 from torch import nn
@@ -137,7 +138,8 @@ class Strategy:
     def save_pretrained(self, out_dir: str, tokenizer: Any | None = None) -> None:
         """Consolidated Hugging Face directory (safetensors), written by rank 0."""
         if self.env.is_main:
-            self.raw_model.save_pretrained(out_dir)
+            with deepspeed_probe_skipped():
+                self.raw_model.save_pretrained(out_dir)
             if tokenizer is not None:
                 tokenizer.save_pretrained(out_dir)
 
@@ -148,3 +150,28 @@ class Strategy:
     def close(self) -> None:
         """Drop references so gloo threads die before the process group (trap 1)."""
         self.model = self.raw_model = self.optimizer = self.scheduler = None
+
+
+@contextlib.contextmanager
+def deepspeed_probe_skipped() -> Iterator[None]:
+    """Run ``save_pretrained`` without importing DeepSpeed in a run that never loaded it.
+
+    Why: transformers' ``save_pretrained`` unwraps the model with accelerate's
+    ``extract_model_from_parallel``, which imports deepspeed whenever it is
+    installed, only to test ``isinstance(model, DeepSpeedEngine)``. That import
+    costs seconds and prints DeepSpeed's "Setting accelerator to CPU" warning
+    at the end of a plain DDP run. A model that DeepSpeed never wrapped cannot
+    be a ``DeepSpeedEngine``, so while ``deepspeed`` is not in ``sys.modules``
+    the probe answers "not available" for the duration of the save; once
+    DeepSpeed is loaded (a ZeRO run) nothing is changed.
+    """
+    other = sys.modules.get("accelerate.utils.other")
+    if other is None or "deepspeed" in sys.modules or not hasattr(other, "is_deepspeed_available"):
+        yield
+        return
+    probe = other.is_deepspeed_available
+    other.is_deepspeed_available = lambda: False
+    try:
+        yield
+    finally:
+        other.is_deepspeed_available = probe
