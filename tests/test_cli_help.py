@@ -129,7 +129,7 @@ def test_ddp_script_help_and_run_print_nothing_from_deepspeed(tmp_path):
             "runpy.run_path(sys.argv[0], run_name='__main__'); "
             "print('DS_MODULE_LOADED', 'deepspeed' in sys.modules)")
     run = subprocess.run([sys.executable, "-c", code, script, "--max-steps", "1", "--eval-interval", "0",
-                          "--eval-batches", "1", "--n-rows", "200", "--no-save-model", "--no-progress",
+                          "--eval-batches", "1", "--n-rows", "200", "--no-progress",  # evaluates and saves too
                           "--output-dir", str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     text = run.stdout + run.stderr
