@@ -25,9 +25,13 @@ VERDICT_NAMES = ("REPRODUCED", "CPU_ANALOGUE", "REFUTED", "IMPLAUSIBLE", "NEEDS_
 NO_GPU = Evidence()
 
 
-def gpu_report(section: str, rows: list[dict]) -> Evidence:
-    """A fabricated GPU report holding one section."""
-    return Evidence({"gpu_bench": {"dry_run": False, section: rows}}, {"gpu_bench": "gpu_bench-fabricated.json"})
+A100, RTX4090 = "NVIDIA A100-SXM4-40GB", "NVIDIA GeForce RTX 4090"   # what torch.cuda.get_device_name returns
+
+
+def gpu_report(section: str, rows: list[dict], gpu: str = A100, dry_run: bool = False) -> Evidence:
+    """A fabricated GPU report holding one section, laid out as benchmarks/common.write_artifact writes it."""
+    return Evidence({"gpu_bench": {"gpu": gpu, "rows": [], "extra": {"dry_run": dry_run, section: rows}}},
+                    {"gpu_bench": "gpu_bench-fabricated.json"})
 
 
 # ---------------------------------------------------------------------- the ledger itself
@@ -91,13 +95,15 @@ def test_speedup_without_gpu_report_uses_the_time_model_band():
 def test_fabricated_gpu_report_flips_speedup_verdicts():
     rows = [{"model": "ecomgpt-7b", "strategy": "zero2", "gpus": g, "samples_per_s": s} for g, s in ((1, 1.0), (4, 3.6))]
     rows += [{"model": "seqgpt-560m", "strategy": "ddp", "gpus": g, "samples_per_s": s} for g, s in ((1, 10.0), (4, 29.0))]
-    ev = gpu_report("scaling", rows)
-    assert speedup_finding(ev, 3.7, replace(ECOMGPT_SETUP, world_size=4), 4, "nvlink-a100").verdict == REPRODUCED
-    seq = replace(SEQGPT_SETUP, world_size=4)
+    ecom = replace(ECOMGPT_SETUP, world_size=4)
+    assert speedup_finding(gpu_report("scaling", rows), 3.7, ecom, 4, "nvlink-a100").verdict == REPRODUCED
+    seq, ev = replace(SEQGPT_SETUP, world_size=4), gpu_report("scaling", rows, RTX4090)
     assert speedup_finding(ev, 87 / 31, seq, 4, "pcie4-x16").verdict == REPRODUCED     # 2.9× measured vs 2.81×
     assert speedup_finding(ev, 3.7, seq, 4, "pcie4-x16").verdict == REFUTED            # 2.9× is not 3.7×
-    dry = Evidence({"gpu_bench": {"dry_run": True, "scaling": rows}})
+    dry = gpu_report("scaling", rows, RTX4090, dry_run=True)
     assert speedup_finding(dry, 87 / 31, seq, 4, "pcie4-x16").verdict == NEEDS_GPU     # a CPU dry run decides nothing
+    other_board = gpu_report("scaling", rows, "NVIDIA H100 80GB HBM3")
+    assert speedup_finding(other_board, 87 / 31, seq, 4, "pcie4-x16").verdict == NEEDS_GPU   # nor does an H100
 
 
 def test_gpu_report_file_on_disk_flips_a_ledger_row(tmp_path):
@@ -105,7 +111,8 @@ def test_gpu_report_file_on_disk_flips_a_ledger_row(tmp_path):
     s0_03 = next(c for c in claims.LEDGER if c.id == "S0-03")
     assert s0_03.decide(load_evidence(tmp_path)).verdict == REFUTED
     rows = [{"model": "ecomgpt-7b", "strategy": "zero2", "gpus": g, "samples_per_s": s} for g, s in ((1, 1.0), (4, 3.6))]
-    (tmp_path / "gpu_bench-2026-12-01-h100.json").write_text(json.dumps({"dry_run": False, "scaling": rows}))
+    doc = {"bench": "gpu_bench", "gpu": A100, "rows": [], "extra": {"dry_run": False, "scaling": rows}}
+    (tmp_path / "gpu_bench-2026-12-01-a100-sxm4-40gb.json").write_text(json.dumps(doc))
     assert s0_03.decide(load_evidence(tmp_path)).verdict == REPRODUCED
 
 
@@ -150,9 +157,9 @@ def test_amp_claims():
     assert amp_finding(NO_GPU, 1.15, 0.60, inp).verdict == IMPLAUSIBLE     # fp32 model states stay under autocast
     rows = [{"model": "seqgpt-560m", "precision": "fp32", "tokens_per_s": 1000.0, "peak_bytes": 10e9},
             {"model": "seqgpt-560m", "precision": "fp16", "tokens_per_s": 1160.0, "peak_bytes": 8.1e9}]
-    assert amp_finding(gpu_report("precision", rows), 1.15, 0.20, inp).verdict == REPRODUCED
+    assert amp_finding(gpu_report("precision", rows, RTX4090), 1.15, 0.20, inp).verdict == REPRODUCED
     rows[1] = {**rows[1], "tokens_per_s": 1800.0}
-    assert amp_finding(gpu_report("precision", rows), 1.15, 0.20, inp).verdict == REFUTED
+    assert amp_finding(gpu_report("precision", rows, RTX4090), 1.15, 0.20, inp).verdict == REFUTED
 
 
 # ---------------------------------------------------------------------- other rules

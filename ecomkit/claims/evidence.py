@@ -4,14 +4,18 @@ Every rule that reads an artifact takes an :class:`Evidence` argument, so a
 test can hand it fabricated rows (``Evidence({"gpu_bench": {...}})``) and
 watch a verdict flip; :func:`load_evidence` reads ``benchmarks/results/``.
 
-The GPU report (``benchmarks/gpu_bench.py``) is read by section name:
-``gpu_rows(section)`` returns the rows of that section of the newest report
-that ran on a GPU (a dry run on CPU decides nothing). The sections the ledger
-asks for, and the fields each row needs:
+The GPU report (``benchmarks/gpu_bench.py``, written with ``write_artifact``)
+is read by section name: ``gpu_rows(section, gpu)`` returns the rows of that
+section of the newest report, only when it ran on that GPU board (its ``gpu``
+fact, matched through ``ecomkit.hardware``) and was not a CPU dry run. The
+sections the ledger asks for, and the fields each row needs:
 
 - ``scaling``: ``model``, ``strategy``, ``gpus``, ``samples_per_s`` (1 GPU and N GPUs of one node);
-- ``precision``: ``model``, ``precision`` (``fp32``/``bf16``/``fp16``), ``tokens_per_s``, ``peak_bytes``;
-- ``memory``: ``model``, ``strategy``, ``gpus``, ``micro_batch``, ``seq_len``, ``peak_bytes`` per GPU.
+- ``memory``: ``model``, ``strategy``, ``gpus``, ``micro_batch``, ``seq_len``, ``peak_bytes`` per GPU;
+- ``precision``: ``model``, ``precision`` (``fp32``/``bf16``/``fp16``), ``tokens_per_s``, ``peak_bytes``.
+
+Batch, sequence length and precision of a ``scaling`` row may differ from the
+claim's; the evidence column prints what was measured.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ecomkit.hardware import find_gpu, gpu_spec
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 _NAME = re.compile(r"^(?P<bench>[a-z0-9_]+?)[-_](?P<date>\d{4}-\d{2}-\d{2})[-_].*\.json$")
@@ -42,14 +48,22 @@ class Evidence:
         """The artifact's file name, for the evidence column."""
         return self.paths.get(bench, f"{bench} artifact")
 
-    def gpu_rows(self, section: str) -> list[dict[str, Any]]:
-        """Rows of ``section`` in the newest GPU report; empty without one (or for a CPU dry run)."""
+    def gpu_rows(self, section: str, gpu: str | None = None) -> list[dict[str, Any]]:
+        """Rows of ``section`` in the newest GPU report, if it ran on ``gpu`` (any board when ``None``).
+
+        Empty without a report, for a CPU dry run, or for a report from another board.
+        """
         doc = self.artifacts.get("gpu_bench")
-        if not doc or doc.get("dry_run", False):
+        if not doc:
             return []
-        rows = doc.get(section)
-        if rows is None:
-            rows = doc.get("extra", {}).get(section, [])
+        extra = doc.get("extra", {})
+        if doc.get("dry_run", extra.get("dry_run", False)):
+            return []
+        if gpu is not None:
+            board = find_gpu(str(doc.get("gpu") or ""))
+            if board is None or board.key != gpu_spec(gpu).key:
+                return []
+        rows = doc.get(section, extra.get(section, []))
         return [r for r in rows if r.get("status", "ok") == "ok"]
 
 
@@ -64,16 +78,16 @@ def load_evidence(results_dir: str | Path = RESULTS) -> Evidence:
                     {b: f"benchmarks/results/{p.name}" for b, (_, p) in newest.items()})
 
 
-def gpu_value(ev: Evidence, section: str, key: str, **match: Any) -> float | None:
-    """``key`` of the first ``section`` row whose fields equal ``match``; ``None`` when no GPU row matches."""
-    for r in ev.gpu_rows(section):
+def gpu_value(ev: Evidence, section: str, key: str, gpu: str, **match: Any) -> float | None:
+    """``key`` of the first ``section`` row from board ``gpu`` whose fields equal ``match``; else ``None``."""
+    for r in ev.gpu_rows(section, gpu):
         if all(r.get(k) == v for k, v in match.items()) and r.get(key) is not None:
             return float(r[key])
     return None
 
 
-def gpu_speedup(ev: Evidence, model: str, strategy: str, gpus: int) -> float | None:
-    """samples/s on ``gpus`` GPUs over 1 GPU, from the GPU report's ``scaling`` rows; ``None`` if either is missing."""
-    one = gpu_value(ev, "scaling", "samples_per_s", model=model, strategy=strategy, gpus=1)
-    many = gpu_value(ev, "scaling", "samples_per_s", model=model, strategy=strategy, gpus=gpus)
+def gpu_speedup(ev: Evidence, model: str, strategy: str, gpus: int, gpu: str) -> float | None:
+    """samples/s on ``gpus`` GPUs over 1 GPU of board ``gpu`` (``scaling`` rows); ``None`` if either is missing."""
+    one = gpu_value(ev, "scaling", "samples_per_s", gpu, model=model, strategy=strategy, gpus=1)
+    many = gpu_value(ev, "scaling", "samples_per_s", gpu, model=model, strategy=strategy, gpus=gpus)
     return None if one is None or many is None else many / one

@@ -35,8 +35,9 @@ def speedup_band(inp: PlanInput, n: int, link: str | LinkSpec) -> tuple[float, f
 
 def speedup_finding(ev: Evidence, claimed: float, inp: PlanInput, n: int, link: str | LinkSpec) -> Finding:
     """A claimed speed-up on ``n`` GPUs: the GPU report decides when it has the setup, else the time model's band."""
-    what = f"gpu_bench.py scaling: {inp.model} {inp.strategy} samples/s on 1 and {n} GPUs"
-    measured = gpu_speedup(ev, inp.model, inp.strategy, n)
+    board = gpu_spec(inp.gpu).name
+    what = f"gpu_bench.py scaling: {inp.model} {inp.strategy} samples/s on 1 and {n} {board}"
+    measured = gpu_speedup(ev, inp.model, inp.strategy, n, inp.gpu)
     if measured is not None:
         return agrees(claimed, measured, SPEEDUP_TOLERANCE, source=ev.where("gpu_bench"),
                       evidence=f"claimed {claimed:.2f}×, measured {measured:.2f}× on {n} GPUs")
@@ -47,13 +48,13 @@ def speedup_finding(ev: Evidence, claimed: float, inp: PlanInput, n: int, link: 
 
 def memory_finding(ev: Evidence, claimed_gb: float, inp: PlanInput) -> Finding:
     """A claimed per-GPU memory figure: a GPU measurement of the setup decides, else the plan ± MEMORY_TOLERANCE."""
-    measured = gpu_value(ev, "memory", "peak_bytes", model=inp.model, strategy=inp.strategy, gpus=inp.world_size,
-                         micro_batch=inp.micro_batch, seq_len=inp.seq_len)
+    measured = gpu_value(ev, "memory", "peak_bytes", inp.gpu, model=inp.model, strategy=inp.strategy,
+                         gpus=inp.world_size, micro_batch=inp.micro_batch, seq_len=inp.seq_len)
     if measured is not None:
         return agrees(claimed_gb, measured / 1e9, MEMORY_TOLERANCE, source=ev.where("gpu_bench"),
                       evidence=f"claimed {claimed_gb:g} GB, measured {measured / 1e9:.1f} GB per GPU")
     planned = plan_memory(inp).total / 1e9
-    what = (f"gpu_bench.py memory: {inp.model} {inp.strategy} peak per GPU on {inp.world_size} GPUs, "
+    what = (f"gpu_bench.py memory: {inp.model} {inp.strategy} peak per GPU on {inp.world_size} {gpu_spec(inp.gpu).name}, "
             f"micro-batch {inp.micro_batch} × {inp.seq_len}")
     return consistent_with(claimed_gb, planned * (1 - MEMORY_TOLERANCE), planned * (1 + MEMORY_TOLERANCE),
                            source=f"{PLANNER}.memory.plan_memory", gpu_measurement=what,
@@ -102,8 +103,10 @@ def amp_finding(ev: Evidence, claimed_speedup: float, claimed_saving: float, inp
     otherwise = consistent_with(claimed_saving, 0, saving_bound, source=f"{PLANNER}.memory.plan_memory",
                                 evidence=evidence, gpu_measurement=(f"gpu_bench.py precision: {inp.model} fp32 vs "
                                                                     f"{inp.precision} tokens/s and peak memory"))
-    t = {p: gpu_value(ev, "precision", "tokens_per_s", model=inp.model, precision=p) for p in ("fp32", inp.precision)}
-    m = {p: gpu_value(ev, "precision", "peak_bytes", model=inp.model, precision=p) for p in ("fp32", inp.precision)}
+    t = {p: gpu_value(ev, "precision", "tokens_per_s", inp.gpu, model=inp.model, precision=p)
+         for p in ("fp32", inp.precision)}
+    m = {p: gpu_value(ev, "precision", "peak_bytes", inp.gpu, model=inp.model, precision=p)
+         for p in ("fp32", inp.precision)}
     if None not in (*t.values(), *m.values()):
         speed, saving = t[inp.precision] / t["fp32"], 1 - m[inp.precision] / m["fp32"]
         otherwise = holds(abs(speed / claimed_speedup - 1) <= SPEEDUP_TOLERANCE
