@@ -351,11 +351,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--strategies", nargs="+", default=list(SCRIPTS), choices=list(SCRIPTS),
                     help="chapter scripts of part 4, one process per GPU")
     ap.add_argument("--script-attn", default="sdpa", choices=ATTN_IMPLS, help="--attn of the chapter scripts")
-    ap.add_argument("--batch", type=int, default=0, help="batch of part 2 (0: 8 on GPU, 2 in the dry run)")
-    ap.add_argument("--seq", type=int, default=0, help="sequence length (0: 1024 on GPU, 64 in the dry run)")
-    ap.add_argument("--steps", type=int, default=0, help="timed steps of part 2 (0: 10 on GPU, 2 in the dry run)")
-    ap.add_argument("--budget-s", type=float, default=540.0, help="parts that would start later are skipped")
-    ap.add_argument("--out", default=None, help="artifact folder (default: benchmarks/results/ on GPU, "
+    ap.add_argument("--batch", type=int, default=0, metavar="N", help="batch of part 2 (0: 8 on GPU, 2 in the dry run)")
+    ap.add_argument("--seq", type=int, default=0, metavar="N", help="sequence length (0: 1024 on GPU, 64 in the dry run)")
+    ap.add_argument("--steps", type=int, default=0, metavar="N", help="timed steps of part 2 (0: 10 on GPU, 2 in the dry run)")
+    ap.add_argument("--budget-s", type=float, default=540.0, metavar="S", help="parts that would start later are skipped")
+    ap.add_argument("--out", default=None, metavar="DIR", help="artifact folder (default: benchmarks/results/ on GPU, "
                                                 "runs/gpu_bench_dryrun/ in the dry run)")
     return ap.parse_args(argv)
 
