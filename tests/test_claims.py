@@ -47,6 +47,7 @@ def test_entries_carry_no_verdict():
         assert not [v for v in VERDICTS if f'"{v}"' in src or f"'{v}'" in src], name
         assert not [n for n in VERDICT_NAMES if n in src], name
         assert "Finding(" not in src, name   # findings are built by the rules in verdicts.py only
+        assert "holds(True" not in src and "holds(False" not in src, name   # a condition, not a constant
 
 
 def test_ids_unique_and_issue_claims_present():
