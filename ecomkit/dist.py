@@ -131,6 +131,9 @@ def setup_distributed(timeout_s: float = 600.0, seed: int | None = 0) -> DistEnv
     return DistEnv(rank, local_rank, world, local_world, backend, device)
 
 
+SHARED_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # "1": a fresh store per rendezvous round
+
+
 def restart_safe_rendezvous(rank: int, world_size: int, timeout_s: float) -> dict:
     """A per-restart namespace for the rendezvous keys, when torchrun shares its store with the workers.
 
@@ -140,16 +143,40 @@ def restart_safe_rendezvous(rank: int, world_size: int, timeout_s: float) -> dic
     fixed keys. A restarted rank can then read the *dead* attempt's address and
     fail with "Gloo connectFullMesh failed ... Connection refused" (pytorch
     issue 135712). Prefixing the keys with the restart count avoids that on one
-    node. On several nodes restart counts can differ after a membership change:
-    launch with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` there (a new store per
-    attempt; then this function does nothing).
+    node, where one agent counts the restarts for every worker.
+
+    On several nodes that count is per agent: a node that is replaced starts a
+    fresh agent at count 0 while the survivors are at 1, so the prefixes would
+    differ (135712 again). Worse, a shared store cannot take a replaced node at
+    all in torch 2.13: the surviving rank-0 agent keeps the store address it
+    published in the first round and does not publish it for the next one, so
+    the new agent waits for ``MASTER_ADDR`` and the survivors for its
+    ``role_info`` until the store's 60 s read timeout (docs/multinode.md). A
+    multi-node job that may restart is therefore refused here, at start-up,
+    unless it runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: then rank 0's
+    worker hosts a fresh store every round and this function does nothing.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
+    check_multinode_restarts(world_size)
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
                           is_master=False, timeout=_dt.timedelta(seconds=timeout_s))
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return {"store": dist.PrefixStore(f"ecomkit/attempt_{attempt}", store), "rank": rank, "world_size": world_size}
+
+
+def check_multinode_restarts(world_size: int) -> None:
+    """Refuse ``--max-restarts > 0`` on several nodes with torchrun's shared store (see restart_safe_rendezvous)."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    if world_size > local_world and restarts > 0:
+        raise EcomkitError(
+            f"this job runs on several nodes ({world_size} processes, {local_world} on this node) with "
+            f"--max-restarts {restarts}, and torchrun shares its rendezvous store with the workers (torch's "
+            "default). A node that dies and is started again could not rejoin: the rendezvous would wait for "
+            "MASTER_ADDR / role_info keys until a 60 s timeout and the job would fail. Start every node's torchrun "
+            f"with {SHARED_STORE_ENV}=1 in its environment (scripts/slurm_2nodes.sbatch does; see "
+            "docs/multinode.md), or with --max-restarts 0 and restart the whole job from its last checkpoint.")
 
 
 def configure_logging(rank: int) -> None:

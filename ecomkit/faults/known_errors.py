@@ -85,6 +85,21 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
         "node; check each node can reach HOST:PORT; use --nnodes MIN:MAX for elastic jobs.",
         "reproduce_world_size_mismatch(): a rendezvous for 3 that only 2 processes join"),
     KnownError(
+        "node_rejoin_timeout", "A lost node did not rejoin the rendezvous (multi-node restart)",
+        (r"RendezvousTimeoutError", r"wait timeout after \d+ms, keys: \S*(torchelastic/role_info/\d+|/MASTER_ADDR)"),
+        "After a failure the torchrun agents meet in a new rendezvous round and wait for --nnodes agents (the MIN "
+        "of MIN:MAX). A node that died and was not started again, or cannot reach the rendezvous host, never "
+        "joins, so the round ends after join_timeout (600 s unless --rdzv-conf join_timeout=S) with a bare "
+        "RendezvousTimeoutError. With torchrun's shared store (torch's default) even a node that is started again "
+        "cannot rejoin in torch 2.13: the survivors wait for its role_info keys and it waits for MASTER_ADDR "
+        "until the store's 60 s read timeout (DistStoreError: wait timeout).",
+        "Launch every node with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and start the lost node's torchrun again, "
+        "same command line, within join_timeout; or --nnodes MIN:MAX to go on with fewer nodes; otherwise "
+        "restart the whole job, which resumes from the last checkpoint in the shared --output-dir. The node "
+        "that hosts the rendezvous store (--rdzv-endpoint) cannot be replaced while the job runs: "
+        "docs/multinode.md.",
+        "tests/test_multinode.py: two agents on one host, one killed and not started again (join_timeout=5)"),
+    KnownError(
         "vocab_mismatch", "Tokenizer/embedding size mismatch after adding tokens",
         (r"index out of range in self", r"srcIndex < srcSelectDimSize", r"device-side assert triggered"),
         "Tokens were added to the tokenizer (e.g. '®', 'SKU-' as special tokens) but the embedding matrix was not "
