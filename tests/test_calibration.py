@@ -60,8 +60,8 @@ def test_the_prediction_is_the_planners_with_measured_inputs_only():
                 + reduce_scatter_s(4 * psi, 2, links["reduce_scatter"]))
     assert fsdp.comm_s == pytest.approx(expected)
     zero2 = predict_cpu_step(m, fit, "zero2", cfg, model_config)
-    assert zero2.comm_s == pytest.approx(reduce_scatter_s(2 * 4 * psi, 2, links["reduce_scatter"])
-                                         + all_gather_s(4 * psi, 2, links["all_gather"]))
+    assert zero2.comm_s == pytest.approx(all_reduce_s(2 * 4 * psi, 2, links["all_reduce"])   # DeepSpeed's bucket
+                                         + all_gather_s(4 * psi, 2, links["all_gather"]))     # all-reduce
     with pytest.raises(ValueError, match="parameters"):
         predict_cpu_step(ComputeMeasurement(4, 32, psi + 1, 0.6, 0.3, 3e9), fit, "ddp", cfg, model_config)
 

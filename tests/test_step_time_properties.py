@@ -21,7 +21,7 @@ from ecomkit.hardware import LINKS, LinkSpec
 from ecomkit.planner.comparisons import ASSUMPTION_BAND, ECOMGPT_SETUP, speedup_verdict
 from ecomkit.planner.memory import PlanInput
 from ecomkit.planner.shapes import model_shape
-from ecomkit.planner.step_time import hidden_exposed, last_bucket, predict_step_time, speedups
+from ecomkit.planner.step_time import comm_volume, hidden_exposed, last_bucket, predict_step_time, speedups
 
 MODELS = ("small", "seqgpt-560m", "ecomgpt-7b")
 GPUS = (("a100-40g", "bf16"), ("rtx4090", "fp32"), ("v100-32g", "fp16"), ("h100-80g", "bf16"))
@@ -103,13 +103,22 @@ def test_bf16_on_v100_is_an_error_in_the_time_model_too():
 
 
 def test_the_last_bucket_uses_the_strategys_collective():
-    """A reduce-scatter of the last bucket costs half an all-reduce of it: ZeRO exposes less than DDP would."""
+    """DDP and DeepSpeed's ZeRO-1/2 (bucket all-reduce by default) all-reduce their last bucket; ZeRO-3 and FSDP2
+    reduce-scatter it, which costs half as much."""
     shape = SHAPES["seqgpt-560m"]
-    assert last_bucket(PlanInput(model="seqgpt-560m", strategy="ddp", world_size=8), shape, 25 * 2**20)[0] == \
-        "all_reduce"
-    for s in ("zero1", "zero2", "zero3", "fsdp2"):
-        assert last_bucket(PlanInput(model="seqgpt-560m", strategy=s, world_size=8), shape, 25 * 2**20)[0] == \
-            "reduce_scatter"
+    for s, kind in (("ddp", "all_reduce"), ("zero1", "all_reduce"), ("zero2", "all_reduce"),
+                    ("zero3", "reduce_scatter"), ("fsdp2", "reduce_scatter")):
+        assert last_bucket(PlanInput(model="seqgpt-560m", strategy=s, world_size=8), shape, 25 * 2**20)[0] == kind
+
+
+def test_zero2_gradients_cost_an_all_reduce_like_ddp_in_16_bit():
+    """DeepSpeed's default ZeRO-2 all-reduces each gradient bucket: 2Ψ bytes in bf16, half DDP's 4Ψ in fp32."""
+    inp = PlanInput(model="seqgpt-560m", strategy="zero2", world_size=4, precision="bf16")
+    shape = SHAPES["seqgpt-560m"]
+    kind, nbytes, _ = comm_volume(inp, shape)["grad all-reduce"]
+    assert (kind, nbytes) == ("all_reduce", 2 * shape.n_params)
+    ddp_kind, ddp_bytes, _ = comm_volume(replace(inp, strategy="ddp"), shape)["grad all-reduce (fp32)"]
+    assert ddp_kind == kind and ddp_bytes == 2 * nbytes
 
 
 def test_offload_charges_the_node_cpu_and_shared_host_links():

@@ -67,9 +67,10 @@ CPU_OVERLAP = 0.0
 CALIBRATION_STRATEGIES = ("ddp", "zero2", "fsdp2")
 # Where the model's collectives are not what the library runs on gloo, so its prediction is reported, not claimed.
 NOT_MODELLED_ON_GLOO = {
-    "zero2": "DeepSpeed's ZeRO-2 'reduce-scatter' is one dist.reduce per destination rank "
-             "(runtime/zero/stage_1_and_2.py, average_tensor), which gloo runs far slower than the ring "
-             "reduce-scatter the model prices",
+    "zero2": "the model prices DeepSpeed's collectives as they are (a bucket all-reduce of the gradients and an "
+             "all-gather of the weights), but not the CPU work of its engine: flattening gradients into "
+             "buckets, copying each rank's partition into the fp32 master copy and the 16-bit weights back, "
+             "which on a CPU takes the same cores as compute",
     "fsdp2": "FSDP2 copies every parameter into and out of its all-gather and reduce-scatter buffers and "
              "dispatches DTensor ops in forward and backward: CPU work the model does not count, so its "
              "measured forward+backward is well above the one-process compute plus the collectives",

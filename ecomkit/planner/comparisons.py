@@ -27,7 +27,8 @@ from ecomkit.hardware import GIB, gpu_spec, link_spec
 from ecomkit.models.bloom import build_model
 from ecomkit.planner.memory import PlanInput, max_micro_batch, plan_memory, state_bytes_of_rank
 from ecomkit.planner.shapes import local_params, model_shape
-from ecomkit.planner.step_time import GPUS_PER_NODE, predict_step_time, reduce_scatter_s, speedups
+from ecomkit.planner.step_time import (COLLECTIVE_TIME, GPUS_PER_NODE, ZERO12_GRAD_COLLECTIVE, predict_step_time,
+                                       speedups)
 from ecomkit.planner.zero_formulas import deepspeed_estimates
 
 
@@ -199,14 +200,15 @@ def seqgpt_epoch_minutes(single_gpu_minutes: float = 87.0, gpus: int = 4) -> dic
 def ecomgpt_step_breakdown(gpus: int = 8, link: str = "nvlink-a100") -> dict[str, float]:
     """Where the predicted EcomGPT-7B step (the guide's ZeRO-2 + CPU offload setup) goes on ``gpus`` GPUs.
 
-    ``grad_reduce_scatter_s`` is the 16-bit gradient reduce-scatter alone
-    (2Ψ bytes), to compare with the CPU Adam update and its PCIe copies.
+    ``grad_sync_s`` is the 16-bit gradient reduction alone (2Ψ bytes, with
+    the collective DeepSpeed's ZeRO-2 uses: :data:`ZERO12_GRAD_COLLECTIVE`),
+    to compare with the CPU Adam update and its PCIe copies.
     """
     step = predict_step_time(replace(ECOMGPT_SETUP, world_size=gpus), link=link)
     grad_bytes = 2 * model_shape(ECOMGPT_SETUP.model).n_params
     return {"gpus": gpus, "step_s": step.total_s, "offload_s": step.offload_s, "compute_s": step.compute_s,
             "comm_exposed_s": step.comm_exposed_s, "grad_bytes": grad_bytes,
-            "grad_reduce_scatter_s": reduce_scatter_s(grad_bytes, gpus, link_spec(link))}
+            "grad_sync_s": COLLECTIVE_TIME[ZERO12_GRAD_COLLECTIVE](grad_bytes, gpus, link_spec(link))}
 
 
 # ---------------------------------------------------------------------- OOM recipes (SeqGPT guide, section 6.1)

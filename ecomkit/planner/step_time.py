@@ -16,8 +16,9 @@ One optimizer step on one GPU takes
   all-reduce ``2(N-1)·α + 2(N-1)/N · S/B``; all-gather and reduce-scatter
   ``(N-1)·α + (N-1)/N · S/B``. What each strategy sends per step: DDP
   all-reduces the fp32 gradients once per step (``no_sync`` on the other
-  micro-steps); ZeRO-1 reduce-scatters the 16-bit gradients once, ZeRO-2 every
-  micro-step, and both all-gather the updated 16-bit weights after the step;
+  micro-steps); ZeRO-1 all-reduces the 16-bit gradients once, ZeRO-2 every
+  micro-step (DeepSpeed's default bucket all-reduce, :data:`ZERO12_GRAD_COLLECTIVE`),
+  and both all-gather the updated 16-bit weights after the step;
   ZeRO-3 and FSDP2 all-gather the weights in forward and again in backward of
   every micro-step and reduce-scatter the gradients (ZeRO-3 every micro-step,
   FSDP2 once, fp32).
@@ -27,7 +28,7 @@ One optimizer step on one GPU takes
   backward; a reduction issued once per step (DDP under ``no_sync``, ZeRO-1,
   FSDP2's gradients) only behind the **last** micro-step's backward. The last
   bucket, reduced with the collective the strategy really uses (all-reduce
-  for DDP, reduce-scatter for ZeRO/FSDP), can never hide; ZeRO-1/2's
+  for DDP and ZeRO-1/2, reduce-scatter for ZeRO-3/FSDP), can never hide; ZeRO-1/2's
   all-gather after the step never hides.
 - **optimizer**: Adam is memory-bound: 28 bytes read + written per local fp32
   element (param, grad, two moments) at the GPU's HBM bandwidth.
@@ -104,7 +105,7 @@ def all_gather_s(nbytes: float, n: int, link: LinkSpec) -> float:
 
 
 reduce_scatter_s = all_gather_s   # same steps and bytes, the other direction
-_COLLECTIVE = {"all_reduce": all_reduce_s, "all_gather": all_gather_s, "reduce_scatter": reduce_scatter_s}
+COLLECTIVE_TIME = {"all_reduce": all_reduce_s, "all_gather": all_gather_s, "reduce_scatter": reduce_scatter_s}
 
 
 # ---------------------------------------------------------------------- step time
@@ -130,6 +131,15 @@ class StepTime:
         return self.tokens_per_gpu / self.total_s
 
 
+# DeepSpeed's ZeRO-1/2 reduce gradients with an all-reduce of each bucket, every rank then keeping its own
+# partition: ``zero_optimization.use_multi_rank_bucket_allreduce`` defaults to true (deepspeed 0.19,
+# runtime/zero/stage_1_and_2.py ``average_tensor`` → ``allreduce_and_scatter``). Counted on a 2-rank ZeRO-2
+# step: one all-reduce of Ψ gradient elements and one all-gather of Ψ weights, no reduce-scatter. (With the
+# option off it issues one ``dist.reduce`` per destination rank: the bytes of a reduce-scatter.) ZeRO-3 does
+# reduce-scatter (``reduce_scatter_tensor``).
+ZERO12_GRAD_COLLECTIVE = "all_reduce"
+
+
 def comm_volume(inp: PlanInput, shape: ModelShape) -> dict[str, tuple[str, float, str]]:
     """Collectives of one step: name → (kind, bytes, window it can hide behind: one of :data:`WINDOWS`)."""
     psi = shape.n_params / (inp.tp * inp.pp)
@@ -137,11 +147,11 @@ def comm_volume(inp: PlanInput, shape: ModelShape) -> dict[str, tuple[str, float
     w = 4 if inp.precision == "fp32" else 2
     if s == "ddp":
         return {"grad all-reduce (fp32)": ("all_reduce", 4 * psi, "backward_last")}
-    if s == "zero1":
-        return {"grad reduce-scatter": ("reduce_scatter", w * psi, "backward_last"),
+    if s == "zero1":   # DeepSpeed's default bucket all-reduce: see ZERO12_GRAD_COLLECTIVE
+        return {"grad all-reduce": (ZERO12_GRAD_COLLECTIVE, w * psi, "backward_last"),
                 "weight all-gather after step": ("all_gather", w * psi, "exposed")}
     if s == "zero2":
-        return {"grad reduce-scatter": ("reduce_scatter", acc * w * psi, "backward"),
+        return {"grad all-reduce": (ZERO12_GRAD_COLLECTIVE, acc * w * psi, "backward"),
                 "weight all-gather after step": ("all_gather", w * psi, "exposed")}
     if s == "zero3":
         return {"weight all-gather (fwd)": ("all_gather", acc * w * psi, "forward"),
@@ -165,6 +175,8 @@ def last_bucket(inp: PlanInput, shape: ModelShape, bucket_bytes: float) -> tuple
     w = 4 if inp.precision == "fp32" else 2
     if inp.strategy == "ddp":
         return "all_reduce", min(bucket_bytes, 4 * psi)
+    if inp.strategy in ("zero1", "zero2"):
+        return ZERO12_GRAD_COLLECTIVE, w * min(inp.zero_bucket_elements, psi)
     if inp.strategy in DEEPSPEED_PLAN_STRATEGIES:
         return "reduce_scatter", w * min(inp.zero_bucket_elements, psi)
     root = sum(p.numel for p in local_params(shape, inp.tp, inp.pp, 0) if p.layer < 0 or p.layer == shape.n_layer)
@@ -229,15 +241,15 @@ def predict_step_time(inp: PlanInput, *, link: str | LinkSpec = "nvlink-a100", e
     forward = compute - backward
     backward_last = backward / inp.grad_accum
 
-    links = {kind: (collective_links or {}).get(kind, lk) for kind in _COLLECTIVE}
+    links = {kind: (collective_links or {}).get(kind, lk) for kind in COLLECTIVE_TIME}
     parts: dict[str, float] = {}
     by_window = {k: 0.0 for k in WINDOWS}
     for name, (kind, nbytes, window) in comm_volume(inp, shape).items():
-        t = _COLLECTIVE[kind](nbytes, inp.dp, links[kind])
+        t = COLLECTIVE_TIME[kind](nbytes, inp.dp, links[kind])
         parts[name] = t
         by_window[window] += t
     kind, nbytes = last_bucket(inp, shape, bucket_bytes)
-    floor = _COLLECTIVE[kind](nbytes, inp.dp, links[kind])
+    floor = COLLECTIVE_TIME[kind](nbytes, inp.dp, links[kind])
     comm_total = sum(by_window.values())
     comm_exposed = hidden_exposed(by_window, forward, backward, backward_last, overlap, floor)
 
@@ -317,4 +329,5 @@ def speedups(inp: PlanInput, gpu_counts: list[int], **kwargs: Any) -> list[dict[
 
 __all__ = ["all_reduce_s", "all_gather_s", "reduce_scatter_s", "StepTime", "comm_volume", "last_bucket",
            "hidden_exposed", "predict_step_time", "speedups", "ADAM_BYTES_PER_ELEMENT",
-           "DEFAULT_EFFICIENCY", "DEFAULT_OVERLAP", "CPU_ADAM_PARAMS_PER_S", "GPUS_PER_NODE", "WINDOWS"]
+           "DEFAULT_EFFICIENCY", "DEFAULT_OVERLAP", "CPU_ADAM_PARAMS_PER_S", "GPUS_PER_NODE", "WINDOWS",
+           "ZERO12_GRAD_COLLECTIVE", "COLLECTIVE_TIME"]
