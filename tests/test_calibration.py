@@ -66,6 +66,16 @@ def test_the_prediction_is_the_planners_with_measured_inputs_only():
         predict_cpu_step(ComputeMeasurement(4, 32, psi + 1, 0.6, 0.3, 3e9), fit, "ddp", cfg, model_config)
 
 
+def test_fsdp2_is_priced_with_its_own_one_rank_compute():
+    """FSDP2's copies and DTensor dispatch, measured on a one-rank mesh, replace plain compute for fsdp2 only."""
+    cfg, model_config, psi, m, fit = _inputs()
+    m.fsdp_fwd_bwd_s, m.fsdp_optimizer_s = 0.9, 0.5
+    fsdp = predict_cpu_step(m, fit, "fsdp2", cfg, model_config)
+    assert fsdp.compute_s == pytest.approx(2 * 0.9) and fsdp.optimizer_s == pytest.approx(0.5 / 2)
+    ddp = predict_cpu_step(m, fit, "ddp", cfg, model_config)
+    assert ddp.compute_s == pytest.approx(2 * m.fwd_bwd_s) and ddp.optimizer_s == pytest.approx(m.optimizer_s)
+
+
 def test_rows_carry_the_ratio_and_the_worst_error():
     cfg, model_config, _, m, fit = _inputs()
     ddp = predict_cpu_step(m, fit, "ddp", cfg, model_config).total_s
