@@ -13,7 +13,8 @@ variables SLURM would set and two stand-ins first on ``PATH``:
   skipped; options that take a separate value are not understood);
 - ``scontrol show hostnames LIST`` expands ``a,b`` and ``prefix[0-3]`` lists.
 
-Every "node" is this host, so the node list defaults to ``127.0.0.1,127.0.0.1``
+The batch script derives the port from the job id (a random one here) unless
+``MASTER_PORT`` is set. Every "node" is this host, so the node list defaults to ``127.0.0.1,127.0.0.1``
 (the head node must be an address torchrun can reach). What it proves: the
 script's arithmetic and its torchrun line train to the end with the real
 rendezvous. What it cannot: your cluster's network, GPUs per node, module
@@ -33,7 +34,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ecomkit.dist import free_port
 from ecomkit.launch import child_env, repo_root, stream_command
 
 FAKE_SRUN = r"""#!/usr/bin/env bash
@@ -82,7 +82,6 @@ def slurm_env(nodes: int, nodelist: str, job_id: int, bin_dir: Path) -> dict[str
     return {"SLURM_JOB_ID": str(job_id), "SLURM_JOB_NAME": "ecomkit", "SLURM_NNODES": str(nodes),
             "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_JOB_NODELIST": nodelist, "SLURM_NODEID": "0",
             "SLURM_NTASKS_PER_NODE": "1", "NPROC_PER_NODE": os.environ.get("NPROC_PER_NODE", "1"),
-            "MASTER_PORT": os.environ.get("MASTER_PORT", str(free_port())),
             "PATH": os.pathsep.join([str(bin_dir), python_bin, os.environ.get("PATH", "")])}
 
 
@@ -107,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     root = repo_root()
     with tempfile.TemporaryDirectory(prefix="slurm_local_") as tmp:
         env = child_env(slurm_env(args.nodes, nodelist, job_id, write_stand_ins(Path(tmp))))
-        print(f"slurm_local: job {job_id}, {args.nodes} nodes ({nodelist}), port {env['MASTER_PORT']}, "
+        print(f"slurm_local: job {job_id}, {args.nodes} nodes ({nodelist}), "
               f"{env['NPROC_PER_NODE']} worker(s) per node", flush=True)
         result = stream_command(["bash", str(Path(args.batch_script).resolve()), *args.script_args], cwd=root, env=env,
                                 timeout=args.timeout, live=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -224,9 +225,12 @@ def test_slurm_batch_script_trains_on_two_fake_nodes(ddp_ref, tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "slurm_local.py"), "--timeout", "300",
                            str(REPO / "scripts" / "slurm_2nodes.sbatch"), "scripts/02_data_parallel.py", *DDP,
                            "--fault-checkpoint-interval", "4"], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "OUT_DIR": str(out)}, timeout=360)
+                          env={**{k: v for k, v in os.environ.items() if k != "MASTER_PORT"}, "OMP_NUM_THREADS": "1",
+                               "OUT_DIR": str(out)}, timeout=360)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-6000:]
+    job_id = int(re.search(r"slurm_local: job (\d+)", text)[1])  # the port is derived from it by the batch script
+    assert f"--rdzv_endpoint 127.0.0.1:{20000 + job_id % 20000} --rdzv_id slurm-{job_id}" in text, text[-3000:]
     assert "[node0] srun (slurm_local)" in text and "[node1] srun (slurm_local)" in text, text[-3000:]
     assert "--nnodes 2 --nproc_per_node 1 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:" in text, text[-3000:]
     assert (out / "torchrun.log").is_file()
