@@ -63,7 +63,7 @@ def exposed_comm_share(inp=ECOMGPT_8, link: str = "nvlink-a100") -> float:
 
 def _utilisation(ev: Evidence) -> Finding:
     share = exposed_comm_share()
-    return consistent_with(0.89 / 0.62, 1.0, 1 / (1 - share), source=TIME_MODEL + " (overlap 0)",
+    return consistent_with(0.89 / 0.62, 1.0, 1 / (1 - share), source=TIME_MODEL.replace("speedups", "predict_step_time") + " (overlap 0)",
                            evidence=f"claimed 62 → 89 % = {0.89 / 0.62:.2f}× useful GPU time; with nothing overlapped, "
                                     f"communication is at most {share:.1%} of the step, so hiding it gains "
                                     f"≤ {1 / (1 - share):.2f}×",
