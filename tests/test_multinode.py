@@ -257,3 +257,9 @@ def test_multinode_restarts_with_the_shared_store_are_refused_up_front(monkeypat
 ])
 def test_rejoin_failures_are_explained(text):
     assert "node_rejoin_timeout" in [e.key for e in explain_error(text)]
+
+
+def test_a_lost_store_host_is_explained():
+    text = ("torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store "
+            "has failed. See inner exception for details.")
+    assert [e.key for e in explain_error(text)] == ["rendezvous_store_lost"]

@@ -100,6 +100,16 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
         "docs/multinode.md.",
         "tests/test_multinode.py: two agents on one host, one killed and not started again (join_timeout=5)"),
     KnownError(
+        "rendezvous_store_lost", "The rendezvous store host is gone (multi-node)",
+        (r"RendezvousConnectionError", r"connection to the C10d store has failed"),
+        "The torchrun agent on the --rdzv-endpoint machine holds the rendezvous state in memory; it exited or its "
+        "node died, so every other agent lost the store. If that agent failed first for another reason (a bad "
+        "flag, a crashed rank), this line is a consequence: read the first error in the log.",
+        "Nothing can rejoin a job whose store host is gone: restart the whole job (same --output-dir on shared "
+        "storage), and it resumes from its last complete checkpoint. Keep checkpoints frequent enough; to "
+        "survive the loss of node 0, host the store on a machine that does not train (docs/multinode.md).",
+        "the SLURM dry run with a failing script (scripts/slurm_local.py): the store host exits first"),
+    KnownError(
         "vocab_mismatch", "Tokenizer/embedding size mismatch after adding tokens",
         (r"index out of range in self", r"srcIndex < srcSelectDimSize", r"device-side assert triggered"),
         "Tokens were added to the tokenizer (e.g. '®', 'SKU-' as special tokens) but the embedding matrix was not "
