@@ -34,6 +34,11 @@ def gpu_report(section: str, rows: list[dict], gpu: str = A100, dry_run: bool = 
                     {"gpu_bench": "gpu_bench-fabricated.json"})
 
 
+def scaling(model: str, strategy: str, one: float, four: float) -> list[dict]:
+    """``scaling`` rows: samples/s of ``model`` on 1 and 4 GPUs."""
+    return [{"model": model, "strategy": strategy, "gpus": g, "samples_per_s": s} for g, s in ((1, one), (4, four))]
+
+
 # ---------------------------------------------------------------------- the ledger itself
 def test_entries_carry_no_verdict():
     """A claim has no verdict field and no field holding a verdict; entry modules never name one."""
@@ -94,8 +99,7 @@ def test_speedup_without_gpu_report_uses_the_time_model_band():
 
 
 def test_fabricated_gpu_report_flips_speedup_verdicts():
-    rows = [{"model": "ecomgpt-7b", "strategy": "zero2", "gpus": g, "samples_per_s": s} for g, s in ((1, 1.0), (4, 3.6))]
-    rows += [{"model": "seqgpt-560m", "strategy": "ddp", "gpus": g, "samples_per_s": s} for g, s in ((1, 10.0), (4, 29.0))]
+    rows = scaling("ecomgpt-7b", "zero2", 1.0, 3.6) + scaling("seqgpt-560m", "ddp", 10.0, 29.0)
     ecom = replace(ECOMGPT_SETUP, world_size=4)
     assert speedup_finding(gpu_report("scaling", rows), 3.7, ecom, 4, "nvlink-a100").verdict == REPRODUCED
     seq, ev = replace(SEQGPT_SETUP, world_size=4), gpu_report("scaling", rows, RTX4090)
@@ -111,7 +115,7 @@ def test_gpu_report_file_on_disk_flips_a_ledger_row(tmp_path):
     """The ledger's S0-03 (3.7× on 4 GPUs) is refuted by the model, reproduced by a committed report showing 3.6×."""
     s0_03 = next(c for c in claims.LEDGER if c.id == "S0-03")
     assert s0_03.decide(load_evidence(tmp_path)).verdict == REFUTED
-    rows = [{"model": "ecomgpt-7b", "strategy": "zero2", "gpus": g, "samples_per_s": s} for g, s in ((1, 1.0), (4, 3.6))]
+    rows = scaling("ecomgpt-7b", "zero2", 1.0, 3.6)
     doc = {"bench": "gpu_bench", "gpu": A100, "rows": [], "extra": {"dry_run": False, "scaling": rows}}
     (tmp_path / "gpu_bench-2026-12-01-a100-sxm4-40gb.json").write_text(json.dumps(doc))
     assert s0_03.decide(load_evidence(tmp_path)).verdict == REPRODUCED

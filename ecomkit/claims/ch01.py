@@ -24,7 +24,8 @@ LINT = "ecomkit.envcheck.lint.lint_env (guide's variables, 8× A100 NVLink nodes
 def lint_problems(variable: str, env: dict[str, str] = GUIDE_ENV, **facts: object) -> list[str]:
     """The first two sentences of each lint finding about ``variable`` for ``env`` on the guide's cluster."""
     found = lint_env(env, **{**GUIDE_CLUSTER, **facts})
-    return [f"{f.severity}: {'. '.join(f.message.split('. ')[:2]).rstrip('.')}" for f in found if f.variable == variable]
+    return [f"{f.severity}: {'. '.join(f.message.split('. ')[:2]).rstrip('.')}"
+            for f in found if f.variable == variable]
 
 
 def _ib(ev: Evidence) -> Finding:
@@ -67,7 +68,8 @@ CLAIMS = [
     Claim("S0-11", "3.1", 1, "NCCL_SOCKET_TIMEOUT延长至30分钟，则防止了长尾batch……触发的误判超时",
           "A 30-minute NCCL_SOCKET_TIMEOUT prevents false timeouts on long-tail batches.",
           "same cluster", _socket_timeout),
-    Claim("S0-33", "3.1", 1, "export NCCL_P2P_DISABLE=1", "Disable NCCL peer-to-peer (listed among the tuning variables).",
+    Claim("S0-33", "3.1", 1, "export NCCL_P2P_DISABLE=1",
+          "Disable NCCL peer-to-peer (listed among the tuning variables).",
           "same cluster", _p2p),
     Claim("S1-17", "2.2", 1, "transformers版本锁定在4.35.0很重要。新版本对BLOOMZ系模型的并行支持有小bug，会导致梯度同步异常",
           "Pin transformers 4.35.0: newer versions have a BLOOMZ parallelism bug that breaks gradient sync.",

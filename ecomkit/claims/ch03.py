@@ -27,10 +27,12 @@ def _minus_28(ev: Evidence) -> Finding:
     implied = 36.0 / (1 - 0.28)
     card = gpu_spec(ECOMGPT_SETUP.gpu).memory_bytes / GB
     return at_most(implied, card, source="ecomkit.planner.zero_formulas.formula_bytes (16Ψ), ecomkit.hardware",
-                   evidence=f"implied naive DP {implied:.0f} GB per GPU; its model states alone 16Ψ = {dp_states:.0f} GB; "
+                   evidence=f"implied naive DP {implied:.0f} GB per GPU; its model states alone "
+                            f"16Ψ = {dp_states:.0f} GB; "
                             f"the card holds {card:.1f} GB",
                    bound_why="naive data parallelism of a 7B model does not fit the card, so there is nothing to "
-                             "be 28 % below", otherwise=memory_finding(ev, implied, replace(ECOMGPT_8, strategy="ddp", offload_optimizer=False)))
+                             "be 28 % below",
+                   otherwise=memory_finding(ev, implied, replace(ECOMGPT_8, strategy="ddp", offload_optimizer=False)))
 
 
 def _zero3(ev: Evidence) -> Finding:
@@ -43,7 +45,8 @@ def _zero3(ev: Evidence) -> Finding:
                              f"{g['z3_offload_predicted_gb']:.0f} GB even with every model state offloaded",
                     bound_why="ZeRO-3 shards model states, not activations",
                     otherwise=memory_finding(ev, t.z3_gb, PlanInput(
-                        model=t.model, world_size=t.n_gpus, strategy="zero3", offload_optimizer=True, offload_param=True,
+                        model=t.model, world_size=t.n_gpus, strategy="zero3", offload_optimizer=True,
+                        offload_param=True,
                         precision="fp16", micro_batch=t.z3_batch, seq_len=128, gpu="a100-40g")))
 
 
@@ -52,6 +55,7 @@ CLAIMS = [
           "This configuration keeps 8-GPU training at 36 GB per GPU.",
           "EcomGPT-7B, 8× A100-40G, ZeRO-2 + CPU optimizer offload, fp16, batch 4 × 1024, checkpointing", _zero2_36gb),
     Claim("S0-08", "2.3", 3, "相比朴素数据并行降低28%", "… 28 % below naive data parallelism.", "same", _minus_28),
-    Claim("S1-09", "4.4", 3, "DeepSpeed ZeRO-3 16.8GB 24 1.8x", "ZeRO-3: 16.8 GB per GPU at batch 24, 1.8× DataParallel.",
+    Claim("S1-09", "4.4", 3, "DeepSpeed ZeRO-3 16.8GB 24 1.8x",
+          "ZeRO-3: 16.8 GB per GPU at batch 24, 1.8× DataParallel.",
           "SeqGPT-560M, 4× A100-40G, ZeRO-3 with optimizer and parameter offload", _zero3),
 ]

@@ -24,8 +24,9 @@ def _small_cards(ev: Evidence) -> Finding:
     return holds(states > card, on_cpu=False, source="ecomkit.planner.zero_formulas.formula_bytes, ecomkit.hardware",
                  evidence=f"all model states 16Ψ = {states:.1f} GB on a {card:.1f} GB V100; embedding "
                           f"{shape.vocab * shape.hidden / psi:.0%} of Ψ",
-                 why_true="the model's states do not fit one 16 GB card", why_false="the whole model, with "
-                 "gradients and Adam, already fits one 16 GB card: splitting off the embedding is not what makes it fit")
+                 why_true="the model's states do not fit one 16 GB card",
+                 why_false="the whole model, with gradients and Adam, already fits one 16 GB card: splitting off "
+                           "the embedding is not what makes it fit")
 
 
 def dp_overhead_bound(inp: PlanInput, link: str) -> tuple[float, dict[str, float]]:
@@ -58,7 +59,8 @@ def _gaudi(ev: Evidence) -> Finding:
     problems = ["optimum.habana's GaudiTrainer runs on Intel Gaudi HPUs and optimum[neuron] on AWS Trainium/"
                 "Inferentia, not on the guide's NVIDIA GPUs; device_map='auto' places layers for inference, it is "
                 "not tensor parallelism"]
-    return wrong_recipe(problems, evidence="the packages' target devices", source="optimum-habana / optimum-neuron docs",
+    return wrong_recipe(problems, evidence="the packages' target devices",
+                        source="optimum-habana / optimum-neuron docs",
                         why_ok="")
 
 

@@ -88,7 +88,8 @@ def _frees_26(ev: Evidence) -> Finding:
     bound = (plan.total - plan.model_states) / plan.total * (1 - tokens)
     return at_most(0.26, bound, source="ecomkit.planner.memory.plan_memory",
                    evidence=f"padding 38 → 12 % leaves {tokens:.0%} of the padded tokens; all but the model states "
-                            f"({plan.model_states / plan.total:.0%} of the plan) shrinking with them frees ≤ {bound:.0%}",
+                            f"({plan.model_states / plan.total:.0%} of the plan) shrinking with them "
+                            f"frees ≤ {bound:.0%}",
                    bound_why="model states do not shrink with padding",
                    decided_by="gpu_bench.py memory: ecomgpt-7b zero2 peak, random vs bucketed batches")
 

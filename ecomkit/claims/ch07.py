@@ -25,7 +25,8 @@ def async_save_sees_model(command: str = "import torch; torch.save({...}, 'step.
 def _async_checkpoint(ev: Evidence) -> Finding:
     problems = [] if async_save_sees_model() else [
         "the child process is a new interpreter: the `{...}` in its command holds no tensors, so it saves nothing of "
-        "the model; ecomkit saves asynchronously with torch.distributed.checkpoint.async_save (ecomkit.faults.checkpoint)"]
+        "the model; ecomkit saves asynchronously with torch.distributed.checkpoint.async_save "
+        "(ecomkit.faults.checkpoint)"]
     return wrong_recipe(problems, evidence="subprocess.Popen(['python', '-c', \"torch.save({...}, path)\"])",
                         source="ecomkit.claims.ch07.async_save_sees_model", why_ok="")
 

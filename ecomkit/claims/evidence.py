@@ -72,7 +72,8 @@ def load_evidence(results_dir: str | Path = RESULTS) -> Evidence:
     newest: dict[str, tuple[str, Path]] = {}
     for path in sorted(Path(results_dir).glob("*.json")):
         m = _NAME.match(path.name)
-        if m and (m["bench"] not in newest or (m["date"], path.name) >= (newest[m["bench"]][0], newest[m["bench"]][1].name)):
+        key = (m["date"], path.name) if m else None
+        if m and (m["bench"] not in newest or key >= (newest[m["bench"]][0], newest[m["bench"]][1].name)):
             newest[m["bench"]] = (m["date"], path)
     return Evidence({b: json.loads(p.read_text()) for b, (_, p) in newest.items()},
                     {b: f"benchmarks/results/{p.name}" for b, (_, p) in newest.items()})

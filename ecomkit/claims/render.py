@@ -30,9 +30,11 @@ def counts_table(counts: dict[str, int]) -> str:
 
 def rows_markdown(rows: Sequence[dict[str, Any]]) -> str:
     """A Markdown table of ledger rows (what a chapter's notebook displays and docs/claims.md holds)."""
-    out = ["| id | guide § | claim | setup | verdict | evidence | source | reason |", "|---|---|---|---|---|---|---|---|"]
+    out = ["| id | guide § | claim | setup | verdict | evidence | source | reason |",
+           "|---|---|---|---|---|---|---|---|"]
     out += [f"| {r['id']} | {r['section']} | {_cell(r['quote'])}<br>*{_cell(r['gloss'])}* | {_cell(r['setup'])} | "
-            f"**{r['verdict']}** | {_cell(r['evidence'])} | {_cell(r['source'])} | {_cell(r['reason'])} |" for r in rows]
+            f"**{r['verdict']}** | {_cell(r['evidence'])} | {_cell(r['source'])} | {_cell(r['reason'])} |"
+            for r in rows]
     return "\n".join(out) + "\n"
 
 

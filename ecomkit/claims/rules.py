@@ -43,7 +43,8 @@ def speedup_finding(ev: Evidence, claimed: float, inp: PlanInput, n: int, link: 
                       evidence=f"claimed {claimed:.2f}×, measured {measured:.2f}× on {n} GPUs")
     low, mid, high = speedup_band(inp, n, link)
     return model_band(claimed, n, low, high, source=TIME_MODEL, gpu_measurement=what,
-                      evidence=f"claimed {claimed:.2f}×, predicted {mid:.2f}× [{low:.2f}–{high:.2f}] on {n} GPUs ({getattr(link, 'key', link)})")
+                      evidence=f"claimed {claimed:.2f}×, predicted {mid:.2f}× [{low:.2f}–{high:.2f}] on {n} GPUs "
+                               f"({getattr(link, 'key', link)})")
 
 
 def memory_finding(ev: Evidence, claimed_gb: float, inp: PlanInput) -> Finding:
@@ -54,7 +55,8 @@ def memory_finding(ev: Evidence, claimed_gb: float, inp: PlanInput) -> Finding:
         return agrees(claimed_gb, measured / 1e9, MEMORY_TOLERANCE, source=ev.where("gpu_bench"),
                       evidence=f"claimed {claimed_gb:g} GB, measured {measured / 1e9:.1f} GB per GPU")
     planned = plan_memory(inp).total / 1e9
-    what = (f"gpu_bench.py memory: {inp.model} {inp.strategy} peak per GPU on {inp.world_size} {gpu_spec(inp.gpu).name}, "
+    what = (f"gpu_bench.py memory: {inp.model} {inp.strategy} peak per GPU on {inp.world_size} "
+            f"{gpu_spec(inp.gpu).name}, "
             f"micro-batch {inp.micro_batch} × {inp.seq_len}")
     return consistent_with(claimed_gb, planned * (1 - MEMORY_TOLERANCE), planned * (1 + MEMORY_TOLERANCE),
                            source=f"{PLANNER}.memory.plan_memory", gpu_measurement=what,
@@ -79,7 +81,8 @@ def padding_finding(rows: Sequence[dict[str, Any]] | None, before: float, after:
     r = padding_row(rows)
     ok = r["bucketed %"] <= after and before / 2 <= r["random %"] <= before * 2
     return holds(ok, source=source,
-                 evidence=f"random {r['random %']:.1f} % → bucketed {r['bucketed %']:.1f} % padding (lm, micro-batch 8; "
+                 evidence=f"random {r['random %']:.1f} % → bucketed {r['bucketed %']:.1f} % padding "
+                          f"(lm, micro-batch 8; "
                           f"claimed {before:g} → {after:g} %)",
                  why_true="length bucketing cuts padding at least as far as claimed, from a similar random baseline",
                  why_false="the measured padding does not reach the claimed level or starts from another baseline")

@@ -62,7 +62,7 @@ def agrees(claimed: float, measured: float, rel_tol: float, *, evidence: str, so
 
 def at_most(claimed: float, bound: float, *, evidence: str, source: str, bound_why: str,
             otherwise: Finding | None = None, decided_by: str = "a GPU measurement") -> Finding:
-    """A claim above a hard bound is implausible; at or below it, ``otherwise`` decides (or ``decided_by``, on a GPU)."""
+    """A claim above a hard bound is implausible; at or below it, ``otherwise`` decides (or ``decided_by``)."""
     if claimed > bound:
         return Finding(IMPLAUSIBLE, evidence, source, f"above the bound {bound:.3g}: {bound_why}")
     return otherwise or Finding(NEEDS_GPU, evidence, source, f"within the bound; decided by {decided_by}")
@@ -85,7 +85,8 @@ def model_band(claimed: float, n: float, low: float, high: float, *, evidence: s
     """
     v = speedup_verdict(claimed, n, low, high)
     if v == "implausible":
-        return Finding(IMPLAUSIBLE, evidence, source, f"more than {n:g}× on {n:g} workers: each would do < 1/N of the work")
+        return Finding(IMPLAUSIBLE, evidence, source,
+                       f"more than {n:g}× on {n:g} workers: each would do < 1/N of the work")
     if v == "within the model's range":
         return Finding(NEEDS_GPU, evidence, source, f"inside the time model's band; decided by {gpu_measurement}")
     return Finding(REFUTED, evidence, source,
