@@ -95,9 +95,9 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
         "until the store's 60 s read timeout (DistStoreError: wait timeout).",
         "Launch every node with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and start the lost node's torchrun again, "
         "same command line, within join_timeout (an elastic --nnodes MIN:MAX, untested here, goes on with "
-        "fewer); otherwise restart the whole job, which resumes from the last checkpoint in the shared --output-dir. The node "
-        "that hosts the rendezvous store (--rdzv-endpoint) cannot be replaced while the job runs: "
-        "docs/multinode.md.",
+        "fewer); otherwise restart the whole job, which resumes from the last checkpoint in the shared "
+        "--output-dir. The node that hosts the rendezvous store (--rdzv-endpoint) cannot be replaced while the "
+        "job runs: docs/multinode.md.",
         "tests/test_multinode.py: two agents on one host, one killed and not started again (join_timeout=5)"),
     KnownError(
         "rendezvous_store_lost", "The rendezvous store host is gone (multi-node)",
