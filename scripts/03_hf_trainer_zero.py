@@ -8,10 +8,16 @@ gets the config ecomkit generates from the same flags (no "auto" placeholders
 for Trainer to fill in), also saved as <output-dir>/ds_config.json. On CPU,
 Trainer needs `use_cpu=True` under torchrun (ecomkit.train.hf_trainer sets it),
 or it sees a world size of 1 (shared CPU notes, trap 5).
+
+With `--trainer-ds-config ds.json` Trainer gets a JSON file instead, such as
+the "auto" form that `scripts/03_zero3.py --print-ds-config --ds-for-trainer`
+prints: Trainer fills in batch sizes, clipping and precision from its own
+arguments, so the same file works for any `--micro-batch-size`.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from ecomkit.config import TrainConfig, parse_config, preset_zero3_tiny
@@ -26,10 +32,18 @@ def script_defaults() -> TrainConfig:
     return cfg
 
 
+def trainer_ds_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trainer-ds-config", default=None,
+                        help="a DeepSpeed JSON handed to TrainingArguments(deepspeed=...) as is, e.g. the \"auto\" "
+                             "form written by `scripts/03_zero3.py --print-ds-config --ds-for-trainer` (default: "
+                             "the config generated from this script's flags)")
+
+
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
-    cfg, _ = parse_config(argv, description=__doc__, defaults=script_defaults())
-    summary = run_hf_trainer(cfg, deepspeed=trainer_zero_config(cfg))
+    cfg, ns = parse_config(argv, description=__doc__, defaults=script_defaults(), extra=trainer_ds_flag)
+    ds = ns.trainer_ds_config if ns.trainer_ds_config else trainer_zero_config(cfg)
+    summary = run_hf_trainer(cfg, deepspeed=ds)
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"HF Trainer + DeepSpeed ZeRO-{cfg.zero.stage}: loss {summary['first_loss']:.4f} → "
               f"{summary['final_loss']:.4f}, {summary['samples_per_s']:.1f} samples/s, outputs in {summary['output_dir']}")

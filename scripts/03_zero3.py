@@ -22,6 +22,7 @@ Useful flags (`--help` lists all; every TrainConfig field is a flag):
   --zero-resume-from DIR[/stepN]                              continue a run exactly
   --consolidate-to DIR    merge a sharded checkpoint into a save_pretrained folder (one process) and exit
   --print-ds-config [--ds-world-size 8]   print the generated DeepSpeed JSON and exit (nothing launched)
+  --print-ds-config --ds-for-trainer      the "auto" form for HF Trainer (scripts/03_hf_trainer_zero.py --trainer-ds-config)
   --stages ddp,1,2,3,3+opt,3@bf16         several variants in one launch, each in <output-dir>/<variant>
 """
 
@@ -35,7 +36,7 @@ from ecomkit.errors import exit_on_user_error
 from ecomkit.measure.zero import model_states_line, train_zero_variants
 from ecomkit.metrics import print_run_summary
 from ecomkit.parallel.zero.checkpoint import consolidate_run
-from ecomkit.parallel.zero.config import format_zero_config, zero_config_for_launch
+from ecomkit.parallel.zero.config import format_zero_config, trainer_auto_config, zero_config_for_launch
 
 
 def script_defaults() -> TrainConfig:
@@ -48,6 +49,9 @@ def script_defaults() -> TrainConfig:
 
 def extra_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-ds-config", action="store_true", help="print the DeepSpeed JSON and exit")
+    parser.add_argument("--ds-for-trainer", action="store_true",
+                        help="with --print-ds-config: the \"auto\" form for TrainingArguments(deepspeed=...): batch "
+                             "sizes, clipping, precision and buckets filled in by Trainer, train_batch_size left out")
     parser.add_argument("--ds-world-size", type=int, default=None,
                         help="with --print-ds-config: the number of processes to size the batch for (default: "
                              "$WORLD_SIZE or 1)")
@@ -63,7 +67,8 @@ def extra_flags(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> None:
     cfg, ns = parse_config(argv, description=__doc__, defaults=script_defaults(), extra=extra_flags)
     if ns.print_ds_config:
-        print(format_zero_config(zero_config_for_launch(cfg, ns.ds_world_size)))
+        ds = trainer_auto_config(cfg) if ns.ds_for_trainer else zero_config_for_launch(cfg, ns.ds_world_size)
+        print(format_zero_config(ds))
         return
     if ns.consolidate_to:
         ckpt_dir, tag = consolidate_run(cfg, ns.consolidate_to)

@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, BloomConfig, BloomForCausalLM, PretrainedConfig,
                           PreTrainedModel)
+from transformers.initialization import no_init_weights
 
 from ecomkit.errors import ModelNotFoundError
 
@@ -82,10 +83,11 @@ def preset_config(name: str, vocab_size: int | None = None, **overrides: Any) ->
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tie_word_embeddings=True,
-        use_cache=False,
+        use_cache=False,     # training; the saved config turns it on (ecomkit.models.tokenizer.match_tokenizer)
+        # BLOOM's ids, which ecomkit's own tokenizer also uses: <unk> 0, <s> 1, </s> 2, <pad> 3
         bos_token_id=1,
         eos_token_id=2,
-        pad_token_id=0,
+        pad_token_id=3,
     )
     for k, v in overrides.items():
         setattr(cfg, k, v)
@@ -150,6 +152,39 @@ def is_local_model_dir(path: str | os.PathLike) -> bool:
     return Path(path).is_dir() and (Path(path) / "config.json").is_file()
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """What to load, without saying how: strategies decide how the model is materialised.
+
+    ``name_or_path`` is a preset, a local ``save_pretrained`` directory or a
+    hub id (as for :func:`load_model`); ``vocab_size`` sizes a toy preset's
+    embedding; ``seed`` makes random inits identical on every rank.
+    """
+
+    name_or_path: str
+    vocab_size: int | None = None
+    seed: int | None = 0
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def is_local_checkpoint(self) -> bool:
+        """A local directory with weights: the case where loading the whole model per rank can be avoided."""
+        return self.name_or_path not in PRESETS and is_local_model_dir(self.name_or_path)
+
+
+def build_empty_model(source: ModelSource, device: str | torch.device = "meta") -> PreTrainedModel:
+    """The architecture of ``source`` with no trained weights: on ``meta`` nothing is allocated.
+
+    On a real device the weights are allocated but not initialised (a caller
+    overwrites them from a checkpoint, so random init would be wasted time).
+    """
+    config = model_config(source.name_or_path, vocab_size=source.vocab_size)
+    with no_init_weights(), torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=source.dtype)
+    model.tie_weights()  # no_init_weights also skips tying; the checkpoint has no separate lm_head for tied models
+    return model
+
+
 def load_model(name_or_path: str, *, vocab_size: int | None = None, device: str | torch.device = "cpu",
                seed: int | None = 0, dtype: torch.dtype = torch.float32,
                trust_remote_code: bool = False) -> PreTrainedModel:
@@ -166,8 +201,11 @@ def load_model(name_or_path: str, *, vocab_size: int | None = None, device: str 
     if name_or_path in PRESETS:
         return build_model(name_or_path, vocab_size=vocab_size, device=device, seed=seed, dtype=dtype)
     if is_local_model_dir(name_or_path):
+        # Weights go straight from the files into a model created on the meta device, in ``dtype``:
+        # transformers 5 always loads that way (it ignores low_cpu_mem_usage); 4.x needs the flag.
         model = AutoModelForCausalLM.from_pretrained(
-            name_or_path, local_files_only=True, dtype=dtype, trust_remote_code=trust_remote_code)
+            name_or_path, local_files_only=True, dtype=dtype, low_cpu_mem_usage=True,
+            trust_remote_code=trust_remote_code)
         return model.to(device)
     if Path(name_or_path).exists():
         raise ModelNotFoundError(

@@ -221,3 +221,23 @@ def _hub_tokenizer(name: str, cache_dir: str | os.PathLike | None):
     if tok.pad_token is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def match_tokenizer(model, tokenizer) -> dict[str, int | None]:
+    """Make ``model``'s config and generation config carry ``tokenizer``'s pad/bos/eos ids and ``use_cache=True``.
+
+    Why: a config that says ``pad_token_id: 0`` while the tokenizer's ``<pad>``
+    is 3 makes Hugging Face's Trainer warn and rewrite it, and ``generate()``
+    pads with the wrong id; ``use_cache: false`` (right while training, where
+    no KV cache is needed) makes every later ``generate()`` recompute the whole
+    prefix per token. Call it on the model about to be saved; returns the ids set.
+    """
+    ids = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+           "eos_token_id": tokenizer.eos_token_id}
+    targets = [model.config] + ([model.generation_config] if getattr(model, "generation_config", None) else [])
+    for target in targets:
+        for key, value in ids.items():
+            if value is not None:
+                setattr(target, key, value)
+        target.use_cache = True
+    return ids

@@ -28,6 +28,7 @@ from torch import nn
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
+from ecomkit.models.bloom import ModelSource, count_parameters, load_model
 from ecomkit.models.loss import has_chunked_loss, token_loss_sum
 from ecomkit.models.optim import build_optimizer, build_scheduler
 from ecomkit.models.precision import autocast_context, build_grad_scaler
@@ -61,6 +62,21 @@ class Strategy:
         self.scaler: Any = None                   # fp16 dynamic loss scaler
 
     # ------------------------------------------------------------ set-up
+    def build_model(self, source: ModelSource) -> nn.Module:
+        """How this strategy wants the model materialised; the default: whole, on every rank.
+
+        Called before :meth:`setup`. Strategies that shard parameters override
+        it for local checkpoints so that no rank ever holds the whole model
+        (ZeRO-3: ``deepspeed.zero.Init``; FSDP2/TP: the meta device, then
+        :meth:`setup` loads each rank's part after sharding).
+        """
+        return load_model(source.name_or_path, vocab_size=source.vocab_size, device=self.env.device,
+                          seed=source.seed, dtype=source.dtype)
+
+    def parameter_count(self, model: nn.Module) -> int:
+        """Ψ of the model :meth:`build_model` returned (meta tensors count their full size)."""
+        return count_parameters(model)
+
     def setup(self, model: nn.Module, total_steps: int) -> None:
         """Wrap ``model`` and build optimizer + scheduler. Subclasses usually override ``wrap``."""
         self.raw_model = model

@@ -42,8 +42,13 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 
+from ecomkit.errors import EcomkitError
+from ecomkit.models.checkpoint_files import CheckpointReader, freed_memory_returned
 from ecomkit.parallel.tensor import bloom_blocks
+
+_CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."  # activation checkpointing's wrapper; keys do not have it
 
 PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
@@ -74,6 +79,60 @@ def apply_fsdp(model: nn.Module, dp_mesh: Any, *, precision: str = "fp32", resha
         fully_shard(block, reshard_after_forward=reshard_after_forward, **common)
     fully_shard(model, reshard_after_forward=False, **common)
     return model
+
+
+def load_local_parts(model: nn.Module, reader: CheckpointReader, device: torch.device) -> nn.Module:
+    """Materialise a model sharded on the meta device (FSDP2 and/or TP) from a checkpoint, one tensor at a time.
+
+    Order: the model was built on ``meta`` and parallelized there (every
+    parameter is a DTensor with its final mesh and placements, nothing
+    allocated); ``to_empty`` now allocates only this rank's local shards, and
+    each checkpoint tensor is read whole (:class:`CheckpointReader`, no file
+    mapping), cut with ``distribute_tensor(..., src_data_rank=None)`` (every
+    rank slices its own part locally, no communication) and copied into the
+    local shard, then freed. So a rank's peak is its shards plus the largest
+    tensor, whatever the model's size; every rank reads the files itself.
+    """
+    prefix = getattr(model, "base_model_prefix", "")
+    tied = _tied_parameter_names(model)
+    model.to_empty(device=device)
+    _retie(model, tied)  # to_empty gives each module its own new tensor: a plain (TP-replicated) tie would split
+    missing = []
+    with torch.no_grad(), freed_memory_returned():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            key = reader.resolve(name.replace(_CHECKPOINT_PREFIX, ""), prefix)
+            if key is None:
+                missing.append(name)
+                continue
+            full = reader.read(key, dtype=tensor.dtype).to(device)
+            if isinstance(tensor, DTensor):
+                local = distribute_tensor(full, tensor.device_mesh, tensor.placements, src_data_rank=None).to_local()
+                tensor.to_local().copy_(local)
+            else:
+                tensor.copy_(full)
+            del full
+    if missing:
+        raise EcomkitError(f"The checkpoint has no tensor for {missing[:5]}{' ...' if len(missing) > 5 else ''} "
+                           f"({len(missing)} in all); it was saved from a different architecture. Check --model.")
+    return model
+
+
+def _tied_parameter_names(model: nn.Module) -> list[list[str]]:
+    """Groups of parameter names that share one tensor (BLOOM: the embedding and the LM head)."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
+
+
+def _retie(model: nn.Module, groups: list[list[str]]) -> None:
+    for first, *others in groups:
+        shared = model.get_parameter(first)
+        for name in others:
+            owner, _, attr = name.rpartition(".")
+            module = model.get_submodule(owner)
+            if getattr(module, attr) is not shared:
+                setattr(module, attr, shared)
 
 
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:

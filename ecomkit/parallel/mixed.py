@@ -47,12 +47,13 @@ from torch.distributed.tensor import DTensor
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, gather_objects
 from ecomkit.errors import EcomkitError
-from ecomkit.models.bloom import build_model
+from ecomkit.models.bloom import ModelSource, build_empty_model, build_model
+from ecomkit.models.checkpoint_files import CheckpointReader
 from ecomkit.models.optim import build_optimizer, build_scheduler
 from ecomkit.parallel.base import StepStats, Strategy
 from ecomkit.parallel.comm_count import CollectiveCounter
 from ecomkit.parallel.dims import ParallelDims
-from ecomkit.parallel.fsdp import apply_fsdp, set_gradient_sync
+from ecomkit.parallel.fsdp import apply_fsdp, load_local_parts, set_gradient_sync
 from ecomkit.parallel.pipeline import build_pipeline, gather_pipeline_state_dict
 from ecomkit.parallel.tensor import apply_tensor_parallel, bloom_blocks
 
@@ -176,6 +177,7 @@ class MixedParallelStrategy(Strategy):
         self.pipeline: Any = None
         self.counter = CollectiveCounter() if cfg.parallel.count_collectives else None
         self._layout_written = False
+        self._checkpoint: CheckpointReader | None = None  # set by build_model when setup must load the weights
 
     # ------------------------------------------------------------ data sharding (loop hook)
     def data_shard(self) -> tuple[int, int]:
@@ -193,6 +195,17 @@ class MixedParallelStrategy(Strategy):
         return self.pipeline is not None
 
     # ------------------------------------------------------------ set-up
+    def build_model(self, source: ModelSource) -> nn.Module:
+        """A local checkpoint sharded by FSDP2/TP starts on the meta device; :meth:`setup` loads each rank's part.
+
+        A pipeline cuts the model first and a preset is a seeded random init,
+        so both are built whole on every rank, as the base strategy does.
+        """
+        if self.dims.pp == 1 and self.dims.dp * self.dims.tp > 1 and source.is_local_checkpoint:
+            self._checkpoint = CheckpointReader(source.name_or_path)
+            return build_empty_model(source, device="meta")
+        return super().build_model(source)
+
     def setup(self, model: nn.Module, total_steps: int) -> None:
         self.raw_model = model
         self.model_config = model.config
@@ -202,6 +215,9 @@ class MixedParallelStrategy(Strategy):
             self.model = self._build_pipeline(model)
         else:
             self.model = parallelize(model, self.dims, self.cfg, self.mesh, self.env.device)
+            if self._checkpoint is not None:  # built on meta: only now allocate and read
+                load_local_parts(self.model, self._checkpoint, self.env.device)
+                self._checkpoint = None
         self.optimizer = build_optimizer(self.model, self.cfg)
         if self.pipeline is not None:
             self._follow_tied_weight_decay()

@@ -242,6 +242,32 @@ def _comm_buffers(inp: PlanInput, shape: ModelShape, params: list[ParamInfo], gr
     return 0
 
 
+# ---------------------------------------------------------------------- loading the checkpoint
+def load_peak(inp: PlanInput, shape: ModelShape, params: list[ParamInfo]) -> tuple[int, str]:
+    """Device bytes per rank while a checkpoint is loaded, by the load path ecomkit takes for the strategy.
+
+    - ZeRO-3 (``deepspeed.zero.Init``, then module by module): this rank's partition in the training
+      dtype (0 with parameter offload) plus the largest module's gathered parameters (BLOOM: the embedding);
+    - FSDP2 / TP without a pipeline (meta device, then each rank's part, one fp32 tensor at a time): the
+      rank's fp32 shard (0 with CPU offload) plus the largest tensor read whole and its local piece;
+    - DDP, ZeRO-1/2 and pipelines: the whole fp32 model on every rank, then
+      the strategy (ZeRO-1/2 keep whole parameters anyway; a pipeline cuts a built model).
+    Plus the CUDA context, as in training.
+    """
+    context = CUDA_CONTEXT_BYTES if inp.device == "cuda" else 0
+    psi = shape.n_params
+    if inp.strategy == "zero3":
+        w = 4 if inp.precision == "fp32" else 2
+        part = 0 if inp.offload_param else w * zero3_partition(params, inp.dp)
+        return context + part + w * shape.largest_leaf, "deepspeed.zero.Init: partition + one gathered module"
+    if inp.strategy in ("fsdp2", "tp") and inp.pp == 1 and inp.world_size > 1:
+        local = 0 if inp.offload_param else 4 * fsdp2_shard(params, inp.dp, 0)
+        largest = 4 * shape.largest_leaf
+        return (context + local + largest + largest // inp.world_size,
+                "meta device, then each rank's shard, one tensor at a time")
+    return context + 4 * psi, "the whole fp32 model on every rank, then the strategy"
+
+
 # ---------------------------------------------------------------------- the plan
 @dataclass
 class MemoryPlan:
@@ -257,6 +283,8 @@ class MemoryPlan:
     cpu_bytes: int
     gpu: GpuSpec
     notes: list[str] = field(default_factory=list)
+    load_bytes: int = 0               # device bytes per rank while the checkpoint is loaded (:func:`load_peak`)
+    load_path: str = ""
 
     @property
     def model_states(self) -> int:
@@ -275,12 +303,17 @@ class MemoryPlan:
         return self.model_states + self.activation_total + self.temporary_total
 
     @property
+    def peak(self) -> int:
+        """The larger of the training step's bytes and the bytes while loading the checkpoint."""
+        return max(self.total, self.load_bytes)
+
+    @property
     def fits(self) -> bool:
-        return self.total <= self.gpu.memory_bytes
+        return self.peak <= self.gpu.memory_bytes
 
     @property
     def headroom(self) -> int:
-        return self.gpu.memory_bytes - self.total
+        return self.gpu.memory_bytes - self.peak
 
     def breakdown(self) -> dict[str, int]:
         """Flat {label: bytes} for tables and bar charts."""
@@ -296,6 +329,8 @@ class MemoryPlan:
     def verdict(self) -> str:
         inp = self.inputs
         word = "fits" if self.fits else "does NOT fit"
+        if not self.fits and self.total <= self.gpu.memory_bytes:
+            word += f" (while loading: {self.load_path})"
         return (f"{self.shape.name} · {inp.strategy} · {inp.world_size} GPU(s) · {inp.precision} · micro-batch "
                 f"{inp.micro_batch} × {inp.seq_len} tokens: {format_gib(self.total)} per GPU → {word} on "
                 f"{self.gpu.name} ({format_gib(self.gpu.memory_bytes)}, headroom {format_gib(self.headroom)})")
@@ -307,6 +342,7 @@ class MemoryPlan:
         lines = [f"{'per GPU':<{width}}{'GiB':>10}"]
         lines += [f"{k:<{width}}{v / GIB:>10.2f}" for k, v in rows.items()]
         lines.append(f"{'total':<{width}}{self.total / GIB:>10.2f}")
+        lines.append(f"{'while loading the checkpoint':<{width}}{self.load_bytes / GIB:>10.2f}")
         if self.cpu_bytes:
             lines.append(f"{'host (CPU) memory, offloaded':<{width}}{self.cpu_bytes / GIB:>10.2f}")
         return "\n".join(lines)
@@ -356,8 +392,10 @@ def _plan_stage(inp: PlanInput, shape: ModelShape, gpu: GpuSpec, stage: int) -> 
     if inp.strategy in ("zero1", "zero2") and inp.dp > 1:
         notes.append("ZeRO-1/2 keep the whole gradient of a parameter that straddles a partition boundary; "
                      "the worst rank is shown.")
+    loading, path = load_peak(inp, shape, params)
+    notes.append(f"loading the checkpoint: {path}")
     return MemoryPlan(inp, shape, worst["params"], worst["grads"], worst["optimizer"], acts, temp,
-                      worst["cpu"], gpu, notes)
+                      worst["cpu"], gpu, notes, loading, path)
 
 
 def max_micro_batch(inp: PlanInput, shape: ModelShape | None = None, limit: int = 4096) -> int:
@@ -377,4 +415,4 @@ def max_micro_batch(inp: PlanInput, shape: ModelShape | None = None, limit: int 
 
 
 __all__ = ["PlanInput", "validate_plan_input", "state_bytes_of_rank", "model_state_bytes_per_rank", "temporary_bytes",
-           "MemoryPlan", "plan_memory", "max_micro_batch", "format_gib", "CUDA_CONTEXT_BYTES", "ATTNS"]
+           "MemoryPlan", "plan_memory", "max_micro_batch", "format_gib", "CUDA_CONTEXT_BYTES", "ATTNS", "load_peak"]

@@ -124,8 +124,11 @@ class MeasuredTrainer(Trainer):
 
 
 def training_arguments(cfg: TrainConfig, env: DistEnv, grad_accum: int,
-                       deepspeed: dict | None = None, sampling: str = HF_SAMPLING[0]) -> TrainingArguments:
-    """TrainingArguments equivalent to ``cfg`` (same batch, lr schedule, clipping, precision)."""
+                       deepspeed: dict | str | None = None, sampling: str = HF_SAMPLING[0]) -> TrainingArguments:
+    """TrainingArguments equivalent to ``cfg`` (same batch, lr schedule, clipping, precision).
+
+    ``deepspeed``: a dict, or the path of a JSON file (whose ``"auto"`` values Trainer fills in from these arguments).
+    """
     if sampling not in HF_SAMPLING:
         raise ValueError(f"sampling must be one of {HF_SAMPLING}, got {sampling!r}")
     if deepspeed is not None:
@@ -180,7 +183,7 @@ def global_step_rows(per_rank: list[list[dict[str, Any]]], losses: dict[int, dic
     return rows
 
 
-def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | None = None,
+def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | str | None = None,
                    sampling: str = HF_SAMPLING[0]) -> dict[str, Any]:
     """Train with HF Trainer on ecomkit's model and data; returns a summary like ``run_training``."""
     validate_before_launch(cfg)
@@ -188,9 +191,11 @@ def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | None = None,
         run = TrainingRun(cfg, env)
         run.tokenizer = run.build_tokenizer()
         run.build_data()
+        # Arguments first: with a ZeRO-3 config they activate DeepSpeed's HF integration (HfDeepSpeedConfig), so
+        # from_pretrained of a local checkpoint builds the model under deepspeed.zero.Init (partitioned at once).
+        args = training_arguments(cfg, env, run.grad_accum, deepspeed, sampling)
         model = load_model(cfg.model, vocab_size=len(run.tokenizer), device=env.device, seed=cfg.seed)
         writer = MetricsWriter(cfg.output_dir, env.is_main)
-        args = training_arguments(cfg, env, run.grad_accum, deepspeed, sampling)
         recorder = StepRecorder()
         keep = ("input_ids", "labels", "length")
         train_ds = run.train_ds.remove_columns([c for c in run.train_ds.column_names if c not in keep])

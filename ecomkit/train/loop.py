@@ -32,9 +32,9 @@ from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak_flops, mfu_fields
 from ecomkit.metrics import MetricsWriter, attention_length, peak_memory, slowest_rank_throughput, time_split
 from ecomkit.models.attention import install_attention
-from ecomkit.models.bloom import PRESETS, count_parameters, flops_per_token, load_model
+from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token
 from ecomkit.models.loss import count_label_tokens, install_chunked_loss
-from ecomkit.models.tokenizer import get_tokenizer
+from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
 from ecomkit.parallel import build_strategy
 from ecomkit.parallel.mixed import sharded_model_callbacks
 from ecomkit.train.clip import ClipPolicy
@@ -73,7 +73,9 @@ class TrainingRun:
         self.grad_accum = self.cfg.resolve_grad_accum(self.shard[1])
         self.tokenizer = self.build_tokenizer()
         self.build_data()
-        model = load_model(self.cfg.model, vocab_size=len(self.tokenizer), device=self.env.device, seed=self.cfg.seed)
+        # The strategy decides how the model is materialised: whole on every rank, or only this rank's part
+        # of a local checkpoint (ZeRO-3 under deepspeed.zero.Init, FSDP2/TP on the meta device, loaded in setup).
+        model = self.strategy.build_model(ModelSource(self.cfg.model, vocab_size=len(self.tokenizer), seed=self.cfg.seed))
         # A model loaded from a directory or the hub is only known now: tp must divide its heads, pp its blocks.
         self.cfg.validate(self.env.world_size, n_head=model.config.n_head, n_layer=model.config.n_layer)
         if self.cfg.attn != "eager":
@@ -81,7 +83,7 @@ class TrainingRun:
         if self.cfg.loss_chunk_tokens > 0 and self.strategy.supports_chunked_loss:
             # chapter "performance": no [B, T, vocab] logits
             install_chunked_loss(model, self.cfg.loss_chunk_tokens)
-        self.n_params = count_parameters(model)
+        self.n_params = self.strategy.parameter_count(model)
         self.model_config = model.config
         if self.cfg.max_steps > 0:
             self.total_steps = self.cfg.max_steps
@@ -294,6 +296,7 @@ class TrainingRun:
 
     def save(self) -> None:
         if self.cfg.save_model:
+            match_tokenizer(self.strategy.raw_model, self.tokenizer)  # the tokenizer's pad/bos/eos, use_cache on
             self.strategy.save_pretrained(str(self.out_dir / "final"), self.tokenizer)
 
     def close(self) -> None:

@@ -157,6 +157,38 @@ def trainer_zero_config(cfg: TrainConfig) -> dict[str, Any]:
     return ds
 
 
+# Keys Hugging Face's Trainer fills in from its TrainingArguments when they say "auto"
+# (transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig.trainer_config_process / _finalize).
+TRAINER_AUTO_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping")
+TRAINER_AUTO_ZERO_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size")
+
+
+def trainer_auto_config(cfg: TrainConfig) -> dict[str, Any]:
+    """The ``"auto"`` form for ``TrainingArguments(deepspeed=...)`` (``--print-ds-config --ds-for-trainer``).
+
+    Batch sizes, clipping, precision and the model-sized buckets say
+    ``"auto"``, so Trainer takes them from its own arguments
+    (``--per_device_train_batch_size``, ``--gradient_accumulation_steps``,
+    ``--max_grad_norm``, ``--bf16``) and one file works for any launch.
+    ``train_batch_size`` is left out, not ``"auto"``: DeepSpeed derives it,
+    and with it present ZeRO-3 under ``from_pretrained`` on CPU trips
+    DeepSpeed's batch assertion (accelerate does not initialise DeepSpeed's
+    process group there, so DeepSpeed sees a world size of 1). The ZeRO stage,
+    offload and persistence threshold stay ecomkit's choices.
+    """
+    ds = zero_config_for_launch(cfg, world_size=1)
+    ds.pop("train_batch_size", None)
+    for key in TRAINER_AUTO_KEYS:
+        ds[key] = "auto"
+    for key in TRAINER_AUTO_ZERO_KEYS:
+        if key in ds["zero_optimization"]:
+            ds["zero_optimization"][key] = "auto"
+    for section in ("bf16", "fp16"):
+        ds.pop(section, None)
+        ds[section] = {"enabled": "auto"}
+    return ds
+
+
 def merge_configs(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     """Recursive merge: ``override`` wins, nested dicts are merged key by key."""
     out = copy.deepcopy(base)

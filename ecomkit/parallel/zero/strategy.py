@@ -48,11 +48,13 @@ from torch import nn
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, free_port, log
 from ecomkit.errors import ConfigError, EcomkitError
+from ecomkit.models.bloom import ModelSource, build_empty_model, count_parameters
 from ecomkit.models.optim import build_optimizer, build_scheduler, param_groups
 from ecomkit.parallel.base import StepStats, Strategy
 from ecomkit.parallel.zero.checkpoint import consolidated_save_pretrained
 from ecomkit.parallel.zero.config import build_zero_config, save_zero_config
 from ecomkit.parallel.zero.env import ensure_deepspeed_env
+from ecomkit.parallel.zero.load import build_partitioned, partitioned_parameter_count
 from ecomkit.parallel.zero.state import zero_state_bytes
 
 
@@ -155,6 +157,28 @@ class ZeroStrategy(Strategy):
         self._is_last_micro_step = True
 
     # ------------------------------------------------------------ set-up
+    def build_model(self, source: ModelSource) -> nn.Module:
+        """ZeRO-3 on a local checkpoint: built under ``deepspeed.zero.Init``, each rank loads only its partition.
+
+        Stages 0-2 keep whole parameters on every rank anyway, and a preset is
+        a seeded random init that must match a 1-process run bit for bit, so
+        those are built whole, as the base strategy does.
+        """
+        if self.cfg.zero.stage != 3 or not source.is_local_checkpoint:
+            return super().build_model(source)
+        _quiet_deprecations()
+        _check_precision_supported(self.cfg.precision)
+        _ensure_process_group(self.env)
+        self._make_ds_config(count_parameters(build_empty_model(source, device="meta")))
+        return build_partitioned(source, self.ds_config)
+
+    def parameter_count(self, model: nn.Module) -> int:
+        return partitioned_parameter_count(model)
+
+    def _make_ds_config(self, n_params: int) -> None:
+        grad_accum = self.cfg.resolve_grad_accum(self.env.world_size)
+        self.ds_config = build_zero_config(self.cfg, self.env.world_size, grad_accum, n_params=n_params)
+
     def setup(self, model: nn.Module, total_steps: int) -> None:
         ensure_deepspeed_env()
         import deepspeed  # lazy: heavy optional dependency
@@ -162,9 +186,8 @@ class ZeroStrategy(Strategy):
         _quiet_deprecations()
         _check_precision_supported(self.cfg.precision)
         _ensure_process_group(self.env)
-        grad_accum = self.cfg.resolve_grad_accum(self.env.world_size)
-        self.ds_config = build_zero_config(self.cfg, self.env.world_size, grad_accum,
-                                           n_params=sum(p.numel() for p in model.parameters()))
+        if not self.ds_config:  # build_model made it already when the model was built under zero.Init
+            self._make_ds_config(partitioned_parameter_count(model))
         if self.env.is_main:
             path = save_zero_config(self.ds_config, self.cfg.output_dir)
             log.info("DeepSpeed config (ZeRO-%d) written to %s", self.cfg.zero.stage, path)
