@@ -85,20 +85,21 @@ def tokenizer_digest(tokenizer) -> str:
 
 
 def column_numpy(ds: Dataset, name: str) -> np.ndarray:
-    """One column as a numpy array, read from the Arrow table (no list of Python objects for 10 M rows)."""
-    return _column(ds, name).to_numpy()
+    """One column as a numpy array, read from the Arrow table (no list of Python objects for 10 M rows).
 
-
-def _column(ds: Dataset, name: str):
-    """One column as a pyarrow ChunkedArray; through the indices mapping (gathering this column only) if any."""
-    if ds._indices is None:
-        return ds.data.table.column(name)
-    return ds.select_columns([name]).with_format("arrow")[:].column(name)
+    Through an indices mapping, the whole column is read and indexed with numpy: gathering rows through
+    ``datasets`` would allocate per row and keep the memory.
+    """
+    values = ds.data.table.column(name).to_numpy()
+    return values if ds._indices is None else values[ds._indices.column(0).to_numpy()]
 
 
 def unique_values(ds: Dataset, name: str) -> list:
     """The distinct values of a column (None included when some rows lack it), computed by Arrow."""
-    return pc.unique(_column(ds, name)).to_pylist()
+    column = ds.data.table.column(name)
+    if ds._indices is not None:
+        column = pc.take(column, ds._indices.column(0))
+    return pc.unique(column).to_pylist()
 
 
 def lengths_array(ds: Dataset) -> np.ndarray:

@@ -96,28 +96,39 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
         raise ConfigError(f"max_rows must be at least 2 (or None for all rows), got {max_rows}.")
     records, validation = _source_records(source, n_rows, seed, task, column_map, strict, label_map, num_proc)
     check_bad_fraction(validation, max_bad_fraction)
+    n_valid = len(records)
+    if max_rows is not None and max_rows < n_valid:   # a random subset, written as its own contiguous table
+        keep = np.sort(np.random.default_rng([seed, 1]).permutation(n_valid)[:max_rows])
+        records = records.select(keep).flatten_indices(
+            new_fingerprint=fingerprint("capped", records._fingerprint, max_rows, seed))
     labels = {t: labels_from_values(unique_values(records, t), t) for t in CLASSIFICATION_TASKS}
     order = np.random.default_rng(seed).permutation(len(records))
-    if max_rows is not None:
-        order = order[:max_rows]
     eval_idx, train_idx = stratified_split(order, _strata(records, labels, order), eval_fraction)
     if len(train_idx) == 0:
         raise DataError(f"{source}: only {len(order)} usable records, too few to split off an eval set with "
                         f"eval_fraction={eval_fraction}. Provide more rows.")
-    # Training rows in table order (sequential reads while tokenising; the sampler shuffles), eval rows shuffled.
-    train_records, eval_records = records.select(np.sort(train_idx)), records.select(eval_idx)
-    train_ds = tokenize_records(train_records, tokenizer, task, max_length, num_proc, labels=labels, keep_kind=True)
-    eval_ds = tokenize_records(eval_records, tokenizer, task, max_length, num_proc, labels=labels, keep_kind=True)
-    kinds = np.bincount(column_numpy(train_ds, "kind").astype(np.int64), minlength=len(KINDS)) + np.bincount(
-        column_numpy(eval_ds, "kind").astype(np.int64), minlength=len(KINDS))
+    # Tokenise the whole table in one sequential pass (cached per table, whatever the seed), then split the
+    # examples by their source record: training rows in table order (the sampler shuffles), eval rows in the
+    # random order of the eval records. Reading a table through an indices mapping would cost memory per row.
+    tokenized = tokenize_records(records, tokenizer, task, max_length, num_proc, labels=labels, keep_kind=True)
+    source_record = column_numpy(tokenized, "record")
+    position = np.full(len(records), -1, dtype=np.int64)
+    position[eval_idx] = np.arange(len(eval_idx))
+    row_position = position[source_record]
+    eval_rows = np.flatnonzero(row_position >= 0)
+    eval_rows = eval_rows[np.argsort(row_position[eval_rows], kind="stable")]
+    train_rows = np.flatnonzero(row_position < 0)
+    kinds = np.bincount(column_numpy(tokenized, "kind").astype(np.int64), minlength=len(KINDS))
     if kinds.sum() == 0:
         raise DataError(f"{source}: no {task} example could be built from {len(order):,} valid records. For task "
                         f"'nlu' a record needs a target (category, sentiment, brand, price) and a text to read it "
                         f"from, or an instruction pair; check column_map, or use task='lm'.")
+    tokenized = tokenized.remove_columns(["kind", "record"])
+    train_ds, eval_ds = tokenized.select(train_rows), tokenized.select(eval_rows)
     report = BuildReport(str(source), validation, len(train_idx), len(eval_idx), len(train_ds), len(eval_ds),
                          labels["category"], labels, {k: int(n) for k, n in zip(KINDS, kinds) if n},
-                         len(records), max_rows)
-    return train_ds.remove_columns("kind"), eval_ds.remove_columns("kind"), eval_records, report
+                         n_valid, max_rows)
+    return train_ds, eval_ds, records.select(eval_idx), report
 
 
 def stratified_split(order: np.ndarray, strata: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarray]:

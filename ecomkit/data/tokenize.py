@@ -11,7 +11,8 @@ examples → ids, ``num_proc`` workers). On a table on disk the result is
 written next to it, memory-mapped, and named by a hash of the records, the
 tokenizer, the task, the labels and ``max_length``, so a second run maps it
 instead of tokenising again. A ``kind`` column (the index into
-:data:`~ecomkit.data.tasks.KINDS`) lets the build report count examples per kind.
+:data:`~ecomkit.data.tasks.KINDS`) lets the build report count examples per kind,
+and a ``record`` column (the source record's row) lets it split examples by record.
 
 When every record has a sentiment among positive/neutral/negative, a
 ``polarity`` column (+1, 0, -1, from the source record) is kept as well, and
@@ -81,15 +82,15 @@ def encode_prompt_answer(tokenizer, prompt: str, answer: str, max_length: int) -
     return encode_prompt_answer_ids(ids[0], ids[1], _eos_id(tokenizer), max_length)
 
 
-def _tokenize_batch(batch: dict[str, list], tokenizer, task: str, labels: Mapping[str, Sequence[str]],
-                    max_length: int, with_polarity: bool) -> dict[str, list]:
+def _tokenize_batch(batch: dict[str, list], indices: list[int], tokenizer, task: str,
+                    labels: Mapping[str, Sequence[str]], max_length: int, with_polarity: bool) -> dict[str, list]:
     """Records → examples → ids for one batch; a record gives 0..4 rows (see ``tasks.task_examples``)."""
-    n = len(batch[next(iter(batch))])
-    kinds, prompts, answers, polarity = [], [], [], []
-    for i in range(n):
+    kinds, records, prompts, answers, polarity = [], [], [], [], []
+    for i, index in enumerate(indices):
         record = {name: batch[name][i] for name in batch}
         for ex in task_examples(record, task, labels):
             kinds.append(KINDS.index(ex.task))
+            records.append(index)
             prompts.append(ex.prompt)
             answers.append(ex.answer)
             if with_polarity:
@@ -100,7 +101,7 @@ def _tokenize_batch(batch: dict[str, list], tokenizer, task: str, labels: Mappin
     pairs = [encode_lm_ids(a, eos, max_length) if not p else encode_prompt_answer_ids(p, a, eos, max_length)
              for p, a in zip(prompt_ids, answer_ids)]
     out = {"input_ids": [p[0] for p in pairs], "labels": [p[1] for p in pairs],
-           "length": [len(p[0]) for p in pairs], "kind": kinds}
+           "length": [len(p[0]) for p in pairs], "kind": kinds, "record": records}
     if with_polarity:
         out["polarity"] = polarity
     return out
@@ -127,7 +128,8 @@ def tokenize_records(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, 
     """Tokenize records (a list of dicts, or a record table) into ``input_ids``, ``labels``, ``length``.
 
     A ``polarity`` column is added when every record has a sentiment (see the
-    module docstring); ``keep_kind`` keeps the ``kind`` column. ``nlu``
+    module docstring); ``keep_kind`` keeps the ``kind`` column and ``record``
+    (the index of each example's source record in ``records``). ``nlu``
     produces several rows per record (see ``tasks.build_nlu_examples``).
     ``labels``: candidate labels per classification target (default: the
     built-in ones; ``category_labels`` sets the category candidates alone).
@@ -150,16 +152,17 @@ def tokenize_records(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, 
     if n_proc > 1:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     features = Features({"input_ids": _IDS, "labels": _IDS, "length": Value("int32"), "kind": Value("int8"),
-                         **({"polarity": Value("int8")} if with_polarity else {})})
+                         "record": Value("int64"), **({"polarity": Value("int8")} if with_polarity else {})})
     key = fingerprint("tokens", table._fingerprint, tokenizer_digest(tokenizer), task, max_length,
                       {k: list(v) for k, v in labels.items()}, with_polarity)
-    tokenized = table.map(_tokenize_batch, batched=True, batch_size=1000, num_proc=n_proc if n_proc > 1 else None,
+    tokenized = table.map(_tokenize_batch, batched=True, with_indices=True, batch_size=1000,
+                          num_proc=n_proc if n_proc > 1 else None,
                           remove_columns=table.column_names, features=features, new_fingerprint=key,
                           fn_kwargs={"tokenizer": tokenizer, "task": task, "labels": labels,
                                      "max_length": max_length, "with_polarity": with_polarity},
                           desc="tokenizing")
     order = [c for c in ("input_ids", "labels", "length", "polarity") if c in tokenized.column_names]
-    return tokenized.select_columns(order + (["kind"] if keep_kind else []))
+    return tokenized.select_columns(order + (["kind", "record"] if keep_kind else []))
 
 
 def pad_collate(features: Sequence[dict], pad_id: int, pad_to_multiple_of: int | None = None) -> dict:
