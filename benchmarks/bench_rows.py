@@ -77,20 +77,20 @@ def run_variant(mode: str, rows: int, max_length: int, num_proc: int) -> dict:
     with AnonPeak() as anon:
         start = time.perf_counter()
         if mode == "arrow":
-            train, *_ = build_datasets("synthetic", n_rows=rows, seed=0, task="lm", tokenizer=tok,
-                                       max_length=max_length, num_proc=num_proc)
-            lengths = lengths_array(train)
+            train, held_out, *_ = build_datasets("synthetic", n_rows=rows, seed=0, task="lm", tokenizer=tok,
+                                                 max_length=max_length, num_proc=num_proc)
+            lengths, examples = lengths_array(train), len(train) + len(held_out)
         else:
             records = generate_catalog(rows, seed=0)
             train = tokenize_records(records, tok, "lm", max_length, num_proc=num_proc)
-            lengths = train["length"]
+            lengths, examples = train["length"], len(train)
         sampler = DistributedBatchSampler(lengths, micro_batch_size=8, grad_accum=1, num_replicas=2, rank=0, seed=0)
         next(iter(sampler))   # plans the epoch, as the training loop's first step does
         n_batches = sampler.steps_per_epoch
         wall = time.perf_counter() - start
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    return {"variant": mode, "rows": rows, "examples": len(train), "global_batches": n_batches, "wall_s": wall,
+    return {"variant": mode, "rows": rows, "examples": examples, "global_batches": n_batches, "wall_s": wall,
             "rows_per_s": rows / wall, "peak_rss_gib": max(own, children) / GIB, "peak_anon_gib": anon.peak / GIB,
             "num_proc": num_proc}
 
