@@ -81,8 +81,24 @@ def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subpr
     full_env = {**os.environ, "PATH": path, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                 **(env or {})}
     with log.open("w") as fh:  # the child keeps its own handle
-        return subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=fh, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+    proc.log_path = log  # type: ignore[attr-defined]
+    _STARTED.append(proc)
+    return proc
+
+
+_STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_agent_outlives_its_test():
+    """A failed assertion must not leave launchers (and their workers) running into the next test."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            kill_tree(proc)
 
 
 def wait_until(cond: Callable[[], bool], timeout: float, what: str, procs: list[subprocess.Popen] = ()) -> None:
@@ -100,11 +116,15 @@ def listening(port: int) -> bool:
 
 def start_two_agents(cmd: list[str], tmp: Path, env: dict[str, str] | None = None
                      ) -> tuple[subprocess.Popen, subprocess.Popen]:
-    """Agent A first, so that it hosts the rendezvous store (the port it listens on); then agent B."""
+    """Both agents at once (the first round's join_timeout runs from each agent's start); returns
+    (store host, the other), the store host being the agent that listens on the rendezvous port."""
     port = int(cmd[cmd.index("--rdzv_endpoint") + 1].rsplit(":", 1)[1])
-    a = start(cmd, tmp / "agent_a.log", env)
-    wait_until(lambda: listening(port), 120, "agent A's rendezvous store", [a])
-    return a, start(cmd, tmp / "agent_b.log", env)
+    agents = [start(cmd, tmp / "agent_a.log", env), start(cmd, tmp / "agent_b.log", env)]
+    wait_until(lambda: listening(port), 120, "the rendezvous store", agents)
+    host = [a for a in agents if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
+                                     for c in psutil.Process(a.pid).net_connections(kind="tcp"))]
+    assert len(host) == 1, "exactly one agent hosts the rendezvous store"
+    return host[0], next(a for a in agents if a is not host[0])
 
 
 def kill_tree(proc: subprocess.Popen) -> list[int]:
@@ -113,9 +133,15 @@ def kill_tree(proc: subprocess.Popen) -> list[int]:
     torchrun starts its workers in sessions of their own, so killing the agent's process group alone
     leaves the worker training on.
     """
-    victims = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    try:
+        victims = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:  # already gone
+        victims = []
     for p in victims:
-        p.kill()
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
     psutil.wait_procs(victims, timeout=30)
     proc.wait()
     return [p.pid for p in victims]
@@ -188,16 +214,17 @@ def test_lost_node_restarted_rejoins_and_finishes_like_one_node(ddp_ref, tmp_pat
 
 @pytest.mark.dist
 def test_node_that_does_not_come_back_ends_with_a_rendezvous_timeout(tmp_path):
-    out, join_timeout = tmp_path / "out", 5
+    out, join_timeout = tmp_path / "out", 15  # long enough for two agents to start on a loaded machine
     cmd = agent_cmd("02_data_parallel.py", DDP + ["--output-dir", str(out)], free_port(), max_restarts=1,
                     rdzv_conf=f"join_timeout={join_timeout},{FAST_RDZV}")
     a, b = start_two_agents(cmd, tmp_path)
-    wait_until(lambda: (out / "metrics.jsonl").exists() and bool(rows(out)), 300, "the first step", [a, b])
+    wait_until(lambda: '"type": "train"' in ((out / "metrics.jsonl").read_text() if (out / "metrics.jsonl").exists()
+                                             else ""), 300, "the first step", [a, b])
     kill_tree(b)
     killed_at = time.monotonic()
     assert finish([a], 120) != [0]
     waited = time.monotonic() - killed_at
-    text = (tmp_path / "agent_a.log").read_text(errors="replace")
+    text = a.log_path.read_text(errors="replace")  # the store host's agent
     assert "RendezvousTimeoutError" in text, text[-4000:]
     assert waited < join_timeout + 60, waited
     found = {e.key: e for e in explain_error(text)}
