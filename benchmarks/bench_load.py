@@ -9,8 +9,9 @@ then loaded by 2 processes (gloo, CPU) the way each strategy loads it:
 - ``fsdp``: built on the meta device, sharded by FSDP2, each rank reads tensor by tensor and keeps its shard.
 
 Each rank records its fixed overhead (peak RSS after imports and process-group
-set-up, before loading), its peak RSS after loading (``ru_maxrss``), and the
-bytes of its shard. The bound the issue sets is
+set-up, before loading), its peak RSS after loading and reading every value it
+holds once (``ru_maxrss``; ``from_pretrained`` may leave weights as views of
+mapped files, resident only once touched), and the bytes of its shard. The bound the issue sets is
 ``peak <= 1.2 × (shard + largest tensor + overhead)``; the planner's
 ``load_peak`` says the same per strategy on GPUs.
 
@@ -93,12 +94,15 @@ def worker(strategy: str, model_dir: str, out_json: str) -> None:
         if strategy == "fsdp":
             strat.setup(model, total_steps=1)   # FSDP2 shards on meta, then loads each rank's part, in setup
         seconds = time.perf_counter() - t0
+        # Read every value this rank holds once, as the first training step would: from_pretrained may leave
+        # weights as views of mapped files, which count as resident only once touched.
+        local = [getattr(p, "ds_tensor", None) if strategy == "zero3" else
+                 (p.to_local() if isinstance(p, DTensor) else p) for p in model.parameters()]
+        with torch.no_grad():
+            for t in local:
+                t.sum()
         peak = peak_rss_bytes()
-        if strategy == "zero3":
-            shard = partition_bytes(model)
-        else:
-            shard = sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size()
-                        for p in model.parameters())
+        shard = partition_bytes(model) if strategy == "zero3" else sum(t.numel() * t.element_size() for t in local)
         row = {"strategy": strategy, "rank": env.rank, "overhead": overhead, "peak": peak, "shard": shard,
                "largest": largest, "load_s": seconds,
                "bound": BOUND_FACTOR * (shard + largest + overhead)}
@@ -155,7 +159,8 @@ def main() -> None:
         "settings": vars(args), "model_fp32_mib": size / mib,
         "notes": [f"model {size / mib:,.0f} MiB fp32, 2 processes (gloo, CPU); `whole` is every rank loading the "
                   "whole model (DDP, ZeRO-1/2, pipelines), shown for contrast",
-                  "peak = ru_maxrss after loading; overhead = ru_maxrss after imports and process-group set-up"],
+                  "peak = ru_maxrss after loading and reading every held value once; overhead = ru_maxrss after "
+                  "imports and process-group set-up; load_s measured while other jobs shared the 2 cores"],
     })
 
 
