@@ -98,7 +98,7 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
         "fewer); otherwise restart the whole job, which resumes from the last checkpoint in the shared "
         "--output-dir. The node that hosts the rendezvous store (--rdzv-endpoint) cannot be replaced while the "
         "job runs: docs/multinode.md.",
-        "tests/test_multinode.py: two agents on one host, one killed and not started again (join_timeout=5)"),
+        "tests/test_multinode.py: two agents on one host, one killed and not started again (join_timeout=15)"),
     KnownError(
         "rendezvous_store_lost", "The rendezvous store host is gone (multi-node)",
         (r"RendezvousConnectionError", r"connection to the C10d store has failed"),
