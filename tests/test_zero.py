@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import sys
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from ecomkit.measure.zero import max_relative_loss_difference
 from ecomkit.models.bloom import build_model
 from ecomkit.parallel.state_bytes import tensor_bytes, unique_storage_bytes
 from ecomkit.parallel.zero.config import build_zero_config, validate_user_config
-from ecomkit.parallel.zero.env import ensure_deepspeed_env
+from ecomkit.parallel.zero.env import ensure_deepspeed_env, extensions_dir
 from ecomkit.parallel.zero.strategy import CPUAdamUnavailableWarning, _check_precision_supported, build_zero_optimizer
 from ecomkit.parallel.zero.variants import parse_variants
 from ecomkit.planner.zero_formulas import (SEQGPT_GUIDE_TABLE, check_guide_table, deepspeed_estimates, formula_bytes,
@@ -217,3 +218,11 @@ def test_stage_list_parsing():
         ("ddp", 0, False, False, None), ("zero", 1, False, False, None), ("zero", 3, True, True, "bf16")]
     with pytest.raises(ConfigError, match="only ZeRO stage 3"):
         parse_variants("2+param")
+
+
+def test_each_python_environment_gets_its_own_extension_build_folder(monkeypatch):
+    """Two venvs sharing one TORCH_EXTENSIONS_DIR rebuild each other's DeepSpeed ops on every run."""
+    monkeypatch.setattr(sys, "prefix", "/a/.venv")
+    first = extensions_dir()
+    monkeypatch.setattr(sys, "prefix", "/b/.venv")
+    assert extensions_dir() != first and extensions_dir().parent == first.parent

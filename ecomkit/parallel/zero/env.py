@@ -10,7 +10,9 @@ test has to know about it.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -21,13 +23,25 @@ def ensure_deepspeed_env() -> None:
 
     - ``DS_ACCELERATOR=cpu`` without a GPU: otherwise DeepSpeed probes for CUDA
       and fails; with it, its communication falls back to gloo when oneCCL is absent.
-    - ``TORCH_EXTENSIONS_DIR``: where the JIT-built CPU Adam is cached (the
-      first build takes ~50 s; every later run reuses it).
+    - ``TORCH_EXTENSIONS_DIR``: where the JIT-built CPU ops (Adam, and the
+      shared-memory communication op DeepSpeed builds on CPU) are cached, one
+      folder per Python environment (:func:`extensions_dir`): the first build
+      takes a minute or more, every later run of that environment reuses it.
 
     Values already in the environment win (``setdefault``), so a user's own
     ``DS_ACCELERATOR`` or cache folder is respected.
     """
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    # per user, not per checkout: every clone (and CI on this machine) reuses one build
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "ecomkit" / "torch_extensions"))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
+
+
+def extensions_dir() -> Path:
+    """Per user and per Python environment: ``~/.cache/ecomkit/torch_extensions/<env>``.
+
+    A build records the include paths of the environment that made it, so
+    two environments sharing one folder rebuild each other's ops on every
+    run (minutes each); clones that share one virtual environment share one build.
+    """
+    env = f"py{sys.version_info[0]}{sys.version_info[1]}-{hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]}"
+    return Path.home() / ".cache" / "ecomkit" / "torch_extensions" / env
