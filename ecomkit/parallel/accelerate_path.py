@@ -17,7 +17,7 @@ import torch
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.models.optim import build_optimizer, build_scheduler
-from ecomkit.parallel.base import StepStats, Strategy
+from ecomkit.parallel.base import StepStats, Strategy, deepspeed_probe_skipped
 
 
 class AccelerateStrategy(Strategy):
@@ -65,7 +65,8 @@ class AccelerateStrategy(Strategy):
     def save_pretrained(self, out_dir: str, tokenizer=None) -> None:
         self.accelerator.wait_for_everyone()
         if self.env.is_main:
-            self.accelerator.unwrap_model(self.model).save_pretrained(out_dir)
+            with deepspeed_probe_skipped():   # unwrap_model and save_pretrained both probe for DeepSpeed
+                self.accelerator.unwrap_model(self.model).save_pretrained(out_dir)
             if tokenizer is not None:
                 tokenizer.save_pretrained(out_dir)
 

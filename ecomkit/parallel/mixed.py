@@ -50,7 +50,7 @@ from ecomkit.errors import EcomkitError
 from ecomkit.models.bloom import ModelSource, build_empty_model, build_model
 from ecomkit.models.checkpoint_files import CheckpointReader
 from ecomkit.models.optim import build_optimizer, build_scheduler
-from ecomkit.parallel.base import StepStats, Strategy
+from ecomkit.parallel.base import StepStats, Strategy, deepspeed_probe_skipped
 from ecomkit.parallel.comm_count import CollectiveCounter
 from ecomkit.parallel.dims import ParallelDims
 from ecomkit.parallel.fsdp import apply_fsdp, load_local_parts, set_gradient_sync
@@ -338,7 +338,8 @@ class MixedParallelStrategy(Strategy):
         missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embedding
         if missing or unexpected:
             raise EcomkitError(f"Consolidating the parallel model failed: missing {missing}, unexpected {unexpected}.")
-        model.save_pretrained(out_dir)
+        with deepspeed_probe_skipped():   # an FSDP/TP/PP run never loads DeepSpeed: no probe, no warning
+            model.save_pretrained(out_dir)
         if tokenizer is not None:
             tokenizer.save_pretrained(out_dir)
 
