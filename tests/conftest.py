@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -23,6 +24,15 @@ os.environ.setdefault("ECOMKIT_CACHE", str(REPO / ".cache" / "ecomkit"))
 def _hermetic_tmp(tmp_path, monkeypatch):
     """torchrun writes torchelastic_* folders under TMPDIR (CPU notes, trap 14)."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
+
+
+def load_module(path: Path, name: str | None = None):
+    """Import a script or benchmark file as a module (they are not a package), with its folder importable."""
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name or path.stem.replace(".", "_"), path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_script(script: str, args: list[str], nproc: int = 0, timeout: int = 300,

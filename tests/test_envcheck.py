@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import threading
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_script
+from conftest import load_module, run_script
 
 from ecomkit.dist import DistEnv
 from ecomkit.envcheck import (
@@ -207,10 +206,7 @@ def test_run_env_check_single_process_is_labelled():
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("env_check_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(SCRIPT, "env_check_script")
 
 
 def test_script_exits_non_zero_when_the_check_fails(monkeypatch):

@@ -13,14 +13,13 @@ world size of 1 and asserts when a ZeRO-3 model comes from ``from_pretrained``
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import REPO, run_script
+from conftest import REPO, load_module, run_script
 from ecomkit.config import TrainConfig
 from ecomkit.parallel.zero.config import trainer_auto_config
 
@@ -29,10 +28,7 @@ COMMON = ["--model", "tiny", "--n-rows", "400", "--seq-len", "64", "--eval-inter
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name.replace(".py", ""), REPO / "scripts" / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(REPO / "scripts" / name, name.replace(".py", ""))
 
 
 @pytest.fixture(scope="module")

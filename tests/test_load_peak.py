@@ -13,13 +13,11 @@ one that fails first if a strategy falls back to a whole-model load.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, load_module
 from ecomkit.models.bloom import ModelSource, build_empty_model, load_model
 from ecomkit.models.checkpoint_files import CheckpointReader
 
@@ -27,11 +25,7 @@ HIDDEN, LAYERS, HEADS, VOCAB = 768, 12, 12, 4096
 
 
 def _bench():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("bench_load", REPO / "benchmarks" / "bench_load.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(REPO / "benchmarks" / "bench_load.py")
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,13 @@ so each test passes alone and in any order."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import sys
 
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, load_module
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.errors import ConfigError
@@ -99,10 +98,7 @@ def test_valid_user_config_is_merged(tmp_path):
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("zero3_script", REPO / "scripts" / "03_zero3.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(REPO / "scripts" / "03_zero3.py", "zero3_script")
 
 
 def test_script_rejects_a_bad_user_config_before_any_process_group(tmp_path, capsys):
