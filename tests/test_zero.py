@@ -222,3 +222,10 @@ def test_each_python_environment_gets_its_own_extension_build_folder(monkeypatch
     first = extensions_dir()
     monkeypatch.setattr(sys, "prefix", "/b/.venv")
     assert extensions_dir() != first and extensions_dir().parent == first.parent
+
+
+def test_deepspeed_does_not_build_its_inference_only_shm_op_on_cpu():
+    """Only DeepSpeed's inference all-reduce uses it, and its first build costs about a minute per environment."""
+    ensure_deepspeed_env()
+    import deepspeed.ops
+    assert deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] is False

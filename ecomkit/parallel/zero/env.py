@@ -23,10 +23,11 @@ def ensure_deepspeed_env() -> None:
 
     - ``DS_ACCELERATOR=cpu`` without a GPU: otherwise DeepSpeed probes for CUDA
       and fails; with it, its communication falls back to gloo when oneCCL is absent.
-    - ``TORCH_EXTENSIONS_DIR``: where the JIT-built CPU ops (Adam, and the
-      shared-memory communication op DeepSpeed builds on CPU) are cached, one
+    - ``TORCH_EXTENSIONS_DIR``: where the JIT-built CPU Adam is cached, one
       folder per Python environment (:func:`extensions_dir`): the first build
-      takes a minute or more, every later run of that environment reuses it.
+      takes about a minute, every later run of that environment reuses it.
+    - On CPU, DeepSpeed's shared-memory all-reduce op is marked unavailable
+      (:func:`skip_cpu_inference_comm_op`).
 
     Values already in the environment win (``setdefault``), so a user's own
     ``DS_ACCELERATOR`` or cache folder is respected.
@@ -34,6 +35,23 @@ def ensure_deepspeed_env() -> None:
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
+    if os.environ.get("DS_ACCELERATOR") == "cpu":
+        skip_cpu_inference_comm_op()
+
+
+def skip_cpu_inference_comm_op() -> None:
+    """Keep DeepSpeed from JIT-building its CPU shared-memory all-reduce (``deepspeed_shm_comm``) on start-up.
+
+    Why: its communication backend builds that op whenever it starts on CPU
+    (``deepspeed/comm/torch.py``, ``build_shm_op``; about a minute the first
+    time in each environment), yet only ``inference_all_reduce`` uses it:
+    training collectives are ``torch.distributed`` calls on gloo either way.
+    Marked unavailable, ``inference_all_reduce`` falls back to
+    ``torch.distributed.all_reduce``, which DeepSpeed already does on CPUs
+    without AVX2.
+    """
+    import deepspeed.ops  # lazy: heavy optional dependency, imported only where DeepSpeed is about to be used
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def extensions_dir() -> Path:
