@@ -114,3 +114,21 @@ def test_hf_trainer_zero3_from_a_saved_checkpoint_with_the_auto_json(tmp_path, s
     summary, rows = _trainer_run(tmp_path, stage=3, model=str(saved_run), micro=2)
     assert summary["steps"] == 3 and [r["samples"] for r in rows] == [4, 4, 4]
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+
+
+@pytest.mark.dist
+def test_tensor_parallel_loads_only_its_slices_of_a_saved_checkpoint_and_matches_one_process(saved_run, tmp_path):
+    """TP builds on the meta device and each rank reads its own slices (``parallel.fsdp.load_local_parts``):
+    the first step's loss on the saved weights equals one process loading the whole checkpoint."""
+    args = COMMON + ["--model", str(saved_run), "--tokenizer", str(saved_run), "--max-steps", "1",
+                     "--micro-batch-size", "4", "--no-save-model"]
+    run_script("02_data_parallel.py", args + ["--output-dir", str(tmp_path / "one")])
+    run_script("04_mixed_parallel.py", args + ["--strategy", "tp", "--tp", "2", "--output-dir", str(tmp_path / "tp")],
+               nproc=2)
+
+    def first_loss(d) -> float:
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        return next(r["loss"] for r in rows if r.get("type") == "train")
+
+    one, tp = first_loss(tmp_path / "one"), first_loss(tmp_path / "tp")
+    assert abs(one - tp) <= 1e-5 * abs(one), (one, tp)
