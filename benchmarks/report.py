@@ -34,24 +34,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ecomkit.launch import newest_artifacts  # the same artifact choice as the claims ledger
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 README = REPO / "README.md"
-ARTIFACT = re.compile(r"^(?P<bench>[a-z0-9_]+)-(?P<date>\d{4}-\d{2}-\d{2})-(?P<machine>[a-z0-9-]+)\.json$")
 BLOCK = re.compile(r"(<!-- report:(?P<bench>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
-
-
-def newest_artifacts(results_dir: Path = RESULTS) -> dict[str, Path]:
-    """bench name → path of its newest artifact (by the date in the name, then by modification time)."""
-    found: dict[str, tuple[tuple[str, float], Path]] = {}
-    for path in sorted(Path(results_dir).glob("*.json")):
-        m = ARTIFACT.match(path.name)
-        if not m:
-            continue
-        key = (m["date"], path.stat().st_mtime)
-        if m["bench"] not in found or key > found[m["bench"]][0]:
-            found[m["bench"]] = (key, path)
-    return {bench: path for bench, (_, path) in found.items()}
 
 
 def fmt(value: Any) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -176,3 +177,24 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 raise DataError(f"{p}, line {lineno}: not valid JSON ({exc.msg}). A run that was killed "
                                 "mid-write leaves a partial last line; delete that line or rerun.") from exc
     return rows
+
+
+# ---------------------------------------------------------------------- benchmark artifacts
+ARTIFACT = re.compile(  # benchmarks/results/<bench>-<yyyy-mm-dd>-<machine>.json
+    r"^(?P<bench>[a-z0-9_]+)-(?P<date>\d{4}-\d{2}-\d{2})-(?P<machine>[a-z0-9-]+)\.json$")
+
+
+def newest_artifacts(results_dir: str | Path) -> dict[str, Path]:
+    """bench name → path of its newest artifact (by the date in the name, then by modification time).
+
+    One rule for the README's tables (``benchmarks/report.py``) and the ledger, so both read the same file.
+    """
+    found: dict[str, tuple[tuple[str, float], Path]] = {}
+    for path in sorted(Path(results_dir).glob("*.json")):
+        m = ARTIFACT.match(path.name)
+        if not m:
+            continue
+        key = (m["date"], path.stat().st_mtime)
+        if m["bench"] not in found or key > found[m["bench"]][0]:
+            found[m["bench"]] = (key, path)
+    return {bench: path for bench, (_, path) in found.items()}

@@ -21,15 +21,14 @@ claim's; the evidence column prints what was measured.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ecomkit.hardware import find_gpu, gpu_spec
+from ecomkit.launch import newest_artifacts
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-_NAME = re.compile(r"^(?P<bench>[a-z0-9_]+?)[-_](?P<date>\d{4}-\d{2}-\d{2})[-_].*\.json$")
 
 
 @dataclass(frozen=True)
@@ -68,15 +67,10 @@ class Evidence:
 
 
 def load_evidence(results_dir: str | Path = RESULTS) -> Evidence:
-    """Read the newest ``<bench>-<yyyy-mm-dd>-<machine>.json`` of each benchmark (file date, then name)."""
-    newest: dict[str, tuple[str, Path]] = {}
-    for path in sorted(Path(results_dir).glob("*.json")):
-        m = _NAME.match(path.name)
-        key = (m["date"], path.name) if m else None
-        if m and (m["bench"] not in newest or key >= (newest[m["bench"]][0], newest[m["bench"]][1].name)):
-            newest[m["bench"]] = (m["date"], path)
-    return Evidence({b: json.loads(p.read_text()) for b, (_, p) in newest.items()},
-                    {b: f"benchmarks/results/{p.name}" for b, (_, p) in newest.items()})
+    """Read the newest ``<bench>-<yyyy-mm-dd>-<machine>.json`` of each benchmark (:func:`newest_artifacts`)."""
+    newest = newest_artifacts(results_dir)
+    return Evidence({b: json.loads(p.read_text()) for b, p in newest.items()},
+                    {b: f"benchmarks/results/{p.name}" for b, p in newest.items()})
 
 
 def gpu_value(ev: Evidence, section: str, key: str, gpu: str, **match: Any) -> float | None:
