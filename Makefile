@@ -8,6 +8,7 @@ PYTHON     ?= python3
 TORCH_SPEC ?= torch==2.13.0
 PY          = $(VENV)/bin/python
 STAMP       = $(VENV)/.ecomkit-installed
+TEST_WORKERS ?= 2
 export OMP_NUM_THREADS ?= 1
 export ECOMKIT_CACHE ?= $(CURDIR)/.cache/ecomkit
 
@@ -28,12 +29,19 @@ demo: $(STAMP)
 
 # The whole suite: the import floors (lint-imports), the README's measured tables against their artifacts,
 # the guides' claims page (docs/claims.md) and the README's verdict counts against the ledger,
-# unit + 2-process gloo tests, then every notebook.
+# unit + 2-process gloo tests and every notebook, in two phases:
+# 1. everything not marked `serial`, on two pytest workers, a test file per worker at a time (--dist loadfile keeps
+#    a file's module-scoped fixtures to one launch). Most of a test is one process starting and importing torch,
+#    so two workers fill both cores;
+# 2. the `serial` items alone: those that assert timings (the time model, rendezvous timeouts), which a second
+#    job on the same cores would distort.
+PYTEST = $(PY) -m pytest tests notebooks --nbmake -q
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) benchmarks/report.py --check
 	$(PY) -m ecomkit.claims --check
-	$(PY) -m pytest tests notebooks --nbmake -q
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not serial"
+	$(PYTEST) -m serial
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

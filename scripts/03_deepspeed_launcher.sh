@@ -11,7 +11,8 @@
 # - the launcher process itself imports DeepSpeed, so DS_ACCELERATOR=cpu must be
 #   in its environment before it starts (ecomkit's ZeRO strategy sets it in the
 #   workers, too late for the launcher);
-# - TORCH_EXTENSIONS_DIR keeps the JIT-built ops (CPU Adam, shm comm) between runs;
+# - TORCH_EXTENSIONS_DIR is left to the workers unless you set it: ecomkit keeps the JIT-built ops (CPU Adam)
+#   in one folder per Python environment, so this launcher and torchrun share one build;
 # - with --num_nodes > 1 the launcher refuses to run without a hostfile ("Num nodes is >1 but no extra
 #   nodes available via hostfile"), even with --no_ssh, where it reads the file only to number the nodes
 #   and their slots. HOSTFILE is yours (one "host slots=N" line per node, the same file on every node);
@@ -29,7 +30,6 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
 fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/ecomkit/torch_extensions}"
 PORT="${MASTER_PORT:-$((29500 + RANDOM % 1000))}"
 NNODES="${NNODES:-1}"
 if [ "$NNODES" -le 1 ]; then

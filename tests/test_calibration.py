@@ -87,6 +87,7 @@ def test_rows_carry_the_ratio_and_the_worst_error():
 
 @pytest.mark.dist
 @pytest.mark.slow
+@pytest.mark.serial
 def test_time_model_predicts_the_ddp_step_within_25_percent(tmp_path):
     """DDP only: on gloo, ZeRO-2's and FSDP2's real work is not what the model prices (NOT_MODELLED_ON_GLOO).
 
@@ -99,10 +100,10 @@ def test_time_model_predicts_the_ddp_step_within_25_percent(tmp_path):
     for attempt in range(2):
         out = tmp_path / f"calibrate{attempt}"
         run_script("06_memory_tuning.py", ["calibrate", "--output-dir", str(out), "--strategies", "ddp",
-                                           "--max-steps", "6", "--repeats", "3", "--no-progress"], nproc=2, timeout=300)
+                                           "--max-steps", "10", "--repeats", "3", "--no-progress"], nproc=2, timeout=300)
         report = json.loads((out / "time_model.json").read_text())
         assert report["world_size"] == 2 and report["overlap"] == 0.0
-        assert [r["strategy"] for r in report["rows"]] == ["ddp"] and report["steady_steps"]["ddp"] >= 5
+        assert [r["strategy"] for r in report["rows"]] == ["ddp"] and report["steady_steps"]["ddp"] >= 8
         assert all(r["comm_s"] > 0 and r["compute_s"] > 0 for r in report["rows"])
         reports.append(report["rows"])
         if all(abs(r["ratio"] - 1) <= TOLERANCE for r in report["rows"]):

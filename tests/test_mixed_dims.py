@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_script
+from conftest import main_in_process
 from ecomkit.config import (PARALLEL_FLAG_ALIASES, ParallelConfig, TrainConfig, expand_aliases, parse_config,
                             resolve_parallel_degrees)
 from ecomkit.errors import ConfigError
@@ -80,12 +80,13 @@ def test_presets_are_checked_without_building_the_model(monkeypatch):
     assert not dist.is_initialized()
 
 
-def test_script_refuses_invalid_degrees_before_starting(tmp_path):
+def test_script_refuses_invalid_degrees_before_starting(tmp_path, monkeypatch, capsys):
     """WORLD_SIZE=3 without torchrun: the check must fire before any process group is created."""
-    proc = run_script("04_mixed_parallel.py", ["--tp", "3", "--model", "tiny", "--output-dir", str(tmp_path)],
-                      check=False, extra_env={"WORLD_SIZE": "3"}, timeout=120)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "does not divide the 4 heads" in proc.stderr and "Traceback" not in proc.stderr
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    code, err = main_in_process("04_mixed_parallel.py", ["--tp", "3", "--model", "tiny", "--output-dir",
+                                                         str(tmp_path)], monkeypatch, capsys)
+    assert code == 2, err[-2000:]
+    assert "does not divide the 4 heads" in err and "Traceback" not in err
 
 
 def test_short_aliases_expand_to_config_flags(monkeypatch):

@@ -45,6 +45,8 @@ DDP = COMMON + ["--max-steps", "8", "--no-save-model"]
 FSDP = COMMON + ["--max-steps", "4", "--dp", "2", "--micro-batch-size", "4"]
 ZERO3 = COMMON + ["--max-steps", "4", "--zero-stage", "3", "--strategy", "zero", "--no-save-model"]
 FAST_RDZV = "keep_alive_interval=1,keep_alive_max_attempt=3"  # a dead agent is noticed in ~3 s, not 15
+# Rendezvous and keep-alive timeouts measured in seconds: run alone, in make test's serial phase.
+pytestmark = pytest.mark.serial
 
 
 def rows(out: Path, kind: str = "train") -> list[dict]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_script
+from conftest import main_in_process, run_script
 
 COMMON = ["--model", "tiny", "--n-rows", "600", "--seq-len", "64", "--max-steps", "5", "--eval-interval", "0",
           "--eval-batches", "1", "--warmup-steps", "2", "--no-progress"]
@@ -116,8 +116,13 @@ def test_one_rank_dying_before_its_first_step_fails_the_job_instead_of_hanging(t
     (["--strategy", "magic"], "Unknown strategy"),
     (["--data", "nowhere.jsonl"], "does not exist"),
 ])
-def test_bad_input_fails_before_process_group(args, match, tmp_path):
-    proc = run_script("02_data_parallel.py", args + ["--output-dir", str(tmp_path)], check=False)
+def test_bad_input_fails_before_process_group(args, match, tmp_path, monkeypatch, capsys):
+    code, err = main_in_process("02_data_parallel.py", args + ["--output-dir", str(tmp_path)], monkeypatch, capsys)
+    assert code == 2 and match in err and "Traceback" not in err
+
+
+def test_bad_input_exits_2_with_one_paragraph_from_the_command_line(tmp_path):
+    proc = run_script("02_data_parallel.py", ["--lr", "-0.1", "--output-dir", str(tmp_path)], check=False)
     assert proc.returncode == 2
-    assert match in proc.stderr
+    assert "must be > 0" in proc.stderr
     assert "Traceback" not in proc.stderr
