@@ -45,8 +45,8 @@ DDP = COMMON + ["--max-steps", "8", "--no-save-model"]
 FSDP = COMMON + ["--max-steps", "4", "--dp", "2", "--micro-batch-size", "4"]
 ZERO3 = COMMON + ["--max-steps", "4", "--zero-stage", "3", "--strategy", "zero", "--no-save-model"]
 FAST_RDZV = "keep_alive_interval=1,keep_alive_max_attempt=3"  # a dead agent is noticed in ~3 s, not 15
-# Rendezvous and keep-alive timeouts measured in seconds: run alone, in make test's serial phase.
-pytestmark = pytest.mark.serial
+# Tests that count on keep-alive and join timeouts of a few seconds are marked `serial`: make test runs them
+# alone, where a second job on the same cores cannot stall an agent's heartbeat.
 
 
 def rows(out: Path, kind: str = "train") -> list[dict]:
@@ -197,6 +197,7 @@ def test_two_agents_fsdp2_equal_one_node(fsdp_ref, tmp_path):
 
 
 @pytest.mark.dist
+@pytest.mark.serial
 def test_lost_node_restarted_rejoins_and_finishes_like_one_node(ddp_ref, tmp_path):
     out = tmp_path / "out"
     cmd = agent_cmd("02_data_parallel.py", DDP + ["--output-dir", str(out), "--fault-checkpoint-interval", "2"],
@@ -215,6 +216,7 @@ def test_lost_node_restarted_rejoins_and_finishes_like_one_node(ddp_ref, tmp_pat
 
 
 @pytest.mark.dist
+@pytest.mark.serial
 def test_node_that_does_not_come_back_ends_with_a_rendezvous_timeout(tmp_path):
     out, join_timeout = tmp_path / "out", 15  # long enough for two agents to start on a loaded machine
     cmd = agent_cmd("02_data_parallel.py", DDP + ["--output-dir", str(out)], free_port(), max_restarts=1,
