@@ -1,6 +1,9 @@
 # Two commands for a fresh machine:  make demo   and   make test
 # Both create .venv if needed and install the project into it first.
 #
+# Installation ends by building DeepSpeed's CPU Adam op for this environment (ecomkit.parallel.zero.env.prebuild_cpu_adam),
+# once, as a wheel would be compiled; ZeRO's optimizer offload uses it.
+#
 # TORCH_SPEC pins torch for a reproducible CPU set-up (2.13.0 resolves to a CPU
 # build here). GPU users: see README, "GPU install".
 VENV       ?= .venv
@@ -21,6 +24,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade "pip>=24,<26.2"
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[notebooks,test]"
+	$(PY) -c "from ecomkit.parallel.zero.env import prebuild_cpu_adam; print(prebuild_cpu_adam())"
 	touch $(STAMP)
 
 # The main job: 2-process data-parallel training on the embedded synthetic catalog.

@@ -21,7 +21,7 @@ from ecomkit.measure.zero import max_relative_loss_difference
 from ecomkit.models.bloom import build_model
 from ecomkit.parallel.state_bytes import tensor_bytes, unique_storage_bytes
 from ecomkit.parallel.zero.config import build_zero_config, validate_user_config
-from ecomkit.parallel.zero.env import ensure_deepspeed_env, extensions_dir
+from ecomkit.parallel.zero.env import ensure_deepspeed_env, extensions_dir, prebuild_cpu_adam
 from ecomkit.parallel.zero.strategy import CPUAdamUnavailableWarning, _check_precision_supported, build_zero_optimizer
 from ecomkit.parallel.zero.variants import parse_variants
 from ecomkit.planner.zero_formulas import (SEQGPT_GUIDE_TABLE, check_guide_table, deepspeed_estimates, formula_bytes,
@@ -229,3 +229,18 @@ def test_deepspeed_does_not_build_its_inference_only_shm_op_on_cpu():
     ensure_deepspeed_env()
     import deepspeed.ops
     assert deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] is False
+
+
+def test_prebuild_reports_a_failed_cpu_adam_build_instead_of_failing_the_install(monkeypatch, tmp_path):
+    """make install builds CPU Adam once; without a compiler the install must go on (offload then falls back)."""
+    ensure_deepspeed_env()
+    from deepspeed.ops.op_builder import CPUAdamBuilder
+
+    def broken(self, verbose=True):
+        raise RuntimeError("Error building extension 'cpu_adam'\nninja: build stopped")
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(CPUAdamBuilder, "load", broken)
+    assert prebuild_cpu_adam() == "DeepSpeed CPU Adam: not built (RuntimeError: Error building extension 'cpu_adam')"
+    monkeypatch.setattr(CPUAdamBuilder, "load", lambda self, verbose=True: None)
+    assert prebuild_cpu_adam() == f"DeepSpeed CPU Adam: built (or already there) in {tmp_path}"

@@ -63,3 +63,25 @@ def extensions_dir() -> Path:
     """
     env = f"py{sys.version_info[0]}{sys.version_info[1]}-{hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]}"
     return Path.home() / ".cache" / "ecomkit" / "torch_extensions" / env
+
+
+def prebuild_cpu_adam() -> str:
+    """Build DeepSpeed's CPU Adam op into this environment's extensions folder now; returns what happened.
+
+    Why: optimizer offload needs it, and otherwise the first run that offloads
+    pays a JIT build of one to two minutes (two large C++ files) in the middle
+    of its start-up, on cores its own ranks are using. ``make install`` calls
+    this once per environment, like compiling a wheel. A failure (no compiler,
+    no Python headers) is reported and not fatal: offload then falls back to
+    torch AdamW with a warning, as it would at run time.
+    """
+    ensure_deepspeed_env()
+    folder = os.environ["TORCH_EXTENSIONS_DIR"]
+    try:
+        from deepspeed.ops.op_builder import CPUAdamBuilder  # lazy: heavy optional dependency (and the build)
+
+        CPUAdamBuilder().load(verbose=False)
+    except Exception as exc:  # a compiler missing, a failed build, an unsupported CPU: all mean "cannot build"
+        return f"DeepSpeed CPU Adam: not built ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    return f"DeepSpeed CPU Adam: built (or already there) in {folder}"
+
