@@ -82,6 +82,15 @@ def prebuild_cpu_adam() -> str:
 
         CPUAdamBuilder().load(verbose=False)
     except Exception as exc:  # a compiler missing, a failed build, an unsupported CPU: all mean "cannot build"
-        return f"DeepSpeed CPU Adam: not built ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        return f"DeepSpeed CPU Adam: not built ({build_error_summary(exc)})"
     return f"DeepSpeed CPU Adam: built (or already there) in {folder}"
 
+
+def build_error_summary(exc: BaseException) -> str:
+    """``"<type>: <first line>"`` of why a JIT op build failed (its cause when DeepSpeed wraps one).
+
+    A compiler's error runs to pages; the first line names it, and the install
+    log and the run-time fallback warning both print this one line.
+    """
+    cause = exc.__cause__ or exc
+    return f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"

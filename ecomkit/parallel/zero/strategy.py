@@ -53,7 +53,7 @@ from ecomkit.models.optim import build_optimizer, build_scheduler, param_groups
 from ecomkit.parallel.base import StepStats, Strategy
 from ecomkit.parallel.zero.checkpoint import consolidated_save_pretrained
 from ecomkit.parallel.zero.config import build_zero_config, save_zero_config
-from ecomkit.parallel.zero.env import ensure_deepspeed_env
+from ecomkit.parallel.zero.env import build_error_summary, ensure_deepspeed_env
 from ecomkit.parallel.zero.load import build_partitioned, partitioned_parameter_count
 from ecomkit.parallel.zero.state import zero_state_bytes
 
@@ -71,8 +71,7 @@ def _cpu_adam_or_none(groups: list[dict], cfg: TrainConfig) -> tuple[torch.optim
         return DeepSpeedCPUAdam(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8,
                                 weight_decay=cfg.weight_decay, adamw_mode=True), ""
     except Exception as exc:  # a compiler missing, a failed build, an unsupported CPU: all mean "cannot use it"
-        cause = exc.__cause__ or exc
-        return None, f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+        return None, build_error_summary(exc)
 
 
 def _all_ranks_agree(ok: bool, env: DistEnv) -> bool:
