@@ -47,7 +47,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -253,6 +253,27 @@ def worst_ratio_error(rows: Sequence[dict[str, Any]]) -> float:
     return max(abs(r["ratio"] - 1) for r in rows)
 
 
+def claimed_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of a time-model report whose prediction is claimed (not in :data:`NOT_MODELLED_ON_GLOO`)."""
+    return [r for r in report["rows"] if r["strategy"] not in NOT_MODELLED_ON_GLOO]
+
+
+def calibrate_with_one_rerun(job: Callable[[int], dict[str, Any]],
+                             tolerance: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``job(attempt)`` runs one fresh calibration job and returns its report; a second runs only on a miss.
+
+    Why: on a shared machine, a process that wakes up mid-job slows the measured
+    steps after the inputs were measured. A miss (a claimed row outside
+    ``tolerance``) gets one fresh job; the tolerance is not widened, and the
+    caller asserts on the last report. Returns (last report, every report), so
+    a first miss is shown, not hidden.
+    """
+    reports = [job(0)]
+    if any(abs(r["ratio"] - 1) > tolerance for r in claimed_rows(reports[0])):
+        reports.append(job(1))
+    return reports[-1], reports
+
+
 # ---------------------------------------------------------------------- the job
 class MeasureInputsCallback:
     """At the start of the first run, before its first step: the all-reduce sweep and the compute measurement."""
@@ -302,6 +323,7 @@ def run_calibration(cfg: TrainConfig, strategies: Sequence[str] = CALIBRATION_ST
 
 
 __all__ = ["ComputeMeasurement", "LinkFit", "fit_alpha_beta", "measure_link", "measure_compute", "measured_device",
-           "measured_links", "predict_cpu_step", "one_rank_mesh", "calibration_rows", "worst_ratio_error", "MeasureInputsCallback",
+           "measured_links", "predict_cpu_step", "one_rank_mesh", "calibration_rows", "worst_ratio_error", "claimed_rows", "calibrate_with_one_rerun",
+           "MeasureInputsCallback",
            "calibration_defaults", "run_calibration", "ALPHA_BETA_SIZES", "CPU_OVERLAP", "CALIBRATION_STRATEGIES",
            "NOT_MODELLED_ON_GLOO"]
