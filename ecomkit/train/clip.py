@@ -12,6 +12,8 @@ replicas drift apart).
 
 from __future__ import annotations
 
+from typing import Iterable, Sequence
+
 import torch
 
 from ecomkit.dist import DistEnv, all_reduce_mean
@@ -27,6 +29,16 @@ def sentiment_strength(polarity: torch.Tensor) -> float:
 def sentiment_clip_value(strength: float) -> float:
     """The guide's rule: 0.5 + 0.5 · min(strength, 2)."""
     return 0.5 + 0.5 * min(strength, 2.0)
+
+
+def clip_values_per_global_batch(polarity: torch.Tensor, rank_batches: Sequence[Iterable[Sequence[int]]]) -> list[float]:
+    """The rule's clip value for every optimizer step: the ranks' micro-batches of one step, joined.
+
+    ``rank_batches`` holds each rank's batch sampler (index lists), so a
+    notebook can show what the rule would set over an epoch without training.
+    """
+    return [sentiment_clip_value(sentiment_strength(polarity[[i for batch in step for i in batch]]))
+            for step in zip(*rank_batches)]
 
 
 class ClipPolicy:
