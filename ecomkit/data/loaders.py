@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-import numpy as np
 import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict, Features, Value, load_from_disk
 
 from ecomkit.data.arrow import cached_table, file_digest, fingerprint
+from ecomkit.data.stream import map_batches
 from ecomkit.data.tasks import check_task
 from ecomkit.data.validate import (
     ALL_FIELDS,
@@ -91,20 +91,19 @@ def load_records(path: str | os.PathLike, *, column_map: Mapping[str, str] | Non
     check_task(task)
     raw, from_file = _raw_table(path, column_map, task)
     key = fingerprint("validated", raw._fingerprint, column_map, label_map, max_chars)
-    validated = raw.map(_validate_batch, batched=True, with_indices=True, remove_columns=raw.column_names,
-                        features=VALIDATED_FEATURES, num_proc=num_proc if num_proc > 1 else None,
-                        fn_kwargs={"column_map": column_map, "label_map": label_map, "max_chars": max_chars,
-                                   "from_file": from_file}, new_fingerprint=key, desc="validating rows")
+    validated = map_batches(raw, _validate_batch, key=key, features=VALIDATED_FEATURES, num_proc=num_proc,
+                            fn_kwargs={"column_map": column_map, "label_map": label_map, "max_chars": max_chars,
+                                       "from_file": from_file}, desc="validating rows")
     report = _report(str(path), validated)
     if strict and report.counts:
         first = min(report.first_issue.values(), key=lambda issue: _row_number(issue.location))
         raise strict_error(str(path), first, {ours: theirs for theirs, ours in column_map.items()})
     _finish(report)
-    good = validated if not report.skipped else validated.select(
-        np.flatnonzero(pc.is_null(validated.data.column("_reason")).to_numpy(zero_copy_only=False)))
-    if good._indices is not None:
-        good = good.flatten_indices(new_fingerprint=fingerprint("kept", key))
-    return LoadResult(good.remove_columns(list(_ISSUE_COLUMNS)), report)
+    if not report.skipped:
+        return LoadResult(validated.remove_columns(list(_ISSUE_COLUMNS)), report)
+    good = map_batches(validated, _valid_rows, key=fingerprint("kept", key), features=RECORD_FEATURES,
+                       num_proc=num_proc, desc="keeping valid rows")
+    return LoadResult(good, report)
 
 
 def _row_number(location: str) -> int:
@@ -163,6 +162,12 @@ def _validate_batch(batch: dict[str, list], indices: list[int], column_map: Mapp
         for column, value in zip(_ISSUE_COLUMNS, (*issue, location)):
             out[column].append(value)
     return out
+
+
+def _valid_rows(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+    """The rows of a validated batch that have no issue, without the issue columns (a streaming filter)."""
+    keep = [i for i, reason in enumerate(batch["_reason"]) if reason is None]
+    return {name: [batch[name][i] for i in keep] for name in RECORD_FIELDS}
 
 
 def _file_row(batch: dict[str, list], i: int) -> dict:

@@ -6,11 +6,13 @@ NLU and instruction examples), and storing it keeps the training loop
 task-agnostic: it always computes the shifted cross-entropy over positions
 whose label is not -100.
 
-Tokenisation is one batched ``datasets.map`` over the record table (records →
-examples → ids, ``num_proc`` workers). On a table on disk the result is
-written next to it, memory-mapped, and named by a hash of the records, the
-tokenizer, the task, the labels and ``max_length``, so a second run maps it
-instead of tokenising again. A ``kind`` column (the index into
+Tokenisation is one batched map over the record table (records → examples →
+ids, ``num_proc`` workers; :func:`~ecomkit.data.stream.map_batches`). A table
+on disk is read batch by batch with plain reads, not through its memory map,
+so tokenising 10 M rows does not fill the resident set with the source's
+pages. The result is written to the data cache, memory-mapped, and named by a
+hash of the records, the tokenizer, the task, the labels and ``max_length``,
+so a second run maps it instead of tokenising again. A ``kind`` column (the index into
 :data:`~ecomkit.data.tasks.KINDS`) lets the build report count examples per kind,
 and a ``record`` column (the source record's row) lets it split examples by record.
 
@@ -33,6 +35,7 @@ from datasets import Dataset, Features, Sequence as ArrowList, Value
 
 from ecomkit.data.arrow import fingerprint, tokenizer_digest, unique_values
 from ecomkit.data.loaders import RECORD_FEATURES
+from ecomkit.data.stream import map_batches
 from ecomkit.data.tasks import CATEGORY_LABELS, KINDS, SENTIMENT_POLARITY, check_task, task_examples
 from ecomkit.data.validate import RECORD_FIELDS
 from ecomkit.errors import ConfigError
@@ -133,7 +136,7 @@ def tokenize_records(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, 
     produces several rows per record (see ``tasks.build_nlu_examples``).
     ``labels``: candidate labels per classification target (default: the
     built-in ones; ``category_labels`` sets the category candidates alone).
-    ``num_proc > 1`` tokenizes in worker processes with ``datasets.map``; the
+    ``num_proc > 1`` tokenizes in worker processes (``map_batches``); the
     tokenizer's own Rust thread pool is then switched off
     (``TOKENIZERS_PARALLELISM=false``) to avoid oversubscribing the cores.
     """
@@ -155,12 +158,10 @@ def tokenize_records(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, 
                          "record": Value("int64"), **({"polarity": Value("int8")} if with_polarity else {})})
     key = fingerprint("tokens", table._fingerprint, tokenizer_digest(tokenizer), task, max_length,
                       {k: list(v) for k, v in labels.items()}, with_polarity)
-    tokenized = table.map(_tokenize_batch, batched=True, with_indices=True, batch_size=1000,
-                          num_proc=n_proc if n_proc > 1 else None,
-                          remove_columns=table.column_names, features=features, new_fingerprint=key,
-                          fn_kwargs={"tokenizer": tokenizer, "task": task, "labels": labels,
-                                     "max_length": max_length, "with_polarity": with_polarity},
-                          desc="tokenizing")
+    tokenized = map_batches(table, _tokenize_batch, key=key, features=features, num_proc=n_proc,
+                            fn_kwargs={"tokenizer": tokenizer, "task": task, "labels": labels,
+                                       "max_length": max_length, "with_polarity": with_polarity},
+                            desc="tokenizing")
     order = [c for c in ("input_ids", "labels", "length", "polarity") if c in tokenized.column_names]
     return tokenized.select_columns(order + (["kind", "record"] if keep_kind else []))
 
