@@ -127,14 +127,18 @@ def main() -> None:
         print(f"(PowerSGD r=4 over all {args.steps} steps, warm-up included: "
               f"{by['powersgd:4']['fewer bytes (x)']:.1f}x)")
     print(f"outputs in {out}")
+    steps = sorted(dense["eval_curve"])
+    shown = sorted({steps[0], steps[len(steps) // 2], steps[-1]})   # early, middle, final: how the gap closes
+    for r in rows:
+        r.update({f"vs dense, step {s}": r["eval_curve"][s] / dense["eval_curve"][s] for s in shown})
     for r in rows:
         r["eval_curve"] = {str(k): v for k, v in r["eval_curve"].items()}
     write_artifact("bench_compression", rows, extra={
         "settings": vars(args),
         "columns": ["method", "fewer bytes (x)", "fewer bytes, compressed steps (x)", "eval_loss",
-                    "eval loss vs dense", "ms/step"],
-        "headers": ["method", "fewer bytes than dense", "on compressed steps", "final eval loss", "vs dense",
-                    "ms/step"],
+                    *(f"vs dense, step {s}" for s in shown), "ms/step"],
+        "headers": ["method", "fewer bytes than dense", "on compressed steps", "final eval loss",
+                    *(f"eval loss vs dense, step {s}" for s in shown), "ms/step"],
         "notes": notes})
 
 

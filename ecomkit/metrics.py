@@ -211,6 +211,19 @@ def time_split(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
     return out
 
 
+def replicated_work_bound(n: int, replicated_fraction: float) -> float:
+    """The best speed-up ``n`` data-parallel ranks can reach when part of the step is repeated on every rank.
+
+    Amdahl's law with ``replicated_fraction`` of the one-process step not divided by ``n``: DDP splits the
+    batch, but every rank still runs the whole optimizer step. With AdamW at 5 % of a one-process step, two
+    ranks cannot beat 1.90x even with free communication. Read the fraction off :func:`time_split`
+    (``optim``) of the one-process run.
+    """
+    if n < 1 or not 0.0 <= replicated_fraction <= 1.0:
+        raise ValueError(f"need n >= 1 and 0 <= replicated_fraction <= 1, got n={n}, {replicated_fraction}")
+    return 1.0 / ((1.0 - replicated_fraction) / n + replicated_fraction)
+
+
 def slowest_rank_throughput(own_rows: list[dict[str, Any]], env: DistEnv, warmup_steps: int = 1,
                             rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """:func:`throughput_summary` of ``rows`` (default: ``own_rows``) at the slowest rank's pace.

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ecomkit.metrics import attention_length, print_run_summary, throughput_lines, throughput_summary, time_split
+from ecomkit.metrics import (attention_length, print_run_summary, replicated_work_bound, throughput_lines,
+                             throughput_summary, time_split)
 from ecomkit.models.bloom import flops_per_token
 
 
@@ -81,3 +82,15 @@ def test_mfu_attention_term_uses_the_real_lengths_not_the_truncation_length():
     assert tokens * flops_per_token(n_params, n_layer, hidden, attention_length(tokens, squared)) == pytest.approx(exact)
     assert tokens * flops_per_token(n_params, n_layer, hidden, 128) > 1.01 * exact  # what cfg.seq_len overstated
     assert attention_length(0.0, 0.0) == 0.0
+
+
+def test_replicated_work_bound_is_amdahl():
+    assert replicated_work_bound(2, 0.0) == pytest.approx(2.0)
+    assert replicated_work_bound(8, 1.0) == pytest.approx(1.0)
+    assert replicated_work_bound(2, 0.05) == pytest.approx(1 / 0.525)       # 1.905: AdamW at 5 % of the step
+    bounds = [replicated_work_bound(n, 0.1) for n in (1, 2, 4, 8, 64)]
+    assert bounds[0] == pytest.approx(1.0) and bounds == sorted(bounds) and bounds[-1] < 10.0   # never past 1/f
+    with pytest.raises(ValueError):
+        replicated_work_bound(0, 0.1)
+    with pytest.raises(ValueError):
+        replicated_work_bound(2, 1.5)
