@@ -5,9 +5,10 @@ Each strategy runs its own chapter script under ``torchrun --nproc_per_node 2``
 (gloo on CPU, one thread per process) with the same model, data, sequence
 length, learning rate, steps and global batch (16 samples per optimizer step:
 8 per rank for the data-parallel strategies, 16 per step for TP=2, whose two
-ranks work on the same samples). Reported: samples/s (steady state: the loop's
-mean over steps 2..N), ms/step, peak memory per rank, final loss, and samples/s
-as a ratio to DDP. A strategy whose chapter script does not exist yet is
+ranks work on the same samples). Reported: samples/s (total samples of the
+steady steps, after the first, over their wall time at the slowest rank's
+pace), ms/step, peak memory per rank, final loss, and samples/s as a ratio to
+DDP. A strategy whose chapter script does not exist yet is
 printed as "not available yet"; one that fails prints its error and the
 others still run.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Render the README's "Measured results" tables from the newest artifact of each benchmark.
+"""Render the "Measured results" tables of README.md and docs/perf.md from the newest artifact of each benchmark.
 
 Every benchmark ends with ``common.write_artifact``, which writes
 ``benchmarks/results/<bench>-<yyyy-mm-dd>-<machine>.json`` (command, commit,
@@ -15,8 +15,8 @@ the newest artifact of that benchmark (newest date; for one date, the file
 written last). A benchmark without an artifact renders a line saying so, never
 old numbers.
 
-    python benchmarks/report.py            # rewrite README.md in place
-    python benchmarks/report.py --check    # exit 1 (and print a diff) if README.md is not what it would render
+    python benchmarks/report.py            # rewrite README.md and docs/perf.md in place
+    python benchmarks/report.py --check    # exit 1 (and print a diff) if either is not what it would render
 
 What a table shows comes from the artifact: ``extra["columns"]`` (row keys, in
 order; default: the keys of the first row), ``extra["headers"]`` (optional,
@@ -39,6 +39,7 @@ from ecomkit.launch import newest_artifacts  # the same artifact choice as the c
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 README = REPO / "README.md"
+DOCS = (README, REPO / "docs" / "perf.md")   # every page with report blocks
 BLOCK = re.compile(r"(<!-- report:(?P<bench>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 
 
@@ -109,26 +110,31 @@ def render_readme(text: str, results_dir: Path = RESULTS) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--check", action="store_true", help="exit 1 if README.md differs from what would be rendered")
-    p.add_argument("--readme", type=Path, default=README)
+    p.add_argument("--check", action="store_true", help="exit 1 if a page differs from what would be rendered")
+    p.add_argument("--readme", "--doc", dest="docs", type=Path, action="append",
+                   help="a page with report blocks (repeatable; default: README.md and docs/perf.md)")
     p.add_argument("--results", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    text = args.readme.read_text()
-    rendered = render_readme(text, args.results)
-    if args.check:
+    return max(_render_page(page, args.results, args.check) for page in (args.docs or DOCS))
+
+
+def _render_page(page: Path, results: Path, check: bool) -> int:
+    """Rewrite ``page`` (or with ``check``, compare it); 1 when ``check`` finds it stale."""
+    text = page.read_text()
+    rendered = render_readme(text, results)
+    if check:
         if rendered != text:
             sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), rendered.splitlines(True),
-                                                       str(args.readme), "rendered from artifacts"))
-            print(f"\n{args.readme} is out of date: run python benchmarks/report.py", file=sys.stderr)
+                                                       str(page), "rendered from artifacts"))
+            print(f"\n{page} is out of date: run python benchmarks/report.py", file=sys.stderr)
             return 1
-        print(f"{args.readme}: every report block matches its newest artifact "
-              f"({len(BLOCK.findall(text))} blocks)")
+        print(f"{page}: every report block matches its newest artifact ({len(BLOCK.findall(text))} blocks)")
         return 0
     if rendered != text:
-        args.readme.write_text(rendered)
-        print(f"rewrote {args.readme}")
+        page.write_text(rendered)
+        print(f"rewrote {page}")
     else:
-        print(f"{args.readme} already up to date")
+        print(f"{page} already up to date")
     return 0
 
 

@@ -119,7 +119,9 @@ def test_names_that_are_not_artifacts_are_ignored(tmp_path, name):
     assert report.newest_artifacts(tmp_path) == {}
 
 
-def test_the_repository_readme_matches_its_artifacts():
-    """The check ``make test`` runs: README.md's report blocks equal what the committed artifacts render."""
-    text = (ROOT / "README.md").read_text()
+@pytest.mark.parametrize("page", report.DOCS, ids=lambda p: p.name)
+def test_the_repository_pages_match_their_artifacts(page):
+    """The check ``make test`` runs: the report blocks of README.md and docs/perf.md equal what the artifacts render."""
+    text = page.read_text()
+    assert report.BLOCK.search(text), f"{page} has no report block"
     assert report.render_readme(text) == text, "run: python benchmarks/report.py"

@@ -9,10 +9,13 @@ Two steps, both written to memory-mapped Arrow tables cached by content hash
    ``undecodable_bytes`` with its line number, not a ``UnicodeDecodeError``
    that aborts the load; a BOM is dropped; quoted CSV fields may span lines
    and hold 100k characters.
-2. **Validate** with a batched ``datasets.map`` (``num_proc`` workers): each
-   row becomes a record of :data:`~ecomkit.data.validate.RECORD_FIELDS`, or a
-   reason. The report counts reasons (Arrow compute, no Python loop over rows);
-   strict mode raises on the first bad row, naming file, line and field.
+2. **Validate** with a batched map (:func:`~ecomkit.data.stream.map_batches`,
+   ``num_proc`` workers, the raw table read batch by batch rather than through
+   its memory map): each row becomes a record of
+   :data:`~ecomkit.data.validate.RECORD_FIELDS`, or a reason. The report counts
+   reasons (Arrow compute, no Python loop over rows); strict mode raises on the
+   first bad row, naming file, line and field. The valid rows are kept by a
+   second streaming pass, only when some rows were bad.
 
 ``column_map`` maps *your* column names to ecomkit fields, e.g.
 ``{"product_name": "title", "label": "sentiment"}``; error messages name your
