@@ -8,7 +8,8 @@ import pytest
 from datasets import Dataset, Features, Value
 
 from ecomkit.data import arrow, stream
-from ecomkit.data.stream import batch_offsets, map_batches, plan_pieces
+from ecomkit.data.stream import (batch_offsets, column_numpy, label_codes, lengths_array, map_batches, plan_pieces,
+                                 read_columns, unique_values)
 
 OUT = Features({"row": Value("int64"), "text": Value("string")})
 
@@ -33,11 +34,11 @@ def cache(tmp_path, monkeypatch) -> Path:
     return tmp_path / "cache" / "datasets"
 
 
-def _file_table(tmp_path: Path, n: int, text_chars: int = 8) -> Dataset:
+def _file_table(tmp_path: Path, n: int, text_chars: int = 8, batch: int = 700) -> Dataset:
     feats = Features({"text": Value("string"), "other": Value("int64")})
-    ds = arrow.cached_table(f"src{n}-{text_chars}", lambda: [
-        {"text": [f"r{i:06d}" + "x" * text_chars for i in range(s, min(s + 700, n))],
-         "other": list(range(s, min(s + 700, n)))} for s in range(0, n, 700)], feats)
+    ds = arrow.cached_table(f"src{n}-{text_chars}-{batch}", lambda: [
+        {"text": [f"r{i:06d}" + "x" * text_chars for i in range(s, min(s + batch, n))],
+         "other": list(range(s, min(s + batch, n)))} for s in range(0, n, batch)], feats)
     return ds
 
 
@@ -99,6 +100,29 @@ def test_pieces_are_capped_so_progress_moves(tmp_path, cache, monkeypatch):
     assert [p.first_row for p in pieces] == [sum(q.rows for q in pieces[:i]) for i in range(len(pieces))]
 
 
+def test_columns_read_without_the_map_equal_the_table(tmp_path, cache):
+    ds = _file_table(tmp_path, 2_100)
+    labels = [f"r{i:06d}" + "x" * 8 for i in (5, 2_000)]
+    for view in (ds, ds.select([2_000, 3, 5]), Dataset.from_dict(ds[:40])):       # files, indices, in memory
+        table = read_columns(view, ["text", "other"])
+        assert table.column("text").to_pylist() == list(view["text"])
+        assert column_numpy(view, "other").tolist() == list(view["other"])
+        assert sorted(unique_values(view, "text")) == sorted(set(view["text"]))
+        codes = label_codes(view, "text", labels)
+        assert codes.tolist() == [labels.index(t) if t in labels else -1 for t in view["text"]]
+    nulls = Dataset.from_dict({"sentiment": ["positive", None, "negative"], "length": [3, 1, 2]})
+    assert unique_values(nulls, "sentiment") == ["positive", None, "negative"]
+    assert label_codes(nulls, "sentiment", ["negative", "positive"]).tolist() == [1, -1, 0]
+    assert lengths_array(nulls).dtype.name == "int32" and lengths_array(nulls).tolist() == [3, 1, 2]
+
+
+def test_tables_are_written_in_large_record_batches(tmp_path, cache):
+    """10,000-row batches: opening a table maps each batch's header page, and 64 KiB around it."""
+    ds = arrow.cached_table("big-batches", lambda: [{"text": ["a"] * 25_000, "other": list(range(25_000))}],
+                            Features({"text": Value("string"), "other": Value("int64")}))
+    assert [rows for _, rows in batch_offsets(ds.cache_files[0]["filename"])] == [10_000, 10_000, 5_000]
+
+
 def _rss_file_bytes() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("RssFile:"):
@@ -123,9 +147,13 @@ def test_streaming_does_not_keep_the_source_pages_resident(tmp_path, cache):
     map_batches(ds, lengths, key="streamed", features=count)
     streamed = _rss_file_bytes() - before
     before = _rss_file_bytes()
+    assert column_numpy(ds, "other").sum() == sum(range(120_000))
+    column = _rss_file_bytes() - before                  # before Dataset.map below maps every page
+    before = _rss_file_bytes()
     ds.map(lengths, batched=True, with_indices=True, remove_columns=ds.column_names, features=count,
            cache_file_name=str(tmp_path / "plain.arrow"))
     mapped = _rss_file_bytes() - before
     assert size > 100e6
     assert streamed < 0.1 * size, f"streaming kept {streamed / 1e6:.0f} MB of a {size / 1e6:.0f} MB source resident"
+    assert column < 0.1 * size, f"reading one column kept {column / 1e6:.0f} MB of the source resident"
     assert mapped > 0.5 * size, f"Dataset.map kept only {mapped / 1e6:.0f} MB: the comparison no longer shows why"

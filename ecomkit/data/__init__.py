@@ -13,11 +13,12 @@ sampler needs only the lengths. Typical use::
                                       num_replicas=world_size, rank=rank, seed=0)
 """
 
-from ecomkit.data.arrow import data_cache_dir, lengths_array
+from ecomkit.data.arrow import data_cache_dir
 from ecomkit.data.build import BuildReport, build_datasets, stratified_split
 from ecomkit.data.catalog import CATEGORIES, CATEGORY_ENGLISH, generate_catalog, generate_catalog_chunks
 from ecomkit.data.loaders import LoadResult, load_records, write_csv, write_hf_dataset, write_jsonl
 from ecomkit.data.padding import PaddingComparison, compare_padding, epoch_micro_batches, padding_rate
+from ecomkit.data.stream import lengths_array, map_batches, read_columns
 from ecomkit.data.sampler import DistributedBatchSampler, plan_global_batches
 from ecomkit.data.tasks import (
     CATEGORY_LABELS,
@@ -39,7 +40,7 @@ from ecomkit.data.tokenize import IGNORE_INDEX, encode_prompt_answer, pad_collat
 from ecomkit.data.validate import REASONS, ValidationIssue, ValidationReport, check_label_map
 
 __all__ = [
-    "data_cache_dir", "lengths_array", "BuildReport", "build_datasets", "stratified_split", "CATEGORIES",
+    "data_cache_dir", "lengths_array", "map_batches", "read_columns", "BuildReport", "build_datasets", "stratified_split", "CATEGORIES",
     "CATEGORY_ENGLISH", "generate_catalog", "generate_catalog_chunks", "LoadResult", "load_records", "write_csv",
     "write_hf_dataset", "write_jsonl", "PaddingComparison", "compare_padding", "epoch_micro_batches",
     "padding_rate", "DistributedBatchSampler", "plan_global_batches", "CATEGORY_LABELS", "CLASSIFICATION_TASKS",

@@ -19,14 +19,13 @@ from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from datasets import Dataset
 
-from ecomkit.data.arrow import cached_table, column_numpy, fingerprint, unique_values
+from ecomkit.data.arrow import cached_table, fingerprint
 from ecomkit.data.catalog import MIN_ROWS, generate_catalog_chunks
 from ecomkit.data.loaders import RECORD_FEATURES, load_records
 from ecomkit.data.tasks import CLASSIFICATION_TASKS, KINDS, check_task, labels_from_values
+from ecomkit.data.stream import column_numpy, label_codes, unique_values
 from ecomkit.data.tokenize import tokenize_records
 from ecomkit.data.validate import RECORD_FIELDS, ValidationReport, check_bad_fraction
 from ecomkit.errors import ConfigError, DataError
@@ -151,10 +150,8 @@ def stratified_split(order: np.ndarray, strata: np.ndarray, fraction: float) -> 
 def _strata(records: Dataset, labels: Mapping[str, tuple[str, ...]], order: np.ndarray) -> np.ndarray:
     """One integer per row of ``order``: its (category, sentiment) combination, 0 for an absent label."""
     key = np.zeros(len(records), dtype=np.int64)
-    table = records.data.table
     for task in CLASSIFICATION_TASKS:
-        codes = pc.fill_null(pc.index_in(table.column(task), value_set=pa.array(labels[task], pa.string())), -1)
-        key = key * (len(labels[task]) + 1) + codes.to_numpy(zero_copy_only=False).astype(np.int64) + 1
+        key = key * (len(labels[task]) + 1) + label_codes(records, task, labels[task]) + 1
     return key[order]
 
 

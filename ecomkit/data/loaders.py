@@ -34,11 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+import numpy as np
 import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict, Features, Value, load_from_disk
 
 from ecomkit.data.arrow import cached_table, file_digest, fingerprint
-from ecomkit.data.stream import map_batches
+from ecomkit.data.stream import map_batches, read_columns
 from ecomkit.data.tasks import check_task
 from ecomkit.data.validate import (
     ALL_FIELDS,
@@ -114,16 +115,15 @@ def _row_number(location: str) -> int:
 
 
 def _report(source: str, validated: Dataset) -> ValidationReport:
-    """Counts per reason and the first row of each, from the issue columns (Arrow compute, no row loop)."""
-    reasons = validated.data.column("_reason")
+    """Counts per reason and the first row of each, from the issue column (read as codes, no row loop)."""
+    reasons = read_columns(validated, ["_reason"]).column(0).combine_chunks()   # dictionary-encoded
     report = ValidationReport(source=source, total=len(validated))
-    for item in pc.value_counts(reasons).to_pylist():
-        if item["values"] is None:
-            continue
-        first = pc.index(reasons, item["values"]).as_py()
-        row = validated[first]
-        report.add_issue(ValidationIssue(row["_reason"], row["_location"], row["_field"], row["_detail"]),
-                         count=item["counts"])
+    codes = pc.fill_null(reasons.indices, -1).to_numpy(zero_copy_only=False)
+    for code, count in enumerate(np.bincount(codes[codes >= 0], minlength=len(reasons.dictionary))):
+        if count:
+            row = validated[int(np.argmax(codes == code))]
+            report.add_issue(ValidationIssue(row["_reason"], row["_location"], row["_field"], row["_detail"]),
+                             count=int(count))
     report.kept = report.total - sum(report.counts.values())
     return report
 

@@ -31,12 +31,14 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import multiprocess
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from datasets import Dataset, Features, concatenate_datasets
 from datasets.arrow_writer import ArrowWriter
 from datasets.utils import tqdm as hf_tqdm
 
-from ecomkit.data.arrow import data_cache_dir
+from ecomkit.data.arrow import WRITER_BATCH_ROWS, data_cache_dir
 
 BatchFn = Callable[..., dict[str, list]]   # fn(batch: dict[str, list], indices: list[int], **fn_kwargs)
 MAX_PIECE_ROWS = 200_000                   # rows per shard: the progress bar moves at least this often
@@ -68,19 +70,26 @@ def batch_offsets(path: str) -> list[tuple[int, int]]:
             offsets.append((position, pa.ipc.read_record_batch(message, schema).num_rows))
 
 
+def _file_runs(ds: Dataset) -> list[tuple[str, int, int]] | None:
+    """``(file, byte offset, rows)`` of every record batch behind ``ds`` (its indices mapping aside), or None.
+
+    None unless the table is backed by files whose record batches hold exactly its rows (in the order of
+    ``ds.cache_files``) and whose schemas hold every column of the table.
+    """
+    files = [c["filename"] for c in ds.cache_files]
+    if not files or any(not set(ds.column_names) <= set(_file_schema(path).names) for path in files):
+        return None
+    runs = [(path, offset, rows) for path in files for offset, rows in batch_offsets(path)]
+    return runs if sum(rows for *_, rows in runs) == ds.data.num_rows else None
+
+
 def plan_pieces(ds: Dataset, num_proc: int) -> list[Piece] | None:
     """The table's rows as pieces read straight from its files, or None when they cannot be streamed.
 
-    Streamable: no indices mapping, backed by files whose record batches hold exactly the table's rows
-    (in the order of ``ds.cache_files``), and whose schemas hold every column of the table.
+    Streamable: no indices mapping, and backed by files as :func:`_file_runs` requires.
     """
-    files = [c["filename"] for c in ds.cache_files]
-    if ds._indices is not None or not files:
-        return None
-    if any(not set(ds.column_names) <= set(_file_schema(path).names) for path in files):
-        return None
-    runs = [(path, offset, rows) for path in files for offset, rows in batch_offsets(path)]
-    if sum(rows for *_, rows in runs) != len(ds):
+    runs = None if ds._indices is not None else _file_runs(ds)
+    if runs is None:
         return None
     target = min(MAX_PIECE_ROWS, max(1, math.ceil(len(ds) / (4 * num_proc))))
     pieces, current, first, rows = [], [], 0, 0
@@ -95,6 +104,75 @@ def plan_pieces(ds: Dataset, num_proc: int) -> list[Piece] | None:
     return pieces
 
 
+# ---------------------------------------------------------------------- columns, read without the memory map
+def read_columns(ds: Dataset, names: Sequence[str]) -> pa.Table:
+    """Columns of ``ds`` as an in-memory table, read batch by batch with plain reads when it is file-backed.
+
+    Why not ``ds.data.table.column(name)``: that reads through the memory map, and the kernel maps the
+    pages *around* each touched one too (fault-around, 64 KiB), so scanning even a one-byte column of a
+    3 GB table brings a large part of it into the resident set. String columns come back dictionary-encoded
+    (a 10 M-row label column is 40 MB of indices, not 10 M strings); other columns are copied out of each
+    batch, so no batch stays alive. Rows follow ``ds``'s indices mapping when it has one.
+    """
+    names = list(names)
+    runs = _file_runs(ds)
+    if runs is None or not runs:      # in memory (or files that do not hold exactly this table's rows)
+        table = ds.data.table.select(names)
+        table = pa.table({name: pa.chunked_array([_owned(c) for c in table.column(name).chunks],
+                                                 type=_owned_type(table.schema.field(name).type))
+                          for name in names})
+    else:
+        chunks: dict[str, list[pa.Array]] = {name: [] for name in names}
+        for path in dict.fromkeys(path for path, *_ in runs):
+            with pa.OSFile(path) as f:
+                for batch in pa.ipc.open_stream(f):
+                    for name in names:
+                        chunks[name].append(_owned(batch.column(name)))
+        table = pa.table({name: pa.chunked_array(parts) for name, parts in chunks.items()})
+    table = table.unify_dictionaries().combine_chunks()
+    return table if ds._indices is None else table.take(ds._indices.column(0))
+
+
+def _owned_type(arrow_type: pa.DataType) -> pa.DataType:
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return pa.dictionary(pa.int32(), arrow_type)
+    return arrow_type
+
+
+def _owned(column: pa.Array) -> pa.Array:
+    """A column in new buffers (dictionary-encoded when it holds strings): it keeps no read batch alive."""
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        return column.dictionary_encode()
+    return pa.concat_arrays([column])
+
+
+def column_numpy(ds: Dataset, name: str) -> np.ndarray:
+    """A numeric column as a numpy array (no list of Python objects for 10 M rows), read as :func:`read_columns`."""
+    return read_columns(ds, [name]).column(0).to_numpy()
+
+
+def unique_values(ds: Dataset, name: str) -> list:
+    """The distinct values of a column (None included when some rows lack it)."""
+    return pc.unique(read_columns(ds, [name]).column(0)).to_pylist()
+
+
+def label_codes(ds: Dataset, name: str, labels: Sequence[str]) -> np.ndarray:
+    """Per row, the index of the column's value in ``labels``; -1 where it is absent or not among them."""
+    column = read_columns(ds, [name]).column(0).combine_chunks()
+    value_set = pa.array(list(labels), pa.string())
+    if pa.types.is_dictionary(column.type):
+        lookup = pc.index_in(column.dictionary, value_set=value_set)
+        codes = pc.take(lookup, column.indices)
+    else:
+        codes = pc.index_in(column, value_set=value_set)
+    return pc.fill_null(codes, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def lengths_array(ds: Dataset) -> np.ndarray:
+    """The ``length`` column as int32: all that the length-bucketed sampler needs of a tokenized table."""
+    return column_numpy(ds, "length").astype(np.int32, copy=False)
+
+
 def _file_schema(path: str) -> pa.Schema:
     with pa.OSFile(path) as f:
         return pa.ipc.read_schema(pa.ipc.read_message(f))
@@ -105,7 +183,7 @@ def run_piece(piece: Piece, out_path: str, columns: Sequence[str], fn: BatchFn, 
     """Apply ``fn`` to a piece, ``batch_rows`` rows at a time, and write the output to ``out_path``; return its rows."""
     schemas: dict[str, pa.Schema] = {}
     row = piece.first_row
-    with ArrowWriter(features=features, path=out_path) as writer:
+    with ArrowWriter(features=features, path=out_path, writer_batch_size=WRITER_BATCH_ROWS) as writer:
         for path, offset in piece.batches:
             with pa.OSFile(path) as f:
                 schema = schemas.setdefault(path, pa.ipc.read_schema(pa.ipc.read_message(f)))
@@ -127,7 +205,7 @@ def _run_piece_args(args: tuple) -> int:
 
 
 def map_batches(ds: Dataset, fn: BatchFn, *, key: str, features: Features, num_proc: int = 1,
-                batch_rows: int = 1000, fn_kwargs: Mapping[str, Any] | None = None, desc: str = "") -> Dataset:
+                batch_rows: int = WRITER_BATCH_ROWS, fn_kwargs: Mapping[str, Any] | None = None, desc: str = "") -> Dataset:
     """``fn(batch, indices, **fn_kwargs)`` over ``ds`` in row order: a new table with ``features``, named by ``key``.
 
     ``fn`` gets a column dict of up to ``batch_rows`` rows and their row numbers, and returns a column dict

@@ -33,9 +33,9 @@ from typing import Any, Mapping, Sequence
 import torch
 from datasets import Dataset, Features, Sequence as ArrowList, Value
 
-from ecomkit.data.arrow import fingerprint, tokenizer_digest, unique_values
+from ecomkit.data.arrow import fingerprint, tokenizer_digest
 from ecomkit.data.loaders import RECORD_FEATURES
-from ecomkit.data.stream import map_batches
+from ecomkit.data.stream import map_batches, unique_values
 from ecomkit.data.tasks import CATEGORY_LABELS, KINDS, SENTIMENT_POLARITY, check_task, task_examples
 from ecomkit.data.validate import RECORD_FIELDS
 from ecomkit.errors import ConfigError
