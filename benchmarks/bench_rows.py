@@ -12,9 +12,11 @@ What it measures, each variant in a fresh process (its own peak RSS):
 
 Reported per variant: wall time, rows/s, the peak resident set (``ru_maxrss``)
 and the peak *anonymous* resident memory (sampled from ``/proc/self/status``
-every 0.2 s). The difference is file-backed pages of the memory-mapped tables:
-the kernel drops those under memory pressure, so the anonymous peak is what a
-run really needs; the goal (≤ 3 GB) is checked on both. The cache is a fresh
+every 0.2 s). The difference is file-backed pages: the shared libraries, and
+the pages of the memory-mapped tables that the process touched. The Arrow
+path reads its tables batch by batch with plain reads
+(:mod:`ecomkit.data.stream`), so only opening a table maps a few of its pages;
+the goal (≤ 3 GB) is checked on both figures. The cache is a fresh
 temporary folder, so nothing is reused from an earlier run. rows/s depends on
 the load of the machine (the artifact records the load average).
 
