@@ -16,6 +16,9 @@ rates.
    bound). The same pair runs again with 4 accumulation micro-steps per
    optimizer step (global batch x4), where the optimizer step and the
    all-reduce are paid once per 4 micro-batches; both results are kept.
+   Two independent copies of the 1-process run, started together with no
+   communication, measure the machine's own ceiling for two processes
+   (shared memory bandwidth and caches); DDP's ratio is shown against it.
 2. ecomkit / HF Trainer, both 2 processes, Trainer at its best with
    ``train_sampling_strategy="group_by_length"`` (goal: >= 1.3x). Trainer
    with its default random sampler runs too. For every run: padding and the
@@ -29,13 +32,14 @@ rates.
 from __future__ import annotations
 
 import argparse
+from concurrent.futures import ThreadPoolExecutor
 
 import datasets
 from common import bench_env, print_table, run_summary, verdict, write_artifact
 
 from ecomkit.data import build_datasets
 from ecomkit.data.padding import compare_padding, compare_rank_wait
-from ecomkit.metrics import replicated_work_bound
+from ecomkit.metrics import concurrent_ceiling, replicated_work_bound
 from ecomkit.models.tokenizer import get_tokenizer
 
 DDP_GOAL, TRAINER_GOAL = 1.9, 1.3
@@ -82,6 +86,9 @@ def main() -> None:
         "ecomkit DDP, random batches": run_summary(
             "02_data_parallel.py", common + ["--micro-batch-size", half, "--no-bucketed"], nproc=2),
     }
+    with ThreadPoolExecutor(2) as pool:   # the machine's own ceiling: two independent 1-process jobs, no comm
+        copies = list(pool.map(lambda _: run_summary("02_data_parallel.py", common + ["--micro-batch-size", str(gb)],
+                                                     nproc=1), range(2)))
     accum = common[:2] + ["--max-steps", str(args.accum_steps)] + common[4:] + ["--grad-accum", str(args.accum)]
     runs[f"ecomkit 1 process, accumulation {args.accum}"] = run_summary(
         "02_data_parallel.py", accum + ["--micro-batch-size", str(gb)], nproc=1)
@@ -102,6 +109,10 @@ def main() -> None:
     notes = []
     ddp = two["samples_per_s"] / one["samples_per_s"]
     notes.append(verdict("DDP 2 proc / 1 proc samples/s", ddp, f">= {DDP_GOAL}x", ddp >= DDP_GOAL))
+    ceiling = concurrent_ceiling(one["samples_per_s"], [c["samples_per_s"] for c in copies])
+    notes.append(f"this machine's ceiling: two independent 1-process jobs at once run {ceiling:.2f}x one alone "
+                 f"(no communication); DDP reaches {ddp / ceiling:.0%} of it")
+    print(notes[-1])
     optim = (one.get("time_split") or {}).get("optim", 0.0)
     notes.append(f"bound from the optimizer step every rank repeats ({optim:.1%} of the 1-process step): "
                  f"{replicated_work_bound(2, optim):.2f}x with free communication")

@@ -224,6 +224,18 @@ def replicated_work_bound(n: int, replicated_fraction: float) -> float:
     return 1.0 / ((1.0 - replicated_fraction) / n + replicated_fraction)
 
 
+def concurrent_ceiling(alone_rate: float, concurrent_rates: list[float]) -> float:
+    """How many times one process's throughput the machine gives when several independent copies run at once.
+
+    Why: N data-parallel processes share the machine's memory bandwidth, caches and (on a VM) whatever the
+    host gives the cores. Running N copies of the 1-process job side by side, with no communication at all,
+    measures that ceiling; DDP's N/1 ratio cannot beat it. ``alone_rate`` is the copy's rate run alone.
+    """
+    if alone_rate <= 0 or not concurrent_rates or min(concurrent_rates) <= 0:
+        raise ValueError(f"need positive rates, got alone={alone_rate}, concurrent={concurrent_rates}")
+    return sum(concurrent_rates) / alone_rate
+
+
 def slowest_rank_throughput(own_rows: list[dict[str, Any]], env: DistEnv, warmup_steps: int = 1,
                             rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """:func:`throughput_summary` of ``rows`` (default: ``own_rows``) at the slowest rank's pace.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ecomkit.metrics import (attention_length, print_run_summary, replicated_work_bound, throughput_lines,
-                             throughput_summary, time_split)
+from ecomkit.metrics import (attention_length, concurrent_ceiling, print_run_summary, replicated_work_bound,
+                             throughput_lines, throughput_summary, time_split)
 from ecomkit.models.bloom import flops_per_token
 
 
@@ -94,3 +94,12 @@ def test_replicated_work_bound_is_amdahl():
         replicated_work_bound(0, 0.1)
     with pytest.raises(ValueError):
         replicated_work_bound(2, 1.5)
+
+
+def test_concurrent_ceiling_sums_the_copies():
+    assert concurrent_ceiling(10.0, [9.0, 9.5]) == pytest.approx(1.85)
+    assert concurrent_ceiling(10.0, [10.0, 10.0, 10.0, 10.0]) == pytest.approx(4.0)
+    with pytest.raises(ValueError):
+        concurrent_ceiling(0.0, [1.0])
+    with pytest.raises(ValueError):
+        concurrent_ceiling(1.0, [])
