@@ -17,7 +17,7 @@ same cores, so async hides less than on a GPU node, where the GPU keeps
 training while the host writes. The load average is printed so a noisy
 machine is recognisable.
 
-    python benchmarks/bench_checkpoint.py [--model small] [--steps 6] [--interval 3] [--repeats 2]
+    python benchmarks/bench_checkpoint.py [--model small] [--steps 9] [--interval 3] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ def train_block(model, opt, batch, steps: int, writer: CheckpointWriter | None, 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="small")
-    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--steps", type=int, default=9)
     p.add_argument("--interval", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5, help="blocks per configuration (median); 2 was too few to tell the wall times apart")
     p.add_argument("--micro-batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=128)
     args = p.parse_args()

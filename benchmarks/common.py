@@ -164,6 +164,10 @@ def write_artifact(bench: str, rows: list[dict[str, Any]], extra: dict[str, Any]
     out_dir = Path(results_dir) if results_dir is not None else RESULTS
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{bench}-{doc['date']}-{doc['machine']}.json"
+    for k in range(2, 1000):     # a second run on the same day keeps the first one's file
+        if not path.exists():
+            break
+        path = out_dir / f"{bench}-{doc['date']}-{doc['machine']}-{k}.json"
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     print(f"artifact: {os.path.relpath(path, REPO) if path.is_relative_to(REPO) else path}")
     return path

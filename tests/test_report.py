@@ -45,13 +45,14 @@ whatever was here before
 """
 
 
-def _artifact(results: Path, date: str, rows: list[dict], notes=(), mtime: float | None = None) -> Path:
-    doc = {"bench": "bench_tok", "date": date, "command": "python benchmarks/bench_tok.py --rows 10",
+def _artifact(results: Path, date: str, rows: list[dict], notes=(), mtime: float | None = None,
+              time_utc: str = "", suffix: str = "") -> Path:
+    doc = {"bench": "bench_tok", "date": date, "time_utc": time_utc, "command": "python benchmarks/bench_tok.py --rows 10",
            "machine": "cpu2", "cpu_model": "Test CPU", "cores": 2, "gpu": None, "commit": "0123456789abcdef",
            "dirty": False, "versions": {"torch": "2.13.0+cpu"}, "load_before": [0.5, 0.4, 0.3],
            "load_after": [1.25, 0.5, 0.3], "rows": rows,
            "extra": {"columns": ["num_proc", "rows_per_s"], "headers": ["processes", "rows/s"], "notes": list(notes)}}
-    path = results / f"bench_tok-{date}-cpu2.json"
+    path = results / f"bench_tok-{date}-cpu2{suffix}.json"
     path.write_text(json.dumps(doc))
     if mtime is not None:
         os.utime(path, (mtime, mtime))
@@ -83,6 +84,12 @@ def test_renders_the_newest_artifact_between_the_markers(tmp_path):
 def test_same_date_the_file_written_last_wins(tmp_path):
     old = _artifact(tmp_path, "2026-02-01", [{"num_proc": 1, "rows_per_s": 5.0}], mtime=1_000)
     assert report.newest_artifacts(tmp_path) == {"bench_tok": old}
+    # a second run that day (write_artifact adds "-2"): the time written inside decides, not the file's mtime,
+    # which a fresh clone sets to the checkout
+    later = _artifact(tmp_path, "2026-02-01", [{"num_proc": 1, "rows_per_s": 6.0}], mtime=500,
+                      time_utc="2026-02-01T10:00:00+00:00", suffix="-2")
+    assert report.newest_artifacts(tmp_path) == {"bench_tok": later}
+    old = later
     (tmp_path / "notes.txt").write_text("not an artifact")
     (tmp_path / "bench_compression_2026-11-29_cpu.txt").write_text("old text report")
     assert report.newest_artifacts(tmp_path) == {"bench_tok": old}
@@ -125,3 +132,12 @@ def test_the_repository_pages_match_their_artifacts(page):
     text = page.read_text()
     assert report.BLOCK.search(text), f"{page} has no report block"
     assert report.render_readme(text) == text, "run: python benchmarks/report.py"
+
+
+def test_a_second_run_on_the_same_day_keeps_the_first_artifact(tmp_path):
+    common = _load("common")
+    first = common.write_artifact("bench_tok", [{"rows_per_s": 1.0}], results_dir=tmp_path)
+    second = common.write_artifact("bench_tok", [{"rows_per_s": 2.0}], results_dir=tmp_path)
+    assert first != second and first.exists() and second.name.endswith("-2.json")
+    assert json.loads(first.read_text())["rows"] == [{"rows_per_s": 1.0}]
+    assert report.newest_artifacts(tmp_path) == {"bench_tok": second}
