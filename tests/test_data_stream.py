@@ -108,11 +108,11 @@ def test_columns_read_without_the_map_equal_the_table(tmp_path, cache):
         assert table.column("text").to_pylist() == list(view["text"])
         assert column_numpy(view, "other").tolist() == list(view["other"])
         assert sorted(unique_values(view, "text")) == sorted(set(view["text"]))
-        codes = label_codes(view, "text", labels)
+        codes = label_codes(table.column("text"), labels)
         assert codes.tolist() == [labels.index(t) if t in labels else -1 for t in view["text"]]
     nulls = Dataset.from_dict({"sentiment": ["positive", None, "negative"], "length": [3, 1, 2]})
     assert unique_values(nulls, "sentiment") == ["positive", None, "negative"]
-    assert label_codes(nulls, "sentiment", ["negative", "positive"]).tolist() == [1, -1, 0]
+    assert label_codes(read_columns(nulls, ["sentiment"]).column(0), ["negative", "positive"]).tolist() == [1, -1, 0]
     assert lengths_array(nulls).dtype.name == "int32" and lengths_array(nulls).tolist() == [3, 1, 2]
 
 

@@ -19,13 +19,15 @@ from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from datasets import Dataset
 
 from ecomkit.data.arrow import cached_table, fingerprint
 from ecomkit.data.catalog import MIN_ROWS, generate_catalog_chunks
 from ecomkit.data.loaders import RECORD_FEATURES, load_records
 from ecomkit.data.tasks import CLASSIFICATION_TASKS, KINDS, check_task, labels_from_values
-from ecomkit.data.stream import column_numpy, label_codes, unique_values
+from ecomkit.data.stream import label_codes, read_columns
 from ecomkit.data.tokenize import tokenize_records
 from ecomkit.data.validate import RECORD_FIELDS, ValidationReport, check_bad_fraction
 from ecomkit.errors import ConfigError, DataError
@@ -100,9 +102,11 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
         keep = np.sort(np.random.default_rng([seed, 1]).permutation(n_valid)[:max_rows])
         records = records.select(keep).flatten_indices(
             new_fingerprint=fingerprint("capped", records._fingerprint, max_rows, seed))
-    labels = {t: labels_from_values(unique_values(records, t), t) for t in CLASSIFICATION_TASKS}
+    targets = read_columns(records, CLASSIFICATION_TASKS)      # one pass over the table for every target
+    labels = {t: labels_from_values(pc.unique(targets.column(t)).to_pylist(), t) for t in CLASSIFICATION_TASKS}
     order = np.random.default_rng(seed).permutation(len(records))
-    eval_idx, train_idx = stratified_split(order, _strata(records, labels, order), eval_fraction)
+    eval_idx, train_idx = stratified_split(order, _strata(targets, labels, order), eval_fraction)
+    del targets                                                  # not held while the table is tokenised
     if len(train_idx) == 0:
         raise DataError(f"{source}: only {len(order)} usable records, too few to split off an eval set with "
                         f"eval_fraction={eval_fraction}. Provide more rows.")
@@ -110,14 +114,15 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     # examples by their source record: training rows in table order (the sampler shuffles), eval rows in the
     # random order of the eval records. Reading a table through an indices mapping would cost memory per row.
     tokenized = tokenize_records(records, tokenizer, task, max_length, num_proc, labels=labels, keep_kind=True)
-    source_record = column_numpy(tokenized, "record")
+    built = read_columns(tokenized, ["record", "kind"])
+    source_record = built.column("record").to_numpy()
     position = np.full(len(records), -1, dtype=np.int64)
     position[eval_idx] = np.arange(len(eval_idx))
     row_position = position[source_record]
     eval_rows = np.flatnonzero(row_position >= 0)
     eval_rows = eval_rows[np.argsort(row_position[eval_rows], kind="stable")]
     train_rows = np.flatnonzero(row_position < 0)
-    kinds = np.bincount(column_numpy(tokenized, "kind").astype(np.int64), minlength=len(KINDS))
+    kinds = np.bincount(built.column("kind").to_numpy().astype(np.int64), minlength=len(KINDS))
     if kinds.sum() == 0:
         raise DataError(f"{source}: no {task} example could be built from {len(order):,} valid records. For task "
                         f"'nlu' a record needs a target (category, sentiment, brand, price) and a text to read it "
@@ -147,11 +152,11 @@ def stratified_split(order: np.ndarray, strata: np.ndarray, fraction: float) -> 
     return order[chosen], order[~chosen]
 
 
-def _strata(records: Dataset, labels: Mapping[str, tuple[str, ...]], order: np.ndarray) -> np.ndarray:
-    """One integer per row of ``order``: its (category, sentiment) combination, 0 for an absent label."""
-    key = np.zeros(len(records), dtype=np.int64)
+def _strata(targets: pa.Table, labels: Mapping[str, tuple[str, ...]], order: np.ndarray) -> np.ndarray:
+    """One integer per row of ``order``: its combination of target labels, 0 for an absent label."""
+    key = np.zeros(targets.num_rows, dtype=np.int64)
     for task in CLASSIFICATION_TASKS:
-        key = key * (len(labels[task]) + 1) + label_codes(records, task, labels[task]) + 1
+        key = key * (len(labels[task]) + 1) + label_codes(targets.column(task), labels[task]) + 1
     return key[order]
 
 

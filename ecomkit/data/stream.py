@@ -70,14 +70,24 @@ def batch_offsets(path: str) -> list[tuple[int, int]]:
             offsets.append((position, pa.ipc.read_record_batch(message, schema).num_rows))
 
 
-def _file_runs(ds: Dataset) -> list[tuple[str, int, int]] | None:
-    """``(file, byte offset, rows)`` of every record batch behind ``ds`` (its indices mapping aside), or None.
+def _stream_files(ds: Dataset) -> list[str] | None:
+    """The files behind ``ds`` in order (its indices mapping aside), or None when it is not file-backed.
 
-    None unless the table is backed by files whose record batches hold exactly its rows (in the order of
-    ``ds.cache_files``) and whose schemas hold every column of the table.
+    None too when a file's schema lacks one of the table's columns (a renamed column, say).
     """
     files = [c["filename"] for c in ds.cache_files]
     if not files or any(not set(ds.column_names) <= set(_file_schema(path).names) for path in files):
+        return None
+    return files
+
+
+def _file_runs(ds: Dataset) -> list[tuple[str, int, int]] | None:
+    """``(file, byte offset, rows)`` of every record batch behind ``ds`` (its indices mapping aside), or None.
+
+    None unless :func:`_stream_files` finds the files and their record batches hold exactly the table's rows.
+    """
+    files = _stream_files(ds)
+    if files is None:
         return None
     runs = [(path, offset, rows) for path in files for offset, rows in batch_offsets(path)]
     return runs if sum(rows for *_, rows in runs) == ds.data.num_rows else None
@@ -115,22 +125,28 @@ def read_columns(ds: Dataset, names: Sequence[str]) -> pa.Table:
     batch, so no batch stays alive. Rows follow ``ds``'s indices mapping when it has one.
     """
     names = list(names)
-    runs = _file_runs(ds)
-    if runs is None or not runs:      # in memory (or files that do not hold exactly this table's rows)
+    files = _stream_files(ds)
+    table = _read_files(files, names) if files else None
+    if table is None or table.num_rows != ds.data.num_rows:   # in memory, or files that are not exactly the table
         table = ds.data.table.select(names)
         table = pa.table({name: pa.chunked_array([_owned(c) for c in table.column(name).chunks],
                                                  type=_owned_type(table.schema.field(name).type))
                           for name in names})
-    else:
-        chunks: dict[str, list[pa.Array]] = {name: [] for name in names}
-        for path in dict.fromkeys(path for path, *_ in runs):
-            with pa.OSFile(path) as f:
-                for batch in pa.ipc.open_stream(f):
-                    for name in names:
-                        chunks[name].append(_owned(batch.column(name)))
-        table = pa.table({name: pa.chunked_array(parts) for name, parts in chunks.items()})
     table = table.unify_dictionaries().combine_chunks()
     return table if ds._indices is None else table.take(ds._indices.column(0))
+
+
+def _read_files(files: Sequence[str], names: Sequence[str]) -> pa.Table | None:
+    """``names`` from every record batch of ``files``, in order, in new buffers; None when there is no batch."""
+    chunks: dict[str, list[pa.Array]] = {name: [] for name in names}
+    for path in files:
+        with pa.OSFile(path) as f:
+            for batch in pa.ipc.open_stream(f):
+                for name in names:
+                    chunks[name].append(_owned(batch.column(name)))
+    if not chunks[names[0]]:
+        return None
+    return pa.table({name: pa.chunked_array(parts) for name, parts in chunks.items()})
 
 
 def _owned_type(arrow_type: pa.DataType) -> pa.DataType:
@@ -156,9 +172,10 @@ def unique_values(ds: Dataset, name: str) -> list:
     return pc.unique(read_columns(ds, [name]).column(0)).to_pylist()
 
 
-def label_codes(ds: Dataset, name: str, labels: Sequence[str]) -> np.ndarray:
-    """Per row, the index of the column's value in ``labels``; -1 where it is absent or not among them."""
-    column = read_columns(ds, [name]).column(0).combine_chunks()
+def label_codes(column: pa.Array | pa.ChunkedArray, labels: Sequence[str]) -> np.ndarray:
+    """Per row of a :func:`read_columns` column, the index of its value in ``labels``; -1 where absent or unknown."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
     value_set = pa.array(list(labels), pa.string())
     if pa.types.is_dictionary(column.type):
         lookup = pc.index_in(column.dictionary, value_set=value_set)
