@@ -73,8 +73,11 @@ def main() -> None:
     ap.add_argument("--accum", type=int, default=4, help="accumulation micro-steps of the second DDP pair")
     ap.add_argument("--accum-steps", type=int, default=12, help="optimizer steps of the second DDP pair")
     args = ap.parse_args()
-    common = ["--model", args.model, "--max-steps", str(args.steps), "--eval-interval", "0", "--eval-batches", "1",
-              "--n-rows", str(args.n_rows), "--seq-len", str(args.seq_len), "--no-save-model", "--lr", "1e-3"]
+    def flags(steps: int) -> list[str]:
+        return ["--model", args.model, "--max-steps", str(steps), "--eval-interval", "0", "--eval-batches", "1",
+                "--n-rows", str(args.n_rows), "--seq-len", str(args.seq_len), "--no-save-model", "--lr", "1e-3"]
+
+    common = flags(args.steps)
     gb, half = args.global_batch, str(args.global_batch // 2)
     runs = {
         "ecomkit 1 process": run_summary("02_data_parallel.py", common + ["--micro-batch-size", str(gb)], nproc=1),
@@ -89,7 +92,7 @@ def main() -> None:
     with ThreadPoolExecutor(2) as pool:   # the machine's own ceiling: two independent 1-process jobs, no comm
         copies = list(pool.map(lambda _: run_summary("02_data_parallel.py", common + ["--micro-batch-size", str(gb)],
                                                      nproc=1), range(2)))
-    accum = common[:2] + ["--max-steps", str(args.accum_steps)] + common[4:] + ["--grad-accum", str(args.accum)]
+    accum = flags(args.accum_steps) + ["--grad-accum", str(args.accum)]
     runs[f"ecomkit 1 process, accumulation {args.accum}"] = run_summary(
         "02_data_parallel.py", accum + ["--micro-batch-size", str(gb)], nproc=1)
     runs[f"ecomkit DDP, accumulation {args.accum}"] = run_summary(
