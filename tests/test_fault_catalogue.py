@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ecomkit.faults.diagnose import StallDemoResult, hang_watchdog_reports, main_thread_stack
+from ecomkit.faults.diagnose import StallDemoResult, hang_watchdog_reports, main_thread_stack, pids_in_line
 from ecomkit.faults.known_errors import (
     KNOWN_ERRORS,
     backend_message,
@@ -130,6 +130,12 @@ def test_main_thread_stack_keeps_only_the_main_thread():
     main = main_thread_stack(PY_SPY_DUMP)
     assert "all_reduce" in main and "_reduce_counts" in main and "hang-watchdog" not in main
     assert main_thread_stack("py-spy is not installed") == "py-spy is not installed"
+
+
+def test_pids_are_read_from_interleaved_rank_lines():
+    # two ranks' start-up lines in one output line (their writes interleaved): both pids are read
+    assert pids_in_line("[rank 0] pid 101 on h[rank 1] pid 202 on h") == {0: 101, 1: 202}
+    assert pids_in_line("[rank 1] stalling for 600 s after step 4 (pid 202): ...") == {}
 
 
 def test_hang_watchdog_reports_are_cut_from_the_job_output():

@@ -68,12 +68,16 @@ class StallInjector:
         self.rank, self.at_step, self.seconds = rank, at_step, seconds
 
     def on_train_start(self, run: Any) -> None:
-        print(f"[rank {run.env.rank}] pid {os.getpid()} on {socket.gethostname()}", flush=True)
+        # one write, not print(): under ``python -u`` print writes the text and the newline separately, so
+        # two ranks' lines can interleave into one ("[rank 0] pid 1 on h[rank 1] pid 2 on h\n\n")
+        sys.stdout.write(f"[rank {run.env.rank}] pid {os.getpid()} on {socket.gethostname()}\n")
+        sys.stdout.flush()
 
     def on_step_end(self, run: Any, row: dict[str, Any]) -> None:
         if run.env.rank == self.rank and run.step == self.at_step:
-            print(f"[rank {run.env.rank}] stalling for {self.seconds:g} s after step {run.step} "
-                  f"(pid {os.getpid()}): the other ranks now wait in their next collective", flush=True)
+            sys.stdout.write(f"[rank {run.env.rank}] stalling for {self.seconds:g} s after step {run.step} "
+                             f"(pid {os.getpid()}): the other ranks now wait in their next collective\n")
+            sys.stdout.flush()
             time.sleep(self.seconds)
 
 
@@ -163,6 +167,11 @@ _PID_LINE = re.compile(r"\[rank (\d+)\] pid (\d+)")
 _STALL_LINE = re.compile(r"\[rank (\d+)\] stalling for")
 
 
+def pids_in_line(line: str) -> dict[int, int]:
+    """Rank -> pid of every ``[rank R] pid P`` in one output line (two ranks' lines can share one)."""
+    return {int(m.group(1)): int(m.group(2)) for m in _PID_LINE.finditer(line)}
+
+
 def _py_spy_dump(pid: int) -> str:
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(exe).exists():
@@ -190,11 +199,10 @@ def run_stall_demo(args: Sequence[str] = (), nproc: int = 2, dump_after_s: float
 
     def watch(line: str) -> None:
         nonlocal t_stall
-        if m := _PID_LINE.search(line):
-            pids[int(m.group(1))] = int(m.group(2))
+        pids.update(pids_in_line(line))
         if t_stall is None and _STALL_LINE.search(line):
             t_stall = time.perf_counter()
-            threading.Thread(target=_dump_all, args=(pids, stacks, dump_after_s), daemon=True).start()
+            threading.Thread(target=_dump_all, args=(pids, stacks, dump_after_s, nproc), daemon=True).start()
 
     proc = stream_command(cmd, cwd=root, env=child_env(env), timeout=timeout, live=live, on_line=watch)
     t_end = time.perf_counter()
@@ -204,10 +212,12 @@ def run_stall_demo(args: Sequence[str] = (), nproc: int = 2, dump_after_s: float
     return StallDemoResult(proc.returncode, out, (t_end - t_stall) if t_stall else None, t_end - t0, stacks, expl)
 
 
-def _dump_all(pids: dict[int, int], stacks: dict[int, str], delay: float) -> None:
+def _dump_all(pids: dict[int, int], stacks: dict[int, str], delay: float, nproc: int) -> None:
+    """``py-spy dump`` every rank; a rank whose pid line was not seen gets a line saying so, not silence."""
     time.sleep(delay)
-    for rank, pid in sorted(pids.items()):
-        stacks[rank] = _py_spy_dump(pid)
+    for rank in range(nproc):
+        stacks[rank] = _py_spy_dump(pids[rank]) if rank in pids else \
+            f"no '[rank {rank}] pid ...' line in the job's output before the stall: its pid is unknown"
 
 
 # ---------------------------------------------------------------------- diagnose
