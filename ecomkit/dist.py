@@ -26,7 +26,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -290,17 +290,29 @@ def timed(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, device: torc
     times its wait for a late peer, and CUDA work is synchronised before the
     clock is read (``device``). ``repeats=1, warmup=0`` times a single call.
     """
+    return timed_phases([fn], repeats, warmup, device)[0]
+
+
+def timed_phases(fns: Sequence[Callable[[], Any]], repeats: int = 5, warmup: int = 1,
+                 device: torch.device | None = None) -> list[float]:
+    """Median seconds of each of ``fns``, run in order ``repeats`` times (each started together on all ranks).
+
+    For work whose phases must alternate, such as a DeepSpeed engine's backward
+    and its step: each phase is timed on its own, and every run does them all.
+    """
     for _ in range(warmup):
-        fn()
-    times = []
+        for fn in fns:
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        barrier_if_distributed()
-        _synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        _synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for fn, phase_times in zip(fns, times):
+            barrier_if_distributed()
+            _synchronize(device)
+            t0 = time.perf_counter()
+            fn()
+            _synchronize(device)
+            phase_times.append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
 
 
 _SIGNAL_REGISTERED = False

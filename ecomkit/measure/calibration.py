@@ -6,16 +6,20 @@ GPU, measured here instead, **before** any of the predicted runs trains:
 
 - **compute**: one process's forward + backward of the model at the training
   micro-batch (no communication), and one AdamW step with gradient clipping on
-  all Ψ parameters. The same again for FSDP2 on a one-rank mesh: FSDP2 copies
-  every parameter into and out of its all-gather buffers and dispatches
-  DTensor ops, CPU work that plain compute does not have; on one rank its
-  collectives move nothing, so this too is compute alone. They become a "GPU" (:func:`measured_device`): a peak of
-  ``model FLOPs / fwd_bwd_s`` at efficiency 1 (so the planner's compute term
-  is exactly the measured time, times the accumulation), and an "HBM
-  bandwidth" of ``28 bytes × Ψ / optimizer_s`` (so its optimizer term on
-  ``Ψ/N`` local parameters is the measured step scaled by ``1/N``). The
-  processes measure at the same time, each alone with its model, so they
-  share the cores as the training processes will.
+  all Ψ parameters. The same again for each sharding engine on a data-parallel
+  group of this rank alone, where its collectives move nothing:
+  FSDP2 on a one-rank mesh (its DTensor dispatch and per-parameter copies),
+  and a DeepSpeed ZeRO-2 engine (:func:`ecomkit.parallel.zero.probe.one_rank_engine`:
+  its gradient hooks and buckets, the flat fp32 partition and the copies into
+  and out of it). Each strategy is priced with its own engine's measurement
+  (:meth:`ComputeMeasurement.for_strategy`). They become a "GPU"
+  (:func:`measured_device`): a peak of ``model FLOPs / fwd_bwd_s`` at
+  efficiency 1 (so the planner's compute term is exactly the measured time,
+  times the accumulation), and an "HBM bandwidth" of ``28 bytes × Ψ /
+  optimizer_s`` (so its optimizer term on ``Ψ/N`` local parameters is the
+  measured step scaled by ``1/N``). The processes measure at the same time,
+  each alone with its model, so they share the cores as the training
+  processes will.
 - **network**: chapter 01's all-reduce sweep
   (:func:`ecomkit.envcheck.collectives.measure_all_reduce_bandwidth`, fp32
   sums of 1 KiB to 64 MiB, slowest rank) fitted to the ring model
@@ -23,12 +27,10 @@ GPU, measured here instead, **before** any of the predicted runs trains:
   sweep for all-gather and reduce-scatter, each fitted to its own ring
   formula: gloo's all-gather and reduce-scatter move bytes several times
   slower than its all-reduce (the report prints each fit), so one all-reduce
-  fit would price FSDP's collectives far too low. Each
-  becomes a link (:func:`measured_links`).
-
-On gloo the prediction is claimed for DDP only: ZeRO-2's collectives and
-FSDP2's buffer copies are not what the model prices
-(:data:`NOT_MODELLED_ON_GLOO` says why), so their rows are reported, not claimed.
+  fit would price FSDP's collectives far too low. FSDP2's collectives are
+  swept as FSDP2 issues them on more than one rank (:func:`_collective`:
+  fresh buffers, the copy-in and copy-out, the divisions gloo needs), work
+  its one-rank path skips. Each becomes a link (:func:`measured_links`).
 
 ``overlap`` is 0 on this CPU, set before any measurement: with one thread per
 process and no spare core, gloo's communication thread takes its core from
@@ -54,7 +56,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from ecomkit.config import TrainConfig
-from ecomkit.dist import timed
+from ecomkit.dist import DistEnv, timed, timed_phases
 from ecomkit.envcheck.collectives import measure_all_reduce_bandwidth
 from ecomkit.hardware import GpuSpec, LinkSpec
 from ecomkit.measure.activations import causal_lm_loss
@@ -62,6 +64,7 @@ from ecomkit.measure.strategy_states import PlannerStrategy
 from ecomkit.models.bloom import count_parameters, flops_per_token
 from ecomkit.models.optim import build_optimizer
 from ecomkit.parallel.fsdp import apply_fsdp
+from ecomkit.parallel.zero.probe import one_rank_engine
 from ecomkit.planner.memory import PlanInput
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import ADAM_BYTES_PER_ELEMENT, StepTime, predict_step_time
@@ -70,16 +73,6 @@ from ecomkit.train.sweep import run_sweep
 ALPHA_BETA_SIZES = [2**10 * 4**i for i in range(9)]     # 1 KiB … 64 MiB, chapter 01's sweep
 CPU_OVERLAP = 0.0
 CALIBRATION_STRATEGIES = ("ddp", "zero2", "fsdp2")
-# Where the model's collectives are not what the library runs on gloo, so its prediction is reported, not claimed.
-NOT_MODELLED_ON_GLOO = {
-    "zero2": "the model prices DeepSpeed's collectives as they are (a bucket all-reduce of the gradients and an "
-             "all-gather of the weights), but not the CPU work of its engine: flattening gradients into "
-             "buckets, copying each rank's partition into the fp32 master copy and the 16-bit weights back, "
-             "which on a CPU takes the same cores as compute",
-    "fsdp2": "its one-rank copies and DTensor dispatch are measured and priced (fsdp_fwd_bwd_s), yet the "
-             "2-process step is still slower than that compute plus the fitted all-gathers and "
-             "reduce-scatters: what else FSDP2 does per collective on gloo is not yet measured apart",
-}
 
 
 # ---------------------------------------------------------------------- the measured inputs
@@ -95,6 +88,14 @@ class ComputeMeasurement:
     model_flops: float        # of one micro-batch (6Ψ + attention, per token)
     fsdp_fwd_bwd_s: float | None = None    # FSDP2 on a one-rank mesh: its copies and DTensor dispatch, no traffic
     fsdp_optimizer_s: float | None = None  # clip + AdamW on the one-rank FSDP2 model's (DTensor) parameters
+    zero_fwd_bwd_s: float | None = None    # a one-rank DeepSpeed ZeRO-2 engine: forward + engine.backward
+    zero_optimizer_s: float | None = None  # ... and its engine.step (flat fp32 partition, copies, clip, AdamW)
+
+    def for_strategy(self, strategy: str) -> tuple[float, float]:
+        """(forward + backward, optimizer step) that prices ``strategy``: its engine's own where one was measured."""
+        engine = {"fsdp2": (self.fsdp_fwd_bwd_s, self.fsdp_optimizer_s),
+                  "zero2": (self.zero_fwd_bwd_s, self.zero_optimizer_s)}.get(strategy, (None, None))
+        return engine if engine[0] and engine[1] else (self.fwd_bwd_s, self.optimizer_s)
 
 
 @dataclass
@@ -110,7 +111,10 @@ class LinkFit:
     samples: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 
 
-RING_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}   # ring steps per (N-1), as in step_time
+RING_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1,   # ring steps per (N-1), as in step_time
+              "fsdp_all_gather": 1, "fsdp_reduce_scatter": 1}
+# The collectives as FSDP2 issues them on several ranks, priced for fsdp2 in place of the plain ones.
+FSDP_PATHS = {"all_gather": "fsdp_all_gather", "reduce_scatter": "fsdp_reduce_scatter"}
 
 
 def fit_alpha_beta(samples: Sequence[tuple[int, float]], n: int, kind: str = "all_reduce") -> tuple[float, float]:
@@ -134,33 +138,66 @@ def fit_alpha_beta(samples: Sequence[tuple[int, float]], n: int, kind: str = "al
     return intercept / (k * (n - 1)), 1.0 / slope if slope > 0 else float("inf")
 
 
+def _collective(kind: str, numel: int, world_size: int) -> Callable[[], None]:
+    """One call of ``kind`` on fp32 tensors of ``numel`` elements in all (a multiple of ``world_size``).
+
+    ``fsdp_all_gather`` and ``fsdp_reduce_scatter`` are the collective as
+    FSDP2 issues it on more than one rank, beyond what its one-rank path
+    (measured in :func:`measure_compute`) already does: the all-gather copies
+    the shard into a fresh flat buffer, gathers into a fresh output and copies
+    that out into the unsharded parameters; the reduce-scatter divides the
+    gradients before and after (gloo has no average) into a fresh output.
+    On one rank FSDP2 skips all of it.
+    """
+    full, shard = torch.zeros(numel), torch.zeros(numel // world_size)
+    if kind == "all_gather":
+        return lambda: dist.all_gather_into_tensor(full, shard)
+    if kind == "reduce_scatter":
+        return lambda: dist.reduce_scatter_tensor(shard, full)
+
+    def fsdp_all_gather() -> None:
+        flat, out = torch.empty_like(shard), torch.empty_like(full)
+        flat.copy_(shard)
+        dist.all_gather_into_tensor(out, flat)
+        torch.empty_like(full).copy_(out)
+
+    def fsdp_reduce_scatter() -> None:
+        out = torch.empty_like(shard)
+        full.div_(world_size)
+        dist.reduce_scatter_tensor(out, full)
+        out.div_(1.0)
+
+    return {"fsdp_all_gather": fsdp_all_gather, "fsdp_reduce_scatter": fsdp_reduce_scatter}[kind]
+
+
 def _sweep(kind: str, sizes: Sequence[int], world_size: int, repeats: int) -> list[tuple[int, float]]:
-    """(total bytes, median seconds) of gloo's all-gather or reduce-scatter of fp32 tensors of each total size."""
+    """(total bytes, median seconds) of one :func:`_collective` of fp32 tensors of each total size."""
     out = []
     for nbytes in sizes:
-        full = torch.zeros(max(world_size, nbytes // 4 // world_size * world_size))
-        shard = torch.zeros(full.numel() // world_size)
-        op = ((lambda: dist.all_gather_into_tensor(full, shard)) if kind == "all_gather"
-              else (lambda: dist.reduce_scatter_tensor(shard, full)))
-        out.append((full.numel() * 4, timed(op, repeats)))
+        numel = max(world_size, nbytes // 4 // world_size * world_size)
+        out.append((numel * 4, timed(_collective(kind, numel, world_size), repeats)))
     return out
 
 
 def measure_link(world_size: int, sizes: Sequence[int] = ALPHA_BETA_SIZES, iters: int = 10,
                  repeats: int = 3) -> LinkFit:
-    """Chapter 01's all-reduce sweep, and the same sizes for all-gather and reduce-scatter, each fitted to α-β."""
+    """Chapter 01's all-reduce sweep, and the same sizes for the other collectives, each fitted to α-β."""
     rows = measure_all_reduce_bandwidth(list(sizes), iters, world_size, torch.device("cpu"))
     samples = {"all_reduce": [(r.size_bytes, r.time_us * 1e-6) for r in rows]}
-    for kind in ("all_gather", "reduce_scatter"):
+    for kind in ("all_gather", "reduce_scatter", *FSDP_PATHS.values()):
         samples[kind] = _sweep(kind, sizes, world_size, repeats)
     return LinkFit(world_size, {k: fit_alpha_beta(v, world_size, k) for k, v in samples.items()}, samples)
 
 
+def _probe_batch(model_config: Any, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random full micro-batch (ids, mask) at the training shape."""
+    ids = torch.randint(3, model_config.vocab_size, (cfg.micro_batch_size, cfg.seq_len))
+    return ids, torch.ones_like(ids)
+
+
 def _time_train_step(probe: torch.nn.Module, cfg: TrainConfig, repeats: int) -> tuple[float, float]:
     """(forward + backward of one micro-batch, clip + AdamW step) of ``probe``, median seconds each."""
-    mc = probe.config
-    ids = torch.randint(3, mc.vocab_size, (cfg.micro_batch_size, cfg.seq_len))
-    mask = torch.ones_like(ids)
+    ids, mask = _probe_batch(probe.config, cfg)
 
     def fwd_bwd() -> None:
         causal_lm_loss(probe, ids, mask).backward()
@@ -175,42 +212,59 @@ def _time_train_step(probe: torch.nn.Module, cfg: TrainConfig, repeats: int) -> 
     return fwd_bwd_s, timed(opt_step, repeats)
 
 
+def _time_engine_step(engine: Any, cfg: TrainConfig, repeats: int) -> tuple[float, float]:
+    """(forward + ``engine.backward``, ``engine.step``) of a DeepSpeed engine, median seconds each.
+
+    Timed in alternation, as training calls them: a ZeRO engine reduces its
+    gradient buckets in backward and must step before the next backward.
+    """
+    ids, mask = _probe_batch(engine.module.config, cfg)
+
+    def fwd_bwd() -> None:
+        engine.backward(causal_lm_loss(engine, ids, mask), scale_wrt_gas=False)
+
+    fwd_bwd_s, step_s = timed_phases([fwd_bwd, engine.step], repeats)
+    return fwd_bwd_s, step_s
+
+
 def one_rank_mesh() -> DeviceMesh:
     """A mesh of this rank alone (every rank must call it: each group is created by all ranks)."""
     groups = [dist.new_group([r]) for r in range(dist.get_world_size())]
     return DeviceMesh.from_group(groups[dist.get_rank()], "cpu")
 
 
-def measure_compute(model: torch.nn.Module, cfg: TrainConfig, repeats: int = 5,
-                    fsdp_mesh: DeviceMesh | None = None) -> ComputeMeasurement:
+def measure_compute(model: torch.nn.Module, cfg: TrainConfig, repeats: int = 5, one_rank: DeviceMesh | None = None,
+                    env: DistEnv | None = None) -> ComputeMeasurement:
     """Forward + backward and one clip + AdamW step of a copy of ``model``, in this process alone.
 
-    With ``fsdp_mesh`` (one rank: :func:`one_rank_mesh`), also of a copy wrapped in FSDP2 on it.
+    With ``one_rank`` (a mesh of this rank alone: :func:`one_rank_mesh`) and
+    ``env``, the same for a copy wrapped in FSDP2 on it and for a DeepSpeed
+    ZeRO-2 engine on its group: their own CPU work, with collectives that move nothing.
     """
     probe = copy.deepcopy(model).train()
     mc = probe.config
     psi = count_parameters(probe)
     fwd_bwd_s, optimizer_s = _time_train_step(probe, cfg, repeats)
-    fsdp_fwd_bwd_s = fsdp_optimizer_s = None
-    if fsdp_mesh is not None:
-        sharded = apply_fsdp(copy.deepcopy(model).train(), fsdp_mesh, precision=cfg.precision)
-        fsdp_fwd_bwd_s, fsdp_optimizer_s = _time_train_step(sharded, cfg, repeats)
-        del sharded
-    flops = cfg.micro_batch_size * cfg.seq_len * flops_per_token(psi, mc.n_layer, mc.hidden_size, cfg.seq_len)
     del probe
-    return ComputeMeasurement(cfg.micro_batch_size, cfg.seq_len, psi, fwd_bwd_s, optimizer_s, flops,
-                              fsdp_fwd_bwd_s, fsdp_optimizer_s)
+    m = ComputeMeasurement(cfg.micro_batch_size, cfg.seq_len, psi, fwd_bwd_s, optimizer_s,
+                           cfg.micro_batch_size * cfg.seq_len * flops_per_token(psi, mc.n_layer, mc.hidden_size,
+                                                                                 cfg.seq_len))
+    if one_rank is not None and env is not None:
+        sharded = apply_fsdp(copy.deepcopy(model).train(), one_rank, precision=cfg.precision)
+        m.fsdp_fwd_bwd_s, m.fsdp_optimizer_s = _time_train_step(sharded, cfg, repeats)
+        del sharded
+        with one_rank_engine(model, cfg, env, one_rank.get_group(), stage=2) as engine:
+            m.zero_fwd_bwd_s, m.zero_optimizer_s = _time_engine_step(engine, cfg, repeats)
+    return m
 
 
 # ---------------------------------------------------------------------- the planner's inputs, from measurements
 def measured_device(m: ComputeMeasurement, strategy: str = "ddp") -> GpuSpec:
     """This CPU as the planner's "GPU": compute at ``model_flops / fwd_bwd_s``, optimizer at the measured step.
 
-    For ``fsdp2``, the one-rank FSDP2 measurements when there are some.
+    For ``fsdp2`` and ``zero2``, the one-rank measurements of their own engine when there are some.
     """
-    fwd_bwd_s, optimizer_s = m.fwd_bwd_s, m.optimizer_s
-    if strategy == "fsdp2" and m.fsdp_fwd_bwd_s and m.fsdp_optimizer_s:
-        fwd_bwd_s, optimizer_s = m.fsdp_fwd_bwd_s, m.fsdp_optimizer_s
+    fwd_bwd_s, optimizer_s = m.for_strategy(strategy)
     return GpuSpec("cpu-measured", "this CPU (measured)", 2**50, ADAM_BYTES_PER_ELEMENT * m.n_params / optimizer_s,
                    None, None, m.model_flops / fwd_bwd_s / 1e12)
 
@@ -232,6 +286,8 @@ def predict_cpu_step(m: ComputeMeasurement, fit: LinkFit, strategy: str, cfg: Tr
     if shape.n_params != m.n_params:
         raise ValueError(f"the measured model has {m.n_params:,} parameters, the planned one {shape.n_params:,}")
     links = measured_links(fit)
+    if strategy == "fsdp2":
+        links |= {plain: links[path] for plain, path in FSDP_PATHS.items() if path in links}
     return predict_step_time(inp, link=links["all_reduce"], collective_links=links, efficiency=1.0, overlap=overlap,
                              bucket_bytes=cfg.bucket_cap_mb * 2**20, shape=shape)
 
@@ -253,23 +309,18 @@ def worst_ratio_error(rows: Sequence[dict[str, Any]]) -> float:
     return max(abs(r["ratio"] - 1) for r in rows)
 
 
-def claimed_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows of a time-model report whose prediction is claimed (not in :data:`NOT_MODELLED_ON_GLOO`)."""
-    return [r for r in report["rows"] if r["strategy"] not in NOT_MODELLED_ON_GLOO]
-
-
 def calibrate_with_one_rerun(job: Callable[[int], dict[str, Any]],
                              tolerance: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``job(attempt)`` runs one fresh calibration job and returns its report; a second runs only on a miss.
 
     Why: on a shared machine, a process that wakes up mid-job slows the measured
-    steps after the inputs were measured. A miss (a claimed row outside
-    ``tolerance``) gets one fresh job; the tolerance is not widened, and the
+    steps after the inputs were measured. A miss (a row outside ``tolerance``)
+    gets one fresh job; the tolerance is not widened, and the
     caller asserts on the last report. Returns (last report, every report), so
     a first miss is shown, not hidden.
     """
     reports = [job(0)]
-    if any(abs(r["ratio"] - 1) > tolerance for r in claimed_rows(reports[0])):
+    if any(abs(r["ratio"] - 1) > tolerance for r in reports[0]["rows"]):
         reports.append(job(1))
     return reports[-1], reports
 
@@ -287,7 +338,7 @@ class MeasureInputsCallback:
     def on_train_start(self, run) -> None:
         self.link = measure_link(run.env.world_size, iters=self.iters)
         mesh = one_rank_mesh() if dist.is_initialized() else None
-        self.compute = measure_compute(run.strategy.raw_model, run.cfg, self.repeats, fsdp_mesh=mesh)
+        self.compute = measure_compute(run.strategy.raw_model, run.cfg, self.repeats, one_rank=mesh, env=run.env)
         self.model_config = copy.deepcopy(run.strategy.raw_model.config)
         if dist.is_initialized():
             dist.barrier()
@@ -323,7 +374,6 @@ def run_calibration(cfg: TrainConfig, strategies: Sequence[str] = CALIBRATION_ST
 
 
 __all__ = ["ComputeMeasurement", "LinkFit", "fit_alpha_beta", "measure_link", "measure_compute", "measured_device",
-           "measured_links", "predict_cpu_step", "one_rank_mesh", "calibration_rows", "worst_ratio_error", "claimed_rows", "calibrate_with_one_rerun",
-           "MeasureInputsCallback",
-           "calibration_defaults", "run_calibration", "ALPHA_BETA_SIZES", "CPU_OVERLAP", "CALIBRATION_STRATEGIES",
-           "NOT_MODELLED_ON_GLOO"]
+           "measured_links", "predict_cpu_step", "one_rank_mesh", "calibration_rows", "worst_ratio_error",
+           "calibrate_with_one_rerun", "MeasureInputsCallback", "calibration_defaults", "run_calibration",
+           "ALPHA_BETA_SIZES", "CPU_OVERLAP", "CALIBRATION_STRATEGIES", "FSDP_PATHS"]

@@ -137,6 +137,9 @@ def format_calibration(report: dict) -> str:
     c, lk = report["compute"], report["link"]
     lines = [f"measured inputs ({report['world_size']} processes): forward+backward {1000 * c['fwd_bwd_s']:.1f} ms, "
              f"AdamW on {c['n_params']:,} parameters {1000 * c['optimizer_s']:.1f} ms"]
+    lines += [f"  {name} on one rank: forward+backward {1000 * c[f'{key}_fwd_bwd_s']:.1f} ms, "
+              f"step {1000 * c[f'{key}_optimizer_s']:.1f} ms"
+              for name, key in (("FSDP2", "fsdp"), ("ZeRO-2 engine", "zero")) if c.get(f"{key}_fwd_bwd_s")]
     lines += [f"  gloo {kind}: α {1e6 * alpha:.0f} µs, bus bandwidth {bus / 1e9:.2f} GB/s"
               for kind, (alpha, bus) in lk["fits"].items()]
     lines += [f"{r['strategy']:>6} × {r['processes']}: predicted {1000 * r['predicted_s']:7.1f} ms "

@@ -13,9 +13,13 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+
+from ecomkit.dist import DistEnv, free_port
 
 
 def ensure_deepspeed_env() -> None:
@@ -94,3 +98,26 @@ def build_error_summary(exc: BaseException) -> str:
     """
     cause = exc.__cause__ or exc
     return f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+
+
+def ensure_process_group(env: DistEnv) -> None:
+    """DeepSpeed needs a process group even for one process; reuse ecomkit's when it exists."""
+    ensure_deepspeed_env()
+    import deepspeed  # lazy: heavy optional dependency
+
+    if not dist.is_initialized():  # plain `python script.py`: a world of one
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+    deepspeed.init_distributed(dist_backend="nccl" if env.device.type == "cuda" else "gloo",
+                               auto_mpi_discovery=False, verbose=False)
+
+
+def quiet_deprecations() -> None:
+    """DeepSpeed calls torch collectives that torch 2.13 renamed; one FutureWarning per call floods the log."""
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated")
+
+

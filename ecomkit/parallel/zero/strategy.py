@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import warnings
 from typing import Any, ContextManager
 
@@ -46,14 +45,15 @@ import torch.distributed as dist
 from torch import nn
 
 from ecomkit.config import TrainConfig
-from ecomkit.dist import DistEnv, free_port, log
+from ecomkit.dist import DistEnv, log
 from ecomkit.errors import ConfigError, EcomkitError
 from ecomkit.models.bloom import ModelSource, build_empty_model, count_parameters
 from ecomkit.models.optim import build_optimizer, build_scheduler, param_groups
 from ecomkit.parallel.base import StepStats, Strategy
 from ecomkit.parallel.zero.checkpoint import consolidated_save_pretrained
 from ecomkit.parallel.zero.config import build_zero_config, save_zero_config
-from ecomkit.parallel.zero.env import build_error_summary, ensure_deepspeed_env
+from ecomkit.parallel.zero.env import (build_error_summary, ensure_deepspeed_env, ensure_process_group,
+                                      quiet_deprecations)
 from ecomkit.parallel.zero.load import build_partitioned, partitioned_parameter_count
 from ecomkit.parallel.zero.state import zero_state_bytes
 
@@ -105,21 +105,6 @@ def build_zero_optimizer(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> to
     return build_optimizer(model, cfg)
 
 
-def _ensure_process_group(env: DistEnv) -> None:
-    """DeepSpeed needs a process group even for one process; reuse ecomkit's when it exists."""
-    ensure_deepspeed_env()
-    import deepspeed  # lazy: heavy optional dependency
-
-    if not dist.is_initialized():  # plain `python script.py`: a world of one
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("LOCAL_RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
-    deepspeed.init_distributed(dist_backend="nccl" if env.device.type == "cuda" else "gloo",
-                               auto_mpi_discovery=False, verbose=False)
-
-
 def _check_precision_supported(precision: str) -> None:
     """DeepSpeed's CPU accelerator has no fp16 engine; say so before start-up instead of a ValueError inside it."""
     ensure_deepspeed_env()
@@ -132,12 +117,6 @@ def _check_precision_supported(precision: str) -> None:
             f"--precision {precision} is not supported by DeepSpeed's '{acc.device_name()}' accelerator on this "
             f"machine. On CPU use --precision bf16 (the same 2-byte weights and gradients, and no loss scaling "
             "needed) or fp32; fp16 with loss scaling needs a GPU.")
-
-
-def _quiet_deprecations() -> None:
-    """DeepSpeed calls torch collectives that torch 2.13 renamed; one FutureWarning per call floods the log."""
-    warnings.filterwarnings("ignore", category=FutureWarning,
-                            message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated")
 
 
 class ZeroStrategy(Strategy):
@@ -165,9 +144,9 @@ class ZeroStrategy(Strategy):
         """
         if self.cfg.zero.stage != 3 or not source.is_local_checkpoint:
             return super().build_model(source)
-        _quiet_deprecations()
+        quiet_deprecations()
         _check_precision_supported(self.cfg.precision)
-        _ensure_process_group(self.env)
+        ensure_process_group(self.env)
         self._make_ds_config(count_parameters(build_empty_model(source, device="meta")))
         return build_partitioned(source, self.ds_config)
 
@@ -182,9 +161,9 @@ class ZeroStrategy(Strategy):
         ensure_deepspeed_env()
         import deepspeed  # lazy: heavy optional dependency
 
-        _quiet_deprecations()
+        quiet_deprecations()
         _check_precision_supported(self.cfg.precision)
-        _ensure_process_group(self.env)
+        ensure_process_group(self.env)
         if not self.ds_config:  # build_model made it already when the model was built under zero.Init
             self._make_ds_config(partitioned_parameter_count(model))
         if self.env.is_main:
