@@ -3,8 +3,10 @@
 
 For each process count, one torchrun job (``scripts/06_memory_tuning.py
 calibrate``) first measures the model's inputs — one process's forward +
-backward + AdamW step, and α-β fits of gloo's all-reduce (chapter 01's sweep,
-1 KiB-64 MiB), all-gather and reduce-scatter — then trains each strategy with
+backward + AdamW step, the same for FSDP2 and a DeepSpeed ZeRO-2 engine on a
+group of one rank (their own CPU work, with collectives that move nothing),
+and α-β fits of gloo's all-reduce (chapter 01's sweep, 1 KiB-64 MiB),
+all-gather and reduce-scatter — then trains each strategy with
 chapter 02's loop; the planner (``ecomkit.planner.step_time``) predicts each
 step from the measured inputs alone. Goal: every prediction within 20 %.
 
@@ -60,7 +62,9 @@ def main() -> None:
         "columns": ["strategy", "processes", "predicted_s", "measured_s", "ratio"],
         "headers": ["strategy", "processes", "predicted s", "measured s", "predicted / measured"],
         "notes": [f"model {args.model}, fp32, micro-batch 4 × 32 tokens, {args.steps} steps per strategy; inputs "
-                  "measured in the same job before training: one process's forward+backward+AdamW, gloo α-β"]})
+                  "measured in the same job before training: one process's forward+backward+AdamW, the same for "
+                  "FSDP2 and a DeepSpeed ZeRO-2 engine on a one-rank group, and gloo α-β sweeps (all-reduce, "
+                  "all-gather, reduce-scatter, and FSDP2's all-gather and reduce-scatter as it issues them)"]})
 
 
 if __name__ == "__main__":

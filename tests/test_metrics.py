@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ecomkit.metrics import (attention_length, concurrent_ceiling, print_run_summary, replicated_work_bound,
-                             throughput_lines, throughput_summary, time_split)
+from ecomkit.metrics import (attention_length, concurrent_ceiling, paired_ratios, pooled_rate, print_run_summary,
+                             replicated_work_bound, throughput_lines, throughput_summary, time_split)
 from ecomkit.models.bloom import flops_per_token
 
 
@@ -103,3 +103,23 @@ def test_concurrent_ceiling_sums_the_copies():
         concurrent_ceiling(0.0, [1.0])
     with pytest.raises(ValueError):
         concurrent_ceiling(1.0, [])
+
+
+def test_pooled_rate_divides_totals_not_a_mean_of_rates():
+    fast = {"samples_per_s": 20.0, "steady_wall_s": 10.0}     # 200 samples
+    slow = {"samples_per_s": 10.0, "steady_wall_s": 30.0}     # 300 samples
+    assert pooled_rate([fast, slow]) == pytest.approx(500 / 40)   # 12.5, not the mean 15
+    assert pooled_rate([fast]) == pytest.approx(20.0)
+    with pytest.raises(ValueError):
+        pooled_rate([])
+
+
+def test_paired_ratios_pair_run_i_with_run_i():
+    r = paired_ratios([20.0, 18.0, 22.0], [10.0, 10.0, 11.0])
+    assert r.ratios == pytest.approx((2.0, 1.8, 2.0))
+    assert r.median == pytest.approx(2.0) and r.spread == pytest.approx((1.8, 2.0))
+    assert "median 2.00 of 3 pairs (range 1.80-2.00)" == r.describe()
+    with pytest.raises(ValueError):
+        paired_ratios([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        paired_ratios([1.0], [0.0])
