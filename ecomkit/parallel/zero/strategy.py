@@ -176,6 +176,13 @@ class ZeroStrategy(Strategy):
         scheduler = build_scheduler(optimizer, self.cfg, total_steps)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=self.ds_config)
+        if self.engine.dp_world_size != self.env.world_size:
+            # DeepSpeed reads its data-parallel group from a module global; a stale one would shard wrongly
+            raise EcomkitError(
+                f"DeepSpeed's engine spans {self.engine.dp_world_size} data-parallel rank(s), the job "
+                f"{self.env.world_size}: deepspeed.utils.groups.mpu still holds a group from an earlier engine "
+                "in this process. Build probe engines with ecomkit.parallel.zero.probe.one_rank_engine, which "
+                "puts it back.")
         self.model = self.engine
 
     def _enable_activation_checkpointing(self, model: nn.Module) -> None:
