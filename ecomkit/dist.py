@@ -283,22 +283,26 @@ def _synchronize(device: torch.device | None) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, device: torch.device | None = None) -> float:
+def timed(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, device: torch.device | None = None,
+          average: Callable[[list[float]], float] = statistics.median) -> float:
     """Median seconds of ``fn`` over ``repeats`` runs, each started together on all ranks.
 
     The one barrier-synchronised timer: a barrier before every run means no rank
     times its wait for a late peer, and CUDA work is synchronised before the
     clock is read (``device``). ``repeats=1, warmup=0`` times a single call.
     """
-    return timed_phases([fn], repeats, warmup, device)[0]
+    return timed_phases([fn], repeats, warmup, device, average)[0]
 
 
 def timed_phases(fns: Sequence[Callable[[], Any]], repeats: int = 5, warmup: int = 1,
-                 device: torch.device | None = None) -> list[float]:
-    """Median seconds of each of ``fns``, run in order ``repeats`` times (each started together on all ranks).
+                 device: torch.device | None = None,
+                 average: Callable[[list[float]], float] = statistics.median) -> list[float]:
+    """Median (or ``average``) seconds of each of ``fns``, run in order ``repeats`` times, all ranks together.
 
     For work whose phases must alternate, such as a DeepSpeed engine's backward
     and its step: each phase is timed on its own, and every run does them all.
+    ``average=statistics.fmean`` keeps the occasional slow run in, as a
+    training step's mean (total time / steps) does.
     """
     for _ in range(warmup):
         for fn in fns:
@@ -312,7 +316,7 @@ def timed_phases(fns: Sequence[Callable[[], Any]], repeats: int = 5, warmup: int
             fn()
             _synchronize(device)
             phase_times.append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in times]
+    return [average(t) for t in times]
 
 
 _SIGNAL_REGISTERED = False
