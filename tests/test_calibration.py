@@ -8,16 +8,20 @@ reported beside them).
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
+import torch
 
 from conftest import run_script
 from ecomkit.config import TrainConfig
 from ecomkit.measure.calibration import (ComputeMeasurement, LinkFit, calibrate_with_one_rerun, calibration_rows,
                                          claimed_rows, fit_alpha_beta, measured_device, measured_links,
-                                         predict_cpu_step, worst_ratio_error)
-from ecomkit.models.bloom import flops_per_token, preset_config
+                                         predict_cpu_step, training_loss, worst_ratio_error)
+from ecomkit.measure.activations import causal_lm_loss
+from ecomkit.models.bloom import build_model, flops_per_token, preset_config
+from ecomkit.models.loss import install_chunked_loss
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import all_gather_s, all_reduce_s, reduce_scatter_s
 
@@ -97,6 +101,23 @@ def test_fsdp2_collectives_are_priced_by_their_own_sweep_when_there_is_one():
     zero2 = predict_cpu_step(m, fit, "zero2", cfg, model_config)   # DeepSpeed's all-gather: the plain sweep
     assert zero2.comm_s == pytest.approx(all_reduce_s(2 * 4 * psi, 2, links["all_reduce"])
                                          + all_gather_s(4 * psi, 2, links["all_gather"]))
+
+
+def test_the_probe_times_the_loss_the_loop_runs():
+    """With the chunked loss installed the probe goes through it (its backward recomputes the head), same value."""
+    torch.manual_seed(0)
+    model = build_model("tiny", vocab_size=300)
+    ids = torch.randint(3, 300, (2, 16))
+    mask = torch.ones_like(ids)
+    chunked = copy.deepcopy(model)
+    install_chunked_loss(chunked, 8)
+    calls = []
+    chunked.lm_head.register_forward_hook(lambda *a: calls.append(1))
+    loss = training_loss(chunked, ids, mask)
+    loss.backward()
+    assert len(calls) >= 2 * 2          # two chunks, each head forward run again in backward
+    assert float(loss.detach()) == pytest.approx(float(causal_lm_loss(model, ids, mask).detach()), rel=1e-5)
+    assert float(training_loss(model, ids, mask).detach()) == pytest.approx(float(loss.detach()), rel=1e-5)
 
 
 def test_rows_carry_the_ratio_and_the_worst_error():

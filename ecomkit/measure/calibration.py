@@ -67,6 +67,7 @@ from ecomkit.hardware import GpuSpec, LinkSpec
 from ecomkit.measure.activations import causal_lm_loss
 from ecomkit.measure.strategy_states import PlannerStrategy
 from ecomkit.models.bloom import count_parameters, flops_per_token
+from ecomkit.models.loss import has_chunked_loss
 from ecomkit.models.optim import build_optimizer
 from ecomkit.parallel.fsdp import apply_fsdp
 from ecomkit.parallel.zero.probe import one_rank_engine
@@ -212,12 +213,24 @@ def _probe_batch(model_config: Any, cfg: TrainConfig) -> tuple[torch.Tensor, tor
     return ids, torch.ones_like(ids)
 
 
+def training_loss(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The loss as the training loop computes it for this model: the chunked loss when it is installed.
+
+    Why: the chunked loss recomputes the LM head in backward (it checkpoints
+    each chunk), so timing the full-logits loss instead would price a
+    different backward from the one the predicted run does.
+    """
+    if has_chunked_loss(model):
+        return model(input_ids=ids, attention_mask=mask, token_loss_labels=ids).loss
+    return causal_lm_loss(model, ids, mask)
+
+
 def _time_train_step(probe: torch.nn.Module, cfg: TrainConfig, repeats: int) -> tuple[float, float]:
-    """(forward + backward of one micro-batch, clip + AdamW step) of ``probe``, median seconds each."""
+    """(forward + backward of one micro-batch, clip + AdamW step) of ``probe``, mean seconds each."""
     ids, mask = _probe_batch(probe.config, cfg)
 
     def fwd_bwd() -> None:
-        causal_lm_loss(probe, ids, mask).backward()
+        training_loss(probe, ids, mask).backward()
 
     fwd_bwd_s = timed(fwd_bwd, repeats, average=MEAN)
     optimizer = build_optimizer(probe, cfg)
@@ -230,10 +243,11 @@ def _time_train_step(probe: torch.nn.Module, cfg: TrainConfig, repeats: int) -> 
 
 
 def _time_engine_step(engine: Any, cfg: TrainConfig, repeats: int) -> tuple[float, float]:
-    """(forward + ``engine.backward``, ``engine.step``) of a DeepSpeed engine, median seconds each.
+    """(forward + ``engine.backward``, ``engine.step``) of a DeepSpeed engine, mean seconds each.
 
     Timed in alternation, as training calls them: a ZeRO engine reduces its
-    gradient buckets in backward and must step before the next backward.
+    gradient buckets in backward and must step before the next backward. The
+    full-logits loss, as ZeRO trains (``ZeroStrategy.supports_chunked_loss``).
     """
     ids, mask = _probe_batch(engine.module.config, cfg)
 
@@ -397,6 +411,6 @@ def run_calibration(cfg: TrainConfig, strategies: Sequence[str] = CALIBRATION_ST
 
 __all__ = ["ComputeMeasurement", "LinkFit", "fit_alpha_beta", "measure_link", "measure_compute", "measured_device",
            "measured_links", "predict_cpu_step", "one_rank_mesh", "calibration_rows", "worst_ratio_error",
-           "claimed_rows", "calibrate_with_one_rerun", "MeasureInputsCallback", "calibration_defaults",
-           "run_calibration", "ALPHA_BETA_SIZES", "CPU_OVERLAP", "CALIBRATION_STRATEGIES", "FSDP_PATHS",
-           "NOT_CLAIMED_ON_GLOO"]
+           "training_loss", "claimed_rows", "calibrate_with_one_rerun", "MeasureInputsCallback",
+           "calibration_defaults", "run_calibration", "ALPHA_BETA_SIZES", "CPU_OVERLAP", "CALIBRATION_STRATEGIES",
+           "FSDP_PATHS", "NOT_CLAIMED_ON_GLOO"]
