@@ -284,25 +284,28 @@ def _synchronize(device: torch.device | None) -> None:
 
 
 def timed(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, device: torch.device | None = None,
-          average: Callable[[list[float]], float] = statistics.median) -> float:
+          average: Callable[[list[float]], float] = statistics.median, slowest: bool = False) -> float:
     """Median seconds of ``fn`` over ``repeats`` runs, each started together on all ranks.
 
     The one barrier-synchronised timer: a barrier before every run means no rank
     times its wait for a late peer, and CUDA work is synchronised before the
     clock is read (``device``). ``repeats=1, warmup=0`` times a single call.
     """
-    return timed_phases([fn], repeats, warmup, device, average)[0]
+    return timed_phases([fn], repeats, warmup, device, average, slowest)[0]
 
 
 def timed_phases(fns: Sequence[Callable[[], Any]], repeats: int = 5, warmup: int = 1,
                  device: torch.device | None = None,
-                 average: Callable[[list[float]], float] = statistics.median) -> list[float]:
+                 average: Callable[[list[float]], float] = statistics.median,
+                 slowest: bool = False) -> list[float]:
     """Median (or ``average``) seconds of each of ``fns``, run in order ``repeats`` times, all ranks together.
 
     For work whose phases must alternate, such as a DeepSpeed engine's backward
     and its step: each phase is timed on its own, and every run does them all.
     ``average=statistics.fmean`` keeps the occasional slow run in, as a
-    training step's mean (total time / steps) does.
+    training step's mean (total time / steps) does. ``slowest``: each run
+    counts at its slowest rank's time (every rank must pass it), as a
+    training step synchronised by its collectives runs at that rank's pace.
     """
     for _ in range(warmup):
         for fn in fns:
@@ -316,6 +319,11 @@ def timed_phases(fns: Sequence[Callable[[], Any]], repeats: int = 5, warmup: int
             fn()
             _synchronize(device)
             phase_times.append(time.perf_counter() - t0)
+    if slowest and dist.is_available() and dist.is_initialized():
+        on = device if device is not None and device.type == "cuda" else torch.device("cpu")
+        flat = torch.tensor(times, dtype=torch.float64, device=on)
+        dist.all_reduce(flat, op=dist.ReduceOp.MAX)
+        times = flat.tolist()
     return [average(t) for t in times]
 
 

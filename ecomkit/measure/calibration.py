@@ -19,7 +19,8 @@ GPU, measured here instead, **before** any of the predicted runs trains:
   optimizer_s`` (so its optimizer term on ``Ψ/N`` local parameters is the
   measured step scaled by ``1/N``). The processes measure at the same time,
   each alone with its model, so they share the cores as the training
-  processes will.
+  processes will; each timed run counts at its slowest rank, and the runs are
+  averaged as a mean (:data:`MEAN`), as the measured steps are.
 - **network**: chapter 01's all-reduce sweep
   (:func:`ecomkit.envcheck.collectives.measure_all_reduce_bandwidth`, fp32
   sums of 1 KiB to 64 MiB, slowest rank) fitted to the ring model
@@ -78,9 +79,10 @@ from ecomkit.train.sweep import run_sweep
 
 ALPHA_BETA_SIZES = [2**10 * 4**i for i in range(9)]     # 1 KiB … 64 MiB, chapter 01's sweep
 CPU_OVERLAP = 0.0
-# Compute is timed as a mean, not a median: the predicted step is compared with a training run's mean step
-# (total steady time / steps), which keeps its occasional slow steps (page faults of fresh buffers, the
-# scheduler); a median of the inputs would leave them out of one side only.
+# Compute is timed as a mean at the slowest rank, not a median of one rank: the predicted step is compared with
+# a training run's mean step (total steady time / steps) at its slowest rank's pace, which keeps the occasional
+# slow step (page faults of fresh buffers, the scheduler) and, with collectives syncing every step, the slower
+# of the ranks each time; a median of one rank's inputs would leave both out of one side only.
 MEAN = statistics.fmean
 CALIBRATION_STRATEGIES = ("ddp", "zero2", "fsdp2")
 # Where the prediction is reported but not claimed (asserted), and why.
@@ -232,14 +234,14 @@ def _time_train_step(probe: torch.nn.Module, cfg: TrainConfig, repeats: int) -> 
     def fwd_bwd() -> None:
         training_loss(probe, ids, mask).backward()
 
-    fwd_bwd_s = timed(fwd_bwd, repeats, average=MEAN)
+    fwd_bwd_s = timed(fwd_bwd, repeats, average=MEAN, slowest=True)
     optimizer = build_optimizer(probe, cfg)
 
     def opt_step() -> None:
         torch.nn.utils.clip_grad_norm_([p for p in probe.parameters() if p.grad is not None], cfg.max_grad_norm)
         optimizer.step()
 
-    return fwd_bwd_s, timed(opt_step, repeats, average=MEAN)
+    return fwd_bwd_s, timed(opt_step, repeats, average=MEAN, slowest=True)
 
 
 def _time_engine_step(engine: Any, cfg: TrainConfig, repeats: int) -> tuple[float, float]:
@@ -254,7 +256,7 @@ def _time_engine_step(engine: Any, cfg: TrainConfig, repeats: int) -> tuple[floa
     def fwd_bwd() -> None:
         engine.backward(causal_lm_loss(engine, ids, mask), scale_wrt_gas=False)
 
-    fwd_bwd_s, step_s = timed_phases([fwd_bwd, engine.step], repeats, average=MEAN)
+    fwd_bwd_s, step_s = timed_phases([fwd_bwd, engine.step], repeats, average=MEAN, slowest=True)
     return fwd_bwd_s, step_s
 
 
