@@ -33,10 +33,6 @@ GPU, measured here instead, **before** any of the predicted runs trains:
   fresh buffers, the copy-in and copy-out, the divisions gloo needs), work
   its one-rank path skips. Each becomes a link (:func:`measured_links`).
 
-DDP's and FSDP2's predictions are claimed (the test and chapter 06 assert
-them); ZeRO-2's is reported, not claimed: :data:`NOT_CLAIMED_ON_GLOO` says
-what of DeepSpeed's engine is not yet measured apart.
-
 ``overlap`` is 0 on this CPU, set before any measurement: with one thread per
 process and no spare core, gloo's communication thread takes its core from
 backward, so nothing hides.
@@ -85,14 +81,6 @@ CPU_OVERLAP = 0.0
 # of the ranks each time; a median of one rank's inputs would leave both out of one side only.
 MEAN = statistics.fmean
 CALIBRATION_STRATEGIES = ("ddp", "zero2", "fsdp2")
-# Where the prediction is reported but not claimed (asserted), and why.
-NOT_CLAIMED_ON_GLOO = {
-    "zero2": "its one-rank engine step (ZeRO-2's own CPU work) plus the fitted all-reduce and all-gather still "
-             "falls 10-35 % short of the 2-process step, varying between jobs: on 2 ranks the engine flattens "
-             "each gradient bucket into a fresh buffer at about twice its one-rank cost, and its AdamW step on "
-             "half the flat partition is not half the one-rank step (how long it takes depends on the values), "
-             "so neither is yet measured apart from the run it would predict",
-}
 
 
 # ---------------------------------------------------------------------- the measured inputs
@@ -342,23 +330,18 @@ def worst_ratio_error(rows: Sequence[dict[str, Any]]) -> float:
     return max(abs(r["ratio"] - 1) for r in rows)
 
 
-def claimed_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows of a time-model report whose prediction is claimed (not in :data:`NOT_CLAIMED_ON_GLOO`)."""
-    return [r for r in report["rows"] if r["strategy"] not in NOT_CLAIMED_ON_GLOO]
-
-
 def calibrate_with_one_rerun(job: Callable[[int], dict[str, Any]],
                              tolerance: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``job(attempt)`` runs one fresh calibration job and returns its report; a second runs only on a miss.
 
     Why: on a shared machine, a process that wakes up mid-job slows the measured
-    steps after the inputs were measured. A miss (a claimed row outside
-    ``tolerance``) gets one fresh job; the tolerance is not widened, and the
+    steps after the inputs were measured. A miss (a row outside ``tolerance``)
+    gets one fresh job; the tolerance is not widened, and the
     caller asserts on the last report. Returns (last report, every report), so
     a first miss is shown, not hidden.
     """
     reports = [job(0)]
-    if any(abs(r["ratio"] - 1) > tolerance for r in claimed_rows(reports[0])):
+    if any(abs(r["ratio"] - 1) > tolerance for r in reports[0]["rows"]):
         reports.append(job(1))
     return reports[-1], reports
 
@@ -413,6 +396,6 @@ def run_calibration(cfg: TrainConfig, strategies: Sequence[str] = CALIBRATION_ST
 
 __all__ = ["ComputeMeasurement", "LinkFit", "fit_alpha_beta", "measure_link", "measure_compute", "measured_device",
            "measured_links", "predict_cpu_step", "one_rank_mesh", "calibration_rows", "worst_ratio_error",
-           "training_loss", "claimed_rows", "calibrate_with_one_rerun", "MeasureInputsCallback",
+           "training_loss", "calibrate_with_one_rerun", "MeasureInputsCallback",
            "calibration_defaults", "run_calibration", "ALPHA_BETA_SIZES", "CPU_OVERLAP", "CALIBRATION_STRATEGIES",
-           "FSDP_PATHS", "NOT_CLAIMED_ON_GLOO"]
+           "FSDP_PATHS", "MEAN"]
