@@ -285,11 +285,12 @@ def _synchronize(device: torch.device | None) -> None:
 
 def timed(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, device: torch.device | None = None,
           average: Callable[[list[float]], float] = statistics.median, slowest: bool = False) -> float:
-    """Median seconds of ``fn`` over ``repeats`` runs, each started together on all ranks.
+    """Median (or ``average``) seconds of ``fn`` over ``repeats`` runs, each started together on all ranks.
 
     The one barrier-synchronised timer: a barrier before every run means no rank
     times its wait for a late peer, and CUDA work is synchronised before the
     clock is read (``device``). ``repeats=1, warmup=0`` times a single call.
+    ``average`` and ``slowest`` as in :func:`timed_phases`.
     """
     return timed_phases([fn], repeats, warmup, device, average, slowest)[0]
 

@@ -154,8 +154,10 @@ def _collective(kind: str, numel: int, world_size: int) -> Callable[[], None]:
     (measured in :func:`measure_compute`) already does: the all-gather copies
     the shard into a fresh flat buffer, gathers into a fresh output and copies
     that out into the unsharded parameters; the reduce-scatter divides the
-    gradients before and after (gloo has no average) into a fresh output.
-    On one rank FSDP2 skips all of it.
+    full gradient buffer by N, reduces into a fresh output and divides that
+    output once more (by 1). On one rank FSDP2 skips all of it. Known
+    over-count: a profile of FSDP2 on gloo shows one division per
+    reduce-scatter, not two, so the sweep charges one division more.
     """
     full, shard = torch.zeros(numel), torch.zeros(numel // world_size)
     if kind == "all_gather":

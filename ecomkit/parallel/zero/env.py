@@ -119,5 +119,3 @@ def quiet_deprecations() -> None:
     """DeepSpeed calls torch collectives that torch 2.13 renamed; one FutureWarning per call floods the log."""
     warnings.filterwarnings("ignore", category=FutureWarning,
                             message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated")
-
-
