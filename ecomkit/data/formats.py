@@ -75,6 +75,7 @@ _LABEL_SPLIT = re.compile(r"[:：]")
 _NEW_PROMPT = ("输入:", "输入：", "###", "任务:", "[GEN]")
 _NONE_WORDS = frozenset({NO_SPANS, "none", "null", "n/a", "没有"})
 _TRIM = " \t\r\u3000。.!！\"'“”‘’「」[]【】()（）"
+_SPAN_TRIM = _TRIM + ":："     # a span is never only the separator the model repeated
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,7 @@ def parse_answer(fmt: str, kind: str, generated: str, labels: Sequence[str]) -> 
                 unknown.append(raw)
             continue
         for span in _SPAN_SPLIT.split(value):
-            span = span.strip(_TRIM)
+            span = span.strip(_SPAN_TRIM)
             if span and span.lower() not in _NONE_WORDS:
                 spans.add((canonical[name], span))
     return ParsedAnswer(None, frozenset(spans), tuple(unknown))
