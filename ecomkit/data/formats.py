@@ -70,6 +70,7 @@ _ECOMGPT_TASK = {KIND_CLASSIFY: "对下面的文本进行分类，从候选标�
                  KIND_EXTRACT: "从下面的文本中抽取候选标签对应的实体，每行一个标签，格式为“标签: 实体1，实体2”；没有实体时回答“无”。"}
 _ECOMKIT_TASK = {KIND_CLASSIFY: "任务:文本分类。从候选标签中选出文本所属的一个。",
                  KIND_EXTRACT: "任务:实体抽取。从文本中抽出候选标签对应的实体。"}
+_SEQGPT_TAIL = re.compile(r"\n(?:分类|抽取): [^\n]*\n输出: \[GEN\]\Z")
 _SPAN_SPLIT = re.compile(r"[,，、;；]")
 _LABEL_SPLIT = re.compile(r"[:：]")
 _NEW_PROMPT = ("输入:", "输入：", "###", "任务:", "[GEN]")
@@ -150,6 +151,19 @@ def build_prompt(fmt: str, kind: str, text: str, labels: Sequence[str]) -> str:
         return (f"{_ECOMGPT_PREAMBLE}\n\n### Instruction:\n{_ECOMGPT_TASK[kind]}\n候选标签: {listed}\n文本: {text}"
                 f"\n\n### Response:\n")
     return f"{_ECOMKIT_TASK[kind]}\n候选:{'、'.join(labels)}\n文本:{text}\n答:"
+
+
+def prompt_tail(prompt: str) -> str:
+    """The end of a prompt that truncation must keep whole: in ``seqgpt`` the label line and the output cue.
+
+    That format lists the labels *after* the text, so a long text cut in the
+    prompt's middle would otherwise lose the label set, and a classification
+    prompt could no longer be told from another on the same text. The other
+    formats list the labels before the text (kept by the head); for them, and
+    for a user's own prompts, this is ``""``.
+    """
+    match = _SEQGPT_TAIL.search(prompt)
+    return match.group(0) if match else ""
 
 
 def format_answer(fmt: str, ex: TaskExample) -> str:
