@@ -242,3 +242,10 @@ def test_seqgpt_truncation_keeps_the_label_line(tok):
     ids, labels = encode_prompt_answer(tok, prompt, "positive", max_length=48)
     kept = tok.decode([i for i, label in zip(ids, labels) if label == IGNORE_INDEX])
     assert len(ids) == 48 and kept.startswith("输入: 物流") and kept.endswith("\n分类: positive，negative\n输出: [GEN]")
+
+
+def test_extraction_rows_are_span_lists_that_load_whole(tmp_path):
+    from ecomkit.data.catalog import extraction_rows
+    rows = extraction_rows(120, seed=4)
+    result = load(tmp_path, rows)
+    assert result.report.kept == 120 and all(len(json.loads(r["spans"])) == 2 for r in result.records)

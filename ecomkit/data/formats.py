@@ -19,7 +19,14 @@ Three formats (``--prompt-format``):
 - ``"ecomgpt"``: the Alpaca-style instruction block of EcomGPT's evaluation
   tasks: a preamble, ``### Instruction:`` with the task, its candidate labels
   and the text, then ``### Response:``.
-- ``"ecomkit"``: the cookbook's earlier Chinese task prompts (``任务:…答:``).
+- ``"ecomkit"``: the cookbook's earlier Chinese task prompts (``任务:…答:``), kept
+  for the chapters and tests written for them. Training in this format keeps
+  the earlier category/sentiment/brand/price prompts of :mod:`ecomkit.data.tasks`
+  (and lays extraction out with :func:`build_prompt`); :func:`build_prompt` itself
+  gives one generic classification layout, so a generation evaluation of a
+  model trained in this format sees, for category and sentiment, a prompt
+  close to but not the one it was trained on. Use ``seqgpt`` or ``ecomgpt``
+  where generations are scored.
 
 **Answers** are the same in every format:
 
