@@ -256,3 +256,16 @@ def test_extraction_rows_are_span_lists_that_load_whole(tmp_path):
     assert 60 < len(with_distractor) < 110 and all(row["text"].startswith(r["title"]) for row, r in zip(rows, catalog))
     made_up = {row["spans"][0]["term"] for row in extraction_rows(120, seed=4, new_brands=True)}
     assert len(made_up) > 100 and not made_up & {r["brand"] for r in catalog}    # brands a dictionary has not seen
+
+
+def test_csv_cells_hold_spans_and_tags_as_json(tmp_path):
+    from ecomkit.data import write_csv
+    rows = [{"text": TEXT, "spans": json.dumps(SPAN_ROW["spans"], ensure_ascii=False)},
+            {"tokens": json.dumps(list("华为")), "ner_tags": json.dumps(["B-品牌", "I-品牌"], ensure_ascii=False)},
+            {"text": "好评", "spans": ""},                          # an empty cell: no spans, a plain text row
+            {"text": TEXT, "spans": "[{bad json"}]
+    result = load_records(write_csv(rows, tmp_path / "s.csv", fields=["text", "spans", "tokens", "ner_tags"]),
+                          task="nlu", max_chars=4096)
+    assert [json.loads(r["spans"]) for r in result.records[:2]] == [WANT, [["品牌", 0, 2, "华为"]]]
+    assert result.records[2] == {"text": "好评"}
+    assert result.report.counts == {"span_offsets": 1} and "not JSON" in result.report.first_issue["span_offsets"].detail

@@ -21,6 +21,7 @@ under the first problem found (fields are checked in :data:`CHECK_ORDER`).
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -267,6 +268,7 @@ def validate_row(raw: Mapping[str, Any], max_chars: int = 4096,
             continue
         values[name] = _label(name, text, label_map or {}) if name in LABEL_FIELDS else text
     record = {name: values.get(name) for name in RECORD_FIELDS}
+    raw = _decoded_span_fields(raw)
     if has_spans(raw):
         _extraction(raw, record, max_chars, label_map or {}, span_end, column_map or {})
     _instruction_pair(values, record)
@@ -319,3 +321,20 @@ def _extraction(raw: Mapping[str, Any], record: dict, max_chars: int, label_map:
         raise RowProblem("unmapped_label", "spans", f"span type {missing.args[0]!r} is not in label_map['spans'] "
                                                     f"(its keys: {keys})") from None
     record["text"], record["spans"] = text, spans_json(spans, text)
+
+
+def _decoded_span_fields(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A CSV cell holds spans, tokens or tags as JSON text: decode it (an empty cell is absent)."""
+    if not any(isinstance(raw.get(k), str) for k in SPAN_FIELDS):
+        return raw
+    out = dict(raw)
+    for name in SPAN_FIELDS:
+        value = out.get(name)
+        if isinstance(value, str):
+            try:
+                out[name] = json.loads(value) if value.strip() else None
+            except json.JSONDecodeError as exc:
+                reason = "span_offsets" if name == "spans" else "malformed_tags"
+                raise RowProblem(reason, name, f"{name} is text that is not JSON ({exc.msg} at column "
+                                               f"{exc.colno})") from None
+    return out
