@@ -16,6 +16,17 @@ sampler needs only the lengths. Typical use::
 from ecomkit.data.arrow import data_cache_dir
 from ecomkit.data.build import BuildReport, build_datasets, stratified_split
 from ecomkit.data.catalog import CATEGORIES, CATEGORY_ENGLISH, generate_catalog, generate_catalog_chunks
+from ecomkit.data.formats import (
+    KIND_CLASSIFY,
+    KIND_EXTRACT,
+    PROMPT_FORMATS,
+    ParsedAnswer,
+    TaskExample,
+    build_prompt,
+    format_answer,
+    parse_answer,
+    prompt_and_answer,
+)
 from ecomkit.data.loaders import LoadResult, load_records, write_csv, write_hf_dataset, write_jsonl
 from ecomkit.data.padding import PaddingComparison, compare_padding, epoch_micro_batches, padding_rate
 from ecomkit.data.stream import lengths_array, map_batches, read_columns
@@ -47,5 +58,6 @@ __all__ = [
     "KINDS", "NLU_TASKS", "SENTIMENT_LABELS", "TASKS", "ClassificationExample", "NluExample",
     "build_classification_example", "build_nlu_examples", "can_classify", "category_labels_for", "format_lm_text",
     "labels_from_values", "IGNORE_INDEX", "encode_prompt_answer", "pad_collate", "tokenize_records", "REASONS",
-    "ValidationIssue", "ValidationReport", "check_label_map",
+    "ValidationIssue", "ValidationReport", "check_label_map", "KIND_CLASSIFY", "KIND_EXTRACT", "PROMPT_FORMATS",
+    "ParsedAnswer", "TaskExample", "build_prompt", "format_answer", "parse_answer", "prompt_and_answer",
 ]
