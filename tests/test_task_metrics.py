@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 
@@ -56,6 +57,8 @@ def test_dictionary_baseline_most_frequent_label_longest_match_first_and_only_as
     found = d.predict("红色外套 红 华为 XL", ["颜色", "品牌"])
     assert found == {("颜色", "红色"), ("品牌", "红"), ("品牌", "华为")}
     assert SpanDictionary.from_spans([("b", "x"), ("a", "x")]).label_of["x"] == "a"   # ties: the first label sorted
+    counted = SpanDictionary.from_spans(Counter({("品牌", "红色"): 3, ("颜色", "红色"): 2}))   # a Counter counts
+    assert counted.label_of["红色"] == "品牌"
 
 
 def test_shards_are_contiguous_disjoint_and_cover_everything():

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ecomkit.data.formats import DEFAULT_PROMPT_FORMAT, KIND_CLASSIFY, KIND_EXTRACT, Span, TaskExample, build_prompt, format_answer, \
+from ecomkit.data.formats import KIND_CLASSIFY, KIND_EXTRACT, Span, TaskExample, build_prompt, format_answer, \
     parse_answer
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, gather_objects
@@ -163,11 +163,9 @@ def scores_from_predictions(path: str | Path) -> dict[str, Any]:
 
 def evaluator_for_run(cfg: TrainConfig, report: Any) -> GenerationEvaluator | None:
     """The run's evaluator: task ``nlu`` with held-out classify/extract examples and ``gen_eval_samples > 0``."""
-    examples = getattr(report, "eval_examples", None) or []
+    examples = report.eval_examples   # ecomkit.data.build: held-out TaskExamples, in the run's prompt format
     if cfg.task != "nlu" or cfg.gen_eval_samples == 0 or not examples:
         return None
     settings = DecodeSettings(max_new_tokens=cfg.gen_max_new_tokens, num_beams=cfg.gen_num_beams,
                               batch_size=cfg.gen_batch_size, use_cache=cfg.gen_use_cache, max_length=cfg.seq_len)
-    return GenerationEvaluator.build(examples, getattr(report, "train_spans", ()),
-                                     getattr(cfg, "prompt_format", DEFAULT_PROMPT_FORMAT), settings,
-                                     cfg.gen_eval_samples)
+    return GenerationEvaluator.build(examples, report.train_spans, report.prompt_format, settings, cfg.gen_eval_samples)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 Span = tuple[str, str]  # (label, surface text): what extraction is scored on
 
@@ -99,16 +99,18 @@ class SpanDictionary:
     label_of: dict[str, str]
 
     @classmethod
-    def from_spans(cls, spans: Iterable[Span]) -> "SpanDictionary":
+    def from_spans(cls, spans: Iterable[Span] | Mapping[Span, int]) -> "SpanDictionary":
         """Count (label, span) pairs from training; a span seen under several labels keeps its most frequent one.
 
+        ``spans``: the pairs (one per occurrence), or a ``Counter`` of them.
         Ties go to the label that sorts first, so the dictionary does not depend
         on the order the training examples were read in.
         """
+        pairs = spans.items() if isinstance(spans, Mapping) else ((pair, 1) for pair in spans)
         counts: dict[str, Counter] = defaultdict(Counter)
-        for label, span in spans:
+        for (label, span), n in pairs:
             if span:
-                counts[span][label] += 1
+                counts[span][label] += n
         return cls({span: min(c, key=lambda lab: (-c[lab], lab)) for span, c in counts.items()})
 
     def predict(self, text: str, labels: Sequence[str]) -> frozenset[Span]:
