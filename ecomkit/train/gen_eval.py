@@ -36,7 +36,7 @@ from typing import Any, Iterable, Sequence
 from ecomkit.data.formats import KIND_CLASSIFY, KIND_EXTRACT, Span, TaskExample, build_prompt, format_answer, \
     parse_answer
 from ecomkit.config import TrainConfig
-from ecomkit.dist import DistEnv, gather_objects
+from ecomkit.dist import DistEnv, gather_objects, log
 from ecomkit.train.generate import DecodeSettings, decode_mode, generate_texts
 from ecomkit.train.task_metrics import (SpanDictionary, classification_scores, extraction_scores, majority_predictions,
                                         margin_points)
@@ -164,8 +164,16 @@ def scores_from_predictions(path: str | Path) -> dict[str, Any]:
 def evaluator_for_run(cfg: TrainConfig, report: Any) -> GenerationEvaluator | None:
     """The run's evaluator: task ``nlu`` with held-out classify/extract examples and ``gen_eval_samples > 0``."""
     examples = report.eval_examples   # ecomkit.data.build: held-out TaskExamples, in the run's prompt format
-    if cfg.task != "nlu" or cfg.gen_eval_samples == 0 or not examples:
+    if cfg.task != "nlu" or cfg.gen_eval_samples == 0:
         return None
+    if not examples:
+        log.info("evaluation by generation: none of the held-out records gives a classification or extraction "
+                 "example (instruction rows are scored by their loss only)")
+        return None
+    settings_line = (f"evaluation by generation: {min(cfg.gen_eval_samples, len(examples))} of {len(examples)} "
+                     f"held-out examples per evaluation, {'greedy' if cfg.gen_num_beams == 1 else f'{cfg.gen_num_beams} beams'}"
+                     f", up to {cfg.gen_max_new_tokens} new tokens, prompt format {report.prompt_format}")
+    log.info(settings_line)
     settings = DecodeSettings(max_new_tokens=cfg.gen_max_new_tokens, num_beams=cfg.gen_num_beams,
                               batch_size=cfg.gen_batch_size, use_cache=cfg.gen_use_cache, max_length=cfg.seq_len)
     return GenerationEvaluator.build(examples, report.train_spans, report.prompt_format, settings, cfg.gen_eval_samples)
