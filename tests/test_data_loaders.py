@@ -88,6 +88,14 @@ CASES = {  # reason: (the bad line, the field strict mode names, load_records ar
     "unmapped_label": (_line(sentiment=2), "sentiment", {"label_map": SENTIMENT_01}),
     "undecodable_bytes": (b'{"title": "\xff\xfe bad", "price": 1, "spec": "s", "review": "r"}', None, {}),
     "malformed_line": (b'{"title": "unterminated', None, {}),
+    "span_offsets": (json.dumps({"text": "华为手机", "spans": [{"type": "品牌", "term": "华为", "start": 1, "end": 3}]},
+                                ensure_ascii=False).encode(), "spans", {}),
+    "inclusive_span_end": (json.dumps({"text": "华为手机", "spans": [{"type": "品牌", "term": "华为", "start": 0,
+                                                                 "end": 1}]}, ensure_ascii=False).encode(), "spans", {}),
+    "overlapping_spans": (json.dumps({"text": "华为手机", "label": {"品牌": {"华为": [[0, 1]], "为手": [[1, 2]]}}},
+                                     ensure_ascii=False).encode(), "spans", {}),
+    "malformed_tags": (json.dumps({"tokens": list("华为手机"), "ner_tags": ["I-品牌", "I-品牌", "O", "O"]},
+                                  ensure_ascii=False).encode(), "ner_tags", {}),
 }
 
 
@@ -99,6 +107,10 @@ def test_every_reason_has_a_case():
 def test_lenient_counts_each_reason(tmp_path, reason, caplog):
     line, _, kwargs = CASES[reason]
     path = _jsonl_with_bad_line(tmp_path, line, **kwargs)
+    if reason == "inclusive_span_end":   # the only span row looks inclusive: a convention, the file is refused
+        with pytest.raises(DataError, match=r"1 of 1 rows with spans.*--span-end inclusive"):
+            load_records(path, **kwargs)
+        return
     with caplog.at_level(logging.WARNING, logger="ecomkit.data"):
         result = load_records(path, **kwargs)
     report = result.report

@@ -22,7 +22,7 @@ from ecomkit.config.validate import LABEL_MAP_TARGETS
 from ecomkit.data import (build_datasets, lengths_array, load_records, stratified_split, write_csv, write_jsonl)
 from ecomkit.data.catalog import CATEGORIES, review_rows
 from ecomkit.data.tokenize import IGNORE_INDEX
-from ecomkit.data.validate import LABEL_FIELDS
+from ecomkit.data.validate import MAP_KEYS
 from ecomkit.errors import ConfigError, DataError
 from ecomkit.models.tokenizer import get_tokenizer
 
@@ -173,7 +173,7 @@ def test_label_map_from_flag_and_yaml_and_its_checks(tmp_path):
             parse_config(["--label-map", bad])
     with pytest.raises((ConfigError, SystemExit)):
         parse_config(["--max-bad-fraction", "1.5"])
-    assert LABEL_MAP_TARGETS == LABEL_FIELDS
+    assert LABEL_MAP_TARGETS == MAP_KEYS
 
 
 # ----------------------------------------------------------------- the acceptance run: 2 processes, learns both targets

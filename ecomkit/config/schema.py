@@ -104,6 +104,12 @@ class TrainConfig:
     label_map: dict[str, dict[str, str]] | None = None  # raw label -> name, e.g. {"sentiment": {"0": "negative"}}
     strict_data: bool = False         # raise on the first malformed row instead of skipping it
     max_bad_fraction: float = 0.05    # stop when more than this share of a file's rows is malformed
+    prompt_format: str = "seqgpt"     # nlu prompt layout: seqgpt (SeqGPT-560M's own prompt), ecomgpt (EcomGPT's
+                                      #   instruction block) or ecomkit (the earlier task prompts); saved with the model
+    eval_data: str = ""               # evaluate on this file (same shapes and maps) instead of a 5 % split; "" = split
+    labels: str = ""                  # extraction label set in prompt order, comma-separated, e.g. 品牌,颜色
+                                      #   ("" = every span label of the data; spans of other labels are left out)
+    span_end: str = "exclusive"       # end offsets of span lists: exclusive (Python slicing) or inclusive
     bucketed: bool = True             # length-bucketed batches (less padding)
     seq_len: int = 128                # max tokens per sample (truncation)
     micro_batch_size: int = 8         # samples per device per forward/backward

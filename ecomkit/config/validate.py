@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ecomkit.config.vocabulary import (ATTN_IMPLS, CLIP_POLICIES, COMPRESSIONS, HOOK_STRATEGIES, MESH_STRATEGIES,
+                                       PROMPT_FORMATS, SPAN_ENDS,
                                        PP_SCHEDULES, PRECISIONS, STRATEGIES, STRATEGIES_WITHOUT_DCP, TASKS,
                                        StrategyName, check_choice)
 from ecomkit.errors import ConfigError
@@ -264,9 +265,9 @@ def check_fault_config(cfg: "TrainConfig") -> None:
 
 
 # ---------------------------------------------------------------------- data
-# The targets a label_map may map: ecomkit.data.validate.LABEL_FIELDS (the data floor sits above this one;
+# The keys a label_map may have: ecomkit.data.validate.MAP_KEYS (the data floor sits above this one;
 # tests/test_user_data.py checks the two agree).
-LABEL_MAP_TARGETS = ("category", "sentiment", "brand")
+LABEL_MAP_TARGETS = ("category", "sentiment", "brand", "spans", "ner_tags")
 
 
 def check_data_source(cfg: "TrainConfig") -> None:
@@ -282,6 +283,21 @@ def check_data_source(cfg: "TrainConfig") -> None:
         raise ConfigError(f"max_bad_fraction={cfg.max_bad_fraction} (flag --max-bad-fraction) must be in [0, 1]: "
                           "the share of malformed rows above which a run stops, e.g. 0.05.")
     check_label_map_shape(cfg.label_map)
+    check_task_data(cfg)
+
+
+def check_task_data(cfg: "TrainConfig") -> None:
+    """The NLU prompt format, the eval file, the extraction labels and the span-end convention."""
+    check_choice("prompt_format", cfg.prompt_format, PROMPT_FORMATS)
+    check_choice("span_end", cfg.span_end, SPAN_ENDS)
+    if cfg.eval_data and not Path(cfg.eval_data).exists():
+        raise ConfigError(f"Eval file '{cfg.eval_data}' (flag --eval-data) does not exist (resolved to "
+                          f"{Path(cfg.eval_data).resolve()}). Pass a .jsonl/.csv file or save_to_disk directory in "
+                          "the shape of --data, or leave it empty to hold out 5 % of the data.")
+    names = [n.strip() for n in cfg.labels.split(",")] if cfg.labels else []
+    if any(not n for n in names) or len(set(names)) != len(names):
+        raise ConfigError(f"labels={cfg.labels!r} (flag --labels) must be distinct, non-empty label names separated "
+                          "by commas, e.g. --labels 品牌,颜色,尺码.")
 
 
 def check_label_map_shape(label_map: Any) -> None:
@@ -292,6 +308,8 @@ def check_label_map_shape(label_map: Any) -> None:
     if not isinstance(label_map, dict):
         raise ConfigError(f"label_map must be an object of target -> {{raw value: label}}, e.g. --label-map {example}.")
     for target, mapping in label_map.items():
+        if target == "ner_tags" and isinstance(mapping, list) and mapping and all(isinstance(v, str) for v in mapping):
+            continue   # tag names by integer id, e.g. ["O", "B-PER", "I-PER"]
         if target not in LABEL_MAP_TARGETS:
             raise ConfigError(f"label_map has the key {target!r}; it maps the values of one of "
                               f"{list(LABEL_MAP_TARGETS)}, e.g. --label-map {example}.")

@@ -60,13 +60,16 @@ ATTN_IMPLS = ("eager", "sdpa", "flex")
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "topk", "topk_naive")
 PP_SCHEDULES = ("gpipe", "1f1b")
 ZERO_STAGES = (0, 1, 2, 3)
+# NLU prompt layouts (ecomkit.data.formats) and span-list end conventions (ecomkit.data.spans).
+PROMPT_FORMATS = ("seqgpt", "ecomgpt", "ecomkit")
+SPAN_ENDS = ("exclusive", "inclusive")
 
 # The allowed values of each config field that has a fixed list, by dotted field name: the CLI shows them
 # as the flag's metavar and in its help (``--zero-stage {0,1,2,3}``); TrainConfig.validate() enforces them.
 FIELD_CHOICES: dict[str, tuple] = {
     "attn": ATTN_IMPLS, "task": TASKS, "clip_policy": CLIP_POLICIES, "precision": PRECISIONS,
     "strategy": STRATEGIES, "zero.stage": ZERO_STAGES, "compression.method": COMPRESSIONS,
-    "parallel.pp_schedule": PP_SCHEDULES,
+    "parallel.pp_schedule": PP_SCHEDULES, "prompt_format": PROMPT_FORMATS, "span_end": SPAN_ENDS,
 }
 
 

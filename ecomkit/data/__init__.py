@@ -27,7 +27,8 @@ from ecomkit.data.formats import (
     parse_answer,
     prompt_and_answer,
 )
-from ecomkit.data.loaders import LoadResult, load_records, write_csv, write_hf_dataset, write_jsonl
+from ecomkit.data.loaders import LoadResult, load_records
+from ecomkit.data.writers import write_csv, write_hf_dataset, write_jsonl
 from ecomkit.data.padding import PaddingComparison, compare_padding, epoch_micro_batches, padding_rate
 from ecomkit.data.stream import lengths_array, map_batches, read_columns
 from ecomkit.data.sampler import DistributedBatchSampler, plan_global_batches

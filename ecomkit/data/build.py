@@ -9,14 +9,31 @@ The split is done on *records* before the NLU expansion, so an eval record
 never has one of its instruction examples in the training set, and it is
 **stratified** by the classification labels (category × sentiment): each
 label keeps its share in the held-out set, so a rare category is evaluated
-too and the majority baseline of the eval set is that of the data.
+too and the majority baseline of the eval set is that of the data. With
+``eval_data`` (``--eval-data FILE``) there is no split: the whole source trains
+and the file (same shapes, column map and label map) is the eval set.
+
+**For evaluation by generation** the report carries, besides the tokenised sets:
+
+- ``report.eval_examples``: the held-out examples as
+  :class:`~ecomkit.data.formats.TaskExample` (classification and extraction, in
+  eval-record order; instruction rows have none), laid out by
+  ``report.prompt_format``;
+- ``report.train_spans``: a ``Counter`` of ``(label, span)`` over the training
+  records' extraction spans (computed on first use), for the dictionary baseline;
+- ``report.labels["extract"]``: the extraction label set, in prompt order (from
+  ``labels`` when given, else every span label of the data, sorted), and
+  ``report.spans_outside_labels``: spans left out because their label is not in it.
 """
 
 from __future__ import annotations
 
 import os
+import json
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -24,9 +41,11 @@ import pyarrow.compute as pc
 from datasets import Dataset
 
 from ecomkit.data.arrow import cached_table, fingerprint
-from ecomkit.data.catalog import MIN_ROWS, generate_catalog_chunks
+from ecomkit.data.catalog import MIN_ROWS, SPAN_LABELS, catalog_spans, generate_catalog_chunks
+from ecomkit.data.formats import DEFAULT_PROMPT_FORMAT, TaskExample, check_format
 from ecomkit.data.loaders import RECORD_FEATURES, load_records
-from ecomkit.data.tasks import CLASSIFICATION_TASKS, KINDS, check_task, labels_from_values
+from ecomkit.data.spans import spans_json
+from ecomkit.data.tasks import CLASSIFICATION_TASKS, KINDS, check_task, labels_from_values, record_task_examples
 from ecomkit.data.stream import label_codes, read_columns
 from ecomkit.data.tokenize import tokenize_records
 from ecomkit.data.validate import RECORD_FIELDS, ValidationReport, check_bad_fraction
@@ -51,6 +70,19 @@ class BuildReport:
     examples_per_kind: dict[str, int] = field(default_factory=dict)   # train + eval, kinds with examples
     n_usable: int = 0                  # valid records before any cap
     max_rows: int | None = None        # the cap the caller asked for (None: all rows)
+    prompt_format: str = DEFAULT_PROMPT_FORMAT
+    eval_examples: list[TaskExample] = field(default_factory=list, repr=False)   # see the module docstring
+    spans_outside_labels: dict[str, int] = field(default_factory=dict)          # label -> spans left out
+    eval_source: str | None = None     # the eval_data file, when one was given
+    eval_validation: ValidationReport | None = None
+    _train_spans: object = field(default=None, repr=False, compare=False)       # a Counter, or how to make it
+
+    @property
+    def train_spans(self) -> Counter:
+        """``Counter((label, span))`` over the training records' spans in the extraction label set."""
+        if callable(self._train_spans):
+            self._train_spans = self._train_spans()
+        return self._train_spans if self._train_spans is not None else Counter()
 
     @property
     def capped(self) -> bool:
@@ -63,22 +95,32 @@ class BuildReport:
                 "max_rows": self.max_rows, "records_used": self.n_train_records + self.n_eval_records,
                 "train_records": self.n_train_records, "eval_records": self.n_eval_records,
                 "train_examples": self.n_train_examples, "eval_examples": self.n_eval_examples,
-                "examples_per_kind": dict(self.examples_per_kind), "labels": {k: list(v) for k, v in self.labels.items()}}
+                "examples_per_kind": dict(self.examples_per_kind), "labels": {k: list(v) for k, v in self.labels.items()},
+                "prompt_format": self.prompt_format, "eval_source": self.eval_source,
+                "eval_skipped": dict(self.eval_validation.counts) if self.eval_validation else {},
+                "spans_outside_labels": dict(self.spans_outside_labels)}
 
     def summary(self) -> str:
         used = self.n_train_records + self.n_eval_records
         cap = (f"Capped by max_rows={self.max_rows:,}: using {used:,} of {self.n_usable:,} valid records."
                if self.capped else f"Using all {used:,} valid records.")
         kinds = ", ".join(f"{k} {n:,}" for k, n in self.examples_per_kind.items()) or "none"
-        return (f"{self.validation.summary()} {cap} Split (stratified by label): {self.n_train_records:,} train / "
+        split = (f"Eval set: {self.eval_validation.summary()} Records: " if self.eval_validation
+                 else "Split (stratified by label): ")
+        outside = ", ".join(f"{k} {n:,}" for k, n in sorted(self.spans_outside_labels.items()))
+        dropped = (f" Spans left out, their label not in the extraction labels {list(self.labels.get('extract', ()))}"
+                   f": {outside}." if outside else "")
+        return (f"{self.validation.summary()} {cap} {split}{self.n_train_records:,} train / "
                 f"{self.n_eval_records:,} eval records -> {self.n_train_examples:,} / {self.n_eval_examples:,} "
-                f"tokenized examples. Examples built per kind: {kinds}.")
+                f"tokenized examples. Examples built per kind: {kinds}.{dropped}")
 
 
 def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed: int, task: str, tokenizer,
                    max_length: int, eval_fraction: float = 0.05, column_map: Mapping[str, str] | None = None,
                    strict: bool = False, num_proc: int = 1, label_map: Mapping[str, Mapping[str, str]] | None = None,
-                   max_rows: int | None = None, max_bad_fraction: float = 0.05):
+                   max_rows: int | None = None, max_bad_fraction: float = 0.05,
+                   prompt_format: str = DEFAULT_PROMPT_FORMAT, eval_data: str | os.PathLike | None = None,
+                   labels: Sequence[str] | None = None, span_end: str = "exclusive"):
     """Return ``(train_ds, eval_ds, eval_records, report)``.
 
     ``source="synthetic"`` generates ``n_rows`` catalog rows with ``seed``;
@@ -86,53 +128,119 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     ``save_to_disk`` directory), every valid row, or ``max_rows`` of them
     (a random subset drawn with ``seed``) when given. ``ceil(eval_fraction * n)``
     records, stratified by label, are the eval set, so the split depends only
-    on ``(data, seed)``. ``eval_records`` is that set as a record table (in a
-    random order), for candidate-scoring accuracy; ``report`` is a
-    :class:`BuildReport` (``report.labels`` the candidates per target).
+    on ``(data, seed)``; or, with ``eval_data``, that file is the eval set
+    (loaded with the same maps) and every source record trains.
+    ``eval_records`` is the eval set as a record table (in a random order, or
+    the file's), for candidate-scoring accuracy; ``report`` is a
+    :class:`BuildReport` (``report.labels`` the candidates per target and the
+    extraction labels; ``report.eval_examples`` and ``report.train_spans`` for
+    evaluation by generation, see the module docstring). ``prompt_format``
+    lays out NLU examples (:mod:`ecomkit.data.formats`); ``labels``: the
+    extraction label set, in prompt order; ``span_end``: how span-list end
+    offsets count (:mod:`ecomkit.data.spans`).
     """
     check_task(task)
+    check_format(prompt_format)
     if not 0.0 < eval_fraction < 1.0:
         raise ConfigError(f"eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction}.")
     if max_rows is not None and max_rows < 2:
         raise ConfigError(f"max_rows must be at least 2 (or None for all rows), got {max_rows}.")
-    records, validation = _source_records(source, n_rows, seed, task, column_map, strict, label_map, num_proc)
+    maps = {"column_map": column_map, "strict": strict, "label_map": label_map, "num_proc": num_proc,
+            "span_end": span_end}
+    records, validation = _source_records(source, n_rows, seed, task, **maps)
     check_bad_fraction(validation, max_bad_fraction)
     n_valid = len(records)
     if max_rows is not None and max_rows < n_valid:   # a random subset, written as its own contiguous table
         keep = np.sort(np.random.default_rng([seed, 1]).permutation(n_valid)[:max_rows])
         records = records.select(keep).flatten_indices(
             new_fingerprint=fingerprint("capped", records._fingerprint, max_rows, seed))
-    targets = read_columns(records, CLASSIFICATION_TASKS)      # one pass over the table for every target
-    labels = {t: labels_from_values(pc.unique(targets.column(t)).to_pylist(), t) for t in CLASSIFICATION_TASKS}
-    order = np.random.default_rng(seed).permutation(len(records))
-    eval_idx, train_idx = stratified_split(order, _strata(targets, labels, order), eval_fraction)
+    eval_table, eval_validation = None, None
+    if eval_data is not None:
+        eval_table, eval_validation = _source_records(eval_data, None, seed, task, **maps)
+        check_bad_fraction(eval_validation, max_bad_fraction)
+    tables = [records] + ([eval_table] if eval_table is not None else [])
+    targets = [read_columns(t, CLASSIFICATION_TASKS) for t in tables]   # one pass per table for every target
+    all_labels = {t: labels_from_values({v for tab in targets for v in pc.unique(tab.column(t)).to_pylist()}, t)
+                  for t in CLASSIFICATION_TASKS}
+    synthetic = str(source) == SYNTHETIC
+    span_counts = None if synthetic and labels is None else _span_label_counts(tables)
+    extract = tuple(labels) if labels else (SPAN_LABELS if synthetic else tuple(sorted(span_counts)))
+    if extract:                                                   # only data with spans has an extraction label set
+        all_labels["extract"] = extract
+    outside = {k: n for k, n in (span_counts or {}).items() if k not in extract}
+    if eval_table is None:
+        order = np.random.default_rng(seed).permutation(len(records))
+        eval_idx, train_idx = stratified_split(order, _strata(targets[0], all_labels, order), eval_fraction)
+    else:
+        eval_idx, train_idx = np.arange(len(eval_table)), np.arange(len(records))
     del targets                                                  # not held while the table is tokenised
     if len(train_idx) == 0:
-        raise DataError(f"{source}: only {len(order)} usable records, too few to split off an eval set with "
-                        f"eval_fraction={eval_fraction}. Provide more rows.")
+        raise DataError(f"{source}: only {len(records)} usable records, too few to split off an eval set with "
+                        f"eval_fraction={eval_fraction}. Provide more rows, or an eval file (eval_data).")
+    tok = {"labels": all_labels, "keep_kind": True, "prompt_format": prompt_format}
     # Tokenise the whole table in one sequential pass (cached per table, whatever the seed), then split the
     # examples by their source record: training rows in table order (the sampler shuffles), eval rows in the
     # random order of the eval records. Reading a table through an indices mapping would cost memory per row.
-    tokenized = tokenize_records(records, tokenizer, task, max_length, num_proc, labels=labels, keep_kind=True)
+    tokenized = tokenize_records(records, tokenizer, task, max_length, num_proc, **tok)
     built = read_columns(tokenized, ["record", "kind"])
-    source_record = built.column("record").to_numpy()
-    position = np.full(len(records), -1, dtype=np.int64)
+    kinds = np.bincount(built.column("kind").to_numpy().astype(np.int64), minlength=len(KINDS))
+    if eval_table is None:
+        train_rows, eval_rows = _rows_by_record(built.column("record").to_numpy(), len(records), eval_idx)
+        eval_records, eval_name = records.select(eval_idx), Path(str(source)).name
+        tokenized = tokenized.remove_columns(["kind", "record"])
+        train_ds, eval_ds = tokenized.select(train_rows), tokenized.select(eval_rows)
+    else:
+        eval_tok = tokenize_records(eval_table, tokenizer, task, max_length, num_proc, **tok)
+        kinds += np.bincount(read_columns(eval_tok, ["kind"]).column(0).to_numpy().astype(np.int64),
+                             minlength=len(KINDS))
+        train_ds, eval_ds = (t.remove_columns(["kind", "record"]) for t in (tokenized, eval_tok))
+        eval_records, eval_name = eval_table, Path(str(eval_data)).name
+    if kinds.sum() == 0:
+        raise DataError(f"{source}: no {task} example could be built from {len(records):,} valid records. For task "
+                        f"'nlu' a record needs a target (category, sentiment, brand, price) or spans and a text to "
+                        f"read it from, or an instruction pair; check column_map, or use task='lm'.")
+    report = BuildReport(str(source), validation, len(train_idx), len(eval_idx), len(train_ds), len(eval_ds),
+                         all_labels["category"], all_labels, {k: int(n) for k, n in zip(KINDS, kinds) if n},
+                         n_valid, max_rows, prompt_format, eval_source=None if eval_data is None else str(eval_data),
+                         eval_validation=eval_validation, spans_outside_labels=outside)
+    if task == "nlu":
+        report.eval_examples = _task_examples(eval_records, all_labels, eval_name)
+        report._train_spans = lambda: _span_counter(records, train_idx, extract)
+    return train_ds, eval_ds, eval_records, report
+
+
+def _rows_by_record(source_record: np.ndarray, n_records: int, eval_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Example rows of the training records (table order) and of the eval records (in ``eval_idx`` order)."""
+    position = np.full(n_records, -1, dtype=np.int64)
     position[eval_idx] = np.arange(len(eval_idx))
     row_position = position[source_record]
     eval_rows = np.flatnonzero(row_position >= 0)
     eval_rows = eval_rows[np.argsort(row_position[eval_rows], kind="stable")]
-    train_rows = np.flatnonzero(row_position < 0)
-    kinds = np.bincount(built.column("kind").to_numpy().astype(np.int64), minlength=len(KINDS))
-    if kinds.sum() == 0:
-        raise DataError(f"{source}: no {task} example could be built from {len(order):,} valid records. For task "
-                        f"'nlu' a record needs a target (category, sentiment, brand, price) and a text to read it "
-                        f"from, or an instruction pair; check column_map, or use task='lm'.")
-    tokenized = tokenized.remove_columns(["kind", "record"])
-    train_ds, eval_ds = tokenized.select(train_rows), tokenized.select(eval_rows)
-    report = BuildReport(str(source), validation, len(train_idx), len(eval_idx), len(train_ds), len(eval_ds),
-                         labels["category"], labels, {k: int(n) for k, n in zip(KINDS, kinds) if n},
-                         n_valid, max_rows)
-    return train_ds, eval_ds, records.select(eval_idx), report
+    return np.flatnonzero(row_position < 0), eval_rows
+
+
+def _task_examples(table: Dataset, labels: Mapping[str, Sequence[str]], name: str) -> list[TaskExample]:
+    """The TaskExamples of every record of ``table``, in its order; ids are ``<name>:<record index>/<kind>``."""
+    return [ex for i, record in enumerate(table) for _, ex in record_task_examples(record, labels, f"{name}:{i}")]
+
+
+def _span_label_counts(tables: Sequence[Dataset]) -> Counter:
+    """Spans per label over the tables (one pass over their ``spans`` column)."""
+    counts: Counter = Counter()
+    for table in tables:
+        for value in read_columns(table, ["spans"]).column(0).to_pylist():
+            if value:
+                counts.update(label for label, *_ in json.loads(value))
+    return counts
+
+
+def _span_counter(records: Dataset, train_idx: np.ndarray, names: Sequence[str]) -> Counter:
+    column = read_columns(records, ["spans"]).column(0).take(pa.array(train_idx))
+    wanted, counts = set(names), Counter()
+    for value in column.to_pylist():
+        if value:
+            counts.update((label, term) for label, _, _, term in json.loads(value) if label in wanted)
+    return counts
 
 
 def stratified_split(order: np.ndarray, strata: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarray]:
@@ -160,24 +268,27 @@ def _strata(targets: pa.Table, labels: Mapping[str, tuple[str, ...]], order: np.
     return key[order]
 
 
-def _source_records(source, n_rows, seed, task, column_map, strict, label_map,
-                    num_proc) -> tuple[Dataset, ValidationReport]:
+def _source_records(source, n_rows, seed, task, column_map, strict, label_map, num_proc,
+                    span_end) -> tuple[Dataset, ValidationReport]:
     if str(source) == SYNTHETIC:
         if n_rows is None or not MIN_ROWS <= n_rows <= MAX_SYNTHETIC_ROWS:
             raise ConfigError(f"n_rows (the size of the synthetic catalog) must be in {MIN_ROWS}.."
                               f"{MAX_SYNTHETIC_ROWS:,}, "
                               f"got {n_rows} (e.g. n_rows=2000).")
-        records = cached_table(fingerprint("synthetic", n_rows, seed), lambda: _synthetic_batches(n_rows, seed),
+        records = cached_table(fingerprint("synthetic", n_rows, seed, RECORD_FIELDS),
+                               lambda: _synthetic_batches(n_rows, seed),
                                RECORD_FEATURES)
         return records, ValidationReport(source=SYNTHETIC, total=len(records), kept=len(records))
     if n_rows is not None:
         raise ConfigError(f"n_rows={n_rows} sets the size of the synthetic catalog; {source} is a file, used whole. "
                           f"To use part of it, pass max_rows (--max-rows).")
     result = load_records(source, column_map=column_map, task=task, strict=strict, label_map=label_map,
-                          num_proc=num_proc)
+                          num_proc=num_proc, span_end=span_end)
     return result.dataset, result.report
 
 
 def _synthetic_batches(n_rows: int, seed: int) -> Iterator[dict[str, list]]:
     for chunk in generate_catalog_chunks(n_rows, seed):
+        for record in chunk:
+            record["spans"] = spans_json(catalog_spans(record), record["title"])
         yield {name: [record.get(name) for record in chunk] for name in RECORD_FIELDS}

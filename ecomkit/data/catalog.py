@@ -13,6 +13,11 @@ experiments are sensitive to:
 - sentiment labels that are consistent with the text (each review opens with
   a strongly polar phrase), so NLU accuracy can actually improve with training.
 
+Extraction targets: every title holds its brand (first) and the value of the
+category's first spec attribute (颜色, 容量, 尺码, ...); :func:`catalog_spans`
+locates both, labelled ``品牌`` and the attribute's name, so the catalog has an
+extraction task whose answer is always in the text.
+
 All random draws are vectorised with numpy from one ``default_rng(seed)`` in a
 fixed order; only the final string assembly is a Python loop, which keeps
 100k rows well under a second or two.
@@ -75,6 +80,27 @@ def generate_catalog(n_rows: int, seed: int | tuple[int, ...] = 0) -> list[dict]
         }
         for i in range(n_rows)
     ]
+
+
+BRAND_SPAN_LABEL = "品牌"
+SPAN_LABELS: tuple[str, ...] = (BRAND_SPAN_LABEL, *dict.fromkeys(row[5][0][0] for row in CATEGORY_TABLE))
+
+
+def catalog_spans(record: dict) -> list[tuple[str, int, int]]:
+    """``(label, start, end)`` (end exclusive) of the brand and the first spec value inside a catalog title.
+
+    Derived from the record's own fields (no random draw), so it adds nothing
+    to generation time and changes no catalog row: the title is
+    ``brand[mark] ... value [code]`` with space-separated parts (see ``_titles``).
+    """
+    title, brand = record["title"], record["brand"]
+    key, value = record["spec"].split(";")[0].split(":", 1)
+    spans = [(BRAND_SPAN_LABEL, 0, len(brand))] if title.startswith(brand) else []
+    for head in (title, title.rsplit(" ", 1)[0]):
+        if head.endswith(" " + value):
+            spans.append((key.strip(), len(head) - len(value), len(head)))
+            break
+    return spans
 
 
 def generate_catalog_chunks(n_rows: int, seed: int = 0, chunk_rows: int = 100_000) -> Iterator[list[dict]]:

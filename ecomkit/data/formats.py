@@ -43,14 +43,19 @@ the separators is split by the parser; gold sets are therefore compared as
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import unicodedata
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ecomkit.errors import ConfigError
+from ecomkit.config.vocabulary import PROMPT_FORMATS as _FORMATS
+from ecomkit.errors import ConfigError, DataError
 
-PROMPT_FORMATS: tuple[str, ...] = ("seqgpt", "ecomgpt", "ecomkit")
+PROMPT_FORMATS: tuple[str, ...] = _FORMATS      # ("seqgpt", "ecomgpt", "ecomkit"), one home in config.vocabulary
+TASK_FILE = "ecomkit_task.json"   # beside config.json in a saved model: the format and labels it was trained with
 DEFAULT_PROMPT_FORMAT = "seqgpt"
 KIND_CLASSIFY, KIND_EXTRACT = "classify", "extract"
 TASK_KINDS: tuple[str, ...] = (KIND_CLASSIFY, KIND_EXTRACT)
@@ -223,3 +228,46 @@ def _norm_label(text: str) -> str:
 def _first_index(text: str, span: str) -> int:
     index = text.find(span)
     return index if index >= 0 else len(text)
+
+
+def parse_labels(text: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``"品牌,颜色"`` (``--labels``; ``，`` works too) or a sequence -> ``("品牌", "颜色")``; empty -> ``()``."""
+    if not text:
+        return ()
+    items = re.split(r"[,，]", text) if isinstance(text, str) else list(text)
+    return tuple(item.strip() for item in items if item.strip())
+
+
+def write_task_file(model_dir: str | os.PathLike, *, prompt_format: str, task: str,
+                    labels: Mapping[str, Sequence[str]], kinds: Sequence[str] = ()) -> Path:
+    """Record in a saved model how it was trained: ``<model_dir>/ecomkit_task.json``.
+
+    ``{"prompt_format", "task", "labels": {"category": [...], "sentiment": [...],
+    "extract": [...]}, "kinds": [...]}`` (``kinds``: the example kinds trained on).
+    Evaluation and ``ecomkit.predict`` read it back with :func:`read_task_file`,
+    so a model is prompted in the format it learned.
+    """
+    check_format(prompt_format)
+    path = Path(model_dir) / TASK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    info = {"prompt_format": prompt_format, "task": task, "labels": {k: list(v) for k, v in labels.items()},
+            "kinds": list(kinds)}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(info, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def read_task_file(model_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The dict :func:`write_task_file` wrote, or None for a model ecomkit did not train (e.g. the released
+    SeqGPT-560M weights, whose format is ``seqgpt``)."""
+    path = Path(model_dir) / TASK_FILE
+    if not path.is_file():
+        return None
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+        check_format(info["prompt_format"])
+    except (json.JSONDecodeError, KeyError, TypeError, ConfigError) as exc:
+        raise DataError(f"{path} is not a valid ecomkit task file ({exc}). Delete it to prompt the model in the "
+                        f"default '{DEFAULT_PROMPT_FORMAT}' format, or re-save the model.") from None
+    return info

@@ -20,7 +20,15 @@ Two steps, both written to memory-mapped Arrow tables cached by content hash
 ``column_map`` maps *your* column names to ecomkit fields, e.g.
 ``{"product_name": "title", "label": "sentiment"}``; error messages name your
 column. ``label_map`` maps raw label values to label names, e.g.
-``{"sentiment": {"0": "negative", "1": "positive"}}``. Other columns are ignored.
+``{"sentiment": {"0": "negative", "1": "positive"}}``; its ``spans`` key renames
+extraction types and ``ner_tags`` names integer tag ids. Other columns are ignored.
+
+Extraction rows come in three shapes (span lists, spans nested by label, token
+tags; :mod:`ecomkit.data.spans`); ``span_end`` says whether span-list end offsets
+are exclusive (the default) or inclusive. A file whose span lists look inclusive
+(most span rows' terms sit at ``text[start:end + 1]``) is refused with that fix.
+A ``save_to_disk`` directory whose ``ner_tags`` feature is a ``ClassLabel``
+sequence gives the tag names itself.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict, Features, Value, load_from_disk
 
 from ecomkit.data.arrow import cached_table, file_digest, fingerprint
+from ecomkit.data.spans import check_span_end
 from ecomkit.data.stream import map_batches, read_columns
 from ecomkit.data.tasks import check_task
 from ecomkit.data.validate import (
@@ -82,7 +91,7 @@ class LoadResult:
 
 def load_records(path: str | os.PathLike, *, column_map: Mapping[str, str] | None = None, task: str = "lm",
                  strict: bool = False, max_chars: int = 4096, label_map: Mapping[str, Mapping[str, str]] | None = None,
-                 num_proc: int = 1) -> LoadResult:
+                 num_proc: int = 1, span_end: str = "exclusive") -> LoadResult:
     """Load and validate records from ``path``, choosing the reader by extension.
 
     ``strict=True`` raises :class:`DataError` at the first malformed row
@@ -93,21 +102,48 @@ def load_records(path: str | os.PathLike, *, column_map: Mapping[str, str] | Non
     path = Path(path)
     column_map, label_map = _check_column_map(column_map), check_label_map(label_map)
     check_task(task)
+    check_span_end(span_end)
     raw, from_file = _raw_table(path, column_map, task)
-    key = fingerprint("validated", raw._fingerprint, column_map, label_map, max_chars)
+    if not from_file and "ner_tags" not in label_map:
+        label_map.update(check_label_map(_class_label_names(raw, column_map)))
+    key = fingerprint("validated", raw._fingerprint, column_map, label_map, max_chars, span_end, RECORD_FIELDS)
     validated = map_batches(raw, _validate_batch, key=key, features=VALIDATED_FEATURES, num_proc=num_proc,
                             fn_kwargs={"column_map": column_map, "label_map": label_map, "max_chars": max_chars,
-                                       "from_file": from_file}, desc="validating rows")
+                                       "from_file": from_file, "span_end": span_end}, desc="validating rows")
     report = _report(str(path), validated)
     if strict and report.counts:
         first = min(report.first_issue.values(), key=lambda issue: _row_number(issue.location))
         raise strict_error(str(path), first, {ours: theirs for theirs, ours in column_map.items()})
+    _refuse_inclusive_offsets(report, validated)
     _finish(report)
     if not report.skipped:
         return LoadResult(validated.remove_columns(list(_ISSUE_COLUMNS)), report)
     good = map_batches(validated, _valid_rows, key=fingerprint("kept", key), features=RECORD_FEATURES,
                        num_proc=num_proc, desc="keeping valid rows")
     return LoadResult(good, report)
+
+
+def _class_label_names(ds: Dataset, column_map: Mapping[str, str]) -> dict:
+    """``{"ner_tags": names}`` when the dataset's tag column is a sequence of ``ClassLabel`` (the HF NER convention)."""
+    for column, feature in ds.features.items():
+        inner = getattr(feature, "feature", None)
+        if column_map.get(column, column) == "ner_tags" and getattr(inner, "names", None):
+            return {"ner_tags": list(inner.names)}
+    return {}
+
+
+def _refuse_inclusive_offsets(report: ValidationReport, validated: Dataset) -> None:
+    """A file whose span ends are inclusive is a convention, not a few bad rows: stop and name the fix."""
+    inclusive = report.counts.get("inclusive_span_end", 0)
+    if not inclusive:
+        return
+    with_spans = pc.count(read_columns(validated, ["spans"]).column(0)).as_py()   # valid rows with spans
+    if 2 * inclusive >= inclusive + with_spans:
+        first = report.first_issue["inclusive_span_end"]
+        raise DataError(f"{report.source}: {inclusive:,} of {inclusive + with_spans:,} rows with spans have end "
+                        f"offsets that include the last character (first at {first.location}: {first.detail}). "
+                        f"ecomkit reads end offsets as exclusive, as in Python slicing. Load with "
+                        f"span_end='inclusive' (--span-end inclusive), or add 1 to every end.")
 
 
 def _row_number(location: str) -> int:
@@ -150,14 +186,15 @@ def _check_column_map(column_map: Mapping[str, str] | None) -> dict[str, str]:
 # ------------------------------------------------------------------ validation (a batched map)
 
 def _validate_batch(batch: dict[str, list], indices: list[int], column_map: Mapping[str, str],
-                    label_map: Mapping[str, Mapping[str, str]], max_chars: int, from_file: bool) -> dict[str, list]:
+                    label_map: Mapping[str, Mapping[str, str]], max_chars: int, from_file: bool,
+                    span_end: str = "exclusive") -> dict[str, list]:
     out: dict[str, list] = {name: [] for name in VALIDATED_FEATURES}
     for i, index in enumerate(indices):
         location = batch["location"][i] if from_file else f"row {index + 1}"
         try:
             row = _file_row(batch, i) if from_file else {k: batch[k][i] for k in batch}
             raw = {column_map.get(k, k): v for k, v in row.items()}
-            record, issue = validate_row(raw, max_chars, label_map), (None, None, None)
+            record, issue = validate_row(raw, max_chars, label_map, span_end, column_map), (None, None, None)
         except RowProblem as problem:
             record, issue = dict.fromkeys(RECORD_FIELDS), (problem.reason, problem.field, problem.detail)
         for name in RECORD_FIELDS:
@@ -235,15 +272,15 @@ def _check_columns(path: Path, columns: Iterable[str], column_map: Mapping[str, 
     """One error for the file, not one per row: it needs a text column, and for ``nlu`` something to learn."""
     columns = list(columns)
     present = {column_map.get(c, c) for c in columns}
-    if not present & {*TEXT_FIELDS, *INSTRUCTION_FIELDS}:
+    if not present & {*TEXT_FIELDS, *INSTRUCTION_FIELDS, "tokens"}:
         raise DataError(
             f"{path} has no text column (its columns: {columns}); ecomkit needs one of {list(TEXT_FIELDS)} or an "
             f"instruction pair (instruction/output or prompt/response). Rename a column, or pass "
             f"column_map={{'your_column': 'text'}} (or 'review', 'title') to say which column holds the text.")
-    if task == "nlu" and not present & {*TARGET_FIELDS, *INSTRUCTION_FIELDS}:
+    if task == "nlu" and not present & {*TARGET_FIELDS, *INSTRUCTION_FIELDS, "spans", "tokens", "label"}:
         raise DataError(
             f"{path} has nothing for task 'nlu' to learn (its columns: {columns}): it needs a target column "
-            f"({', '.join(TARGET_FIELDS)}) or instruction pairs. Map one with column_map={{'label': 'sentiment'}}, "
+            f"({', '.join(TARGET_FIELDS)}), spans (spans, label, or tokens + ner_tags) or instruction pairs. Map one with column_map={{'label': 'sentiment'}}, "
             f"or train with task='lm' on the text alone.")
 
 
@@ -347,41 +384,3 @@ def _load_hf_directory(path: Path):
         ds = next(iter(ds.values()))
     assert isinstance(ds, Dataset)
     return ds
-
-
-# ------------------------------------------------------------------- writers
-
-def write_jsonl(records: Iterable[Mapping[str, Any]], path: str | os.PathLike) -> Path:
-    """Write one JSON object per line, UTF-8, Chinese kept readable (no \\u escapes)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    return path
-
-
-def write_csv(records: Iterable[Mapping[str, Any]], path: str | os.PathLike,
-              fields: list[str] | None = None) -> Path:
-    """Write a UTF-8 CSV with a header; ``fields`` defaults to the ecomkit fields present in the records."""
-    records = list(records)
-    if fields is None:
-        present = set().union(*(r.keys() for r in records)) if records else set()
-        fields = [f for f in ALL_FIELDS if f in present] + sorted(present - set(ALL_FIELDS))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        for record in records:
-            # str(float) is the shortest string that parses back to the same float, so prices round-trip exactly.
-            writer.writerow({k: "" if record.get(k) is None else record.get(k) for k in fields})
-    return path
-
-
-def write_hf_dataset(records: Iterable[Mapping[str, Any]], directory: str | os.PathLike) -> Path:
-    """Write a Hugging Face dataset with ``save_to_disk`` (Arrow shards), loadable by :func:`load_records`."""
-    directory = Path(directory)
-    Dataset.from_list([dict(r) for r in records]).save_to_disk(str(directory))
-    return directory
-

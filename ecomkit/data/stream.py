@@ -243,7 +243,9 @@ def map_batches(ds: Dataset, fn: BatchFn, *, key: str, features: Features, num_p
 
 def load_shards(folder: Path) -> Dataset:
     """The shards of a :func:`map_batches` folder, memory-mapped and concatenated in order."""
-    shards = [Dataset.from_file(str(path)) for path in sorted(folder.glob("*.arrow"))]
+    # Only the numbered shards: datasets writes its own ``cache-*.arrow`` beside them when a table read from
+    # here is transformed (``select(...).flatten_indices()`` for max_rows), and those rows are not this table's.
+    shards = [Dataset.from_file(str(path)) for path in sorted(folder.glob("[0-9][0-9][0-9][0-9][0-9].arrow"))]
     return shards[0] if len(shards) == 1 else concatenate_datasets(shards)
 
 

@@ -20,6 +20,25 @@ Two tasks, matching the two kinds of model the cookbook fine-tunes:
   ``price``               price + title or text                   title (+ spec), else text
   ======================= ======================================= ======================
 
+That table is the ``ecomkit`` prompt format, kept for the chapters that show it.
+In the ``seqgpt`` (default) and ``ecomgpt`` formats a record instead gives
+:class:`~ecomkit.data.formats.TaskExample` s (:func:`record_task_examples`),
+laid out by :mod:`ecomkit.data.formats`:
+
+  ======================= ======================================= ======================
+  example kind            needs                                   input shown
+  ======================= ======================================= ======================
+  ``category`` (classify) category + title, review or text        title, else review/text
+  ``sentiment`` (classify) sentiment + review or text             review, else text
+  ``extract``             spans (any of the three shapes)         text
+  ``brand`` (extract)     brand found in title or text, no spans  title, else text
+  ======================= ======================================= ======================
+
+The price is not a span of the text, so it gives no example in these formats.
+In every format a record with spans gives an ``extract`` example, whose label
+set is ``labels["extract"]`` (from the data, or ``--labels``); spans of other
+labels are left out of it (the build report counts them).
+
 Instruction rows (``prompt``/``response`` after validation; ``instruction``/
 ``input``/``output`` in the file) are one ``instruction`` example with the
 loss on the response, in either task. Missing parts give fewer examples, never
@@ -39,6 +58,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from ecomkit.data.catalog import CATEGORIES
+from ecomkit.data.formats import KIND_CLASSIFY, KIND_EXTRACT, TaskExample, build_prompt, check_format, prompt_and_answer
+from ecomkit.data.spans import spans_from_json
 from ecomkit.errors import ConfigError, DataError
 
 TASKS: tuple[str, ...] = ("lm", "nlu")
@@ -47,7 +68,8 @@ SENTIMENT_LABELS: tuple[str, ...] = ("positive", "neutral", "negative")
 SENTIMENT_POLARITY: dict[str, int] = {"positive": 1, "neutral": 0, "negative": -1}
 NLU_TASKS: tuple[str, ...] = ("category", "sentiment", "brand", "price")
 CLASSIFICATION_TASKS: tuple[str, ...] = ("category", "sentiment")
-KINDS: tuple[str, ...] = ("lm", *NLU_TASKS, "instruction")   # example kinds, counted by the build report
+KINDS: tuple[str, ...] = ("lm", *NLU_TASKS, "instruction", "extract")   # example kinds, counted by the build report
+BRAND_LABEL = "品牌"                                          # the label of a brand column read as a span
 BUILTIN_LABELS: dict[str, tuple[str, ...]] = {"category": CATEGORY_LABELS, "sentiment": SENTIMENT_LABELS}
 _INPUT_NAMES = {"title": "商品", "review": "评论", "text": "文本"}
 
@@ -140,25 +162,63 @@ def build_nlu_examples(record: Mapping[str, Any], category_labels: Sequence[str]
     return out
 
 
-def task_examples(record: Mapping[str, Any], task: str, labels: Mapping[str, Sequence[str]]) -> list[NluExample]:
-    """What ``task`` trains on from one record: kind ``lm`` (prompt empty, loss on all) or prompt/answer pairs."""
+def task_examples(record: Mapping[str, Any], task: str, labels: Mapping[str, Sequence[str]],
+                  prompt_format: str = "ecomkit") -> list[NluExample]:
+    """What ``task`` trains on from one record: kind ``lm`` (prompt empty, loss on all) or prompt/answer pairs.
+
+    Instruction rows are used as they are in every ``prompt_format``.
+    """
     if record.get("prompt") and record.get("response"):
         return [NluExample("instruction", record["prompt"], record["response"])]
     if task == "lm":
         text = format_lm_text(record)
         return [NluExample("lm", "", text)] if text else []
-    return build_nlu_examples(record, labels.get("category", CATEGORY_LABELS),
-                              labels.get("sentiment", SENTIMENT_LABELS))
+    check_format(prompt_format)
+    if prompt_format == "ecomkit":
+        legacy = build_nlu_examples(record, labels.get("category", CATEGORY_LABELS),
+                                    labels.get("sentiment", SENTIMENT_LABELS))
+        extract = [(k, ex) for k, ex in record_task_examples(record, labels) if k == "extract"]
+        return legacy + [NluExample(k, *prompt_and_answer(prompt_format, ex)) for k, ex in extract]
+    return [NluExample(k, *prompt_and_answer(prompt_format, ex)) for k, ex in record_task_examples(record, labels)]
 
 
-def build_classification_example(record: Mapping[str, Any], task: str,
-                                 labels: Sequence[str] | None = None) -> ClassificationExample:
+def record_task_examples(record: Mapping[str, Any], labels: Mapping[str, Sequence[str]],
+                         source: str = "") -> list[tuple[str, TaskExample]]:
+    """``(kind, TaskExample)`` for each classification or extraction target of a record (module docstring).
+
+    ``labels``: the label set per target (``BuildReport.labels``: ``category``,
+    ``sentiment``, ``extract``); ``source`` prefixes each example's id.
+    """
+    r, out = record, []
+    if r.get("prompt") and r.get("response"):
+        return out
+    for task, inputs in (("category", ("title", "review", "text")), ("sentiment", ("review", "text"))):
+        choices = tuple(labels.get(task) or BUILTIN_LABELS[task])
+        found = _first(r, inputs)
+        if r.get(task) in choices and found:
+            out.append((task, TaskExample(KIND_CLASSIFY, found[1], choices, gold_label=r[task],
+                                          source=f"{source}/{task}")))
+    if r.get("spans") is not None:
+        names = tuple(labels.get("extract") or ())
+        spans = tuple((t, term) for t, _, _, term in spans_from_json(r["spans"]) if t in names)
+        if names:   # the spans point into ``text`` (a user's row) or ``title`` (the synthetic catalog)
+            out.append(("extract", TaskExample(KIND_EXTRACT, r.get("text") or r["title"], names, gold_spans=spans,
+                                               source=f"{source}/extract")))
+    elif r.get("brand") and (found := _first(r, ("title", "text"))) and r["brand"] in found[1]:
+        out.append(("brand", TaskExample(KIND_EXTRACT, found[1], (BRAND_LABEL,),
+                                         gold_spans=((BRAND_LABEL, r["brand"]),), source=f"{source}/brand")))
+    return out
+
+
+def build_classification_example(record: Mapping[str, Any], task: str, labels: Sequence[str] | None = None,
+                                 prompt_format: str = "ecomkit") -> ClassificationExample:
     """Prompt, candidates and correct index for ``task`` in ``("category", "sentiment")``.
 
     Pure function: same record, same output. ``labels`` defaults to
     :data:`CATEGORY_LABELS` / :data:`SENTIMENT_LABELS`; for your own data pass
     the labels of the whole data set (``BuildReport.labels[task]``), so training
-    prompts and evaluation candidates list the same labels.
+    prompts and evaluation candidates list the same labels. ``prompt_format``:
+    the format the model was trained with (:mod:`ecomkit.data.formats`).
     """
     if task == "category":
         labels = tuple(labels or CATEGORY_LABELS)
@@ -168,6 +228,9 @@ def build_classification_example(record: Mapping[str, Any], task: str,
         prompt, gold = _sentiment_prompt(record, labels), record.get("sentiment")
     else:
         raise ConfigError(f"Unknown classification task {task!r}; use one of {CLASSIFICATION_TASKS}.")
+    if prompt_format != "ecomkit":
+        found = _first(record, ("title", "review", "text") if task == "category" else ("review", "text"))
+        prompt = build_prompt(prompt_format, KIND_CLASSIFY, found[1] if found else "", labels)
     if gold not in labels:
         raise DataError(f"Record {record.get('sku') or ''!s} has {task}={gold!r}, which is not among the candidate "
                         f"labels {list(labels)}. Pass the labels of the whole data set (labels_from_values, or "

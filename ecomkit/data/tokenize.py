@@ -34,6 +34,7 @@ import torch
 from datasets import Dataset, Features, Sequence as ArrowList, Value
 
 from ecomkit.data.arrow import fingerprint, tokenizer_digest
+from ecomkit.data.formats import check_format
 from ecomkit.data.loaders import RECORD_FEATURES
 from ecomkit.data.stream import map_batches, unique_values
 from ecomkit.data.tasks import CATEGORY_LABELS, KINDS, SENTIMENT_POLARITY, check_task, task_examples
@@ -86,12 +87,13 @@ def encode_prompt_answer(tokenizer, prompt: str, answer: str, max_length: int) -
 
 
 def _tokenize_batch(batch: dict[str, list], indices: list[int], tokenizer, task: str,
-                    labels: Mapping[str, Sequence[str]], max_length: int, with_polarity: bool) -> dict[str, list]:
+                    labels: Mapping[str, Sequence[str]], max_length: int, with_polarity: bool,
+                    prompt_format: str = "ecomkit") -> dict[str, list]:
     """Records → examples → ids for one batch; a record gives 0..4 rows (see ``tasks.task_examples``)."""
     kinds, records, prompts, answers, polarity = [], [], [], [], []
     for i, index in enumerate(indices):
         record = {name: batch[name][i] for name in batch}
-        for ex in task_examples(record, task, labels):
+        for ex in task_examples(record, task, labels, prompt_format):
             kinds.append(KINDS.index(ex.task))
             records.append(index)
             prompts.append(ex.prompt)
@@ -127,7 +129,8 @@ def has_polarity(records: Dataset) -> bool:
 
 def tokenize_records(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, task: str, max_length: int,
                      num_proc: int = 1, category_labels: Sequence[str] | None = None,
-                     labels: Mapping[str, Sequence[str]] | None = None, keep_kind: bool = False) -> Dataset:
+                     labels: Mapping[str, Sequence[str]] | None = None, keep_kind: bool = False,
+                     prompt_format: str = "ecomkit") -> Dataset:
     """Tokenize records (a list of dicts, or a record table) into ``input_ids``, ``labels``, ``length``.
 
     A ``polarity`` column is added when every record has a sentiment (see the
@@ -135,7 +138,10 @@ def tokenize_records(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, 
     (the index of each example's source record in ``records``). ``nlu``
     produces several rows per record (see ``tasks.build_nlu_examples``).
     ``labels``: candidate labels per classification target (default: the
-    built-in ones; ``category_labels`` sets the category candidates alone).
+    built-in ones; ``category_labels`` sets the category candidates alone) and
+    the extraction label set (``labels["extract"]``). ``prompt_format``: how NLU
+    examples are laid out (:mod:`ecomkit.data.formats`; ``build_datasets`` defaults
+    to ``seqgpt``, this function to the ``ecomkit`` prompts its callers were written for).
     ``num_proc > 1`` tokenizes in worker processes (``map_batches``); the
     tokenizer's own Rust thread pool is then switched off
     (``TOKENIZERS_PARALLELISM=false``) to avoid oversubscribing the cores.
@@ -146,6 +152,7 @@ def tokenize_records(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, 
     if num_proc < 1:
         raise ConfigError(f"num_proc must be >= 1, got {num_proc}.")
     check_task(task)
+    check_format(prompt_format)
     _eos_id(tokenizer)
     labels = dict(labels or {})
     labels.setdefault("category", tuple(category_labels or CATEGORY_LABELS))
@@ -157,10 +164,12 @@ def tokenize_records(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, 
     features = Features({"input_ids": _IDS, "labels": _IDS, "length": Value("int32"), "kind": Value("int8"),
                          "record": Value("int64"), **({"polarity": Value("int8")} if with_polarity else {})})
     key = fingerprint("tokens", table._fingerprint, tokenizer_digest(tokenizer), task, max_length,
-                      {k: list(v) for k, v in labels.items()}, with_polarity)
+                      {k: list(v) for k, v in labels.items()}, with_polarity,
+                      *([prompt_format] if task == "nlu" and prompt_format != "ecomkit" else []))
     tokenized = map_batches(table, _tokenize_batch, key=key, features=features, num_proc=n_proc,
                             fn_kwargs={"tokenizer": tokenizer, "task": task, "labels": labels,
-                                       "max_length": max_length, "with_polarity": with_polarity},
+                                       "max_length": max_length, "with_polarity": with_polarity,
+                                       "prompt_format": prompt_format},
                             desc="tokenizing")
     order = [c for c in ("input_ids", "labels", "length", "polarity") if c in tokenized.column_names]
     return tokenized.select_columns(order + (["kind", "record"] if keep_kind else []))

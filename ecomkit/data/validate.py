@@ -26,6 +26,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ecomkit.data.spans import (
+    SPAN_ADVICE,
+    SPAN_FIELDS,
+    SPAN_KEY_FIELDS,
+    SPAN_REASONS,
+    SpanProblem,
+    has_spans,
+    read_spans,
+    spans_json,
+    tokens_text,
+)
 from ecomkit.errors import ConfigError, DataError
 
 TEXT_FIELDS: tuple[str, ...] = ("title", "review", "spec", "text")
@@ -33,12 +44,14 @@ TARGET_FIELDS: tuple[str, ...] = ("category", "sentiment", "brand", "price")
 LABEL_FIELDS: tuple[str, ...] = ("category", "sentiment", "brand")   # the targets label_map can map
 INSTRUCTION_FIELDS: tuple[str, ...] = ("instruction", "input", "output", "prompt", "response")
 ALL_FIELDS: tuple[str, ...] = ("sku", "category", "brand", "title", "price", "spec", "review", "sentiment", "text",
-                               *INSTRUCTION_FIELDS)
+                               *INSTRUCTION_FIELDS, *SPAN_FIELDS, *SPAN_KEY_FIELDS)
+MAP_KEYS: tuple[str, ...] = (*LABEL_FIELDS, "spans", "ner_tags")   # spans: rename types; ner_tags: id -> tag name
 CHECK_ORDER: tuple[str, ...] = ("title", "price", "spec", "review", "text", "category", "sentiment", "brand", "sku",
                                 *INSTRUCTION_FIELDS)
 # The columns of a validated record table; instruction rows are normalised to prompt/response.
+# ``spans``: extraction spans as JSON ``[[type, start, end, term], ...]`` (end exclusive; :mod:`ecomkit.data.spans`).
 RECORD_FIELDS: tuple[str, ...] = ("sku", "category", "brand", "title", "price", "spec", "review", "sentiment", "text",
-                                  "prompt", "response")
+                                  "prompt", "response", "spans")
 MAX_LABEL_CHARS = 64
 
 REASONS: dict[str, str] = {
@@ -52,6 +65,7 @@ REASONS: dict[str, str] = {
     "malformed_line": "the line is not a JSON object, or a CSV row has the wrong number of columns",
     "invalid_label": "a label spans lines or is longer than 64 characters (a text column mapped as a label?)",
     "unmapped_label": "a label value is not a key of label_map",
+    **SPAN_REASONS,
 }
 
 _ADVICE: dict[str, str] = {
@@ -69,6 +83,7 @@ _ADVICE: dict[str, str] = {
     "invalid_label": "Check the column_map: a label column holds short names such as 'positive' or '手机'.",
     "unmapped_label": "Add the value to label_map (--label-map '{\"<field>\": {\"0\": \"negative\", ...}}'), or "
                       "remove the row.",
+    **SPAN_ADVICE,
 }
 
 SENTIMENT_ALIASES: dict[str, str] = {
@@ -149,12 +164,19 @@ def strict_error(source: str, issue: ValidationIssue, column_of: Mapping[str, st
 
 
 def check_label_map(label_map: Mapping[str, Mapping[str, str]] | None) -> dict[str, dict[str, str]]:
-    """``{target: {raw value: label}}`` with string keys and values, for the targets in LABEL_FIELDS."""
+    """``{target: {raw value: label}}`` with string keys and values, for the keys in MAP_KEYS.
+
+    ``spans`` renames extraction types (``{"PER": "人物"}``); ``ner_tags`` names
+    integer tag ids, as a list (``["O", "B-PER", "I-PER"]``, id = position) or an object.
+    """
     out: dict[str, dict[str, str]] = {}
     for target, mapping in (label_map or {}).items():
-        if target not in LABEL_FIELDS:
-            raise ConfigError(f"label_map has the key {target!r}; it maps the values of one of {list(LABEL_FIELDS)}, "
-                              f"e.g. label_map={{'sentiment': {{'0': 'negative', '1': 'positive'}}}}.")
+        if target not in MAP_KEYS:
+            raise ConfigError(f"label_map has the key {target!r}; it maps the values of one of {list(MAP_KEYS)}, "
+                              f"e.g. label_map={{'sentiment': {{'0': 'negative', '1': 'positive'}}}}, "
+                              f"{{'spans': {{'PER': '人物'}}}} or {{'ner_tags': ['O', 'B-PER', 'I-PER']}}.")
+        if target == "ner_tags" and isinstance(mapping, (list, tuple)):
+            mapping = dict(enumerate(mapping))
         if not isinstance(mapping, Mapping) or not mapping:
             raise ConfigError(f"label_map[{target!r}] must be a non-empty object of raw value -> label name, "
                               f"got {mapping!r}.")
@@ -219,12 +241,16 @@ def _label(name: str, text: str, label_map: Mapping[str, Mapping[str, str]]) -> 
 
 
 def validate_row(raw: Mapping[str, Any], max_chars: int = 4096,
-                 label_map: Mapping[str, Mapping[str, str]] | None = None) -> dict:
+                 label_map: Mapping[str, Mapping[str, str]] | None = None, span_end: str = "exclusive",
+                 column_map: Mapping[str, str] | None = None) -> dict:
     """Return the normalised record (all of :data:`RECORD_FIELDS`, None where absent) or raise :class:`RowProblem`.
 
     Columns that are not ecomkit fields are dropped; ``price`` becomes a float;
     labels are mapped with ``label_map`` (already checked by :func:`check_label_map`);
-    instruction/input/output become ``prompt``/``response``.
+    instruction/input/output become ``prompt``/``response``. A row in an
+    extraction shape (:mod:`ecomkit.data.spans`) keeps its ``text`` unstripped (the
+    offsets point into it) and gets ``spans``; ``span_end`` and ``column_map``
+    (renaming keys inside a span) apply to span lists.
     """
     values: dict[str, Any] = {}
     empty_text = None
@@ -241,6 +267,8 @@ def validate_row(raw: Mapping[str, Any], max_chars: int = 4096,
             continue
         values[name] = _label(name, text, label_map or {}) if name in LABEL_FIELDS else text
     record = {name: values.get(name) for name in RECORD_FIELDS}
+    if has_spans(raw):
+        _extraction(raw, record, max_chars, label_map or {}, span_end, column_map or {})
     _instruction_pair(values, record)
     if not any(record[f] for f in (*TEXT_FIELDS, "prompt")):
         if empty_text:
@@ -264,3 +292,30 @@ def _instruction_pair(values: Mapping[str, Any], record: dict) -> None:
             if not values.get(half):
                 raise RowProblem("missing_field", half, f"a prompt/response row needs both; {half} is missing "
                                                         f"or empty")
+
+
+def _extraction(raw: Mapping[str, Any], record: dict, max_chars: int, label_map: Mapping[str, Mapping[str, str]],
+                span_end: str, column_map: Mapping[str, str]) -> None:
+    """Text and checked spans of an extraction row, into ``record`` (or a RowProblem)."""
+    if raw.get("tokens") is not None:
+        if not isinstance(raw["tokens"], list) or not all(isinstance(t, str) for t in raw["tokens"]):
+            raise RowProblem("malformed_tags", "tokens", "tokens must be a list of strings")
+        text = tokens_text(raw["tokens"])[0]
+        if len(text) > max_chars:
+            raise RowProblem("over_long_text", "tokens", f"the tokens make {len(text):,} characters, max_chars is "
+                                                         f"{max_chars:,}")
+    else:
+        text = raw.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise RowProblem("missing_field", "text", "a row with spans needs the text they point into (a 'text' "
+                                                      "field, or column_map={'your_column': 'text'})")
+    try:
+        spans = read_spans(raw, text, span_end=span_end, column_map=column_map, type_map=label_map.get("spans"),
+                           tag_names=label_map.get("ner_tags"))
+    except SpanProblem as problem:
+        raise RowProblem(problem.reason, problem.field, problem.detail) from None
+    except KeyError as missing:
+        keys = ", ".join(repr(k) for k in list(label_map["spans"])[:8])
+        raise RowProblem("unmapped_label", "spans", f"span type {missing.args[0]!r} is not in label_map['spans'] "
+                                                    f"(its keys: {keys})") from None
+    record["text"], record["spans"] = text, spans_json(spans, text)

@@ -200,7 +200,8 @@ def _usable(records: Iterable[dict[str, Any]], task: str, limit: int) -> list[di
 def evaluate_nlu_accuracy(strategy, tokenizer, records: Iterable[dict[str, Any]], env: DistEnv,
                           n_samples: int, category_labels: Sequence[str] | None = None,
                           shard: tuple[int, int] | None = None, max_length: int | None = None,
-                          labels: Mapping[str, Sequence[str]] | None = None) -> dict[str, float]:
+                          labels: Mapping[str, Sequence[str]] | None = None,
+                          prompt_format: str = "ecomkit") -> dict[str, float]:
     """Accuracy, macro-F1 and majority-class baseline per classification target, on held-out records.
 
     Per target ``t`` in ``category``/``sentiment``: ``acc_t``, ``macro_f1_t``,
@@ -214,6 +215,8 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Iterable[dict[str, Any]]
     target (``BuildReport.labels``); ``category_labels`` sets the category
     candidates alone. ``max_length``: the training sequence length (prompts
     are cut as in training). ``nlu_scored`` is the fewest records scored for a target.
+    ``prompt_format``: the layout the model was trained with (``TrainConfig.prompt_format``,
+    :func:`ecomkit.data.formats.build_prompt`), so candidates are scored after the prompt it knows.
     """
     idx, n_shards = shard or (env.rank, env.world_size)
     candidates = {"category": tuple(category_labels or CATEGORY_LABELS), "sentiment": SENTIMENT_LABELS,
@@ -233,7 +236,7 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Iterable[dict[str, Any]]
     confusion = {t: [[0.0] * len(candidates[t]) for _ in candidates[t]] for t in mine}
     for task, recs in mine.items():
         for rec in recs:
-            ex = build_classification_example(rec, task, candidates[task])
+            ex = build_classification_example(rec, task, candidates[task], prompt_format)
             pred = score_candidates(strategy, tokenizer, ex.prompt, ex.candidates, env.device, max_length)
             confusion[task][ex.correct_index][pred] += 1.0
     model.train(was_training)

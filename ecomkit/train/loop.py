@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 
 from ecomkit.config import TrainConfig
 from ecomkit.data import DistributedBatchSampler, build_datasets, lengths_array, pad_collate
+from ecomkit.data.formats import parse_labels, write_task_file
 from ecomkit.dist import DistEnv, distributed_session, gather_objects, log
 from ecomkit.errors import ConfigError
 from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
@@ -123,7 +124,8 @@ class TrainingRun:
                 cfg.data, n_rows=cfg.n_rows if cfg.data == "synthetic" else None, seed=cfg.seed, task=cfg.task,
                 tokenizer=self.tokenizer, max_length=cfg.seq_len, column_map=cfg.column_map, strict=cfg.strict_data,
                 num_proc=cfg.num_proc, label_map=cfg.label_map, max_rows=cfg.max_rows or None,
-                max_bad_fraction=cfg.max_bad_fraction)
+                max_bad_fraction=cfg.max_bad_fraction, prompt_format=cfg.prompt_format,
+                eval_data=cfg.eval_data or None, labels=parse_labels(cfg.labels) or None, span_end=cfg.span_end)
         finally:
             if self.env.distributed and self.env.is_main:
                 dist.barrier()
@@ -275,7 +277,7 @@ class TrainingRun:
         if self.cfg.task == "nlu" and len(self.eval_records):
             out.update(evaluate_nlu_accuracy(self.strategy, self.tokenizer, self.eval_records, self.env,
                                              self.cfg.eval_nlu_samples, shard=self.shard, max_length=self.cfg.seq_len,
-                                             labels=self.data_report.labels))
+                                             labels=self.data_report.labels, prompt_format=self.cfg.prompt_format))
         if self.gen_eval is not None:
             out.update(self.gen_eval(self.strategy, self.tokenizer, self.env, self.shard,
                                      self.out_dir / PREDICTIONS_FILE if final else None, self.cfg.progress))
@@ -304,6 +306,9 @@ class TrainingRun:
         if self.cfg.save_model:
             match_tokenizer(self.strategy.raw_model, self.tokenizer)  # the tokenizer's pad/bos/eos, use_cache on
             self.strategy.save_pretrained(str(self.out_dir / "final"), self.tokenizer)
+            if self.env.is_main:   # the prompt format and labels it learned, for evaluation and ecomkit.predict
+                write_task_file(self.out_dir / "final", prompt_format=self.cfg.prompt_format, task=self.cfg.task,
+                                labels=self.data_report.labels, kinds=list(self.data_report.examples_per_kind))
 
     def close(self) -> None:
         self.metrics.close()

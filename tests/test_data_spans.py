@@ -1,0 +1,216 @@
+"""Extraction data: the three shapes, their maps, their bad rows, and what build_datasets makes of them."""
+
+import json
+from collections import Counter
+
+import pytest
+from datasets import ClassLabel, Dataset, Features, Sequence, Value
+
+from ecomkit.data import build_datasets, load_records, write_jsonl
+from ecomkit.data.catalog import SPAN_LABELS, catalog_spans, generate_catalog
+from ecomkit.data.formats import (KIND_CLASSIFY, KIND_EXTRACT, TaskExample, parse_labels, prompt_and_answer,
+                                  read_task_file, write_task_file)
+from ecomkit.data.spans import spans_from_json, tokens_text
+from ecomkit.data.tasks import task_examples
+from ecomkit.data.tokenize import IGNORE_INDEX
+from ecomkit.errors import DataError
+from ecomkit.models.tokenizer import get_tokenizer
+
+TEXT = "华为Mate60手机 黑色 XL"
+SPAN_ROW = {"text": TEXT, "spans": [{"type": "品牌", "term": "华为", "start": 0, "end": 2},
+                                    {"type": "颜色", "term": "黑色", "start": 11, "end": 13}]}
+WANT = [["品牌", 0, 2, "华为"], ["颜色", 11, 13, "黑色"]]
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return get_tokenizer("synthetic", tmp_path_factory.mktemp("tok"), n_rows=1500)
+
+
+def load(tmp_path, rows, **kwargs):
+    return load_records(write_jsonl(rows, tmp_path / "rows.jsonl"), task="nlu", **kwargs)
+
+
+def spans_of(result):
+    return [json.loads(r["spans"]) for r in result.records]
+
+
+def test_span_list_exclusive_end_and_key_aliases(tmp_path):
+    aliased = {"text": TEXT, "ents": [{"label": "品牌", "entity": "华为", "start": 0, "end": 2},
+                                      {"kind": "颜色", "span": "黑色", "start": 11, "end": 13}]}
+    result = load(tmp_path, [SPAN_ROW, aliased], column_map={"ents": "spans", "kind": "type"})
+    assert spans_of(result) == [WANT, WANT] and result.records[0]["text"] == TEXT
+
+
+def test_inclusive_file_is_refused_with_the_fix_and_read_right_when_told(tmp_path):
+    rows = [{"text": TEXT, "spans": [{"type": t, "term": w, "start": s, "end": e - 1} for t, s, e, w in WANT]}] * 3
+    with pytest.raises(DataError, match=r"3 of 3 rows with spans.*--span-end inclusive"):
+        load(tmp_path, rows)
+    assert spans_of(load(tmp_path, rows, span_end="inclusive")) == [WANT] * 3
+    with pytest.raises(DataError, match=r"line 1, field 'spans'.*\[inclusive_span_end\].*--span-end inclusive"):
+        load(tmp_path, rows, strict=True)
+
+
+def test_a_few_inclusive_looking_rows_among_good_ones_are_counted_not_refused(tmp_path):
+    bad = {"text": TEXT, "spans": [{"type": "品牌", "term": "华为", "start": 0, "end": 1}]}
+    report = load(tmp_path, [SPAN_ROW] * 3 + [bad]).report
+    assert report.counts == {"inclusive_span_end": 1} and report.kept == 3
+
+
+def test_offsets_without_term_are_range_checked(tmp_path):
+    rows = [{"text": TEXT, "spans": [{"type": "品牌", "start": 0, "end": 2}]},
+            {"text": TEXT, "spans": [{"type": "品牌", "start": 5, "end": 99}]},
+            {"text": TEXT, "spans": [{"type": "品牌", "start": "0", "end": 2}]},
+            {"text": TEXT, "spans": "华为"}]
+    report = load(tmp_path, rows).report
+    assert report.counts == {"span_offsets": 3} and report.kept == 1
+    assert "outside the text" in report.first_issue["span_offsets"].detail
+
+
+def test_nested_by_label_is_end_inclusive_and_label_map_renames(tmp_path):
+    row = {"text": TEXT, "label": {"brand": {"华为": [[0, 1]]}, "color": {"黑色": [[11, 12]]}}}
+    result = load(tmp_path, [row], label_map={"spans": {"brand": "品牌", "color": "颜色"}})
+    assert spans_of(result) == [WANT]
+    exclusive = {"text": TEXT, "label": {"brand": {"华为": [[0, 2]]}}}
+    report = load(tmp_path, [row, exclusive]).report
+    assert report.counts == {"span_offsets": 1} and "inclusive" in report.first_issue["span_offsets"].detail
+    unmapped = load(tmp_path, [row, {"text": TEXT, "label": {"model": {"Mate60": [[2, 7]]}}}],
+                    label_map={"spans": {"brand": "品牌", "color": "颜色"}}).report
+    assert unmapped.counts == {"unmapped_label": 1}
+
+
+def test_overlapping_spans_of_one_label_are_bad_of_two_labels_fine_duplicates_one(tmp_path):
+    two_labels = {"text": TEXT, "spans": [{"type": "品牌", "start": 0, "end": 2}, {"type": "型号", "start": 0, "end": 7}]}
+    duplicate = {"text": TEXT, "spans": [{"type": "品牌", "start": 0, "end": 2}] * 2}
+    overlap = {"text": TEXT, "spans": [{"type": "品牌", "start": 0, "end": 2}, {"type": "品牌", "start": 1, "end": 7}]}
+    result = load(tmp_path, [two_labels, duplicate, overlap])
+    assert result.report.counts == {"overlapping_spans": 1}
+    assert [len(s) for s in spans_of(result)] == [2, 1]
+
+
+def test_token_tags_bio_and_bioes_names_and_ids(tmp_path):
+    chars = list("华为手机黑色")
+    bio = {"tokens": chars, "ner_tags": ["B-品牌", "I-品牌", "O", "O", "B-颜色", "I-颜色"]}
+    bioes = {"tokens": chars, "ner_tags": ["B-品牌", "E-品牌", "O", "O", "B-颜色", "E-颜色"]}
+    words = {"tokens": ["Apple", "iPhone", "black"], "ner_tags": [1, 0, 3]}
+    names = ["O", "S-品牌", "I-品牌", "S-颜色"]
+    result = load(tmp_path, [bio, bioes, words], label_map={"ner_tags": names})
+    want = [["品牌", 0, 2, "华为"], ["颜色", 4, 6, "黑色"]]
+    assert spans_of(result) == [want, want, [["品牌", 0, 5, "Apple"], ["颜色", 13, 18, "black"]]]
+    assert [r["text"] for r in result.records] == ["华为手机黑色", "华为手机黑色", "Apple iPhone black"]
+    assert tokens_text(["a", "b"]) == ("ab", [0, 1])
+
+
+@pytest.mark.parametrize("tags,why", [
+    (["I-品牌", "I-品牌", "O", "O"], "at the start"),          # I- without B-
+    (["B-品牌", "I-颜色", "O", "O"], "after B-品牌"),          # I- of another type
+    (["B-品牌", "O", "O"], "3 tags for 4 tokens"),
+    (["B-品牌", "I-品牌", "X-品牌", "O"], "not O or"),
+    (["B-品牌", "O", "S-颜色", "O"], "O before"),              # BIOES: B- never ended with E-
+    ([1, 0, 0, 0], "without tag names"),
+])
+def test_malformed_tag_sequences_are_counted(tmp_path, tags, why):
+    report = load(tmp_path, [{"tokens": list("华为手机"), "ner_tags": tags}, {"text": "好", "sentiment": "positive"}],
+                  ).report
+    assert report.counts == {"malformed_tags": 1} and why in report.first_issue["malformed_tags"].detail
+
+
+def test_hf_dataset_with_classlabel_tags_needs_no_names(tmp_path):
+    names = ["O", "B-BRAND", "I-BRAND"]
+    features = Features({"tokens": Sequence(Value("string")), "ner_tags": Sequence(ClassLabel(names=names))})
+    Dataset.from_dict({"tokens": [list("华为手机")], "ner_tags": [[1, 2, 0, 0]]}, features=features).save_to_disk(
+        str(tmp_path / "hf"))
+    result = load_records(tmp_path / "hf", task="nlu", label_map={"spans": {"BRAND": "品牌"}})
+    assert spans_of(result) == [[["品牌", 0, 2, "华为"]]]
+
+
+def test_bad_fraction_stops_the_build_with_the_report(tmp_path, tok):
+    bad = {"tokens": list("华为"), "ner_tags": ["I-品牌", "O"]}
+    path = write_jsonl([SPAN_ROW] * 8 + [bad] * 2, tmp_path / "d.jsonl")
+    with pytest.raises(DataError, match=r"malformed_tags 2.*20.0% of the rows, above max_bad_fraction=0.05"):
+        build_datasets(str(path), seed=0, task="nlu", tokenizer=tok, max_length=64)
+
+
+def test_catalog_spans_cover_brand_and_first_spec_value():
+    for record in generate_catalog(300, seed=2):
+        spans = catalog_spans(record)
+        title = record["title"]
+        assert [label for label, *_ in spans][0] == "品牌" and len(spans) == 2
+        assert title[spans[0][1]:spans[0][2]] == record["brand"]
+        key, value = record["spec"].split(";")[0].split(":", 1)
+        assert spans[1][0] == key and title[spans[1][1]:spans[1][2]] == value and key in SPAN_LABELS
+
+
+def test_build_exposes_eval_examples_train_spans_and_trains_prompt_to_answer(tmp_path, tok):
+    rows = [{"text": f"{b}手机 {c}", "spans": [{"type": "品牌", "term": b, "start": 0, "end": len(b)},
+                                              {"type": "颜色", "term": c, "start": len(b) + 3,
+                                               "end": len(b) + 3 + len(c)}]}
+            for b, c in [("华为", "黑色"), ("小米", "白色"), ("荣耀", "蓝色"), ("OPPO", "金色")] * 10]
+    rows += [{"text": "今天天气很好", "spans": []}] * 4                              # no spans: answers 无
+    rows += [{"prompt": "把下面的话翻译成英文\n你好", "response": "hello"}] * 2       # untouched in every format
+    path = write_jsonl(rows, tmp_path / "ner.jsonl")
+    train, evald, eval_records, report = build_datasets(str(path), seed=0, task="nlu", tokenizer=tok,
+                                                        max_length=64, eval_fraction=0.2, labels=["颜色", "品牌"])
+    assert report.labels["extract"] == ("颜色", "品牌") and report.prompt_format == "seqgpt"
+    assert report.examples_per_kind == {"extract": 44, "instruction": 2}
+    assert len(report.eval_examples) == sum(1 for r in eval_records if r["prompt"] is None)
+    assert all(ex.kind == KIND_EXTRACT and ex.labels == ("颜色", "品牌") for ex in report.eval_examples)
+    train_records = 46 - len(eval_records)
+    assert sum(report.train_spans.values()) == 2 * sum(1 for r in rows[:40]) - 2 * sum(
+        1 for r in eval_records if r["spans"] and spans_from_json(r["spans"]))
+    assert set(report.train_spans) <= {("品牌", b) for b in ("华为", "小米", "荣耀", "OPPO")} | {
+        ("颜色", c) for c in ("黑色", "白色", "蓝色", "金色")} and train_records == report.n_train_records
+    # the loss is on the answer only, and the answer is the seqgpt one
+    prompt, answer = prompt_and_answer("seqgpt", report.eval_examples[0])
+    first = evald[0]
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    assert first["labels"][:len(ids)] == [IGNORE_INDEX] * len(ids)
+    assert tok.decode([t for t in first["labels"] if t != IGNORE_INDEX], skip_special_tokens=True) == answer
+    # --labels leaves spans of other labels out, and says how many
+    *_, narrow = build_datasets(str(path), seed=0, task="nlu", tokenizer=tok, max_length=64, labels=["品牌"])
+    assert narrow.spans_outside_labels == {"颜色": 40} and "颜色 40" in narrow.summary()
+
+
+def test_instruction_rows_are_untouched_in_every_format():
+    record = {"prompt": "问:1+1=?\n答:", "response": "2", "category": "手机", "title": "x"}
+    for fmt in ("seqgpt", "ecomgpt", "ecomkit"):
+        (ex,) = task_examples(record, "nlu", {}, fmt)
+        assert (ex.task, ex.prompt, ex.answer) == ("instruction", "问:1+1=?\n答:", "2")
+
+
+def test_eval_data_replaces_the_split_with_the_same_maps(tmp_path, tok):
+    train_rows = [{"text": TEXT, "label": {"brand": {"华为": [[0, 1]]}}}] * 20
+    dev_rows = [{"text": "小米手机", "label": {"brand": {"小米": [[0, 1]]}}}] * 3 + [{"text": "x", "label": {"brand": {
+        "y": [[0, 0]]}}}]
+    train_path, dev_path = write_jsonl(train_rows, tmp_path / "t.jsonl"), write_jsonl(dev_rows, tmp_path / "d.jsonl")
+    *_, report = build_datasets(str(train_path), seed=0, task="nlu", tokenizer=tok, max_length=64,
+                                eval_data=str(dev_path), label_map={"spans": {"brand": "品牌"}}, max_bad_fraction=0.3)
+    assert (report.n_train_records, report.n_eval_records) == (20, 3)
+    assert report.eval_validation.counts == {"span_offsets": 1} and "d.jsonl: kept 3 of 4" in report.summary()
+    assert [ex.gold_spans for ex in report.eval_examples] == [(("品牌", "小米"),)] * 3
+    assert report.train_spans == Counter({("品牌", "华为"): 20})
+    assert report.facts()["eval_source"] == str(dev_path)
+
+
+def test_synthetic_nlu_in_seqgpt_has_classification_and_extraction(tok):
+    *_, report = build_datasets("synthetic", n_rows=200, seed=1, task="nlu", tokenizer=tok, max_length=128)
+    assert report.examples_per_kind == {"category": 200, "sentiment": 200, "extract": 200}
+    kinds = Counter(ex.kind for ex in report.eval_examples)
+    assert kinds == {KIND_CLASSIFY: 2 * report.n_eval_records, KIND_EXTRACT: report.n_eval_records}
+    assert report.labels["extract"] == SPAN_LABELS
+
+
+def test_task_file_round_trip_and_labels_flag(tmp_path):
+    assert parse_labels("品牌, 颜色，尺码") == ("品牌", "颜色", "尺码") and parse_labels("") == ()
+    assert read_task_file(tmp_path) is None
+    write_task_file(tmp_path, prompt_format="ecomgpt", task="nlu", labels={"extract": ("品牌",)}, kinds=["extract"])
+    assert read_task_file(tmp_path) == {"prompt_format": "ecomgpt", "task": "nlu", "labels": {"extract": ["品牌"]},
+                                        "kinds": ["extract"]}
+    (tmp_path / "ecomkit_task.json").write_text('{"prompt_format": "alpaca"}')
+    with pytest.raises(DataError, match="not a valid ecomkit task file"):
+        read_task_file(tmp_path)
+
+
+def test_classification_example_from_task_example_fields():
+    ex = TaskExample(KIND_CLASSIFY, "很好用", ("正面", "负面"), gold_label="正面")
+    assert prompt_and_answer("seqgpt", ex) == ("输入: 很好用\n分类: 正面，负面\n输出: [GEN]", "正面")
