@@ -15,8 +15,6 @@ accuracy / span F1 beside the majority and dictionary baselines; the final one w
 ``<output-dir>/predictions.jsonl``.
 """
 
-import sys
-
 from ecomkit.config import parse_config
 from ecomkit.errors import exit_on_user_error
 from ecomkit.metrics import print_evaluation, print_run_summary
@@ -24,12 +22,16 @@ from ecomkit.train import run_training
 from ecomkit.train.eval_run import run_evaluation
 
 
+def evaluate_only_flag(parser) -> None:
+    parser.add_argument("--evaluate-only", action="store_true",
+                        help="evaluate the saved model --model under --strategy on the run's data; no training "
+                             "(writes evaluation.json and predictions.jsonl to --output-dir)")
+
+
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    evaluate_only = "--evaluate-only" in argv
-    cfg, _ = parse_config([a for a in argv if a != "--evaluate-only"], description=__doc__)
-    if evaluate_only:
+    cfg, ns = parse_config(argv, description=__doc__, extra=evaluate_only_flag)
+    if ns.evaluate_only:
         print_evaluation(run_evaluation(cfg))
     else:
         print_run_summary(run_training(cfg))

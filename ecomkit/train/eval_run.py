@@ -10,18 +10,31 @@ loss, candidate scoring and generation, with ``predictions.jsonl``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 from ecomkit.config import TrainConfig
-from ecomkit.dist import DistEnv, distributed_session
+from ecomkit.data.formats import read_task_file
+from ecomkit.dist import DistEnv, distributed_session, log
 from ecomkit.train.loop import TrainingRun, validate_before_launch
 
 EVALUATION_FILE = "evaluation.json"
 
 
 def evaluate_in_session(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
-    """Build the run (data, model from ``cfg.model``, strategy) and run its final evaluation once; no step is taken."""
+    """Build the run (data, model from ``cfg.model``, strategy) and run its final evaluation once; no step is taken.
+
+    A model ecomkit saved records the prompt format it was trained with (``ecomkit_task.json``); the
+    evaluation prompts it in that format, and says so when the config asked for another.
+    """
+    info = read_task_file(cfg.model) if Path(cfg.model).is_dir() else None
+    if info and info["prompt_format"] != cfg.prompt_format:
+        if env.is_main:
+            log.info("%s was trained with prompt format %r: evaluating in it (not %r)", cfg.model,
+                     info["prompt_format"], cfg.prompt_format)
+        cfg = dataclasses.replace(cfg, prompt_format=info["prompt_format"])
     run = TrainingRun(cfg, env).build()
     try:
         result = {"strategy": run.strategy.name, "world_size": env.world_size, "model": cfg.model,

@@ -29,7 +29,8 @@ from typing import Any, Sequence
 import torch
 
 from ecomkit.config import TrainConfig
-from ecomkit.data.formats import KIND_CLASSIFY, KIND_EXTRACT, PROMPT_FORMATS, build_prompt, check_kind, parse_answer
+from ecomkit.data.formats import (KIND_CLASSIFY, KIND_EXTRACT, PROMPT_FORMATS, build_prompt, check_kind, parse_answer,
+                                  read_task_file)
 from ecomkit.dist import DistEnv
 from ecomkit.errors import DataError, EcomkitError, exit_on_user_error
 from ecomkit.models.bloom import load_model
@@ -53,13 +54,9 @@ def split_labels(labels: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 def recorded_prompt_format(model_dir: str | Path) -> str | None:
-    """The prompt format the run that saved ``model_dir`` trained with, if it recorded one."""
-    for path in (Path(model_dir) / "ecomkit_task.json", Path(model_dir).parent / "config.json"):
-        if path.is_file():
-            fmt = json.loads(path.read_text(encoding="utf-8")).get("prompt_format")
-            if fmt:
-                return fmt
-    return None
+    """The prompt format the run that saved ``model_dir`` trained with (its ``ecomkit_task.json``), if any."""
+    info = read_task_file(model_dir)
+    return info["prompt_format"] if info else None
 
 
 class Predictor:
