@@ -6,8 +6,8 @@
   # your own data (span lists, spans nested by label, or BIO tags; see the README's "Bring your own data")
   torchrun --standalone --nproc_per_node 2 scripts/08_tasks.py --task nlu --data ner.jsonl --eval-data dev.jsonl
   # evaluate the saved weights again, under another strategy (the figures must not change)
-  torchrun --standalone --nproc_per_node 2 scripts/08_tasks.py --task nlu --evaluate-only \
-      --model runs/tasks/final --strategy zero --zero-stage 3
+  torchrun --standalone --nproc_per_node 2 scripts/08_tasks.py --task nlu --evaluate-only --model runs/tasks/final
+      --strategy zero --zero-stage 3   (give it the run's --data / --eval-data and sizes too)
 
 Evaluation by generation (``--gen-eval-samples``, ``--gen-max-new-tokens``, ``--gen-num-beams``,
 ``--gen-batch-size``, ``--no-gen-use-cache``) decodes held-out examples at every evaluation and prints

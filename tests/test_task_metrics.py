@@ -86,3 +86,17 @@ def test_scores_recomputed_from_prediction_rows_by_reparsing_the_generated_text(
         parsed = parse_answer("seqgpt", row["kind"], row["generated"], row["labels"])
         expect = parsed.label if row["kind"] == "classify" else sorted(map(list, parsed.spans))
         assert row["predicted"] == expect
+
+
+def test_printed_summary_says_whether_each_baseline_is_cleared_and_by_how_much():
+    from ecomkit.metrics import generation_lines
+
+    assert generation_lines({"eval_loss": 1.0}) == ""   # no evaluation by generation: no lines
+    rows = prediction_rows("seqgpt", [TaskExample("extract", "华为 手机", ("品牌",), gold_spans=(("品牌", "华为"),)),
+                                      TaskExample("classify", "好", ("正面", "负面"), gold_label="正面")],
+                           ["品牌: 小米", "负面"], SpanDictionary.from_spans([("品牌", "华为")]))
+    s = scores_from_rows(rows)
+    s.update(gen_decoded=2, gen_examples_per_s=3.0, gen_decode_mode="generate", gen_prompts_cut=0)
+    text = generation_lines(s)
+    assert "margin -100.0 points (does NOT clear it; 1 examples)" in text      # F1 0 against the dictionary's 1
+    assert "accuracy 0.000" in text and "majority baseline 1.000" in text and "2 examples, 3.0 examples/s" in text
