@@ -214,3 +214,38 @@ def test_task_file_round_trip_and_labels_flag(tmp_path):
 def test_classification_example_from_task_example_fields():
     ex = TaskExample(KIND_CLASSIFY, "很好用", ("正面", "负面"), gold_label="正面")
     assert prompt_and_answer("seqgpt", ex) == ("输入: 很好用\n分类: 正面，负面\n输出: [GEN]", "正面")
+
+
+def test_config_fields_and_their_checks(tmp_path):
+    from ecomkit.config import parse_config
+    from ecomkit.errors import ConfigError
+    dev = write_jsonl([SPAN_ROW], tmp_path / "dev.jsonl")
+    cfg, _ = parse_config(["--task", "nlu", "--prompt-format", "ecomgpt", "--labels", "品牌,颜色", "--eval-data",
+                           str(dev), "--span-end", "inclusive", "--label-map", '{"ner_tags": ["O", "B-X", "I-X"]}'])
+    assert (cfg.prompt_format, cfg.labels, cfg.eval_data, cfg.span_end) == ("ecomgpt", "品牌,颜色", str(dev),
+                                                                            "inclusive")
+    assert parse_config([])[0].prompt_format == "seqgpt"
+    for bad, match in ((["--prompt-format", "alpaca"], "prompt_format"), (["--span-end", "closed"], "span_end"),
+                       (["--labels", "品牌,,颜色"], "labels"), (["--labels", "品牌,品牌"], "labels"),
+                       (["--eval-data", str(tmp_path / "missing.jsonl")], "Eval file")):
+        with pytest.raises((ConfigError, SystemExit), match=match if "--labels" in bad or "--eval-data" in bad
+                           else None):
+            parse_config(bad)
+
+
+def test_seqgpt_truncation_keeps_the_label_line(tok):
+    from ecomkit.data.formats import build_prompt, prompt_tail
+    from ecomkit.data.tokenize import encode_prompt_answer
+    prompt = build_prompt("seqgpt", KIND_CLASSIFY, "物流很快，" * 60, ["positive", "negative"])
+    assert prompt_tail(prompt) == "\n分类: positive，negative\n输出: [GEN]"
+    assert prompt_tail("用户自己的提示\n答:") == ""
+    ids, labels = encode_prompt_answer(tok, prompt, "positive", max_length=48)
+    kept = tok.decode([i for i, label in zip(ids, labels) if label == IGNORE_INDEX])
+    assert len(ids) == 48 and kept.startswith("输入: 物流") and kept.endswith("\n分类: positive，negative\n输出: [GEN]")
+
+
+def test_extraction_rows_are_span_lists_that_load_whole(tmp_path):
+    from ecomkit.data.catalog import extraction_rows
+    rows = extraction_rows(120, seed=4)
+    result = load(tmp_path, rows)
+    assert result.report.kept == 120 and all(len(json.loads(r["spans"])) == 2 for r in result.records)

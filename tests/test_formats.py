@@ -129,3 +129,7 @@ def test_classification_parser_first_line_prefix_and_unknown():
     unknown = parse_answer("seqgpt", KIND_CLASSIFY, "好评", labels)
     assert unknown.label is None and unknown.unknown_labels == ("好评",)
     assert parse_answer("seqgpt", KIND_CLASSIFY, "", labels) == ParsedAnswer(None, frozenset())
+
+
+def test_parser_drops_punctuation_only_spans():
+    assert parse_answer("seqgpt", KIND_EXTRACT, "品牌:: \n颜色：：黑色", LABELS).spans == {("颜色", "黑色")}

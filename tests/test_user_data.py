@@ -182,6 +182,11 @@ def test_label_map_from_flag_and_yaml_and_its_checks(tmp_path):
 # model. Measured (100 held-out records, eval every 30 steps): category 0.25 → 1.00 by step 60 (majority 0.27),
 # sentiment stays at its majority 0.70 until step 90 (0.74), then 0.97 at 120 and 0.99 at 150. At lr 1e-2
 # sentiment had not left the majority by step 100, so 150 steps at 5e-3 leave room. ~80 s on 2 busy cores.
+# These figures are for the ecomkit prompts, which this run keeps (--prompt-format ecomkit). In the default seqgpt
+# format the label line sits between the text and the answer, and this 2-block ALiBi model learns more slowly:
+# measured, both targets at their majority up to step 150, then category 0.51 / 0.62 and sentiment 0.97 / 1.00
+# at steps 250 / 300. Candidate scoring in the seqgpt format is covered by tests/test_learning.py (400 steps), and
+# this file's shape trains in it in tests/test_extraction_train.py.
 ROWS, STEPS = 2000, 150
 MARGIN = 0.10   # accuracy ≥ majority baseline + 10 points, category and sentiment
 
@@ -192,7 +197,7 @@ def test_two_process_run_on_review_data_uses_every_row_and_beats_the_majority_ba
     data = write_csv(review_rows(ROWS, seed=0), tmp_path / "reviews.csv", fields=["cat", "label", "review"])
     out = tmp_path / "run"
     args = ["--data", str(data), "--task", "nlu", "--column-map", json.dumps(REVIEW_COLUMNS),
-            "--label-map", json.dumps(SENTIMENT_01), "--seq-len", "64", "--micro-batch-size", "32", "--lr", "5e-3",
+            "--label-map", json.dumps(SENTIMENT_01), "--prompt-format", "ecomkit", "--seq-len", "64", "--micro-batch-size", "32", "--lr", "5e-3",
             "--max-steps", str(STEPS), "--eval-interval", "0", "--eval-batches", "1", "--eval-nlu-samples", "100",
             "--no-save-model", "--no-progress", "--output-dir", str(out)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

@@ -141,6 +141,17 @@ def review_rows(n_rows: int, seed: int = 0, categories: int = 4) -> list[dict]:
     return rows[:n_rows]
 
 
+def extraction_rows(n_rows: int, seed: int = 0) -> list[dict]:
+    """Catalog titles as extraction rows in the span-list shape: ``{"text", "spans": [{type, term, start, end}]}``.
+
+    For examples and tests of extraction (the counterpart of :func:`review_rows`):
+    each title with its brand and first spec value (:func:`catalog_spans`), end exclusive.
+    """
+    return [{"text": r["title"], "spans": [{"type": t, "term": r["title"][s:e], "start": s, "end": e}
+                                           for t, s, e in catalog_spans(r)]}
+            for r in generate_catalog(n_rows, seed)]
+
+
 def _check_n_rows(n_rows: int) -> None:
     if isinstance(n_rows, bool) or not isinstance(n_rows, (int, np.integer)):
         raise ConfigError(f"n_rows must be an integer between {MIN_ROWS} and {MAX_ROWS}, got {n_rows!r}.")

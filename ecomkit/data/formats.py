@@ -19,7 +19,14 @@ Three formats (``--prompt-format``):
 - ``"ecomgpt"``: the Alpaca-style instruction block of EcomGPT's evaluation
   tasks: a preamble, ``### Instruction:`` with the task, its candidate labels
   and the text, then ``### Response:``.
-- ``"ecomkit"``: the cookbook's earlier Chinese task prompts (``任务:…答:``).
+- ``"ecomkit"``: the cookbook's earlier Chinese task prompts (``任务:…答:``), kept
+  for the chapters and tests written for them. Training in this format keeps
+  the earlier category/sentiment/brand/price prompts of :mod:`ecomkit.data.tasks`
+  (and lays extraction out with :func:`build_prompt`); :func:`build_prompt` itself
+  gives one generic classification layout, so a generation evaluation of a
+  model trained in this format sees, for category and sentiment, a prompt
+  close to but not the one it was trained on. Use ``seqgpt`` or ``ecomgpt``
+  where generations are scored.
 
 **Answers** are the same in every format:
 
@@ -70,11 +77,13 @@ _ECOMGPT_TASK = {KIND_CLASSIFY: "对下面的文本进行分类，从候选标�
                  KIND_EXTRACT: "从下面的文本中抽取候选标签对应的实体，每行一个标签，格式为“标签: 实体1，实体2”；没有实体时回答“无”。"}
 _ECOMKIT_TASK = {KIND_CLASSIFY: "任务:文本分类。从候选标签中选出文本所属的一个。",
                  KIND_EXTRACT: "任务:实体抽取。从文本中抽出候选标签对应的实体。"}
+_SEQGPT_TAIL = re.compile(r"\n(?:分类|抽取): [^\n]*\n输出: \[GEN\]\Z")
 _SPAN_SPLIT = re.compile(r"[,，、;；]")
 _LABEL_SPLIT = re.compile(r"[:：]")
 _NEW_PROMPT = ("输入:", "输入：", "###", "任务:", "[GEN]")
 _NONE_WORDS = frozenset({NO_SPANS, "none", "null", "n/a", "没有"})
 _TRIM = " \t\r\u3000。.!！\"'“”‘’「」[]【】()（）"
+_SPAN_TRIM = _TRIM + ":："     # a span is never only the separator the model repeated
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,19 @@ def build_prompt(fmt: str, kind: str, text: str, labels: Sequence[str]) -> str:
     return f"{_ECOMKIT_TASK[kind]}\n候选:{'、'.join(labels)}\n文本:{text}\n答:"
 
 
+def prompt_tail(prompt: str) -> str:
+    """The end of a prompt that truncation must keep whole: in ``seqgpt`` the label line and the output cue.
+
+    That format lists the labels *after* the text, so a long text cut in the
+    prompt's middle would otherwise lose the label set, and a classification
+    prompt could no longer be told from another on the same text. The other
+    formats list the labels before the text (kept by the head); for them, and
+    for a user's own prompts, this is ``""``.
+    """
+    match = _SEQGPT_TAIL.search(prompt)
+    return match.group(0) if match else ""
+
+
 def format_answer(fmt: str, ex: TaskExample) -> str:
     """The gold answer of ``ex`` (the same in every format; see the module docstring)."""
     check_format(fmt)
@@ -199,7 +221,7 @@ def parse_answer(fmt: str, kind: str, generated: str, labels: Sequence[str]) -> 
                 unknown.append(raw)
             continue
         for span in _SPAN_SPLIT.split(value):
-            span = span.strip(_TRIM)
+            span = span.strip(_SPAN_TRIM)
             if span and span.lower() not in _NONE_WORDS:
                 spans.add((canonical[name], span))
     return ParsedAnswer(None, frozenset(spans), tuple(unknown))

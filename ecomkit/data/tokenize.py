@@ -34,7 +34,7 @@ import torch
 from datasets import Dataset, Features, Sequence as ArrowList, Value
 
 from ecomkit.data.arrow import fingerprint, tokenizer_digest
-from ecomkit.data.formats import check_format
+from ecomkit.data.formats import check_format, prompt_tail
 from ecomkit.data.loaders import RECORD_FEATURES
 from ecomkit.data.stream import map_batches, unique_values
 from ecomkit.data.tasks import CATEGORY_LABELS, KINDS, SENTIMENT_POLARITY, check_task, task_examples
@@ -61,19 +61,38 @@ def encode_lm_ids(ids: list[int], eos_id: int, max_length: int) -> tuple[list[in
 
 
 def encode_prompt_answer_ids(prompt: list[int], answer: list[int], eos_id: int,
-                             max_length: int) -> tuple[list[int], list[int]]:
+                             max_length: int, tail: int = _PROMPT_TAIL) -> tuple[list[int], list[int]]:
     """Concatenate prompt + answer + EOS; labels are -100 on the prompt.
 
     If too long, the answer is kept whole and the prompt loses tokens from its
-    *middle*: its head carries the instruction and its last tokens the answer
-    cue, both more important than the end of a long review.
+    *middle*: its head carries the instruction and its last ``tail`` tokens the
+    answer cue (in the ``seqgpt`` format also the label line:
+    :func:`~ecomkit.data.formats.prompt_tail`), both more important than the
+    end of a long review.
     """
     answer = answer[: max_length - 2] + [eos_id]
-    budget = max_length - len(answer)
-    if len(prompt) > budget:
-        tail = min(_PROMPT_TAIL, budget // 2)
-        prompt = prompt[: budget - tail] + (prompt[-tail:] if tail else [])
+    prompt = truncate_prompt_ids(prompt, max_length - len(answer), tail)
     return prompt + answer, [IGNORE_INDEX] * len(prompt) + answer
+
+
+def truncate_prompt_ids(prompt: list[int], budget: int, tail: int = _PROMPT_TAIL) -> list[int]:
+    """``prompt`` cut to ``budget`` ids by dropping its middle, its last ``tail`` ids kept (see above).
+
+    Generation uses it too, so a prompt is cut the same way in training and in decoding.
+    """
+    if len(prompt) <= budget:
+        return prompt
+    if tail <= _PROMPT_TAIL:
+        keep = min(tail, budget // 2)
+    else:   # a long tail (a label line) keeps it, and at least a few ids of the head
+        keep = min(tail, budget - min(_PROMPT_TAIL, budget // 2))
+    return prompt[: budget - keep] + (prompt[-keep:] if keep else [])
+
+
+def tail_length(tokenizer, prompt: str) -> int:
+    """How many ids at the end of ``prompt`` truncation keeps: its :func:`prompt_tail`, at least the default."""
+    tail = prompt_tail(prompt)
+    return max(_PROMPT_TAIL, len(tokenizer(tail, add_special_tokens=False)["input_ids"])) if tail else _PROMPT_TAIL
 
 
 def encode_prompt_answer(tokenizer, prompt: str, answer: str, max_length: int) -> tuple[list[int], list[int]]:
@@ -83,7 +102,7 @@ def encode_prompt_answer(tokenizer, prompt: str, answer: str, max_length: int) -
     is the sum over positions whose label is not -100 (answer tokens and EOS).
     """
     ids = tokenizer([prompt, answer], add_special_tokens=False)["input_ids"]
-    return encode_prompt_answer_ids(ids[0], ids[1], _eos_id(tokenizer), max_length)
+    return encode_prompt_answer_ids(ids[0], ids[1], _eos_id(tokenizer), max_length, tail_length(tokenizer, prompt))
 
 
 def _tokenize_batch(batch: dict[str, list], indices: list[int], tokenizer, task: str,
@@ -103,8 +122,11 @@ def _tokenize_batch(batch: dict[str, list], indices: list[int], tokenizer, task:
     eos = _eos_id(tokenizer)
     answer_ids = tokenizer(answers, add_special_tokens=False)["input_ids"] if answers else []
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if any(prompts) else [[]] * len(prompts)
-    pairs = [encode_lm_ids(a, eos, max_length) if not p else encode_prompt_answer_ids(p, a, eos, max_length)
-             for p, a in zip(prompt_ids, answer_ids)]
+    tails = [prompt_tail(p) for p in prompts]
+    tail_ids = tokenizer(tails, add_special_tokens=False)["input_ids"] if any(tails) else [[]] * len(prompts)
+    tail_lengths = [max(_PROMPT_TAIL, len(t)) if tail else _PROMPT_TAIL for t, tail in zip(tail_ids, tails)]
+    pairs = [encode_lm_ids(a, eos, max_length) if not p else encode_prompt_answer_ids(p, a, eos, max_length, n)
+             for p, a, n in zip(prompt_ids, answer_ids, tail_lengths)]
     out = {"input_ids": [p[0] for p in pairs], "labels": [p[1] for p in pairs],
            "length": [len(p[0]) for p in pairs], "kind": kinds, "record": records}
     if with_polarity:
@@ -165,7 +187,7 @@ def tokenize_records(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, 
                          "record": Value("int64"), **({"polarity": Value("int8")} if with_polarity else {})})
     key = fingerprint("tokens", table._fingerprint, tokenizer_digest(tokenizer), task, max_length,
                       {k: list(v) for k, v in labels.items()}, with_polarity,
-                      *([prompt_format] if task == "nlu" and prompt_format != "ecomkit" else []))
+                      *([prompt_format, "tail-kept"] if task == "nlu" and prompt_format != "ecomkit" else []))
     tokenized = map_batches(table, _tokenize_batch, key=key, features=features, num_proc=n_proc,
                             fn_kwargs={"tokenizer": tokenizer, "task": task, "labels": labels,
                                        "max_length": max_length, "with_polarity": with_polarity,
