@@ -46,7 +46,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from ecomkit.data.tokenize import encode_prompt_answer_ids
+from ecomkit.data.tokenize import tail_length, truncate_prompt_ids
 from ecomkit.dist import DistEnv
 from ecomkit.train.progress import make_progress
 
@@ -75,17 +75,16 @@ def encode_prompts(tokenizer, prompts: Sequence[str], settings: DecodeSettings) 
     """Prompt ids as training laid them out before the answer, and how many prompts had to be cut.
 
     A prompt longer than ``max_length - max_new_tokens - 1`` loses tokens from
-    its middle (``encode_prompt_answer_ids``' rule: the instruction head and
-    the answer cue at its end are kept), so the prompt plus the longest
-    allowed answer and its EOS fit the training length.
+    its middle, by training's own rule (``truncate_prompt_ids``: the head and
+    the prompt's tail are kept, in the ``seqgpt`` format the label line and the
+    output cue), so the prompt plus the longest allowed answer and its EOS fit
+    the training length.
     """
-    eos, _ = eos_and_pad(tokenizer)
-    budget = max(2, settings.max_length - settings.max_new_tokens)
+    budget = max(2, settings.max_length - settings.max_new_tokens - 1)
     ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"] if prompts else []
     out, cut = [], 0
-    for row in ids:
-        kept, _ = encode_prompt_answer_ids(row, [], eos, budget)  # answer [] → prompt + EOS within budget
-        kept = kept[:-1]
+    for prompt, row in zip(prompts, ids):
+        kept = truncate_prompt_ids(row, budget, tail_length(tokenizer, prompt)) if len(row) > budget else row
         cut += len(kept) < len(row)
         out.append(kept)
     return out, cut
