@@ -247,5 +247,12 @@ def test_seqgpt_truncation_keeps_the_label_line(tok):
 def test_extraction_rows_are_span_lists_that_load_whole(tmp_path):
     from ecomkit.data.catalog import extraction_rows
     rows = extraction_rows(120, seed=4)
-    result = load(tmp_path, rows)
+    result = load(tmp_path, rows)          # the loader checks every term against its offsets
     assert result.report.kept == 120 and all(len(json.loads(r["spans"])) == 2 for r in result.records)
+    catalog = generate_catalog(120, seed=4)
+    assert [row["text"] for row in extraction_rows(120, seed=4, distractors=0)] == [r["title"] for r in catalog]
+    # distractors: a compatible brand and another value of the attribute, seen in training as spans, not spans here
+    with_distractor = [row for row in rows if " 兼容" in row["text"] or " for " in row["text"]]
+    assert 60 < len(with_distractor) < 110 and all(row["text"].startswith(r["title"]) for row, r in zip(rows, catalog))
+    made_up = {row["spans"][0]["term"] for row in extraction_rows(120, seed=4, new_brands=True)}
+    assert len(made_up) > 100 and not made_up & {r["brand"] for r in catalog}    # brands a dictionary has not seen

@@ -141,15 +141,55 @@ def review_rows(n_rows: int, seed: int = 0, categories: int = 4) -> list[dict]:
     return rows[:n_rows]
 
 
-def extraction_rows(n_rows: int, seed: int = 0) -> list[dict]:
+_BRAND_CHARS = "云星海风山川青禾木森光明华美优品佳乐安康宜家金银雪月花语晨曦锦绣天地凯悦君诺泽瑞丰源"
+_BRAND_SYLLABLES = ("Zen", "No", "va", "Lux", "Vi", "ta", "Ae", "ro", "Kai", "Te", "ra", "Mi", "o", "Sol", "Vex",
+                    "Lu", "na", "Or", "bit", "Ca", "sa", "Pix", "el", "Qu", "on", "Ri", "vo", "Ty", "Wen", "Ya")
+
+
+def extraction_rows(n_rows: int, seed: int = 0, distractors: float = 0.7, new_brands: bool = False) -> list[dict]:
     """Catalog titles as extraction rows in the span-list shape: ``{"text", "spans": [{type, term, start, end}]}``.
 
     For examples and tests of extraction (the counterpart of :func:`review_rows`):
-    each title with its brand and first spec value (:func:`catalog_spans`), end exclusive.
+    each title with its brand and first spec value (:func:`catalog_spans`), end
+    exclusive. Extra draws come from ``(seed, 23)``, so the catalog is unchanged.
+
+    - ``distractors``: the share of titles that end with a *compatible* brand
+      (``兼容{brand}`` / ``for {brand}``), and, independently, the share that
+      end with another value of the same attribute (``另有{value}``), neither of
+      them a span. A dictionary of training spans marks both (it knows every
+      catalog brand and value); a model that learned where the product's own
+      brand and value stand does not. Without them, the 40 catalog brands and
+      few values make the dictionary all but perfect.
+    - ``new_brands``: replace each brand by one made up for the row (two or
+      three characters, or three Latin syllables), mostly unseen in training:
+      only copying by position finds them (harder: a 2-block model did not
+      learn it in 300 steps).
     """
-    return [{"text": r["title"], "spans": [{"type": t, "term": r["title"][s:e], "start": s, "end": e}
-                                           for t, s, e in catalog_spans(r)]}
-            for r in generate_catalog(n_rows, seed)]
+    rng = np.random.default_rng([seed, 23])
+    rows = []
+    for record in generate_catalog(n_rows, seed):
+        if new_brands:
+            brand = _made_up_brand(rng, not record["brand"].isascii())
+            record = {**record, "title": brand + record["title"][len(record["brand"]):], "brand": brand}
+        title = record["title"]
+        spans = [{"type": t, "term": title[s:e], "start": s, "end": e} for t, s, e in catalog_spans(record)]
+        cat = next(row for row in CATEGORY_TABLE if row[0] == record["category"])
+        other_brand = [b for b in cat[3] if b != record["brand"]][int(rng.integers(0, len(cat[3]) - 1))]
+        values = [v for v in cat[5][0][1] if not spans or v != spans[-1]["term"]]
+        other_value = values[int(rng.integers(0, len(values)))]
+        chinese = not record["brand"].isascii()
+        if rng.random() < distractors:
+            title += f" 兼容{other_brand}" if chinese else f" for {other_brand}"
+        if rng.random() < distractors:
+            title += f" 另有{other_value}"
+        rows.append({"text": title, "spans": spans})
+    return rows
+
+
+def _made_up_brand(rng: np.random.Generator, chinese: bool) -> str:
+    if chinese:
+        return "".join(_BRAND_CHARS[i] for i in rng.integers(0, len(_BRAND_CHARS), int(rng.integers(2, 4))))
+    return "".join(_BRAND_SYLLABLES[i] for i in rng.integers(0, len(_BRAND_SYLLABLES), 3)).capitalize()
 
 
 def _check_n_rows(n_rows: int) -> None:
