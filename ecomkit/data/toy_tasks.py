@@ -17,6 +17,11 @@ only. The review opens with a polar phrase, so the sentiment (positive/negative,
 target) is learnable too; its baseline is the majority label.
 
 Rows are span lists (``end`` exclusive), the first of the three extraction shapes ``--data`` reads.
+
+Beside :func:`ecomkit.data.catalog.extraction_rows` (catalog titles with compatible-brand and other-value
+distractors, extraction only): this set is the smallest ambiguity, carries a classification target in the
+same rows, and a 2-block model reaches F1 1.0 on it in 300-400 steps at batch 32, which a chapter and a
+learning test can afford on two CPU cores.
 """
 
 from __future__ import annotations
