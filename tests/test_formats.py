@@ -133,3 +133,9 @@ def test_classification_parser_first_line_prefix_and_unknown():
 
 def test_parser_drops_punctuation_only_spans():
     assert parse_answer("seqgpt", KIND_EXTRACT, "品牌:: \n颜色：：黑色", LABELS).spans == {("颜色", "黑色")}
+
+
+def test_parser_keeps_brackets_and_dots_inside_spans():
+    labels = ("品牌", "型号")
+    parsed = parse_answer("seqgpt", KIND_EXTRACT, "品牌: Acme Co.\n型号: SPF50 (PA+++)。", labels)
+    assert parsed.spans == {("品牌", "Acme Co."), ("型号", "SPF50 (PA+++)")}

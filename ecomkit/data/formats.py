@@ -83,7 +83,9 @@ _LABEL_SPLIT = re.compile(r"[:：]")
 _NEW_PROMPT = ("输入:", "输入：", "###", "任务:", "[GEN]")
 _NONE_WORDS = frozenset({NO_SPANS, "none", "null", "n/a", "没有"})
 _TRIM = " \t\r\u3000。.!！\"'“”‘’「」[]【】()（）"
-_SPAN_TRIM = _TRIM + ":："     # a span is never only the separator the model repeated
+# Spans lose only spaces, quotes, a sentence end and repeated separators at their ends: brackets and dots
+# may belong to a span ("SPF50 (PA+++)", "Co.").
+_SPAN_TRIM = " \t\r\u3000。！\"“”‘’:："
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,7 @@ def parse_answer(fmt: str, kind: str, generated: str, labels: Sequence[str]) -> 
     for line in generated.replace("\r", "\n").split("\n"):
         if line.strip().startswith(_NEW_PROMPT):
             break                      # the model went on to write a new prompt
-        line = line.strip(_TRIM)
+        line = line.strip(" \t\r\u3000")
         if not line:
             continue
         parts = _LABEL_SPLIT.split(line, maxsplit=1)
