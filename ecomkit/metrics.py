@@ -91,6 +91,7 @@ def print_run_summary(summary: dict[str, Any]) -> None:
         + data_line(summary)
         + f"loss            {summary['first_loss']:.4f} → {summary['final_loss']:.4f} (train), eval {summary['eval_loss']:.4f}\n"
         + classification_lines(summary)
+        + generation_lines(summary)
         + throughput_lines(summary)
         + f"peak memory     {format_bytes(summary['peak_mem_bytes'])} per rank\n"
         f"outputs         {summary['output_dir']} (metrics.jsonl, summary.json"
@@ -118,6 +119,42 @@ def classification_lines(summary: dict[str, Any]) -> str:
             line += f" ({summary[f'scored_{target}']} held-out records)"
         lines += line + "\n"
     return lines
+
+
+def generation_lines(summary: dict[str, Any]) -> str:
+    """Scores by generation (``ecomkit.train.gen_eval``) beside their baselines, with the margin in points.
+
+    A model counts only when it clears its baseline: the majority label for
+    classification, the dictionary of training spans for extraction.
+    """
+    lines = ""
+    if summary.get("gen_acc") is not None:
+        margin = summary["gen_acc_margin_points"]
+        lines += (f"generated labels accuracy {summary['gen_acc']:.3f}, macro-F1 {summary['gen_macro_f1']:.3f}; "
+                  f"majority baseline {summary['gen_majority_acc']:.3f}, margin {margin:+.1f} points "
+                  f"({'clears' if margin > 0 else 'does NOT clear'} it; {summary['gen_classify_n']} examples)\n")
+    if summary.get("gen_span_f1") is not None:
+        margin = summary["gen_span_f1_margin_points"]
+        per = ", ".join(f"{k} {v:.2f}" for k, v in summary.get("gen_span_f1_per_label", {}).items())
+        lines += (f"generated spans  micro-F1 {summary['gen_span_f1']:.3f} (P {summary['gen_span_precision']:.3f}, "
+                  f"R {summary['gen_span_recall']:.3f}), strict {summary['gen_strict_acc']:.3f}; dictionary "
+                  f"baseline F1 {summary['dict_span_f1']:.3f}, margin {margin:+.1f} points "
+                  f"({'clears' if margin > 0 else 'does NOT clear'} it; {summary['gen_extract_n']} examples)\n"
+                  + (f"  per label F1   {per}\n" if per else ""))
+    if summary.get("gen_decoded"):
+        lines += (f"decoding         {summary['gen_decoded']} examples, {summary['gen_examples_per_s']:.1f} examples/s "
+                  f"({summary['gen_decode_mode']}), {summary['gen_prompts_cut']} prompts cut to fit, "
+                  f"{summary['gen_unknown_labels']} unknown labels in answers\n")
+    return lines
+
+
+def print_evaluation(result: dict[str, Any]) -> None:
+    """The evaluation of a saved model (``ecomkit.train.eval_run``), on rank 0."""
+    if int(os.environ.get("RANK", 0)) != 0:
+        return
+    print(f"\n=== evaluation of {result['model']} ({result['strategy']} × {result['world_size']}) ===\n"
+          f"eval loss       {result['eval_loss']:.4f}\n" + classification_lines(result) + generation_lines(result),
+          flush=True)
 
 
 def data_line(summary: dict[str, Any]) -> str:

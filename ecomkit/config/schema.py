@@ -130,6 +130,11 @@ class TrainConfig:
     eval_interval: int = 20           # steps between evaluations, from step 0; 0 = only at the end
     eval_batches: int = 8             # micro-batches per evaluation (per rank)
     eval_nlu_samples: int = 64        # records scored per NLU accuracy evaluation
+    gen_eval_samples: int = 32        # held-out classify/extract examples decoded per evaluation (0 = none)
+    gen_max_new_tokens: int = 32      # answer tokens generated at most per example
+    gen_num_beams: int = 1            # 1 = greedy; > 1 = beam search (not with pp or sequence parallel)
+    gen_batch_size: int = 8           # prompts per decoding batch, per rank (left-padded)
+    gen_use_cache: bool = True        # decode with the model's KV cache (False: recompute the prefix each step)
     seed: int = 0                     # random seed: model init, synthetic data, batch order
     # --- run --------------------------------------------------------------
     output_dir: str = "runs/ddp"      # metrics.jsonl, summary.json, final model

@@ -59,6 +59,7 @@ def validate_train_config(cfg: "TrainConfig", world_size: int, n_head: int | Non
     check_deepspeed_batch_sizes(cfg, world_size)
     check_fault_config(cfg)
     check_data_source(cfg)
+    check_generation(cfg)
 
 
 # ---------------------------------------------------------------------- chapter 05: compression
@@ -316,3 +317,20 @@ def check_label_map_shape(label_map: Any) -> None:
                 isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in mapping.values()):
             raise ConfigError(f"label_map[{target!r}] must be a non-empty object of raw value -> label name, got "
                               f"{mapping!r}; e.g. --label-map {example}.")
+
+
+# ---------------------------------------------------------------------- evaluation by generation
+def check_generation(cfg: "TrainConfig") -> None:
+    """Decoding sizes in range; beam search only where transformers' generate() runs (not pp, not sequence parallel)."""
+    if cfg.gen_eval_samples < 0:
+        raise ConfigError(f"gen_eval_samples={cfg.gen_eval_samples} must be >= 0 (0: no evaluation by generation).")
+    for name in ("gen_max_new_tokens", "gen_num_beams", "gen_batch_size"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 1.")
+    par = cfg.parallel
+    pipelined = cfg.strategy in (StrategyName.PP, StrategyName.MIXED) and par.pp > 1
+    if cfg.gen_num_beams > 1 and (cfg.strategy == StrategyName.PP or pipelined or par.sequence_parallel):
+        raise ConfigError(
+            f"--gen-num-beams {cfg.gen_num_beams}: pipeline parallel and sequence parallel decode greedily without "
+            "the KV cache (a pipeline's stages are separate modules; sequence parallel cannot cut a one-token step "
+            "into tp pieces), so beam search is not available there. Use --gen-num-beams 1.")

@@ -40,6 +40,7 @@ from ecomkit.parallel import build_strategy
 from ecomkit.parallel.mixed import sharded_model_callbacks
 from ecomkit.train.clip import ClipPolicy
 from ecomkit.train.evaluate import all_reduce_sums, evaluate_loss, evaluate_nlu_accuracy
+from ecomkit.train.gen_eval import PREDICTIONS_FILE, evaluator_for_run
 from ecomkit.train.progress import make_progress
 
 
@@ -74,6 +75,7 @@ class TrainingRun:
         self.grad_accum = self.cfg.resolve_grad_accum(self.shard[1])
         self.tokenizer = self.build_tokenizer()
         self.build_data()
+        self.gen_eval = evaluator_for_run(self.cfg, self.data_report)  # evaluation by generation (nlu)
         # The strategy decides how the model is materialised: whole on every rank, or only this rank's part
         # of a local checkpoint (ZeRO-3 under deepspeed.zero.Init, FSDP2/TP on the meta device, loaded in setup).
         model = self.strategy.build_model(ModelSource(self.cfg.model, vocab_size=len(self.tokenizer), seed=self.cfg.seed))
@@ -193,7 +195,7 @@ class TrainingRun:
             for cb in self.callbacks:
                 getattr(cb, "on_step_end", lambda run, r: None)(self, row)
         bar.close()
-        final_eval = self.evaluate()
+        final_eval = self.evaluate(final=True)
         self.metrics.write({"type": "eval", "step": self.step, **final_eval})
         summary = self._summary(final_eval, time.perf_counter() - start_time)
         if getattr(self.strategy, "replicated", False):
@@ -268,13 +270,17 @@ class TrainingRun:
         return row
 
     # ------------------------------------------------------------------ eval & end
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, final: bool = False) -> dict[str, Any]:
+        """Held-out loss, candidate-scoring accuracy and, for nlu, scores by generation (``final``: + predictions.jsonl)."""
         out = {"eval_loss": evaluate_loss(self.strategy, self.eval_ds, self.collate, self.env,
                                           self.cfg.micro_batch_size, self.cfg.eval_batches, self.shard)}
         if self.cfg.task == "nlu" and len(self.eval_records):
             out.update(evaluate_nlu_accuracy(self.strategy, self.tokenizer, self.eval_records, self.env,
                                              self.cfg.eval_nlu_samples, shard=self.shard, max_length=self.cfg.seq_len,
                                              labels=self.data_report.labels, prompt_format=self.cfg.prompt_format))
+        if self.gen_eval is not None:
+            out.update(self.gen_eval(self.strategy, self.tokenizer, self.env, self.shard,
+                                     self.out_dir / PREDICTIONS_FILE if final else None, self.cfg.progress))
         return out
 
     def _summary(self, final_eval: dict[str, float], wall: float) -> dict[str, Any]:

@@ -1,0 +1,64 @@
+"""A generated classification + extraction set that a tiny model learns in seconds, and on which the
+dictionary baseline is wrong by construction.
+
+Why it exists: on the synthetic catalog every brand and attribute value of the held-out titles was also
+seen in training, so the dictionary baseline (every training span with its label, matched in the text)
+is close to perfect there, and no model can clear it by a margin. Real extraction sets are not like
+that: a span's surface text does not decide whether it is an entity *here*. This set has one such
+ambiguity and nothing else. Each row describes a product and an accessory that comes with it,
+
+    {"text": "粉色围巾 配棕色挂件", "spans": [{"type": "颜色", "term": "粉色", "start": 0, "end": 2}],
+     "review": "非常满意，粉色围巾 配棕色挂件", "sentiment": "positive"}
+
+and only the product's own colour (the first one) is a ``颜色`` span. Both colours are drawn from the
+same ten, so every colour is a training span: the dictionary finds both and scores precision 1/2,
+recall 1, F1 2/3, whatever it is shown. A model that reads the text learns to answer the first colour
+only. The review opens with a polar phrase, so the sentiment (positive/negative, a classification
+target) is learnable too; its baseline is the majority label.
+
+Rows are span lists (``end`` exclusive), the first of the three extraction shapes ``--data`` reads.
+
+Beside :func:`ecomkit.data.catalog.extraction_rows` (catalog titles with compatible-brand and other-value
+distractors, extraction only): this set is the smallest ambiguity, carries a classification target in the
+same rows, and a 2-block model reaches F1 1.0 on it in 300-400 steps at batch 32, which a chapter and a
+learning test can afford on two CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+COLOURS: tuple[str, ...] = ("红色", "黑色", "白色", "蓝色", "绿色", "灰色", "粉色", "紫色", "黄色", "棕色")
+PRODUCTS: tuple[str, ...] = ("连衣裙", "外套", "衬衫", "卫衣", "运动鞋", "背包", "帽子", "围巾")
+ACCESSORIES: tuple[str, ...] = ("腰带", "包装袋", "挂件", "鞋带")
+POSITIVE: tuple[str, ...] = ("很好看", "质量很好", "非常满意")
+NEGATIVE: tuple[str, ...] = ("质量差", "不满意", "很失望")
+COLOUR_LABEL = "颜色"
+
+
+def colour_rows(n: int, seed: int = 0) -> list[dict]:
+    """``n`` rows (see the module docstring), the same for the same ``seed``."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        own, other = rng.sample(COLOURS, 2)
+        positive = rng.random() < 0.5
+        text = f"{own}{rng.choice(PRODUCTS)} 配{other}{rng.choice(ACCESSORIES)}"
+        rows.append({"text": text, "spans": [{"type": COLOUR_LABEL, "term": own, "start": 0, "end": len(own)}],
+                     "review": f"{rng.choice(POSITIVE if positive else NEGATIVE)}，{text}",
+                     "sentiment": "positive" if positive else "negative"})
+    return rows
+
+
+def write_colour_task(folder: str | Path, n_train: int = 1500, n_dev: int = 200, seed: int = 0) -> tuple[Path, Path]:
+    """``train.jsonl`` and ``dev.jsonl`` under ``folder`` (different seeds); returns both paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, n, s in (("train", n_train, seed), ("dev", n_dev, seed + 1)):
+        path = folder / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in colour_rows(n, s)), encoding="utf-8")
+        paths.append(path)
+    return paths[0], paths[1]

@@ -1,0 +1,55 @@
+"""Evaluate a saved model without training it: the run's evaluation, under any strategy, on the run's data.
+
+Why: "the metrics do not depend on the strategy" is a claim about the
+evaluation code, so it is checked on *one* set of weights. A model saved by a
+run (``<output-dir>/final``) is loaded by the strategy the config names (ZeRO-3
+partitions it under ``deepspeed.zero.Init``, FSDP2 shards it on the meta
+device), and the same held-out examples are scored as at the end of training:
+loss, candidate scoring and generation, with ``predictions.jsonl``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from ecomkit.config import TrainConfig
+from ecomkit.data.formats import read_task_file
+from ecomkit.dist import DistEnv, distributed_session, log
+from ecomkit.train.loop import TrainingRun, validate_before_launch
+
+EVALUATION_FILE = "evaluation.json"
+
+
+def evaluate_in_session(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
+    """Build the run (data, model from ``cfg.model``, strategy) and run its final evaluation once; no step is taken.
+
+    A model ecomkit saved records the prompt format it was trained with (``ecomkit_task.json``); the
+    evaluation prompts it in that format, and says so when the config asked for another.
+    """
+    info = read_task_file(cfg.model) if Path(cfg.model).is_dir() else None
+    if info and info["prompt_format"] != cfg.prompt_format:
+        if env.is_main:
+            log.info("%s was trained with prompt format %r: evaluating in it (not %r)", cfg.model,
+                     info["prompt_format"], cfg.prompt_format)
+        cfg = dataclasses.replace(cfg, prompt_format=info["prompt_format"])
+    run = TrainingRun(cfg, env).build()
+    try:
+        result = {"strategy": run.strategy.name, "world_size": env.world_size, "model": cfg.model,
+                  **run.evaluate(final=True)}
+        if env.is_main:
+            (run.out_dir / EVALUATION_FILE).write_text(json.dumps(result, indent=2, ensure_ascii=False),
+                                                       encoding="utf-8")
+        return result
+    finally:
+        run.close()
+        del run
+
+
+def run_evaluation(cfg: TrainConfig) -> dict[str, Any]:
+    """Set up the process group, evaluate ``cfg.model``, tear down. Returns the evaluation (all ranks)."""
+    validate_before_launch(cfg)
+    with distributed_session(timeout_s=cfg.timeout_s, seed=cfg.seed) as env:
+        return evaluate_in_session(cfg, env)

@@ -1,0 +1,206 @@
+"""Decoding held-out prompts under any strategy: batched, left-padded, greedy or beam search, with the KV cache.
+
+Why left padding: a decoder appends each new token after the last position of
+its row, so every row's prompt must *end* at the same column. BLOOM positions
+tokens by ALiBi, which transformers builds from the attention mask's running
+count, so a left-padded row scores exactly as it would alone (up to float
+rounding of the differently shaped products).
+
+**How each strategy decodes** (:func:`decode_mode`):
+
+==========================  ===========================================================================
+strategy                    decoding
+==========================  ===========================================================================
+``ddp``, ``accelerate``     ``generate()`` on the unwrapped model (``strategy.raw_model``): no collectives
+``zero`` stage 0-2          the same; every rank holds the whole model
+``zero`` stage 3            ``generate(synced_gpus=True)`` on the module the engine wraps: each forward
+                            all-gathers the partitioned weights, a collective
+``fsdp``                    ``generate(synced_gpus=True)`` on the ``fully_shard``-ed module: the same
+``tp`` (no sequence par.)   ``generate()`` on the tensor-parallel module; the ranks of one replica decode
+                            the same batch, their activations all-reduced in every forward; the KV cache
+                            holds each rank's own heads
+``pp``, sequence parallel   greedy without the KV cache (:func:`greedy_without_cache`): every step runs
+                            ``strategy.forward_logits`` on the whole sequence so far. A pipeline's stages
+                            are separate modules that pass activations point to point, and sequence
+                            parallelism cuts T into tp pieces, which a one-token decoding step cannot be;
+                            beam search is refused for both by ``TrainConfig.validate``
+==========================  ===========================================================================
+
+**Synced steps.** Under ZeRO-3 and FSDP2 every forward is a collective, so
+every rank must run the same number of forwards until the *last* rank is done.
+Every rank decodes an equal share (same number of batches), and in every
+decoding step one all-reduce of a "still running" flag decides whether all
+ranks stop: transformers' ``synced_gpus`` does it inside ``generate()``
+(``_has_unfinished_sequences``), :func:`greedy_without_cache` does the same in
+its own loop. Strategies whose forwards are not collectives across data
+replicas (DDP, Accelerate, ZeRO 0-2) skip the flag; tensor-parallel ranks of
+one replica decode the same batch in lock step, and replicas differ, so TP and
+mixed layouts sync too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ecomkit.data.tokenize import tail_length, truncate_prompt_ids
+from ecomkit.dist import DistEnv
+from ecomkit.train.progress import make_progress
+
+DECODE_GENERATE, DECODE_UNCACHED = "generate", "greedy-uncached"
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How held-out prompts are decoded (``TrainConfig.gen_*`` fields)."""
+
+    max_new_tokens: int = 32
+    num_beams: int = 1          # 1: greedy
+    batch_size: int = 8         # prompts per decoding batch, per rank
+    use_cache: bool = True      # False: recompute the whole prefix every step (the benchmark's reference)
+    max_length: int = 1 << 30   # the training sequence length: prompts are cut the way training cut them
+
+
+def eos_and_pad(tokenizer) -> tuple[int, int]:
+    """The end-of-answer token training appended after every answer, and the id left padding uses."""
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    return int(eos), int(pad)
+
+
+def encode_prompts(tokenizer, prompts: Sequence[str], settings: DecodeSettings) -> tuple[list[list[int]], int]:
+    """Prompt ids as training laid them out before the answer, and how many prompts had to be cut.
+
+    A prompt longer than ``max_length - max_new_tokens - 1`` loses tokens from
+    its middle, by training's own rule (``truncate_prompt_ids``: the head and
+    the prompt's tail are kept, in the ``seqgpt`` format the label line and the
+    output cue), so the prompt plus the longest allowed answer and its EOS fit
+    the training length.
+    """
+    budget = max(2, settings.max_length - settings.max_new_tokens - 1)
+    ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"] if prompts else []
+    out, cut = [], 0
+    for prompt, row in zip(prompts, ids):
+        kept = truncate_prompt_ids(row, budget, tail_length(tokenizer, prompt)) if len(row) > budget else row
+        cut += len(kept) < len(row)
+        out.append(kept)
+    return out, cut
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, T]`` ids and attention mask, every row right-aligned (padding on the left)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.tensor(list(r), dtype=torch.long)
+            mask[i, width - len(r):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def decode_mode(strategy) -> str:
+    """``generate`` (transformers' ``generate()`` on the strategy's module) or ``greedy-uncached`` (PP, SP)."""
+    if getattr(strategy, "pipeline", None) is not None:
+        return DECODE_UNCACHED
+    dims, par = getattr(strategy, "dims", None), getattr(strategy.cfg, "parallel", None)
+    if dims is not None and dims.tp > 1 and par is not None and par.sequence_parallel:
+        return DECODE_UNCACHED
+    return DECODE_GENERATE
+
+
+def needs_sync(strategy, env: DistEnv) -> bool:
+    """Whether forwards are collectives across ranks that decode different prompts (see the module docstring)."""
+    if not env.distributed:
+        return False
+    if strategy.name == "zero":
+        return strategy.cfg.zero.stage == 3
+    return strategy.name in ("fsdp", "tp", "pp", "mixed")
+
+
+def any_rank_running(running: bool, env: DistEnv, sync: bool) -> bool:
+    """One all-reduce of a 0/1 flag: True while any rank still decodes (or, without ``sync``, this one)."""
+    if not sync:
+        return running
+    flag = torch.tensor([1.0 if running else 0.0], device=env.device if env.backend == "nccl" else "cpu")
+    dist.all_reduce(flag)
+    return bool(flag.item() > 0)
+
+
+@torch.no_grad()
+def greedy_without_cache(strategy, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, eos_id: int,
+                         pad_id: int, env: DistEnv, sync: bool) -> torch.Tensor:
+    """Greedy decoding through ``strategy.forward_logits`` on the whole sequence every step; new ids ``[B, n]``.
+
+    Finished rows get ``pad_id``, as in transformers. With ``sync`` the loop
+    runs until every rank's rows are finished (or ``max_new_tokens``), one
+    flag all-reduce per step.
+    """
+    running = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
+    new: list[torch.Tensor] = []
+    for _ in range(max_new_tokens):
+        if not any_rank_running(bool(running.any()), env, sync):
+            break
+        logits = strategy.forward_logits(ids, mask)[:, -1].float()
+        nxt = torch.where(running, logits.argmax(dim=-1), torch.full_like(running, pad_id, dtype=torch.long))
+        new.append(nxt)
+        ids = torch.cat([ids, nxt[:, None]], dim=1)
+        mask = torch.cat([mask, running.long()[:, None]], dim=1)
+        running &= nxt != eos_id
+    return torch.stack(new, dim=1) if new else ids[:, :0]
+
+
+@torch.no_grad()
+def decode_batch(strategy, ids: torch.Tensor, mask: torch.Tensor, settings: DecodeSettings, eos_id: int,
+                 pad_id: int, env: DistEnv, sync: bool) -> list[list[int]]:
+    """New token ids per row (up to its first EOS, which is dropped), for one left-padded batch."""
+    if decode_mode(strategy) == DECODE_UNCACHED:
+        out = greedy_without_cache(strategy, ids, mask, settings.max_new_tokens, eos_id, pad_id, env, sync)
+    else:
+        with strategy.autocast():
+            out = strategy.raw_model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=settings.max_new_tokens,
+                num_beams=settings.num_beams, do_sample=False, use_cache=settings.use_cache,
+                eos_token_id=eos_id, pad_token_id=pad_id, synced_gpus=sync)[:, ids.shape[1]:]
+    rows = []
+    for row in out.tolist():
+        rows.append(row[:row.index(eos_id)] if eos_id in row else row)
+    return rows
+
+
+def generate_texts(strategy, tokenizer, prompts: Sequence[str], env: DistEnv, settings: DecodeSettings,
+                   n_batches: int | None = None, progress: bool = False) -> tuple[list[str], int]:
+    """This rank's prompts decoded (texts without the prompt) and the number of prompts cut to fit.
+
+    ``n_batches``: how many batches every rank runs (the same on all ranks
+    under a synced strategy; the caller gives equal shares). A rank with fewer
+    prompts than ``n_batches × batch_size`` runs its last batches on a repeated
+    prompt and drops their output, so the collective counts still match.
+    """
+    eos, pad = eos_and_pad(tokenizer)
+    rows, cut = encode_prompts(tokenizer, prompts, settings)
+    bs = settings.batch_size
+    n_batches = n_batches if n_batches is not None else -(-len(rows) // bs)
+    sync = needs_sync(strategy, env)
+    model = strategy.model
+    was_training = model.training
+    model.eval()
+    strategy.raw_model.eval()
+    bar = make_progress(n_batches, progress and env.is_main, desc="decode")
+    texts: list[str] = []
+    try:
+        for b in range(n_batches):
+            chunk = rows[b * bs:(b + 1) * bs]
+            batch = chunk or rows[:1] or [[eos]]  # an empty share still takes part in the collectives
+            ids, mask = left_pad(batch, pad, env.device)
+            new = decode_batch(strategy, ids, mask, settings, eos, pad, env, sync)
+            texts.extend(tokenizer.decode(r, skip_special_tokens=True) for r in new[:len(chunk)])
+            bar.update(1)
+    finally:
+        bar.close()
+        model.train(was_training)
+        strategy.raw_model.train(was_training)
+    return texts, cut

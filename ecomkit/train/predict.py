@@ -1,0 +1,164 @@
+"""``python -m ecomkit.predict``: a saved model answers classification or extraction prompts, parsed.
+
+::
+
+    python -m ecomkit.predict --model runs/tasks/final --task extract --labels 品牌,颜色 "华为 Mate 60 雅川青 手机"
+    python -m ecomkit.predict --model runs/tasks/final --input texts.jsonl --output answers.jsonl
+
+The prompt is built and the answer parsed by the same functions evaluation
+uses (``ecomkit.data.formats.build_prompt`` / ``parse_answer``), and decoding
+is evaluation's (``ecomkit.train.generate``: batched, left-padded, greedy by
+default, the KV cache on). The prompt format is the one the model was trained
+with, as the run recorded it, unless ``--prompt-format`` says otherwise.
+
+Each ``--input`` row is ``{"text": ...}``, optionally with its own ``"task"``
+(classify/extract) and ``"labels"`` (a list, or a comma-separated string);
+rows without them use ``--task`` and ``--labels``. Each output row is the input
+row plus ``generated`` and the parsed answer: ``label`` (classify) or ``spans``
+(extract, ``{label: [span, ...]}`` in label order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from ecomkit.config import TrainConfig
+from ecomkit.data.formats import (KIND_CLASSIFY, KIND_EXTRACT, PROMPT_FORMATS, build_prompt, check_kind, parse_answer,
+                                  read_task_file)
+from ecomkit.dist import DistEnv
+from ecomkit.errors import DataError, EcomkitError, exit_on_user_error
+from ecomkit.models.bloom import load_model
+from ecomkit.models.tokenizer import get_tokenizer
+from ecomkit.parallel.base import Strategy
+from ecomkit.train.generate import DecodeSettings, generate_texts
+
+TASK_ALIASES = {"classify": KIND_CLASSIFY, "classification": KIND_CLASSIFY, "cls": KIND_CLASSIFY,
+                "extract": KIND_EXTRACT, "extraction": KIND_EXTRACT, "ner": KIND_EXTRACT}
+
+
+def split_labels(labels: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``"品牌,颜色"`` (or ``，``/``、``) or a list → a label tuple in the given order."""
+    if labels is None:
+        return ()
+    if isinstance(labels, str):
+        for sep in ("，", "、"):
+            labels = labels.replace(sep, ",")
+        labels = labels.split(",")
+    return tuple(label.strip() for label in labels if label.strip())
+
+
+def recorded_prompt_format(model_dir: str | Path) -> str | None:
+    """The prompt format the run that saved ``model_dir`` trained with (its ``ecomkit_task.json``), if any."""
+    info = read_task_file(model_dir)
+    return info["prompt_format"] if info else None
+
+
+class Predictor:
+    """A saved model, its tokenizer and its prompt format: prompts in, parsed answers out (one process)."""
+
+    def __init__(self, model_dir: str, prompt_format: str | None = None, settings: DecodeSettings | None = None,
+                 precision: str = "fp32"):
+        self.fmt = prompt_format or recorded_prompt_format(model_dir) or "seqgpt"
+        self.tokenizer = get_tokenizer(model_dir)
+        self.env = DistEnv()
+        model = load_model(model_dir, device=self.env.device)
+        self.strategy = Strategy(TrainConfig(precision=precision), self.env)   # the model as is: no wrapper
+        self.strategy.model = self.strategy.raw_model = model
+        self.settings = settings or DecodeSettings(max_length=getattr(model.config, "seq_length", None) or 1 << 30)
+
+    def prompts(self, rows: Sequence[dict[str, Any]]) -> list[str]:
+        return [build_prompt(self.fmt, r["task"], r["text"], r["labels"]) for r in rows]
+
+    @torch.no_grad()
+    def predict(self, rows: Sequence[dict[str, Any]], progress: bool = False) -> list[dict[str, Any]]:
+        """``rows``: ``{"text", "task", "labels"}`` each; returns each row with ``generated`` and its parsed answer."""
+        texts, _ = generate_texts(self.strategy, self.tokenizer, self.prompts(rows), self.env, self.settings,
+                                  progress=progress)
+        out = []
+        for row, text in zip(rows, texts):
+            parsed = parse_answer(self.fmt, row["task"], text, row["labels"])
+            answer: dict[str, Any] = {**row, "labels": list(row["labels"]), "generated": text}
+            if row["task"] == KIND_CLASSIFY:
+                answer["label"] = parsed.label
+            else:
+                spans: dict[str, list[str]] = {}
+                for label, span in sorted(parsed.spans, key=lambda s: (list(row["labels"]).index(s[0]), s[1])):
+                    spans.setdefault(label, []).append(span)
+                answer["spans"] = spans
+            if parsed.unknown_labels:
+                answer["unknown_labels"] = list(parsed.unknown_labels)
+            out.append(answer)
+        return out
+
+
+def normalise_row(row: dict[str, Any], task: str | None, labels: tuple[str, ...], where: str) -> dict[str, Any]:
+    """One input row with its task and labels resolved; a clear error naming ``where`` when one is missing."""
+    if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+        raise DataError(f"{where}: a row needs a string field 'text', got {str(row)[:80]!r}.")
+    kind = TASK_ALIASES.get(str(row.get("task") or task or "").lower())
+    if kind is None:
+        raise DataError(f"{where}: no task; give --task classify|extract or a 'task' field in the row.")
+    row_labels = split_labels(row.get("labels")) or labels
+    if not row_labels:
+        raise DataError(f"{where}: no labels; give --labels 品牌,颜色 or a 'labels' field in the row.")
+    return {**row, "task": check_kind(kind), "labels": row_labels}
+
+
+def read_rows(path: str, task: str | None, labels: tuple[str, ...]) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8-sig") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}, line {n}: not JSON ({e.msg}).") from None
+            rows.append(normalise_row(row, task, labels, f"{path}, line {n}"))
+    return rows
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ecomkit.predict", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("texts", nargs="*", help="texts to answer (or --input FILE)")
+    p.add_argument("--model", required=True, help="a saved model directory (a run's <output-dir>/final)")
+    p.add_argument("--task", help="classify | extract (rows of --input may carry their own 'task')")
+    p.add_argument("--labels", help="the label set, comma-separated, in prompt order, e.g. 品牌,颜色")
+    p.add_argument("--input", help="a .jsonl file of rows {'text': ...} (optionally 'task', 'labels')")
+    p.add_argument("--output", help="write one JSON answer per row here (default: print them)")
+    p.add_argument("--prompt-format", choices=PROMPT_FORMATS, help="default: the format the model was trained with")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="answer tokens generated at most")
+    p.add_argument("--num-beams", type=int, default=1, help="1 = greedy; > 1 = beam search")
+    p.add_argument("--batch-size", type=int, default=8, help="prompts decoded together (left-padded)")
+    p.add_argument("--max-length", type=int, default=1 << 30,
+                   help="cut prompts as training did at this sequence length (the run's --seq-len)")
+    return p
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    labels = split_labels(args.labels)
+    if bool(args.input) == bool(args.texts):
+        raise EcomkitError("Give either texts on the command line or --input FILE (not both, not neither).")
+    rows = (read_rows(args.input, args.task, labels) if args.input
+            else [normalise_row({"text": t}, args.task, labels, "command line") for t in args.texts])
+    settings = DecodeSettings(max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
+                              batch_size=args.batch_size, max_length=args.max_length)
+    answers = Predictor(args.model, args.prompt_format, settings).predict(rows, progress=bool(args.output))
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.output, "w", encoding="utf-8") as f:
+            for a in answers:
+                f.write(json.dumps(a, ensure_ascii=False) + "\n")
+        print(f"{len(answers)} answers written to {args.output}", file=sys.stderr)
+        return
+    for a in answers:
+        print(json.dumps({k: a[k] for k in ("text", "label", "spans", "generated") if k in a}, ensure_ascii=False))

@@ -1,0 +1,136 @@
+"""Scores of generated answers, and the baselines each score must clear. Pure functions, unit-tested.
+
+**Extraction** is scored the way EcomGPT's released evaluation scores its
+extraction tasks: each example's answer is read as a *set* of (label, span)
+pairs, and over all examples
+
+- ``tp`` = Σ |gold ∩ predicted|, precision = tp / Σ |predicted|, recall = tp / Σ |gold|,
+  micro-F1 = 2·P·R / (P + R) (0 when nothing is right);
+- strict accuracy = the share of examples whose predicted set equals the gold set
+  exactly (an example with no gold spans counts when nothing is predicted);
+- per-label F1 the same over the pairs of one label.
+
+A span is compared by its surface text, not its offsets: a generated answer
+carries no offsets, and the same brand twice in one title is one pair.
+
+**Classification**: accuracy and macro-F1 of the generated labels. An answer the
+parser cannot map to one of the prompt's labels is wrong (it counts as a
+prediction of no label).
+
+**Baselines.** A score means something only above what a model that does not
+read the input (classification) or does not generalise (extraction) reaches:
+
+- classification: the *majority label* of each label set (the most frequent gold
+  label among the scored examples with that label set), always answered;
+- extraction: the *dictionary baseline* (:class:`SpanDictionary`): every span
+  seen in training, with its most frequent training label, matched in the
+  evaluation text (longest match first, non-overlapping, only labels the prompt
+  asks for).
+
+``margin_points`` is the model's score minus the baseline's, in points
+(×100); a model "clears its baseline" when it is positive.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+Span = tuple[str, str]  # (label, surface text): what extraction is scored on
+
+
+def f1(tp: float, n_pred: float, n_gold: float) -> float:
+    """F1 from counts; 0.0 when nothing was predicted or nothing was to be found (no division by zero)."""
+    return 2 * tp / (n_pred + n_gold) if n_pred + n_gold else 0.0
+
+
+def extraction_scores(golds: Sequence[Iterable[Span]], preds: Sequence[Iterable[Span]]) -> dict:
+    """Micro precision/recall/F1 over (label, span) sets, strict accuracy and per-label F1 (module docstring)."""
+    if len(golds) != len(preds):
+        raise ValueError(f"{len(golds)} gold sets but {len(preds)} predicted sets")
+    tp = n_pred = n_gold = exact = 0
+    per: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])  # label -> [tp, pred, gold]
+    for gold, pred in zip(golds, preds):
+        g, p = set(gold), set(pred)
+        hit = g & p
+        tp, n_pred, n_gold, exact = tp + len(hit), n_pred + len(p), n_gold + len(g), exact + (g == p)
+        for label, _ in hit:
+            per[label][0] += 1
+        for label, _ in p:
+            per[label][1] += 1
+        for label, _ in g:
+            per[label][2] += 1
+    n = len(golds)
+    return {"precision": tp / n_pred if n_pred else 0.0, "recall": tp / n_gold if n_gold else 0.0,
+            "f1": f1(tp, n_pred, n_gold), "strict_acc": exact / n if n else float("nan"),
+            "per_label_f1": {label: f1(*per[label]) for label in sorted(per)},
+            "tp": tp, "n_pred": n_pred, "n_gold": n_gold, "n": n}
+
+
+def classification_scores(golds: Sequence[str], preds: Sequence[str | None]) -> dict:
+    """Accuracy and macro-F1 (over labels that occur as gold or prediction) of generated labels."""
+    if len(golds) != len(preds):
+        raise ValueError(f"{len(golds)} gold labels but {len(preds)} predictions")
+    n = len(golds)
+    correct = sum(g == p for g, p in zip(golds, preds))
+    labels = sorted({*golds, *(p for p in preds if p is not None)})
+    scores = []
+    for label in labels:
+        tp = sum(g == p == label for g, p in zip(golds, preds))
+        scores.append(f1(tp, sum(p == label for p in preds), sum(g == label for g in golds)))
+    return {"acc": correct / n if n else float("nan"),
+            "macro_f1": sum(scores) / len(scores) if scores else float("nan"), "n": n}
+
+
+def majority_predictions(golds: Sequence[str], label_sets: Sequence[Sequence[str]]) -> list[str]:
+    """The majority-label baseline's answers: per label set, its most frequent gold label (ties: prompt order)."""
+    counts: dict[tuple[str, ...], Counter] = defaultdict(Counter)
+    for gold, labels in zip(golds, label_sets):
+        counts[tuple(labels)][gold] += 1
+    best = {labels: max(labels, key=lambda lab: (c[lab], -labels.index(lab))) for labels, c in counts.items()}
+    return [best[tuple(labels)] for labels in label_sets]
+
+
+@dataclass(frozen=True)
+class SpanDictionary:
+    """The dictionary baseline: every training span with its most frequent training label."""
+
+    label_of: dict[str, str]
+
+    @classmethod
+    def from_spans(cls, spans: Iterable[Span] | Mapping[Span, int]) -> "SpanDictionary":
+        """Count (label, span) pairs from training; a span seen under several labels keeps its most frequent one.
+
+        ``spans``: the pairs (one per occurrence), or a ``Counter`` of them.
+        Ties go to the label that sorts first, so the dictionary does not depend
+        on the order the training examples were read in.
+        """
+        pairs = spans.items() if isinstance(spans, Mapping) else ((pair, 1) for pair in spans)
+        counts: dict[str, Counter] = defaultdict(Counter)
+        for (label, span), n in pairs:
+            if span:
+                counts[span][label] += n
+        return cls({span: min(c, key=lambda lab: (-c[lab], lab)) for span, c in counts.items()})
+
+    def predict(self, text: str, labels: Sequence[str]) -> frozenset[Span]:
+        """Dictionary spans found in ``text``: longest first, leftmost, no two overlapping; labels limited to ``labels``."""
+        allowed = set(labels)
+        taken = [False] * len(text)
+        found: set[Span] = set()
+        for span in sorted(self.label_of, key=lambda s: (-len(s), s)):
+            label = self.label_of[span]
+            if label not in allowed:
+                continue
+            start = text.find(span)
+            while start >= 0:
+                if not any(taken[start:start + len(span)]):
+                    taken[start:start + len(span)] = [True] * len(span)
+                    found.add((label, span))
+                start = text.find(span, start + 1)
+        return frozenset(found)
+
+
+def margin_points(score: float, baseline: float) -> float:
+    """How far ``score`` is above ``baseline``, in points (×100)."""
+    return 100.0 * (score - baseline)
