@@ -83,6 +83,8 @@ class FaultConfig:
     health_interval: int = 0          # steps between health samples (NVML on GPU, CPU/RAM otherwise); 0 = off
     straggler_factor: float = 2.0     # warn when a rank's forward time exceeds this × the others' median
     hang_dump_s: float = 0.0          # dump every rank's Python stacks when a step takes longer; 0 = off
+    preempt_signals: str = "SIGTERM,SIGUSR1"  # on these, finish the step, checkpoint it, exit 75; a rerun
+                                      #   resumes there ("" = off; SIGUSR1 still prints the stacks too)
 
 
 @dataclass

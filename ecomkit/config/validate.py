@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -244,6 +245,18 @@ def dcp_unsupported_reason(cfg: "TrainConfig") -> str | None:
     return STRATEGIES_WITHOUT_DCP.get(cfg.strategy)
 
 
+def parse_signal_names(text: str) -> list[signal.Signals]:
+    """``"SIGTERM,SIGUSR1"`` (or ``"TERM,USR1"``) -> signals; ``""`` -> none (fault.preempt_signals)."""
+    out = []
+    for name in (p.strip().upper() for p in text.split(",") if p.strip()):
+        full = name if name.startswith("SIG") else "SIG" + name
+        sig = getattr(signal, full, None)
+        if not isinstance(sig, signal.Signals) or full in ("SIGKILL", "SIGSTOP"):
+            raise ValueError(f"{name!r} is not a signal that can be caught here (e.g. SIGTERM, SIGUSR1, SIGINT)")
+        out.append(sig)
+    return out
+
+
 def check_fault_config(cfg: "TrainConfig") -> None:
     """Checkpoint interval, health sampling and straggler settings; DCP checkpoints only where they apply."""
     f = cfg.fault
@@ -255,6 +268,10 @@ def check_fault_config(cfg: "TrainConfig") -> None:
     if f.straggler_factor <= 1:
         raise ConfigError(f"fault.straggler_factor={f.straggler_factor} must be > 1 (e.g. 2: warn when a rank "
                           "is twice as slow as the others).")
+    try:
+        parse_signal_names(f.preempt_signals)
+    except ValueError as exc:
+        raise ConfigError(f"fault.preempt_signals={f.preempt_signals!r}: {exc}; \"\" switches preemption off.") from None
     reason = dcp_unsupported_reason(cfg)
     if f.checkpoint_interval > 0 and reason:
         raise ConfigError(
