@@ -4,12 +4,13 @@ a stalled rank fails within the timeout, stragglers are named, diagnose passes."
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import run_script
+from conftest import preempt_then_finish, run_script
 from ecomkit.dist import DistEnv
 from ecomkit.faults.diagnose import compare_resumed_run, diagnose, losses_by_step, run_stall_demo
 
@@ -56,6 +57,22 @@ def test_rank_killed_mid_run_resumes_under_max_restarts(uninterrupted, tmp_path)
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()
              if '"train"' in x]
     assert steps.count(5) == 2, "step 5 was logged before the kill and redone after the resume"
+    assert_same_run(out, uninterrupted)
+
+
+@pytest.mark.dist
+def test_preempted_by_sigterm_then_sigusr1_resumes_bit_identical(uninterrupted, tmp_path):
+    """No checkpoint interval: SIGTERM on the torchrun agent, then SIGUSR1 on rank 1 of the rerun, then the
+    same command to the end; every step once, the same losses and replicas as the run left alone."""
+    out = tmp_path / "preempted"
+    records = preempt_then_finish("02_data_parallel.py", COMMON + ["--output-dir", str(out)], out,
+                                  [(signal.SIGTERM, None), (signal.SIGUSR1, 1)])
+    assert records[0]["signals"] == ["SIGTERM", "SIGTERM"]  # the agent forwarded it to both workers
+    steps = [r["step"] for r in metrics_rows(out) if r.get("type") == "train"]
+    assert steps == list(range(1, 9)), "no step lost or repeated"
+    assert [(r["step"], r["loss"]) for r in metrics_rows(out) if r.get("type") == "train"] == \
+        [(r["step"], r["loss"]) for r in metrics_rows(uninterrupted) if r.get("type") == "train"]
+    assert summary(out)["preemption"]["save_s"] == [r["save_s"] for r in records]
     assert_same_run(out, uninterrupted)
 
 
