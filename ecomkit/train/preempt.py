@@ -70,10 +70,10 @@ class PreemptionCallback:
         self.signals.saving = True
         signals = gather_objects(self.signals.first, run.env)  # which ranks were signalled, for the record
         t0 = time.perf_counter()
-        path = self._save(run)
+        path, earlier_s = self._save(run)
         if run.env.distributed:
             dist.barrier()  # every rank's part is written before rank 0 writes the record
-        save_s = round(time.perf_counter() - t0, 3)
+        save_s = round(time.perf_counter() - t0 + earlier_s, 3)
         record = {"step": run.step, "checkpoint": str(path.resolve()), "save_s": save_s, "signals": signals,
                   "strategy": run.strategy.name, "world_size": run.env.world_size, "total_steps": run.total_steps}
         if run.env.is_main:
@@ -88,8 +88,9 @@ class PreemptionCallback:
             dist.barrier()  # nobody exits (and so makes torchrun stop the others) before the record exists
         raise SystemExit(PREEMPTED_EXIT_CODE)
 
-    def _save(self, run: Any) -> Path:
-        """This step's checkpoint through the strategy's own checkpoint code (once, if a periodic save just ran)."""
+    def _save(self, run: Any) -> tuple[Path, float]:
+        """This step's checkpoint through the strategy's own checkpoint code, and the seconds of a periodic
+        save of this very step that already wrote it (it is not written twice)."""
         cb = self.checkpoint
         if isinstance(cb, ZeroCheckpointCallback):
             tag = f"step{run.step}"
@@ -97,12 +98,13 @@ class PreemptionCallback:
                 client = {"step": run.step, "epoch": run.epoch, "sampler": run.sampler.state_dict()}
                 run.strategy.save_checkpoint(str(cb.ckpt_dir), tag, client)
                 cb.saved.append(tag)
-            return cb.ckpt_dir / tag
+            return cb.ckpt_dir / tag, 0.0
         records = cb.writer.records
-        if not records or records[-1].step != run.step:
+        earlier = records[-1] if records and records[-1].step == run.step else None
+        if earlier is None:
             cb.save(run)
         cb.writer.wait()  # an async save (--fault-async-checkpoint) is committed before the exit
-        return Path(cb.writer.records[-1].path)
+        return Path(cb.writer.records[-1].path), (earlier.total_s or earlier.blocking_s) if earlier else 0.0
 
     def on_train_end(self, run: Any, summary: dict[str, Any]) -> None:
         if self.signals is not None:
