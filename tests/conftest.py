@@ -97,7 +97,7 @@ def preempt_then_finish(script: str, args: list[str], out: Path, plan: list, roo
     for sig, rank in plan:
         at = records[-1]["step"] + 1 if records else 2
         run = run_preempted(f"scripts/{script}", args, out, at, sig, rank=rank, timeout=300)
-        text = run.output
+        text = run.stdout
         assert run.returncode != 0, text[-3000:]  # torchrun exits 1: its workers' 75, or its own signal
         assert f"exitcode  : {PREEMPTED_EXIT_CODE}" in text or "got signal: 15" in text, text[-3000:]
         record = read_record(root)

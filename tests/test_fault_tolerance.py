@@ -13,6 +13,7 @@ import pytest
 from conftest import preempt_then_finish, run_script
 from ecomkit.dist import DistEnv
 from ecomkit.faults.diagnose import compare_resumed_run, diagnose, losses_by_step, run_stall_demo
+from ecomkit.reporting import read_tensorboard_scalars
 
 PY_SPY = Path(sys.executable).with_name("py-spy")
 COMMON = ["--max-steps", "8", "--n-rows", "300", "--seq-len", "64", "--eval-interval", "0", "--eval-batches", "1", "--no-progress",
@@ -74,6 +75,21 @@ def test_preempted_by_sigterm_then_sigusr1_resumes_bit_identical(uninterrupted, 
         [(r["step"], r["loss"]) for r in metrics_rows(uninterrupted) if r.get("type") == "train"]
     assert summary(out)["preemption"]["save_s"] == [r["save_s"] for r in records]
     assert_same_run(out, uninterrupted)
+    # TensorBoard (the default --report-to) got the same losses from all three launches, in order
+    assert read_tensorboard_scalars(out)["loss"] == [(r["step"], r["loss"]) for r in metrics_rows(out)
+                                                     if r.get("type") == "train"]
+
+
+@pytest.mark.dist
+def test_tensorboard_event_files_hold_the_metrics_rows(uninterrupted):
+    """A 2-process run's TensorBoard scalars, read back with EventAccumulator, equal metrics.jsonl's numbers."""
+    scalars = read_tensorboard_scalars(uninterrupted)
+    rows = metrics_rows(uninterrupted)
+    train = [r for r in rows if r.get("type") == "train"]
+    assert scalars["loss"] == [(r["step"], r["loss"]) for r in train] and len(train) == 8
+    for key in ("lr", "grad_norm", "tokens_per_s", "step_time_s", "data_s", "fwd_bwd_s", "optim_s", "peak_mem_bytes"):
+        assert scalars[key] == [(r["step"], float(r[key])) for r in train], key
+    assert scalars["eval_loss"] == [(r["step"], r["eval_loss"]) for r in rows if "eval_loss" in r]
 
 
 @pytest.mark.dist

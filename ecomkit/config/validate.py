@@ -15,6 +15,7 @@ which needs DeepSpeed installed).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -22,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ecomkit.config.vocabulary import (ATTN_IMPLS, CLIP_POLICIES, COMPRESSIONS, HOOK_STRATEGIES, MESH_STRATEGIES,
-                                       PP_SCHEDULES, PRECISIONS, STRATEGIES, STRATEGIES_WITHOUT_DCP, TASKS,
-                                       StrategyName, check_choice)
+                                       PP_SCHEDULES, PRECISIONS, REPORT_TARGETS, STRATEGIES, STRATEGIES_WITHOUT_DCP,
+                                       TASKS, StrategyName, check_choice)
 from ecomkit.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ def validate_train_config(cfg: "TrainConfig", world_size: int, n_head: int | Non
     check_deepspeed_batch_sizes(cfg, world_size)
     check_fault_config(cfg)
     check_data_source(cfg)
+    parse_report_to(cfg.report_to, check_installed=True)
 
 
 # ---------------------------------------------------------------------- chapter 05: compression
@@ -243,6 +245,22 @@ def dcp_unsupported_reason(cfg: "TrainConfig") -> str | None:
     if cfg.strategy == StrategyName.MIXED and cfg.parallel.pp > 1:
         return STRATEGIES_WITHOUT_DCP[StrategyName.PP]
     return STRATEGIES_WITHOUT_DCP.get(cfg.strategy)
+
+
+def parse_report_to(value: str | Any, check_installed: bool = False) -> list[str]:
+    """``"tensorboard,wandb"`` (or a list) -> names; ``"none"``/``""`` -> []. With ``check_installed``, a
+    target whose package is missing is a ConfigError naming the extra to install (nothing is imported)."""
+    names = [n.strip().lower() for n in (value.split(",") if isinstance(value, str) else value) if n.strip()]
+    for name in names:
+        check_choice("report_to", name, tuple(REPORT_TARGETS))
+    if "none" in names and len(names) > 1:
+        raise ConfigError(f"report_to={value!r}: 'none' cannot be combined with {[n for n in names if n != 'none']}.")
+    names = [n for n in dict.fromkeys(names) if n != "none"]
+    for name in names if check_installed else ():
+        if importlib.util.find_spec(REPORT_TARGETS[name]) is None:
+            raise ConfigError(f"--report-to {name}: the {REPORT_TARGETS[name]} package is not installed. "
+                              f"pip install 'ecomkit[{name}]', or drop it from --report-to (none logs nothing).")
+    return names
 
 
 def parse_signal_names(text: str) -> list[signal.Signals]:

@@ -39,7 +39,7 @@ class PreemptedRun:
     """What one preempted launch did: its exit status, output, and who got the signal."""
 
     returncode: int
-    output: str
+    stdout: str              # stdout and stderr of every rank, merged (as run_torchrun's result)
     signalled: str           # "agent" or "rank R"
     signal_name: str
     signalled_after_step: int

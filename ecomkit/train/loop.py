@@ -94,7 +94,8 @@ class TrainingRun:
             self.total_steps = max(1, math.ceil(self.cfg.epochs * self.sampler.steps_per_epoch))
         self.strategy.setup(model, self.total_steps)
         self.clip = ClipPolicy(self.cfg.clip_policy, self.cfg.max_grad_norm, self.env)
-        self.metrics = MetricsWriter(self.out_dir, self.env.is_main, append=self._resuming())
+        self.metrics = MetricsWriter(self.out_dir, self.env.is_main, append=self._resuming(),
+                                     report_to=self.cfg.report_to, hparams=self.cfg.to_dict())  # --report-to
         return self
 
     def _resuming(self) -> bool:
