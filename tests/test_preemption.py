@@ -78,8 +78,8 @@ def test_signal_names_parse_and_bad_ones_are_config_errors():
 def test_handler_records_signals_and_keeps_the_stack_dump(capfd):
     import faulthandler
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)  # as dist installs it
+    sigs = PreemptionSignals([signal.SIGUSR1, signal.SIGTERM], rank=3)
     try:
-        sigs = PreemptionSignals([signal.SIGUSR1, signal.SIGTERM], rank=3)
         assert sigs.install()
         os.kill(os.getpid(), signal.SIGUSR1)
         os.kill(os.getpid(), signal.SIGTERM)
@@ -87,10 +87,29 @@ def test_handler_records_signals_and_keeps_the_stack_dump(capfd):
         err = capfd.readouterr().err
         assert "most recent call first" in err, "SIGUSR1 still prints the stacks (faulthandler chained)"
         assert "[rank 3] SIGUSR1 received" in err
+        sigs.saving = True  # a second signal while the checkpoint is written is counted, not acted on
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert sigs.received == ["SIGUSR1", "SIGTERM", "SIGTERM"]
+        assert "[rank 3] SIGTERM received again while the checkpoint is written: ignored" in capfd.readouterr().err
         sigs.restore()
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     finally:
+        sigs.restore()  # also cancels the stuck-rank timer the first signal armed
         faulthandler.unregister(signal.SIGUSR1)
+
+
+def test_a_signalled_rank_that_is_stuck_exits_as_the_signal_would(tmp_path):
+    """A rank that never reaches the end of its step (a hung peer) still ends on SIGTERM, after the grace."""
+    import subprocess
+    code = ("import os, signal, time\n"
+            "import ecomkit.faults.preempt as p\n"
+            "p.STUCK_AFTER_S = 0.5\n"
+            "s = p.PreemptionSignals([signal.SIGTERM]); s.install()\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(30)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert "did not finish within 0 s of SIGTERM" in proc.stderr or "did not finish within 1 s" in proc.stderr
 
 
 def test_record_is_written_whole_and_keeps_the_history(tmp_path):

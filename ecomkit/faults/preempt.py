@@ -42,6 +42,12 @@ PREEMPTED_EXIT_CODE = 75
 RECORD = "preempted.json"
 
 
+# A signalled rank that does not reach the end of its step within this (plus 3 × its longest step so far) is
+# stuck (a hung peer, a stalled loader): it then exits as the signal's default would, so a job whose rank
+# hangs still ends when torchrun sends SIGTERM, instead of waiting for torchrun's SIGKILL.
+STUCK_AFTER_S = 10.0
+
+
 class PreemptionSignals:
     """Installs handlers that only record the signal; :attr:`requested` is read once per step.
 
@@ -53,6 +59,8 @@ class PreemptionSignals:
         self.signals, self.rank = signals, rank
         self.received: list[str] = []      # names, in order of arrival
         self.saving = False
+        self.longest_step_s = 0.0          # updated by the training callback each step
+        self._stuck_timer: threading.Timer | None = None
         self._previous: dict[int, Any] = {}
         self._stack_dump: set[int] = set()  # signals faulthandler was registered for (chained again)
         self.installed = False
@@ -71,9 +79,21 @@ class PreemptionSignals:
         if len(self.received) == 1:
             print(f"[rank {self.rank}] {name} received: finishing this step, then a checkpoint and exit "
                   f"{PREEMPTED_EXIT_CODE}", file=sys.stderr, flush=True)
+            self._stuck_timer = threading.Timer(STUCK_AFTER_S + 3 * self.longest_step_s, self._stuck, (signum,))
+            self._stuck_timer.daemon = True
+            self._stuck_timer.start()
         elif self.saving:
             print(f"[rank {self.rank}] {name} received again while the checkpoint is written: ignored",
                   file=sys.stderr, flush=True)
+
+    def _stuck(self, signum: int) -> None:
+        """The step never ended after the signal: exit now, without a checkpoint, as the signal would have."""
+        if self.saving:
+            return
+        print(f"[rank {self.rank}] the step did not finish within "
+              f"{STUCK_AFTER_S + 3 * self.longest_step_s:.0f} s of {signal.Signals(signum).name} (this rank or a "
+              "peer is stuck): exiting without a checkpoint", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
 
     def install(self) -> bool:
         if not self.signals or threading.current_thread() is not threading.main_thread():
@@ -91,6 +111,8 @@ class PreemptionSignals:
 
     def restore(self) -> None:
         """Put back the handlers found at :meth:`install` (the stack dump unchained, as dist installs it)."""
+        if self._stuck_timer is not None:
+            self._stuck_timer.cancel()
         if not self.installed:
             return
         for sig, old in self._previous.items():

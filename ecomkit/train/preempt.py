@@ -61,6 +61,7 @@ class PreemptionCallback:
             log.warning("preemption: no signal handlers outside the main thread; SIGTERM ends this run unsaved")
 
     def on_step_end(self, run: Any, row: dict[str, Any]) -> None:
+        self.signals.longest_step_s = max(self.signals.longest_step_s, row.get("step_time_s") or 0.0)
         if not run.stop_agreed:
             return
         if run.step >= run.total_steps:
