@@ -118,7 +118,10 @@ class MlflowSink:
         import mlflow  # lazy: optional extra (ecomkit[mlflow]), imported only when asked for
 
         self.mlflow = mlflow
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or (out_dir / "mlruns").resolve().as_uri()
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:  # a plain folder, no server or database; MLflow 3 asks for this opt-in to its file store
+            uri = (out_dir / "mlruns").resolve().as_uri()
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = mlflow.tracking.MlflowClient(tracking_uri=uri)
         experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME", "ecomkit")
         found = self.client.get_experiment_by_name(experiment)
