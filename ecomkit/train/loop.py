@@ -347,7 +347,8 @@ def train_in_session(cfg: TrainConfig, env: DistEnv, callbacks: Iterable[Any] = 
 
 def run_callbacks(cfg: TrainConfig, callbacks: Iterable[Any] = ()) -> list[Any]:
     """``callbacks`` plus the ones the config asks for: ``--dcp-dir`` (04), checkpoints, health, preemption (07)."""
-    return add_preemption_callbacks(cfg, add_fault_tolerance_callbacks(cfg, [*callbacks, *sharded_model_callbacks(cfg)]))
+    out = add_fault_tolerance_callbacks(cfg, [*callbacks, *sharded_model_callbacks(cfg)])
+    return add_preemption_callbacks(cfg, out)
 
 
 def validate_before_launch(cfg: TrainConfig) -> None:
