@@ -62,14 +62,18 @@ def _resolve_script(script: str | Path, root: Path) -> Path:
 
 
 def stream_command(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float | None,
-                   live: bool, on_line: Callable[[str], None] | None = None) -> subprocess.CompletedProcess:
+                   live: bool, on_line: Callable[[str], None] | None = None,
+                   on_start: Callable[[subprocess.Popen], None] | None = None) -> subprocess.CompletedProcess:
     """Run ``cmd``, echo each output line as it arrives, kill the whole process group on timeout.
 
-    ``on_line`` sees every line as it arrives (chapter 07's stall demo watches for the stall there).
+    ``on_line`` sees every line as it arrives (chapter 07's stall demo watches for the stall there);
+    ``on_start`` the process once started (the SLURM dry run signals it to preempt it).
     """
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1, errors="replace", start_new_session=True)
     timed_out = threading.Event()
+    if on_start is not None:
+        on_start(proc)
 
     def kill() -> None:
         timed_out.set()

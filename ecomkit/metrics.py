@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from ecomkit.dist import DistEnv, all_reduce_max
+from ecomkit.reporting import open_sinks
 
 
 def peak_memory(device: torch.device) -> tuple[int, str]:
@@ -32,14 +33,16 @@ class MetricsWriter:
     """Append rows to ``metrics.jsonl``; ``finish`` writes ``summary.json`` atomically."""
 
     def __init__(self, output_dir: str | os.PathLike, enabled: bool, filename: str = "metrics.jsonl",
-                 append: bool = False):
+                 append: bool = False, report_to: str = "none", hparams: dict[str, Any] | None = None):
         self.dir = Path(output_dir)
         self.enabled = enabled
         self.path = self.dir / filename
         self._fh = None
+        self.sinks: list[Any] = []  # --report-to: each row also goes, as the same dict, to these (ecomkit.reporting)
         if enabled:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a" if append else "w", encoding="utf-8")
+            self.sinks = open_sinks(report_to, self.dir, hparams)
 
     def write(self, row: dict[str, Any]) -> None:
         if self._fh is None:
@@ -47,6 +50,8 @@ class MetricsWriter:
         row = {"time": round(time.time(), 3), **row}
         self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
         self._fh.flush()
+        for sink in self.sinks:
+            sink.log(row)
 
     def finish(self, summary: dict[str, Any]) -> None:
         if not self.enabled:
@@ -60,6 +65,9 @@ class MetricsWriter:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
 def attention_length(tokens: float, squared_lengths: float) -> float:
     """The sequence length to put in the attention FLOPs term: ΣL²/ΣL over the real (unpadded) sequences.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+
+from ecomkit.faults.preempt import PREEMPTED_EXIT_CODE, read_record
+from ecomkit.faults.preempt_demo import run_preempted
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,3 +86,28 @@ def run_script(script: str, args: list[str], nproc: int = 0, timeout: int = 300,
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
                              f"--- stderr\n{proc.stderr[-6000:]}")
     return proc
+
+
+def preempt_then_finish(script: str, args: list[str], out: Path, plan: list, root: Path | None = None,
+                        steps: int = 8) -> list[dict]:
+    """One launch per ``(signal, rank)`` of ``plan`` (rank None: the torchrun agent), each preempted one step
+    after the previous stop (the first after step 2); then the same command once more, to the end."""
+    root = root or out / "checkpoints"
+    records: list[dict] = []
+    for sig, rank in plan:
+        at = records[-1]["step"] + 1 if records else 2
+        run = run_preempted(f"scripts/{script}", args, out, at, sig, rank=rank, timeout=300)
+        text = run.stdout
+        assert run.returncode != 0, text[-3000:]  # torchrun exits 1: its workers' 75, or its own signal
+        assert f"exitcode  : {PREEMPTED_EXIT_CODE}" in text or "got signal: 15" in text, text[-3000:]
+        record = read_record(root)
+        assert record and record["step"] >= at, text[-4000:]
+        assert f"preempted ({sig.name}): checkpoint of step {record['step']} written to" in text, text[-4000:]
+        assert record["step"] < steps and record["save_s"] > 0
+        if rank is not None:
+            assert record["signals"][rank] == sig.name and record["signals"].count(None) == 1  # only that rank
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["status"] == "preempted" and summary["preemption"]["save_s"] == record["save_s"]
+        records.append(record)
+    run_script(script, args, nproc=2, timeout=300)
+    return records

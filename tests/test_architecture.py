@@ -29,7 +29,8 @@ MAX_MODULE_LINES = 420   # "about 400": a docstring's worth of slack, not a seco
 LAZY_MARK = "# lazy:"
 # Heavy or optional third-party packages that may be imported inside a function (with a reason).
 LAZY_ALLOWED = ("deepspeed", "accelerate", "pynvml", "ipywidgets", "matplotlib", "IPython",
-                "tqdm.notebook")  # the last is tqdm's ipywidgets-backed bar
+                "tqdm.notebook",  # tqdm's ipywidgets-backed bar
+                "torch.utils.tensorboard", "wandb", "mlflow")  # --report-to sinks (ecomkit.reporting)
 
 
 def _lint(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:

@@ -4,14 +4,16 @@ a stalled rank fails within the timeout, stragglers are named, diagnose passes."
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import run_script
+from conftest import preempt_then_finish, run_script
 from ecomkit.dist import DistEnv
 from ecomkit.faults.diagnose import compare_resumed_run, diagnose, losses_by_step, run_stall_demo
+from ecomkit.reporting import read_tensorboard_scalars
 
 PY_SPY = Path(sys.executable).with_name("py-spy")
 COMMON = ["--max-steps", "8", "--n-rows", "300", "--seq-len", "64", "--eval-interval", "0", "--eval-batches", "1", "--no-progress",
@@ -57,6 +59,37 @@ def test_rank_killed_mid_run_resumes_under_max_restarts(uninterrupted, tmp_path)
              if '"train"' in x]
     assert steps.count(5) == 2, "step 5 was logged before the kill and redone after the resume"
     assert_same_run(out, uninterrupted)
+
+
+@pytest.mark.dist
+def test_preempted_by_sigterm_then_sigusr1_resumes_bit_identical(uninterrupted, tmp_path):
+    """No checkpoint interval: SIGTERM on the torchrun agent, then SIGUSR1 on rank 1 of the rerun, then the
+    same command to the end; every step once, the same losses and replicas as the run left alone."""
+    out = tmp_path / "preempted"
+    records = preempt_then_finish("02_data_parallel.py", COMMON + ["--output-dir", str(out)], out,
+                                  [(signal.SIGTERM, None), (signal.SIGUSR1, 1)])
+    assert records[0]["signals"] == ["SIGTERM", "SIGTERM"]  # the agent forwarded it to both workers
+    steps = [r["step"] for r in metrics_rows(out) if r.get("type") == "train"]
+    assert steps == list(range(1, 9)), "no step lost or repeated"
+    assert [(r["step"], r["loss"]) for r in metrics_rows(out) if r.get("type") == "train"] == \
+        [(r["step"], r["loss"]) for r in metrics_rows(uninterrupted) if r.get("type") == "train"]
+    assert summary(out)["preemption"]["save_s"] == [r["save_s"] for r in records]
+    assert_same_run(out, uninterrupted)
+    # TensorBoard (the default --report-to) got the same losses from all three launches, in order
+    assert read_tensorboard_scalars(out)["loss"] == [(r["step"], r["loss"]) for r in metrics_rows(out)
+                                                     if r.get("type") == "train"]
+
+
+@pytest.mark.dist
+def test_tensorboard_event_files_hold_the_metrics_rows(uninterrupted):
+    """A 2-process run's TensorBoard scalars, read back with EventAccumulator, equal metrics.jsonl's numbers."""
+    scalars = read_tensorboard_scalars(uninterrupted)
+    rows = metrics_rows(uninterrupted)
+    train = [r for r in rows if r.get("type") == "train"]
+    assert scalars["loss"] == [(r["step"], r["loss"]) for r in train] and len(train) == 8
+    for key in ("lr", "grad_norm", "tokens_per_s", "step_time_s", "data_s", "fwd_bwd_s", "optim_s", "peak_mem_bytes"):
+        assert scalars[key] == [(r["step"], float(r[key])) for r in train], key
+    assert scalars["eval_loss"] == [(r["step"], r["eval_loss"]) for r in rows if "eval_loss" in r]
 
 
 @pytest.mark.dist

@@ -254,6 +254,7 @@ def test_deepspeed_launcher_on_two_nodes_equals_torchrun(tmp_path):
 def test_slurm_batch_script_trains_on_two_fake_nodes(ddp_ref, tmp_path):
     out = tmp_path / "slurm"
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "slurm_local.py"), "--timeout", "300",
+                           "--preempt-at-step", "2",
                            str(REPO / "scripts" / "slurm_2nodes.sbatch"), "scripts/02_data_parallel.py", *DDP,
                            "--fault-checkpoint-interval", "4"], cwd=REPO, capture_output=True, text=True,
                           env={**{k: v for k, v in os.environ.items() if k != "MASTER_PORT"}, "OMP_NUM_THREADS": "1",
@@ -265,8 +266,14 @@ def test_slurm_batch_script_trains_on_two_fake_nodes(ddp_ref, tmp_path):
     assert "[node0] srun (slurm_local)" in text and "[node1] srun (slurm_local)" in text, text[-3000:]
     assert "--nnodes 2 --nproc_per_node 1 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:" in text, text[-3000:]
     assert (out / "torchrun.log").is_file()
-    assert summary(out)["world_size"] == 2
-    assert_same_ddp_run(out, ddp_ref)
+    # --signal=USR1@90 as the time limit nears: every process of the step gets SIGUSR1, the run checkpoints,
+    # the batch script requeues the job (--requeue), and the requeued attempt resumes and finishes
+    assert "sending SIGUSR1 to 4 process(es) of the job step" in text, text[-3000:]
+    assert "preempted (SIGUSR1): checkpoint of step" in text and f"requeueing job {job_id}" in text, text[-4000:]
+    assert f"slurm_local: job {job_id} requeued (SLURM_RESTART_COUNT=1)" in text, text[-3000:]
+    s = summary(out)
+    assert s["world_size"] == 2 and s["preemption"]["resumed_from_step"] >= 2
+    assert_same_ddp_run(out, ddp_ref)  # every step once: nothing lost or repeated by the requeue
 
 
 # ---------------------------------------------------------------------- no launch

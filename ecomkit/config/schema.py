@@ -83,6 +83,8 @@ class FaultConfig:
     health_interval: int = 0          # steps between health samples (NVML on GPU, CPU/RAM otherwise); 0 = off
     straggler_factor: float = 2.0     # warn when a rank's forward time exceeds this × the others' median
     hang_dump_s: float = 0.0          # dump every rank's Python stacks when a step takes longer; 0 = off
+    preempt_signals: str = "SIGTERM,SIGUSR1"  # on these, finish the step, checkpoint it, exit 75; a rerun
+                                      #   resumes there ("" = off; SIGUSR1 still prints the stacks too)
 
 
 @dataclass
@@ -146,6 +148,8 @@ class TrainConfig:
     save_model: bool = True           # save_pretrained (safetensors) + tokenizer at the end
     progress: bool = True             # tqdm bar on rank 0
     log_interval: int = 1             # steps between metrics rows
+    report_to: str = "tensorboard"    # also log every metrics row (rank 0) to: tensorboard, wandb, mlflow (a
+                                      #   comma list) or none; tensorboard --logdir <output_dir> (README)
     fail_at_step: int = -1            # fault injection: --fail-rank exits abruptly at this step, once
                                       #   (not again after a torchrun restart); for tests and chapter 07
     fail_rank: int = 0                # the rank that --fail-at-step ends

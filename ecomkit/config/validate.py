@@ -15,15 +15,17 @@ which needs DeepSpeed installed).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ecomkit.config.vocabulary import (ATTN_IMPLS, CLIP_POLICIES, COMPRESSIONS, HOOK_STRATEGIES, MESH_STRATEGIES,
                                        PROMPT_FORMATS, SPAN_ENDS,
-                                       PP_SCHEDULES, PRECISIONS, STRATEGIES, STRATEGIES_WITHOUT_DCP, TASKS,
-                                       StrategyName, check_choice)
+                                       PP_SCHEDULES, PRECISIONS, REPORT_TARGETS, STRATEGIES, STRATEGIES_WITHOUT_DCP,
+                                       TASKS, StrategyName, check_choice)
 from ecomkit.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -60,6 +62,7 @@ def validate_train_config(cfg: "TrainConfig", world_size: int, n_head: int | Non
     check_fault_config(cfg)
     check_data_source(cfg)
     check_generation(cfg)
+    parse_report_to(cfg.report_to, check_installed=True)
 
 
 # ---------------------------------------------------------------------- chapter 05: compression
@@ -246,6 +249,34 @@ def dcp_unsupported_reason(cfg: "TrainConfig") -> str | None:
     return STRATEGIES_WITHOUT_DCP.get(cfg.strategy)
 
 
+def parse_report_to(value: str | Any, check_installed: bool = False) -> list[str]:
+    """``"tensorboard,wandb"`` (or a list) -> names; ``"none"``/``""`` -> []. With ``check_installed``, a
+    target whose package is missing is a ConfigError naming the extra to install (nothing is imported)."""
+    names = [n.strip().lower() for n in (value.split(",") if isinstance(value, str) else value) if n.strip()]
+    for name in names:
+        check_choice("report_to", name, tuple(REPORT_TARGETS))
+    if "none" in names and len(names) > 1:
+        raise ConfigError(f"report_to={value!r}: 'none' cannot be combined with {[n for n in names if n != 'none']}.")
+    names = [n for n in dict.fromkeys(names) if n != "none"]
+    for name in names if check_installed else ():
+        if importlib.util.find_spec(REPORT_TARGETS[name]) is None:
+            raise ConfigError(f"--report-to {name}: the {REPORT_TARGETS[name]} package is not installed. "
+                              f"pip install 'ecomkit[{name}]', or drop it from --report-to (none logs nothing).")
+    return names
+
+
+def parse_signal_names(text: str) -> list[signal.Signals]:
+    """``"SIGTERM,SIGUSR1"`` (or ``"TERM,USR1"``) -> signals; ``""`` -> none (fault.preempt_signals)."""
+    out = []
+    for name in (p.strip().upper() for p in text.split(",") if p.strip()):
+        full = name if name.startswith("SIG") else "SIG" + name
+        sig = getattr(signal, full, None)
+        if not isinstance(sig, signal.Signals) or full in ("SIGKILL", "SIGSTOP"):
+            raise ValueError(f"{name!r} is not a signal that can be caught here (e.g. SIGTERM, SIGUSR1, SIGINT)")
+        out.append(sig)
+    return out
+
+
 def check_fault_config(cfg: "TrainConfig") -> None:
     """Checkpoint interval, health sampling and straggler settings; DCP checkpoints only where they apply."""
     f = cfg.fault
@@ -257,6 +288,10 @@ def check_fault_config(cfg: "TrainConfig") -> None:
     if f.straggler_factor <= 1:
         raise ConfigError(f"fault.straggler_factor={f.straggler_factor} must be > 1 (e.g. 2: warn when a rank "
                           "is twice as slow as the others).")
+    try:
+        parse_signal_names(f.preempt_signals)
+    except ValueError as exc:
+        raise ConfigError(f"fault.preempt_signals={f.preempt_signals!r}: {exc}; \"\" switches preemption off.") from None
     reason = dcp_unsupported_reason(cfg)
     if f.checkpoint_interval > 0 and reason:
         raise ConfigError(

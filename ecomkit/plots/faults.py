@@ -1,4 +1,4 @@
-"""Chapter 07 plots: an interrupted run resumed from a checkpoint, and per-rank forward times (stragglers)."""
+"""Chapter 07 plots: an interrupted run resumed from a checkpoint, a preempted one, per-rank forward times."""
 
 from __future__ import annotations
 
@@ -47,6 +47,38 @@ def plot_resume(uninterrupted: Sequence[dict], interrupted: Sequence[dict], kill
                     va="bottom", color="#4C72B0")
     finish_axes(ax, "optimizer step", key,
                 "a rank killed mid-run: torchrun restarts, training resumes from the checkpoint")
+    return fig or ax.figure
+
+
+def plot_preemption(uninterrupted: Sequence[dict], preempted: Sequence[dict], stops: Sequence[int],
+                    signals: Sequence[str] = (), key: str = "loss", ax=None):
+    """Loss per step of an uninterrupted run and of each launch of a preempted one, cut at its ``stops``.
+
+    A preempted run stops right after a checkpointed step and its rerun starts at the next one, so the
+    launches are told apart by the stop steps (not by a step going back, as after a kill).
+    """
+    plt = _plt()
+    fig = None
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(7.5, 4))
+    ref = train_rows(uninterrupted)
+    ax.plot([r["step"] for r in ref], [r[key] for r in ref], "-", color="0.6", lw=5, alpha=0.5,
+            label="uninterrupted")
+    bounds = [0, *stops, float("inf")]
+    styles = [("o-", "#C44E52"), ("s--", "#4C72B0"), ("^:", "#55A868"), ("d-.", "#8172B2")]
+    rows = train_rows(preempted)
+    for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        part = [r for r in rows if lo < r["step"] <= hi]
+        marker, color = styles[i % len(styles)]
+        how = f"stopped by {signals[i]}" if i < len(signals) else "finished"
+        ax.plot([r["step"] for r in part], [r[key] for r in part], marker, color=color, ms=4, lw=1.4,
+                label=f"launch {i + 1} ({'resumed, ' if i else ''}{how})")
+    for i, stop in enumerate(stops):
+        ax.axvline(stop + 0.5, color="#C44E52", ls=":", lw=1)
+        ax.annotate(f"checkpoint step {stop}" + (f" ({signals[i]})" if i < len(signals) else ""),
+                    (stop + 0.5, ax.get_ylim()[1]), fontsize=8, ha="left", va="top", color="#C44E52")
+    finish_axes(ax, "optimizer step", key, "preempted: each signal ends a launch after a checkpoint; "
+                "the rerun resumes")
     return fig or ax.figure
 
 

@@ -41,6 +41,7 @@ from ecomkit.parallel.mixed import sharded_model_callbacks
 from ecomkit.train.clip import ClipPolicy
 from ecomkit.train.evaluate import all_reduce_sums, evaluate_loss, evaluate_nlu_accuracy
 from ecomkit.train.gen_eval import PREDICTIONS_FILE, evaluator_for_run
+from ecomkit.train.preempt import add_preemption_callbacks
 from ecomkit.train.progress import make_progress
 
 
@@ -64,6 +65,8 @@ class TrainingRun:
         self.out_dir = Path(cfg.output_dir)
         self.shard = (env.rank, env.world_size)  # replaced by strategy.data_shard() in build()
         self.replication = 1
+        self.stop_flag: Callable[[], bool] = lambda: False  # set by train/preempt.py: this rank was signalled
+        self.stop_agreed = False      # some rank was: every rank stops after this step (see _reduce_counts)
 
     # ------------------------------------------------------------------ build
     def build(self) -> "TrainingRun":
@@ -94,7 +97,8 @@ class TrainingRun:
             self.total_steps = max(1, math.ceil(self.cfg.epochs * self.sampler.steps_per_epoch))
         self.strategy.setup(model, self.total_steps)
         self.clip = ClipPolicy(self.cfg.clip_policy, self.cfg.max_grad_norm, self.env)
-        self.metrics = MetricsWriter(self.out_dir, self.env.is_main, append=self._resuming())
+        self.metrics = MetricsWriter(self.out_dir, self.env.is_main, append=self._resuming(),
+                                     report_to=self.cfg.report_to, hparams=self.cfg.to_dict())  # --report-to
         return self
 
     def _resuming(self) -> bool:
@@ -213,7 +217,10 @@ class TrainingRun:
             os._exit(13)
 
     def _reduce_counts(self, counts: list[float]) -> list[float]:
-        return all_reduce_sums(counts, self.env)
+        # The preemption flag rides on the step's count all-reduce: one more float, no extra collective.
+        *sums, stops = all_reduce_sums([*counts, float(self.stop_flag())], self.env)
+        self.stop_agreed = self.stop_agreed or stops > 0
+        return sums
 
     def _train_step(self, micro: list[dict], flops_tok: Callable[[float], float], peak: float | None,
                     started: float | None = None) -> dict[str, Any]:
@@ -350,8 +357,9 @@ def train_in_session(cfg: TrainConfig, env: DistEnv, callbacks: Iterable[Any] = 
 
 
 def run_callbacks(cfg: TrainConfig, callbacks: Iterable[Any] = ()) -> list[Any]:
-    """``callbacks`` plus the ones the config asks for: ``--dcp-dir`` (chapter 04), checkpoints and health (07)."""
-    return add_fault_tolerance_callbacks(cfg, [*callbacks, *sharded_model_callbacks(cfg)])
+    """``callbacks`` plus the ones the config asks for: ``--dcp-dir`` (04), checkpoints, health, preemption (07)."""
+    out = add_fault_tolerance_callbacks(cfg, [*callbacks, *sharded_model_callbacks(cfg)])
+    return add_preemption_callbacks(cfg, out)
 
 
 def validate_before_launch(cfg: TrainConfig) -> None:
