@@ -138,6 +138,7 @@ class LoraProbe:
 
     def on_train_end(self, run: Any, summary: dict[str, Any]) -> None:
         model, cfg = run.strategy.raw_model, run.cfg
+        save_probe_logits(run)
         rows = [r for r in run.history if r.get("type") == "train" and "comm_by_kind" in r][1:]  # step 1: warm-up
         mine = {
             "trainable_params": trainable_parameter_count(model),
@@ -150,6 +151,24 @@ class LoraProbe:
         summary["lora_probe"] = gather_objects(mine, run.env)
         summary["peft_trainable_params"] = (peft_trainable_count(run.model_config, cfg) if cfg.peft == "lora"
                                             else summary["params"])
+
+
+PROBE_LOGITS = "in_memory_logits.pt"  # the trained model's logits on fixed tokens, before anything is saved
+
+
+def probe_tokens(vocab_size: int) -> torch.Tensor:
+    """Two fixed rows of 8 token ids, the same for every run (to compare the in-memory and saved models)."""
+    return (torch.arange(16).view(2, 8) * 37 + 3) % vocab_size
+
+
+def save_probe_logits(run: Any) -> None:
+    """The in-memory model's logits on :func:`probe_tokens` (a collective under ZeRO-3/FSDP2), written by rank 0."""
+    ids = probe_tokens(run.model_config.vocab_size).to(run.env.device)
+    with torch.no_grad():
+        logits = run.strategy.forward_logits(ids, torch.ones_like(ids))
+    if run.env.is_main:
+        run.out_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(logits.detach().float().cpu(), run.out_dir / PROBE_LOGITS)
 
 
 def _kind_bytes(row: dict[str, Any], kinds: Sequence[str]) -> int:

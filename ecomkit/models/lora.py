@@ -15,9 +15,10 @@ The documented order (``ecomkit.train.loop``): build the model (whole, under
 ``deepspeed.zero.Init``, or on the meta device) → :func:`apply_peft` → the
 strategy wraps it. Nothing here knows about parallelism:
 
-- **Seeded, identical on every rank.** The RNG is seeded with ``cfg.seed``
-  right before PEFT initialises the adapters, so ``lora_A`` is bit-identical on
-  every rank without a broadcast (``lora_B`` starts at zero, as in the paper).
+- **Seeded, identical on every rank.** After injection every adapter is
+  re-initialised with PEFT's own ``reset_lora_parameters`` from ``cfg.seed``, in
+  module order, so ``lora_A`` is bit-identical on every rank without a broadcast
+  (``lora_B`` starts at zero, as in the paper), whatever the strategy.
 - **A model on the meta device** (FSDP2 loading a checkpoint bigger than a
   rank) gets its adapters' initial values computed here on the CPU, with
   PEFT's own ``reset_lora_parameters`` (the adapters are tiny), and kept in
@@ -66,12 +67,14 @@ def apply_peft(model: nn.Module, cfg: TrainConfig) -> nn.Module:
     from peft import inject_adapter_in_model  # lazy: as in lora_config
 
     on_meta = any(p.is_meta for p in model.parameters())
-    torch.manual_seed(cfg.seed)  # PEFT initialises lora_A from the global RNG: same seed, same values on every rank
     inject_adapter_in_model(lora_config(cfg), model, adapter_name=ADAPTER_NAME)
+    # Re-initialised from cfg.seed in module order with PEFT's own reset, on meta or not: every rank, and a
+    # model built on the meta device, start from the same adapter values.
+    values = _seeded_adapter_init(model, cfg.seed, on_meta)
     for name, p in model.named_parameters():
         p.requires_grad_(is_trainable_name(name))
     if on_meta:
-        setattr(model, ADAPTER_INIT_ATTR, _initial_adapter_values(model, cfg.seed))
+        setattr(model, ADAPTER_INIT_ATTR, values)
     elif cfg.precision == "bf16":
         freeze_base_in_bf16(model)
     return model
@@ -90,8 +93,8 @@ def freeze_base_in_bf16(model: nn.Module) -> None:
                 p.data = p.data.to(torch.bfloat16)
 
 
-def _initial_adapter_values(model: nn.Module, seed: int) -> dict[str, torch.Tensor]:
-    """Adapter values for a model on the meta device: PEFT's own init, run on CPU copies of the (small) adapters."""
+def _seeded_adapter_init(model: nn.Module, seed: int, on_meta: bool) -> dict[str, torch.Tensor]:
+    """PEFT's ``reset_lora_parameters`` on every adapter from one seed; on meta, on CPU copies, values returned."""
     from peft.tuners.lora import LoraLayer  # lazy: as in lora_config
 
     torch.manual_seed(seed)
@@ -99,15 +102,16 @@ def _initial_adapter_values(model: nn.Module, seed: int) -> dict[str, torch.Tens
     for module_name, module in model.named_modules():
         if not isinstance(module, LoraLayer) or ADAPTER_NAME not in module.lora_A:
             continue
-        for factors in (module.lora_A, module.lora_B):
-            factors[ADAPTER_NAME] = factors[ADAPTER_NAME].to_empty(device="cpu")
+        if on_meta:
+            for factors in (module.lora_A, module.lora_B):
+                factors[ADAPTER_NAME] = factors[ADAPTER_NAME].to_empty(device="cpu")
         module.reset_lora_parameters(ADAPTER_NAME, True)
+        if not on_meta:
+            continue
         for kind, factors in (("lora_A", module.lora_A), ("lora_B", module.lora_B)):
             for pname, p in factors[ADAPTER_NAME].named_parameters():
                 values[f"{module_name}.{kind}.{ADAPTER_NAME}.{pname}"] = p.detach().clone()
             factors[ADAPTER_NAME] = factors[ADAPTER_NAME].to("meta")
-    for name, p in model.named_parameters():
-        p.requires_grad_(is_trainable_name(name))
     return values
 
 
