@@ -128,3 +128,54 @@ def test_saved_adapter_and_merged_model_give_the_in_memory_logits(sweep, base_di
     assert (via_adapter - in_memory).abs().max() < LOGIT_ATOL
     assert (via_merged - via_adapter).abs().max() < LOGIT_ATOL
     assert (plain - via_adapter).abs().max() > 100 * LOGIT_ATOL   # the adapter changed the model
+
+
+# ---------------------------------------------------------------------- the chapter scripts, and a killed rank
+SCRIPT_RUN = ["--peft", "lora", "--max-steps", "8", "--n-rows", "300", "--seq-len", "64", "--eval-interval", "8",
+              "--eval-batches", "2", "--warmup-steps", "2", "--lr", "1e-2", "--no-progress"]
+
+
+def eval_losses(out: Path) -> list[float]:
+    return [r["eval_loss"] for r in read_rows(out) if r.get("type") == "eval"]
+
+
+def assert_beats_base(out: Path) -> None:
+    """The held-out loss after training is below the base model's (the loop's step-0 evaluation)."""
+    first, last = eval_losses(out)
+    assert last < 0.995 * first, (first, last)
+    s = summary(out)
+    assert s["peft"] == "lora" and 0 < s["trainable_params"] < 0.2 * s["params"], s
+    assert (out / "adapter" / "adapter_model.safetensors").is_file() and (out / "final" / "config.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def ddp_lora(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ddp_lora")
+    run_script("02_data_parallel.py", SCRIPT_RUN + ["--output-dir", str(out)], nproc=2, timeout=300)
+    return out
+
+
+@pytest.mark.dist
+def test_02_data_parallel_trains_lora_and_beats_the_base(ddp_lora):
+    assert_beats_base(ddp_lora)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("script, flags", [("03_zero3.py", ["--zero-stage", "3"]),
+                                           ("04_mixed_parallel.py", ["--strategy", "fsdp"])])
+def test_chapter_scripts_train_lora_and_beat_the_base(script, flags, tmp_path):
+    run_script(script, SCRIPT_RUN + flags + ["--output-dir", str(tmp_path)], nproc=2, timeout=300)
+    assert_beats_base(tmp_path)
+
+
+@pytest.mark.dist
+def test_killed_rank_resumes_a_lora_run_to_the_same_losses(ddp_lora, tmp_path):
+    from ecomkit.faults.diagnose import compare_resumed_run
+
+    proc = run_script("02_data_parallel.py", SCRIPT_RUN + ["--output-dir", str(tmp_path), "--fail-at-step", "5",
+                                                           "--fail-rank", "1", "--fault-checkpoint-interval", "2"],
+                      nproc=2, torchrun_args=["--max-restarts", "1"], timeout=300)
+    assert "resumed from" in proc.stdout + proc.stderr and summary(tmp_path)["checkpoint"]["resumed_from_step"] == 4
+    comparison = compare_resumed_run(read_rows(ddp_lora), read_rows(tmp_path), summary(ddp_lora), summary(tmp_path))
+    assert comparison.losses_match(rel=1e-6, abs_tol=1e-7), comparison.loss_pairs
+    assert comparison.same_parameters and comparison.identical()
