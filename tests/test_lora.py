@@ -179,3 +179,22 @@ def test_killed_rank_resumes_a_lora_run_to_the_same_losses(ddp_lora, tmp_path):
     comparison = compare_resumed_run(read_rows(ddp_lora), read_rows(tmp_path), summary(ddp_lora), summary(tmp_path))
     assert comparison.losses_match(rel=1e-6, abs_tol=1e-7), comparison.loss_pairs
     assert comparison.same_parameters and comparison.identical()
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("label, strategy", [("ddp:lora16", "ddp"), ("zero2:lora16", "zero2"),
+                                             ("zero3:lora16", "zero3"), ("fsdp:lora16", "fsdp2")])
+def test_planner_lora_states_match_measured_bytes(sweep, base_dir, label, strategy):
+    """Each state category of each rank within the ZeRO rows' tolerance (a few scalars: SCALAR_BYTES)."""
+    from ecomkit.measure.zero import SCALAR_BYTES
+    from ecomkit.planner.lora import LoraPlan, gradient_bytes_per_step, lora_state_bytes_per_rank
+    from ecomkit.planner.memory import PlanInput
+
+    s = summary(sweep / label)
+    inp = PlanInput(model=str(base_dir), world_size=2, strategy=strategy, precision="fp32", device="cpu")
+    planned = lora_state_bytes_per_rank(inp, LoraPlan(r=16))
+    for rank, (measured, plan) in enumerate(zip(s["model_states_per_rank"], planned)):
+        for key in ("params", "grads", "optimizer"):
+            assert abs(measured[key] - plan[key]) <= SCALAR_BYTES, (label, rank, key, measured[key], plan[key])
+        sent = s["lora_probe"][rank]["grad_comm_payload_bytes_per_step"]
+        assert abs(sent - gradient_bytes_per_step(inp, LoraPlan(r=16))) <= SCALAR_BYTES, (label, rank, sent)
