@@ -75,7 +75,7 @@ def apply_peft(model: nn.Module, cfg: TrainConfig) -> nn.Module:
         p.requires_grad_(is_trainable_name(name))
     if on_meta:
         setattr(model, ADAPTER_INIT_ATTR, values)
-    elif cfg.precision == "bf16":
+    if cfg.precision == "bf16":
         freeze_base_in_bf16(model)
     return model
 
@@ -86,10 +86,12 @@ def is_trainable_name(name: str) -> bool:
 
 
 def freeze_base_in_bf16(model: nn.Module) -> None:
-    """Cast every frozen floating-point parameter to bf16; trainable ones stay fp32 (so do their optimizer states)."""
+    """Cast every frozen floating-point parameter to bf16 (on meta too: the loader then reads bf16); trainable ones
+    stay fp32, and so do their optimizer states."""
     with torch.no_grad():
         for p in model.parameters():
-            if not p.requires_grad and p.is_floating_point():
+            # ZeRO-3 partitions (zero.Init) are left to DeepSpeed, whose bf16 engine casts the whole module
+            if not p.requires_grad and p.is_floating_point() and not hasattr(p, "ds_id"):
                 p.data = p.data.to(torch.bfloat16)
 
 
