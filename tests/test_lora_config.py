@@ -48,3 +48,8 @@ def test_fsdp_with_tp_is_refused_and_plain_strategies_pass():
 def test_script_refuses_before_any_process_group(monkeypatch, capsys):
     code, err = main_in_process("04_mixed_parallel.py", ["--strategy", "tp", "--peft", "lora"], monkeypatch, capsys)
     assert code != 0 and "--peft lora cannot run with --strategy tp" in err
+
+
+def test_hf_trainer_path_refuses_lora(monkeypatch, capsys):
+    code, err = main_in_process("02_hf_trainer.py", ["--peft", "lora"], monkeypatch, capsys)
+    assert code != 0 and "HF Trainer comparison path has no LoRA step" in err
