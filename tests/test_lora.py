@@ -160,12 +160,37 @@ def test_02_data_parallel_trains_lora_and_beats_the_base(ddp_lora):
     assert_beats_base(ddp_lora)
 
 
+@pytest.fixture(scope="module")
+def fsdp_lora(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fsdp_lora")
+    run_script("04_mixed_parallel.py", SCRIPT_RUN + ["--strategy", "fsdp", "--output-dir", str(out)], nproc=2,
+               timeout=300)
+    return out
+
+
 @pytest.mark.dist
-@pytest.mark.parametrize("script, flags", [("03_zero3.py", ["--zero-stage", "3"]),
-                                           ("04_mixed_parallel.py", ["--strategy", "fsdp"])])
-def test_chapter_scripts_train_lora_and_beat_the_base(script, flags, tmp_path):
-    run_script(script, SCRIPT_RUN + flags + ["--output-dir", str(tmp_path)], nproc=2, timeout=300)
+def test_03_zero3_trains_lora_and_beats_the_base(tmp_path):
+    run_script("03_zero3.py", SCRIPT_RUN + ["--zero-stage", "3", "--output-dir", str(tmp_path)], nproc=2, timeout=300)
     assert_beats_base(tmp_path)
+
+
+@pytest.mark.dist
+def test_04_fsdp_trains_lora_and_beats_the_base(fsdp_lora):
+    assert_beats_base(fsdp_lora)
+
+
+@pytest.mark.dist
+def test_killed_rank_resumes_an_fsdp2_lora_run_to_the_same_losses(fsdp_lora, tmp_path):
+    from ecomkit.faults.diagnose import compare_resumed_run
+
+    proc = run_script("04_mixed_parallel.py", SCRIPT_RUN + ["--strategy", "fsdp", "--output-dir", str(tmp_path),
+                                                             "--fail-at-step", "5", "--fail-rank", "1",
+                                                             "--fault-checkpoint-interval", "2"],
+                      nproc=2, torchrun_args=["--max-restarts", "1"], timeout=300)
+    assert "resumed from" in proc.stdout + proc.stderr and summary(tmp_path)["checkpoint"]["resumed_from_step"] == 4
+    comparison = compare_resumed_run(read_rows(fsdp_lora), read_rows(tmp_path), summary(fsdp_lora), summary(tmp_path))
+    assert comparison.losses_match(rel=1e-6, abs_tol=1e-7), comparison.loss_pairs
+    assert eval_losses(tmp_path)[-1] == pytest.approx(eval_losses(fsdp_lora)[-1], rel=1e-6)
 
 
 @pytest.mark.dist
