@@ -22,6 +22,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ecomkit.config.validate_peft import check_peft
 from ecomkit.config.vocabulary import (ATTN_IMPLS, CLIP_POLICIES, COMPRESSIONS, HOOK_STRATEGIES, MESH_STRATEGIES,
                                        PROMPT_FORMATS, SPAN_ENDS,
                                        PP_SCHEDULES, PRECISIONS, REPORT_TARGETS, STRATEGIES, STRATEGIES_WITHOUT_DCP,
@@ -44,6 +45,7 @@ def validate_train_config(cfg: "TrainConfig", world_size: int, n_head: int | Non
     check_choice("attn", cfg.attn, ATTN_IMPLS)
     check_choice("compression.method", cfg.compression.method, COMPRESSIONS)
     check_compression(cfg)
+    check_peft(cfg, world_size)
     for name in ("lr", "seq_len", "micro_batch_size", "grad_accum", "n_rows"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name}={getattr(cfg, name)} must be > 0.")

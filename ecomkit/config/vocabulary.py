@@ -66,6 +66,7 @@ ZERO_STAGES = (0, 1, 2, 3)
 # NLU prompt layouts (ecomkit.data.formats) and span-list end conventions (ecomkit.data.spans).
 PROMPT_FORMATS = ("seqgpt", "ecomgpt", "ecomkit")
 SPAN_ENDS = ("exclusive", "inclusive")
+PEFT_METHODS = ("none", "lora")
 
 # The allowed values of each config field that has a fixed list, by dotted field name: the CLI shows them
 # as the flag's metavar and in its help (``--zero-stage {0,1,2,3}``); TrainConfig.validate() enforces them.
@@ -73,6 +74,7 @@ FIELD_CHOICES: dict[str, tuple] = {
     "attn": ATTN_IMPLS, "task": TASKS, "clip_policy": CLIP_POLICIES, "precision": PRECISIONS,
     "strategy": STRATEGIES, "zero.stage": ZERO_STAGES, "compression.method": COMPRESSIONS,
     "parallel.pp_schedule": PP_SCHEDULES, "prompt_format": PROMPT_FORMATS, "span_end": SPAN_ENDS,
+    "peft": PEFT_METHODS,
 }
 
 

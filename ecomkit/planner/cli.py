@@ -24,6 +24,7 @@ from typing import Any
 from ecomkit.config import PLAN_STRATEGIES, PRECISIONS, plan_strategy_name
 from ecomkit.errors import ConfigError, exit_on_user_error
 from ecomkit.hardware import GIB, GPUS, LINKS, NODES
+from ecomkit.planner.lora import LoraPlan, max_lora_micro_batch, plan_lora_memory
 from ecomkit.planner.memory import ATTNS, PlanInput, max_micro_batch, plan_memory
 from ecomkit.planner.step_time import DEFAULT_EFFICIENCY, DEFAULT_OVERLAP, predict_step_time, speedups
 
@@ -58,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node", default=None, help=f"server layout for CPU offload: {', '.join(NODES)} "
                    "(default: the usual system of --gpu)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--peft", choices=("none", "lora"), default="none",
+                   help="lora: frozen base + low-rank adapters (no gradients or optimizer states for the base)")
+    p.add_argument("--lora-r", type=int, default=16, help="LoRA rank (with --peft lora)")
+    p.add_argument("--lora-base-bits", type=int, choices=(16, 8, 4), default=16,
+                   help="frozen base storage with --peft lora: 16 (the precision's dtype), 8 or 4 (QLoRA, bitsandbytes)")
     return p
 
 
@@ -77,11 +83,19 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
 
 def run_plan(args: argparse.Namespace) -> dict[str, Any]:
     inp = plan_input_from_args(args)
-    plan = plan_memory(inp)
+    if args.peft == "lora":
+        lora = LoraPlan(r=args.lora_r, base_bits=args.lora_base_bits)
+        plan = plan_lora_memory(inp, lora)
+        plan.notes.append("step time below: the time model is full fine-tuning's (LoRA skips the frozen weights' "
+                          "gradient matmuls and most gradient communication), so it is an upper bound")
+        most = max_lora_micro_batch(plan.inputs, lora)
+    else:
+        plan = plan_memory(inp)
+        most = max_micro_batch(plan.inputs)
     time_kw = {"link": args.link, "efficiency": args.efficiency, "overlap": args.overlap, "node": args.node}
     step = predict_step_time(plan.inputs, **time_kw)
     scale = speedups(plan.inputs, [plan.inputs.world_size], **time_kw)[0] if plan.inputs.world_size > 1 else None
-    return {"plan": plan, "max_micro_batch": max_micro_batch(plan.inputs), "step": step, "speedup": scale}
+    return {"plan": plan, "max_micro_batch": most, "step": step, "speedup": scale}
 
 
 def render(result: dict[str, Any]) -> str:
