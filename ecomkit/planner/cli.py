@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None, verify: Callable[..., Any] | None = None
         if a.verify:
             if verify is None:
                 raise SystemExit("--verify runs through `python -m ecomkit.plan` (it launches training scripts).")
-            report["verify"] = verify(report, top=a.verify_top)
+            report["verify"] = verify(report, top=a.verify_top, given=config_given(job))
         print(json.dumps(report, indent=2, default=str) if a.json else render_recommendation(report, a.top))
         return
     result = run_plan(job)

@@ -193,7 +193,7 @@ def choice_row(choice: Choice, best: Choice | None, cluster: Cluster, given: set
         samples = choice.cfg.micro_batch_size * choice.cfg.grad_accum * plan.inputs.dp
         row.update({"step_s": choice.step.total_s,
                     "tokens_per_s_per_gpu": samples * choice.cfg.seq_len / choice.step.total_s / cluster.gpus,
-                    "launch": launch_line(choice.cfg, cluster, given)})
+                    "launch": launch_line(choice.cfg, cluster, given), "config": choice.cfg.to_dict()})
     return row
 
 
