@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import shlex
 
 import pytest
 
 from ecomkit.config import TrainConfig
-from ecomkit.measure.plan_twins import TWIN_MODEL, orders_agree, verify_report
+from ecomkit.measure.plan_twins import TWIN_MODEL, orders_agree
+from ecomkit.plan import main as plan_main
 from ecomkit.planner.job import Cluster
 from ecomkit.planner.report import recommendation_json
 
 pytestmark = pytest.mark.dist
 
 JOB = TrainConfig(model="seqgpt-560m", precision="bf16", seq_len=256)
-CLUSTER = Cluster(gpus=4, gpu="rtx4090", link="pcie4-x16")
+CLUSTER = Cluster(gpus=8, gpu="a100-40g", link="nvlink-a100")   # top two: one DeepSpeed, one torch twin
 
 
 @pytest.fixture(scope="module")
 def verified(tmp_path_factory):
-    report = recommendation_json(JOB, CLUSTER, set())
-    report["verify"] = verify_report(report, top=2, root=tmp_path_factory.mktemp("twins"))
+    """``python -m ecomkit.plan --recommend --verify`` for one small plan (2 twins, one launch each)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        plan_main(["--model", "seqgpt-560m", "--precision", "bf16", "--seq-len", "256", "--gpus", "8", "--gpu",
+                   "a100-40g", "--link", "nvlink-a100", "--recommend", "--verify", "--verify-top", "2",
+                   "--verify-dir", str(tmp_path_factory.mktemp("twins")), "--json"])
+    report = json.loads(out.getvalue())
+    assert report["best"] == recommendation_json(JOB, CLUSTER, set())["best"]   # the CLI's job is JOB
     return report
 
 
@@ -50,6 +60,9 @@ def test_memory_ordering_is_reported(verified):
     v = verified["verify"]
     measured = {t["candidate"]: t["measured_bytes"] for t in v["twins"]}
     assert all(measured.values())           # ZeRO and FSDP/TP twins count their model states per rank
+    assert len({t["script"] for t in v["twins"]}) == 2                 # scripts/03_zero3.py and 04_mixed_parallel.py
+    for t in v["twins"]:                    # the planner's bytes for the twin are what its ranks counted
+        assert t["measured_bytes"] == pytest.approx(t["planned_bytes"], rel=0.02), t
     assert v["order_matches"] is orders_agree({t["candidate"]: t["planned_bytes"] for t in v["twins"]}, measured)
 
 

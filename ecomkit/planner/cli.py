@@ -68,6 +68,8 @@ def _planner_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--verify", action="store_true",
                    help="with --recommend: train the top candidates scaled down on this machine (2 CPU processes)")
     g.add_argument("--verify-top", type=int, default=3, help="with --verify: how many candidates")
+    g.add_argument("--verify-dir", default=None, metavar="PATH",
+                   help="with --verify: where the twins write their runs (default: a new temporary directory)")
     g.add_argument("--print-ds-config", action="store_true", help="print the DeepSpeed JSON of the (recommended) "
                    "ZeRO job and exit")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -156,6 +158,9 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"speed-up over 1 GPU (same global batch; one GPU accumulates {plan.inputs.dp}× more): "
                      f"{s['speedup']:.2f}× ({s['efficiency']:.0%} scaling efficiency)")
     lines += [f"note: {n}" for n in plan.notes]
+    if plan.inputs.loss_chunk_tokens and not plan.inputs.loss_chunk():
+        lines.append(f"note: loss_chunk_tokens={plan.inputs.loss_chunk_tokens} is not used by {plan.inputs.strategy}: "
+                     "its loop builds the full logits (the chunked loss runs under ddp/fsdp2 only)")
     lines += ["", defaults_line(result)]
     return "\n".join(lines)
 
@@ -202,13 +207,14 @@ def main(argv: list[str] | None = None, verify: Callable[..., Any] | None = None
         if a.verify:
             if verify is None:
                 raise SystemExit("--verify runs through `python -m ecomkit.plan` (it launches training scripts).")
-            report["verify"] = verify(report, top=a.verify_top, given=config_given(job))
+            report["verify"] = verify(report, top=a.verify_top, given=config_given(job), root=a.verify_dir)
         print(json.dumps(report, indent=2, default=str) if a.json else render_recommendation(report, a.top))
         return
-    result = run_plan(job)
     if a.print_ds_config:
-        print(json.dumps(ds_config(job.cfg, job.cluster), indent=2))
+        ds = ds_config(job.cfg, job.cluster)
+        print(json.dumps(ds, indent=2) if ds else f"--strategy {job.cfg.strategy} is not a DeepSpeed job: no JSON")
         return
+    result = run_plan(job)
     print(json.dumps(to_json(result), indent=2) if a.json else render(result))
 
 
