@@ -50,24 +50,24 @@ CLUSTER_FLAGS = ("gpus", "gpu", "link", "node", "nodes")
 def _planner_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster and planner (not training flags)")
     s = argparse.SUPPRESS
-    g.add_argument("--gpus", type=int, default=s, help=f"GPUs in all, the world size (default {CLUSTER_DEFAULTS.gpus})")
-    g.add_argument("--gpu", default=s, help=f"one of {', '.join(GPUS)} (default {CLUSTER_DEFAULTS.gpu})")
-    g.add_argument("--link", default=s, help=f"GPU interconnect: {', '.join(LINKS)} (default {CLUSTER_DEFAULTS.link})")
-    g.add_argument("--node", default=s, help=f"server layout for CPU offload: {', '.join(NODES)} "
+    g.add_argument("--gpus", type=int, metavar="N", default=s, help=f"GPUs in all, the world size (default {CLUSTER_DEFAULTS.gpus})")
+    g.add_argument("--gpu", default=s, metavar="NAME", help=f"one of {', '.join(GPUS)} (default {CLUSTER_DEFAULTS.gpu})")
+    g.add_argument("--link", default=s, metavar="NAME", help=f"GPU interconnect: {', '.join(LINKS)} (default {CLUSTER_DEFAULTS.link})")
+    g.add_argument("--node", default=s, metavar="NAME", help=f"server layout for CPU offload: {', '.join(NODES)} "
                    "(default: the usual system of --gpu)")
-    g.add_argument("--nodes", type=int, default=s, help="servers the GPUs are spread over (default 1)")
-    g.add_argument("--vocab-size", type=int, default=None, help="vocabulary of the toy presets (their tokenizer)")
-    g.add_argument("--n-params", type=float, default=None,
+    g.add_argument("--nodes", type=int, metavar="N", default=s, help="servers the GPUs are spread over (default 1)")
+    g.add_argument("--vocab-size", type=int, metavar="N", default=None, help="vocabulary of the toy presets (their tokenizer)")
+    g.add_argument("--n-params", type=float, metavar="PSI", default=None,
                    help="plan model states for this many parameters (Ψ) by ZeRO stage: the ZeRO paper's table")
     g.add_argument("--zero-table", action="store_true", help="also print model states by ZeRO stage for --model")
-    g.add_argument("--efficiency", type=float, default=DEFAULT_EFFICIENCY, help="fraction of peak FLOP/s reached")
-    g.add_argument("--overlap", type=float, default=DEFAULT_OVERLAP, help="fraction of backward that hides comm")
+    g.add_argument("--efficiency", type=float, metavar="X", default=DEFAULT_EFFICIENCY, help="fraction of peak FLOP/s reached")
+    g.add_argument("--overlap", type=float, metavar="X", default=DEFAULT_OVERLAP, help="fraction of backward that hides comm")
     g.add_argument("--recommend", action="store_true",
                    help="search every strategy ecomkit trains for the fastest that fits the same global batch")
-    g.add_argument("--top", type=int, default=8, help="with --recommend: rows of the table")
+    g.add_argument("--top", type=int, metavar="N", default=8, help="with --recommend: rows of the table")
     g.add_argument("--verify", action="store_true",
                    help="with --recommend: train the top candidates scaled down on this machine (2 CPU processes)")
-    g.add_argument("--verify-top", type=int, default=3, help="with --verify: how many candidates")
+    g.add_argument("--verify-top", type=int, metavar="N", default=3, help="with --verify: how many candidates")
     g.add_argument("--verify-dir", default=None, metavar="PATH",
                    help="with --verify: where the twins write their runs (default: a new temporary directory)")
     g.add_argument("--print-ds-config", action="store_true", help="print the DeepSpeed JSON of the (recommended) "
@@ -86,7 +86,9 @@ def _planner_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return build_arg_parser(__doc__.split("\n\n")[0], extra=_planner_flags)
+    parser = build_arg_parser(__doc__, extra=_planner_flags)
+    parser.prog = "python -m ecomkit.plan"
+    return parser
 
 
 @dataclass

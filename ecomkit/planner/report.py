@@ -55,6 +55,7 @@ def recommendation_json(base: TrainConfig, cluster: Cluster, given: set[str], vo
                 entry["launch_deepspeed"] = launch_line(best.cfg, cluster, given, launcher="deepspeed")
             entry["ds_config"] = ds_config(best.cfg, cluster)
             entry["config"] = best.cfg.to_dict()
+            entry["host_bytes_per_node"] = best.plan.cpu_bytes * cluster.gpus_per_node if best.plan else 0
         out["groups"][group] = entry
     full = out["groups"][FULL]
     out["best"], out["launch"], out["ds_config"] = full["best"], full.get("launch"), full.get("ds_config")
@@ -91,6 +92,9 @@ def render_recommendation(rep: dict[str, Any], top: int = 8) -> str:
     for group, entry in rep["groups"].items():
         lines += [f"[{group}]", *render_table(entry["rows"], top), ""]
         if entry.get("launch"):
+            if entry.get("host_bytes_per_node"):
+                lines.append(f"host memory the offload needs: {entry['host_bytes_per_node'] / GIB:.0f} GiB per node "
+                             "(pinned; the hardware table has no host RAM figure to check it against)")
             lines += ["launch:", f"  {entry['launch']}"]
             if entry.get("launch_deepspeed"):
                 lines += ["or with the DeepSpeed launcher:", f"  {entry['launch_deepspeed']}",
