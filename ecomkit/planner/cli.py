@@ -134,14 +134,15 @@ def run_plan(job: Job) -> dict[str, Any]:
     scale = speedups(plan.inputs, [plan.inputs.world_size], **time_kw)[0] if plan.inputs.world_size > 1 else None
     cluster_given = {g.removeprefix("cluster.") for g in job.given if g.startswith("cluster.")}
     return {"plan": plan, "max_micro_batch": max_micro_batch(plan.inputs), "step": step, "speedup": scale,
-            "defaults": defaults_used(job.cfg, config_given(job)),
+            "defaults": defaults_used(job.cfg, config_given(job)), "preset": a.preset,
             "cluster_defaults": cluster_defaults_used(job.cluster, cluster_given)}
 
 
 def defaults_line(result: dict[str, Any]) -> str:
     shown = ", ".join(f"{k}={v}" for k, v in result["defaults"].items())
     cluster = ", ".join(f"{k}={v}" for k, v in result["cluster_defaults"].items())
-    return (f"defaults used (TrainConfig(), as the training scripts' parser gives them): {shown}\n"
+    source = f"--preset {result['preset']}" if result.get("preset") else "TrainConfig(), as the scripts' parser gives them"
+    return (f"defaults used ({source}): {shown}\n"
             f"cluster defaults used: {cluster or 'none'}")
 
 
