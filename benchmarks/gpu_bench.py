@@ -24,7 +24,12 @@ and the rest still runs.
    136, same batch, heads and length, so the ratio is what the padding costs.
 4. **Strategies on all visible GPUs**: chapters 02 (DDP), 04 (FSDP2) and 03
    (ZeRO-3) under torchrun with one process per GPU, SeqGPT-560M, bf16,
-   seq 1024: samples/s, tokens/s and MFU as the training loop measures them.
+   seq 1024: samples/s, tokens/s and MFU as the training loop measures them;
+   then the same three with LoRA r=16 (``--peft lora``: frozen bf16 base),
+   so full fine-tuning and LoRA peak memory and speed sit side by side.
+   QLoRA (a 4/8-bit base through bitsandbytes) is planned by
+   ``python -m ecomkit.plan --peft lora --lora-base-bits 4`` but the training
+   loop has no bitsandbytes path yet, so there is nothing of it to time here.
 
 Everything is bounded by --budget-s (default 540 s): a part that would start
 after the budget is recorded as skipped. ``--dry-run`` (automatic without a
@@ -61,8 +66,14 @@ SCRIPTS = {  # name -> (script, strategy flags, packages it needs beyond torch/t
     "ddp": ("02_data_parallel.py", ["--strategy", "ddp"], ("datasets",)),
     "fsdp2": ("04_mixed_parallel.py", ["--strategy", "fsdp"], ("datasets",)),
     "zero3": ("03_zero3.py", ["--strategy", "zero", "--zero-stage", "3"], ("datasets", "deepspeed")),
+    # LoRA beside full fine-tuning, same job (r=16 on BLOOM's four Linears; frozen base in bf16)
+    "ddp+lora": ("02_data_parallel.py", ["--strategy", "ddp", "--peft", "lora", "--lora-r", "16"], ("datasets", "peft")),
+    "fsdp2+lora": ("04_mixed_parallel.py", ["--strategy", "fsdp", "--peft", "lora", "--lora-r", "16"],
+                   ("datasets", "peft")),
+    "zero3+lora": ("03_zero3.py", ["--strategy", "zero", "--zero-stage", "3", "--peft", "lora", "--lora-r", "16"],
+                   ("datasets", "deepspeed", "peft")),
 }
-INSTALL_HINT = {"datasets": "pip install datasets", "deepspeed": "pip install deepspeed"}
+INSTALL_HINT = {"datasets": "pip install datasets", "deepspeed": "pip install deepspeed", "peft": "pip install peft"}
 
 
 # ---------------------------------------------------------------------- settings and preflight
@@ -83,7 +94,7 @@ def preflight(on_gpu: bool, dry_run: bool) -> dict[str, Any]:
     """What this machine has, and a sentence for each missing thing (nothing is installed here)."""
     import torch
 
-    found = {name: importlib.util.find_spec(name) is not None for name in ("datasets", "deepspeed")}
+    found = {name: importlib.util.find_spec(name) is not None for name in ("datasets", "deepspeed", "peft")}
     missing = [f"{name} is not installed: {', '.join(s for s, (_, _, needs) in SCRIPTS.items() if name in needs)} "
                f"skipped ({INSTALL_HINT[name]})" for name, ok in found.items() if not ok]
     if not on_gpu and not dry_run:
@@ -289,6 +300,7 @@ def strategy_case(name: str, st: dict[str, Any], pre: dict[str, Any], attn: str,
             "samples_per_s": summary.get("samples_per_s"), "tokens_per_s": summary.get("tokens_per_s"),
             "step_time_s": summary.get("step_time_s"), "peak_mem_bytes": summary.get("peak_mem_bytes"),
             "mfu": sum(mfus) / len(mfus) if mfus else None, "final_loss": summary.get("final_loss"),
+            "trainable_params": summary.get("trainable_params"),
             "wall_s": time.perf_counter() - t0}
 
 

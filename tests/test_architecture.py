@@ -28,7 +28,7 @@ MAX_TOP_LEVEL_MODULES = 10
 MAX_MODULE_LINES = 420   # "about 400": a docstring's worth of slack, not a second module
 LAZY_MARK = "# lazy:"
 # Heavy or optional third-party packages that may be imported inside a function (with a reason).
-LAZY_ALLOWED = ("deepspeed", "accelerate", "pynvml", "ipywidgets", "matplotlib", "IPython",
+LAZY_ALLOWED = ("deepspeed", "accelerate", "peft", "bitsandbytes", "pynvml", "ipywidgets", "matplotlib", "IPython",
                 "tqdm.notebook")  # the last is tqdm's ipywidgets-backed bar
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from ecomkit.config import TrainConfig
 from ecomkit.hardware import GPUS
-from ecomkit.planner.candidates import FULL
+from ecomkit.planner.candidates import FULL, LORA, launch_line
 from ecomkit.planner.cli import main, read_job
 from ecomkit.planner.job import Cluster, plan_degrees
 from ecomkit.planner.recommend import best_choice, global_batch, recommend
@@ -71,3 +71,14 @@ def test_table_and_launch_line_for_the_guides_cluster(capsys):
           "--seq-len", "512", "--micro-batch-size", "4", "--recommend", "--print-ds-config"])
     ds = json.loads(capsys.readouterr().out)
     assert ds["zero_optimization"]["stage"] == 3 and ds["train_batch_size"] == 16
+
+
+def test_lora_is_its_own_group_with_its_own_launch_line(seqgpt_4090):
+    assert set(seqgpt_4090) == {FULL, LORA}
+    assert all(c.candidate.group == FULL for c in seqgpt_4090[FULL])
+    assert all(c.cfg.peft == "none" for c in seqgpt_4090[FULL] if c.cfg is not None)
+    lora = [c for c in seqgpt_4090[LORA] if c.fits]
+    assert lora and all(c.cfg.peft == "lora" and c.candidate.label.startswith("LoRA") for c in lora)
+    full_best, lora_best = best_choice(seqgpt_4090), best_choice(seqgpt_4090, LORA)
+    assert lora_best.plan.model_states < full_best.plan.model_states     # adapters only carry grads and Adam
+    assert "--peft lora" in launch_line(lora_best.cfg, Cluster(gpus=4), set())

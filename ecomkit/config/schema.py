@@ -21,6 +21,9 @@ from typing import Any, Callable
 from ecomkit.config.validate import validate_train_config
 from ecomkit.errors import ConfigError
 
+# BLOOM's attention (fused QKV, output projection) and MLP Linears: LoRA's usual targets for this family.
+BLOOM_LORA_TARGETS = "query_key_value,dense,dense_h_to_4h,dense_4h_to_h"
+
 
 @dataclass
 class ZeroConfig:
@@ -125,6 +128,14 @@ class TrainConfig:
     eval_batches: int = 8             # micro-batches per evaluation (per rank)
     eval_nlu_samples: int = 64        # records scored per NLU accuracy evaluation
     seed: int = 0                     # random seed: model init, synthetic data, batch order
+    # --- parameter-efficient fine-tuning (Hugging Face peft; ecomkit.models.lora) ---
+    peft: str = "none"                # none: train every weight | lora: frozen base + low-rank adapters (peft)
+    lora_r: int = 8                   # LoRA rank r: each adapted Linear gains r × (in + out) trainable weights
+    lora_alpha: float = 16.0          # LoRA scaling numerator: the update is (alpha / r) · B·A
+    lora_dropout: float = 0.0         # dropout on the adapter's input (0 keeps runs bit-reproducible)
+    lora_target_modules: str = BLOOM_LORA_TARGETS  # comma-separated names of the Linears that get adapters
+    lora_modules_to_save: str = ""    # comma-separated modules trained in full and saved with the adapter
+                                      #   (e.g. word_embeddings after adding special tokens); "" = none
     # --- run --------------------------------------------------------------
     output_dir: str = "runs/ddp"      # metrics.jsonl, summary.json, final model
     strategy: str = "ddp"             # ddp | accelerate | zero | fsdp | tp | pp | mixed

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ecomkit.config.validate_peft import check_peft
 from ecomkit.config.vocabulary import (ATTN_IMPLS, CLIP_POLICIES, COMPRESSIONS, HOOK_STRATEGIES, MESH_STRATEGIES,
                                        PP_SCHEDULES, PRECISIONS, STRATEGIES, STRATEGIES_WITHOUT_DCP, TASKS,
                                        StrategyName, check_choice)
@@ -41,6 +42,7 @@ def validate_train_config(cfg: "TrainConfig", world_size: int, n_head: int | Non
     check_choice("attn", cfg.attn, ATTN_IMPLS)
     check_choice("compression.method", cfg.compression.method, COMPRESSIONS)
     check_compression(cfg)
+    check_peft(cfg, world_size)
     for name in ("lr", "seq_len", "micro_batch_size", "grad_accum", "n_rows"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name}={getattr(cfg, name)} must be > 0.")

@@ -60,13 +60,14 @@ ATTN_IMPLS = ("eager", "sdpa", "flex")
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "topk", "topk_naive")
 PP_SCHEDULES = ("gpipe", "1f1b")
 ZERO_STAGES = (0, 1, 2, 3)
+PEFT_METHODS = ("none", "lora")
 
 # The allowed values of each config field that has a fixed list, by dotted field name: the CLI shows them
 # as the flag's metavar and in its help (``--zero-stage {0,1,2,3}``); TrainConfig.validate() enforces them.
 FIELD_CHOICES: dict[str, tuple] = {
     "attn": ATTN_IMPLS, "task": TASKS, "clip_policy": CLIP_POLICIES, "precision": PRECISIONS,
     "strategy": STRATEGIES, "zero.stage": ZERO_STAGES, "compression.method": COMPRESSIONS,
-    "parallel.pp_schedule": PP_SCHEDULES,
+    "parallel.pp_schedule": PP_SCHEDULES, "peft": PEFT_METHODS,
 }
 
 

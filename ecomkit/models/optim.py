@@ -17,7 +17,10 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         if not p.requires_grad:
             continue
         (no_decay if p.ndim < 2 or "embeddings" in name or "ln" in name.split(".")[-2:][0] else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # Frozen parameters are left out (LoRA: only the adapters train), so a group can be empty; DeepSpeed drops
+    # empty groups, which would leave the lr scheduler with one lambda too many.
+    return [g for g in groups if g["params"]]
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:

@@ -29,6 +29,7 @@ from torch import nn
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.models.bloom import ModelSource, count_parameters, load_model
+from ecomkit.models.lora import save_peft_outputs
 from ecomkit.models.loss import has_chunked_loss, token_loss_sum
 from ecomkit.models.optim import build_optimizer, build_scheduler
 from ecomkit.models.precision import autocast_context, build_grad_scaler
@@ -158,6 +159,21 @@ class Strategy:
                 self.raw_model.save_pretrained(out_dir)
             if tokenizer is not None:
                 tokenizer.save_pretrained(out_dir)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The whole model's weights on rank 0 (a collective for sharding strategies; they override it)."""
+        if not self.env.is_main:
+            return None
+        return {k: v.detach().float().cpu() for k, v in self.raw_model.state_dict().items()}
+
+    def save_peft(self, out_dir: str, tokenizer: Any | None = None) -> None:
+        """``<out_dir>/adapter`` (PEFT format) + ``<out_dir>/final`` (merged), from the gathered weights, by rank 0."""
+        state = self.full_state_dict()
+        if self.env.is_main:
+            with deepspeed_probe_skipped():
+                save_peft_outputs(state, self.raw_model.config, self.cfg, out_dir, tokenizer)
+        if self.env.distributed:
+            torch.distributed.barrier()
 
     def memory_report(self) -> dict[str, int]:
         """Bytes of params / grads / optimizer states held by this rank (counted tensors)."""

@@ -46,6 +46,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ecomkit.errors import EcomkitError
 from ecomkit.models.checkpoint_files import CheckpointReader, freed_memory_returned
+from ecomkit.models.lora import ADAPTER_INIT_ATTR, checkpoint_key
 from ecomkit.parallel.tensor import bloom_blocks
 
 _CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."  # activation checkpointing's wrapper; keys do not have it
@@ -95,16 +96,19 @@ def load_local_parts(model: nn.Module, reader: CheckpointReader, device: torch.d
     """
     prefix = getattr(model, "base_model_prefix", "")
     tied = _tied_parameter_names(model)
+    adapter_init = getattr(model, ADAPTER_INIT_ATTR, {})  # LoRA's seeded initial values (ecomkit.models.lora)
     model.to_empty(device=device)
     _retie(model, tied)  # to_empty gives each module its own new tensor: a plain (TP-replicated) tie would split
     missing = []
     with torch.no_grad(), freed_memory_returned():
         for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-            key = reader.resolve(name.replace(_CHECKPOINT_PREFIX, ""), prefix)
-            if key is None:
+            name = name.replace(_CHECKPOINT_PREFIX, "")
+            key = reader.resolve(checkpoint_key(name), prefix)
+            if key is None and name not in adapter_init:
                 missing.append(name)
                 continue
-            full = reader.read(key, dtype=tensor.dtype).to(device)
+            full = (reader.read(key, dtype=tensor.dtype) if key is not None
+                    else adapter_init[name].to(tensor.dtype)).to(device)
             if isinstance(tensor, DTensor):
                 local = distribute_tensor(full, tensor.device_mesh, tensor.placements, src_data_rank=None).to_local()
                 tensor.to_local().copy_(local)

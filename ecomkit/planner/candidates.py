@@ -14,9 +14,10 @@ strategy with the scripts' own flags:
 - activation checkpointing off and on wherever the strategy has it (ZeRO,
   FSDP2/TP/PP; ecomkit's DDP has none).
 
-Candidates are grouped (:attr:`Candidate.group`): ``full`` trains every
-parameter; a parameter-efficient group (LoRA) trains different parameters and
-is ranked on its own, never mixed with ``full``.
+Candidates are grouped (:attr:`Candidate.group`): :data:`FULL` trains every
+parameter; :data:`LORA` (:func:`lora_candidates`, ``--peft lora`` with the
+job's ``--lora-r`` and targets) trains adapters on a frozen base, different
+parameters, so it is ranked on its own and never against ``FULL``.
 """
 
 from __future__ import annotations
@@ -93,6 +94,27 @@ def full_candidates(cluster: Cluster, shape: ModelShape) -> list[Candidate]:
     return out
 
 
+LORA = "LoRA adapters (trains other parameters than full fine-tuning: ranked on its own)"
+
+
+def lora_candidates(cluster: Cluster, shape: ModelShape) -> list[Candidate]:
+    """The strategies ecomkit trains LoRA with (DDP, ZeRO-1/2/3, FSDP2; no TP/PP), checkpointing off and on.
+
+    No offload: the optimizer states are the adapters' (well under 1 % of Ψ),
+    and the time model would charge CPU Adam for every parameter.
+    """
+    zero_ac, mesh_ac, lora = "zero.activation_checkpointing", "parallel.activation_checkpointing", {"peft": "lora"}
+    out = [Candidate("LoRA · DDP", {**lora, "strategy": "ddp"}, LORA)]
+    for stage in (1, 2, 3):
+        for c in _with_checkpointing(f"LoRA · ZeRO-{stage}", {**lora, "strategy": "zero", "zero.stage": stage},
+                                     zero_ac):
+            out.append(Candidate(c.label, c.settings, LORA))
+    if cluster.gpus > 1:
+        for c in _with_checkpointing("LoRA · FSDP2", {**lora, "strategy": "fsdp"}, mesh_ac):
+            out.append(Candidate(c.label, c.settings, LORA))
+    return out
+
+
 # ---------------------------------------------------------------------- launch lines
 def _flag(dotted: str) -> str:
     return "--" + dotted.replace(".", "-").replace("_", "-")
@@ -111,6 +133,8 @@ def job_flags(cfg: TrainConfig, given: set[str]) -> list[str]:
         skip |= {n for n in PLANNER_FIELDS if n.startswith("zero.")}
     if cfg.strategy not in MESH_STRATEGIES:
         skip |= {n for n in PLANNER_FIELDS if n.startswith("parallel.")}
+    if cfg.peft == "none":
+        skip |= {n for n in PLANNER_FIELDS if n.startswith("lora_")}
     names = [n for n in PLANNER_FIELDS if n not in skip]
     names += sorted(set(given) - set(PLANNER_FIELDS))
     out: list[str] = []
@@ -146,5 +170,5 @@ def launch_line(cfg: TrainConfig, cluster: Cluster, given: set[str], launcher: s
     return " ".join(shlex.quote(a) if not a.startswith("$") else a for a in [*head, script, *flags])
 
 
-__all__ = ["Candidate", "FULL", "SCRIPTS", "STRATEGY_FIELDS", "full_candidates", "job_flags", "launch_line",
+__all__ = ["Candidate", "FULL", "LORA", "lora_candidates", "SCRIPTS", "STRATEGY_FIELDS", "full_candidates", "job_flags", "launch_line",
            "set_field"]

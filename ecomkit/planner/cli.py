@@ -37,8 +37,9 @@ from ecomkit.errors import exit_on_user_error
 from ecomkit.hardware import GIB, GPUS, LINKS, NODES
 from ecomkit.planner.job import (CLUSTER_DEFAULTS, PLANNER_FIELDS, Cluster, apply_strategy_switches,
                                  cluster_defaults_used, defaults_used, expand_planner_aliases, given_fields,
-                                 plan_input_from_config)
-from ecomkit.planner.memory import max_micro_batch, plan_memory
+                                 lora_plan, plan_job)
+from ecomkit.planner.lora import max_lora_micro_batch
+from ecomkit.planner.memory import max_micro_batch
 from ecomkit.planner.model_states import render_zero_stage_table, zero_stage_table
 from ecomkit.planner.report import ds_config, recommendation_json, render_recommendation
 from ecomkit.planner.shapes import model_shape, shape_for_n_params
@@ -73,6 +74,9 @@ def _planner_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--print-ds-config", action="store_true", help="print the DeepSpeed JSON of the (recommended) "
                    "ZeRO job and exit")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    g.add_argument("--lora-base-bits", type=int, choices=(16, 8, 4), default=16,
+                   help="with --peft lora: the frozen base stored in 16 bits (the precision's dtype), 8 or 4 "
+                        "(QLoRA, bitsandbytes; planned only)")
     old = p.add_argument_group("the planner's older flags (aliases)")
     old.add_argument("--checkpointing", "--activation-checkpointing", action="store_true", dest="plan_checkpointing",
                      help="activation checkpointing of the job's strategy (--zero- / --parallel-activation-"
@@ -126,14 +130,18 @@ def config_given(job: Job) -> set[str]:
 
 
 def run_plan(job: Job) -> dict[str, Any]:
-    inp = plan_input_from_config(job.cfg, job.cluster, job.vocab_size)
-    plan = plan_memory(inp)
     a = job.args
+    plan = plan_job(job.cfg, job.cluster, job.vocab_size, base_bits=a.lora_base_bits)
+    lora = lora_plan(job.cfg, a.lora_base_bits)
+    if lora is not None:
+        plan.notes.append("step time below: the time model is full fine-tuning's (LoRA skips the frozen weights' "
+                          "gradient matmuls and most gradient communication), so it is an upper bound")
     time_kw = {"link": job.cluster.link, "efficiency": a.efficiency, "overlap": a.overlap, "node": job.cluster.node}
     step = predict_step_time(plan.inputs, **time_kw)
     scale = speedups(plan.inputs, [plan.inputs.world_size], **time_kw)[0] if plan.inputs.world_size > 1 else None
     cluster_given = {g.removeprefix("cluster.") for g in job.given if g.startswith("cluster.")}
-    return {"plan": plan, "max_micro_batch": max_micro_batch(plan.inputs), "step": step, "speedup": scale,
+    most = max_micro_batch(plan.inputs) if lora is None else max_lora_micro_batch(plan.inputs, lora)
+    return {"plan": plan, "max_micro_batch": most, "step": step, "speedup": scale,
             "defaults": defaults_used(job.cfg, config_given(job)), "preset": a.preset,
             "cluster_defaults": cluster_defaults_used(job.cluster, cluster_given)}
 

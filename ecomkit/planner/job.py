@@ -27,8 +27,9 @@ from ecomkit.config import (DEEPSPEED_PLAN_STRATEGIES, MESH_STRATEGIES, PARALLEL
                             PLAN_STRATEGY_ALIASES, StrategyName, TrainConfig, plan_strategy_name,
                             resolve_parallel_degrees)
 from ecomkit.errors import ConfigError
-from ecomkit.planner.memory import PlanInput
-from ecomkit.planner.shapes import model_shape
+from ecomkit.planner.lora import LoraPlan, plan_lora_memory
+from ecomkit.planner.memory import MemoryPlan, PlanInput, plan_memory
+from ecomkit.planner.shapes import ModelShape, model_shape
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ PLANNER_FIELDS = ("model", "strategy", "zero.stage", "zero.offload_optimizer", "
                   "zero.activation_checkpointing", "zero.bucket_size", "parallel.dp", "parallel.tp", "parallel.pp",
                   "parallel.pp_microbatches", "parallel.fsdp_cpu_offload", "parallel.activation_checkpointing",
                   "precision", "micro_batch_size", "seq_len", "grad_accum", "global_batch_size", "attn",
-                  "loss_chunk_tokens")
+                  "loss_chunk_tokens", "peft", "lora_r", "lora_target_modules")
 
 # Old planner flags → the derived training flags (plain renames; strategy-dependent ones are extra flags).
 PLANNER_FLAG_ALIASES = {"--micro-batch": "--micro-batch-size", **PARALLEL_FLAG_ALIASES}
@@ -187,6 +188,21 @@ def plan_input_from_config(cfg: TrainConfig, cluster: Cluster, vocab_size: int |
                      loss_chunk_tokens=cfg.loss_chunk_tokens)
 
 
+def lora_plan(cfg: TrainConfig, base_bits: int = 16) -> LoraPlan | None:
+    """The adapters ``cfg`` trains (``--peft lora``), or None for full fine-tuning."""
+    if cfg.peft == "none":
+        return None
+    return LoraPlan(r=cfg.lora_r, targets=cfg.lora_target_modules, base_bits=base_bits)
+
+
+def plan_job(cfg: TrainConfig, cluster: Cluster, vocab_size: int | None = None, shape: ModelShape | None = None,
+             base_bits: int = 16) -> MemoryPlan:
+    """The memory plan of the job: full fine-tuning's, or with LoRA's model states (``ecomkit.planner.lora``)."""
+    inp = plan_input_from_config(cfg, cluster, vocab_size)
+    lora = lora_plan(cfg, base_bits)
+    return plan_memory(inp, shape) if lora is None else plan_lora_memory(inp, lora, shape)
+
+
 def given_fields(ns_dests: set[str], file_values: dict[str, Any]) -> set[str]:
     """Dotted names of the fields a user set: flags (argparse dests ``zero__stage``) and ``--config`` keys."""
     given = {d.replace("__", ".") for d in ns_dests}
@@ -207,6 +223,6 @@ def cluster_defaults_used(cluster: Cluster, given: set[str]) -> dict[str, Any]:
     return {f.name: getattr(cluster, f.name) for f in dataclasses.fields(Cluster) if f.name not in given}
 
 
-__all__ = ["Cluster", "CLUSTER_DEFAULTS", "PLANNER_FIELDS", "PLANNER_FLAG_ALIASES", "expand_planner_aliases",
+__all__ = ["Cluster", "CLUSTER_DEFAULTS", "PLANNER_FIELDS", "lora_plan", "plan_job", "PLANNER_FLAG_ALIASES", "expand_planner_aliases",
            "apply_strategy_switches", "plan_degrees", "plan_input_from_config", "given_fields", "defaults_used",
            "cluster_defaults_used", "get_field"]

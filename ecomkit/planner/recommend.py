@@ -27,14 +27,18 @@ from typing import Any, Callable
 from ecomkit.config import TrainConfig
 from ecomkit.errors import ConfigError
 from ecomkit.hardware import GIB, GPUS
-from ecomkit.planner.candidates import FULL, Candidate, full_candidates, launch_line
-from ecomkit.planner.job import Cluster, plan_degrees, plan_input_from_config
-from ecomkit.planner.memory import MemoryPlan, plan_memory
+from ecomkit.planner.candidates import FULL, LORA, Candidate, full_candidates, launch_line, lora_candidates
+from ecomkit.planner.job import Cluster, plan_degrees, plan_job
+from ecomkit.planner.memory import MemoryPlan
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import StepTime, predict_step_time
 
-# Extra candidate groups (e.g. LoRA): name → function(cluster, shape) → candidates. Ranked apart from FULL.
-EXTRA_GROUPS: dict[str, Callable[..., list[Candidate]]] = {}
+# Extra candidate groups: name → function(cluster, shape) → candidates. Each is ranked apart from FULL.
+EXTRA_GROUPS: dict[str, Callable[..., list[Candidate]]] = {LORA: lora_candidates}
+# What the LoRA group's step times are (the time model knows full fine-tuning only).
+GROUP_NOTES = {LORA: "predicted times are full fine-tuning's time model, an upper bound for LoRA (no weight "
+                     "gradients for the frozen base, only the adapters' gradients sent); memory is LoRA's "
+                     "(ecomkit.planner.lora)"}
 
 
 @dataclass
@@ -86,7 +90,7 @@ def _try(cand: Candidate, base: TrainConfig, cluster: Cluster, gbatch: int, voca
     def attempt(m: int) -> tuple[TrainConfig, MemoryPlan]:
         c = copy.deepcopy(cfg)
         c.micro_batch_size, c.grad_accum = m, per_replica // m
-        return c, plan_memory(plan_input_from_config(c, cluster, vocab_size), shape)
+        return c, plan_job(c, cluster, vocab_size, shape)
 
     sizes = _divisors_desc(per_replica)
     try:
@@ -173,9 +177,12 @@ def what_would_fit(base: TrainConfig, cluster: Cluster, vocab_size: int | None =
             tips.append(f"a shorter sequence: --seq-len {seq} fits with {found.candidate.label}")
             break
         seq //= 2
-    if not any(EXTRA_GROUPS):
-        tips.append("training fewer parameters (LoRA adapters: no full gradients or Adam states) is not in this "
-                    "planner's search yet")
+    lora = best_choice(recommend(base, cluster, vocab_size, time_kw), LORA) if LORA in EXTRA_GROUPS else None
+    if lora is not None:
+        tips.append(f"training fewer parameters: LoRA (r={lora.cfg.lora_r}) fits with {lora.candidate.label} "
+                    "(its own table above; it trains adapters, not the model)")
+    else:
+        tips.append("LoRA (adapters on a frozen base) does not fit either: its activations are full fine-tuning's")
     return tips or ["nothing the planner searches fits; plan a smaller model"]
 
 
@@ -197,5 +204,5 @@ def choice_row(choice: Choice, best: Choice | None, cluster: Cluster, given: set
     return row
 
 
-__all__ = ["Choice", "EXTRA_GROUPS", "global_batch", "recommend", "best_choice", "why_lost", "what_would_fit",
+__all__ = ["Choice", "EXTRA_GROUPS", "GROUP_NOTES", "global_batch", "recommend", "best_choice", "why_lost", "what_would_fit",
            "choice_row"]

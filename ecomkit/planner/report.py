@@ -15,7 +15,7 @@ from ecomkit.hardware import GIB
 from ecomkit.parallel.zero.config import zero_config_for_launch
 from ecomkit.planner.candidates import FULL, launch_line
 from ecomkit.planner.job import Cluster
-from ecomkit.planner.recommend import best_choice, choice_row, global_batch, recommend, what_would_fit
+from ecomkit.planner.recommend import GROUP_NOTES, best_choice, choice_row, global_batch, recommend, what_would_fit
 from ecomkit.planner.shapes import model_shape
 
 
@@ -48,7 +48,7 @@ def recommendation_json(base: TrainConfig, cluster: Cluster, given: set[str], vo
     for group, choices in ranked.items():
         best = best_choice(ranked, group)
         rows = [choice_row(c, best, cluster, given) for c in choices]
-        entry: dict[str, Any] = {"rows": rows, "best": rows[0] if best else None}
+        entry: dict[str, Any] = {"rows": rows, "best": rows[0] if best else None, "note": GROUP_NOTES.get(group)}
         if best is not None and best.cfg is not None:
             entry["launch"] = launch_line(best.cfg, cluster, given)
             if best.cfg.strategy == StrategyName.ZERO:
@@ -90,7 +90,8 @@ def render_recommendation(rep: dict[str, Any], top: int = 8) -> str:
              "ranked by predicted time per global batch; memory is the peak per GPU (training step or checkpoint "
              "load), headroom what is left of the GPU", ""]
     for group, entry in rep["groups"].items():
-        lines += [f"[{group}]", *render_table(entry["rows"], top), ""]
+        lines += [f"[{group}]", *([f"note: {entry['note']}"] if entry.get("note") else []),
+                  *render_table(entry["rows"], top), ""]
         if entry.get("launch"):
             if entry.get("host_bytes_per_node"):
                 lines.append(f"host memory the offload needs: {entry['host_bytes_per_node'] / GIB:.0f} GiB per node "

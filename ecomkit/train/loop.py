@@ -33,6 +33,7 @@ from ecomkit.hardware import device_peak_flops, mfu_fields
 from ecomkit.metrics import MetricsWriter, attention_length, peak_memory, slowest_rank_throughput, time_split
 from ecomkit.models.attention import install_attention
 from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token
+from ecomkit.models.lora import apply_peft, trainable_parameter_count
 from ecomkit.models.loss import count_label_tokens, install_chunked_loss
 from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
 from ecomkit.parallel import build_strategy
@@ -78,12 +79,14 @@ class TrainingRun:
         model = self.strategy.build_model(ModelSource(self.cfg.model, vocab_size=len(self.tokenizer), seed=self.cfg.seed))
         # A model loaded from a directory or the hub is only known now: tp must divide its heads, pp its blocks.
         self.cfg.validate(self.env.world_size, n_head=model.config.n_head, n_layer=model.config.n_layer)
+        model = apply_peft(model, self.cfg)  # LoRA (peft): after the model is built, before the strategy wraps it
         if self.cfg.attn != "eager":
             install_attention(model, self.cfg.attn)  # chapter "performance"
         if self.cfg.loss_chunk_tokens > 0 and self.strategy.supports_chunked_loss:
             # chapter "performance": no [B, T, vocab] logits
             install_chunked_loss(model, self.cfg.loss_chunk_tokens)
         self.n_params = self.strategy.parameter_count(model)
+        self.n_trainable = trainable_parameter_count(model)
         self.model_config = model.config
         if self.cfg.max_steps > 0:
             self.total_steps = self.cfg.max_steps
@@ -281,6 +284,7 @@ class TrainingRun:
         throughput = slowest_rank_throughput(train_rows, self.env, WARMUP_STEPS)
         return {
             "strategy": self.strategy.name, "model": self.cfg.model, "params": self.n_params,
+            "trainable_params": self.n_trainable, "peft": self.cfg.peft,
             "world_size": self.env.world_size, "global_batch": self.global_batch(),
             "data": self.data_report.facts(),
             "grad_accum": self.grad_accum, "steps": self.step,
@@ -297,7 +301,10 @@ class TrainingRun:
     def save(self) -> None:
         if self.cfg.save_model:
             match_tokenizer(self.strategy.raw_model, self.tokenizer)  # the tokenizer's pad/bos/eos, use_cache on
-            self.strategy.save_pretrained(str(self.out_dir / "final"), self.tokenizer)
+            if self.cfg.peft != "none":  # <out>/adapter (PEFT format) and <out>/final (merged)
+                self.strategy.save_peft(str(self.out_dir), self.tokenizer)
+            else:
+                self.strategy.save_pretrained(str(self.out_dir / "final"), self.tokenizer)
 
     def close(self) -> None:
         self.metrics.close()

@@ -271,6 +271,9 @@ class ZeroStrategy(Strategy):
 
         out: dict[str, torch.Tensor] = {}
         for name, p in self.raw_model.named_parameters():
+            if not p.requires_grad:  # a frozen LoRA base has no fp32 master: its module weight is the value
+                out.update(_gathered_frozen(name, p, self.env.is_main))
+                continue
             full = safe_get_full_fp32_param(p)
             if full is None:  # stage 0 without bf16/fp16: the module parameter is the master
                 full = p.detach()
@@ -302,6 +305,16 @@ class ZeroStrategy(Strategy):
         self.engine = None
         super().close()
         gc.collect()
+
+
+def _gathered_frozen(name: str, p: nn.Parameter, is_main: bool) -> dict[str, torch.Tensor]:
+    """A frozen parameter whole on rank 0: gathered from its ZeRO-3 partitions (a collective), else as it is."""
+    ensure_deepspeed_env()
+    import deepspeed  # lazy: heavy optional dependency
+
+    ctx = deepspeed.zero.GatheredParameters([p]) if hasattr(p, "ds_id") else contextlib.nullcontext()
+    with ctx:
+        return {name: p.detach().float().cpu().clone()} if is_main else {}
 
 
 __all__ = ["ZeroStrategy", "build_zero_optimizer", "CPUAdamUnavailableWarning"]

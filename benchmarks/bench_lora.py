@@ -1,0 +1,130 @@
+#!/usr/bin/env python
+"""Full fine-tuning beside LoRA r = 8, 16, 64 on the same job, 2 processes, under DDP, ZeRO-3 and FSDP2.
+
+The job: the `small` BLOOM preset, first trained for a few steps on the catalog's text (the base that
+every variant starts from, saved once, so ZeRO-3 loads it under ``zero.Init`` and FSDP2 on the meta
+device), then fine-tuned on the NLU instructions (``--task nlu``) with the same data, seed, batch,
+steps and learning rate in every variant. Each variant is its own ``torchrun --nproc_per_node 2
+scripts/03_lora.py --variants <one>`` launch, because the CPU peak memory is the process's peak RSS
+and would otherwise carry over from the previous variant; variants run interleaved by strategy.
+
+Per run (from its summary.json, written by the training loop and its probes):
+- peak memory per rank (CPU: peak RSS of the process; GPU: max allocated), and the model-state bytes
+  (params + grads + optimizer states) the rank holds at the peak (chapter 03's memory probe);
+- step time (median of the steady steps; the collective counter is on in every variant, so every
+  step pays the same counting overhead), gradient bytes communicated per step (all-reduce +
+  reduce-scatter payload, rank 0) and all collective bytes per step;
+- trainable parameters, and the task metric: held-out loss after fine-tuning beside the base model's
+  (the step-0 evaluation), and category / sentiment accuracy beside the majority-class baseline.
+
+    python benchmarks/bench_lora.py [--steps 16] [--model small] [--ranks 8 16 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import failure_reason, write_artifact
+
+REPO = Path(__file__).resolve().parents[1]
+STRATEGIES = ("ddp", "zero3", "fsdp")
+
+
+def launch(script: str, args: list[str], out: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(REPO / "scripts" / script), *args, "--output-dir", str(out), "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(out.parent)}
+    env.setdefault("ECOMKIT_CACHE", str(REPO / ".cache" / "ecomkit"))
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+
+
+def eval_losses(run: Path) -> list[float]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [r["eval_loss"] for r in rows if r.get("type") == "eval"]
+
+
+def run_variant(label: str, base: Path, common: list[str], work: Path) -> dict[str, Any]:
+    out = work / label.replace(":", "_")
+    t0 = time.perf_counter()
+    proc = launch("03_lora.py", [*common, "--model", str(base), "--tokenizer", str(base), "--variants", label], out)
+    run = out / label
+    if proc.returncode != 0 or not (run / "summary.json").exists():
+        return {"variant": label, "status": f"failed (exit {proc.returncode}): {failure_reason(proc)[:300]}"}
+    s = json.loads((run / "summary.json").read_text())
+    states = s["model_states_per_rank"][0]
+    first, last = eval_losses(run)
+    probe = s["lora_probe"][0]
+    return {"variant": label, "status": "ok", "strategy": label.split(":")[0], "peft": s["peft"],
+            "trainable_params": s["trainable_params"], "params": s["params"],
+            "peak_mib_per_rank": s["peak_mem_bytes"] / 2**20,
+            "model_state_mib_per_rank": (states["params"] + states["grads"] + states["optimizer"]) / 2**20,
+            "step_ms": 1000 * s["step_time_median_s"],
+            "grad_comm_kib_per_step": (probe["grad_comm_payload_bytes_per_step"] or 0) / 1024,
+            "comm_kib_per_step": (probe["comm_payload_bytes_per_step"] or 0) / 1024,
+            "base_eval_loss": first, "eval_loss": last,
+            "acc_category": s.get("acc_category"), "majority_category": s.get("majority_category"),
+            "acc_sentiment": s.get("acc_sentiment"), "majority_sentiment": s.get("majority_sentiment"),
+            "frozen_base_unchanged": all(r["frozen_checksum_before"] == r["frozen_checksum_after"]
+                                         for r in s["lora_probe"]),
+            "wall_s": time.perf_counter() - t0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--base-steps", type=int, default=30, help="steps of the base model's training on text")
+    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 64])
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-lora-"))
+    shared = ["--seq-len", str(args.seq_len), "--n-rows", "2000", "--micro-batch-size", "8", "--eval-batches", "4"]
+    print(f"base: {args.model}, {args.base_steps} steps of causal LM under DDP ...", flush=True)
+    proc = launch("02_data_parallel.py", [*shared, "--model", args.model, "--max-steps", str(args.base_steps),
+                                          "--eval-interval", "0", "--lr", "1e-3"], work / "base")
+    if proc.returncode != 0:
+        sys.exit(f"the base run failed: {failure_reason(proc)}")
+    base = work / "base" / "final"
+    common = [*shared, "--task", "nlu", "--max-steps", str(args.steps), "--eval-interval", str(args.steps),
+              "--eval-nlu-samples", "64", "--lr", str(args.lr), "--warmup-steps", "2"]
+    labels = [f"{s}:{what}" for what in ["full", *[f"lora{r}" for r in args.ranks]] for s in STRATEGIES]
+    rows = []
+    for label in labels:
+        rows.append(run_variant(label, base, common, work))
+        r = rows[-1]
+        print(f"  {label}: {r['status']}" + (f" ({r['wall_s']:.0f} s)" if r["status"] == "ok" else ""), flush=True)
+    columns = ["variant", "trainable_params", "peak_mib_per_rank", "model_state_mib_per_rank", "step_ms",
+               "grad_comm_kib_per_step", "comm_kib_per_step", "base_eval_loss", "eval_loss", "acc_category",
+               "majority_category", "acc_sentiment", "majority_sentiment", "frozen_base_unchanged"]
+    notes = [f"model {args.model} (base: {args.base_steps} LM steps), then {args.steps} NLU steps, seq {args.seq_len}, "
+             f"micro-batch 8 × 2 ranks, lr {args.lr} for every variant, LoRA alpha = 2r on BLOOM's four Linears; "
+             "2 processes × 1 thread, gloo; one launch per variant",
+             "peak MiB: CPU peak RSS per rank (includes the Python/torch runtime); model-state MiB: params + grads + "
+             "optimizer states a rank holds (chapter 03's probe); comm: payload bytes per step on rank 0",
+             "task metric: held-out loss (base model's at step 0 → after fine-tuning) and NLU accuracy beside the "
+             "majority-class baseline on 64 held-out records"]
+    for s in STRATEGIES:
+        full = next((r for r in rows if r["variant"] == f"{s}:full" and r["status"] == "ok"), None)
+        for r in rows:
+            if full and r["status"] == "ok" and r["variant"].startswith(f"{s}:lora"):
+                notes.append(f"{r['variant']}: model states {r['model_state_mib_per_rank'] / full['model_state_mib_per_rank']:.2f}× "
+                             f"full's, gradient bytes {r['grad_comm_kib_per_step'] / max(full['grad_comm_kib_per_step'], 1e-9):.3f}× "
+                             f"full's, step time {r['step_ms'] / full['step_ms']:.2f}×")
+    write_artifact("bench_lora", rows, extra={"settings": vars(args), "columns": columns, "notes": notes,
+                                              "headers": ["variant", "trainable", "peak MiB/rank", "states MiB/rank",
+                                                          "ms/step", "grad KiB/step", "comm KiB/step", "base eval loss",
+                                                          "eval loss", "acc cat", "majority cat", "acc sent",
+                                                          "majority sent", "base unchanged"]})
+
+
+if __name__ == "__main__":
+    main()

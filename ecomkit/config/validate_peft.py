@@ -1,0 +1,70 @@
+"""The checks of the LoRA fields (``--peft lora``), called by ``TrainConfig.validate`` before any process group exists.
+
+A module of its own so that :mod:`ecomkit.config.validate` stays one screen
+per concern. Each refusal is one paragraph: what was asked, why it cannot
+work, and what to do instead.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ecomkit.config.vocabulary import PEFT_METHODS, check_choice
+from ecomkit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ecomkit.config.schema import TrainConfig
+
+# Where an adapter-aware layout is missing: the strategy, and what would have to exist for it to work.
+LORA_UNSUPPORTED_STRATEGIES = {
+    "tp": ("tensor parallelism shards each BLOOM Linear by name with a ColwiseParallel/RowwiseParallel plan, but "
+           "after peft injects LoRA those names are peft LoraLayer modules (base_layer + lora_A + lora_B), and "
+           "ecomkit has no tensor-parallel plan for them yet (lora_A replicated or sharded like the base input, "
+           "lora_B like its output)"),
+    "pp": ("pipeline parallelism cuts the model into stages and consolidates the weights per stage by the "
+           "plain BLOOM parameter names; ecomkit has no mapping yet for peft's base_layer/lora_A/lora_B names "
+           "across stages, nor a per-stage adapter save"),
+    "mixed": ("the mixed strategy adds tensor and/or pipeline parallelism to FSDP2, and neither has a LoRA "
+              "layout yet (no tensor-parallel plan for peft's LoraLayer modules, no per-stage adapter mapping)"),
+}
+
+
+def check_peft(cfg: "TrainConfig", world_size: int) -> None:
+    """``peft`` and its ``lora_*`` fields: values in range, and a strategy that can train adapters."""
+    check_choice("peft", cfg.peft, PEFT_METHODS)
+    if cfg.peft == "none":
+        return
+    if cfg.lora_r < 1:
+        raise ConfigError(
+            f"lora_r={cfg.lora_r} (flag --lora-r) must be >= 1: it is the rank of each adapter's B·A update "
+            "(8 to 64 is typical; the adapters hold r × (in + out) weights per adapted Linear).")
+    if cfg.lora_alpha <= 0:
+        raise ConfigError(
+            f"lora_alpha={cfg.lora_alpha} (flag --lora-alpha) must be > 0: the update is scaled by alpha / r, "
+            "so 0 or a negative value would switch the adapters off or invert them. 2 × lora_r is usual.")
+    if not 0 <= cfg.lora_dropout < 1:
+        raise ConfigError(
+            f"lora_dropout={cfg.lora_dropout} (flag --lora-dropout) must be in [0, 1): it is the probability "
+            "of dropping each input element of the adapter; 1 would drop them all.")
+    if not [m for m in cfg.lora_target_modules.split(",") if m.strip()]:
+        raise ConfigError(
+            "lora_target_modules is empty (flag --lora-target-modules): LoRA needs at least one Linear to "
+            "adapt. BLOOM's are query_key_value,dense,dense_h_to_4h,dense_4h_to_h.")
+    reason = LORA_UNSUPPORTED_STRATEGIES.get(cfg.strategy)
+    if reason is not None:
+        raise ConfigError(
+            f"--peft lora cannot run with --strategy {cfg.strategy}: {reason}. Train LoRA with --strategy "
+            "ddp, accelerate, zero (stages 0-3, with or without offload) or fsdp; with the frozen base "
+            "replicated or sharded the adapters are small enough that data parallelism alone is the usual "
+            "choice.")
+    if cfg.strategy == "fsdp" and (cfg.parallel.tp > 1 or cfg.parallel.pp > 1):
+        raise ConfigError(
+            f"--peft lora with --strategy fsdp needs --parallel-tp 1 and --parallel-pp 1 (got tp="
+            f"{cfg.parallel.tp}, pp={cfg.parallel.pp}): {LORA_UNSUPPORTED_STRATEGIES['mixed']}.")
+    if cfg.lora_modules_to_save.strip() and cfg.strategy in ("fsdp", "zero"):
+        raise ConfigError(
+            f"--lora-modules-to-save '{cfg.lora_modules_to_save}' with --strategy {cfg.strategy}: peft keeps "
+            "a trainable copy of each such module beside the frozen original (ModulesToSaveWrapper), and "
+            "for BLOOM's embeddings that copy unties them from the LM head; ecomkit gathers and saves that "
+            "layout only from replicated models so far. Use --strategy ddp or accelerate for it, or leave "
+            "the flag empty.")

@@ -1,0 +1,170 @@
+"""LoRA on a frozen base through Hugging Face ``peft``: applied once, between building the model and wrapping it.
+
+Why ``peft.inject_adapter_in_model`` and not ``get_peft_model``: injection
+changes the ``BloomForCausalLM`` in place and returns it, so every strategy
+keeps seeing the model class it already knows (``transformer.h`` for FSDP2's
+units, ``model.config``, the chunked loss patched into its forward). Only the
+parameter names change: an adapted Linear keeps its weight as
+``<module>.base_layer.weight`` next to ``<module>.lora_A.default.weight`` and
+``<module>.lora_B.default.weight``. What PEFT already does (the LoRA layers,
+their initialisation, merging, its on-disk format) is PEFT's code; this
+module only decides *when* it runs, freezes the base, and turns the
+consolidated weights a strategy gathers into PEFT's two outputs.
+
+The documented order (``ecomkit.train.loop``): build the model (whole, under
+``deepspeed.zero.Init``, or on the meta device) → :func:`apply_peft` → the
+strategy wraps it. Nothing here knows about parallelism:
+
+- **Seeded, identical on every rank.** After injection every adapter is
+  re-initialised with PEFT's own ``reset_lora_parameters`` from ``cfg.seed``, in
+  module order, so ``lora_A`` is bit-identical on every rank without a broadcast
+  (``lora_B`` starts at zero, as in the paper), whatever the strategy.
+- **A model on the meta device** (FSDP2 loading a checkpoint bigger than a
+  rank) gets its adapters' initial values computed here on the CPU, with
+  PEFT's own ``reset_lora_parameters`` (the adapters are tiny), and kept in
+  :data:`ADAPTER_INIT_ATTR` for the loader to copy into each rank's shard.
+- **Frozen base in bf16.** With ``--precision bf16`` the frozen weights are
+  cast to bf16 (half their bytes; they get no gradient and no optimizer state),
+  while the adapters and their AdamW states stay fp32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ecomkit.config import TrainConfig
+from ecomkit.errors import EcomkitError
+from ecomkit.models.bloom import build_model
+
+ADAPTER_NAME = "default"                  # PEFT's name for a model's only adapter
+ADAPTER_INIT_ATTR = "_ecomkit_adapter_init"  # {parameter name: initial value} for a model built on meta
+PEFT_PREFIX = "base_model.model."         # what PeftModel puts before the wrapped model's names
+
+
+def split_names(text: str) -> list[str]:
+    """``"a, b,c"`` → ``["a", "b", "c"]`` (the comma-separated config fields)."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def lora_config(cfg: TrainConfig) -> Any:
+    """``peft.LoraConfig`` for ``cfg`` (task: causal LM, no bias, PEFT's default init)."""
+    from peft import LoraConfig  # lazy: peft imports much of transformers' training stack; full runs never need it
+
+    return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=split_names(cfg.lora_target_modules),
+                      modules_to_save=split_names(cfg.lora_modules_to_save) or None,
+                      bias="none", task_type="CAUSAL_LM")
+
+
+def apply_peft(model: nn.Module, cfg: TrainConfig) -> nn.Module:
+    """Inject LoRA adapters into ``model`` in place and freeze the rest (``cfg.peft == "none"``: unchanged)."""
+    if cfg.peft == "none":
+        return model
+    from peft import inject_adapter_in_model  # lazy: as in lora_config
+
+    on_meta = any(p.is_meta for p in model.parameters())
+    inject_adapter_in_model(lora_config(cfg), model, adapter_name=ADAPTER_NAME)
+    # Re-initialised from cfg.seed in module order with PEFT's own reset, on meta or not: every rank, and a
+    # model built on the meta device, start from the same adapter values.
+    values = _seeded_adapter_init(model, cfg.seed, on_meta)
+    for name, p in model.named_parameters():
+        p.requires_grad_(is_trainable_name(name))
+    if on_meta:
+        setattr(model, ADAPTER_INIT_ATTR, values)
+    if cfg.precision == "bf16":
+        freeze_base_in_bf16(model)
+    return model
+
+
+def is_trainable_name(name: str) -> bool:
+    """A LoRA factor or a module PEFT trains in full (``modules_to_save``); everything else is the frozen base."""
+    return ".lora_" in name or f".modules_to_save.{ADAPTER_NAME}." in name
+
+
+def freeze_base_in_bf16(model: nn.Module) -> None:
+    """Cast every frozen floating-point parameter to bf16 (on meta too: the loader then reads bf16); trainable ones
+    stay fp32, and so do their optimizer states."""
+    with torch.no_grad():
+        for p in model.parameters():
+            # ZeRO-3 partitions (zero.Init) are left to DeepSpeed, whose bf16 engine casts the whole module
+            if not p.requires_grad and p.is_floating_point() and not hasattr(p, "ds_id"):
+                p.data = p.data.to(torch.bfloat16)
+
+
+def _seeded_adapter_init(model: nn.Module, seed: int, on_meta: bool) -> dict[str, torch.Tensor]:
+    """PEFT's ``reset_lora_parameters`` on every adapter from one seed; on meta, on CPU copies, values returned."""
+    from peft.tuners.lora import LoraLayer  # lazy: as in lora_config
+
+    torch.manual_seed(seed)
+    values: dict[str, torch.Tensor] = {}
+    for module_name, module in model.named_modules():
+        if not isinstance(module, LoraLayer) or ADAPTER_NAME not in module.lora_A:
+            continue
+        if on_meta:
+            for factors in (module.lora_A, module.lora_B):
+                factors[ADAPTER_NAME] = factors[ADAPTER_NAME].to_empty(device="cpu")
+        module.reset_lora_parameters(ADAPTER_NAME, True)
+        if not on_meta:
+            continue
+        for kind, factors in (("lora_A", module.lora_A), ("lora_B", module.lora_B)):
+            for pname, p in factors[ADAPTER_NAME].named_parameters():
+                values[f"{module_name}.{kind}.{ADAPTER_NAME}.{pname}"] = p.detach().clone()
+            factors[ADAPTER_NAME] = factors[ADAPTER_NAME].to("meta")
+    return values
+
+
+def checkpoint_key(name: str) -> str:
+    """The base checkpoint's name for a parameter of an injected model (``x.base_layer.weight`` → ``x.weight``)."""
+    return name.replace(".base_layer.", ".").replace(".original_module.", ".")
+
+
+def trainable_parameter_count(model: nn.Module) -> int:
+    """Ψ of the trainable parameters, whole (ZeRO-3 partitions count ``ds_numel``, DTensors their global size)."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            total += int(getattr(p, "ds_numel", p.numel()))
+    return total
+
+
+# ---------------------------------------------------------------------- saving
+def peft_model_from_state(state: dict[str, torch.Tensor], model_config: Any, cfg: TrainConfig) -> Any:
+    """A plain ``PeftModel`` on CPU holding ``state`` (the consolidated weights of an injected model, fp32)."""
+    from peft import get_peft_model  # lazy: as in lora_config
+
+    base = build_model(model_config, seed=None)
+    peft_model = get_peft_model(base, lora_config(cfg), adapter_name=ADAPTER_NAME)
+    full = {PEFT_PREFIX + k: v.float() for k, v in state.items()}
+    missing, unexpected = peft_model.load_state_dict(full, strict=False)
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied to the embedding
+    if missing or unexpected:
+        raise EcomkitError(f"Rebuilding the LoRA model from the gathered weights failed: missing {missing[:5]}, "
+                           f"unexpected {unexpected[:5]}. The model was not injected with the same LoraConfig.")
+    return peft_model
+
+
+def save_peft_outputs(state: dict[str, torch.Tensor], model_config: Any, cfg: TrainConfig, out_dir: str | Path,
+                      tokenizer: Any | None = None) -> dict[str, str]:
+    """Write ``<out_dir>/adapter`` (PEFT's format) and ``<out_dir>/final`` (merged, plain ``save_pretrained``).
+
+    ``adapter`` is what ``PeftModel.from_pretrained(base, dir)`` loads:
+    ``adapter_config.json`` and ``adapter_model.safetensors`` with only the
+    trained tensors. ``final`` is the base with ``B·A·alpha/r`` added into each
+    adapted weight (PEFT's ``merge_and_unload``), loadable without peft.
+    Call on the rank that holds the consolidated ``state``.
+    """
+    out = Path(out_dir)
+    peft_model = peft_model_from_state(state, model_config, cfg)
+    peft_model.save_pretrained(str(out / "adapter"), safe_serialization=True)
+    merged = peft_model.merge_and_unload()
+    merged.save_pretrained(str(out / "final"))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out / "adapter"))
+        tokenizer.save_pretrained(str(out / "final"))
+    return {"adapter_dir": str((out / "adapter").resolve()), "model_dir": str((out / "final").resolve())}
