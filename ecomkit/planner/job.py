@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ecomkit.config import (DEEPSPEED_PLAN_STRATEGIES, MESH_STRATEGIES, PARALLEL_FLAG_ALIASES, PLAN_STRATEGIES,
-                            PLAN_STRATEGY_ALIASES, StrategyName, TrainConfig, plan_strategy_name,
+                            PLAN_STRATEGY_ALIASES, STRATEGIES, StrategyName, TrainConfig, plan_strategy_name,
                             resolve_parallel_degrees)
 from ecomkit.errors import ConfigError
 from ecomkit.planner.lora import LoraPlan, plan_lora_memory
@@ -84,7 +84,7 @@ def _training_strategy(name: str) -> list[str]:
         return ["--strategy", "zero", "--zero-stage", key.removeprefix("zero")]
     if key == "fsdp2":
         return ["--strategy", "fsdp"]
-    return ["--strategy", name]
+    return ["--strategy", key if key in STRATEGIES else name]   # "dp", "zero0" → "ddp"; unknown: validation says
 
 
 def expand_planner_aliases(argv: list[str]) -> list[str]:
