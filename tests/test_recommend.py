@@ -82,3 +82,14 @@ def test_lora_is_its_own_group_with_its_own_launch_line(seqgpt_4090):
     full_best, lora_best = best_choice(seqgpt_4090), best_choice(seqgpt_4090, LORA)
     assert lora_best.plan.model_states < full_best.plan.model_states     # adapters only carry grads and Adam
     assert "--peft lora" in launch_line(lora_best.cfg, Cluster(gpus=4), set())
+
+
+def test_launch_line_for_two_nodes_and_tp_inside_a_node():
+    cluster = Cluster(gpus=16, gpu="a100-80g", link="ib-400g", nodes=2)
+    ranked = recommend(TrainConfig(model="seqgpt-560m", precision="bf16", seq_len=256, micro_batch_size=4), cluster,
+                       groups=False)
+    tp = [c.candidate.settings.get("parallel.tp", 1) for c in ranked[FULL]]
+    assert max(tp) == 8                                   # TP never spans the two nodes
+    best = best_choice(ranked)
+    line = launch_line(best.cfg, cluster, set())
+    assert line.startswith("torchrun --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d") and "--standalone" not in line
