@@ -198,3 +198,24 @@ def test_planner_lora_states_match_measured_bytes(sweep, base_dir, label, strate
             assert abs(measured[key] - plan[key]) <= SCALAR_BYTES, (label, rank, key, measured[key], plan[key])
         sent = s["lora_probe"][rank]["grad_comm_payload_bytes_per_step"]
         assert abs(sent - gradient_bytes_per_step(inp, LoraPlan(r=16))) <= SCALAR_BYTES, (label, rank, sent)
+
+
+def test_single_process_lora_with_modules_to_save(tmp_path):
+    """One process (the world-size-1 path) with the embeddings trained in full beside the adapters."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from ecomkit.config import TrainConfig
+    from ecomkit.train import run_training
+
+    cfg = TrainConfig(peft="lora", lora_modules_to_save="word_embeddings", max_steps=4, n_rows=200, seq_len=48,
+                      eval_interval=4, eval_batches=1, progress=False, lr=1e-2, output_dir=str(tmp_path))
+    s = run_training(cfg)
+    emb = json.loads((tmp_path / "final" / "config.json").read_text())["vocab_size"] * 64   # tiny: hidden 64
+    assert s["world_size"] == 1 and s["trainable_params"] == 16_384 + emb, s["trainable_params"]
+    first, last = eval_losses(tmp_path)
+    assert last < first
+    adapter = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert adapter["modules_to_save"] == ["word_embeddings"] and adapter["r"] == 8
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "final")   # the merged model, plain transformers
+    PeftModel.from_pretrained(base, tmp_path / "adapter")              # and PEFT reads the adapter

@@ -31,6 +31,7 @@ from transformers.trainer_callback import PrinterCallback
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, distributed_session, gather_objects
+from ecomkit.errors import ConfigError
 from ecomkit.metrics import MetricsWriter, slowest_rank_throughput, time_split
 from ecomkit.models.bloom import count_parameters, load_model
 from ecomkit.parallel.zero.env import ensure_deepspeed_env
@@ -186,6 +187,10 @@ def global_step_rows(per_rank: list[list[dict[str, Any]]], losses: dict[int, dic
 def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | str | None = None,
                    sampling: str = HF_SAMPLING[0]) -> dict[str, Any]:
     """Train with HF Trainer on ecomkit's model and data; returns a summary like ``run_training``."""
+    if cfg.peft != "none":
+        raise ConfigError(f"--peft {cfg.peft}: the HF Trainer comparison path has no LoRA step (its saving and "
+                          "checkpoints are Trainer's own). Train LoRA with scripts/02_data_parallel.py --peft lora "
+                          "(or 03_zero3.py / 04_mixed_parallel.py --strategy fsdp).")
     validate_before_launch(cfg)
     with distributed_session(timeout_s=cfg.timeout_s, seed=cfg.seed) as env:
         run = TrainingRun(cfg, env)
