@@ -8,7 +8,7 @@ import pytest
 
 from ecomkit.config import TrainConfig
 from ecomkit.errors import ConfigError
-from ecomkit.planner.cli import build_parser, render, run_plan
+from ecomkit.planner.cli import read_job, render, run_plan
 from ecomkit.planner.lora import (LoraPlan, adapter_params, gradient_bytes_per_step, lora_state_bytes_per_rank,
                                   plan_lora_memory)
 from ecomkit.planner.memory import PlanInput, model_state_bytes_per_rank, plan_memory
@@ -58,7 +58,7 @@ def test_qlora_base_is_smaller_and_refusals_are_clear():
 
 
 def test_cli_plans_lora():
-    args = build_parser().parse_args(["--model", "ecomgpt-7b", "--gpus", "4", "--gpu", "rtx4090", "--zero", "3",
-                                      "--peft", "lora", "--lora-r", "16", "--seq-len", "512"])
-    text = render(run_plan(args))
+    job = read_job(["--model", "ecomgpt-7b", "--gpus", "4", "--gpu", "rtx4090", "--zero", "3",
+                    "--peft", "lora", "--lora-r", "16", "--seq-len", "512"])
+    text = render(run_plan(job))
     assert "activations are paid in full" in text and "31,457,280 trainable" in text

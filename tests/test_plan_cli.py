@@ -18,7 +18,8 @@ from ecomkit.planner.step_time import all_gather_s, all_reduce_s, comm_volume, p
 
 
 def test_cli_prints_table_verdict_and_time(capsys):
-    main(["--model", "ecomgpt-7b", "--gpus", "8", "--gpu", "a100-40g", "--zero", "2", "--offload-optimizer"])
+    main(["--model", "ecomgpt-7b", "--gpus", "8", "--gpu", "a100-40g", "--zero", "2", "--offload-optimizer",
+          "--precision", "bf16"])
     out = capsys.readouterr().out
     for words in ("A100-SXM4-40GB", "parameters", "optimizer states", "activations (attention scores)",
                   "host (CPU) memory, offloaded", "largest micro-batch that fits", "speed-up over 1 GPU"):
@@ -27,8 +28,10 @@ def test_cli_prints_table_verdict_and_time(capsys):
     line = next(ln for ln in out.splitlines() if ln.startswith("speed-up over 1 GPU"))
     speedup = float(re.search(r": ([0-9.]+)×", line).group(1))
     assert 1.0 <= speedup <= 8.0, line          # 8 GPUs can never be more than 8× faster on the same training
-    assert speedup == pytest.approx(speedups(PlanInput(model="ecomgpt-7b", gpu="a100-40g", strategy="zero2",
-                                                       offload_optimizer=True), [8])[0]["speedup"], abs=0.01)
+    # the job the scripts would run: TrainConfig's micro-batch 8 × 128 tokens, sdpa, chunked loss (not for ZeRO)
+    job = PlanInput(model="ecomgpt-7b", gpu="a100-40g", strategy="zero2", offload_optimizer=True, micro_batch=8,
+                    seq_len=128, attn="sdpa", loss_chunk_tokens=1024)
+    assert speedup == pytest.approx(speedups(job, [8])[0]["speedup"], abs=0.01)
 
 
 def test_cli_json(capsys):
@@ -40,7 +43,7 @@ def test_cli_json(capsys):
 
 
 @pytest.mark.parametrize("argv, words", [(["--gpus", "0"], "at least 1 GPU"), (["--gpu", "b100"], "Unknown GPU"),
-                                         (["--tp", "3", "--gpus", "3"], "attention heads"),
+                                         (["--strategy", "tp", "--tp", "3", "--gpus", "3"], "attention heads"),
                                          (["--zero", "2", "--strategy", "fsdp2"], "disagree")])
 def test_cli_user_errors_exit_2(argv, words, capsys):
     with pytest.raises(SystemExit) as exc:

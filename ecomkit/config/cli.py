@@ -194,6 +194,22 @@ def expand_aliases(argv: list[str], aliases: Mapping[str, str]) -> list[str]:
     return out
 
 
+def config_from_namespace(ns: argparse.Namespace, defaults: TrainConfig | None = None) -> TrainConfig:
+    """preset → ``--config`` file → flags, not yet validated (the planner validates for its own world size)."""
+    cfg = CONFIG_PRESETS[ns.preset]() if ns.preset else (defaults if defaults is not None else TrainConfig())
+    if ns.config:
+        apply_overrides(cfg, load_config_file(ns.config), ns.config)
+    for dest, value in vars(ns).items():
+        if dest in ("preset", "config", "print_config") or not hasattr(cfg, dest.split("__")[0]):
+            continue
+        if "__" in dest:
+            outer, inner = dest.split("__", 1)
+            setattr(getattr(cfg, outer), inner, value)
+        else:
+            setattr(cfg, dest, value)
+    return cfg
+
+
 def parse_config(argv: list[str] | None = None, description: str = "", defaults: TrainConfig | None = None,
                  extra: Callable[[argparse.ArgumentParser], None] | None = None,
                  aliases: Mapping[str, str] | None = None) -> tuple[TrainConfig, argparse.Namespace]:
@@ -207,17 +223,7 @@ def parse_config(argv: list[str] | None = None, description: str = "", defaults:
     if aliases:
         argv = expand_aliases(sys.argv[1:] if argv is None else list(argv), aliases)
     ns = parser.parse_args(argv)
-    cfg = CONFIG_PRESETS[ns.preset]() if ns.preset else (defaults if defaults is not None else TrainConfig())
-    if ns.config:
-        apply_overrides(cfg, load_config_file(ns.config), ns.config)
-    for dest, value in vars(ns).items():
-        if dest in ("preset", "config", "print_config") or not hasattr(cfg, dest.split("__")[0]):
-            continue
-        if "__" in dest:
-            outer, inner = dest.split("__", 1)
-            setattr(getattr(cfg, outer), inner, value)
-        else:
-            setattr(cfg, dest, value)
+    cfg = config_from_namespace(ns, defaults)
     cfg.validate()
     if ns.print_config:
         print(json.dumps(cfg.to_dict(), indent=2, ensure_ascii=False))

@@ -86,7 +86,8 @@ def compare_states_with_plan(rows: Sequence[dict[str, Any]]) -> list[dict[str, A
     out = []
     for r in rows:
         plan = model_state_bytes_per_rank(PlanInput(model="tiny", vocab_size=r["vocab_size"], world_size=r["world_size"],
-                                                    strategy=r["strategy"], precision=r["precision"], device="cpu"))
+                                                    strategy=r["strategy"], precision=r["precision"], device="cpu"),
+                                          after_reduce=True)   # the probe counts at the optimizer step
         mine = plan[r["rank"]]
         row = dict(r)
         for k in ("params", "grads", "optimizer"):

@@ -1,101 +1,157 @@
-"""``python -m ecomkit.plan``: will this training setup fit, and how fast will it run? (chapter 06)
+"""``python -m ecomkit.plan``: will this training job fit, how fast will it run, and what should I run? (chapter 06)
+
+A plan is the job a training script would run (every TrainConfig flag, with the
+scripts' names, defaults and validation, and ``--config my.yaml``) plus a
+cluster (``--gpus``, ``--gpu``, ``--link``, ``--node``, ``--nodes``).
 
 Examples::
 
-    python -m ecomkit.plan --model ecomgpt-7b --gpus 8 --gpu a100-40g --zero 2 --offload-optimizer
-    python -m ecomkit.plan --model seqgpt-560m --gpus 4 --gpu rtx4090 --link pcie4-x16 --precision fp32 \\
-        --micro-batch 8 --seq-len 128
-    python -m ecomkit.plan --model ./models/SeqGPT-560M --strategy fsdp2 --gpus 8 --checkpointing --json
+    python -m ecomkit.plan --model ecomgpt-7b --gpus 4 --gpu rtx4090 --strategy zero --zero-stage 3 \\
+        --zero-offload-optimizer --zero-offload-param --precision bf16 --seq-len 512 --micro-batch-size 4
+    python -m ecomkit.plan --model ecomgpt-7b --gpus 8 --gpu a100-40g --precision bf16 --recommend
+    python -m ecomkit.plan --model seqgpt-560m --gpus 4 --gpu rtx4090 --link pcie4-x16 --recommend --verify
+    python -m ecomkit.plan --n-params 7.5e9 --gpus 64          # the ZeRO paper's model-state table
+    python -m ecomkit.plan --config my.yaml --gpus 8 --json
 
 It prints the per-GPU memory table (parameters, gradients, optimizer states,
 activations, temporary buffers), the verdict for the chosen GPU, the largest
-micro-batch that fits, and the predicted step time and speed-up over one GPU.
-Every assumption that is not measured (efficiency, overlap, link bandwidth)
-is a flag.
+micro-batch that fits, the predicted step time and speed-up over one GPU, and
+the defaults it used. ``--recommend`` searches every strategy ecomkit trains
+and prints the ranked table and the launch line; ``--verify`` runs the top
+candidates scaled down on this machine. The planner's older flags still work:
+``--zero N``, ``--micro-batch``, ``--tp``/``--pp``, ``--checkpointing``,
+``--offload-optimizer``, ``--offload-param``, ``--strategy zero2|fsdp2``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
-from typing import Any
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
 
-from ecomkit.config import PLAN_STRATEGIES, PRECISIONS, plan_strategy_name
-from ecomkit.errors import ConfigError, exit_on_user_error
+from ecomkit.config import TrainConfig, build_arg_parser, load_config_file
+from ecomkit.config.cli import config_from_namespace
+from ecomkit.errors import exit_on_user_error
 from ecomkit.hardware import GIB, GPUS, LINKS, NODES
-from ecomkit.planner.lora import LoraPlan, max_lora_micro_batch, plan_lora_memory
-from ecomkit.planner.memory import ATTNS, PlanInput, max_micro_batch, plan_memory
+from ecomkit.planner.job import (CLUSTER_DEFAULTS, PLANNER_FIELDS, Cluster, apply_strategy_switches,
+                                 cluster_defaults_used, defaults_used, expand_planner_aliases, given_fields,
+                                 lora_plan, plan_job)
+from ecomkit.planner.lora import max_lora_micro_batch
+from ecomkit.planner.memory import max_micro_batch
+from ecomkit.planner.model_states import render_zero_stage_table, zero_stage_table
+from ecomkit.planner.report import ds_config, recommendation_json, render_recommendation
+from ecomkit.planner.shapes import model_shape, shape_for_n_params
 from ecomkit.planner.step_time import DEFAULT_EFFICIENCY, DEFAULT_OVERLAP, predict_step_time, speedups
+
+CLUSTER_FLAGS = ("gpus", "gpu", "link", "node", "nodes")
+
+
+def _planner_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cluster and planner (not training flags)")
+    s = argparse.SUPPRESS
+    g.add_argument("--gpus", type=int, metavar="N", default=s, help=f"GPUs in all, the world size (default {CLUSTER_DEFAULTS.gpus})")
+    g.add_argument("--gpu", default=s, metavar="NAME", help=f"one of {', '.join(GPUS)} (default {CLUSTER_DEFAULTS.gpu})")
+    g.add_argument("--link", default=s, metavar="NAME", help=f"GPU interconnect: {', '.join(LINKS)} (default {CLUSTER_DEFAULTS.link})")
+    g.add_argument("--node", default=s, metavar="NAME", help=f"server layout for CPU offload: {', '.join(NODES)} "
+                   "(default: the usual system of --gpu)")
+    g.add_argument("--nodes", type=int, metavar="N", default=s, help="servers the GPUs are spread over (default 1)")
+    g.add_argument("--vocab-size", type=int, metavar="N", default=None, help="vocabulary of the toy presets (their tokenizer)")
+    g.add_argument("--n-params", type=float, metavar="PSI", default=None,
+                   help="plan model states for this many parameters (Ψ) by ZeRO stage: the ZeRO paper's table")
+    g.add_argument("--zero-table", action="store_true", help="also print model states by ZeRO stage for --model")
+    g.add_argument("--efficiency", type=float, metavar="X", default=DEFAULT_EFFICIENCY, help="fraction of peak FLOP/s reached")
+    g.add_argument("--overlap", type=float, metavar="X", default=DEFAULT_OVERLAP, help="fraction of backward that hides comm")
+    g.add_argument("--recommend", action="store_true",
+                   help="search every strategy ecomkit trains for the fastest that fits the same global batch")
+    g.add_argument("--top", type=int, metavar="N", default=8, help="with --recommend: rows of the table")
+    g.add_argument("--verify", action="store_true",
+                   help="with --recommend: train the top candidates scaled down on this machine (2 CPU processes)")
+    g.add_argument("--verify-top", type=int, metavar="N", default=3, help="with --verify: how many candidates")
+    g.add_argument("--verify-dir", default=None, metavar="PATH",
+                   help="with --verify: where the twins write their runs (default: a new temporary directory)")
+    g.add_argument("--print-ds-config", action="store_true", help="print the DeepSpeed JSON of the (recommended) "
+                   "ZeRO job and exit")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    g.add_argument("--lora-base-bits", type=int, choices=(16, 8, 4), default=16,
+                   help="with --peft lora: the frozen base stored in 16 bits (the precision's dtype), 8 or 4 "
+                        "(QLoRA, bitsandbytes; planned only)")
+    old = p.add_argument_group("the planner's older flags (aliases)")
+    old.add_argument("--checkpointing", "--activation-checkpointing", action="store_true", dest="plan_checkpointing",
+                     help="activation checkpointing of the job's strategy (--zero- / --parallel-activation-"
+                          "checkpointing)")
+    old.add_argument("--offload-optimizer", action="store_true", dest="plan_offload_optimizer",
+                     help="= --zero-offload-optimizer")
+    old.add_argument("--offload-param", action="store_true", dest="plan_offload_param",
+                     help="= --zero-offload-param (ZeRO-3), --parallel-fsdp-cpu-offload (FSDP2)")
+    old.add_argument("--zero", metavar="{0,1,2,3}", dest="plan_zero", help="= --strategy zero --zero-stage N")
+    old.add_argument("--micro-batch", metavar="N", dest="plan_micro_batch", help="= --micro-batch-size N")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ecomkit.plan", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--model", default="ecomgpt-7b", help="preset (tiny, small, seqgpt-560m, ecomgpt-7b) or a directory "
-                   "with a BLOOM config.json")
-    p.add_argument("--vocab-size", type=int, default=None, help="vocabulary of the toy presets (their tokenizer)")
-    p.add_argument("--gpus", type=int, default=1, help="number of GPUs (world size)")
-    p.add_argument("--gpu", default="a100-80g", help=f"one of {', '.join(GPUS)}")
-    p.add_argument("--strategy", default=None,
-                   help=f"one of {', '.join(PLAN_STRATEGIES)} (default ddp, or zeroN with --zero)")
-    p.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None, help="DeepSpeed ZeRO stage (0 = DDP)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
-    p.add_argument("--precision", choices=PRECISIONS, default="bf16")
-    p.add_argument("--micro-batch", type=int, default=1, help="samples per GPU per forward/backward")
-    p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--checkpointing", "--activation-checkpointing", action="store_true", dest="checkpointing")
-    p.add_argument("--attn", choices=ATTNS, default="eager")
-    p.add_argument("--loss-chunk-tokens", type=int, default=0,
-                   help="ecomkit's chunked LM-head loss, positions per chunk (ddp/fsdp2; 0 = full logits)")
-    p.add_argument("--offload-optimizer", action="store_true", help="ZeRO: optimizer states on the CPU")
-    p.add_argument("--offload-param", action="store_true", help="ZeRO-3/FSDP2: parameters on the CPU too")
-    p.add_argument("--link", default="nvlink-a100", help=f"interconnect: {', '.join(LINKS)}")
-    p.add_argument("--efficiency", type=float, default=DEFAULT_EFFICIENCY, help="fraction of peak FLOP/s reached")
-    p.add_argument("--overlap", type=float, default=DEFAULT_OVERLAP, help="fraction of backward that hides comm")
-    p.add_argument("--node", default=None, help=f"server layout for CPU offload: {', '.join(NODES)} "
-                   "(default: the usual system of --gpu)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    p.add_argument("--peft", choices=("none", "lora"), default="none",
-                   help="lora: frozen base + low-rank adapters (no gradients or optimizer states for the base)")
-    p.add_argument("--lora-r", type=int, default=16, help="LoRA rank (with --peft lora)")
-    p.add_argument("--lora-base-bits", type=int, choices=(16, 8, 4), default=16,
-                   help="frozen base storage with --peft lora: 16 (the precision's dtype), 8 or 4 (QLoRA, bitsandbytes)")
-    return p
+    parser = build_arg_parser(__doc__, extra=_planner_flags)
+    parser.prog = "python -m ecomkit.plan"
+    return parser
 
 
-def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
-    strategy = args.strategy
-    if args.zero is not None:
-        zero_name = plan_strategy_name("zero", args.zero)
-        if strategy is not None and strategy != zero_name:
-            raise ConfigError(f"--strategy {strategy} and --zero {args.zero} disagree; give one of them.")
-        strategy = zero_name
-    return PlanInput(model=args.model, vocab_size=args.vocab_size, world_size=args.gpus, strategy=strategy or "ddp",
-                     tp=args.tp, pp=args.pp, precision=args.precision, micro_batch=args.micro_batch,
-                     seq_len=args.seq_len, grad_accum=args.grad_accum, activation_checkpointing=args.checkpointing,
-                     attn=args.attn, offload_optimizer=args.offload_optimizer, offload_param=args.offload_param,
-                     gpu=args.gpu, loss_chunk_tokens=args.loss_chunk_tokens)
+@dataclass
+class Job:
+    """What the command line described: the training config, the cluster, and which fields the user set."""
+
+    cfg: TrainConfig
+    cluster: Cluster
+    given: set[str]
+    args: argparse.Namespace
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.args.vocab_size
 
 
-def run_plan(args: argparse.Namespace) -> dict[str, Any]:
-    inp = plan_input_from_args(args)
-    if args.peft == "lora":
-        lora = LoraPlan(r=args.lora_r, base_bits=args.lora_base_bits)
-        plan = plan_lora_memory(inp, lora)
+def read_job(argv: list[str] | None) -> Job:
+    """Parse like the scripts parse (preset → ``--config`` → flags), then the cluster; validated."""
+    argv = expand_planner_aliases(sys.argv[1:] if argv is None else list(argv))
+    ns = build_parser().parse_args(argv)
+    cfg = config_from_namespace(ns)
+    apply_strategy_switches(cfg, ns.plan_checkpointing, ns.plan_offload_optimizer, ns.plan_offload_param)
+    config_dests = {d for d in vars(ns) if hasattr(cfg, d.split("__")[0])}
+    given = given_fields(config_dests, load_config_file(ns.config) if ns.config else {})
+    cluster = Cluster(**{k: getattr(ns, k) for k in CLUSTER_FLAGS if hasattr(ns, k)}).validate()
+    cluster_given = {k for k in CLUSTER_FLAGS if hasattr(ns, k)}
+    if ns.print_config:
+        print(json.dumps(cfg.to_dict(), indent=2, ensure_ascii=False))
+        raise SystemExit(0)
+    return Job(cfg, cluster, given | {f"cluster.{k}" for k in cluster_given}, ns)
+
+
+def config_given(job: Job) -> set[str]:
+    return {g for g in job.given if not g.startswith("cluster.")}
+
+
+def run_plan(job: Job) -> dict[str, Any]:
+    a = job.args
+    plan = plan_job(job.cfg, job.cluster, job.vocab_size, base_bits=a.lora_base_bits)
+    lora = lora_plan(job.cfg, a.lora_base_bits)
+    if lora is not None:
         plan.notes.append("step time below: the time model is full fine-tuning's (LoRA skips the frozen weights' "
                           "gradient matmuls and most gradient communication), so it is an upper bound")
-        most = max_lora_micro_batch(plan.inputs, lora)
-    else:
-        plan = plan_memory(inp)
-        most = max_micro_batch(plan.inputs)
-    time_kw = {"link": args.link, "efficiency": args.efficiency, "overlap": args.overlap, "node": args.node}
+    time_kw = {"link": job.cluster.link, "efficiency": a.efficiency, "overlap": a.overlap, "node": job.cluster.node}
     step = predict_step_time(plan.inputs, **time_kw)
     scale = speedups(plan.inputs, [plan.inputs.world_size], **time_kw)[0] if plan.inputs.world_size > 1 else None
-    return {"plan": plan, "max_micro_batch": most, "step": step, "speedup": scale}
+    cluster_given = {g.removeprefix("cluster.") for g in job.given if g.startswith("cluster.")}
+    most = max_micro_batch(plan.inputs) if lora is None else max_lora_micro_batch(plan.inputs, lora)
+    return {"plan": plan, "max_micro_batch": most, "step": step, "speedup": scale,
+            "defaults": defaults_used(job.cfg, config_given(job)), "preset": a.preset,
+            "cluster_defaults": cluster_defaults_used(job.cluster, cluster_given)}
+
+
+def defaults_line(result: dict[str, Any]) -> str:
+    shown = ", ".join(f"{k}={v}" for k, v in result["defaults"].items())
+    cluster = ", ".join(f"{k}={v}" for k, v in result["cluster_defaults"].items())
+    source = f"--preset {result['preset']}" if result.get("preset") else "TrainConfig(), as the scripts' parser gives them"
+    return (f"defaults used ({source}): {shown}\n"
+            f"cluster defaults used: {cluster or 'none'}")
 
 
 def render(result: dict[str, Any]) -> str:
@@ -113,6 +169,10 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"speed-up over 1 GPU (same global batch; one GPU accumulates {plan.inputs.dp}× more): "
                      f"{s['speedup']:.2f}× ({s['efficiency']:.0%} scaling efficiency)")
     lines += [f"note: {n}" for n in plan.notes]
+    if plan.inputs.loss_chunk_tokens and not plan.inputs.loss_chunk():
+        lines.append(f"note: loss_chunk_tokens={plan.inputs.loss_chunk_tokens} is not used by {plan.inputs.strategy}: "
+                     "its loop builds the full logits (the chunked loss runs under ddp/fsdp2 only)")
+    lines += ["", defaults_line(result)]
     return "\n".join(lines)
 
 
@@ -124,15 +184,53 @@ def to_json(result: dict[str, Any]) -> dict[str, Any]:
             "total_bytes": plan.total, "cpu_bytes": plan.cpu_bytes, "gpu": plan.gpu.name,
             "gpu_bytes": plan.gpu.memory_bytes, "fits": plan.fits, "max_micro_batch": result["max_micro_batch"],
             "step_time": {**asdict(step), "total_s": step.total_s}, "speedup": result["speedup"],
-            "total_gib": plan.total / GIB}
+            "total_gib": plan.total / GIB, "load_bytes": plan.load_bytes, "peak_bytes": plan.peak,
+            "defaults_used": result["defaults"], "cluster_defaults_used": result["cluster_defaults"]}
+
+
+def zero_table(job: Job) -> tuple[str, list[dict[str, Any]]]:
+    a = job.args
+    shape = shape_for_n_params(int(a.n_params)) if a.n_params else model_shape(job.cfg.model, job.vocab_size)
+    precision = "fp32" if job.cfg.precision == "fp32" else "bf16"
+    rows = zero_stage_table(shape, job.cluster.gpus, precision)
+    return render_zero_stage_table(shape, job.cluster.gpus, rows, precision), rows
 
 
 @exit_on_user_error
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    result = run_plan(args)
-    print(json.dumps(to_json(result), indent=2) if args.json else render(result))
+def main(argv: list[str] | None = None, verify: Callable[..., Any] | None = None) -> None:
+    """The command; ``verify`` is the twin runner (``ecomkit.plan`` passes ``ecomkit.measure.plan_twins``)."""
+    job = read_job(argv)
+    a = job.args
+    if a.n_params or a.zero_table:
+        text, rows = zero_table(job)
+        if a.n_params:
+            print(json.dumps(rows, indent=2) if a.json else text)
+            return
+        if not a.json:
+            print(text + "\n")
+    if a.recommend or a.verify:
+        time_kw = {"efficiency": a.efficiency, "overlap": a.overlap}
+        report = recommendation_json(job.cfg, job.cluster, config_given(job), job.vocab_size, time_kw)
+        if a.print_ds_config:
+            print(json.dumps(report["ds_config"], indent=2) if report.get("ds_config") else
+                  "the recommended setup is not a DeepSpeed ZeRO job: no DeepSpeed JSON")
+            return
+        if a.verify:
+            if verify is None:
+                raise SystemExit("--verify runs through `python -m ecomkit.plan` (it launches training scripts).")
+            report["verify"] = verify(report, top=a.verify_top, given=config_given(job), root=a.verify_dir)
+        print(json.dumps(report, indent=2, default=str) if a.json else render_recommendation(report, a.top))
+        return
+    if a.print_ds_config:
+        ds = ds_config(job.cfg, job.cluster)
+        print(json.dumps(ds, indent=2) if ds else f"--strategy {job.cfg.strategy} is not a DeepSpeed job: no JSON")
+        return
+    result = run_plan(job)
+    print(json.dumps(to_json(result), indent=2) if a.json else render(result))
 
 
 if __name__ == "__main__":
     main()
+
+
+__all__ = ["build_parser", "read_job", "run_plan", "render", "to_json", "main", "Job", "PLANNER_FIELDS"]

@@ -140,9 +140,12 @@ def validate_plan_input(inp: PlanInput, shape: ModelShape) -> None:
         gpu.peak_flops(inp.precision)   # bf16 on a board without bf16 tensor cores (V100): a clear error
 
 
-def state_bytes_of_rank(inp: PlanInput, params: list[ParamInfo], rank: int) -> dict[str, int]:
-    """params / grads / optimizer bytes a data-parallel rank holds at the optimizer step, and the CPU part.
+def state_bytes_of_rank(inp: PlanInput, params: list[ParamInfo], rank: int,
+                        after_reduce: bool = False) -> dict[str, int]:
+    """params / grads / optimizer bytes a data-parallel rank holds at its peak, and the CPU part.
 
+    ZeRO-1 reduces only at the end of an accumulated step, so it holds the whole 16-bit gradient (the paper's
+    4Ψ + 12Ψ/N); ``after_reduce=True``: what it keeps at the optimizer step (as ZeRO-2), what a probe there sees.
     torch strategies (DDP, FSDP2, TP, PP): fp32 weights and gradients and two
     fp32 Adam moments, whatever the compute precision. DeepSpeed ZeRO: weights
     and gradients in the training dtype (4 bytes in fp32, 2 in bf16/fp16)
@@ -159,10 +162,12 @@ def state_bytes_of_rank(inp: PlanInput, params: list[ParamInfo], rank: int) -> d
             out = {"params": w * part, "grads": w * part, "optimizer": 12 * part}
         else:
             part, kept = deepspeed_partition(params, n, rank)
+            kept = psi if s == "zero1" and not after_reduce else kept   # ZeRO-1: all until the boundary reduce
             out = {"params": w * psi, "grads": w * kept, "optimizer": 12 * part}
         if inp.offload_optimizer:  # fp32 grads + master + Adam live on the CPU; the GPU keeps only buckets
             cpu["optimizer"], out["optimizer"] = out["optimizer"], 0
-            cpu["grads"], out["grads"] = 4 * part, 0
+            cpu["grads"] = 4 * part
+            out["grads"] = w * psi if s == "zero1" and not after_reduce else 0   # wait for the boundary reduce
         if inp.offload_param:
             cpu["params"], out["params"] = out["params"], 0
     else:
@@ -175,18 +180,21 @@ def state_bytes_of_rank(inp: PlanInput, params: list[ParamInfo], rank: int) -> d
     return out
 
 
-def model_state_bytes_per_rank(inp: PlanInput, shape: ModelShape | None = None) -> list[dict[str, int]]:
-    """Model-state bytes of every data-parallel rank of pipeline stage 0, tp rank 0 (for tests and plots)."""
+def model_state_bytes_per_rank(inp: PlanInput, shape: ModelShape | None = None,
+                               after_reduce: bool = False) -> list[dict[str, int]]:
+    """Model-state bytes of every data-parallel rank of pipeline stage 0, tp rank 0 (for tests and plots).
+
+    ``after_reduce``: at the optimizer step (see :func:`state_bytes_of_rank`), what a probe there measures.
+    """
     inp = inp.resolved()
     shape = shape or model_shape(inp.model, inp.vocab_size)
     validate_plan_input(inp, shape)
     params = local_params(shape, inp.tp, inp.pp, 0)
-    return [state_bytes_of_rank(inp, params, r) for r in range(inp.dp)]
+    return [state_bytes_of_rank(inp, params, r, after_reduce) for r in range(inp.dp)]
 
 
 # ---------------------------------------------------------------------- temporaries
-def temporary_bytes(inp: PlanInput, shape: ModelShape, params: list[ParamInfo], batch: int,
-                    grad_bytes_held: int = 0) -> dict[str, int]:
+def temporary_bytes(inp: PlanInput, shape: ModelShape, params: list[ParamInfo], batch: int) -> dict[str, int]:
     """Transient buffers on top of model states and saved activations (the peak of backward, roughly).
 
     - ``logits``: the LM-head output (compute dtype) alive during backward, and
@@ -195,10 +203,9 @@ def temporary_bytes(inp: PlanInput, shape: ModelShape, params: list[ParamInfo], 
       gradient of the attention scores and of the probabilities (eager), and
       under checkpointing the block recomputed in full.
     - ``comm``: DDP none (gradients are views into its buckets); ZeRO-1/2
-      4.5 × bucket (DeepSpeed's rule for overlap_comm) plus, for ZeRO-1, the
-      gradients outside the rank's partition that exist until the
-      end-of-backward reduce (the full gradient minus ``grad_bytes_held``, the
-      part already counted as the rank's gradients: counted once); ZeRO-3 its
+      4.5 × bucket (DeepSpeed's rule for overlap_comm; ZeRO-1's full gradient,
+      held until the end-of-backward reduce, is counted as its gradients,
+      the ZeRO paper's 4Ψ + 12Ψ/N); ZeRO-3 its
       reduce bucket and two gathered layers; FSDP2 the unsharded parameters of
       the root unit (embeddings, never resharded after forward) and of two
       blocks, plus one block's unsharded fp32 gradients.
@@ -215,23 +222,18 @@ def temporary_bytes(inp: PlanInput, shape: ModelShape, params: list[ParamInfo], 
     if inp.activation_checkpointing:
         per = layer_activation_bytes(shape, batch, seq, dt, inp.attn, inp.tp, inp.device)
         layer += per["layer"] + per["attention_scores"]
-    out = {"logits_or_backward_layer": max(logits, layer), "comm": _comm_buffers(inp, shape, params, grad_bytes_held),
+    out = {"logits_or_backward_layer": max(logits, layer), "comm": _comm_buffers(inp, shape, params),
            "autocast_weights": 0, "cuda_context": CUDA_CONTEXT_BYTES if inp.device == "cuda" else 0}
     if dt.weight_copies:
         out["autocast_weights"] = dt.compute * shape.linear_weight_numel // inp.tp
     return out
 
 
-def _comm_buffers(inp: PlanInput, shape: ModelShape, params: list[ParamInfo], grad_bytes_held: int = 0) -> int:
-    s, n = inp.strategy, inp.dp
-    psi = sum(p.numel for p in params)
-    w = 4 if inp.precision == "fp32" else 2
+def _comm_buffers(inp: PlanInput, shape: ModelShape, params: list[ParamInfo]) -> int:
+    s, n, psi, w = inp.strategy, inp.dp, sum(p.numel for p in params), 4 if inp.precision == "fp32" else 2
     bucket = min(inp.zero_bucket_elements, psi)
     if s in ("zero1", "zero2"):
-        extra = int(DEEPSPEED_OVERLAP_BUCKET_FACTOR * bucket * w)
-        if s == "zero1" and n > 1:
-            extra += max(w * psi - grad_bytes_held, 0)   # stage 1 reduces only at the end of backward
-        return extra
+        return int(DEEPSPEED_OVERLAP_BUCKET_FACTOR * bucket * w)   # ZeRO-1's whole gradients are "grads"
     if s == "zero3":
         return bucket * w + 2 * 2 * w * max(shape.block_params(0) // inp.tp, shape.largest_leaf)
     if s in ("fsdp2", "tp", "pp") and n > 1:
@@ -384,7 +386,7 @@ def _plan_stage(inp: PlanInput, shape: ModelShape, gpu: GpuSpec, stage: int) -> 
                             layers=hi - lo, with_embedding=stage == 0, with_head=stage == inp.pp - 1,
                             device=inp.device, loss_chunk=inp.loss_chunk())
     acts = {k: v * in_flight for k, v in acts.items()}
-    temp = temporary_bytes(inp, shape, params, batch, worst["grads"])
+    temp = temporary_bytes(inp, shape, params, batch)
     if stage != inp.pp - 1:
         temp["logits_or_backward_layer"] = 2 * 4 * batch * (shape.n_head // inp.tp) * inp.seq_len ** 2 \
             if inp.attn == "eager" else 0

@@ -143,6 +143,24 @@ def model_shape(model: Any, vocab_size: int | None = None) -> ModelShape:
         "nor a directory containing config.json. Pass one of those; the hub is not contacted.")
 
 
+N_PARAMS_PIECES = 10_000   # tensors a bare Ψ is cut into: ZeRO-1/2 straddlers add ~2/10,000 of Ψ per rank
+
+
+def shape_for_n_params(n_params: int) -> ModelShape:
+    """A model known only by its parameter count (``--n-params``): Ψ cut into equal weight-decay tensors.
+
+    Good for model states only (the ZeRO paper's table): it has no hidden
+    size, layers or vocabulary, so activations cannot be planned from it.
+    """
+    if n_params < 1:
+        raise ConfigError(f"--n-params {n_params}: give the number of parameters (Ψ), e.g. 7.5e9.")
+    pieces = min(N_PARAMS_PIECES, n_params)
+    size, rest = divmod(n_params, pieces)
+    infos = tuple(ParamInfo(f"w{i}", size + (1 if i < rest else 0), size + (1 if i < rest else 0), 0, i, "rep")
+                  for i in range(pieces))
+    return ModelShape("--n-params", 0, pieces, 1, 0, infos)
+
+
 # ---------------------------------------------------------------------- what one rank holds
 def local_params(shape: ModelShape, tp: int = 1, pp: int = 1, stage: int = 0) -> list[ParamInfo]:
     """Parameters one rank holds before data-parallel sharding: its tp slice of its pipeline stage.
@@ -211,5 +229,5 @@ def zero3_partition(params: list[ParamInfo], n: int) -> int:
     return sum(math.ceil(p.numel / n) for p in params)
 
 
-__all__ = ["ParamInfo", "ModelShape", "model_shape", "local_params", "deepspeed_partition", "fsdp2_shard",
+__all__ = ["ParamInfo", "ModelShape", "model_shape", "shape_for_n_params", "local_params", "deepspeed_partition", "fsdp2_shard",
            "zero3_partition"]

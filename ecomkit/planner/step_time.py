@@ -22,6 +22,8 @@ One optimizer step on one GPU takes
   ZeRO-3 and FSDP2 all-gather the weights in forward and again in backward of
   every micro-step and reduce-scatter the gradients (ZeRO-3 every micro-step,
   FSDP2 once, fp32).
+- **tensor parallelism** (:func:`tensor_parallel_s`): four all-reduces of a
+  block's ``b·T·h`` output per block and micro-step, on the critical path.
 - **overlap**: each collective can hide behind a *window* of compute, times
   ``overlap`` (the fraction of the window usable): forward all-gathers behind
   the forward passes; gradient reductions issued every micro-step behind every
@@ -252,6 +254,10 @@ def predict_step_time(inp: PlanInput, *, link: str | LinkSpec = "nvlink-a100", e
     floor = COLLECTIVE_TIME[kind](nbytes, inp.dp, links[kind])
     comm_total = sum(by_window.values())
     comm_exposed = hidden_exposed(by_window, forward, backward, backward_last, overlap, floor)
+    tp_s = tensor_parallel_s(inp, shape, links["all_reduce"])
+    if tp_s:
+        parts["TP activation all-reduces (critical path)"] = tp_s
+        comm_total, comm_exposed = comm_total + tp_s, comm_exposed + tp_s
 
     optimizer, offload = 0.0, 0.0
     off = _offload_traffic(inp, shape, nd, host)
@@ -270,6 +276,22 @@ def predict_step_time(inp: PlanInput, *, link: str | LinkSpec = "nvlink-a100", e
                       "offload: CPU Adam (node)": cpu_s, "offload: weights back to GPU": off["weights_up_s"],
                       "offload: parameter fetch from host": off["fetch_fwd_s"] + off["fetch_bwd_s"]})
     return StepTime(compute, backward, comm_total, comm_exposed, optimizer, offload, tokens, parts)
+
+
+def tensor_parallel_s(inp: PlanInput, shape: ModelShape, link: LinkSpec) -> float:
+    """Seconds of TP's activation all-reduces per step: on every block's critical path, never hidden.
+
+    Megatron-style TP all-reduces the ``b·T·h`` block output twice per block
+    in forward (attention, MLP) and twice in backward; checkpointing replays
+    the forward's two. Over the ``tp`` ranks of a replica, every micro-step.
+    """
+    if inp.tp <= 1:
+        return 0.0
+    c = 4 if inp.precision == "fp32" else 2
+    blocks = -(-shape.n_layer // inp.pp)
+    per_block = 6 if inp.activation_checkpointing else 4
+    return inp.grad_accum * blocks * per_block * all_reduce_s(inp.micro_batch * inp.seq_len * shape.hidden * c,
+                                                              inp.tp, link)
 
 
 def _local_params(inp: PlanInput, shape: ModelShape) -> float:
@@ -328,6 +350,7 @@ def speedups(inp: PlanInput, gpu_counts: list[int], **kwargs: Any) -> list[dict[
 
 
 __all__ = ["all_reduce_s", "all_gather_s", "reduce_scatter_s", "StepTime", "comm_volume", "last_bucket",
+           "tensor_parallel_s",
            "hidden_exposed", "predict_step_time", "speedups", "ADAM_BYTES_PER_ELEMENT",
            "DEFAULT_EFFICIENCY", "DEFAULT_OVERLAP", "CPU_ADAM_PARAMS_PER_S", "GPUS_PER_NODE", "WINDOWS",
            "ZERO12_GRAD_COLLECTIVE", "COLLECTIVE_TIME"]

@@ -1,0 +1,147 @@
+"""``--verify``: run the planner's top candidates as scaled-down twins on this machine, before any GPU hour is spent.
+
+A twin is the recommended job with only the size changed: the same script,
+strategy, offloads, activation checkpointing, degrees (capped at the processes
+that run here) and micro-batch × accumulation, on the ``tiny`` preset with
+short sequences, fp32, a few steps, gloo. It is launched exactly as notebooks
+launch scripts (:func:`ecomkit.launch.run_torchrun`) with the launch line's
+own flags (:func:`ecomkit.planner.candidates.job_flags`), so it exercises the
+same code path as the real run: config validation, strategy set-up, training
+steps and the final save.
+
+Per twin the report says whether it launched, trained (loss finite, steps
+done) and saved (``final/`` written), and compares the model-state bytes each
+rank measured (the strategies' own counters: ``memory.json`` of
+``scripts/03_zero3.py``, ``parallel_layout.json`` of
+``scripts/04_mixed_parallel.py``; ``scripts/02_data_parallel.py`` writes no
+per-rank file) with the planner's bytes for the same twin: does the measured
+ordering of the twins match the planned one?
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ecomkit.config import TrainConfig, apply_overrides
+from ecomkit.errors import EcomkitError
+from ecomkit.launch import read_json, run_torchrun
+from ecomkit.planner.candidates import SCRIPTS, job_flags
+from ecomkit.planner.job import Cluster, plan_input_from_config
+from ecomkit.planner.memory import plan_memory
+
+TWIN_MODEL = "tiny"
+TWIN_SEQ_LEN = 32
+TWIN_STEPS = 3
+MAX_PROCS = 2               # what this machine runs side by side
+MIB = 2**20
+TIE = 0.02                  # model states within 2 % of each other are the same rank in an ordering
+# Fields a twin sets on top of the recommended job (always written on its command line).
+TWIN_FIELDS = ("n_rows", "max_steps", "warmup_steps", "eval_interval", "eval_batches", "output_dir", "progress",
+               "save_model", "fault.checkpoint_interval")
+
+
+def twin_config(cfg: TrainConfig, nproc: int, out_dir: Path) -> TrainConfig:
+    """The job scaled down: tiny model, short sequences, fp32, a few steps; degrees capped at ``nproc``."""
+    twin = copy.deepcopy(cfg)
+    twin.model, twin.seq_len, twin.precision = TWIN_MODEL, TWIN_SEQ_LEN, "fp32"
+    twin.n_rows, twin.max_steps, twin.warmup_steps = 200, TWIN_STEPS, 1
+    twin.eval_interval, twin.eval_batches, twin.progress, twin.save_model = 0, 1, False, True
+    twin.fault.checkpoint_interval = 0
+    twin.output_dir = str(out_dir)
+    par = twin.parallel
+    par.tp, par.pp = min(par.tp, nproc), min(par.pp, nproc)
+    if par.pp > 1 and (twin.micro_batch_size * twin.grad_accum) % par.pp_microbatches:
+        par.pp_microbatches = par.pp
+    return twin
+
+
+def measured_states(out_dir: Path) -> list[int] | None:
+    """Model-state bytes per rank as the run counted them, or None where the script writes no per-rank file."""
+    if (out_dir / "memory.json").is_file():
+        return [int(r.get("total", 0)) for r in read_json(out_dir / "memory.json")["per_rank"]]
+    if (out_dir / "parallel_layout.json").is_file():
+        return [int(r["memory"]["total"]) for r in read_json(out_dir / "parallel_layout.json")["ranks"]]
+    return None
+
+
+def planned_states(twin: TrainConfig, nproc: int, vocab_size: int | None) -> int:
+    """The planner's model-state bytes of the twin's worst rank, wherever they live (on CPU all is host memory).
+
+    ``vocab_size``: the vocabulary the run sized the model by (its tokenizer's; read from ``final/config.json``).
+    """
+    inp = plan_input_from_config(twin, Cluster(gpus=nproc), vocab_size=vocab_size)
+    plan = plan_memory(inp, device="cpu")
+    return plan.model_states + plan.cpu_bytes
+
+
+def run_twin(row: dict[str, Any], nproc: int, root: Path, given: set[str]) -> dict[str, Any]:
+    cfg = apply_overrides(TrainConfig(), copy.deepcopy(row["config"]), "recommended config")
+    out_dir = root / row["candidate"].replace(" ", "_").replace("+", "p").replace("×", "x")
+    twin = twin_config(cfg, nproc, out_dir)
+    script = SCRIPTS[twin.strategy]
+    flags = job_flags(twin, set(given) | set(TWIN_FIELDS))
+    result: dict[str, Any] = {"candidate": row["candidate"], "script": script, "nproc": nproc,
+                              "command": f"torchrun --standalone --nproc_per_node {nproc} {script} " + " ".join(flags)}
+    try:
+        run_torchrun(script, flags, nproc=nproc, live=False, timeout=600)
+        summary = read_json(out_dir / "summary.json")
+    except EcomkitError as exc:
+        return {**result, "ok": False, "error": str(exc).splitlines()[0]}
+    first, final = summary.get("first_loss"), summary.get("final_loss")
+    trained = summary.get("steps") == TWIN_STEPS and first is not None and math.isfinite(final)
+    saved = (out_dir / "final" / "config.json").is_file()
+    measured = measured_states(out_dir)
+    vocab = read_json(out_dir / "final" / "config.json").get("vocab_size") if saved else None
+    planned = planned_states(twin, nproc, vocab)
+    return {**result, "ok": bool(trained and saved), "trained": trained, "saved": saved, "first_loss": first,
+            "final_loss": final, "steps": summary.get("steps"), "error": "" if trained and saved else
+            f"steps {summary.get('steps')}/{TWIN_STEPS}, saved {saved}",
+            "measured_bytes": max(measured) if measured else None, "planned_bytes": planned,
+            "measured_mib": f"{max(measured) / MIB:.2f}" if measured else None, "planned_mib": f"{planned / MIB:.2f}"}
+
+
+def _order(values: dict[str, int]) -> list[list[str]]:
+    """Names from smallest to largest, ties (within :data:`TIE`) grouped."""
+    groups: list[list[str]] = []
+    last = None
+    for name, v in sorted(values.items(), key=lambda kv: kv[1]):
+        if last is not None and v <= last * (1 + TIE):
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+            last = v
+    return groups
+
+
+def orders_agree(planned: dict[str, int], measured: dict[str, int]) -> bool:
+    """True when no pair the plan orders clearly (beyond :data:`TIE`) is measured the other way round."""
+    names = list(planned)
+    for a in names:
+        for b in names:
+            if planned[a] * (1 + TIE) < planned[b] and measured[a] > measured[b] * (1 + TIE):
+                return False
+    return True
+
+
+def verify_report(report: dict[str, Any], top: int = 3, given: set[str] | None = None,
+                  root: str | Path | None = None) -> dict[str, Any]:
+    """Run the top ``top`` fitting candidates of the full fine-tuning group as twins; the ``verify`` section."""
+    group = next(iter(report["groups"].values()))
+    rows = [r for r in group["rows"] if r["fits"] and r.get("config")][:top]
+    nproc = min(report["cluster"]["gpus"], MAX_PROCS)
+    root = Path(root) if root else Path(tempfile.mkdtemp(prefix="ecomkit-twins-"))
+    twins = [run_twin(r, nproc, root, given or set()) for r in rows]
+    measured = {t["candidate"]: t["measured_bytes"] for t in twins if t.get("measured_bytes")}
+    planned = {t["candidate"]: t["planned_bytes"] for t in twins if t["candidate"] in measured}
+    return {"twin_model": TWIN_MODEL, "nproc": nproc, "backend": "gloo", "steps": TWIN_STEPS, "twins": twins,
+            "output_root": str(root), "all_ok": all(t["ok"] for t in twins) and bool(twins),
+            "planned_order": _order(planned), "measured_order": _order(measured),
+            "order_matches": orders_agree(planned, measured) if len(measured) > 1 else None}
+
+
+__all__ = ["twin_config", "run_twin", "verify_report", "orders_agree", "measured_states", "planned_states",
+           "TWIN_MODEL", "TWIN_STEPS"]

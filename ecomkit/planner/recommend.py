@@ -1,0 +1,208 @@
+"""``--recommend``: the fastest setup that fits, among the strategies ecomkit trains, for the same global batch.
+
+For each :class:`~ecomkit.planner.candidates.Candidate` on the cluster:
+
+1. the **global batch** stays the user's (``--global-batch-size``, or
+   micro-batch × accumulation × data-parallel degree of the job as given);
+2. the **micro-batch** is the largest divisor of the per-replica batch that
+   fits the GPU (:func:`~ecomkit.planner.memory.plan_memory`, its peak
+   including the checkpoint load), and the gradient accumulation makes up the
+   rest, so every candidate does the same training per optimizer step;
+3. the candidate is **ranked** by the predicted time of that optimizer step,
+   i.e. per global batch (:func:`~ecomkit.planner.step_time.predict_step_time`).
+
+Candidates that the config validation refuses (``TrainConfig.validate``), whose
+data-parallel degree does not divide the global batch, or that do not fit at
+micro-batch 1, lose with that reason; the others lose by how much slower they
+are. When nothing fits, :func:`what_would_fit` says what would: more GPUs, a
+bigger GPU, a shorter sequence, or training fewer parameters (LoRA).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from ecomkit.config import TrainConfig
+from ecomkit.errors import ConfigError
+from ecomkit.hardware import GIB, GPUS
+from ecomkit.planner.candidates import FULL, LORA, Candidate, full_candidates, launch_line, lora_candidates
+from ecomkit.planner.job import Cluster, plan_degrees, plan_job
+from ecomkit.planner.memory import MemoryPlan
+from ecomkit.planner.shapes import model_shape
+from ecomkit.planner.step_time import StepTime, predict_step_time
+
+# Extra candidate groups: name → function(cluster, shape) → candidates. Each is ranked apart from FULL.
+EXTRA_GROUPS: dict[str, Callable[..., list[Candidate]]] = {LORA: lora_candidates}
+# What the LoRA group's step times are (the time model knows full fine-tuning only).
+GROUP_NOTES = {LORA: "predicted times are full fine-tuning's time model, an upper bound for LoRA (no weight "
+                     "gradients for the frozen base, only the adapters' gradients sent); memory is LoRA's "
+                     "(ecomkit.planner.lora)"}
+
+
+@dataclass
+class Choice:
+    """One candidate's outcome: its config at the chosen micro-batch, the plan and step time, or why it lost."""
+
+    candidate: Candidate
+    cfg: TrainConfig | None = None
+    plan: MemoryPlan | None = None
+    step: StepTime | None = None
+    reason: str = ""                 # why it cannot run ("does not fit: ...", "not allowed: ...")
+
+    @property
+    def fits(self) -> bool:
+        return self.plan is not None and self.plan.fits and self.step is not None
+
+    @property
+    def step_s(self) -> float:
+        return self.step.total_s if self.step is not None else float("inf")
+
+
+def global_batch(cfg: TrainConfig, cluster: Cluster) -> int:
+    """Samples per optimizer step of the job as given."""
+    _, dp, _, _ = plan_degrees(cfg, cluster.gpus)
+    return cfg.global_batch_size if cfg.global_batch_size > 0 else cfg.micro_batch_size * cfg.grad_accum * dp
+
+
+def _divisors_desc(k: int) -> list[int]:
+    return sorted((d for d in range(1, k + 1) if k % d == 0), reverse=True)
+
+
+def _try(cand: Candidate, base: TrainConfig, cluster: Cluster, gbatch: int, vocab_size: int | None,
+         time_kw: dict[str, Any]) -> Choice:
+    """The largest micro-batch of ``cand`` that fits, with the accumulation that keeps ``gbatch``."""
+    cfg = cand.config(base)
+    cfg.global_batch_size = 0
+    shape = model_shape(cfg.model, vocab_size)
+    try:
+        _, dp, _, pp = plan_degrees(cfg, cluster.gpus)
+    except ConfigError as exc:
+        return Choice(cand, reason=f"not allowed: {exc}")
+    if gbatch % dp:
+        return Choice(cand, reason=f"global batch {gbatch} is not a multiple of its {dp} data-parallel replicas")
+    per_replica = gbatch // dp
+    if pp > 1 and per_replica % cfg.parallel.pp_microbatches:
+        return Choice(cand, reason=f"{per_replica} samples per replica do not split into "
+                                   f"{cfg.parallel.pp_microbatches} pipeline micro-batches")
+
+    def attempt(m: int) -> tuple[TrainConfig, MemoryPlan]:
+        c = copy.deepcopy(cfg)
+        c.micro_batch_size, c.grad_accum = m, per_replica // m
+        return c, plan_job(c, cluster, vocab_size, shape)
+
+    sizes = _divisors_desc(per_replica)
+    try:
+        smallest_cfg, smallest = attempt(sizes[-1])
+    except ConfigError as exc:
+        return Choice(cand, reason=f"not allowed: {exc}")
+    if not smallest.fits:
+        return Choice(cand, smallest_cfg, smallest, reason=f"does not fit: {smallest.peak / GIB:.1f} GiB at "
+                                                           f"micro-batch {sizes[-1]} > {smallest.gpu.name}")
+    lo, hi = len(sizes) - 1, 0          # sizes[lo] fits; find the smallest index (largest size) that fits
+    best_cfg, best = smallest_cfg, smallest
+    while hi < lo:
+        mid = (hi + lo) // 2
+        c, p = attempt(sizes[mid])
+        if p.fits:
+            lo, best_cfg, best = mid, c, p
+        else:
+            hi = mid + 1
+    if sizes[lo] != best_cfg.micro_batch_size:
+        best_cfg, best = attempt(sizes[lo])
+    return Choice(cand, best_cfg, best, predict_step_time(best.inputs, shape=shape, **time_kw))
+
+
+def recommend(base: TrainConfig, cluster: Cluster, vocab_size: int | None = None,
+              time_kw: dict[str, Any] | None = None, groups: bool = True) -> dict[str, list[Choice]]:
+    """{group: choices ranked fastest first (fitting ones first)} for the job ``base`` on ``cluster``."""
+    time_kw = {"link": cluster.link, "node": cluster.node, **(time_kw or {})}
+    shape = model_shape(base.model, vocab_size)
+    gbatch = global_batch(base, cluster)
+    out = {FULL: [_try(c, base, cluster, gbatch, vocab_size, time_kw) for c in full_candidates(cluster, shape)]}
+    for name, make in (EXTRA_GROUPS.items() if groups else ()):
+        out[name] = [_try(c, base, cluster, gbatch, vocab_size, time_kw) for c in make(cluster, shape)]
+    for name in out:
+        out[name].sort(key=lambda ch: (not ch.fits, ch.step_s, ch.plan.peak if ch.plan else float("inf")))
+    return out
+
+
+def best_choice(ranked: dict[str, list[Choice]], group: str = FULL) -> Choice | None:
+    top = ranked[group][0] if ranked.get(group) else None
+    return top if top is not None and top.fits else None
+
+
+def why_lost(choice: Choice, best: Choice | None) -> str:
+    if not choice.fits:
+        return choice.reason or "does not fit"
+    if best is None or choice is best:
+        return "fastest"
+    slower = choice.step_s / best.step_s - 1
+    return f"slower by {slower:.0%} (+{choice.step_s - best.step_s:.2f} s per global batch)"
+
+
+def what_would_fit(base: TrainConfig, cluster: Cluster, vocab_size: int | None = None,
+                   time_kw: dict[str, Any] | None = None) -> list[str]:
+    """When nothing fits: the smallest change of each kind that makes something fit (each one re-planned)."""
+    tips = []
+
+    def fastest(cfg: TrainConfig, cl: Cluster) -> Choice | None:
+        return best_choice(recommend(cfg, cl, vocab_size, time_kw, groups=False))
+
+    gbatch = global_batch(base, cluster)
+    for n in (2 * cluster.gpus, 4 * cluster.gpus, 8 * cluster.gpus):
+        if gbatch % n == 0:
+            bigger = replace(cluster, gpus=n, nodes=max(1, n // max(cluster.gpus_per_node, 8)) if n > 8 else 1)
+            found = fastest(base, bigger)
+            if found:
+                tips.append(f"more GPUs: {n} × {cluster.gpu} fit with {found.candidate.label}")
+                break
+    mine = GPUS[cluster.gpu].memory_bytes if cluster.gpu in GPUS else 0
+    for key, spec in sorted(GPUS.items(), key=lambda kv: kv[1].memory_bytes):
+        if spec.memory_bytes > mine:
+            try:
+                found = fastest(base, replace(cluster, gpu=key))
+            except ConfigError:       # e.g. bf16 on a board without bf16
+                continue
+            if found:
+                tips.append(f"a bigger GPU: {cluster.gpus} × {spec.name} fit with {found.candidate.label}")
+                break
+    seq = base.seq_len // 2
+    while seq >= 32:
+        shorter = copy.deepcopy(base)
+        shorter.seq_len = seq
+        found = fastest(shorter, cluster)
+        if found:
+            tips.append(f"a shorter sequence: --seq-len {seq} fits with {found.candidate.label}")
+            break
+        seq //= 2
+    lora = best_choice(recommend(base, cluster, vocab_size, time_kw), LORA) if LORA in EXTRA_GROUPS else None
+    if lora is not None:
+        tips.append(f"training fewer parameters: LoRA (r={lora.cfg.lora_r}) fits with {lora.candidate.label} "
+                    "(its own table above; it trains adapters, not the model)")
+    else:
+        tips.append("LoRA (adapters on a frozen base) does not fit either: its activations are full fine-tuning's")
+    return tips or ["nothing the planner searches fits; plan a smaller model"]
+
+
+def choice_row(choice: Choice, best: Choice | None, cluster: Cluster, given: set[str]) -> dict[str, Any]:
+    """One table/JSON row for a choice."""
+    row: dict[str, Any] = {"candidate": choice.candidate.label, "group": choice.candidate.group,
+                           "fits": choice.fits, "why": why_lost(choice, best)}
+    if choice.plan is not None and choice.cfg is not None:
+        plan = choice.plan
+        row.update({"micro_batch": choice.cfg.micro_batch_size, "grad_accum": choice.cfg.grad_accum,
+                    "train_bytes": plan.total, "load_bytes": plan.load_bytes, "peak_bytes": plan.peak,
+                    "gpu_bytes": plan.gpu.memory_bytes, "headroom_bytes": plan.headroom,
+                    "cpu_bytes": plan.cpu_bytes})
+    if choice.fits and choice.step is not None and choice.cfg is not None:
+        samples = choice.cfg.micro_batch_size * choice.cfg.grad_accum * plan.inputs.dp
+        row.update({"step_s": choice.step.total_s,
+                    "tokens_per_s_per_gpu": samples * choice.cfg.seq_len / choice.step.total_s / cluster.gpus,
+                    "launch": launch_line(choice.cfg, cluster, given), "config": choice.cfg.to_dict()})
+    return row
+
+
+__all__ = ["Choice", "EXTRA_GROUPS", "GROUP_NOTES", "global_batch", "recommend", "best_choice", "why_lost", "what_would_fit",
+           "choice_row"]
