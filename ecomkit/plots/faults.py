@@ -21,16 +21,21 @@ def split_attempts(rows: Sequence[dict]) -> list[list[dict]]:
     return attempts
 
 
-def plot_resume(uninterrupted: Sequence[dict], interrupted: Sequence[dict], kill_step: int | None = None,
-                resumed_from: int | None = None, key: str = "loss", ax=None):
-    """Loss per step of an uninterrupted run and of each attempt of an interrupted one, on one chart."""
-    plt = _plt()
+def _axes_with_reference(uninterrupted: Sequence[dict], key: str, ax):
+    """The axes to draw on (a new figure when ``ax`` is None), with the uninterrupted run as a wide grey line."""
     fig = None
     if ax is None:
-        fig, ax = plt.subplots(figsize=(7.5, 4))
+        fig, ax = _plt().subplots(figsize=(7.5, 4))
     ref = train_rows(uninterrupted)
     ax.plot([r["step"] for r in ref], [r[key] for r in ref], "-", color="0.6", lw=5, alpha=0.5,
             label="uninterrupted")
+    return fig, ax
+
+
+def plot_resume(uninterrupted: Sequence[dict], interrupted: Sequence[dict], kill_step: int | None = None,
+                resumed_from: int | None = None, key: str = "loss", ax=None):
+    """Loss per step of an uninterrupted run and of each attempt of an interrupted one, on one chart."""
+    fig, ax = _axes_with_reference(uninterrupted, key, ax)
     styles = [("o-", "#C44E52"), ("s--", "#4C72B0"), ("^:", "#55A868")]
     for i, attempt in enumerate(split_attempts(interrupted)):
         marker, color = styles[i % len(styles)]
@@ -57,13 +62,7 @@ def plot_preemption(uninterrupted: Sequence[dict], preempted: Sequence[dict], st
     A preempted run stops right after a checkpointed step and its rerun starts at the next one, so the
     launches are told apart by the stop steps (not by a step going back, as after a kill).
     """
-    plt = _plt()
-    fig = None
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(7.5, 4))
-    ref = train_rows(uninterrupted)
-    ax.plot([r["step"] for r in ref], [r[key] for r in ref], "-", color="0.6", lw=5, alpha=0.5,
-            label="uninterrupted")
+    fig, ax = _axes_with_reference(uninterrupted, key, ax)
     bounds = [0, *stops, float("inf")]
     styles = [("o-", "#C44E52"), ("s--", "#4C72B0"), ("^:", "#55A868"), ("d-.", "#8172B2")]
     rows = train_rows(preempted)
