@@ -40,6 +40,7 @@ from ecomkit.parallel.mixed import sharded_model_callbacks
 from ecomkit.train.clip import ClipPolicy
 from ecomkit.train.evaluate import all_reduce_sums, evaluate_loss, evaluate_nlu_accuracy
 from ecomkit.train.progress import make_progress
+from ecomkit.train.shapes import length_multiple
 
 
 # Steps left out of throughput: the first step allocates memory and picks kernels.
@@ -132,7 +133,8 @@ class TrainingRun:
             lengths_array(self.train_ds), micro_batch_size=cfg.micro_batch_size, grad_accum=self.grad_accum,
             num_replicas=self.shard[1], rank=self.shard[0], seed=cfg.seed, bucketed=cfg.bucketed)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.collate = lambda feats: pad_collate(feats, pad_id)
+        multiple = length_multiple(cfg.precision, self.env.device)  # bf16 on CPU: bounded shapes (train/shapes.py)
+        self.collate = lambda feats: pad_collate(feats, pad_id, multiple)
         self.loader = DataLoader(self.train_ds, batch_sampler=self.sampler, collate_fn=self.collate)
 
     # ------------------------------------------------------------------ loop
