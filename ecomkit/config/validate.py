@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ecomkit.config.vocabulary import (ATTN_IMPLS, CLIP_POLICIES, COMPRESSIONS, HOOK_STRATEGIES, MESH_STRATEGIES,
-                                       PP_SCHEDULES, PRECISIONS, STRATEGIES, STRATEGIES_WITHOUT_DCP, TASKS,
+                                       PP_SCHEDULES, PRECISION_CHOICES, STRATEGIES, STRATEGIES_WITHOUT_DCP, TASKS,
                                        StrategyName, check_choice)
 from ecomkit.errors import ConfigError
 
@@ -35,7 +35,7 @@ def validate_train_config(cfg: "TrainConfig", world_size: int, n_head: int | Non
                           n_layer: int | None = None) -> None:
     """Raise :class:`ConfigError` with one clear message for the first invalid value of ``cfg``."""
     check_choice("strategy", cfg.strategy, STRATEGIES)
-    check_choice("precision", cfg.precision, PRECISIONS)
+    check_choice("precision", cfg.precision, PRECISION_CHOICES)
     check_choice("task", cfg.task, TASKS)
     check_choice("clip_policy", cfg.clip_policy, CLIP_POLICIES)
     check_choice("attn", cfg.attn, ATTN_IMPLS)

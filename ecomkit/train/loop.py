@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 from ecomkit.config import TrainConfig
 from ecomkit.data import DistributedBatchSampler, build_datasets, lengths_array, pad_collate
 from ecomkit.dist import DistEnv, distributed_session, gather_objects, log
+from ecomkit.envcheck.matmul import roofline_fields, roofline_summary, run_peak
 from ecomkit.errors import ConfigError
 from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak_flops, mfu_fields
@@ -39,6 +40,7 @@ from ecomkit.parallel import build_strategy
 from ecomkit.parallel.mixed import sharded_model_callbacks
 from ecomkit.train.clip import ClipPolicy
 from ecomkit.train.evaluate import all_reduce_sums, evaluate_loss, evaluate_nlu_accuracy
+from ecomkit.train.autoprec import resolve_precision
 from ecomkit.train.progress import make_progress
 from ecomkit.train.shapes import length_multiple
 
@@ -68,6 +70,7 @@ class TrainingRun:
     def build(self) -> "TrainingRun":
         # The same checks as parse_config and run_training, for runs started inside a session (sweeps, notebooks).
         self.cfg.validate(self.env.world_size)
+        resolve_precision(self.cfg, self.env)  # --precision auto: bf16 where the device multiplies faster in it
         self.strategy = build_strategy(self.cfg, self.env)
         self.shard = self.strategy.data_shard()                  # (index, count): dp coordinate for TP/PP
         self.replication = self.env.world_size // self.shard[1]  # ranks that see the same batch
@@ -172,6 +175,7 @@ class TrainingRun:
         flops_tok = functools.partial(flops_per_token, self.n_params, self.model_config.n_layer,
                                       self.model_config.hidden_size)
         peak = device_peak_flops(env.device, cfg.precision)
+        self.roofline = run_peak(env.device, cfg.precision)  # (peak FLOP/s, source): measured GEMM on CPU
         bar = make_progress(self.total_steps, cfg.progress and env.is_main)
         bar.update(self.step)
         batches = self._micro_batches()
@@ -264,6 +268,8 @@ class TrainingRun:
             **mfu_fields(input_tokens * flops_tok(attention_length(input_tokens, squared)) / step_time, peak,
                          env.world_size, env.device, self.cfg.precision),
         }
+        row.update(roofline_fields(input_tokens * flops_tok(attention_length(input_tokens, squared)) / step_time,
+                                   *self.roofline, env.world_size, env.device) if hasattr(self, "roofline") else {})
         row.update(stats.extra)
         return row
 
@@ -290,6 +296,8 @@ class TrainingRun:
             "final_loss": train_rows[-1]["loss"] if train_rows else None,
             **final_eval,
             **throughput, "time_split": time_split(train_rows, WARMUP_STEPS),
+            **(roofline_summary(train_rows[WARMUP_STEPS:], throughput["steady_wall_s"], *self.roofline,
+                                self.env.world_size, self.env.device) if hasattr(self, "roofline") else {}),
             "peak_mem_bytes": max((r["peak_mem_bytes"] for r in train_rows), default=0),
             "wall_s": wall, "output_dir": str(self.out_dir.resolve()),
             "model_dir": str((self.out_dir / "final").resolve()) if self.cfg.save_model else None,
