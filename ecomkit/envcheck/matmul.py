@@ -81,6 +81,18 @@ def roofline_summary(steady_rows: list[dict], steady_wall_s: float, peak: float 
                            device)
 
 
+def peak_table(device: torch.device | str = "cpu", precisions: tuple[str, ...] = ("fp32", "bf16")) -> list[dict]:
+    """Chapter 01: per precision, the measured GEMM rate on ``device`` and (GPU) the hardware table's peak."""
+    device = torch.device(device)
+    rows = []
+    for p in precisions:
+        table = device_peak_flops(device, p) if device.type == "cuda" else None
+        measured = measured_cpu_peak(p) if device.type == "cpu" else matmul_flops(p, device, n=4 * GEMM_SIZE)
+        rows.append({"precision": p, "measured_flops_per_s": measured, "table_flops_per_s": table,
+                     "threads": torch.get_num_threads(), "gemm": f"{GEMM_SIZE if device.type == 'cpu' else 4 * GEMM_SIZE}²"})
+    return rows
+
+
 def choose_precision(device: torch.device, rates: dict[str, float] | None = None) -> tuple[str, str]:
     """``--precision auto``: (``"bf16"`` or ``"fp32"``, why). ``rates`` replaces the CPU probe (tests)."""
     if device.type == "cuda":
@@ -98,5 +110,5 @@ def choose_precision(device: torch.device, rates: dict[str, float] | None = None
     return "fp32", f"{measured} < {AUTO_BF16_MIN_SPEEDUP}x: this CPU does not multiply faster in bf16"
 
 
-__all__ = ["AUTO_BF16_MIN_SPEEDUP", "GEMM_SIZE", "choose_precision", "matmul_flops", "measured_cpu_peak",
+__all__ = ["AUTO_BF16_MIN_SPEEDUP", "GEMM_SIZE", "choose_precision", "matmul_flops", "measured_cpu_peak", "peak_table",
            "roofline_fields", "roofline_summary", "run_peak"]
