@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from ecomkit.config import TrainConfig
@@ -37,6 +38,7 @@ def test_length_multiple_only_under_cpu_autocast():
     assert length_multiple("bf16", torch.device("cuda")) is None
 
 
+@pytest.mark.slow
 def test_bf16_peak_rss_plateaus_on_varied_lengths(tmp_path: Path):
     subprocess.run([sys.executable, __file__, str(tmp_path)], check=True, timeout=600)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
