@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile
 
 # The main job: 2-process data-parallel training on the embedded synthetic catalog.
 demo: $(STAMP)
-	$(PY) -m torch.distributed.run --standalone --nproc_per_node 2 scripts/02_data_parallel.py --output-dir runs/demo
+	$(PY) -m torch.distributed.run --standalone --nproc_per_node 2 scripts/02_data_parallel.py --precision auto --output-dir runs/demo
 
 # The whole suite: the import floors (lint-imports), the README's measured tables against their artifacts,
 # the guides' claims page (docs/claims.md) and the README's verdict counts against the ledger,

@@ -113,10 +113,10 @@ def _env() -> dict[str, str]:
 
 
 def _torchrun(nproc: int, script: str, args: list[str], timeout_s: float, tmp: Path) -> subprocess.CompletedProcess:
-    from ecomkit.dist import free_port
-
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--rdzv_backend", "c10d",
-           "--rdzv_endpoint", f"127.0.0.1:{free_port()}", str(REPO / "scripts" / script), *args]
+    # --standalone: torchrun binds its own free port and holds it (a port chosen here first could be taken
+    # by another process before torchrun binds it)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           str(REPO / "scripts" / script), *args]
     return subprocess.run(cmd, cwd=REPO, env={**_env(), "TMPDIR": str(tmp)}, capture_output=True, text=True,
                           timeout=timeout_s)
 

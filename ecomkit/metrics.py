@@ -192,7 +192,18 @@ def throughput_lines(summary: dict[str, Any]) -> str:
                  f"{summary['step_time_p90_s'] * 1000:.0f} ms p90\n")
     else:
         line += f"step time       {summary['step_time_s'] * 1000:.0f} ms mean\n"
-    return line
+    return line + roofline_line(summary)
+
+
+def roofline_line(summary: dict[str, Any]) -> str:
+    """Model FLOP/s and its share of the peak: MFU (GPU, hardware table) or the measured CPU GEMM's share."""
+    flops, peak = summary.get("model_flops_per_s"), summary.get("peak_flops")
+    if flops is None or not peak:
+        return ""
+    share, label = ((summary["mfu"], "MFU") if summary.get("mfu") is not None
+                    else (summary.get("peak_share"), "of the measured matmul peak"))
+    return (f"model FLOP/s    {flops / 1e9:,.1f} GFLOP/s = {share:.1%} {label} "
+            f"({peak / 1e9:,.1f} GFLOP/s per device, {summary.get('peak_source')})\n")
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:

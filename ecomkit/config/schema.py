@@ -129,7 +129,9 @@ class TrainConfig:
     beta2: float = 0.95               # AdamW second-moment decay
     max_grad_norm: float = 1.0        # 0 disables clipping
     clip_policy: str = "fixed"        # fixed | sentiment (the EcomGPT guide's adaptive clipping)
-    precision: str = "fp32"           # fp32 | bf16 | fp16 (fp16 uses dynamic loss scaling)
+    precision: str = "fp32"           # fp32 | bf16 | fp16 | auto (fp16: dynamic loss scaling; auto: bf16 where the
+                                      #   device multiplies faster in it, measured on CPU, else fp32). fp32 stays the
+                                      #   default: chapters 02-05 assert 1 vs N processes equal to 1e-4 or bit-level
     max_steps: int = 60               # optimizer steps; 0 = use epochs
     epochs: float = 0.0               # used when max_steps == 0
     eval_interval: int = 20           # steps between evaluations, from step 0; 0 = only at the end

@@ -20,26 +20,28 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ecomkit.config.validate_peft import check_peft
 from ecomkit.config.vocabulary import (ATTN_IMPLS, CLIP_POLICIES, COMPRESSIONS, HOOK_STRATEGIES, MESH_STRATEGIES,
                                        PROMPT_FORMATS, SPAN_ENDS,
-                                       PP_SCHEDULES, PRECISIONS, REPORT_TARGETS, STRATEGIES, STRATEGIES_WITHOUT_DCP,
-                                       TASKS, StrategyName, check_choice)
+                                       PP_SCHEDULES, PRECISION_CHOICES, REPORT_TARGETS, STRATEGIES,
+                                       STRATEGIES_WITHOUT_DCP, TASKS, StrategyName, check_choice)
 from ecomkit.errors import ConfigError
 
-if TYPE_CHECKING:
-    from ecomkit.config.schema import ParallelConfig, TrainConfig
+# The configs are checked by field name: schema.py imports this module (TrainConfig.validate), so this module
+# names its types without importing them, which would close an import circle.
+_TrainConfig = Any      # ecomkit.config.schema.TrainConfig
+_ParallelConfig = Any   # ecomkit.config.schema.ParallelConfig
 
 DEEPSPEED_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
-def validate_train_config(cfg: "TrainConfig", world_size: int, n_head: int | None = None,
+def validate_train_config(cfg: _TrainConfig, world_size: int, n_head: int | None = None,
                           n_layer: int | None = None) -> None:
     """Raise :class:`ConfigError` with one clear message for the first invalid value of ``cfg``."""
     check_choice("strategy", cfg.strategy, STRATEGIES)
-    check_choice("precision", cfg.precision, PRECISIONS)
+    check_choice("precision", cfg.precision, PRECISION_CHOICES)
     check_choice("task", cfg.task, TASKS)
     check_choice("clip_policy", cfg.clip_policy, CLIP_POLICIES)
     check_choice("attn", cfg.attn, ATTN_IMPLS)
@@ -68,7 +70,7 @@ def validate_train_config(cfg: "TrainConfig", world_size: int, n_head: int | Non
 
 
 # ---------------------------------------------------------------------- chapter 05: compression
-def check_compression(cfg: "TrainConfig") -> None:
+def check_compression(cfg: _TrainConfig) -> None:
     """Ratio and rank in range; PowerSGD's warm-up long enough; a strategy that has DDP hooks."""
     comp = cfg.compression
     if not 0 < comp.topk_ratio <= 1:
@@ -93,7 +95,7 @@ def check_compression(cfg: "TrainConfig") -> None:
 
 
 # ---------------------------------------------------------------------- chapter 03: ZeRO
-def check_zero_options(cfg: "TrainConfig") -> None:
+def check_zero_options(cfg: _TrainConfig) -> None:
     """Combinations DeepSpeed would reject late (after start-up) or silently ignore."""
     z = cfg.zero
     if z.stage not in (0, 1, 2, 3):
@@ -129,7 +131,7 @@ def load_deepspeed_json(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
-def check_deepspeed_batch_sizes(cfg: "TrainConfig", world_size: int) -> None:
+def check_deepspeed_batch_sizes(cfg: _TrainConfig, world_size: int) -> None:
     """Each batch key a user's DeepSpeed JSON sets must equal this launch's (``train = micro × accum × world``)."""
     if cfg.strategy != StrategyName.ZERO or not cfg.zero.user_config:
         return
@@ -148,7 +150,7 @@ def check_deepspeed_batch_sizes(cfg: "TrainConfig", world_size: int) -> None:
 
 
 # ---------------------------------------------------------------------- chapter 04: parallel degrees
-def resolve_parallel_degrees(strategy: str, parallel: "ParallelConfig", world_size: int) -> tuple[int, int, int]:
+def resolve_parallel_degrees(strategy: str, parallel: _ParallelConfig, world_size: int) -> tuple[int, int, int]:
     """``(dp, tp, pp)`` for ``world_size`` processes; explicit degrees win.
 
     - ``dp=-1`` means "whatever is left": ``world / (tp·pp)``;
@@ -183,14 +185,14 @@ def resolve_parallel_degrees(strategy: str, parallel: "ParallelConfig", world_si
     return dp, tp, pp
 
 
-def data_parallel_size(cfg: "TrainConfig", world_size: int) -> int:
+def data_parallel_size(cfg: _TrainConfig, world_size: int) -> int:
     """How many data shards the global batch is split into: dp for the mesh strategies, every rank otherwise."""
     if cfg.strategy in MESH_STRATEGIES:
         return resolve_parallel_degrees(cfg.strategy, cfg.parallel, world_size)[0]
     return world_size
 
 
-def check_parallel(cfg: "TrainConfig", world_size: int, n_head: int | None = None,
+def check_parallel(cfg: _TrainConfig, world_size: int, n_head: int | None = None,
                    n_layer: int | None = None) -> None:
     """Degrees, schedule, micro-batches, precision, ``--dcp-dir`` and (when known) the model's shape."""
     par = cfg.parallel
@@ -244,7 +246,7 @@ def check_parallel(cfg: "TrainConfig", world_size: int, n_head: int | None = Non
 
 
 # ---------------------------------------------------------------------- chapter 07: fault tolerance
-def dcp_unsupported_reason(cfg: "TrainConfig") -> str | None:
+def dcp_unsupported_reason(cfg: _TrainConfig) -> str | None:
     """Why this run's state is not one DCP state dict of (model, optimizer), or None if it is."""
     if cfg.strategy == StrategyName.MIXED and cfg.parallel.pp > 1:
         return STRATEGIES_WITHOUT_DCP[StrategyName.PP]
@@ -279,7 +281,7 @@ def parse_signal_names(text: str) -> list[signal.Signals]:
     return out
 
 
-def check_fault_config(cfg: "TrainConfig") -> None:
+def check_fault_config(cfg: _TrainConfig) -> None:
     """Checkpoint interval, health sampling and straggler settings; DCP checkpoints only where they apply."""
     f = cfg.fault
     if f.checkpoint_interval < -1:
@@ -307,7 +309,7 @@ def check_fault_config(cfg: "TrainConfig") -> None:
 LABEL_MAP_TARGETS = ("category", "sentiment", "brand", "spans", "ner_tags")
 
 
-def check_data_source(cfg: "TrainConfig") -> None:
+def check_data_source(cfg: _TrainConfig) -> None:
     if cfg.data != "synthetic" and not Path(cfg.data).exists():
         raise ConfigError(
             f"Data file '{cfg.data}' does not exist (resolved to {Path(cfg.data).resolve()}). "
@@ -323,7 +325,7 @@ def check_data_source(cfg: "TrainConfig") -> None:
     check_task_data(cfg)
 
 
-def check_task_data(cfg: "TrainConfig") -> None:
+def check_task_data(cfg: _TrainConfig) -> None:
     """The NLU prompt format, the eval file, the extraction labels and the span-end convention."""
     check_choice("prompt_format", cfg.prompt_format, PROMPT_FORMATS)
     check_choice("span_end", cfg.span_end, SPAN_ENDS)
@@ -357,7 +359,7 @@ def check_label_map_shape(label_map: Any) -> None:
 
 
 # ---------------------------------------------------------------------- evaluation by generation
-def check_generation(cfg: "TrainConfig") -> None:
+def check_generation(cfg: _TrainConfig) -> None:
     """Decoding sizes in range; beam search only where transformers' generate() runs (not pp, not sequence parallel)."""
     if cfg.gen_eval_samples < 0:
         raise ConfigError(f"gen_eval_samples={cfg.gen_eval_samples} must be >= 0 (0: no evaluation by generation).")

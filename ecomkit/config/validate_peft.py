@@ -7,13 +7,13 @@ work, and what to do instead.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ecomkit.config.vocabulary import PEFT_METHODS, check_choice
 from ecomkit.errors import ConfigError
 
-if TYPE_CHECKING:
-    from ecomkit.config.schema import TrainConfig
+# schema.py imports this module (through validate.py), so the config's type is named, not imported (no circle).
+_TrainConfig = Any   # ecomkit.config.schema.TrainConfig
 
 # Where an adapter-aware layout is missing: the strategy, and what would have to exist for it to work.
 LORA_UNSUPPORTED_STRATEGIES = {
@@ -29,7 +29,7 @@ LORA_UNSUPPORTED_STRATEGIES = {
 }
 
 
-def check_peft(cfg: "TrainConfig", world_size: int) -> None:
+def check_peft(cfg: _TrainConfig, world_size: int) -> None:
     """``peft`` and its ``lora_*`` fields: values in range, and a strategy that can train adapters."""
     check_choice("peft", cfg.peft, PEFT_METHODS)
     if cfg.peft == "none":

@@ -57,6 +57,8 @@ PLAN_STRATEGY_ALIASES = {"zero0": "ddp", "zero-0": "ddp", "zero-1": "zero1", "ze
                          "fsdp": "fsdp2", "dp": "ddp", "accelerate": "ddp"}
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+# What --precision accepts: a precision, or "auto" (resolved once the device is known: envcheck/matmul.py).
+PRECISION_CHOICES = (*PRECISIONS, "auto")
 TASKS = ("lm", "nlu")
 CLIP_POLICIES = ("fixed", "sentiment")
 ATTN_IMPLS = ("eager", "sdpa", "flex")
@@ -71,7 +73,7 @@ PEFT_METHODS = ("none", "lora")
 # The allowed values of each config field that has a fixed list, by dotted field name: the CLI shows them
 # as the flag's metavar and in its help (``--zero-stage {0,1,2,3}``); TrainConfig.validate() enforces them.
 FIELD_CHOICES: dict[str, tuple] = {
-    "attn": ATTN_IMPLS, "task": TASKS, "clip_policy": CLIP_POLICIES, "precision": PRECISIONS,
+    "attn": ATTN_IMPLS, "task": TASKS, "clip_policy": CLIP_POLICIES, "precision": PRECISION_CHOICES,
     "strategy": STRATEGIES, "zero.stage": ZERO_STAGES, "compression.method": COMPRESSIONS,
     "parallel.pp_schedule": PP_SCHEDULES, "prompt_format": PROMPT_FORMATS, "span_end": SPAN_ENDS,
     "peft": PEFT_METHODS,

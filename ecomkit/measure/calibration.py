@@ -154,10 +154,9 @@ def _collective(kind: str, numel: int, world_size: int) -> Callable[[], None]:
     (measured in :func:`measure_compute`) already does: the all-gather copies
     the shard into a fresh flat buffer, gathers into a fresh output and copies
     that out into the unsharded parameters; the reduce-scatter divides the
-    full gradient buffer by N, reduces into a fresh output and divides that
-    output once more (by 1). On one rank FSDP2 skips all of it. Known
-    over-count: a profile of FSDP2 on gloo shows one division per
-    reduce-scatter, not two, so the sweep charges one division more.
+    full gradient buffer by N and reduces into a fresh output: one division
+    per reduce-scatter, as a profile of FSDP2 on gloo shows. On one rank
+    FSDP2 skips all of it.
     """
     full, shard = torch.zeros(numel), torch.zeros(numel // world_size)
     if kind == "all_gather":
@@ -175,7 +174,6 @@ def _collective(kind: str, numel: int, world_size: int) -> Callable[[], None]:
         out = torch.empty_like(shard)
         full.div_(world_size)
         dist.reduce_scatter_tensor(out, full)
-        out.div_(1.0)
 
     return {"fsdp_all_gather": fsdp_all_gather, "fsdp_reduce_scatter": fsdp_reduce_scatter}[kind]
 

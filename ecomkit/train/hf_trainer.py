@@ -35,6 +35,7 @@ from ecomkit.errors import ConfigError
 from ecomkit.metrics import MetricsWriter, slowest_rank_throughput, time_split
 from ecomkit.models.bloom import count_parameters, load_model
 from ecomkit.parallel.zero.env import ensure_deepspeed_env
+from ecomkit.train.autoprec import resolve_precision
 from ecomkit.train.loop import WARMUP_STEPS, TrainingRun, validate_before_launch
 
 # Trainer's samplers (TrainingArguments.train_sampling_strategy); the first is the comparison's default.
@@ -194,6 +195,7 @@ def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | str | None = None,
     validate_before_launch(cfg)
     with distributed_session(timeout_s=cfg.timeout_s, seed=cfg.seed) as env:
         run = TrainingRun(cfg, env)
+        resolve_precision(cfg, env)  # --precision auto: the same choice the loop makes, before the collate uses it
         run.tokenizer = run.build_tokenizer()
         run.build_data()
         # Arguments first: with a ZeRO-3 config they activate DeepSpeed's HF integration (HfDeepSpeedConfig), so

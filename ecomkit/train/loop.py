@@ -28,6 +28,7 @@ from ecomkit.config import TrainConfig
 from ecomkit.data import DistributedBatchSampler, build_datasets, lengths_array, pad_collate
 from ecomkit.data.formats import parse_labels, write_task_file
 from ecomkit.dist import DistEnv, distributed_session, gather_objects, log
+from ecomkit.envcheck.matmul import roofline_fields, roofline_summary, run_peak
 from ecomkit.errors import ConfigError
 from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak_flops, mfu_fields
@@ -41,9 +42,11 @@ from ecomkit.parallel import build_strategy
 from ecomkit.parallel.mixed import sharded_model_callbacks
 from ecomkit.train.clip import ClipPolicy
 from ecomkit.train.evaluate import all_reduce_sums, evaluate_loss, evaluate_nlu_accuracy
+from ecomkit.train.autoprec import resolve_precision
 from ecomkit.train.gen_eval import PREDICTIONS_FILE, evaluator_for_run
 from ecomkit.train.preempt import add_preemption_callbacks
 from ecomkit.train.progress import make_progress
+from ecomkit.train.shapes import length_multiple
 
 
 # Steps left out of throughput: the first step allocates memory and picks kernels.
@@ -73,6 +76,7 @@ class TrainingRun:
     def build(self) -> "TrainingRun":
         # The same checks as parse_config and run_training, for runs started inside a session (sweeps, notebooks).
         self.cfg.validate(self.env.world_size)
+        resolve_precision(self.cfg, self.env)  # --precision auto: bf16 where the device multiplies faster in it
         self.strategy = build_strategy(self.cfg, self.env)
         self.shard = self.strategy.data_shard()                  # (index, count): dp coordinate for TP/PP
         self.replication = self.env.world_size // self.shard[1]  # ranks that see the same batch
@@ -143,7 +147,8 @@ class TrainingRun:
             lengths_array(self.train_ds), micro_batch_size=cfg.micro_batch_size, grad_accum=self.grad_accum,
             num_replicas=self.shard[1], rank=self.shard[0], seed=cfg.seed, bucketed=cfg.bucketed)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.collate = lambda feats: pad_collate(feats, pad_id)
+        multiple = length_multiple(cfg.precision, self.env.device)  # bf16 on CPU: bounded shapes (train/shapes.py)
+        self.collate = lambda feats: pad_collate(feats, pad_id, multiple)
         self.loader = DataLoader(self.train_ds, batch_sampler=self.sampler, collate_fn=self.collate)
 
     # ------------------------------------------------------------------ loop
@@ -181,6 +186,7 @@ class TrainingRun:
         flops_tok = functools.partial(flops_per_token, self.n_params, self.model_config.n_layer,
                                       self.model_config.hidden_size)
         peak = device_peak_flops(env.device, cfg.precision)
+        self.roofline = run_peak(env.device, cfg.precision)  # (peak FLOP/s, source): measured GEMM on CPU
         bar = make_progress(self.total_steps, cfg.progress and env.is_main)
         bar.update(self.step)
         batches = self._micro_batches()
@@ -276,6 +282,8 @@ class TrainingRun:
             **mfu_fields(input_tokens * flops_tok(attention_length(input_tokens, squared)) / step_time, peak,
                          env.world_size, env.device, self.cfg.precision),
         }
+        row.update(roofline_fields(input_tokens * flops_tok(attention_length(input_tokens, squared)) / step_time,
+                                   *self.roofline, env.world_size, env.device) if hasattr(self, "roofline") else {})
         row.update(stats.extra)
         return row
 
@@ -307,6 +315,8 @@ class TrainingRun:
             "final_loss": train_rows[-1]["loss"] if train_rows else None,
             **final_eval,
             **throughput, "time_split": time_split(train_rows, WARMUP_STEPS),
+            **(roofline_summary(train_rows[WARMUP_STEPS:], throughput["steady_wall_s"], *self.roofline,
+                                self.env.world_size, self.env.device) if hasattr(self, "roofline") else {}),
             "peak_mem_bytes": max((r["peak_mem_bytes"] for r in train_rows), default=0),
             "wall_s": wall, "output_dir": str(self.out_dir.resolve()),
             "model_dir": str((self.out_dir / "final").resolve()) if self.cfg.save_model else None,

@@ -1,0 +1,88 @@
+#!/usr/bin/env python
+"""bf16 against fp32 on this CPU, one process, the same job, side by side; and the share of the measured peak.
+
+  python benchmarks/bench_precision.py [--model small] [--steps 12] [--repeats 2]
+
+Each repeat runs the same chapter 02 job (one process, one thread) as fp32,
+as bf16 (default attention) and as bf16 with ``--attn eager``, the order
+rotating per repeat, so a drift of the shared machine's speed is not charged
+to one side. Rates are totals over the steady steps (chapter 02's summary).
+The share of peak is the run's own ``peak_share``: model FLOP/s (the
+planner's ``flops_per_token`` × real tokens / wall time) over the GEMM rate
+of its precision measured in that run, at its thread count.
+
+Goals (not moved when missed): bf16 / fp32 real tokens/s >= 2.0x with the
+final loss within 1 %; the bf16 run at >= 50 % of the measured bf16 matmul peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from common import print_table, run_summary, verdict, write_artifact
+
+from ecomkit.metrics import paired_ratios
+
+SPEEDUP_GOAL, LOSS_TOL, PEAK_GOAL = 2.0, 0.01, 0.50
+VARIANTS = {"fp32": ["--precision", "fp32"], "bf16": ["--precision", "bf16"],
+            "bf16 eager": ["--precision", "bf16", "--attn", "eager"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--micro-batch-size", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    common = ["--model", args.model, "--max-steps", str(args.steps), "--eval-interval", "0", "--eval-batches", "1",
+              "--micro-batch-size", str(args.micro_batch_size), "--seq-len", str(args.seq_len), "--n-rows", "2000",
+              "--no-save-model", "--lr", "1e-3"]
+    runs: dict[str, list[dict]] = {k: [] for k in VARIANTS}
+    names = list(VARIANTS)
+    for r in range(args.repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            runs[name].append(run_summary("02_data_parallel.py", common + VARIANTS[name]))
+            s = runs[name][-1]
+            print(f"repeat {r + 1} {name}: {s['tokens_per_s']:.0f} real tokens/s, loss {s['final_loss']:.4f}, "
+                  f"{s['peak_share']:.1%} of {s['peak_source']}", flush=True)
+    rows = []
+    for name, rs in runs.items():
+        rows.append({"run": name, "runs": len(rs),
+                     "real tokens/s": statistics.median(s["tokens_per_s"] for s in rs),
+                     "model GFLOP/s": statistics.median(s["model_flops_per_s"] for s in rs) / 1e9,
+                     "peak GFLOP/s": statistics.median(s["peak_flops"] for s in rs) / 1e9,
+                     "share of measured peak %": 100 * statistics.median(s["peak_share"] for s in rs),
+                     "MFLOPs/token": statistics.median(s["model_flops_per_s"] / s["tokens_per_s"] for s in rs) / 1e6,
+                     "final loss": rs[0]["final_loss"], "padding %": 100 * (rs[0].get("padding_rate") or 0)})
+    speed = paired_ratios([s["tokens_per_s"] for s in runs["bf16"]], [s["tokens_per_s"] for s in runs["fp32"]])
+    eager = paired_ratios([s["tokens_per_s"] for s in runs["bf16 eager"]], [s["tokens_per_s"] for s in runs["bf16"]])
+    loss_rel = abs(runs["bf16"][0]["final_loss"] - runs["fp32"][0]["final_loss"]) / runs["fp32"][0]["final_loss"]
+    share = statistics.median(s["peak_share"] for s in runs["bf16"])
+    columns = list(rows[0])
+    print_table(rows, columns)
+    fp32_loss, bf16_loss = runs["fp32"][0]["final_loss"], runs["bf16"][0]["final_loss"]
+    notes = [
+        f"bf16 / fp32 real tokens/s, paired per repeat: {speed.describe()}",
+        verdict("bf16 / fp32 real tokens/s (median)", speed.median, f">= {SPEEDUP_GOAL}x", speed.median >= SPEEDUP_GOAL),
+        verdict(f"final loss bf16 {bf16_loss:.4f} vs fp32 {fp32_loss:.4f}, relative difference", loss_rel,
+                f"<= {LOSS_TOL}", loss_rel <= LOSS_TOL),
+        verdict("bf16 run's share of the measured bf16 GEMM peak", share, f">= {PEAK_GOAL}", share >= PEAK_GOAL),
+        "FLOPs per token (MFLOPs/token column): the planner's flops_per_token (6 N plus the attention term at "
+        "each batch's real lengths), real tokens only; peak: a 1024² GEMM of the run's precision, timed in the run at its thread count",
+        f"bf16 eager / bf16 default attention (sdpa), real tokens/s: {eager.describe()}",
+        "one process, one thread; other jobs shared the machine (load average above): levels move, the ratios "
+        "are paired within each repeat",
+    ]
+    for n in notes:
+        if not n.startswith(("PASS", "MISS")):   # verdict() printed those
+            print(n)
+    write_artifact("bench_precision", rows, {"columns": columns, "notes": notes, "speedups": list(speed.ratios),
+                                             "eager_over_sdpa": list(eager.ratios), "loss_rel": loss_rel,
+                                             "peak_share": share, "args": vars(args)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""This machine's own matmul peak, measured: the roofline every run is held against, and ``--precision auto``.
+
+Why measure: a CPU has no data-sheet figure that torch reaches, and whether
+it multiplies faster in bf16 depends on the core (AVX-512 BF16 / AMX run a
+bf16 GEMM several times faster than fp32; cores without them convert and run
+it slower). So a square GEMM is timed at the process's thread count, once per
+(precision, threads) in a process, and that rate is what a CPU run's
+"share of the measured matmul peak" divides by. On a GPU the peak comes from
+the hardware table (``ecomkit.hardware``, "MFU"); :func:`matmul_flops` also
+runs there, for chapter 01 to show the two side by side.
+
+``--precision auto``: bf16 on a CUDA device that supports it; on CPU, bf16
+when its measured GEMM rate is at least :data:`AUTO_BF16_MIN_SPEEDUP` × the
+fp32 rate; otherwise fp32. The reason is returned with the choice, for the log.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+
+import torch
+
+from ecomkit.hardware import device_peak_flops
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+GEMM_SIZE = 1024            # n × n × n: large enough to reach the kernel's rate, ~20 ms in fp32 at one thread
+GEMM_REPS = 5               # timed repetitions after one warm-up; the median is kept
+AUTO_BF16_MIN_SPEEDUP = 1.5  # "clearly faster": autocast adds casts, so a marginal GEMM gain would not pay
+
+
+def matmul_flops(precision: str, device: torch.device | str = "cpu", n: int = GEMM_SIZE,
+                 reps: int = GEMM_REPS) -> float:
+    """Median FLOP/s of an ``n × n`` by ``n × n`` matmul in ``precision`` on ``device`` (2·n³ FLOPs each)."""
+    device = torch.device(device)
+    a = torch.randn(n, n, device=device).to(DTYPES[precision])
+    b = torch.randn(n, n, device=device).to(DTYPES[precision])
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    torch.mm(a, b)
+    sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times)
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_peak(precision: str, threads: int) -> float:
+    return matmul_flops(precision, "cpu")
+
+
+def measured_cpu_peak(precision: str) -> float:
+    """The CPU GEMM rate for ``precision`` at this process's thread count (measured once per process)."""
+    return _cpu_peak(precision, torch.get_num_threads())
+
+
+def run_peak(device: torch.device, precision: str) -> tuple[float | None, str]:
+    """(peak FLOP/s of one device, its source): the hardware table on GPU, the measured GEMM on CPU."""
+    if device.type == "cpu":
+        return measured_cpu_peak(precision), f"measured {precision} GEMM, {torch.get_num_threads()} thread(s)"
+    return device_peak_flops(device, precision), "hardware table"
+
+
+def roofline_fields(achieved_flops_per_s: float, peak: float | None, source: str, n_devices: int,
+                    device: torch.device) -> dict[str, float | str | None]:
+    """Model FLOP/s and its share of the peak: ``mfu`` on GPU, ``peak_share`` (of the measured GEMM) on CPU."""
+    share = achieved_flops_per_s / (peak * n_devices) if peak else None
+    key = "peak_share" if device.type == "cpu" else "mfu"
+    return {"model_flops_per_s": achieved_flops_per_s, key: share, "peak_flops": peak, "peak_source": source}
+
+
+def roofline_summary(steady_rows: list[dict], steady_wall_s: float, peak: float | None, source: str,
+                     n_devices: int, device: torch.device) -> dict[str, float | str | None]:
+    """:func:`roofline_fields` for a whole run: the steady steps' model FLOPs over their wall time (totals)."""
+    flops = sum(r.get("model_flops_per_s", 0.0) * r["step_time_s"] for r in steady_rows)
+    return roofline_fields(flops / steady_wall_s if steady_wall_s > 0 else float("nan"), peak, source, n_devices,
+                           device)
+
+
+def peak_table(device: torch.device | str = "cpu", precisions: tuple[str, ...] = ("fp32", "bf16")) -> list[dict]:
+    """Chapter 01: per precision, the measured GEMM rate on ``device`` and (GPU) the hardware table's peak."""
+    device = torch.device(device)
+    rows = []
+    for p in precisions:
+        table = device_peak_flops(device, p) if device.type == "cuda" else None
+        measured = measured_cpu_peak(p) if device.type == "cpu" else matmul_flops(p, device, n=4 * GEMM_SIZE)
+        rows.append({"precision": p, "measured_flops_per_s": measured, "table_flops_per_s": table,
+                     "threads": torch.get_num_threads(), "gemm": f"{GEMM_SIZE if device.type == 'cpu' else 4 * GEMM_SIZE}²"})
+    return rows
+
+
+def choose_precision(device: torch.device, rates: dict[str, float] | None = None) -> tuple[str, str]:
+    """``--precision auto``: (``"bf16"`` or ``"fp32"``, why). ``rates`` replaces the CPU probe (tests)."""
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return "bf16", f"{torch.cuda.get_device_name(device)} supports bf16"
+        return "fp32", f"{torch.cuda.get_device_name(device)} has no bf16 support"
+    if device.type != "cpu":
+        return "fp32", f"no bf16 probe for device type '{device.type}'"
+    rates = rates or {p: measured_cpu_peak(p) for p in ("fp32", "bf16")}
+    speedup = rates["bf16"] / rates["fp32"]
+    measured = (f"bf16 GEMM {rates['bf16'] / 1e9:.0f} GFLOP/s vs fp32 {rates['fp32'] / 1e9:.0f} GFLOP/s "
+                f"({speedup:.2f}x, {torch.get_num_threads()} thread(s))")
+    if speedup >= AUTO_BF16_MIN_SPEEDUP:
+        return "bf16", f"{measured} >= {AUTO_BF16_MIN_SPEEDUP}x"
+    return "fp32", f"{measured} < {AUTO_BF16_MIN_SPEEDUP}x: this CPU does not multiply faster in bf16"
+
+
+__all__ = ["AUTO_BF16_MIN_SPEEDUP", "GEMM_SIZE", "choose_precision", "matmul_flops", "measured_cpu_peak", "peak_table",
+           "roofline_fields", "roofline_summary", "run_peak"]

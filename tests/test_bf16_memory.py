@@ -1,0 +1,57 @@
+"""bf16 on CPU plateaus in memory on varied lengths (train/shapes.py; docs/perf.md "bf16 on CPU: memory").
+
+One fresh process (its peak RSS is this run's alone) trains the tiny preset
+under bf16 autocast for 150 steps on the instruction task, whose
+length-bucketed batches change length almost every step. Measured with exact
+batch lengths (before the fix): peak RSS 1,080 MiB at step 50 and 1,346 MiB
+at step 150 (ratio 1.25, still rising). With lengths rounded to multiples of
+16: 658 and 705 MiB (1.07); fp32 with exact lengths: 1.05. 100 steps would
+not do: the unfixed run's step-100 / step-50 ratio is 1.14, inside the bound.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ecomkit.config import TrainConfig
+from ecomkit.train.shapes import length_multiple
+
+PLATEAU = 1.15   # peak RSS at step 150 ≤ 1.15 × at step 50
+
+
+def _config(out_dir: str) -> TrainConfig:
+    return TrainConfig(model="tiny", task="nlu", n_rows=2000, seq_len=256, micro_batch_size=16, precision="bf16",
+                       lr=1e-3, max_steps=150, eval_interval=0, eval_batches=1, eval_nlu_samples=0,
+                       save_model=False, progress=False, output_dir=out_dir)
+
+
+def test_length_multiple_only_under_cpu_autocast():
+    cpu = torch.device("cpu")
+    assert length_multiple("bf16", cpu) == length_multiple("fp16", cpu) == 16
+    assert length_multiple("fp32", cpu) is None
+    assert length_multiple("bf16", torch.device("cuda")) is None
+
+
+@pytest.mark.slow
+def test_bf16_peak_rss_plateaus_on_varied_lengths(tmp_path: Path):
+    subprocess.run([sys.executable, __file__, str(tmp_path)], check=True, timeout=600)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    peak = {r["step"]: r["peak_mem_bytes"] for r in rows if r["type"] == "train"}
+    lengths = {r["padded_tokens"] // r["samples"] for r in rows if r["type"] == "train"}
+    # rounded to multiples of 16 by the fix; the unfixed run saw a new length almost every step
+    assert len(lengths) >= 5, f"the data must vary in length to test this; batch lengths seen: {sorted(lengths)}"
+    assert peak[150] <= PLATEAU * peak[50], (
+        f"bf16 peak RSS still growing: {peak[50] / 2**20:.0f} MiB at step 50, {peak[150] / 2**20:.0f} MiB at step "
+        f"150 (ratio {peak[150] / peak[50]:.2f} > {PLATEAU})")
+
+
+if __name__ == "__main__":  # the worker: one process, no torchrun needed
+    from ecomkit.train.loop import run_training
+
+    run_training(_config(sys.argv[1]))

@@ -1,0 +1,85 @@
+"""``--precision auto`` and the roofline every run reports (envcheck/matmul.py, train/autoprec.py).
+
+- On a CPU that advertises AVX-512 BF16 or AMX, auto picks bf16 (the measured GEMM decides, and on such a core
+  it is several times the fp32 rate); with a probe saying bf16 is not faster (mocked rates), fp32.
+- A one-process run with ``precision="auto"`` trains with what was picked, and its rows and summary carry model
+  FLOP/s and the share of the measured CPU matmul peak, labelled as such (``peak_share``, not ``mfu``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ecomkit.config import TrainConfig
+from ecomkit.dist import DistEnv
+from ecomkit.envcheck.matmul import (AUTO_BF16_MIN_SPEEDUP, choose_precision, matmul_flops, roofline_fields,
+                                     roofline_summary)
+from ecomkit.errors import ConfigError
+from ecomkit.metrics import roofline_line
+from ecomkit.train.autoprec import resolve_precision
+from ecomkit.train.loop import run_training
+
+CPU = torch.device("cpu")
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
+
+
+@pytest.mark.skipif(not ({"avx512_bf16", "amx_bf16"} & _cpu_flags()), reason="this CPU has no bf16 matmul units")
+def test_auto_picks_bf16_on_a_cpu_that_multiplies_in_bf16():
+    picked, why = choose_precision(CPU)
+    assert picked == "bf16", why
+    assert "GFLOP/s" in why and "thread" in why
+
+
+def test_auto_picks_fp32_when_the_probe_says_bf16_is_not_faster():
+    picked, why = choose_precision(CPU, rates={"fp32": 100e9, "bf16": 90e9})
+    assert picked == "fp32" and "does not multiply faster in bf16" in why
+    slightly = {"fp32": 100e9, "bf16": 100e9 * (AUTO_BF16_MIN_SPEEDUP - 0.01)}
+    assert choose_precision(CPU, rates=slightly)[0] == "fp32"   # "clearly faster", not marginally
+    assert choose_precision(CPU, rates={"fp32": 100e9, "bf16": 300e9})[0] == "bf16"
+
+
+def test_resolve_replaces_auto_and_leaves_explicit_precisions(monkeypatch):
+    cfg = TrainConfig(precision="auto")
+    cfg.validate(1)                      # auto is a valid choice
+    monkeypatch.setattr("ecomkit.train.autoprec.choose_precision", lambda device: ("fp32", "mocked"))
+    assert resolve_precision(cfg, DistEnv()) == "fp32" and cfg.precision == "fp32"
+    cfg = TrainConfig(precision="bf16")
+    assert resolve_precision(cfg, DistEnv()) == "bf16"
+    with pytest.raises(ConfigError, match="precision"):
+        TrainConfig(precision="bf17").validate(1)
+
+
+def test_roofline_fields_are_labelled_by_device():
+    cpu = roofline_fields(50e9, 100e9, "measured bf16 GEMM, 1 thread(s)", 2, CPU)
+    assert cpu["peak_share"] == pytest.approx(0.25) and "mfu" not in cpu
+    gpu = roofline_fields(50e12, 100e12, "hardware table", 1, torch.device("cuda"))
+    assert gpu["mfu"] == pytest.approx(0.5) and "peak_share" not in gpu
+    rows = [{"model_flops_per_s": 10e9, "step_time_s": 1.0}, {"model_flops_per_s": 30e9, "step_time_s": 1.0}]
+    summary = roofline_summary(rows, 2.0, 100e9, "measured", 1, CPU)   # totals: 40e9 FLOPs / 2 s
+    assert summary["model_flops_per_s"] == pytest.approx(20e9)
+    assert "20.0% of the measured matmul peak" in roofline_line(summary)
+    assert matmul_flops("fp32", n=64, reps=1) > 0
+
+
+def test_an_auto_run_reports_its_share_of_the_measured_peak(tmp_path):
+    cfg = TrainConfig(precision="auto", max_steps=4, eval_interval=0, eval_batches=1, save_model=False,
+                      progress=False, output_dir=str(tmp_path))
+    summary = run_training(cfg)
+    expected, _ = choose_precision(CPU)
+    assert summary["config"]["precision"] == expected
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["type"] == "train"]
+    assert all(r["model_flops_per_s"] > 0 and 0 < r["peak_share"] for r in train)
+    assert summary["peak_source"].startswith(f"measured {expected} GEMM")
+    assert 0 < summary["peak_share"] and summary["model_flops_per_s"] > 0
