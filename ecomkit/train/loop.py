@@ -269,6 +269,7 @@ class TrainingRun:
         (loss_total,) = self._reduce_counts([loss_sum])
         step_time = time.perf_counter() - t0
         mem, mem_kind = peak_memory(env.device)
+        model_flops = input_tokens * flops_tok(attention_length(input_tokens, squared)) / step_time  # model FLOP/s
         row: dict[str, Any] = {
             "type": "train", "step": self.step + 1, "epoch": self.epoch,
             "loss": loss_total / label_tokens, "lr": strategy.current_lr(),
@@ -279,11 +280,9 @@ class TrainingRun:
             # exposed communication, measurable with accumulation: the synced micro-step minus a no_sync one
             "comm_exposed_s": (times[-1] - sum(times[:-1]) / (len(times) - 1)) if len(times) > 1 and env.distributed else None,
             "peak_mem_bytes": mem, "mem_kind": mem_kind,
-            **mfu_fields(input_tokens * flops_tok(attention_length(input_tokens, squared)) / step_time, peak,
-                         env.world_size, env.device, self.cfg.precision),
+            **mfu_fields(model_flops, peak, env.world_size, env.device, self.cfg.precision),
         }
-        row.update(roofline_fields(input_tokens * flops_tok(attention_length(input_tokens, squared)) / step_time,
-                                   *self.roofline, env.world_size, env.device) if hasattr(self, "roofline") else {})
+        row.update(roofline_fields(model_flops, *self.roofline, env.world_size, env.device))
         row.update(stats.extra)
         return row
 
@@ -315,8 +314,8 @@ class TrainingRun:
             "final_loss": train_rows[-1]["loss"] if train_rows else None,
             **final_eval,
             **throughput, "time_split": time_split(train_rows, WARMUP_STEPS),
-            **(roofline_summary(train_rows[WARMUP_STEPS:], throughput["steady_wall_s"], *self.roofline,
-                                self.env.world_size, self.env.device) if hasattr(self, "roofline") else {}),
+            **roofline_summary(train_rows[WARMUP_STEPS:], throughput["steady_wall_s"], *self.roofline,
+                               self.env.world_size, self.env.device),
             "peak_mem_bytes": max((r["peak_mem_bytes"] for r in train_rows), default=0),
             "wall_s": wall, "output_dir": str(self.out_dir.resolve()),
             "model_dir": str((self.out_dir / "final").resolve()) if self.cfg.save_model else None,
