@@ -98,6 +98,10 @@ class TrainConfig:
     model: str = "tiny"               # preset (tiny, small, seqgpt-560m, ecomgpt-7b), local dir or hub id
     tokenizer: str = "local"          # "local": BPE trained on the catalog; or a dir / hub id
     attn: str = "sdpa"                # sdpa (default, proven equal to eager) | eager | flex (GPU) attention
+    compile: bool = False             # torch.compile the wrapped model (single process and ddp; the first step
+                                      #   pays the compilation, about 40 s for `small` on a CPU)
+    untimed_steps: int = 1            # first steps left out of throughput and step-time figures (warm-up); with
+                                      #   --compile, new batch shapes recompile in the first few steps: use 8
     loss_chunk_tokens: int = 1024     # LM head + loss this many label positions at a time, no [B,T,vocab]
                                       #   logits kept (0 = full logits); single/ddp/accelerate/fsdp only
     # --- data -------------------------------------------------------------

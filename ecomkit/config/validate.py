@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ecomkit.config.validate_peft import check_peft
-from ecomkit.config.vocabulary import (ATTN_IMPLS, CLIP_POLICIES, COMPRESSIONS, HOOK_STRATEGIES, MESH_STRATEGIES,
+from ecomkit.config.vocabulary import (ATTN_IMPLS, CLIP_POLICIES, COMPILE_STRATEGIES, COMPRESSIONS, HOOK_STRATEGIES,
+                                       MESH_STRATEGIES,
                                        PROMPT_FORMATS, SPAN_ENDS,
                                        PP_SCHEDULES, PRECISION_CHOICES, REPORT_TARGETS, STRATEGIES,
                                        STRATEGIES_WITHOUT_DCP, TASKS, StrategyName, check_choice)
@@ -52,11 +53,14 @@ def validate_train_config(cfg: _TrainConfig, world_size: int, n_head: int | None
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name}={getattr(cfg, name)} must be > 0.")
     for name in ("loss_chunk_tokens", "weight_decay", "max_grad_norm", "warmup_steps", "max_steps", "epochs",
-                 "eval_interval"):
+                 "eval_interval", "untimed_steps"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 0.")
     if cfg.max_steps == 0 and cfg.epochs <= 0:
         raise ConfigError("Set --max-steps > 0 or --epochs > 0: the run has no length.")
+    if 0 < cfg.max_steps <= cfg.untimed_steps:
+        raise ConfigError(f"untimed_steps={cfg.untimed_steps} (flag --untimed-steps) leaves none of the "
+                          f"{cfg.max_steps} steps to time: lower it or raise --max-steps.")
     if not 0 <= cfg.min_lr_ratio <= 1:
         raise ConfigError(f"min_lr_ratio={cfg.min_lr_ratio} must be in [0, 1].")
     check_zero_options(cfg)
@@ -66,6 +70,7 @@ def validate_train_config(cfg: _TrainConfig, world_size: int, n_head: int | None
     check_fault_config(cfg)
     check_data_source(cfg)
     check_generation(cfg)
+    check_compile(cfg)
     parse_report_to(cfg.report_to, check_installed=True)
 
 
@@ -356,6 +361,23 @@ def check_label_map_shape(label_map: Any) -> None:
                 isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in mapping.values()):
             raise ConfigError(f"label_map[{target!r}] must be a non-empty object of raw value -> label name, got "
                               f"{mapping!r}; e.g. --label-map {example}.")
+
+
+# ---------------------------------------------------------------------- --compile
+def check_compile(cfg: _TrainConfig) -> None:
+    """``--compile`` only where ecomkit hands the wrapped model to ``torch.compile`` and has measured it."""
+    if not cfg.compile:
+        return
+    if cfg.strategy not in COMPILE_STRATEGIES:
+        raise ConfigError(
+            f"--compile cannot run with --strategy {cfg.strategy}: ecomkit compiles the whole wrapped model, "
+            "which it does for a single process and DDP only. DeepSpeed's engine, FSDP2, tensor and pipeline "
+            "parallelism would need each block compiled inside the wrapper, which ecomkit does not do yet. "
+            "Drop --compile, or use --strategy ddp.")
+    if cfg.compression.method != "none":
+        raise ConfigError(
+            f"--compile with --compression {cfg.compression.method}: the gradient-compression hooks are not "
+            "tested under torch.compile's DDP graph splitting. Drop one of the two flags.")
 
 
 # ---------------------------------------------------------------------- evaluation by generation

@@ -38,6 +38,8 @@ class StrategyName(str, Enum):
 STRATEGIES = tuple(s.value for s in StrategyName)
 # Strategies that wrap the model in torch DDP, the only wrapper with communication hooks (chapter 05).
 HOOK_STRATEGIES = frozenset({StrategyName.DDP})
+# Strategies whose wrapped model ecomkit hands to torch.compile (--compile); the others are refused in validate().
+COMPILE_STRATEGIES = frozenset({StrategyName.DDP})
 # Strategies built on a (pp, dp, tp) device mesh (chapter 04): their degrees come from ``cfg.parallel``.
 MESH_STRATEGIES = (StrategyName.FSDP, StrategyName.TP, StrategyName.PP, StrategyName.MIXED)
 # Why a strategy's state is not one DCP state dict of (model, optimizer): chapter 07's checkpoints skip it.

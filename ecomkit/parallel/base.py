@@ -81,7 +81,7 @@ class Strategy:
     def setup(self, model: nn.Module, total_steps: int) -> None:
         """Wrap ``model`` and build optimizer + scheduler. Subclasses usually override ``wrap``."""
         self.raw_model = model
-        self.model = self.wrap(model)
+        self.model = compile_wrapped(self.wrap(model), self.cfg.compile)
         self.optimizer = build_optimizer(self.model, self.cfg)
         self.scheduler = build_scheduler(self.optimizer, self.cfg, total_steps)
         self.scaler = build_grad_scaler(self.cfg.precision, self.env.device)
@@ -182,6 +182,17 @@ class Strategy:
     def close(self) -> None:
         """Drop references so gloo threads die before the process group (trap 1)."""
         self.model = self.raw_model = self.optimizer = self.scheduler = None
+
+
+def compile_wrapped(model: nn.Module, enabled: bool) -> nn.Module:
+    """``--compile``: the wrapped model through ``torch.compile``, after the wrapper, so DDP's buckets split the graph.
+
+    ``dynamic=True`` from the first step: batches of a bucketed sampler come in many
+    lengths, and the default (static first, dynamic on the first new shape) would
+    pay a second compilation inside the measured steps. ``validate()`` allows it
+    only for the strategies in ``COMPILE_STRATEGIES``.
+    """
+    return torch.compile(model, dynamic=True) if enabled else model
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ from ecomkit.metrics import MetricsWriter, slowest_rank_throughput, time_split
 from ecomkit.models.bloom import count_parameters, load_model
 from ecomkit.parallel.zero.env import ensure_deepspeed_env
 from ecomkit.train.autoprec import resolve_precision
-from ecomkit.train.loop import WARMUP_STEPS, TrainingRun, validate_before_launch
+from ecomkit.train.loop import TrainingRun, validate_before_launch
 
 # Trainer's samplers (TrainingArguments.train_sampling_strategy); the first is the comparison's default.
 HF_SAMPLING = ("group_by_length", "random", "batch_rebalance")
@@ -149,6 +149,7 @@ def training_arguments(cfg: TrainConfig, env: DistEnv, grad_accum: int,
         lr_scheduler_kwargs={"min_lr_rate": cfg.min_lr_ratio},
         optim="adamw_torch",
         bf16=cfg.precision == "bf16", fp16=cfg.precision == "fp16",
+        torch_compile=cfg.compile,  # --compile: Trainer compiles the model itself (torch.compile, inductor)
         use_cpu=env.device.type == "cpu",
         logging_steps=1, report_to=[], save_strategy="no", eval_strategy="no",
         disable_tqdm=True,  # progress comes from StepRecorder's lines, like ecomkit's loop
@@ -221,8 +222,8 @@ def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | str | None = None,
             "model": cfg.model, "params": count_parameters(model), "world_size": env.world_size,
             "global_batch": run.global_batch(), "steps": trainer.state.global_step,
             "first_loss": rows[0].get("loss") if rows else None, "final_loss": rows[-1].get("loss") if rows else None,
-            **slowest_rank_throughput(recorder.rows, env, WARMUP_STEPS, rows),
-            "time_split": time_split(rows, WARMUP_STEPS),
+            **slowest_rank_throughput(recorder.rows, env, cfg.untimed_steps, rows),
+            "time_split": time_split(rows, cfg.untimed_steps),
             "wall_s": wall, "output_dir": str(cfg.output_dir),
         }
         writer.finish(summary)

@@ -49,10 +49,6 @@ from ecomkit.train.progress import make_progress
 from ecomkit.train.shapes import length_multiple
 
 
-# Steps left out of throughput: the first step allocates memory and picks kernels.
-WARMUP_STEPS = 1
-
-
 def tokenizer_cache_dir() -> Path:
     return Path(os.environ.get("ECOMKIT_CACHE", Path.home() / ".cache" / "ecomkit"))
 
@@ -303,7 +299,7 @@ class TrainingRun:
     def _summary(self, final_eval: dict[str, float], wall: float) -> dict[str, Any]:
         train_rows = [r for r in self.history if r.get("type") == "train"]
         # Totals over the steady phase, at the slowest rank's pace (a collective: every rank gets here).
-        throughput = slowest_rank_throughput(train_rows, self.env, WARMUP_STEPS)
+        throughput = slowest_rank_throughput(train_rows, self.env, self.cfg.untimed_steps)
         return {
             "strategy": self.strategy.name, "model": self.cfg.model, "params": self.n_params,
             "trainable_params": self.n_trainable, "peft": self.cfg.peft,
@@ -313,8 +309,8 @@ class TrainingRun:
             "first_loss": train_rows[0]["loss"] if train_rows else None,
             "final_loss": train_rows[-1]["loss"] if train_rows else None,
             **final_eval,
-            **throughput, "time_split": time_split(train_rows, WARMUP_STEPS),
-            **roofline_summary(train_rows[WARMUP_STEPS:], throughput["steady_wall_s"], *self.roofline,
+            **throughput, "time_split": time_split(train_rows, self.cfg.untimed_steps),
+            **roofline_summary(train_rows[self.cfg.untimed_steps:], throughput["steady_wall_s"], *self.roofline,
                                self.env.world_size, self.env.device),
             "peak_mem_bytes": max((r["peak_mem_bytes"] for r in train_rows), default=0),
             "wall_s": wall, "output_dir": str(self.out_dir.resolve()),

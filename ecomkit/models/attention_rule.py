@@ -1,0 +1,63 @@
+"""``--attn auto`` (the default): which attention a run uses, by device, precision and sequence length.
+
+Why a rule and not one default: SDPA never keeps the ``[batch, heads, T, T]``
+probabilities, so it wins on memory everywhere and on time at fp32 and at long
+sequences (``bench_attention``). On a CPU under bf16 autocast, at short
+sequences, BLOOM's eager attention is faster: its two batched matmuls run in
+bf16 through oneDNN, while the SDPA path adds the ALiBi channel to q and k and
+the CPU's fused kernel gains little at small ``T``. ``bench_attn_rule``
+measures both side by side at each length and precision; the longest length
+up to which eager stays faster is :data:`CPU_BF16_EAGER_MAX_SEQ`, and a test
+recomputes it from the committed artifact with :func:`eager_max_seq`, so the
+constant cannot drift from the measurement.
+
+On GPUs, and at fp32 on CPUs, ``auto`` is SDPA.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Iterable
+
+# Longest sequence length at which eager attention trained faster than SDPA on a CPU under bf16 autocast, in
+# benchmarks/results/bench_attn_rule-*.json (tests/test_attention_rule.py recomputes it from the newest artifact).
+CPU_BF16_EAGER_MAX_SEQ = 0
+
+
+def pick_attention(requested: str, precision: str, device_type: str, seq_len: int,
+                   eager_max_seq: int = CPU_BF16_EAGER_MAX_SEQ) -> tuple[str, str]:
+    """(implementation, why) for ``--attn requested``; anything but ``auto`` is returned as asked."""
+    if requested != "auto":
+        return requested, f"--attn {requested} as asked"
+    if device_type == "cpu" and precision == "bf16" and seq_len <= eager_max_seq:
+        return "eager", (f"auto: eager, measured faster than sdpa on this kind of CPU under bf16 up to seq "
+                         f"{eager_max_seq} (bench_attn_rule); this run's --seq-len is {seq_len}")
+    if device_type == "cpu" and precision == "bf16":
+        return "sdpa", (f"auto: sdpa, since --seq-len {seq_len} is beyond seq {eager_max_seq}, the longest at "
+                        "which eager was measured faster under bf16 on CPU (bench_attn_rule)")
+    return "sdpa", f"auto: sdpa ({precision} on {device_type}: fused attention is as fast or faster, and smaller)"
+
+
+def eager_max_seq(rows: Iterable[dict[str, Any]], precision: str = "bf16") -> int:
+    """Longest measured ``seq`` up to which eager's median step time beats SDPA's at every measured length.
+
+    ``rows``: ``{"precision", "seq", "attn", "step_s"}`` per measurement (repeats allowed: medians are
+    compared). Stops at the first length where SDPA is as fast or faster, so a lucky long length after a
+    loss does not extend the range. 0 when eager loses at the shortest length.
+    """
+    times: dict[int, dict[str, list[float]]] = {}
+    for r in rows:
+        if r["precision"] == precision:
+            times.setdefault(int(r["seq"]), {}).setdefault(r["attn"], []).append(float(r["step_s"]))
+    best = 0
+    for seq in sorted(times):
+        per = times[seq]
+        if "eager" not in per or "sdpa" not in per:
+            raise ValueError(f"seq {seq} ({precision}) has no {'eager' if 'eager' not in per else 'sdpa'} rows")
+        if statistics.median(per["eager"]) >= statistics.median(per["sdpa"]):
+            break
+        best = seq
+    return best
+
+
+__all__ = ["CPU_BF16_EAGER_MAX_SEQ", "eager_max_seq", "pick_attention"]
