@@ -11,7 +11,7 @@ tokens (``--tokens``; batch = tokens / seq), so lengths cost alike. Each
 which goes first; a run's figure is its best step (other processes only ever
 add time), and the comparison is the median over runs.
 
-The rule's constant, ``ecomkit.models.attention_rule.CPU_BF16_EAGER_MAX_SEQ``,
+The rule's constant, ``ecomkit.models.attention_rule.CPU_EAGER_MAX_SEQ``,
 is :func:`~ecomkit.models.attention_rule.eager_max_seq` of this artifact's
 rows; ``tests/test_attention_rule.py`` recomputes it from the newest artifact.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from common import REPO, bench_env, write_artifact
 
-from ecomkit.models.attention_rule import CPU_BF16_EAGER_MAX_SEQ, eager_max_seq
+from ecomkit.models.attention_rule import CPU_EAGER_MAX_SEQ, eager_max_seq
 
 WORKER = Path(__file__).resolve().parent / "bench_attention.py"
 
@@ -69,10 +69,10 @@ def main() -> None:
     found = {p: eager_max_seq(rows, p) for p in args.precisions}
     notes = [f"{p}: eager faster than sdpa at every measured length up to seq {found[p]} (0 = not even at the "
              f"shortest, {min(args.seqs)})" for p in args.precisions]
-    if "bf16" in found:
-        same = found["bf16"] == CPU_BF16_EAGER_MAX_SEQ
-        notes.append(f"the rule's constant CPU_BF16_EAGER_MAX_SEQ = {CPU_BF16_EAGER_MAX_SEQ}: "
-                     + ("matches this run" if same else f"differs from this run's {found['bf16']}; update it"))
+    for p in args.precisions:
+        same = found[p] == CPU_EAGER_MAX_SEQ.get(p)
+        notes.append(f"the rule's CPU_EAGER_MAX_SEQ[{p!r}] = {CPU_EAGER_MAX_SEQ.get(p)}: "
+                     + ("matches this run" if same else f"differs from this run's {found[p]}; update it"))
     for n in notes:
         print(n)
     write_artifact("bench_attn_rule", table, extra={

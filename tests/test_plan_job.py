@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ecomkit.config import TrainConfig, parse_config
+from ecomkit.models.attention_rule import pick_attention
 from ecomkit.planner.cli import main, read_job
 from ecomkit.planner.job import PLANNER_FIELDS, Cluster, get_field, plan_input_from_config
 
@@ -32,7 +33,8 @@ def test_every_planner_default_is_the_training_default():
         assert get_field(job.cfg, name) == get_field(ref, name), name
     inp = plan_input_from_config(job.cfg, job.cluster)
     assert (inp.attn, inp.loss_chunk_tokens, inp.micro_batch, inp.seq_len, inp.precision, inp.grad_accum,
-            inp.strategy, inp.zero_bucket_elements) == (ref.attn, ref.loss_chunk_tokens, ref.micro_batch_size,
+            inp.strategy, inp.zero_bucket_elements) == (pick_attention(ref.attn, ref.precision, "cuda", ref.seq_len)[0],
+                                                        ref.loss_chunk_tokens, ref.micro_batch_size,
                                                         ref.seq_len, ref.precision, ref.grad_accum, ref.strategy,
                                                         ref.zero.bucket_size)
 
@@ -51,7 +53,7 @@ def test_acceptance_plan_is_the_job_03_zero3_runs(capsys):
     out = capsys.readouterr().out
     assert "→ fits on GeForce RTX 4090" in out.splitlines()[0]
     defaults_line = next(ln for ln in out.splitlines() if ln.startswith("defaults used"))
-    assert "attn=sdpa" in defaults_line and "loss_chunk_tokens=1024" in defaults_line
+    assert "attn=auto" in defaults_line and "loss_chunk_tokens=1024" in defaults_line
     assert "seq_len" not in defaults_line and "precision" not in defaults_line   # given, so not a default
 
 

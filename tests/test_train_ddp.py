@@ -9,6 +9,9 @@ import pytest
 
 from conftest import main_in_process, run_script
 
+from ecomkit.config import TrainConfig
+from ecomkit.errors import ConfigError
+
 COMMON = ["--model", "tiny", "--n-rows", "600", "--seq-len", "64", "--max-steps", "5", "--eval-interval", "0",
           "--eval-batches", "1", "--warmup-steps", "2", "--no-progress"]
 
@@ -126,3 +129,21 @@ def test_bad_input_exits_2_with_one_paragraph_from_the_command_line(tmp_path):
     assert proc.returncode == 2
     assert "must be > 0" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_compiled_ddp_matches_one_eager_process(single_run, tmp_path):
+    """--compile: torch.compile of the DDP-wrapped model trains the same losses as one uncompiled process."""
+    out = tmp_path / "compiled"
+    run_script("02_data_parallel.py", COMMON + ["--micro-batch-size", "4", "--compile", "--output-dir", str(out),
+                                                "--no-save-model"], nproc=2, timeout=600)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["config"]["compile"] is True and s["world_size"] == 2
+    assert_close_rel(losses(out), losses(single_run), rel=2e-4)
+
+
+@pytest.mark.parametrize("strategy", ["zero", "fsdp", "tp"])
+def test_compile_is_refused_where_ecomkit_does_not_compile(strategy):
+    with pytest.raises(ConfigError, match=f"--compile cannot run with --strategy {strategy}"):
+        TrainConfig(strategy=strategy, compile=True).validate(2)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ecomkit.config.validate_peft import check_peft
-from ecomkit.config.vocabulary import (ATTN_IMPLS, CLIP_POLICIES, COMPILE_STRATEGIES, COMPRESSIONS, HOOK_STRATEGIES,
+from ecomkit.config.vocabulary import (ATTN_CHOICES, CLIP_POLICIES, COMPILE_STRATEGIES, COMPRESSIONS, HOOK_STRATEGIES,
                                        MESH_STRATEGIES,
                                        PROMPT_FORMATS, SPAN_ENDS,
                                        PP_SCHEDULES, PRECISION_CHOICES, REPORT_TARGETS, STRATEGIES,
@@ -45,7 +45,7 @@ def validate_train_config(cfg: _TrainConfig, world_size: int, n_head: int | None
     check_choice("precision", cfg.precision, PRECISION_CHOICES)
     check_choice("task", cfg.task, TASKS)
     check_choice("clip_policy", cfg.clip_policy, CLIP_POLICIES)
-    check_choice("attn", cfg.attn, ATTN_IMPLS)
+    check_choice("attn", cfg.attn, ATTN_CHOICES)
     check_choice("compression.method", cfg.compression.method, COMPRESSIONS)
     check_compression(cfg)
     check_peft(cfg, world_size)
@@ -58,9 +58,6 @@ def validate_train_config(cfg: _TrainConfig, world_size: int, n_head: int | None
             raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 0.")
     if cfg.max_steps == 0 and cfg.epochs <= 0:
         raise ConfigError("Set --max-steps > 0 or --epochs > 0: the run has no length.")
-    if 0 < cfg.max_steps <= cfg.untimed_steps:
-        raise ConfigError(f"untimed_steps={cfg.untimed_steps} (flag --untimed-steps) leaves none of the "
-                          f"{cfg.max_steps} steps to time: lower it or raise --max-steps.")
     if not 0 <= cfg.min_lr_ratio <= 1:
         raise ConfigError(f"min_lr_ratio={cfg.min_lr_ratio} must be in [0, 1].")
     check_zero_options(cfg)

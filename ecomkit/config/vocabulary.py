@@ -64,6 +64,8 @@ PRECISION_CHOICES = (*PRECISIONS, "auto")
 TASKS = ("lm", "nlu")
 CLIP_POLICIES = ("fixed", "sentiment")
 ATTN_IMPLS = ("eager", "sdpa", "flex")
+# What --attn accepts: an implementation, or "auto" (resolved once precision and device are known: attention_rule).
+ATTN_CHOICES = (*ATTN_IMPLS, "auto")
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "topk", "topk_naive")
 PP_SCHEDULES = ("gpipe", "1f1b")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -75,7 +77,7 @@ PEFT_METHODS = ("none", "lora")
 # The allowed values of each config field that has a fixed list, by dotted field name: the CLI shows them
 # as the flag's metavar and in its help (``--zero-stage {0,1,2,3}``); TrainConfig.validate() enforces them.
 FIELD_CHOICES: dict[str, tuple] = {
-    "attn": ATTN_IMPLS, "task": TASKS, "clip_policy": CLIP_POLICIES, "precision": PRECISION_CHOICES,
+    "attn": ATTN_CHOICES, "task": TASKS, "clip_policy": CLIP_POLICIES, "precision": PRECISION_CHOICES,
     "strategy": STRATEGIES, "zero.stage": ZERO_STAGES, "compression.method": COMPRESSIONS,
     "parallel.pp_schedule": PP_SCHEDULES, "prompt_format": PROMPT_FORMATS, "span_end": SPAN_ENDS,
     "peft": PEFT_METHODS,

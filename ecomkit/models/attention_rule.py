@@ -7,11 +7,11 @@ sequences, BLOOM's eager attention is faster: its two batched matmuls run in
 bf16 through oneDNN, while the SDPA path adds the ALiBi channel to q and k and
 the CPU's fused kernel gains little at small ``T``. ``bench_attn_rule``
 measures both side by side at each length and precision; the longest length
-up to which eager stays faster is :data:`CPU_BF16_EAGER_MAX_SEQ`, and a test
+up to which eager stays faster, per precision, is :data:`CPU_EAGER_MAX_SEQ`, and a test
 recomputes it from the committed artifact with :func:`eager_max_seq`, so the
 constant cannot drift from the measurement.
 
-On GPUs, and at fp32 on CPUs, ``auto`` is SDPA.
+On GPUs ``auto`` is SDPA.
 """
 
 from __future__ import annotations
@@ -19,23 +19,24 @@ from __future__ import annotations
 import statistics
 from typing import Any, Iterable
 
-# Longest sequence length at which eager attention trained faster than SDPA on a CPU under bf16 autocast, in
+# Per precision, the longest sequence length at which eager attention trained faster than SDPA on a CPU, in
 # benchmarks/results/bench_attn_rule-*.json (tests/test_attention_rule.py recomputes it from the newest artifact).
-CPU_BF16_EAGER_MAX_SEQ = 0
+CPU_EAGER_MAX_SEQ: dict[str, int] = {"fp32": 0, "bf16": 0}
 
 
 def pick_attention(requested: str, precision: str, device_type: str, seq_len: int,
-                   eager_max_seq: int = CPU_BF16_EAGER_MAX_SEQ) -> tuple[str, str]:
+                   eager_max_seq: dict[str, int] | None = None) -> tuple[str, str]:
     """(implementation, why) for ``--attn requested``; anything but ``auto`` is returned as asked."""
     if requested != "auto":
         return requested, f"--attn {requested} as asked"
-    if device_type == "cpu" and precision == "bf16" and seq_len <= eager_max_seq:
-        return "eager", (f"auto: eager, measured faster than sdpa on this kind of CPU under bf16 up to seq "
-                         f"{eager_max_seq} (bench_attn_rule); this run's --seq-len is {seq_len}")
-    if device_type == "cpu" and precision == "bf16":
-        return "sdpa", (f"auto: sdpa, since --seq-len {seq_len} is beyond seq {eager_max_seq}, the longest at "
-                        "which eager was measured faster under bf16 on CPU (bench_attn_rule)")
-    return "sdpa", f"auto: sdpa ({precision} on {device_type}: fused attention is as fast or faster, and smaller)"
+    if device_type != "cpu":
+        return "sdpa", f"auto: sdpa (fused attention on {device_type}: as fast or faster, and smaller)"
+    limit = (CPU_EAGER_MAX_SEQ if eager_max_seq is None else eager_max_seq).get(precision, 0)
+    if seq_len <= limit:
+        return "eager", (f"auto: eager, measured faster than sdpa on CPU at {precision} up to seq {limit} "
+                         f"(bench_attn_rule); this run's --seq-len is {seq_len}")
+    return "sdpa", (f"auto: sdpa, since --seq-len {seq_len} is beyond seq {limit}, the longest at which eager was "
+                    f"measured faster on CPU at {precision} (bench_attn_rule; 0 = at no measured length)")
 
 
 def eager_max_seq(rows: Iterable[dict[str, Any]], precision: str = "bf16") -> int:
@@ -60,4 +61,4 @@ def eager_max_seq(rows: Iterable[dict[str, Any]], precision: str = "bf16") -> in
     return best
 
 
-__all__ = ["CPU_BF16_EAGER_MAX_SEQ", "eager_max_seq", "pick_attention"]
+__all__ = ["CPU_EAGER_MAX_SEQ", "eager_max_seq", "pick_attention"]

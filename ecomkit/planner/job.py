@@ -27,6 +27,7 @@ from ecomkit.config import (DEEPSPEED_PLAN_STRATEGIES, MESH_STRATEGIES, PARALLEL
                             PLAN_STRATEGY_ALIASES, STRATEGIES, StrategyName, TrainConfig, plan_strategy_name,
                             resolve_parallel_degrees)
 from ecomkit.errors import ConfigError
+from ecomkit.models.attention_rule import pick_attention
 from ecomkit.planner.lora import LoraPlan, plan_lora_memory
 from ecomkit.planner.memory import MemoryPlan, PlanInput, plan_memory
 from ecomkit.planner.shapes import ModelShape, model_shape
@@ -180,7 +181,8 @@ def plan_input_from_config(cfg: TrainConfig, cluster: Cluster, vocab_size: int |
     assert strategy in PLAN_STRATEGIES
     return PlanInput(model=cfg.model, world_size=cluster.gpus, strategy=strategy, tp=tp, pp=pp,
                      precision=cfg.precision, micro_batch=cfg.micro_batch_size, seq_len=cfg.seq_len,
-                     activation_checkpointing=checkpointing, attn=cfg.attn,
+                     activation_checkpointing=checkpointing,
+                     attn=pick_attention(cfg.attn, cfg.precision, "cuda", cfg.seq_len)[0],  # the planner plans GPUs
                      offload_optimizer=zero and cfg.zero.offload_optimizer, offload_param=offload_param,
                      gpu=cluster.gpu, grad_accum=cfg.resolve_grad_accum(dp),
                      pp_microbatches=cfg.parallel.pp_microbatches if pp > 1 else 0,

@@ -1,4 +1,4 @@
-"""``--precision auto`` resolved for a run: one choice for every rank, logged with its reason.
+"""``--precision auto`` and ``--attn auto`` resolved for a run: one choice for every rank, logged with its reason.
 
 Why rank 0 decides: the CPU probe is a timing, and two ranks timing at once
 on a shared machine could disagree; ranks that autocast differently would
@@ -10,6 +10,7 @@ from __future__ import annotations
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, gather_objects, log
 from ecomkit.envcheck.matmul import choose_precision
+from ecomkit.models.attention_rule import pick_attention
 
 
 def resolve_precision(cfg: TrainConfig, env: DistEnv) -> str:
@@ -24,4 +25,18 @@ def resolve_precision(cfg: TrainConfig, env: DistEnv) -> str:
     return picked
 
 
-__all__ = ["resolve_precision"]
+def resolve_attention(cfg: TrainConfig, env: DistEnv) -> str:
+    """Replace ``cfg.attn == "auto"`` by the attention the measured rule picks (after the precision is known).
+
+    No gather is needed: the rule reads only the config and the device type, the same on every rank.
+    """
+    if cfg.attn != "auto":
+        return cfg.attn
+    picked, why = pick_attention(cfg.attn, cfg.precision, env.device.type, cfg.seq_len)
+    if env.is_main:
+        log.info("attention %s", why)
+    cfg.attn = picked
+    return picked
+
+
+__all__ = ["resolve_attention", "resolve_precision"]

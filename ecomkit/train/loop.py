@@ -42,7 +42,7 @@ from ecomkit.parallel import build_strategy
 from ecomkit.parallel.mixed import sharded_model_callbacks
 from ecomkit.train.clip import ClipPolicy
 from ecomkit.train.evaluate import all_reduce_sums, evaluate_loss, evaluate_nlu_accuracy
-from ecomkit.train.autoprec import resolve_precision
+from ecomkit.train.autoprec import resolve_attention, resolve_precision
 from ecomkit.train.gen_eval import PREDICTIONS_FILE, evaluator_for_run
 from ecomkit.train.preempt import add_preemption_callbacks
 from ecomkit.train.progress import make_progress
@@ -73,6 +73,7 @@ class TrainingRun:
         # The same checks as parse_config and run_training, for runs started inside a session (sweeps, notebooks).
         self.cfg.validate(self.env.world_size)
         resolve_precision(self.cfg, self.env)  # --precision auto: bf16 where the device multiplies faster in it
+        resolve_attention(self.cfg, self.env)  # --attn auto: by device, precision and length (attention_rule)
         self.strategy = build_strategy(self.cfg, self.env)
         self.shard = self.strategy.data_shard()                  # (index, count): dp coordinate for TP/PP
         self.replication = self.env.world_size // self.shard[1]  # ranks that see the same batch
