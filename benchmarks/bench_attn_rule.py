@@ -1,15 +1,16 @@
 #!/usr/bin/env python
 """Where ``--attn auto`` switches: eager vs SDPA training step time by sequence length, at fp32 and bf16.
 
-  python benchmarks/bench_attn_rule.py [--model small] [--seqs 64 128 256 512 1024] [--repeats 3]
+  python benchmarks/bench_attn_rule.py [--model small] [--seqs 64 128 256 512 1024] [--steps 6]
 
 One real training step as the loop runs it (chunked loss, backward, AdamW; the
-forward under CPU autocast for bf16), each measurement in a fresh process
-(``bench_attention``'s worker), one thread. Every step holds the same number of
-tokens (``--tokens``; batch = tokens / seq), so lengths cost alike. Each
-(precision, seq) pair runs ``--repeats`` times, eager and SDPA alternating
-which goes first; a run's figure is its best step (other processes only ever
-add time), and the comparison is the median over runs.
+forward under CPU autocast for bf16), one thread, in this one process: for each
+(precision, seq) one model is built, and eager and SDPA alternate step by step
+(``install_attention`` swaps only the modules' classes), so a change in the
+machine's load hits both sides alike. Every step holds the same number of
+tokens (``--tokens``; batch = tokens / seq). After one untimed step of each,
+``--steps`` timed steps of each run; the comparison is the median step time
+of each side.
 
 The rule's constant, ``ecomkit.models.attention_rule.CPU_EAGER_MAX_SEQ``,
 is :func:`~ecomkit.models.attention_rule.eager_max_seq` of this artifact's
@@ -19,25 +20,50 @@ rows; ``tests/test_attention_rule.py`` recomputes it from the newest artifact.
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import os
 import statistics
-import subprocess
-import sys
-from pathlib import Path
+import time
 
-from common import REPO, bench_env, write_artifact
+import torch
+from common import write_artifact
 
+from ecomkit.config import TrainConfig
+from ecomkit.models.attention import install_attention
 from ecomkit.models.attention_rule import CPU_EAGER_MAX_SEQ, eager_max_seq
+from ecomkit.models.bloom import build_model
+from ecomkit.models.loss import install_chunked_loss
 
-WORKER = Path(__file__).resolve().parent / "bench_attention.py"
+def measure(model_name: str, precision: str, seq: int, batch: int, steps: int, seed: int = 0) -> list[dict]:
+    """``steps`` timed training steps of each attention at ``seq``, alternating eager / sdpa, on one model."""
+    torch.manual_seed(seed)
+    model = build_model(model_name)
+    install_chunked_loss(model, TrainConfig().loss_chunk_tokens)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(3, model.config.vocab_size, (batch, seq))
+    mask = torch.ones_like(ids)
+    mask[-1, seq - seq // 8:] = 0  # one right-padded row, as ecomkit's collate makes
+    labels = ids.masked_fill(mask == 0, -100)
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else contextlib.nullcontext
 
+    def step(attn: str) -> float:
+        install_attention(model, attn)
+        t0 = time.perf_counter()
+        with autocast():
+            loss = model(input_ids=ids, attention_mask=mask, token_loss_labels=labels).loss / mask.sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
 
-def measure(model: str, attn: str, precision: str, seq: int, batch: int, steps: int) -> dict:
-    cmd = [sys.executable, str(WORKER), "--worker", attn, "full", "--model", model, "--batch", str(batch),
-           "--steps", str(steps), "--seqs", str(seq), "--precision", precision]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO, env=bench_env(1))
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    step("eager"), step("sdpa")  # untimed: first-call allocations and kernel choice for both
+    rows = []
+    for k in range(steps):
+        for attn in (("eager", "sdpa") if k % 2 == 0 else ("sdpa", "eager")):
+            rows.append({"precision": precision, "seq": seq, "batch": batch, "attn": attn, "step": k,
+                         "step_s": step(attn)})
+    return rows
 
 
 def main() -> None:
@@ -46,18 +72,16 @@ def main() -> None:
     ap.add_argument("--seqs", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     ap.add_argument("--tokens", type=int, default=2048, help="tokens per step (batch = tokens / seq)")
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per run (best counts), after one untimed")
-    ap.add_argument("--repeats", type=int, default=3, help="runs per (precision, seq, attention)")
+    ap.add_argument("--steps", type=int, default=6, help="timed steps of each attention per (precision, seq)")
     args = ap.parse_args()
-    print(f"model={args.model}, {args.tokens} tokens per step, best of {args.steps} steps per run, "
-          f"{args.repeats} runs each, 1 thread, load average {os.getloadavg()[0]:.1f}\n", flush=True)
+    torch.set_num_threads(1)
+    print(f"model={args.model}, {args.tokens} tokens per step, {args.steps} timed steps of each attention, "
+          f"alternating, 1 thread, load average {os.getloadavg()[0]:.1f}\n", flush=True)
     rows, table = [], []
     for precision in args.precisions:
         for seq in args.seqs:
             batch = max(1, args.tokens // seq)
-            for k in range(args.repeats):
-                for attn in (("eager", "sdpa") if k % 2 == 0 else ("sdpa", "eager")):
-                    rows.append({**measure(args.model, attn, precision, seq, batch, args.steps), "repeat": k})
+            rows += measure(args.model, precision, seq, batch, args.steps)
             med = {a: statistics.median(r["step_s"] for r in rows if r["precision"] == precision
                                         and r["seq"] == seq and r["attn"] == a) for a in ("eager", "sdpa")}
             table.append({"precision": precision, "seq": seq, "batch": batch, "eager_step_s": med["eager"],

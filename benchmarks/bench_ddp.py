@@ -150,7 +150,7 @@ def ddp_section(args: argparse.Namespace, precision: str, runs: dict, notes: lis
 
 def trainer_section(args: argparse.Namespace, runs: dict, notes: list[str]) -> None:
     """Section 2: ecomkit and HF Trainer at ``--best-precision``, each at its best, and without compilation."""
-    p = args.best_precision
+    p, first = args.best_precision, len(notes)
     two = ["--model", args.model, "--max-steps", str(args.best_steps), "--untimed-steps", str(args.best_untimed),
            "--eval-interval", "0", "--eval-batches", "1", "--n-rows", str(args.n_rows), "--seq-len",
            str(args.seq_len), "--no-save-model", "--lr", "1e-3", "--precision", p,
@@ -180,7 +180,7 @@ def trainer_section(args: argparse.Namespace, runs: dict, notes: list[str]) -> N
     for name, r in ((variants[0][0], eco), (variants[1][0], hf)):
         split = ", ".join(f"{k} {v:.0%}" for k, v in (r.get("time_split") or {}).items())
         notes.append(f"where the step goes, {name}: {split}; padding {r['padding_rate']:.1%}")
-    for n in notes[-6:]:
+    for n in notes[first:]:
         print(n)
 
 
