@@ -25,6 +25,8 @@ def test_crossover_is_the_last_length_of_the_first_unbroken_eager_run():
     assert eager_max_seq(r, "bf16") == 128       # 512 is faster again, but after a loss: not counted
     assert eager_max_seq(r, "fp32") == 0         # no rows of that precision
     assert eager_max_seq(rows("bf16", {64: (1.0, 1.0)}), "bf16") == 0   # a tie is not a win
+    assert eager_max_seq(rows("bf16", {64: (1.0, 1.04)}), "bf16") == 0  # nor a gain within EAGER_MIN_GAIN
+    assert eager_max_seq(rows("bf16", {64: (1.0, 1.04)}), "bf16", min_gain=0.0) == 64
 
 
 def test_crossover_refuses_a_length_measured_on_one_side_only():

@@ -22,6 +22,9 @@ from typing import Any, Iterable
 # Per precision, the longest sequence length at which eager attention trained faster than SDPA on a CPU, in
 # benchmarks/results/bench_attn_rule-*.json (tests/test_attention_rule.py recomputes it from the newest artifact).
 CPU_EAGER_MAX_SEQ: dict[str, int] = {"fp32": 0, "bf16": 0}
+# How much faster eager must be to be picked: SDPA keeps no [batch, heads, T, T] probabilities, so a tie, or a
+# gain within the noise of a shared machine, goes to the smaller one.
+EAGER_MIN_GAIN = 0.05
 
 
 def pick_attention(requested: str, precision: str, device_type: str, seq_len: int,
@@ -39,9 +42,10 @@ def pick_attention(requested: str, precision: str, device_type: str, seq_len: in
                     f"measured faster on CPU at {precision} (bench_attn_rule; 0 = at no measured length)")
 
 
-def eager_max_seq(rows: Iterable[dict[str, Any]], precision: str = "bf16") -> int:
-    """Longest measured ``seq`` up to which eager's median step time beats SDPA's at every measured length.
+def eager_max_seq(rows: Iterable[dict[str, Any]], precision: str = "bf16", min_gain: float = EAGER_MIN_GAIN) -> int:
+    """Longest measured ``seq`` up to which eager is faster than SDPA by ``min_gain`` at every measured length.
 
+    Faster: SDPA's median step time over eager's is above ``1 + min_gain``.
     ``rows``: ``{"precision", "seq", "attn", "step_s"}`` per measurement (repeats allowed: medians are
     compared). Stops at the first length where SDPA is as fast or faster, so a lucky long length after a
     loss does not extend the range. 0 when eager loses at the shortest length.
@@ -55,10 +59,10 @@ def eager_max_seq(rows: Iterable[dict[str, Any]], precision: str = "bf16") -> in
         per = times[seq]
         if "eager" not in per or "sdpa" not in per:
             raise ValueError(f"seq {seq} ({precision}) has no {'eager' if 'eager' not in per else 'sdpa'} rows")
-        if statistics.median(per["eager"]) >= statistics.median(per["sdpa"]):
+        if statistics.median(per["sdpa"]) <= (1 + min_gain) * statistics.median(per["eager"]):
             break
         best = seq
     return best
 
 
-__all__ = ["CPU_EAGER_MAX_SEQ", "eager_max_seq", "pick_attention"]
+__all__ = ["CPU_EAGER_MAX_SEQ", "EAGER_MIN_GAIN", "eager_max_seq", "pick_attention"]
