@@ -1,15 +1,16 @@
 """``--attn auto`` (the default): which attention a run uses, by device, precision and sequence length.
 
 Why a rule and not one default: SDPA never keeps the ``[batch, heads, T, T]``
-probabilities, so it wins on memory everywhere and on time at fp32 and at long
-sequences (``bench_attention``). On a CPU under bf16 autocast, at short
-sequences, BLOOM's eager attention is faster: its two batched matmuls run in
-bf16 through oneDNN, while the SDPA path adds the ALiBi channel to q and k and
-the CPU's fused kernel gains little at small ``T``. ``bench_attn_rule``
-measures both side by side at each length and precision; the longest length
-up to which eager stays faster, per precision, is :data:`CPU_EAGER_MAX_SEQ`, and a test
-recomputes it from the committed artifact with :func:`eager_max_seq`, so the
-constant cannot drift from the measurement.
+probabilities, so it wins on memory everywhere and on time at long sequences
+(``bench_attention``). On a CPU at short sequences BLOOM's eager attention can
+be faster: the score tensors are small, its two batched matmuls run through
+oneDNN, and the SDPA path pays for the ALiBi channel it adds to q and k while
+the fused CPU kernel has little to save. ``bench_attn_rule`` measures both
+side by side at each length and precision; the longest length up to which
+eager stays faster by more than :data:`EAGER_MIN_GAIN`, per precision, is
+:data:`CPU_EAGER_MAX_SEQ`, and a test recomputes it from the committed
+artifact with :func:`eager_max_seq`, so the constant cannot drift from the
+measurement.
 
 On GPUs ``auto`` is SDPA.
 """
@@ -21,7 +22,7 @@ from typing import Any, Iterable
 
 # Per precision, the longest sequence length at which eager attention trained faster than SDPA on a CPU, in
 # benchmarks/results/bench_attn_rule-*.json (tests/test_attention_rule.py recomputes it from the newest artifact).
-CPU_EAGER_MAX_SEQ: dict[str, int] = {"fp32": 0, "bf16": 0}
+CPU_EAGER_MAX_SEQ: dict[str, int] = {"fp32": 128, "bf16": 64}
 # How much faster eager must be to be picked: SDPA keeps no [batch, heads, T, T] probabilities, so a tie, or a
 # gain within the noise of a shared machine, goes to the smaller one.
 EAGER_MIN_GAIN = 0.05
