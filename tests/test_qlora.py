@@ -85,4 +85,5 @@ def test_ddp_trains_a_4bit_base_and_saves_adapter_and_merged_model(tmp_path):
     assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
     assert s["trainable_params"] == peft_trainable_count(merged.config, qlora_config(4)) > 0
+    assert s["params"] == sum(p.numel() for p in merged.parameters()) + s["trainable_params"]  # 4-bit: unpacked
     assert not any(type(m).__module__.startswith("bitsandbytes") for m in merged.modules())
