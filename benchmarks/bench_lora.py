@@ -1,10 +1,13 @@
 #!/usr/bin/env python
 """Full fine-tuning beside LoRA r = 8, 16, 64 on the same job, 2 processes, under DDP, ZeRO-3 and FSDP2.
 
-The job: the `tiny` BLOOM preset (`--model small` for a larger one), first trained for a few steps on the catalog's text (the base that
-every variant starts from, saved once, so ZeRO-3 loads it under ``zero.Init`` and FSDP2 on the meta
-device), then fine-tuned on the NLU instructions (``--task nlu``) with the same data, seed, batch,
-steps and learning rate in every variant. Each variant is its own ``torchrun --nproc_per_node 2
+The job: the `tiny` BLOOM preset. First a base is built the way SeqGPT-560M is used, a model already
+tuned for extraction and classification that users adapt to their own labels: full fine-tuning under
+DDP on :func:`ecomkit.data.toy_tasks.base_schema_rows` (another schema and other labels than the task,
+other examples), saved once, so ZeRO-3 loads it under ``zero.Init`` and FSDP2 on the meta device. Every
+variant then fine-tunes that base on the colour task (:func:`ecomkit.data.toy_tasks.write_colour_task`)
+with the same data, seed, batch and steps (learning rate: one for full fine-tuning, one for LoRA, LoRA's
+usual higher one). Each variant is its own ``torchrun --nproc_per_node 2
 scripts/03_lora.py --variants <one>`` launch, because the CPU peak memory is the process's peak RSS
 and would otherwise carry over from the previous variant; variants run interleaved by strategy.
 
@@ -14,10 +17,11 @@ Per run (from its summary.json, written by the training loop and its probes):
 - step time (median of the steady steps; the collective counter is on in every variant, so every
   step pays the same counting overhead), gradient bytes communicated per step (all-reduce +
   reduce-scatter payload, rank 0) and all collective bytes per step;
-- trainable parameters, and the task metric: held-out loss after fine-tuning beside the base model's
-  (the step-0 evaluation), and category / sentiment accuracy beside the majority-class baseline.
+- trainable parameters, and the task metric by generation (``ecomkit.train.gen_eval``): span F1 of the
+  colour extraction beside the dictionary baseline, sentiment accuracy beside the majority label, each
+  also for the base alone (the step-0 evaluation of the same run), and the held-out loss.
 
-    python benchmarks/bench_lora.py [--steps 20] [--model tiny|small] [--ranks 8 16 64]   # ~5 min on 2 idle cores
+    python benchmarks/bench_lora.py [--steps 300] [--model tiny] [--ranks 8 16 64]   # ~10 min on 2 idle cores
 """
 
 from __future__ import annotations
@@ -32,7 +36,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import failure_reason, write_artifact
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import failure_reason, write_artifact  # noqa: E402
+from ecomkit.data.toy_tasks import write_base_task, write_colour_task  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 STRATEGIES = ("ddp", "zero3", "fsdp")
@@ -46,9 +54,10 @@ def launch(script: str, args: list[str], out: Path) -> subprocess.CompletedProce
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
 
 
-def eval_losses(run: Path) -> list[float]:
+def evaluations(run: Path) -> list[dict[str, Any]]:
+    """The run's evaluation rows with generation scores, in step order (step 0: the base alone)."""
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return [r["eval_loss"] for r in rows if r.get("type") == "eval"]
+    return [r for r in rows if "gen_decoded" in r]
 
 
 def run_variant(label: str, base: Path, common: list[str], work: Path) -> dict[str, Any]:
@@ -60,7 +69,7 @@ def run_variant(label: str, base: Path, common: list[str], work: Path) -> dict[s
         return {"variant": label, "status": f"failed (exit {proc.returncode}): {failure_reason(proc)[:300]}"}
     s = json.loads((run / "summary.json").read_text())
     states = s["model_states_per_rank"][0]
-    first, last = eval_losses(run)
+    first, last = evaluations(run)[0], evaluations(run)[-1]
     probe = s["lora_probe"][0]
     return {"variant": label, "status": "ok", "strategy": label.split(":")[0], "peft": s["peft"],
             "trainable_params": s["trainable_params"], "params": s["params"],
@@ -69,9 +78,9 @@ def run_variant(label: str, base: Path, common: list[str], work: Path) -> dict[s
             "step_ms": 1000 * s["step_time_median_s"],
             "grad_comm_kib_per_step": (probe["grad_comm_payload_bytes_per_step"] or 0) / 1024,
             "comm_kib_per_step": (probe["comm_payload_bytes_per_step"] or 0) / 1024,
-            "base_eval_loss": first, "eval_loss": last,
-            "acc_category": s.get("acc_category"), "majority_category": s.get("majority_category"),
-            "acc_sentiment": s.get("acc_sentiment"), "majority_sentiment": s.get("majority_sentiment"),
+            "base_eval_loss": first.get("eval_loss"), "eval_loss": last.get("eval_loss"),
+            "base_span_f1": first["gen_span_f1"], "span_f1": last["gen_span_f1"], "dict_span_f1": last["dict_span_f1"],
+            "base_acc": first["gen_acc"], "acc": last["gen_acc"], "majority_acc": last["gen_majority_acc"],
             "frozen_base_unchanged": all(r["frozen_checksum_before"] == r["frozen_checksum_after"]
                                          for r in s["lora_probe"]),
             "wall_s": time.perf_counter() - t0}
@@ -80,38 +89,47 @@ def run_variant(label: str, base: Path, common: list[str], work: Path) -> dict[s
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--base-steps", type=int, default=60, help="steps of the base model's training on text")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--base-steps", type=int, default=800, help="steps of the base model's full fine-tuning")
     ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=3e-3, help="full fine-tuning's learning rate")
+    ap.add_argument("--lora-lr", type=float, default=1e-2, help="LoRA's learning rate")
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 64])
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-lora-"))
-    shared = ["--seq-len", str(args.seq_len), "--n-rows", "2000", "--micro-batch-size", "8", "--eval-batches", "4"]
-    print(f"base: {args.model}, {args.base_steps} steps of causal LM under DDP ...", flush=True)
-    proc = launch("02_data_parallel.py", [*shared, "--model", args.model, "--max-steps", str(args.base_steps),
-                                          "--eval-interval", "0", "--lr", "3e-3"], work / "base")
+    shared = ["--task", "nlu", "--seq-len", str(args.seq_len), "--micro-batch-size", "16", "--eval-batches", "2",
+              "--eval-nlu-samples", "16", "--gen-max-new-tokens", "12", "--gen-batch-size", "12",
+              "--warmup-steps", "20"]
+    base_train, base_dev = write_base_task(work / "base_data")
+    print(f"base: {args.model}, {args.base_steps} steps of full fine-tuning on the base schema under DDP ...", flush=True)
+    proc = launch("02_data_parallel.py", [*shared, "--model", args.model, "--data", str(base_train), "--eval-data",
+                                          str(base_dev), "--max-steps", str(args.base_steps), "--eval-interval", "0",
+                                          "--gen-eval-samples", "0", "--lr", "6e-3"], work / "base")
     if proc.returncode != 0:
         sys.exit(f"the base run failed: {failure_reason(proc)}")
     base = work / "base" / "final"
-    common = [*shared, "--task", "nlu", "--max-steps", str(args.steps), "--eval-interval", str(args.steps),
-              "--eval-nlu-samples", "64", "--lr", str(args.lr), "--warmup-steps", "2"]
+    train, dev = write_colour_task(work / "task_data")
+    common = [*shared, "--data", str(train), "--eval-data", str(dev), "--max-steps", str(args.steps),
+              "--eval-interval", str(args.steps), "--gen-eval-samples", "48"]
     labels = [f"{s}:{what}" for what in ["full", *[f"lora{r}" for r in args.ranks]] for s in STRATEGIES]
     rows = []
     for label in labels:
-        rows.append(run_variant(label, base, common, work))
+        lr = args.lr if label.endswith(":full") else args.lora_lr
+        rows.append(run_variant(label, base, [*common, "--lr", str(lr)], work))
         r = rows[-1]
         print(f"  {label}: {r['status']}" + (f" ({r['wall_s']:.0f} s)" if r["status"] == "ok" else ""), flush=True)
     columns = ["variant", "trainable_params", "peak_mib_per_rank", "model_state_mib_per_rank", "step_ms",
-               "grad_comm_kib_per_step", "comm_kib_per_step", "base_eval_loss", "eval_loss", "acc_category",
-               "majority_category", "acc_sentiment", "majority_sentiment", "frozen_base_unchanged"]
-    notes = [f"model {args.model} (base: {args.base_steps} LM steps), then {args.steps} NLU steps, seq {args.seq_len}, "
-             f"micro-batch 8 × 2 ranks, lr {args.lr} for every variant, LoRA alpha = 2r on BLOOM's four Linears; "
+               "grad_comm_kib_per_step", "comm_kib_per_step", "base_span_f1", "span_f1", "dict_span_f1", "base_acc", "acc",
+               "majority_acc", "base_eval_loss", "eval_loss", "frozen_base_unchanged"]
+    notes = [f"model {args.model} (base: {args.base_steps} steps of full fine-tuning on another schema, "
+             f"toy_tasks.base_schema_rows), then {args.steps} steps on the colour task, seq {args.seq_len}, "
+             f"micro-batch 16 × 2 ranks, lr {args.lr} (full) / {args.lora_lr} (LoRA), LoRA alpha = 2r on BLOOM's four Linears; "
              "2 processes × 1 thread, gloo; one launch per variant",
              "peak MiB: CPU peak RSS per rank (includes the Python/torch runtime); model-state MiB: params + grads + "
              "optimizer states a rank holds (chapter 03's probe); comm: payload bytes per step on rank 0",
-             "task metric: held-out loss (base model's at step 0 → after fine-tuning) and NLU accuracy beside the "
-             "majority-class baseline on 64 held-out records"]
+             "task metric by generation on 48 held-out examples (extraction and sentiment, alternating): span F1 beside the "
+             "dictionary baseline, accuracy beside the majority label; base_*: the same run's step-0 evaluation "
+             "(the base alone, before any update)"]
     for s in STRATEGIES:
         full = next((r for r in rows if r["variant"] == f"{s}:full" and r["status"] == "ok"), None)
         for r in rows:
@@ -121,9 +139,9 @@ def main() -> None:
                              f"full's, step time {r['step_ms'] / full['step_ms']:.2f}×")
     write_artifact("bench_lora", rows, extra={"settings": vars(args), "columns": columns, "notes": notes,
                                               "headers": ["variant", "trainable", "peak MiB/rank", "states MiB/rank",
-                                                          "ms/step", "grad KiB/step", "comm KiB/step", "base eval loss",
-                                                          "eval loss", "acc cat", "majority cat", "acc sent",
-                                                          "majority sent", "base unchanged"]})
+                                                          "ms/step", "grad KiB/step", "comm KiB/step", "base F1",
+                                                          "span F1", "dict F1", "base acc", "acc", "majority acc",
+                                                          "base eval loss", "eval loss", "base unchanged"]})
 
 
 if __name__ == "__main__":

@@ -28,8 +28,9 @@ and the rest still runs.
    then the same three with LoRA r=16 (``--peft lora``: frozen bf16 base),
    so full fine-tuning and LoRA peak memory and speed sit side by side.
    QLoRA (a 4/8-bit base through bitsandbytes) is planned by
-   ``python -m ecomkit.plan --peft lora --lora-base-bits 4`` but the training
-   loop has no bitsandbytes path yet, so there is nothing of it to time here.
+   ``python -m ecomkit.plan --peft lora --lora-base-bits 4`` and trained by the
+   loop under DDP (``--lora-base-bits 4|8``, ``ecomkit.models.quant``), but this
+   bench does not time it yet.
 
 Everything is bounded by --budget-s (default 540 s): a part that would start
 after the budget is recorded as skipped. ``--dry-run`` (automatic without a

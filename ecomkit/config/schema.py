@@ -157,6 +157,8 @@ class TrainConfig:
     lora_target_modules: str = BLOOM_LORA_TARGETS  # comma-separated names of the Linears that get adapters
     lora_modules_to_save: str = ""    # comma-separated modules trained in full and saved with the adapter
                                       #   (e.g. word_embeddings after adding special tokens); "" = none
+    lora_base_bits: int = 16          # 16: frozen base in the training dtype | 8 or 4: QLoRA, the adapted Linears
+                                      #   stored by bitsandbytes (int8 / nf4); ddp only (pip install ecomkit[qlora])
     # --- run --------------------------------------------------------------
     output_dir: str = "runs/ddp"      # metrics.jsonl, summary.json, final model
     strategy: str = "ddp"             # ddp | accelerate | zero | fsdp | tp | pp | mixed

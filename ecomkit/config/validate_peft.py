@@ -7,6 +7,7 @@ work, and what to do instead.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from ecomkit.config.vocabulary import PEFT_METHODS, check_choice
@@ -33,6 +34,10 @@ def check_peft(cfg: _TrainConfig, world_size: int) -> None:
     """``peft`` and its ``lora_*`` fields: values in range, and a strategy that can train adapters."""
     check_choice("peft", cfg.peft, PEFT_METHODS)
     if cfg.peft == "none":
+        if cfg.lora_base_bits != 16:
+            raise ConfigError(
+                f"--lora-base-bits {cfg.lora_base_bits} needs --peft lora: only a frozen base can be stored in "
+                "8 or 4 bits (QLoRA), since full fine-tuning updates every weight. Add --peft lora, or drop the flag.")
         return
     if cfg.lora_r < 1:
         raise ConfigError(
@@ -68,3 +73,31 @@ def check_peft(cfg: _TrainConfig, world_size: int) -> None:
             "for BLOOM's embeddings that copy unties them from the LM head; ecomkit gathers and saves that "
             "layout only from replicated models so far. Use --strategy ddp or accelerate for it, or leave "
             "the flag empty.")
+    check_quantized_base(cfg)
+
+
+def check_quantized_base(cfg: _TrainConfig) -> None:
+    """QLoRA (``--lora-base-bits 8|4``): bitsandbytes installed, and a strategy that can wrap its layers."""
+    if cfg.lora_base_bits not in (16, 8, 4):
+        raise ConfigError(
+            f"--lora-base-bits {cfg.lora_base_bits}: 16 (the base in the training dtype), 8 (LLM.int8) or 4 "
+            "(NF4, QLoRA) are the choices.")
+    if cfg.lora_base_bits == 16:
+        return
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ConfigError(
+            f"--lora-base-bits {cfg.lora_base_bits} stores the frozen base with bitsandbytes, which is not "
+            "installed. Install the optional extra (pip install 'ecomkit[qlora]', or pip install bitsandbytes); "
+            "its CPU backend runs the 8- and 4-bit layers too.")
+    if cfg.strategy != "ddp":
+        raise ConfigError(
+            f"--lora-base-bits {cfg.lora_base_bits} with --strategy {cfg.strategy}: a bitsandbytes weight is a "
+            "packed integer tensor with its scales kept beside it (quant_state / SCB), not a parameter the "
+            "sharding strategies know: ZeRO-3 and FSDP2 would partition the packed bytes without their "
+            "scales, and ecomkit gathers and saves quantized layers only from a replicated model so far. "
+            "Train QLoRA with --strategy ddp (one process or several), or use --lora-base-bits 16 under "
+            f"{cfg.strategy}.")
+    if cfg.precision == "fp16":
+        raise ConfigError(
+            f"--lora-base-bits {cfg.lora_base_bits} with --precision fp16: use fp32 or bf16, the compute "
+            "dtypes ecomkit gives bitsandbytes' layers (fp16's loss scaling is not wired to them).")

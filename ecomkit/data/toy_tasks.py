@@ -30,6 +30,8 @@ import json
 import random
 from pathlib import Path
 
+from ecomkit.data.catalog import generate_catalog
+
 COLOURS: tuple[str, ...] = ("红色", "黑色", "白色", "蓝色", "绿色", "灰色", "粉色", "紫色", "黄色", "棕色")
 PRODUCTS: tuple[str, ...] = ("连衣裙", "外套", "衬衫", "卫衣", "运动鞋", "背包", "帽子", "围巾")
 ACCESSORIES: tuple[str, ...] = ("腰带", "包装袋", "挂件", "鞋带")
@@ -60,5 +62,46 @@ def write_colour_task(folder: str | Path, n_train: int = 1500, n_dev: int = 200,
     for name, n, s in (("train", n_train, seed), ("dev", n_dev, seed + 1)):
         path = folder / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in colour_rows(n, s)), encoding="utf-8")
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+BASE_LABELS: tuple[str, str] = ("主色", "配件颜色")   # the base schema: the product's colour, the accessory's
+BASE_SENTIMENT: dict[str, str] = {"positive": "好评", "negative": "差评"}   # the base's names for the two
+
+
+def base_schema_rows(n: int, seed: int = 100) -> list[dict]:
+    """Rows for a *base* model that a LoRA run then adapts to :func:`colour_rows` (the SeqGPT situation:
+    a model instruction-tuned for extraction and classification, which users adapt to their own labels).
+
+    None of the evaluated task's labels or examples are in it: the same kind of product text (other
+    seeds) is extracted under another schema, ``主色`` (the product's colour) and ``配件颜色`` (the
+    accessory's), never ``颜色``; its reviews are classified ``好评``/``差评``, never ``positive``/
+    ``negative``; and catalog reviews (:func:`ecomkit.data.catalog.generate_catalog`) add the catalog's
+    three sentiment labels on other texts. So the base can copy a colour out of such a text and tell
+    the polarity of a review, but answers the colour task in its own schema and labels, which score
+    nothing there (an unknown label is no span and no class; tests/test_lora_task.py holds the base
+    alone below both baselines).
+    """
+    rows = []
+    for row in colour_rows(n, seed):
+        text = row["text"]
+        at = text.index("配") + 1
+        rows.append({"text": text, "spans": [
+            {"type": BASE_LABELS[0], "term": text[:2], "start": 0, "end": 2},
+            {"type": BASE_LABELS[1], "term": text[at:at + 2], "start": at, "end": at + 2}],
+            "review": row["review"], "sentiment": BASE_SENTIMENT[row["sentiment"]]})
+    return rows + [{"review": r["review"], "sentiment": r["sentiment"]} for r in generate_catalog(max(n, 100), seed)]
+
+
+def write_base_task(folder: str | Path, n_train: int = 1500, n_dev: int = 200, seed: int = 100) -> tuple[Path, Path]:
+    """``train.jsonl`` and ``dev.jsonl`` of :func:`base_schema_rows` under ``folder``; returns both paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, n, s in (("train", n_train, seed), ("dev", n_dev, seed + 1)):
+        path = folder / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in base_schema_rows(n, s)),
+                        encoding="utf-8")
         paths.append(path)
     return paths[0], paths[1]

@@ -115,14 +115,16 @@ def build_model(name_or_config: str | BloomConfig, *, vocab_size: int | None = N
 
 
 def count_parameters(model: torch.nn.Module, trainable_only: bool = False) -> int:
-    """Count unique parameters (tied embeddings counted once), meta tensors included."""
+    """Count unique parameters (tied embeddings counted once), meta tensors included; a bitsandbytes 4-bit weight
+    (two values per packed byte) counts the elements of the weight it stores, from its quantization state."""
     seen: set[int] = set()
     total = 0
     for p in model.parameters():
         if id(p) in seen or (trainable_only and not p.requires_grad):
             continue
         seen.add(id(p))
-        total += p.numel()
+        shape = getattr(getattr(p, "quant_state", None), "shape", None)
+        total += int(torch.Size(shape).numel()) if shape is not None else p.numel()
     return total
 
 

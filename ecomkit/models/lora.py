@@ -39,6 +39,7 @@ from torch import nn
 from ecomkit.config import TrainConfig
 from ecomkit.errors import EcomkitError
 from ecomkit.models.bloom import build_model
+from ecomkit.models.quant import quantize_target_linears
 
 ADAPTER_NAME = "default"                  # PEFT's name for a model's only adapter
 ADAPTER_INIT_ATTR = "_ecomkit_adapter_init"  # {parameter name: initial value} for a model built on meta
@@ -67,6 +68,9 @@ def apply_peft(model: nn.Module, cfg: TrainConfig) -> nn.Module:
     from peft import inject_adapter_in_model  # lazy: as in lora_config
 
     on_meta = any(p.is_meta for p in model.parameters())
+    if cfg.lora_base_bits < 16:   # QLoRA: the Linears LoRA adapts are stored in 8 or 4 bits (ecomkit.models.quant)
+        compute = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+        quantize_target_linears(model, cfg.lora_base_bits, split_names(cfg.lora_target_modules), compute)
     inject_adapter_in_model(lora_config(cfg), model, adapter_name=ADAPTER_NAME)
     # Re-initialised from cfg.seed in module order with PEFT's own reset, on meta or not: every rank, and a
     # model built on the meta device, start from the same adapter values.

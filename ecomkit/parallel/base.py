@@ -30,6 +30,7 @@ from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.models.bloom import ModelSource, count_parameters, load_model
 from ecomkit.models.lora import save_peft_outputs
+from ecomkit.models.quant import dequantized_state_dict, has_quantized_base
 from ecomkit.models.loss import has_chunked_loss, token_loss_sum
 from ecomkit.models.optim import build_optimizer, build_scheduler
 from ecomkit.models.precision import autocast_context, build_grad_scaler
@@ -164,6 +165,8 @@ class Strategy:
         """The whole model's weights on rank 0 (a collective for sharding strategies; they override it)."""
         if not self.env.is_main:
             return None
+        if has_quantized_base(self.raw_model):   # QLoRA: the weights it computes with, dequantized
+            return dequantized_state_dict(self.raw_model)
         return {k: v.detach().float().cpu() for k, v in self.raw_model.state_dict().items()}
 
     def save_peft(self, out_dir: str, tokenizer: Any | None = None) -> None:

@@ -74,9 +74,6 @@ def _planner_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--print-ds-config", action="store_true", help="print the DeepSpeed JSON of the (recommended) "
                    "ZeRO job and exit")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    g.add_argument("--lora-base-bits", type=int, choices=(16, 8, 4), default=16,
-                   help="with --peft lora: the frozen base stored in 16 bits (the precision's dtype), 8 or 4 "
-                        "(QLoRA, bitsandbytes; planned only)")
     old = p.add_argument_group("the planner's older flags (aliases)")
     old.add_argument("--checkpointing", "--activation-checkpointing", action="store_true", dest="plan_checkpointing",
                      help="activation checkpointing of the job's strategy (--zero- / --parallel-activation-"
@@ -131,8 +128,8 @@ def config_given(job: Job) -> set[str]:
 
 def run_plan(job: Job) -> dict[str, Any]:
     a = job.args
-    plan = plan_job(job.cfg, job.cluster, job.vocab_size, base_bits=a.lora_base_bits)
-    lora = lora_plan(job.cfg, a.lora_base_bits)
+    plan = plan_job(job.cfg, job.cluster, job.vocab_size, base_bits=job.cfg.lora_base_bits)
+    lora = lora_plan(job.cfg, job.cfg.lora_base_bits)
     if lora is not None:
         plan.notes.append("step time below: the time model is full fine-tuning's (LoRA skips the frozen weights' "
                           "gradient matmuls and most gradient communication), so it is an upper bound")

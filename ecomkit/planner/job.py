@@ -20,7 +20,7 @@ field of whichever strategy the job uses.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ecomkit.config import (DEEPSPEED_PLAN_STRATEGIES, MESH_STRATEGIES, PARALLEL_FLAG_ALIASES, PLAN_STRATEGIES,
@@ -171,7 +171,9 @@ def plan_input_from_config(cfg: TrainConfig, cluster: Cluster, vocab_size: int |
     cluster.validate()
     shape = model_shape(cfg.model, vocab_size)
     if validate:
-        cfg.validate(world_size=cluster.gpus, n_head=shape.n_head, n_layer=shape.n_layer)
+        # QLoRA's base bits are planned by planner.lora's own rules (any GPU strategy but ZeRO-3); whether this
+        # machine can *train* them (bitsandbytes installed, ddp) is not the plan's question, so it is left out.
+        replace(cfg, lora_base_bits=16).validate(world_size=cluster.gpus, n_head=shape.n_head, n_layer=shape.n_layer)
     strategy, dp, tp, pp = plan_degrees(cfg, cluster.gpus)
     zero = cfg.strategy == StrategyName.ZERO
     checkpointing = cfg.zero.activation_checkpointing if zero else (

@@ -30,7 +30,7 @@ from ecomkit.planner.memory import MemoryPlan, PlanInput, plan_memory
 from ecomkit.planner.shapes import (ModelShape, ParamInfo, deepspeed_partition, fsdp2_shard, local_params,
                                     model_shape, zero3_partition)
 
-# bitsandbytes' storage per frozen weight element, scales included (not measured here: no GPU):
+# bitsandbytes' storage per frozen weight element, scales included (the layouts' figures, not measured):
 # LLM.int8 1 byte + one fp32 scale per row (≈ 0); NF4 half a byte + one fp32 absmax per 64-element block.
 QUANT_BYTES_PER_PARAM = {8: 1.0, 4: 0.5 + 4 / 64}
 LORA_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2")  # what ecomkit's loop trains LoRA with
@@ -45,7 +45,7 @@ class LoraPlan:
 
     r: int = 16
     targets: str = BLOOM_LORA_TARGETS
-    base_bits: int = 16                  # 16: bf16/fp32 as the precision says; 8 or 4: QLoRA (bitsandbytes, GPU)
+    base_bits: int = 16                  # 16: bf16/fp32 as the precision says; 8 or 4: QLoRA (bitsandbytes)
 
     def target_names(self) -> list[str]:
         return [t.strip() for t in self.targets.split(",") if t.strip()]
@@ -159,8 +159,8 @@ def plan_lora_memory(inp: PlanInput, lora: LoraPlan, shape: ModelShape | None = 
              f"gradients communicated per step: {gradient_bytes_per_step(inp, lora, shape) / 2**20:,.1f} MiB "
              f"(full fine-tuning: {gradient_bytes_per_step(inp, None, shape) / 2**20:,.1f} MiB)"]
     if lora.base_bits < 16:
-        notes.append(f"QLoRA: the base stored in {lora.base_bits} bits by bitsandbytes (GPU only; planned, not "
-                     "measured on this machine)")
+        notes.append(f"QLoRA: the base's adapted Linears stored in {lora.base_bits} bits by bitsandbytes (the "
+                     "layout's bytes per weight, not measured; ecomkit trains it under ddp, ecomkit.models.quant)")
     return replace(full, params=worst["params"], grads=worst["grads"], optimizer=worst["optimizer"],
                    temporary=temporary, cpu_bytes=worst["cpu"], notes=notes)
 
