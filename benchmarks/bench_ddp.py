@@ -24,9 +24,9 @@ per-step rates.
 2. ecomkit / HF Trainer, both 2 processes at ``--best-precision`` (bf16), back
    to back, each at its best (goal: >= 1.2x): Trainer with
    ``train_sampling_strategy="group_by_length"``, ecomkit with its bucketed
-   sampler, each with and (``--compile``, the default) without compilation
-   (``torch_compile=True`` / ``--compile``); a side's best is the faster of
-   its two runs. Trainer also runs with its default random sampler, ecomkit
+   sampler, each compiled (``torch_compile=True`` / ``--compile``; this
+   benchmark's ``--no-compile`` drops these runs) and not; a side's best is
+   the faster of its runs. Trainer also runs with its default random sampler, ecomkit
    with random batches. Trainer runs BLOOM's own (eager) attention; ecomkit
    its ``--attn auto`` pick, printed beside the rows. These runs time
    ``--best-steps`` steps after ``--best-untimed`` untimed ones, the same for
