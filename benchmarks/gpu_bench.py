@@ -27,10 +27,9 @@ and the rest still runs.
    seq 1024: samples/s, tokens/s and MFU as the training loop measures them;
    then the same three with LoRA r=16 (``--peft lora``: frozen bf16 base),
    so full fine-tuning and LoRA peak memory and speed sit side by side.
-   QLoRA (a 4/8-bit base through bitsandbytes) is planned by
-   ``python -m ecomkit.plan --peft lora --lora-base-bits 4`` and trained by the
-   loop under DDP (``--lora-base-bits 4|8``, ``ecomkit.models.quant``), but this
-   bench does not time it yet.
+   Then DDP LoRA on a 4-bit (nf4) base through bitsandbytes (QLoRA,
+   ``--lora-base-bits 4``, ``ecomkit.models.quant``; ecomkit trains it under
+   DDP only), planned by ``python -m ecomkit.plan --peft lora --lora-base-bits 4``.
 
 Everything is bounded by --budget-s (default 540 s): a part that would start
 after the budget is recorded as skipped. ``--dry-run`` (automatic without a
@@ -73,8 +72,12 @@ SCRIPTS = {  # name -> (script, strategy flags, packages it needs beyond torch/t
                    ("datasets", "peft")),
     "zero3+lora": ("03_zero3.py", ["--strategy", "zero", "--zero-stage", "3", "--peft", "lora", "--lora-r", "16"],
                    ("datasets", "deepspeed", "peft")),
+    # QLoRA: the same LoRA job on a 4-bit (nf4) base through bitsandbytes; ecomkit trains it under DDP only
+    "ddp+qlora4": ("02_data_parallel.py", ["--strategy", "ddp", "--peft", "lora", "--lora-r", "16",
+                                           "--lora-base-bits", "4"], ("datasets", "peft", "bitsandbytes")),
 }
-INSTALL_HINT = {"datasets": "pip install datasets", "deepspeed": "pip install deepspeed", "peft": "pip install peft"}
+INSTALL_HINT = {"datasets": "pip install datasets", "deepspeed": "pip install deepspeed", "peft": "pip install peft",
+                "bitsandbytes": "pip install 'bitsandbytes>=0.50.2,<0.51'"}
 
 
 # ---------------------------------------------------------------------- settings and preflight
@@ -95,7 +98,7 @@ def preflight(on_gpu: bool, dry_run: bool) -> dict[str, Any]:
     """What this machine has, and a sentence for each missing thing (nothing is installed here)."""
     import torch
 
-    found = {name: importlib.util.find_spec(name) is not None for name in ("datasets", "deepspeed", "peft")}
+    found = {name: importlib.util.find_spec(name) is not None for name in INSTALL_HINT}
     missing = [f"{name} is not installed: {', '.join(s for s, (_, _, needs) in SCRIPTS.items() if name in needs)} "
                f"skipped ({INSTALL_HINT[name]})" for name, ok in found.items() if not ok]
     if not on_gpu and not dry_run:
