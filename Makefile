@@ -39,7 +39,8 @@ demo: $(STAMP)
 #    so two workers fill both cores;
 # 2. the `serial` items alone: those that assert timings (the time model, rendezvous timeouts), which a second
 #    job on the same cores would distort.
-PYTEST = $(PY) -m pytest tests notebooks --nbmake -q
+# --durations prints the slowest items at the end, so the suite's time budget (~15 min) has its costs named.
+PYTEST = $(PY) -m pytest tests notebooks --nbmake -q --durations=30
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) benchmarks/report.py --check
