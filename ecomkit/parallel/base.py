@@ -30,10 +30,10 @@ from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.models.bloom import ModelSource, count_parameters, load_model
 from ecomkit.models.lora import save_peft_outputs
-from ecomkit.models.quant import dequantized_state_dict, has_quantized_base
 from ecomkit.models.loss import has_chunked_loss, token_loss_sum
 from ecomkit.models.optim import build_optimizer, build_scheduler
 from ecomkit.models.precision import autocast_context, build_grad_scaler
+from ecomkit.models.quant import dequantized_state_dict, has_quantized_base
 from ecomkit.parallel.state_bytes import model_state_bytes
 
 
