@@ -186,7 +186,8 @@ def trainer_section(args: argparse.Namespace, runs: dict, notes: list[str]) -> N
         split = ", ".join(f"{k} {v:.0%}" for k, v in (r.get("time_split") or {}).items())
         notes.append(f"where the step goes, {name}: {split}; padding {r['padding_rate']:.1%}")
     for n in notes[first:]:
-        print(n)
+        if not n.startswith(("PASS", "MISS")):   # verdict() printed those
+            print(n)
 
 
 def main() -> None:
