@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Callable
 
 from ecomkit.data.catalog import generate_catalog
 
@@ -54,16 +55,22 @@ def colour_rows(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
-def write_colour_task(folder: str | Path, n_train: int = 1500, n_dev: int = 200, seed: int = 0) -> tuple[Path, Path]:
-    """``train.jsonl`` and ``dev.jsonl`` under ``folder`` (different seeds); returns both paths."""
+def _write_train_dev(folder: str | Path, rows: Callable[[int, int], list[dict]], n_train: int, n_dev: int,
+                     seed: int) -> tuple[Path, Path]:
+    """``train.jsonl`` (``rows(n_train, seed)``) and ``dev.jsonl`` (``rows(n_dev, seed + 1)``) under ``folder``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, n, s in (("train", n_train, seed), ("dev", n_dev, seed + 1)):
         path = folder / f"{name}.jsonl"
-        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in colour_rows(n, s)), encoding="utf-8")
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows(n, s)), encoding="utf-8")
         paths.append(path)
     return paths[0], paths[1]
+
+
+def write_colour_task(folder: str | Path, n_train: int = 1500, n_dev: int = 200, seed: int = 0) -> tuple[Path, Path]:
+    """``train.jsonl`` and ``dev.jsonl`` under ``folder`` (different seeds); returns both paths."""
+    return _write_train_dev(folder, colour_rows, n_train, n_dev, seed)
 
 
 BASE_LABELS: tuple[str, str] = ("主色", "配件颜色")   # the base schema: the product's colour, the accessory's
@@ -96,12 +103,4 @@ def base_schema_rows(n: int, seed: int = 100) -> list[dict]:
 
 def write_base_task(folder: str | Path, n_train: int = 1500, n_dev: int = 200, seed: int = 100) -> tuple[Path, Path]:
     """``train.jsonl`` and ``dev.jsonl`` of :func:`base_schema_rows` under ``folder``; returns both paths."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, n, s in (("train", n_train, seed), ("dev", n_dev, seed + 1)):
-        path = folder / f"{name}.jsonl"
-        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in base_schema_rows(n, s)),
-                        encoding="utf-8")
-        paths.append(path)
-    return paths[0], paths[1]
+    return _write_train_dev(folder, base_schema_rows, n_train, n_dev, seed)
