@@ -97,11 +97,11 @@ class TrainConfig:
     # --- model ------------------------------------------------------------
     model: str = "tiny"               # preset (tiny, small, seqgpt-560m, ecomgpt-7b), local dir or hub id
     tokenizer: str = "local"          # "local": BPE trained on the catalog; or a dir / hub id
-    attn: str = "auto"                # auto: sdpa, except eager on a CPU under bf16 at lengths where it was
-                                      #   measured faster (attention_rule) | sdpa (proven equal to eager) | eager |
-                                      #   flex (GPU)
+    attn: str = "auto"                # auto: sdpa, except eager on a CPU at the precision and lengths where it
+                                      #   was measured faster (attention_rule) | sdpa (proven equal to eager) |
+                                      #   eager | flex (GPU)
     compile: bool = False             # torch.compile the wrapped model (single process and ddp; the first step
-                                      #   pays the compilation, about 40 s for `small` on a CPU)
+                                      #   pays the compilation, about a minute for `small` on a 2-core CPU)
     untimed_steps: int = 1            # first steps left out of throughput and step-time figures (warm-up); with
                                       #   --compile, new batch shapes recompile in the first few steps: use 8
     loss_chunk_tokens: int = 1024     # LM head + loss this many label positions at a time, no [B,T,vocab]
