@@ -54,14 +54,8 @@ MEMORY_GOAL, TIME_GOAL = 0.5, 1.0
 MiB = 1024 * 1024
 
 
-def measure(model_name: str, attn: str, part: str, seq: int, batch: int, steps: int, seed: int = 0,
-            precision: str = "fp32") -> dict:
-    """Train ``steps`` + 1 steps at ``seq`` in this process; return best step time and peak-memory growth.
-
-    ``precision`` bf16: the forward under CPU autocast, as the loop runs ``--precision bf16``.
-    """
-    import contextlib
-
+def measure(model_name: str, attn: str, part: str, seq: int, batch: int, steps: int, seed: int = 0) -> dict:
+    """Train ``steps`` + 1 steps at ``seq`` in this process; return best step time and peak-memory growth."""
     import torch
 
     from ecomkit.config import TrainConfig
@@ -85,24 +79,16 @@ def measure(model_name: str, attn: str, part: str, seq: int, batch: int, steps: 
         mask[-1, length - length // 8:] = 0  # one right-padded row, as ecomkit's collate makes
         labels = ids.masked_fill(mask == 0, -100)
         t0 = time.perf_counter()
-        with autocast():
-            loss = forward(ids, mask, labels)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return time.perf_counter() - t0
-
-    def autocast():
-        return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
-
-    def forward(ids, mask, labels):
         if part == "full":
             loss = model(input_ids=ids, attention_mask=mask, token_loss_labels=labels).loss / mask.sum()
         elif part == "logits":
             loss = token_loss_sum(model(input_ids=ids, attention_mask=mask).logits, labels) / mask.sum()
         else:
-            loss = model.transformer(input_ids=ids, attention_mask=mask).last_hidden_state.float().pow(2).mean()
-        return loss
+            loss = model.transformer(input_ids=ids, attention_mask=mask).last_hidden_state.pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
 
     step(32)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -110,13 +96,12 @@ def measure(model_name: str, attn: str, part: str, seq: int, batch: int, steps: 
     times = [step(seq) for _ in range(steps)]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"attn": attn, "part": part, "seq": seq, "batch": batch, "model": model_name, "step_s": min(times),
-            "peak_delta_bytes": peak - base, "peak_rss_bytes": peak, "threads": torch.get_num_threads(),
-            "precision": precision}
+            "peak_delta_bytes": peak - base, "peak_rss_bytes": peak, "threads": torch.get_num_threads()}
 
 
 def run_fresh(args: argparse.Namespace, attn: str, part: str, seq: int, steps: int) -> dict:
     cmd = [sys.executable, __file__, "--worker", attn, part, "--model", args.model, "--batch", str(args.batch),
-           "--steps", str(steps), "--seqs", str(seq), "--precision", args.precision]
+           "--steps", str(steps), "--seqs", str(seq)]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "MALLOC_MMAP_THRESHOLD_": "131072"}
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
@@ -133,14 +118,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seqs", type=int, nargs="+", default=[512, 1024, 2048])
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
-                        help="bf16: forward under CPU autocast, as --precision bf16 trains")
     parser.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         attn, part = args.worker
-        print(json.dumps(measure(args.model, attn, part, args.seqs[0], args.batch, args.steps,
-                                 precision=args.precision)))
+        print(json.dumps(measure(args.model, attn, part, args.seqs[0], args.batch, args.steps)))
         return
 
     load = os.getloadavg()[0]
