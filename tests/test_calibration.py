@@ -1,19 +1,18 @@
 """The time model against real 2-process steps, from inputs measured apart from the runs it predicts.
 
 Unit tests cover the pure parts (the α-β fit, the measured "GPU" and links,
-the prediction assembly); one 2-process job checks the predictions of DDP,
-ZeRO-2 and FSDP2 steps against training runs of chapter 02's loop.
+the prediction assembly). The 2-process job that checks the predictions of DDP,
+ZeRO-2 and FSDP2 steps against training runs of chapter 02's loop, within 25 %
+with one rerun on a miss, is notebook 06's calibration cell (run serially by make test).
 """
 
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 import torch
 
-from conftest import run_script
 from ecomkit.config import TrainConfig
 from ecomkit.measure.calibration import (ComputeMeasurement, LinkFit, calibrate_with_one_rerun, calibration_rows,
                                          fit_alpha_beta, measured_device, measured_links,
@@ -23,8 +22,6 @@ from ecomkit.models.bloom import build_model, flops_per_token, preset_config
 from ecomkit.models.loss import install_chunked_loss
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import all_gather_s, all_reduce_s, reduce_scatter_s
-
-TOLERANCE = 0.25      # predicted / measured within 25 % at 2 processes (the issue's acceptance)
 
 
 @pytest.mark.parametrize("kind, formula", [("all_reduce", all_reduce_s), ("all_gather", all_gather_s),
@@ -126,37 +123,6 @@ def test_rows_carry_the_ratio_and_the_worst_error():
     assert [r["strategy"] for r in rows] == ["ddp", "fsdp2"]
     assert rows[0]["ratio"] == pytest.approx(0.8) and rows[0]["measured_s"] == pytest.approx(ddp * 1.25)
     assert worst_ratio_error(rows) == pytest.approx(max(0.2, abs(rows[1]["ratio"] - 1)))
-
-
-@pytest.mark.dist
-@pytest.mark.slow
-@pytest.mark.serial
-def test_time_model_predicts_ddp_zero2_and_fsdp2_steps_within_25_percent(tmp_path):
-    """Each strategy's 2-process step, predicted from one-rank compute and the gloo sweeps, within 25 %.
-
-    A timing on a shared 2-core machine: a job that starts mid-run slows the
-    training steps after the inputs were measured (once seen: measured 0.42 s
-    where quiet runs measure 0.29-0.30 s). So one fresh job is run again when
-    the first misses; the tolerance is the same, and two misses fail.
-    """
-    def job(attempt: int) -> dict:
-        out = tmp_path / f"calibrate{attempt}"
-        run_script("06_memory_tuning.py", ["calibrate", "--output-dir", str(out), "--max-steps", "10",
-                                           "--repeats", "3", "--no-progress"], nproc=2, timeout=400)
-        report = json.loads((out / "time_model.json").read_text())
-        assert report["world_size"] == 2 and report["overlap"] == 0.0
-        assert [r["strategy"] for r in report["rows"]] == ["ddp", "zero2", "fsdp2"]
-        assert all(report["steady_steps"][s] >= 8 for s in ("ddp", "zero2", "fsdp2"))
-        assert all(r["comm_s"] > 0 and r["compute_s"] > 0 for r in report["rows"])
-        c = report["compute"]   # each engine measured on its own, apart from plain compute
-        assert c["zero_fwd_bwd_s"] > 0 and c["fsdp_fwd_bwd_s"] > 0 and c["zero_optimizer_s"] > 0
-        assert set(report["link"]["fits"]) >= {"all_reduce", "all_gather", "reduce_scatter", "fsdp_all_gather",
-                                                "fsdp_reduce_scatter"}
-        return report
-
-    report, reports = calibrate_with_one_rerun(job, TOLERANCE)
-    assert all(abs(r["ratio"] - 1) <= TOLERANCE for r in report["rows"]), \
-        f"predicted/measured outside 1 ± {TOLERANCE} twice: {[r['rows'] for r in reports]}"
 
 
 def test_a_second_job_runs_only_when_a_claimed_row_misses():

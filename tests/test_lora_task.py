@@ -69,6 +69,8 @@ def runs(base, tmp_path_factory) -> dict[str, tuple[dict, list[dict]]]:
 def test_lora_beats_both_baselines_and_the_base_alone_does_not(runs, name):
     s, evals = runs[name]
     assert s["world_size"] == 2 and s["peft"] == "lora" and 0 < s["trainable_params"] < 0.2 * s["params"], s
+    run_dir = Path(s["output_dir"])   # what the launch saved: the adapter, and the merged model
+    assert (run_dir / "adapter" / "adapter_model.safetensors").is_file() and (run_dir / "final" / "config.json").is_file()
     assert [r["step"] for r in evals] == [0, LORA_STEPS]
     before, after = evals
     assert after["gen_extract_n"] > 0 and after["gen_classify_n"] > 0

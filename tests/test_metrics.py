@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ecomkit.metrics import (attention_length, concurrent_ceiling, paired_ratios, pooled_rate, print_run_summary,
+from ecomkit.metrics import (attention_length, data_line, concurrent_ceiling, paired_ratios, pooled_rate, print_run_summary,
                              replicated_work_bound, throughput_lines, throughput_summary, time_split)
 from ecomkit.models.bloom import flops_per_token
 
@@ -69,6 +69,17 @@ def test_printed_summary_shows_the_accounting(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "80.0 samples/s" in out and "(totals over 4 steady steps / 0.80 s, slowest of 2 ranks)" in out
     assert "200 ms mean, 100 ms median, 310 ms p90" in throughput_lines(summary)
+
+
+def test_data_line_counts_an_eval_file_apart_from_the_training_rows():
+    """With --eval-data the eval records are not among the training file's rows: no "1,700 of 1,500 rows"."""
+    facts = {"rows_read": 1500, "rows_valid": 1500, "max_rows": None, "records_used": 1700, "train_records": 1500,
+             "eval_records": 200, "eval_rows_read": 200, "examples_per_kind": {"extract": 1700}}
+    assert "1,500 of 1,500 training rows used, 200 of 200 eval-file rows;" in data_line({"data": facts})
+    capped = {**facts, "max_rows": 1000, "train_records": 1000, "records_used": 1200}
+    assert "1,000 of 1,500 training rows used, capped by max_rows=1,000," in data_line({"data": capped})
+    split = {**facts, "eval_rows_read": None, "train_records": 1425, "eval_records": 75, "records_used": 1500}
+    assert "1,500 of 1,500 rows used (1,425 train / 75 eval)" in data_line({"data": split})
 
 
 def test_mfu_attention_term_uses_the_real_lengths_not_the_truncation_length():

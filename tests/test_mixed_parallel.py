@@ -1,4 +1,7 @@
-"""Chapter 04 acceptance: FSDP2, TP=2, PP=2 and a 2×2 TP×DP mesh match one process (gloo, CPU).
+"""Chapter 04 acceptance: FSDP2, TP=2 and PP=2 (GPipe) match one process (gloo, CPU).
+
+Notebook 04, run by make test, launches PP=2 with 1F1B and the 2×2 TP×DP mesh (4 processes) and asserts the
+same for them: per-step losses and gradient norms within these tolerances, the stage layout, the 2-D shards.
 
 Tolerances, stated: per-step training losses within 1e-5 relative of the
 1-process run (observed ~1e-7: only the summation order differs); gradient
@@ -80,7 +83,7 @@ def test_tensor_parallel_matches_single_process_with_planned_shapes(single_run, 
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("schedule", ["gpipe"])   # 1f1b: notebook 04 (losses, gradient norms, stage layout)
 def test_pipeline_matches_single_process(single_run, tmp_path, schedule):
     out = tmp_path / "pp"
     run_script(SCRIPT, COMMON + ["--micro-batch-size", "8", "--pp", "2", "--parallel-pp-schedule", schedule,
@@ -94,17 +97,6 @@ def test_pipeline_matches_single_process(single_run, tmp_path, schedule):
     stage1 = {p["name"] for p in layout["ranks"][1]["params"]}
     assert "transformer.h.0.self_attention.dense.weight" in stage0 and "lm_head.weight" not in stage0
     assert "transformer.h.1.self_attention.dense.weight" in stage1 and "lm_head.weight" in stage1
-
-
-@pytest.mark.dist
-def test_2x2_tensor_times_data_parallel_matches_single_process(single_run, tmp_path):
-    out = tmp_path / "tpdp"
-    run_script(SCRIPT, COMMON + ["--micro-batch-size", "4", "--tp", "2", "--dp", "2", "--output-dir", str(out),
-                                 "--no-save-model"], nproc=4)
-    assert_matches_single(out, single_run)
-    layout = json.loads((out / "parallel_layout.json").read_text())
-    qkv = [p for p in layout["ranks"][0]["params"] if p["name"] == "transformer.h.0.self_attention.query_key_value.weight"][0]
-    assert qkv["mesh_dims"] == ["dp", "tp"] and qkv["local_shape"] == [192 // 4, 64]  # 2-D sharded
 
 
 def _assert_dcp_loads_at_world_size_one(out: Path) -> None:

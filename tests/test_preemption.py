@@ -1,7 +1,7 @@
 """Preemption under ZeRO-3 (DeepSpeed's own checkpoint; SIGTERM on the torchrun agent) and FSDP2 (DCP; SIGUSR1
 on one rank only), then the same command rerun: the losses and final weights are those of the uninterrupted
-run, bit for bit, and every step is logged exactly once. DDP gets both signals in a row in
-test_fault_tolerance.py (it shares that file's uninterrupted run). One launch per interruption keeps the time
+run, bit for bit, and every step is logged exactly once. DDP gets both signals in a row in notebook 07,
+which asserts the same. One launch per interruption keeps the time
 down: the signal path is the same for every strategy, the save and resume are what differ. Unit tests at the end."""
 
 from __future__ import annotations

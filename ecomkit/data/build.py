@@ -98,6 +98,7 @@ class BuildReport:
                 "examples_per_kind": dict(self.examples_per_kind), "labels": {k: list(v) for k, v in self.labels.items()},
                 "prompt_format": self.prompt_format, "eval_source": self.eval_source,
                 "eval_skipped": dict(self.eval_validation.counts) if self.eval_validation else {},
+                "eval_rows_read": self.eval_validation.total if self.eval_validation else None,
                 "spans_outside_labels": dict(self.spans_outside_labels)}
 
     def summary(self) -> str:
