@@ -171,12 +171,12 @@ def data_line(summary: dict[str, Any]) -> str:
     if not data:
         return ""
     kinds = ", ".join(f"{k} {n:,}" for k, n in data.get("examples_per_kind", {}).items())
-    if data.get("eval_rows_read") is not None:   # --eval-data: the eval records come from their own file
-        cap = f", capped by max_rows={data['max_rows']:,}" if data["train_records"] < data["rows_valid"] else ""
-        return (f"data            {data['train_records']:,} of {data['rows_read']:,} training rows used{cap}, "
+    eval_file = data.get("eval_rows_read") is not None   # --eval-data: the eval records come from their own file
+    used = data["train_records"] if eval_file else data["records_used"]
+    cap = f", capped by max_rows={data['max_rows']:,}" if data.get("max_rows") and used < data["rows_valid"] else ""
+    if eval_file:
+        return (f"data            {used:,} of {data['rows_read']:,} training rows used{cap}, "
                 f"{data['eval_records']:,} of {data['eval_rows_read']:,} eval-file rows; examples: {kinds}\n")
-    capped = data.get("max_rows") and data["records_used"] < data["rows_valid"]
-    cap = f", capped by max_rows={data['max_rows']:,}" if capped else ""
     return (f"data            {data['records_used']:,} of {data['rows_read']:,} rows used{cap} "
             f"({data['train_records']:,} train / {data['eval_records']:,} eval); examples: {kinds}\n")
 
