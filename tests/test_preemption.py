@@ -85,7 +85,7 @@ def test_handler_records_signals_and_keeps_the_stack_dump(capfd):
         os.kill(os.getpid(), signal.SIGTERM)
         assert sigs.received == ["SIGUSR1", "SIGTERM"] and sigs.first == "SIGUSR1"
         err = capfd.readouterr().err
-        assert "most recent call first" in err, "SIGUSR1 still prints the stacks (faulthandler chained)"
+        assert "most recent call first" in err, "SIGUSR1 still prints the stacks (from the Python handler)"
         assert "[rank 3] SIGUSR1 received" in err
         sigs.saving = True  # a second signal while the checkpoint is written is counted, not acted on
         os.kill(os.getpid(), signal.SIGTERM)
@@ -93,6 +93,8 @@ def test_handler_records_signals_and_keeps_the_stack_dump(capfd):
         assert "[rank 3] SIGTERM received again while the checkpoint is written: ignored" in capfd.readouterr().err
         sigs.restore()
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert faulthandler.unregister(signal.SIGUSR1)   # the C-level dump for hung ranks is back
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
     finally:
         sigs.restore()  # also cancels the stuck-rank timer the first signal armed
         faulthandler.unregister(signal.SIGUSR1)

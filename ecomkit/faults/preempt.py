@@ -11,9 +11,11 @@ checkpoint is written at that step, and the process exits with
 is counted and ignored, so it cannot interrupt the save.
 
 SIGUSR1 keeps printing the Python stacks (:func:`ecomkit.dist.install_stack_dump_signal`):
-``faulthandler`` is re-registered to chain to this handler, so one SIGUSR1
-dumps the stacks *and* asks for a checkpoint. ``--fault-preempt-signals ""``
-leaves both signals as they were.
+while this handler is installed, it prints them itself (``faulthandler.dump_traceback``, from Python, in the
+main thread) and asks for a checkpoint. It does not chain faulthandler's C-level handler: that one walks the
+frames at any instruction, and under SLURM, which signals every process of the step while the agent forwards
+the signal too, a rank was seen dying mid-dump inside a data-loader frame, without a checkpoint. Restored, the
+C-level dump comes back for hung ranks. ``--fault-preempt-signals ""`` leaves both signals as they were.
 
 The record (``preempted.json`` in the checkpoint folder, written last and
 atomically by rank 0) names the checkpoint. Its presence is what makes the
@@ -62,7 +64,7 @@ class PreemptionSignals:
         self.longest_step_s = 0.0          # updated by the training callback each step
         self._stuck_timer: threading.Timer | None = None
         self._previous: dict[int, Any] = {}
-        self._stack_dump: set[int] = set()  # signals faulthandler was registered for (chained again)
+        self._stack_dump: set[int] = set()  # signals faulthandler was registered for: the stacks print here
         self.installed = False
 
     @property
@@ -76,6 +78,8 @@ class PreemptionSignals:
     def _handle(self, signum: int, _frame: Any) -> None:
         name = signal.Signals(signum).name
         self.received.append(name)
+        if signum in self._stack_dump:   # what `kill -USR1 <pid>` printed before this handler was installed
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         if len(self.received) == 1:
             print(f"[rank {self.rank}] {name} received: finishing this step, then a checkpoint and exit "
                   f"{PREEMPTED_EXIT_CODE}", file=sys.stderr, flush=True)
@@ -92,32 +96,29 @@ class PreemptionSignals:
             return
         print(f"[rank {self.rank}] the step did not finish within "
               f"{STUCK_AFTER_S + 3 * self.longest_step_s:.0f} s of {signal.Signals(signum).name} (this rank or a "
-              "peer is stuck): exiting without a checkpoint", file=sys.stderr, flush=True)
+              "peer is stuck): exiting without a checkpoint; its stacks:", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)   # where it hung (the main thread is in C)
         os._exit(128 + signum)
 
     def install(self) -> bool:
         if not self.signals or threading.current_thread() is not threading.main_thread():
             return False
         for sig in self.signals:
-            # faulthandler's C handler sits below Python's; unregister it first (it restores what was there
-            # before it), install ours, then register it again chaining to ours: stacks AND the request.
+            # faulthandler's C handler sits below Python's; unregister it (it restores what was there before
+            # it) and install ours, which prints the stacks itself (see the module docstring)
             if hasattr(faulthandler, "unregister") and faulthandler.unregister(sig):
                 self._stack_dump.add(sig)
             self._previous[sig] = signal.signal(sig, self._handle)
-            if sig in self._stack_dump:
-                faulthandler.register(sig, file=sys.stderr, all_threads=True, chain=True)
         self.installed = True
         return True
 
     def restore(self) -> None:
-        """Put back the handlers found at :meth:`install` (the stack dump unchained, as dist installs it)."""
+        """Put back the handlers found at :meth:`install` (the C-level stack dump, as dist installs it)."""
         if self._stuck_timer is not None:
             self._stuck_timer.cancel()
         if not self.installed:
             return
         for sig, old in self._previous.items():
-            if sig in self._stack_dump:
-                faulthandler.unregister(sig)
             signal.signal(sig, old)
             if sig in self._stack_dump:
                 faulthandler.register(sig, file=sys.stderr, all_threads=True, chain=False)
