@@ -14,9 +14,9 @@ from __future__ import annotations
 import gc
 import json
 import os
-import sys
 from pathlib import Path
 
+import fastlaunch
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,11 +136,8 @@ def worker() -> None:
 # ---------------------------------------------------------------------- tests
 @pytest.mark.dist
 def test_sdpa_under_tp2_fsdp2_checkpointing_and_ddp_matches_single_process(tmp_path):
-    import subprocess
-
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    proc = fastlaunch.run(__file__, [], 2, env=env, cwd=tmp_path, timeout=180)
     assert proc.returncode == 0, proc.stderr[-5000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith(RESULT_PREFIX))
     diffs = json.loads(line[len(RESULT_PREFIX):])

@@ -234,7 +234,7 @@ def test_script_plain_python_writes_json(tmp_path):
 @pytest.mark.dist
 def test_script_under_torchrun_two_gloo_ranks(tmp_path):
     out = tmp_path / "env.json"
-    proc = run_script("01_env_check.py", ["--json-out", str(out)], nproc=2, timeout=90)
+    proc = run_script("01_env_check.py", ["--json-out", str(out)], nproc=2, timeout=90, torchrun=True)
     data = json.loads(out.read_text())
     assert data["world_size"] == 2 and data["backend"] == "gloo" and data["ok"]
     assert data["all_reduce"]["passed"] and not data["all_reduce"]["skipped"]

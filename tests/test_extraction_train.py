@@ -19,10 +19,10 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import fastlaunch
 import pytest
 
 from ecomkit.config import TrainConfig
@@ -99,9 +99,7 @@ def runs(tmp_path_factory) -> Path:
     data.mkdir()
     write_data(data)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(root)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__,
-           str(data), str(out)]
-    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
+    proc = fastlaunch.run(__file__, [str(data), str(out)], 2, env=env, cwd=Path(__file__).resolve().parents[1],
                           timeout=600)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return out

@@ -14,10 +14,9 @@ from __future__ import annotations
 import gc
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+import fastlaunch
 import pytest
 import torch
 
@@ -182,8 +181,7 @@ def test_beam_search_is_refused_where_decoding_is_greedy_only():
 @pytest.mark.dist
 def test_every_strategy_decodes_its_share_and_together_equals_one_process(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    proc = fastlaunch.run(__file__, [], 2, env=env, cwd=tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-5000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith(RESULT_PREFIX))
     out = json.loads(line[len(RESULT_PREFIX):])

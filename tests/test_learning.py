@@ -30,12 +30,12 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import fastlaunch
 import pytest
 
 from ecomkit.config import TrainConfig
@@ -76,9 +76,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 def runs(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("learning")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(out)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__, str(out)]
-    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = fastlaunch.run(__file__, [str(out)], 2, env=env, cwd=Path(__file__).resolve().parents[1], timeout=600)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return out
 

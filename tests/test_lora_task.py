@@ -15,6 +15,12 @@ majority label).
 Assertions, per launch: the final span F1 clears the dictionary baseline and the accuracy the majority
 baseline, each by ``MARGIN_POINTS``; the base alone (the step-0 evaluation of the same run, before any
 adapter update) clears neither, so the gain is the adapter's; only the adapters trained.
+
+Why 96 decoded examples (48 extractions, 48 reviews): the adapters confuse one colour (``绿色`` answered
+as ``蓝色``) more than the others, and the first 24 extractions of the dev file hold it 5 times, twice its
+share. On a CPU without AVX-512 (other kernels, other rounding, other weights after 300 steps) FSDP2's
+adapter then scored F1 0.708 on 24 extractions, 17 of 24 right, below the 0.717 this test asks; on 48 the
+same runs scored 0.833 (DDP), 0.875 (ZeRO-3) and 0.812 (FSDP2), against the dictionary's 0.667.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from ecomkit.data.toy_tasks import write_base_task, write_colour_task
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 COMMON = ["--task", "nlu", "--model", "tiny", "--seq-len", "64", "--micro-batch-size", "16", "--warmup-steps", "20",
-          "--eval-batches", "2", "--eval-nlu-samples", "16", "--gen-eval-samples", "48", "--gen-max-new-tokens",
+          "--eval-batches", "2", "--eval-nlu-samples", "16", "--gen-eval-samples", "96", "--gen-max-new-tokens",
           "12", "--gen-batch-size", "12", "--no-progress"]
 BASE = ["--max-steps", "800", "--lr", "6e-3", "--eval-interval", "0", "--gen-eval-samples", "0"]
 LORA_STEPS = 300

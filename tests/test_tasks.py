@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fastlaunch
 import pytest
 import torch
 
@@ -65,8 +66,7 @@ def trained(tmp_path_factory):
     run_script("08_tasks.py", ["--data", str(train), "--eval-data", str(dev), *TRAIN, "--output-dir",
                                str(out / "train")], nproc=2, timeout=600)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           __file__, str(out)], cwd=out, env=env, capture_output=True, text=True, timeout=600)
+    proc = fastlaunch.run(__file__, [str(out)], 2, env=env, cwd=out, timeout=600)
     assert proc.returncode == 0, proc.stderr[-5000:]
     cfg, _ = parse_config([*evaluation_args(out), "--output-dir", str(out / "single")])
     run_evaluation(cfg)   # one process, here

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import fastlaunch
 import pytest
 
 from ecomkit.config import parse_config
@@ -200,10 +199,8 @@ def test_two_process_run_on_review_data_uses_every_row_and_beats_the_majority_ba
             "--label-map", json.dumps(SENTIMENT_01), "--prompt-format", "ecomkit", "--seq-len", "64", "--micro-batch-size", "32", "--lr", "5e-3",
             "--max-steps", str(STEPS), "--eval-interval", "0", "--eval-batches", "1", "--eval-nlu-samples", "100",
             "--no-save-model", "--no-progress", "--output-dir", str(out)]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(Path(__file__).resolve().parents[1] / "scripts" / "02_data_parallel.py"), *args]
-    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=300)
+    proc = fastlaunch.run(Path(__file__).resolve().parents[1] / "scripts" / "02_data_parallel.py", args, 2,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["data"]["records_used"] == summary["data"]["rows_read"] == ROWS

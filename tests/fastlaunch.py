@@ -1,0 +1,198 @@
+"""Start a script's N ranks by forking one preloaded process, as torchrun's workers would start; for the suite's time.
+
+Why: a 2-process ``torchrun`` of two ``tiny`` steps costs about 16 CPU-seconds, nearly all of it the agent
+and both ranks importing torch, transformers and datasets before the first step; the suite launches
+scripts dozens of times on 2 cores. The standard library's forkserver imports those modules once per
+pytest worker (:data:`PRELOAD`) and forks every rank from that never-used process, so a rank starts
+with its imports done.
+
+What is the same as under torchrun:
+- the script runs as ``__main__`` with its own argv, in fresh processes that exchange over gloo;
+- the worker environment of torch 2.13's local agent (:func:`worker_env`): ``RANK``, ``LOCAL_RANK``,
+  ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``TORCHELASTIC_*``, and ``MASTER_ADDR``/``MASTER_PORT`` naming a
+  TCPStore this process hosts, as the agent hosts its own (``TORCHELASTIC_USE_AGENT_STORE=True``); the
+  store is bound to a port the system chose and held, so no other launch can take the port in between;
+- stdout and stderr of all ranks, kept apart; exit status 0, or 1 when a rank fails, and the other
+  ranks are then stopped (SIGTERM, then SIGKILL), as torchrun stops them.
+
+What torchrun does that this does not: restarts (``--max-restarts``), forwarding signals, its own
+failure report. Tests of those, every notebook, and ``tests/test_launch.py`` run torchrun itself, and
+``ECOMKIT_TESTS_TORCHRUN=1 make test`` runs every launch of the suite under torchrun.
+Environment variables that a preloaded module reads when it is imported cannot be changed per launch:
+:func:`run` refuses them (:data:`READ_AT_IMPORT`) so that such a launch uses torchrun.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+PRELOAD = ["torch", "transformers.models.bloom.modeling_bloom", "datasets", "peft", "ecomkit.train",
+           "ecomkit.config", "ecomkit.metrics"]
+# Prefixes of variables these modules read at import (inductor's config, HF's hub and cache settings, ...).
+# PYTHONPATH is applied to the rank's sys.path instead.
+READ_AT_IMPORT = ("TORCHINDUCTOR_", "TORCH_COMPILE", "TORCHDYNAMO_", "TORCH_LOGS", "HF_", "TRANSFORMERS_",
+                  "PYTORCH_", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONFAULTHANDLER", "LD_", "KMP_", "MKL_",
+                  "ONEDNN_", "DNNL_", "OMP_PROC_BIND", "GOMP_", "ACCELERATE_", "PEFT_")
+TORCHRUN_ENV = "ECOMKIT_TESTS_TORCHRUN"  # "1": every launch runs torchrun itself (slower; for comparison)
+# After one rank fails: how long the others may take to end by themselves (ranks that fail together, at the
+# same check, each print their own message; torchrun's agent looks every 0.1 s and then spends a while on
+# its failure report, which this launcher does not write), then how long they get to end after SIGTERM.
+SETTLE_S = 1.0
+STOP_GRACE_S = 10.0
+
+_context: mp.context.ForkServerContext | None = None
+_server_env: dict[str, str] = {}  # the environment the forkserver imported PRELOAD under
+
+
+def _forkserver() -> mp.context.ForkServerContext:
+    global _context  # one forkserver per pytest worker; it is started, with PRELOAD, by the first launch
+    if _context is None:
+        _server_env.update(os.environ)
+        _context = mp.get_context("forkserver")
+        _context.set_forkserver_preload(PRELOAD)
+    return _context
+
+
+def import_time_vars(env: Mapping[str, str]) -> list[str]:
+    """The variables a preloaded module reads at import whose value in ``env`` is not the forkserver's.
+
+    Before the forkserver starts, this process's environment stands for the forkserver's.
+    """
+    server = _server_env or os.environ
+    names = set(env) | {k for k in server if k.startswith(READ_AT_IMPORT)}
+    return sorted(k for k in names if k.startswith(READ_AT_IMPORT) and env.get(k) != server.get(k))
+
+
+def worker_env(base: Mapping[str, str], rank: int, nproc: int, port: int) -> dict[str, str]:
+    """What torch 2.13's LocalElasticAgent adds to a worker's environment on one node, first attempt."""
+    return {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+            "ROLE_NAME": "default", "LOCAL_WORLD_SIZE": str(nproc), "WORLD_SIZE": str(nproc),
+            "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(nproc), "MASTER_ADDR": "localhost",
+            "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_RUN_ID": f"fastlaunch-{os.getpid()}-{port}", "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+            "OMP_NUM_THREADS": base.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
+
+
+def _rank_main(script: str, argv: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> None:
+    """One rank, in a process forked from the preloaded server: become ``python script argv`` and run it."""
+    os.environ.clear()
+    os.environ.update(env)
+    tempfile.tempdir = None  # TMPDIR is per test; the server may have cached another
+    os.chdir(cwd)
+    for fd, path in ((1, out), (2, err)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_APPEND), fd)
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True)  # each line as it is printed, in one write: ranks share a file
+    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    sys.argv = [script, *argv]
+    sys.path[0] = str(Path(script).parent)
+    for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
+        sys.path.insert(1, entry)
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, (int, type(None))):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - a rank's crash is reported like the interpreter would
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()  # os._exit below skips them; python script.py would run them
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run(script: str | Path, args: Sequence[str] = (), nproc: int = 2, *, env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc_per_node N script args``, forked from the preloaded server.
+
+    Returns a CompletedProcess like ``subprocess.run(..., capture_output=True, text=True)``; raises
+    ``subprocess.TimeoutExpired`` after ``timeout`` seconds (the ranks are killed first).
+    """
+    env = dict(os.environ if env is None else env)
+    if os.environ.get(TORCHRUN_ENV) == "1":
+        return _torchrun(script, args, nproc, env, cwd, timeout)
+    if stale := import_time_vars(env):
+        raise ValueError(f"fastlaunch cannot change {', '.join(stale)} per launch (read at import by a "
+                         "preloaded module); launch this one with torchrun")
+    script = str(Path(script).resolve())
+    cwd = str(Path(cwd or Path.cwd()).resolve())
+    cmd = ["fastlaunch", "--nproc_per_node", str(nproc), script, *map(str, args)]
+    store = dist.TCPStore("localhost", 0, nproc, is_master=True, wait_for_workers=False)
+    with tempfile.TemporaryDirectory(prefix="fastlaunch-") as tmp:
+        out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+        Path(out).touch()
+        Path(err).touch()
+        ctx = _forkserver()
+        procs = [ctx.Process(target=_rank_main, name=f"rank{r}",
+                             args=(script, list(map(str, args)), worker_env(env, r, nproc, store.port), cwd, out, err))
+                 for r in range(nproc)]
+        for p in procs:
+            p.start()
+        code = _wait(procs, timeout, cmd, out, err)
+        del store
+        return subprocess.CompletedProcess(cmd, code, Path(out).read_text(errors="replace"),
+                                           Path(err).read_text(errors="replace"))
+
+
+def _torchrun(script: str | Path, args: Sequence[str], nproc: int, env: dict[str, str], cwd: str | Path | None,
+              timeout: float) -> subprocess.CompletedProcess:
+    """The same launch under ``torchrun --standalone`` (``ECOMKIT_TESTS_TORCHRUN=1``)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           str(Path(script).resolve()), *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _wait(procs: list, timeout: float, cmd: list[str], out: str, err: str) -> int:
+    """Wait for every rank; on the first failure stop the rest, on the timeout kill all. Torchrun's exit status."""
+    deadline = time.monotonic() + timeout
+    failed = False
+    while any(p.exitcode is None for p in procs):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            _stop(procs, signal.SIGKILL, 0)
+            raise subprocess.TimeoutExpired(cmd, timeout, Path(out).read_text(errors="replace"),
+                                            Path(err).read_text(errors="replace"))
+        mp.connection.wait([p.sentinel for p in procs if p.exitcode is None], timeout=min(left, 1.0))
+        if not failed and any(p.exitcode not in (None, 0) for p in procs):
+            failed = True
+            _settle(procs, SETTLE_S)
+            _stop(procs, signal.SIGTERM, STOP_GRACE_S)
+    return 1 if failed or any(p.exitcode != 0 for p in procs) else 0
+
+
+def _settle(procs: list, seconds: float) -> None:
+    """Wait up to ``seconds`` for the ranks still running to end by themselves."""
+    until = time.monotonic() + seconds
+    while any(p.exitcode is None for p in procs) and time.monotonic() < until:
+        mp.connection.wait([p.sentinel for p in procs if p.exitcode is None], timeout=until - time.monotonic())
+
+
+def _stop(procs: list, sig: int, grace: float) -> None:
+    """Send ``sig`` to the ranks still running; SIGKILL those still there ``grace`` seconds later."""
+    for p in procs:
+        if p.exitcode is None:
+            os.kill(p.pid, sig)
+    for p in procs:
+        p.join(grace or None)
+        if p.exitcode is None:
+            os.kill(p.pid, signal.SIGKILL)
+            p.join()

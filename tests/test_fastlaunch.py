@@ -1,0 +1,93 @@
+"""The suite's forkserver launcher (tests/fastlaunch.py) gives a rank what torchrun gives it.
+
+Most 2-process tests start their ranks through :mod:`fastlaunch` to skip the agent's and the ranks'
+imports. These check that a rank cannot tell: the same worker variables as a real
+``torchrun --standalone`` launch (only the port and run id differ), a working gloo group through the
+launcher's store, its own argv and cwd, stdout and stderr kept apart, and torchrun's exit status
+when one rank fails while the other waits in a collective.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+import fastlaunch
+import pytest
+
+WORKER = textwrap.dedent("""
+    import json, os, sys
+    import torch, torch.distributed as dist
+    KEYS = {keys!r}
+    dist.init_process_group("gloo")
+    t = torch.tensor([dist.get_rank() + 1.0])
+    dist.all_reduce(t)
+    env = {{k: os.environ.get(k) for k in KEYS}}
+    print("RESULT " + json.dumps({{"env": env, "sum": t.item(), "argv": sys.argv[1:], "cwd": os.getcwd(),
+                                   "threads": torch.get_num_threads()}}), flush=True)
+    print("to stderr", file=sys.stderr)
+    if dist.get_rank() == 1 and "--fail" in sys.argv:
+        sys.exit(3)
+    if "--fail" in sys.argv:
+        dist.barrier()  # rank 0 waits here for a rank that has gone: the launcher must stop it
+    dist.destroy_process_group()
+""")
+KEYS = ["RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+        "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "OMP_NUM_THREADS"]
+PER_LAUNCH = ["MASTER_PORT", "TORCHELASTIC_RUN_ID"]  # set by both, values differ per launch
+
+
+def results(stdout: str) -> list[dict]:
+    """Every rank's RESULT object; two ranks' lines may share a line (torchrun's workers write unbuffered,
+    so a print's text and its newline are two writes that the other rank's can come between)."""
+    decoder = json.JSONDecoder()
+    rows = [decoder.raw_decode(stdout, m.end())[0] for m in re.finditer(r"RESULT ", stdout)]
+    return sorted(rows, key=lambda r: int(r["env"]["RANK"]))
+
+
+@pytest.fixture
+def worker(tmp_path):
+    path = tmp_path / "worker.py"
+    path.write_text(WORKER.format(keys=KEYS + PER_LAUNCH))
+    return path
+
+
+@pytest.mark.dist
+def test_a_rank_sees_what_torchrun_gives_it(worker, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    real = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(worker), "--flag", "x"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    fast = fastlaunch.run(worker, ["--flag", "x"], 2, env=env, cwd=tmp_path, timeout=120)
+    assert real.returncode == fast.returncode == 0, fast.stderr[-3000:] + real.stderr[-3000:]
+    for theirs, ours in zip(results(real.stdout), results(fast.stdout), strict=True):
+        assert {k: ours["env"][k] for k in KEYS} == {k: theirs["env"][k] for k in KEYS}
+        assert all(ours["env"][k] for k in PER_LAUNCH)
+        assert ours["sum"] == theirs["sum"] == 3.0  # 1 + 2: the group works through the launcher's store
+        assert ours["argv"] == theirs["argv"] == ["--flag", "x"] and ours["cwd"] == str(tmp_path)
+        assert ours["threads"] == theirs["threads"] == 1
+    assert len(results(fast.stdout)) == 2 and fast.stderr.count("to stderr") == 2
+    assert "RESULT" not in fast.stderr
+
+
+@pytest.mark.dist
+def test_one_rank_failing_ends_the_launch_with_torchruns_status(worker, tmp_path):
+    start = time.monotonic()
+    fast = fastlaunch.run(worker, ["--fail"], 2, cwd=tmp_path, timeout=120)
+    assert fast.returncode == 1  # torchrun's status when a worker fails, whatever the worker's own code
+    assert time.monotonic() - start < fastlaunch.STOP_GRACE_S + 60  # rank 0 was stopped, not left in barrier
+
+
+def test_variables_read_at_import_are_refused():
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "7"}
+    assert fastlaunch.import_time_vars(env) == ["TORCHINDUCTOR_COMPILE_THREADS"]
+    with pytest.raises(ValueError, match="TORCHINDUCTOR_COMPILE_THREADS"):
+        fastlaunch.run("unused.py", env=env)
+    assert fastlaunch.import_time_vars({**os.environ, "PYTHONPATH": "/x", "ECOMKIT_CACHE": "/y"}) == []
