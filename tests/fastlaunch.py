@@ -19,7 +19,8 @@ What torchrun does that this does not: restarts (``--max-restarts``), forwarding
 failure report. Tests of those, every notebook, and ``tests/test_launch.py`` run torchrun itself, and
 ``ECOMKIT_TESTS_TORCHRUN=1 make test`` runs every launch of the suite under torchrun.
 Environment variables that a preloaded module reads when it is imported cannot be changed per launch:
-:func:`run` refuses them (:data:`READ_AT_IMPORT`) so that such a launch uses torchrun.
+:func:`run` refuses them (:data:`READ_AT_IMPORT`, a ValueError), and ``conftest.run_script`` launches
+such a run with torchrun instead.
 """
 
 from __future__ import annotations
