@@ -86,15 +86,16 @@ def run_script(script: str, args: list[str], nproc: int = 0, timeout: int = 300,
     """
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
     path = str(REPO / "scripts" / script)
-    if nproc and not (torchrun or torchrun_args or fastlaunch.import_time_vars(env)):
-        proc = fastlaunch.run(path, args, nproc, env=env, cwd=REPO, timeout=timeout)
+    if not nproc:
+        proc = subprocess.run([sys.executable, path, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    elif torchrun or torchrun_args or fastlaunch.import_time_vars(env):
+        proc = fastlaunch.torchrun(path, args, nproc, env=env, cwd=REPO, timeout=timeout,
+                                   torchrun_args=torchrun_args or ())
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               *(torchrun_args or []), path, *args] if nproc else [sys.executable, path, *args]
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    cmd = proc.args
+        proc = fastlaunch.run(path, args, nproc, env=env, cwd=REPO, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
+        raise AssertionError(f"{' '.join(proc.args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
                              f"--- stderr\n{proc.stderr[-6000:]}")
     return proc
 

@@ -130,7 +130,7 @@ def run(script: str | Path, args: Sequence[str] = (), nproc: int = 2, *, env: Ma
     """
     env = dict(os.environ if env is None else env)
     if os.environ.get(TORCHRUN_ENV) == "1":
-        return _torchrun(script, args, nproc, env, cwd, timeout)
+        return torchrun(script, args, nproc, env=env, cwd=cwd, timeout=timeout)
     if stale := import_time_vars(env):
         raise ValueError(f"fastlaunch cannot change {', '.join(stale)} per launch (read at import by a "
                          "preloaded module); launch this one with torchrun")
@@ -154,12 +154,15 @@ def run(script: str | Path, args: Sequence[str] = (), nproc: int = 2, *, env: Ma
                                            Path(err).read_text(errors="replace"))
 
 
-def _torchrun(script: str | Path, args: Sequence[str], nproc: int, env: dict[str, str], cwd: str | Path | None,
-              timeout: float) -> subprocess.CompletedProcess:
-    """The same launch under ``torchrun --standalone`` (``ECOMKIT_TESTS_TORCHRUN=1``)."""
+def torchrun(script: str | Path, args: Sequence[str] = (), nproc: int = 2, *, env: Mapping[str, str] | None = None,
+             cwd: str | Path | None = None, timeout: float = 300,
+             torchrun_args: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """The same launch under ``torchrun --standalone [torchrun_args]`` itself: for what needs the agent, and
+    for every launch under ``ECOMKIT_TESTS_TORCHRUN=1``."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           str(Path(script).resolve()), *map(str, args)]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+           *torchrun_args, str(Path(script).resolve()), *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env=None if env is None else dict(env), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def _wait(procs: list, timeout: float, cmd: list[str], out: str, err: str) -> int:

@@ -85,7 +85,8 @@ def test_one_rank_failing_ends_the_launch_with_torchruns_status(worker, tmp_path
     assert time.monotonic() - start < fastlaunch.STOP_GRACE_S + 60  # rank 0 was stopped, not left in barrier
 
 
-def test_variables_read_at_import_are_refused():
+def test_variables_read_at_import_are_refused(monkeypatch):
+    monkeypatch.delenv(fastlaunch.TORCHRUN_ENV, raising=False)  # the forked path, also under the torchrun switch
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "7"}
     assert fastlaunch.import_time_vars(env) == ["TORCHINDUCTOR_COMPILE_THREADS"]
     with pytest.raises(ValueError, match="TORCHINDUCTOR_COMPILE_THREADS"):

@@ -12,8 +12,8 @@ import os
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import fastlaunch
+import numpy as np
 import pytest
 
 from ecomkit.config import parse_config
