@@ -49,6 +49,12 @@ PRELOAD = ["torch", "transformers.models.bloom.modeling_bloom", "datasets", "pef
 READ_AT_IMPORT = ("TORCHINDUCTOR_", "TORCH_COMPILE", "TORCHDYNAMO_", "TORCH_LOGS", "HF_", "TRANSFORMERS_",
                   "PYTORCH_", "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONFAULTHANDLER", "LD_", "KMP_", "MKL_",
                   "ONEDNN_", "DNNL_", "OMP_PROC_BIND", "GOMP_", "ACCELERATE_", "PEFT_")
+# Variables under those prefixes that are read when called, not at import: a rank sees the launch's value,
+# since it runs under the launch's environment. Code in a test process sets both (importing deepspeed does
+# os.environ.setdefault of the first; inductor's cache_dir() writes its default of the second back), so the
+# pytest worker's environment drifts from the forkserver's by them.
+READ_AT_CALL = frozenset({"PYTORCH_NVML_BASED_CUDA_CHECK",  # torch.cuda.is_available() reads it each call
+                          "TORCHINDUCTOR_CACHE_DIR"})  # torch._inductor.runtime.cache_dir_utils.cache_dir()
 TORCHRUN_ENV = "ECOMKIT_TESTS_TORCHRUN"  # "1": every launch runs torchrun itself (slower; for comparison)
 # After one rank fails: how long the others may take to end by themselves (ranks that fail together, at the
 # same check, each print their own message; torchrun's agent looks every 0.1 s and then spends a while on
@@ -69,13 +75,15 @@ def _forkserver() -> mp.context.ForkServerContext:
     return _context
 
 
-def import_time_vars(env: Mapping[str, str]) -> list[str]:
-    """The variables a preloaded module reads at import whose value in ``env`` is not the forkserver's.
+def server_env() -> dict[str, str]:
+    """The environment the forkserver imported PRELOAD under; before it starts, this process's own."""
+    return dict(_server_env or os.environ)
 
-    Before the forkserver starts, this process's environment stands for the forkserver's.
-    """
-    server = _server_env or os.environ
-    names = set(env) | {k for k in server if k.startswith(READ_AT_IMPORT)}
+
+def import_time_vars(env: Mapping[str, str]) -> list[str]:
+    """The variables a preloaded module reads at import whose value in ``env`` is not the forkserver's."""
+    server = server_env()
+    names = (set(env) | set(server)) - READ_AT_CALL
     return sorted(k for k in names if k.startswith(READ_AT_IMPORT) and env.get(k) != server.get(k))
 
 

@@ -87,8 +87,25 @@ def test_one_rank_failing_ends_the_launch_with_torchruns_status(worker, tmp_path
 
 def test_variables_read_at_import_are_refused(monkeypatch):
     monkeypatch.delenv(fastlaunch.TORCHRUN_ENV, raising=False)  # the forked path, also under the torchrun switch
-    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "7"}
+    env = {**fastlaunch.server_env(), "TORCHINDUCTOR_COMPILE_THREADS": "7"}
     assert fastlaunch.import_time_vars(env) == ["TORCHINDUCTOR_COMPILE_THREADS"]
     with pytest.raises(ValueError, match="TORCHINDUCTOR_COMPILE_THREADS"):
         fastlaunch.run("unused.py", env=env)
-    assert fastlaunch.import_time_vars({**os.environ, "PYTHONPATH": "/x", "ECOMKIT_CACHE": "/y"}) == []
+    assert fastlaunch.import_time_vars({**fastlaunch.server_env(), "PYTHONPATH": "/x", "ECOMKIT_CACHE": "/y"}) == []
+
+
+@pytest.mark.dist
+def test_a_variable_read_when_called_reaches_the_rank_with_the_launchs_value(monkeypatch, tmp_path):
+    """Importing deepspeed in a pytest worker sets PYTORCH_NVML_BASED_CUDA_CHECK there after its forkserver
+    started; later launches go on forking, and the ranks see the value torchrun would have given them."""
+    monkeypatch.delenv(fastlaunch.TORCHRUN_ENV, raising=False)
+    keys = sorted(fastlaunch.READ_AT_CALL) + ["RANK"]
+    (tmp_path / "worker.py").write_text(WORKER.format(keys=keys))
+    drifted = {**fastlaunch.server_env(), "OMP_NUM_THREADS": "1"}
+    drifted.update({k: f"{drifted.get(k)}-changed" for k in fastlaunch.READ_AT_CALL})
+    assert fastlaunch.import_time_vars(drifted) == []
+    fast = fastlaunch.run(tmp_path / "worker.py", [], 2, env=drifted, cwd=tmp_path, timeout=120)
+    assert fast.returncode == 0, fast.stderr[-3000:]
+    for row in results(fast.stdout):
+        assert {k: row["env"][k] for k in fastlaunch.READ_AT_CALL} == {k: drifted[k] for k in fastlaunch.READ_AT_CALL}
+    assert fastlaunch.import_time_vars({**drifted, "PYTORCH_CUDA_ALLOC_CONF": "x"}) == ["PYTORCH_CUDA_ALLOC_CONF"]
