@@ -106,6 +106,8 @@ def test_a_variable_read_when_called_reaches_the_rank_with_the_launchs_value(mon
     assert fastlaunch.import_time_vars(drifted) == []
     fast = fastlaunch.run(tmp_path / "worker.py", [], 2, env=drifted, cwd=tmp_path, timeout=120)
     assert fast.returncode == 0, fast.stderr[-3000:]
-    for row in results(fast.stdout):
+    rows = results(fast.stdout)
+    assert [r["env"]["RANK"] for r in rows] == ["0", "1"], fast.stdout[-3000:]  # both ranks answered
+    for row in rows:
         assert {k: row["env"][k] for k in fastlaunch.READ_AT_CALL} == {k: drifted[k] for k in fastlaunch.READ_AT_CALL}
     assert fastlaunch.import_time_vars({**drifted, "PYTORCH_CUDA_ALLOC_CONF": "x"}) == ["PYTORCH_CUDA_ALLOC_CONF"]
