@@ -161,8 +161,14 @@ def restart_safe_rendezvous(rank: int, world_size: int, timeout_s: float) -> dic
     check_multinode_restarts(world_size)
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
                           is_master=False, timeout=_dt.timedelta(seconds=timeout_s))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    attempt = restart_attempt()
     return {"store": dist.PrefixStore(f"ecomkit/attempt_{attempt}", store), "rank": rank, "world_size": world_size}
+
+
+def restart_attempt() -> int:
+    """Which attempt of the launch this worker is: 0 first, then 1, 2, ... after torchrun restarted the workers
+    (``--max-restarts``: a rank died). A run resumes from its own checkpoints only on a restart."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
 def check_multinode_restarts(world_size: int) -> None:

@@ -244,3 +244,17 @@ def test_prebuild_reports_a_failed_cpu_adam_build_instead_of_failing_the_install
     assert prebuild_cpu_adam() == "DeepSpeed CPU Adam: not built (RuntimeError: Error building extension 'cpu_adam')"
     monkeypatch.setattr(CPUAdamBuilder, "load", lambda self, verbose=True: None)
     assert prebuild_cpu_adam() == f"DeepSpeed CPU Adam: built (or already there) in {tmp_path}"
+
+
+def test_a_restarted_attempt_resumes_from_its_own_newest_checkpoint_and_a_first_attempt_never(tmp_path, monkeypatch):
+    from ecomkit.parallel.zero.checkpoint import restart_resume_dir
+
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    assert restart_resume_dir(tmp_path) is None                      # a first attempt, nothing saved
+    (tmp_path / "latest").write_text("step4")
+    assert restart_resume_dir(tmp_path) is None                      # a first attempt: a rerun starts fresh
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert restart_resume_dir(tmp_path) == str(tmp_path)             # torchrun restarted the workers
+    assert restart_resume_dir(tmp_path, allowed=False) is None       # --no-fault-resume
+    (tmp_path / "latest").unlink()
+    assert restart_resume_dir(tmp_path) is None                      # died before the first save: from step 0

@@ -38,7 +38,8 @@ class ZeroConfig:
     param_persistence_threshold: int = 0  # ZeRO-3: params smaller than this stay replicated
     activation_checkpointing: bool = False  # recompute each block in backward (deepspeed.checkpointing)
     user_config: str | None = None    # a DeepSpeed JSON to merge on top (validated)
-    checkpoint_interval: int = 0      # steps between sharded engine checkpoints; 0 = off
+    checkpoint_interval: int = 0      # steps between sharded engine checkpoints; 0 = off. Under torchrun
+                                      #   --max-restarts a restarted attempt resumes from the newest of them
     checkpoint_dir: str | None = None # where they go (default: <output_dir>/checkpoints)
     resume_from: str | None = None    # a checkpoint dir (latest tag) or its stepN subfolder
 

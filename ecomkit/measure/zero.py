@@ -25,7 +25,7 @@ import torch
 from ecomkit.config import StrategyName, TrainConfig
 from ecomkit.dist import gather_objects
 from ecomkit.metrics import format_bytes
-from ecomkit.parallel.zero.checkpoint import ZeroCheckpointCallback
+from ecomkit.parallel.zero.checkpoint import ZeroCheckpointCallback, restart_resume_dir
 from ecomkit.parallel.zero.config import zero_config_for_launch
 from ecomkit.parallel.zero.state import CATEGORIES, largest_layer_params
 from ecomkit.parallel.zero.variants import parse_variants
@@ -109,12 +109,14 @@ class MemoryProbeCallback:
 
 # ---------------------------------------------------------------------- chapter 03's runs
 def zero_run_callbacks(variant: Any, cfg: TrainConfig) -> list[Any]:
-    """The memory probe (``memory.json``) and, when asked, sharded ZeRO checkpoints / resume."""
+    """The memory probe (``memory.json``) and, when asked, sharded ZeRO checkpoints / resume: from
+    ``--zero-resume-from``, or after torchrun restarted the workers, from this run's own newest checkpoint."""
     out = Path(cfg.output_dir)
     callbacks: list[Any] = [MemoryProbeCallback(str(out / "memory.json"))]
     if cfg.strategy == StrategyName.ZERO and (cfg.zero.checkpoint_interval or cfg.zero.resume_from):
         ckpt_dir = cfg.zero.checkpoint_dir or str(out / "checkpoints")
-        callbacks.append(ZeroCheckpointCallback(ckpt_dir, cfg.zero.checkpoint_interval, cfg.zero.resume_from))
+        resume = cfg.zero.resume_from or restart_resume_dir(ckpt_dir, cfg.fault.resume)
+        callbacks.append(ZeroCheckpointCallback(ckpt_dir, cfg.zero.checkpoint_interval, resume))
     return callbacks
 
 

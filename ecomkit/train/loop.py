@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 from ecomkit.config import TrainConfig
 from ecomkit.data import DistributedBatchSampler, build_datasets, lengths_array, pad_collate
 from ecomkit.data.formats import parse_labels, write_task_file
-from ecomkit.dist import DistEnv, distributed_session, gather_objects, log
+from ecomkit.dist import DistEnv, distributed_session, gather_objects, log, restart_attempt
 from ecomkit.envcheck.matmul import roofline_fields, roofline_summary, run_peak
 from ecomkit.errors import ConfigError
 from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
@@ -218,7 +218,7 @@ class TrainingRun:
         """``--fail-at-step K --fail-rank R``: rank R dies at step K, once (not after a torchrun restart)."""
         f = self.cfg
         if (f.fail_at_step >= 0 and self.step == f.fail_at_step and self.env.rank == f.fail_rank
-                and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0):
+                and restart_attempt() == 0):
             print(f"[rank {self.env.rank}] fault injection: exiting abruptly at step {self.step}", flush=True)
             os._exit(13)
 

@@ -26,7 +26,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ecomkit.config import TrainConfig
-from ecomkit.dist import log
+from ecomkit.dist import log, restart_attempt
 from ecomkit.errors import ConfigError
 from ecomkit.models.bloom import model_config
 from ecomkit.parallel.zero.env import ensure_deepspeed_env
@@ -90,6 +90,18 @@ def latest_tag(ckpt_dir: str | os.PathLike) -> str | None:
     return latest.read_text().strip() if latest.is_file() else None
 
 
+def restart_resume_dir(ckpt_dir: str | os.PathLike, allowed: bool = True) -> str | None:
+    """``ckpt_dir`` when torchrun restarted this launch's workers and the attempt before left a checkpoint there.
+
+    Why only on a restart: a rank that dies (``--fail-at-step``, a crash, the OOM killer) leaves no preemption
+    record, and torchrun's ``--max-restarts`` starts every worker again from step 0. The sharded checkpoints
+    of ``--zero-checkpoint-interval`` are this launch's own, so the restart continues from the newest one
+    (DeepSpeed writes ``latest`` only after a save completed), as the DCP checkpoints of the other
+    strategies do. A first attempt never resumes by itself: a rerun of a finished run starts fresh.
+    """
+    return str(ckpt_dir) if allowed and restart_attempt() > 0 and latest_tag(ckpt_dir) else None
+
+
 class ZeroCheckpointCallback:
     """Save a sharded checkpoint every ``interval`` steps; optionally resume from one at start.
 
@@ -106,6 +118,7 @@ class ZeroCheckpointCallback:
         self.resume_from = resume_from
         self.resuming = resume_from is not None   # the loop appends to metrics.jsonl instead of truncating
         self.saved: list[str] = []
+        self.resumed_step: int | None = None
 
     def on_train_start(self, run) -> None:
         if self.resume_from is None:
@@ -119,6 +132,7 @@ class ZeroCheckpointCallback:
                               "written with --zero-checkpoint-interval.")
         run.step, run.epoch = int(client["step"]), int(client["epoch"])
         run.sampler.load_state_dict(client["sampler"])
+        self.resumed_step = run.step
         if run.env.is_main:
             log.info("resumed from %s/%s at step %d (epoch %d)", ckpt_dir, tag, run.step, run.epoch)
 
@@ -128,6 +142,12 @@ class ZeroCheckpointCallback:
             state = {"step": run.step, "epoch": run.epoch, "sampler": run.sampler.state_dict()}
             run.strategy.save_checkpoint(str(self.ckpt_dir), tag, state)
             self.saved.append(tag)
+
+    def on_train_end(self, run, summary: dict[str, Any]) -> None:
+        """The same ``checkpoint`` block the DCP callback writes, so one reader serves both."""
+        summary["checkpoint"] = {"interval": self.interval, "dir": str(self.ckpt_dir.resolve()),
+                                 "saved_steps": [int(t.removeprefix("step")) for t in self.saved],
+                                 "resumed_from_step": self.resumed_step}
 
 
 def resolve_resume(path: str) -> tuple[Path, str]:
