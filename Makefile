@@ -36,7 +36,8 @@ demo: $(STAMP)
 # unit + 2-process gloo tests and every notebook, in two phases:
 # 1. everything not marked `serial`, on two pytest workers, a test file per worker at a time (--dist loadfile keeps
 #    a file's module-scoped fixtures to one launch). Most of a test is one process starting and importing torch,
-#    so two workers fill both cores;
+#    so two workers fill both cores. Files go out in collection order, which tests/conftest.py sorts longest
+#    first (--no-loadscope-reorder keeps xdist from re-sorting them by their number of tests);
 # 2. the `serial` items alone: those that assert timings (the time model, rendezvous timeouts), which a second
 #    job on the same cores would distort.
 # --durations prints the slowest items at the end, so the suite's time budget (~15 min) has its costs named.
@@ -45,7 +46,7 @@ test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) benchmarks/report.py --check
 	$(PY) -m ecomkit.claims --check
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not serial"
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial"
 	$(PYTEST) -m serial
 
 bench: $(STAMP)

@@ -36,10 +36,27 @@ SERIAL_NOTEBOOKS = {"06_memory_tuning.ipynb": "asserts the time model against me
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the serial notebooks (a notebook cannot carry a marker itself); the hook sees every collected item."""
+    """Mark the serial notebooks (a notebook cannot carry a marker itself), then put the longest files first.
+
+    Why the order: ``make test`` hands whole files to two workers (``--dist loadfile``) in collection order
+    (``--no-loadscope-reorder``; xdist's default sorts files by their number of tests, which sends the
+    one-item notebooks and the few-test training files last, so one worker ran a long notebook alone while
+    the other had finished). Longest first fills the end of the run with short unit-test files.
+    """
     for item in items:
         if item.path.name in SERIAL_NOTEBOOKS:
             item.add_marker(pytest.mark.serial)
+    weight: dict[Path, int] = {}
+    for item in items:
+        weight[item.path] = max(weight.get(item.path, 0), file_weight(item))
+    items.sort(key=lambda item: -weight[item.path])   # stable: a file's items keep their order, and stay together
+
+
+def file_weight(item) -> int:
+    """2: a notebook or a test marked ``slow``; 1: a multi-process (``dist``) test; 0: the rest."""
+    if item.path.suffix == ".ipynb" or item.get_closest_marker("slow"):
+        return 2
+    return 1 if item.get_closest_marker("dist") else 0
 
 
 @pytest.fixture(autouse=True)

@@ -216,3 +216,25 @@ def test_flex_compiles_once_per_shape_with_one_score_mod_per_model(monkeypatch):
     assert n_layers == 2 and len(score_mods) == 1
     assert frames == [1, 1, 1, 2, 2, 2], frames  # 6 forwards × 2 layers = 12 calls, 2 compilations
     torch._dynamo.reset()
+
+
+def test_sdpa_model_compiles_as_one_graph_with_the_training_step_s_dynamic_shapes():
+    """``--compile`` (``dynamic=True``): the whole transformer is one graph, and new lengths recompile nothing.
+
+    The mask checks of :func:`sdpa_mask_plan` read tensor values; inside ``torch.compile`` they were a
+    graph break in BloomModel's loop over blocks, so dynamo compiled every block apart and recompiled as
+    lengths and grad modes changed. Counted with dynamo's frame counter (the ``eager`` backend: the
+    same graphs and guards as inductor, without its code generation).
+    """
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    model = build_model("tiny", vocab_size=VOCAB)
+    install_attention(model, "sdpa")
+    compiled = torch.compile(model.transformer, backend=counter, dynamic=True)
+    for seq_len in (16, 24, 40):
+        ids, mask = padded_batch(seq_len)
+        compiled(input_ids=ids, attention_mask=mask)[0].sum().backward()
+        eager = model.transformer(input_ids=ids, attention_mask=mask)[0]
+        assert (compiled(input_ids=ids, attention_mask=mask)[0] - eager).abs().max().item() <= TOL
+    assert counter.frame_count == 1, counter.frame_count   # one graph, compiled once, for every length
+    torch._dynamo.reset()
