@@ -219,7 +219,8 @@ def test_flex_compiles_once_per_shape_with_one_score_mod_per_model(monkeypatch):
 
 
 def test_sdpa_model_compiles_as_one_graph_with_the_training_step_s_dynamic_shapes():
-    """``--compile`` (``dynamic=True``): the whole transformer is one graph, and new lengths recompile nothing.
+    """``--compile`` (``dynamic=True``): the whole transformer is one graph; new lengths, padded or not, and the
+    backward recompile nothing.
 
     The mask checks of :func:`sdpa_mask_plan` read tensor values; inside ``torch.compile`` they were a
     graph break in BloomModel's loop over blocks, so dynamo compiled every block apart and recompiled as
@@ -231,10 +232,11 @@ def test_sdpa_model_compiles_as_one_graph_with_the_training_step_s_dynamic_shape
     model = build_model("tiny", vocab_size=VOCAB)
     install_attention(model, "sdpa")
     compiled = torch.compile(model.transformer, backend=counter, dynamic=True)
-    for seq_len in (16, 24, 40):
+    for seq_len, padded in ((16, True), (24, True), (24, False), (40, True)):
         ids, mask = padded_batch(seq_len)
+        mask = mask if padded else torch.ones_like(mask)   # no padding: the eager path's is_causal shortcut
         compiled(input_ids=ids, attention_mask=mask)[0].sum().backward()
         eager = model.transformer(input_ids=ids, attention_mask=mask)[0]
         assert (compiled(input_ids=ids, attention_mask=mask)[0] - eager).abs().max().item() <= TOL
-    assert counter.frame_count == 1, counter.frame_count   # one graph, compiled once, for every length
+    assert counter.frame_count == 1, counter.frame_count   # one graph, compiled once, for every batch
     torch._dynamo.reset()
