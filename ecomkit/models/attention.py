@@ -161,9 +161,10 @@ def sdpa_mask_plan(alibi: torch.Tensor, attention_mask: torch.Tensor | None, q_l
     Under ``torch.compile`` (``--compile``) the mask goes to SDPA as it is, with no check: the checks read
     tensor values, a graph break inside BloomModel's loop over blocks, which makes dynamo give up the whole
     loop and compile every block apart (measured on ``tiny``, one process, 5 steps: 19 recompilations,
-    against one, the no-grad forward of the evaluation, without the checks). Both shortcuts only save work: SDPA given the causal mask computes what ``is_causal`` does, and
-    empty rows come from left padding, which training batches never have (ecomkit's collate pads on the
-    right) and generation, which left-pads, runs without a backward.
+    against one, the no-grad forward of the evaluation, without the checks). Both shortcuts only save
+    work: SDPA given the causal mask computes what ``is_causal`` does, and empty rows come from left
+    padding, which training batches never have (ecomkit's collate pads on the right) and generation,
+    which left-pads, runs without a backward.
     """
     if torch.compiler.is_compiling():
         return MaskPlan(attention_mask, False, False)
