@@ -171,10 +171,15 @@ def restart_attempt() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
+def max_restarts() -> int:
+    """torchrun's ``--max-restarts``, which it exports to the workers (0 outside torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+
+
 def check_multinode_restarts(world_size: int) -> None:
     """Refuse ``--max-restarts > 0`` on several nodes with torchrun's shared store (see restart_safe_rendezvous)."""
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    restarts = max_restarts()
     if world_size > local_world and restarts > 0:
         raise EcomkitError(
             f"this job runs on several nodes ({world_size} processes, {local_world} on this node) with "

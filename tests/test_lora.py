@@ -180,30 +180,31 @@ def test_04_fsdp_trains_lora_and_beats_the_base(fsdp_lora):
     assert_beats_base(fsdp_lora)
 
 
-@pytest.mark.dist
-def test_killed_rank_resumes_an_fsdp2_lora_run_to_the_same_losses(fsdp_lora, tmp_path):
+def killed_and_resumed(script: str, extra: list[str], reference: Path, out: Path):
+    """The chapter script's LoRA run with rank 1 killed at step 5 under torchrun ``--max-restarts 1`` (``extra``
+    names the strategy and its checkpoint interval); the restart resumes from step 4 to ``reference``'s losses."""
     from ecomkit.faults.diagnose import compare_resumed_run
 
-    proc = run_script("04_mixed_parallel.py", SCRIPT_RUN + ["--strategy", "fsdp", "--output-dir", str(tmp_path),
-                                                             "--fail-at-step", "5", "--fail-rank", "1",
-                                                             "--fault-checkpoint-interval", "2"],
+    proc = run_script(script, SCRIPT_RUN + extra + ["--output-dir", str(out), "--fail-at-step", "5", "--fail-rank", "1"],
                       nproc=2, torchrun_args=["--max-restarts", "1"], timeout=300)
-    assert "resumed from" in proc.stdout + proc.stderr and summary(tmp_path)["checkpoint"]["resumed_from_step"] == 4
-    comparison = compare_resumed_run(read_rows(fsdp_lora), read_rows(tmp_path), summary(fsdp_lora), summary(tmp_path))
+    log = proc.stdout + proc.stderr
+    assert "fault injection: exiting abruptly at step 5" in log and "resumed from" in log, log[-3000:]
+    assert summary(out)["checkpoint"]["resumed_from_step"] == 4, summary(out)["checkpoint"]
+    comparison = compare_resumed_run(read_rows(reference), read_rows(out), summary(reference), summary(out))
     assert comparison.losses_match(rel=1e-6, abs_tol=1e-7), comparison.loss_pairs
+    return comparison
+
+
+@pytest.mark.dist
+def test_killed_rank_resumes_an_fsdp2_lora_run_to_the_same_losses(fsdp_lora, tmp_path):
+    killed_and_resumed("04_mixed_parallel.py", ["--strategy", "fsdp", "--fault-checkpoint-interval", "2"], fsdp_lora,
+                       tmp_path)
     assert eval_losses(tmp_path)[-1] == pytest.approx(eval_losses(fsdp_lora)[-1], rel=1e-6)
 
 
 @pytest.mark.dist
 def test_killed_rank_resumes_a_lora_run_to_the_same_losses(ddp_lora, tmp_path):
-    from ecomkit.faults.diagnose import compare_resumed_run
-
-    proc = run_script("02_data_parallel.py", SCRIPT_RUN + ["--output-dir", str(tmp_path), "--fail-at-step", "5",
-                                                           "--fail-rank", "1", "--fault-checkpoint-interval", "2"],
-                      nproc=2, torchrun_args=["--max-restarts", "1"], timeout=300)
-    assert "resumed from" in proc.stdout + proc.stderr and summary(tmp_path)["checkpoint"]["resumed_from_step"] == 4
-    comparison = compare_resumed_run(read_rows(ddp_lora), read_rows(tmp_path), summary(ddp_lora), summary(tmp_path))
-    assert comparison.losses_match(rel=1e-6, abs_tol=1e-7), comparison.loss_pairs
+    comparison = killed_and_resumed("02_data_parallel.py", ["--fault-checkpoint-interval", "2"], ddp_lora, tmp_path)
     assert comparison.same_parameters and comparison.identical()
 
 
@@ -218,17 +219,8 @@ def zero3_lora(tmp_path_factory) -> Path:
 def test_killed_rank_resumes_a_zero3_lora_run_to_the_same_losses(zero3_lora, tmp_path):
     """ZeRO keeps its own sharded checkpoints (--zero-checkpoint-interval): after torchrun restarts the workers,
     the run continues from the newest one the first attempt left, not from step 0."""
-    from ecomkit.faults.diagnose import compare_resumed_run
-
-    proc = run_script("03_zero3.py", SCRIPT_RUN + ["--zero-stage", "3", "--output-dir", str(tmp_path), "--fail-at-step",
-                                                   "5", "--fail-rank", "1", "--zero-checkpoint-interval", "2"],
-                      nproc=2, torchrun_args=["--max-restarts", "1"], timeout=300)
-    assert "fault injection: exiting abruptly at step 5" in proc.stdout + proc.stderr
-    s = summary(tmp_path)
-    assert "resumed from" in proc.stdout + proc.stderr and s["checkpoint"]["resumed_from_step"] == 4, s["checkpoint"]
-    assert s["checkpoint"]["saved_steps"] == [6, 8]   # the restarted attempt's own saves
-    comparison = compare_resumed_run(read_rows(zero3_lora), read_rows(tmp_path), summary(zero3_lora), s)
-    assert comparison.losses_match(rel=1e-6, abs_tol=1e-7), comparison.loss_pairs
+    killed_and_resumed("03_zero3.py", ["--zero-stage", "3", "--zero-checkpoint-interval", "2"], zero3_lora, tmp_path)
+    assert summary(tmp_path)["checkpoint"]["saved_steps"] == [6, 8]   # the restarted attempt's own saves
     assert eval_losses(tmp_path)[-1] == pytest.approx(eval_losses(zero3_lora)[-1], rel=1e-6)
     assert_beats_base(tmp_path)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -23,7 +22,7 @@ from typing import Any, Iterable
 import torch.distributed as dist
 
 from ecomkit.config import TrainConfig, dcp_unsupported_reason
-from ecomkit.dist import log
+from ecomkit.dist import log, max_restarts
 from ecomkit.errors import EcomkitError
 from ecomkit.faults.checkpoint import (
     TRAINER_STATE,
@@ -61,7 +60,7 @@ def trainer_state(run: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------------- when to checkpoint
 def restarts_possible() -> bool:
     """torchrun exports its --max-restarts to the workers; > 0 means a restart could resume."""
-    return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0
+    return max_restarts() > 0
 
 
 def checkpoints_requested(cfg: TrainConfig) -> bool:
