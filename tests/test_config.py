@@ -44,6 +44,7 @@ def test_unknown_flag_exits_with_usage():
 
 @pytest.mark.parametrize("argv, match", [
     (["--lr", "-1"], "lr=-1.0 must be > 0"),
+    (["--eval-batches", "0"], "eval_batches=0 must be > 0"),   # 0 batches reported an eval loss of 0.0
     (["--strategy", "dpp"], "Unknown strategy 'dpp'"),
     (["--data", "missing.jsonl"], "does not exist"),
     (["--global-batch-size", "12", "--micro-batch-size", "8"], "not divisible"),

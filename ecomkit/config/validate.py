@@ -49,7 +49,7 @@ def validate_train_config(cfg: _TrainConfig, world_size: int, n_head: int | None
     check_choice("compression.method", cfg.compression.method, COMPRESSIONS)
     check_compression(cfg)
     check_peft(cfg, world_size)
-    for name in ("lr", "seq_len", "micro_batch_size", "grad_accum", "n_rows"):
+    for name in ("lr", "seq_len", "micro_batch_size", "grad_accum", "n_rows", "eval_batches"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name}={getattr(cfg, name)} must be > 0.")
     for name in ("loss_chunk_tokens", "weight_decay", "max_grad_norm", "warmup_steps", "max_steps", "epochs",
