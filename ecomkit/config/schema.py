@@ -102,7 +102,8 @@ class TrainConfig:
                                       #   was measured faster (attention_rule) | sdpa (proven equal to eager) |
                                       #   eager | flex (GPU)
     compile: bool = False             # torch.compile the wrapped model (single process and ddp; the first step
-                                      #   pays the compilation, about a minute for `small` on a 2-core CPU)
+                                      #   pays the compilation, about a minute for `small` on a 2-core CPU);
+                                      #   evaluation and generation run the same model uncompiled
     untimed_steps: int = 1            # first steps left out of throughput and step-time figures (warm-up); with
                                       #   --compile, new batch shapes recompile in the first few steps: use 8
     loss_chunk_tokens: int = 1024     # LM head + loss this many label positions at a time, no [B,T,vocab]
