@@ -7,6 +7,10 @@ batch lengths (before the fix): peak RSS 1,080 MiB at step 50 and 1,346 MiB
 at step 150 (ratio 1.25, still rising). With lengths rounded to multiples of
 16: 658 and 705 MiB (1.07); fp32 with exact lengths: 1.05. 100 steps would
 not do: the unfixed run's step-100 / step-50 ratio is 1.14, inside the bound.
+On a Xeon with AMX (larger oneDNN primitives), rounded lengths alone gave
+1.19 (774 → 915 MiB): the chunked loss's LM head saw a new row count (the
+labeled positions) almost every step. With those rows topped up to a
+multiple of 16 as well (models/loss.py): 689 → 701 MiB (1.02).
 """
 
 from __future__ import annotations

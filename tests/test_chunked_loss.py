@@ -41,6 +41,29 @@ def test_chunked_loss_and_gradients_equal_full_logits(chunk):
         assert torch.allclose(g, r, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("chunk", [5, 10_000])
+def test_rows_topped_up_to_a_multiple_give_the_same_loss_and_gradients_in_that_many_rows(chunk):
+    """bf16 on CPU: the head sees a bounded set of row counts (unlabeled rows add 0), and nothing else changes."""
+    h, labels, head = _data()
+    n_labeled = int((labels[:, 1:] != -100).sum())
+    ref = chunked_token_loss_sum(h, head, labels, chunk)
+    ref_grads = torch.autograd.grad(ref, [h, head.weight])
+    rows: list[int] = []
+    hook = head.register_forward_hook(lambda mod, args, out: rows.append(args[0].size(0)))
+    got = chunked_token_loss_sum(h, head, labels, chunk, row_multiple=16)
+    hook.remove()  # (the backward recomputes each checkpointed chunk: counted once, in the forward)
+    grads = torch.autograd.grad(got, [h, head.weight])
+    assert n_labeled % 16 and sum(rows) == -(-n_labeled // 16) * 16, (n_labeled, rows)
+    assert torch.allclose(got, ref, rtol=1e-6, atol=0)
+    for g, r in zip(grads, ref_grads):
+        assert torch.allclose(g, r, rtol=1e-5, atol=1e-7)
+    # never more rows than positions: a multiple beyond them takes every position, labeled or not
+    rows.clear()
+    hook = head.register_forward_hook(lambda mod, args, out: rows.append(args[0].size(0)))
+    chunked_token_loss_sum(h, head, labels, 10_000, row_multiple=1000)
+    assert rows == [labels[:, 1:].numel()]
+
+
 def test_micro_batch_without_labels_gives_zero_that_backpropagates():
     h, labels, head = _data()
     labels[:] = -100

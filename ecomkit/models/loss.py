@@ -69,7 +69,7 @@ def count_label_tokens(labels: torch.Tensor) -> int:
 
 
 def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.Tensor,
-                           chunk_tokens: int) -> torch.Tensor:
+                           chunk_tokens: int, row_multiple: int | None = None) -> torch.Tensor:
     """:func:`token_loss_sum` from the last hidden state, never holding the ``[B, T, vocab]`` logits.
 
     Why: at long sequences the LM head's logits, their fp32 log-softmax and
@@ -82,6 +82,15 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     extra head matmul per chunk in backward; when everything fits in one
     chunk nothing is recomputed.
 
+    ``row_multiple`` (bf16/fp16 autocast on CPU, ``train/shapes.py``): the
+    kept positions are topped up with unlabeled ones (label -100, so they add
+    exactly 0 and no gradient) to a multiple of it. Why: the number of labeled
+    positions changes almost every step, and each new row count is a new
+    shape of the head's matmul, for which oneDNN builds and keeps a primitive
+    (forward, and both backward products). With AMX on a Xeon that was most
+    of a bf16 run's memory growth after batch lengths were rounded
+    (docs/perf.md, "bf16 on CPU: memory").
+
     Equal to ``token_loss_sum(head(hidden), labels)`` up to the order of the
     floating-point sum (tested). ``head`` is called as a module, so wrappers'
     hooks on it (FSDP2 unsharding, autocast) still run.
@@ -91,6 +100,8 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     keep = (flat_y != -100).nonzero().squeeze(1)
     if keep.numel() == 0:  # no label in this micro-batch: a zero that still reaches every parameter
         return F.cross_entropy(head(flat_h[:1]).float(), flat_y[:1].clamp(min=0), reduction="sum") * 0.0
+    if row_multiple:
+        keep = _topped_up(keep, flat_y, row_multiple)
     h, y = flat_h.index_select(0, keep), flat_y.index_select(0, keep)
     if y.numel() <= chunk_tokens:
         return _head_loss_sum(head, h, y)
@@ -101,8 +112,17 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     return total
 
 
+def _topped_up(keep: torch.Tensor, flat_y: torch.Tensor, multiple: int) -> torch.Tensor:
+    """``keep`` plus the first unlabeled positions, to a multiple of ``multiple`` rows (or every position)."""
+    want = min(-(-keep.numel() // multiple) * multiple, flat_y.numel())
+    if want == keep.numel():
+        return keep
+    unlabeled = (flat_y == -100).nonzero().squeeze(1)[:want - keep.numel()]
+    return torch.cat([keep, unlabeled])
+
+
 def _head_loss_sum(head: torch.nn.Module, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(head(h).float(), y, reduction="sum")
+    return F.cross_entropy(head(h).float(), y, ignore_index=-100, reduction="sum")
 
 
 def _forward_with_chunked_loss(self: nn.Module, *args: Any, token_loss_labels: torch.Tensor | None = None,
@@ -111,12 +131,16 @@ def _forward_with_chunked_loss(self: nn.Module, *args: Any, token_loss_labels: t
         return type(self).forward(self, *args, **kwargs)
     kwargs.setdefault("use_cache", False)
     hidden = self.transformer(*args, **kwargs)[0]
-    loss = chunked_token_loss_sum(hidden, self.lm_head, token_loss_labels, self.ecomkit_loss_chunk)
+    loss = chunked_token_loss_sum(hidden, self.lm_head, token_loss_labels, self.ecomkit_loss_chunk,
+                                  self.ecomkit_loss_rows)
     return CausalLMOutputWithCrossAttentions(loss=loss)
 
 
-def install_chunked_loss(model: nn.Module, chunk_tokens: int) -> None:
-    """Make ``model(..., token_loss_labels=labels).loss`` the chunked token-loss sum; call before wrapping."""
+def install_chunked_loss(model: nn.Module, chunk_tokens: int, row_multiple: int | None = None) -> None:
+    """Make ``model(..., token_loss_labels=labels).loss`` the chunked token-loss sum; call before wrapping.
+
+    ``row_multiple``: see :func:`chunked_token_loss_sum` (None: exactly the labeled positions).
+    """
     if chunk_tokens < 1:
         raise ConfigError(f"loss_chunk_tokens={chunk_tokens}: give a positive number of positions per chunk, "
                           "or 0 (flag --loss-chunk-tokens 0) to keep the full-logits loss.")
@@ -124,6 +148,7 @@ def install_chunked_loss(model: nn.Module, chunk_tokens: int) -> None:
         raise ConfigError(f"the chunked loss needs a BLOOM-style causal LM (.transformer and .lm_head); "
                           f"{type(model).__name__} has not. Pass --loss-chunk-tokens 0.")
     model.ecomkit_loss_chunk = int(chunk_tokens)
+    model.ecomkit_loss_rows = row_multiple
     model.forward = types.MethodType(_forward_with_chunked_loss, model)
 
 
@@ -131,6 +156,7 @@ def remove_chunked_loss(model: nn.Module) -> None:
     """Undo :func:`install_chunked_loss` (a no-op when it was not installed)."""
     model.__dict__.pop("forward", None)
     model.__dict__.pop("ecomkit_loss_chunk", None)
+    model.__dict__.pop("ecomkit_loss_rows", None)
 
 
 def has_chunked_loss(model: nn.Module) -> bool:

@@ -91,7 +91,8 @@ class TrainingRun:
             install_attention(model, self.cfg.attn)  # chapter "performance"
         if self.cfg.loss_chunk_tokens > 0 and self.strategy.supports_chunked_loss:
             # chapter "performance": no [B, T, vocab] logits
-            install_chunked_loss(model, self.cfg.loss_chunk_tokens)
+            install_chunked_loss(model, self.cfg.loss_chunk_tokens,  # bf16 on CPU: bounded shapes (train/shapes.py)
+                                 length_multiple(self.cfg.precision, self.env.device))
         self.n_params = self.strategy.parameter_count(model)
         self.n_trainable = trainable_parameter_count(model)
         self.model_config = model.config
