@@ -9,6 +9,8 @@ import torch
 
 from ecomkit.errors import ModelNotFoundError
 from ecomkit.models.bloom import build_model, load_model, preset_parameter_count
+from ecomkit.models.gelu import FusedBloomGelu, install_fused_gelu
+from ecomkit.models.optim import adamw_kernel
 
 
 def test_real_shapes_have_exact_parameter_counts_on_meta():
@@ -45,3 +47,33 @@ def test_local_dir_round_trip_gives_identical_logits(tmp_path):
     again = load_model(str(tmp_path / "m"))
     ids = torch.randint(0, 300, (2, 9))
     torch.testing.assert_close(model(ids).logits, again(ids).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype, rtol, atol", [(torch.float32, 1e-5, 1e-5), (torch.bfloat16, 2e-2, 2e-2)])
+def test_fused_gelu_gives_bloom_s_values_and_gradients(dtype, rtol, atol):
+    """models/gelu.py: ATen's tanh GELU is BloomGelu within rounding (inputs up to ~10: fp32 atol 1e-5)."""
+    model = build_model("tiny", vocab_size=64)
+    bloom = model.transformer.h[0].mlp.gelu_impl
+    x = (torch.randn(4, 9, 64) * 3).to(dtype).requires_grad_()
+    g = torch.randn(4, 9, 64).to(dtype)
+    ref = bloom(x)
+    (ref_grad,) = torch.autograd.grad(ref, x, g)
+    assert install_fused_gelu(model) == model.config.n_layer and isinstance(bloom, FusedBloomGelu)
+    got = bloom(x)
+    (grad,) = torch.autograd.grad(got, x, g)
+    torch.testing.assert_close(got, ref, rtol=rtol, atol=atol)
+    torch.testing.assert_close(grad, ref_grad, rtol=rtol, atol=atol)
+    assert install_fused_gelu(model, enabled=False) == model.config.n_layer and type(bloom) is not FusedBloomGelu
+    assert install_fused_gelu(torch.nn.Linear(2, 2)) == 0   # not a BLOOM: nothing to switch
+
+
+def test_adamw_is_fused_for_plain_parameters_and_loops_over_tensor_subclasses():
+    plain = [{"params": [torch.nn.Parameter(torch.ones(3))]}]
+    assert adamw_kernel(plain) == {"fused": True}
+
+    class Wrapped(torch.Tensor):  # stands in for a DTensor
+        pass
+
+    assert adamw_kernel(plain + [{"params": [torch.ones(2).as_subclass(Wrapped)]}]) == {"foreach": False}
+    assert adamw_kernel([{"params": [torch.nn.Parameter(torch.ones(3), requires_grad=False).long()]}]) == {
+        "foreach": False}

@@ -101,6 +101,9 @@ class TrainConfig:
     attn: str = "auto"                # auto: sdpa, except eager on a CPU at the precision and lengths where it
                                       #   was measured faster (attention_rule) | sdpa (proven equal to eager) |
                                       #   eager | flex (GPU)
+    fused_gelu: bool = True           # BLOOM's MLP GELU as one ATen kernel each way (the same tanh approximation;
+                                      #   transformers' runs ~20 elementwise kernels, 25 % of a bf16 CPU step);
+                                      #   --no-fused-gelu keeps transformers' own (models/gelu.py)
     compile: bool = False             # torch.compile the wrapped model (single process and ddp; the first step
                                       #   pays the compilation, about a minute for `small` on a 2-core CPU);
                                       #   evaluation and generation run the same model uncompiled

@@ -24,10 +24,24 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    # foreach=False keeps the update order identical across world sizes, which
-    # the equivalence tests rely on (fp32 bit-for-bit within 1e-6).
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
-                             betas=(cfg.beta1, cfg.beta2), eps=1e-8, foreach=False)
+    groups = param_groups(model, cfg.weight_decay)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, **adamw_kernel(groups))
+
+
+def adamw_kernel(groups: list[dict]) -> dict[str, bool]:
+    """``fused=True`` where every parameter is a plain floating tensor on CPU or CUDA, else ``foreach=False``.
+
+    Why fused: one ATen kernel per parameter instead of AdamW's per-tensor loop of ~8 elementwise ops.
+    Measured on one thread of a 2-core Xeon, 13.6 M fp32 parameters: 51 ms per step with the loop
+    (``foreach=False``), 68 ms with ``foreach=True``, 16 ms fused; under bf16 autocast the loop was 10 % of
+    ``small``'s step. The update is elementwise, so it does not depend on how the parameters are split
+    across ranks. Tensor subclasses (FSDP2's and tensor parallelism's DTensors) keep the per-tensor loop,
+    which every torch build runs on them.
+    """
+    params = [p for g in groups for p in g["params"]]
+    plain = all(type(p) in (nn.Parameter, torch.Tensor) and p.is_floating_point()
+                and p.device.type in ("cpu", "cuda") for p in params)
+    return {"fused": True} if plain else {"foreach": False}
 
 
 def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:

@@ -35,6 +35,7 @@ from ecomkit.hardware import device_peak_flops, mfu_fields
 from ecomkit.metrics import MetricsWriter, attention_length, peak_memory, slowest_rank_throughput, time_split
 from ecomkit.models.attention import install_attention
 from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token
+from ecomkit.models.gelu import install_fused_gelu
 from ecomkit.models.lora import apply_peft, trainable_parameter_count
 from ecomkit.models.loss import count_label_tokens, install_chunked_loss
 from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
@@ -89,6 +90,7 @@ class TrainingRun:
         model = apply_peft(model, self.cfg)  # LoRA (peft): after the model is built, before the strategy wraps it
         if self.cfg.attn != "eager":
             install_attention(model, self.cfg.attn)  # chapter "performance"
+        install_fused_gelu(model, self.cfg.fused_gelu)  # one kernel each way (models/gelu.py)
         if self.cfg.loss_chunk_tokens > 0 and self.strategy.supports_chunked_loss:
             # chapter "performance": no [B, T, vocab] logits
             install_chunked_loss(model, self.cfg.loss_chunk_tokens,  # bf16 on CPU: bounded shapes (train/shapes.py)
