@@ -174,8 +174,10 @@ def trainer_section(args: argparse.Namespace, runs: dict, notes: list[str]) -> N
     hf_name = max((v[0] for v in variants[1::2][:2 if comp else 1]), key=lambda n: runs[n][0]["samples_per_s"])
     eco, hf = runs[eco_name][0], runs[hf_name][0]
     vs_hf = eco["samples_per_s"] / hf["samples_per_s"]
+    gelu = "fused GeLU" if eco.get("config", {}).get("fused_gelu") else "transformers' GeLU"
     notes.append(verdict(f"ecomkit / HF Trainer, each at its best ({eco_name} vs {hf_name}; ecomkit attention "
-                         f"{eco.get('config', {}).get('attn', '?')}, Trainer BLOOM's eager) samples/s",
+                         f"{eco.get('config', {}).get('attn', '?')} and {gelu}, Trainer BLOOM's eager attention "
+                         "and transformers' GeLU) samples/s",
                          vs_hf, f">= {TRAINER_GOAL}x", vs_hf >= TRAINER_GOAL))
     # (denominator, numerator) indices into variants: like-for-like pairs
     for a, b in ((2, 3), (0, 1), (4, 3), (5, 2)) if comp else ((0, 1), (2, 1), (3, 0)):
