@@ -174,9 +174,10 @@ def trainer_section(args: argparse.Namespace, runs: dict, notes: list[str]) -> N
     hf_name = max((v[0] for v in variants[1::2][:2 if comp else 1]), key=lambda n: runs[n][0]["samples_per_s"])
     eco, hf = runs[eco_name][0], runs[hf_name][0]
     vs_hf = eco["samples_per_s"] / hf["samples_per_s"]
-    gelu = "fused GeLU" if eco.get("config", {}).get("fused_gelu") else "transformers' GeLU"
+    eco_cfg = eco.get("config", {})
+    gelu = "fused GeLU" if eco_cfg.get("fused_gelu") else "transformers' GeLU"
     notes.append(verdict(f"ecomkit / HF Trainer, each at its best ({eco_name} vs {hf_name}; ecomkit attention "
-                         f"{eco.get('config', {}).get('attn', '?')} and {gelu}, Trainer BLOOM's eager attention "
+                         f"{eco_cfg.get('attn', '?')} and {gelu}, Trainer BLOOM's eager attention "
                          "and transformers' GeLU) samples/s",
                          vs_hf, f">= {TRAINER_GOAL}x", vs_hf >= TRAINER_GOAL))
     # (denominator, numerator) indices into variants: like-for-like pairs
