@@ -10,12 +10,15 @@ the untimed warm-up steps), at the slowest rank's pace; never a mean of
 per-step rates.
 
 1. ecomkit DDP, 2 processes / 1 process at the same global batch, once per
-   precision in ``--precisions`` (goal: >= 90 % of this machine's measured
-   two-process ceiling). Every rank repeats the whole optimizer step, so the
+   precision in ``--precisions`` and per gradient transport in ``--allreduces``
+   (``--ddp-allreduce``: the process group's gloo all-reduce over loopback TCP,
+   and shared memory between the ranks of this host; goal: >= 90 % of this
+   machine's measured two-process ceiling). Every rank repeats the whole optimizer step, so the
    optimizer's share of the 1-process step caps the ratio below 2.0x even with
    free communication (Amdahl; printed as the bound). Each comparison is
-   ``--repeats`` back-to-back pairs, the order alternating; the verdict is the
-   median of the pairs' ratios, printed with their range. After each pair, two
+   ``--repeats`` back-to-back rounds (the 1-process run and one DDP run per
+   transport), the order rotating; the verdict is the median of the rounds'
+   ratios, printed with their range. After each pair, two
    independent copies of the 1-process run, started together with no
    communication, measure the machine's own ceiling for two processes at that
    moment; DDP's ratio is shown against it. ``--accum 4`` adds the same pair
@@ -26,7 +29,9 @@ per-step rates.
    ``train_sampling_strategy="group_by_length"``, ecomkit with its bucketed
    sampler, each compiled (``torch_compile=True`` / ``--compile``; this
    benchmark's ``--no-compile`` drops these runs) and not; a side's best is
-   the faster of its runs. Trainer also runs with its default random sampler, ecomkit
+   the faster of its runs. ecomkit's DDP runs use ``--best-allreduce`` (shm);
+   one more uncompiled ecomkit run uses the process group's all-reduce, the
+   transport Trainer has. Trainer also runs with its default random sampler, ecomkit
    with random batches. Trainer runs BLOOM's own (eager) attention; ecomkit
    its ``--attn auto`` pick, printed beside the rows. These runs time
    ``--best-steps`` steps after ``--best-untimed`` untimed ones, the same for
@@ -90,20 +95,22 @@ def row(name: str, runs: list[dict]) -> dict:
             "final loss": runs[0]["final_loss"]}
 
 
-def run_pairs(one_args: list[str], two_args: list[str], repeats: int,
-              ceiling: bool = False) -> tuple[list[dict], list[dict], list[float]]:
-    """``repeats`` back-to-back pairs of the 1-process and the 2-process job, the order alternating each time.
+def run_pairs(one_args: list[str], two_args: dict[str, list[str]], repeats: int,
+              ceiling: bool = False) -> tuple[list[dict], dict[str, list[dict]], list[float]]:
+    """``repeats`` rounds of the 1-process job and each 2-process job of ``two_args``, the order rotating.
 
-    Alternating cancels a drift of the machine's speed within the benchmark
-    instead of charging it to one side. With ``ceiling``, each pair is followed
+    Rotating cancels a drift of the machine's speed within the benchmark
+    instead of charging it to one side. With ``ceiling``, each round is followed
     by two independent copies of the 1-process job started together (no
-    communication): their summed rate over the pair's 1-process rate is the
+    communication): their summed rate over the round's 1-process rate is the
     machine's own ceiling for two processes at that moment.
     """
-    ones, twos, ceilings = [], [], []
+    ones: list[dict] = []
+    twos: dict[str, list[dict]] = {k: [] for k in two_args}
+    ceilings: list[float] = []
+    jobs = [(ones, one_args, 1)] + [(twos[k], a, 2) for k, a in two_args.items()]
     for r in range(repeats):
-        order = [(ones, one_args, 1), (twos, two_args, 2)]
-        for runs, args, nproc in (order if r % 2 == 0 else order[::-1]):
+        for runs, args, nproc in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
             runs.append(run_summary("02_data_parallel.py", args, nproc=nproc))
         if ceiling:
             with ThreadPoolExecutor(2) as pool:
@@ -112,8 +119,13 @@ def run_pairs(one_args: list[str], two_args: list[str], repeats: int,
     return ones, twos, ceilings
 
 
+def ddp_name(precision: str, allreduce: str, suffix: str = "") -> str:
+    """A DDP row's name: the transport is named unless it is the process group's (gloo) all-reduce."""
+    return f"ecomkit DDP, {precision}" + ("" if allreduce == "process_group" else f", {allreduce}") + suffix
+
+
 def ddp_section(args: argparse.Namespace, precision: str, runs: dict, notes: list[str]) -> dict:
-    """Section 1 at one precision: the 2/1-process pairs, their ceilings and (with ``--accum``) the larger batch."""
+    """Section 1 at one precision: the 2/1-process rounds per transport, their ceilings and (``--accum``) a larger batch."""
     def flags(steps: int) -> list[str]:
         return ["--model", args.model, "--max-steps", str(steps), "--eval-interval", "0", "--eval-batches", "1",
                 "--n-rows", str(args.n_rows), "--seq-len", str(args.seq_len), "--no-save-model", "--lr", "1e-3",
@@ -121,31 +133,36 @@ def ddp_section(args: argparse.Namespace, precision: str, runs: dict, notes: lis
 
     gb, half = args.global_batch, str(args.global_batch // 2)
     common = flags(args.steps)
-    ones, twos, ceilings = run_pairs(common + ["--micro-batch-size", str(gb)], common + ["--micro-batch-size", half],
-                                     args.repeats, ceiling=True)
-    runs[f"ecomkit 1 process, {precision}"], runs[f"ecomkit DDP, {precision}"] = ones, twos
-    ratio = paired_ratios([r["samples_per_s"] for r in twos], [r["samples_per_s"] for r in ones])
+    two = {a: common + ["--micro-batch-size", half, "--ddp-allreduce", a] for a in args.allreduces}
+    ones, twos, ceilings = run_pairs(common + ["--micro-batch-size", str(gb)], two, args.repeats, ceiling=True)
+    runs[f"ecomkit 1 process, {precision}"] = ones
     ceiling = statistics.median(ceilings)
-    share = ratio.median / ceiling
-    notes.append(verdict(f"{precision}: DDP 2 proc / 1 proc samples/s {ratio.describe()} = {share:.0%} of this "
-                         f"machine's two-process ceiling {ceiling:.2f}x (two independent 1-process jobs at once, "
-                         f"median of {len(ceilings)}, range {min(ceilings):.2f}-{max(ceilings):.2f})",
-                         share, f">= {CEILING_GOAL:.0%}", share >= CEILING_GOAL))
+    result: dict = {"ceilings": ceilings}
+    for a, rs in twos.items():
+        runs[ddp_name(precision, a)] = rs
+        ratio = paired_ratios([r["samples_per_s"] for r in rs], [r["samples_per_s"] for r in ones])
+        share = ratio.median / ceiling
+        notes.append(verdict(f"{precision}, --ddp-allreduce {a}: DDP 2 proc / 1 proc samples/s {ratio.describe()} = "
+                             f"{share:.0%} of this machine's two-process ceiling {ceiling:.2f}x (two independent "
+                             f"1-process jobs at once, median of {len(ceilings)}, range {min(ceilings):.2f}-"
+                             f"{max(ceilings):.2f})", share, f">= {CEILING_GOAL:.0%}", share >= CEILING_GOAL))
+        result[a] = list(ratio.ratios)
     optim = (ones[0].get("time_split") or {}).get("optim", 0.0)
     notes.append(f"{precision}: bound from the optimizer step every rank repeats ({optim:.1%} of the 1-process "
                  f"step): {replicated_work_bound(2, optim):.2f}x with free communication")
     print(notes[-1])
-    result = {"ratios": list(ratio.ratios), "ceilings": ceilings}
-    for a in [int(a) for a in args.accum.split(",") if a]:
-        acc = flags(args.accum_steps) + ["--grad-accum", str(a)]
-        a1, a2 = run_pairs(acc + ["--micro-batch-size", str(gb)], acc + ["--micro-batch-size", half], args.repeats)[:2]
-        runs[f"ecomkit 1 process, {precision}, accumulation {a}"] = a1
-        runs[f"ecomkit DDP, {precision}, accumulation {a}"] = a2
-        r = paired_ratios([x["samples_per_s"] for x in a2], [x["samples_per_s"] for x in a1])
-        notes.append(verdict(f"{precision}: DDP 2/1 with accumulation {a} (global batch {gb * a}), {r.describe()}, "
+    for n in [int(n) for n in args.accum.split(",") if n]:
+        acc = flags(args.accum_steps) + ["--grad-accum", str(n)]
+        a1, a2 = run_pairs(acc + ["--micro-batch-size", str(gb)],
+                           {"ddp": acc + ["--micro-batch-size", half, "--ddp-allreduce", args.allreduces[0]]},
+                           args.repeats)[:2]
+        runs[f"ecomkit 1 process, {precision}, accumulation {n}"] = a1
+        runs[ddp_name(precision, args.allreduces[0], f", accumulation {n}")] = a2["ddp"]
+        r = paired_ratios([x["samples_per_s"] for x in a2["ddp"]], [x["samples_per_s"] for x in a1])
+        notes.append(verdict(f"{precision}: DDP 2/1 with accumulation {n} (global batch {gb * n}), {r.describe()}, "
                              f"{r.median / ceiling:.0%} of the ceiling", r.median / ceiling,
                              f">= {CEILING_GOAL:.0%}", r.median / ceiling >= CEILING_GOAL))
-        result[f"accum_{a}"] = list(r.ratios)
+        result[f"accum_{n}"] = list(r.ratios)
     return result
 
 
@@ -157,15 +174,19 @@ def trainer_section(args: argparse.Namespace, runs: dict, notes: list[str]) -> N
            str(args.seq_len), "--no-save-model", "--lr", "1e-3", "--precision", p,
            "--micro-batch-size", str(args.global_batch // 2)]
     comp = ["--compile"] if args.compile else []
-    variants = [(f"ecomkit DDP, {p}" + (", compiled" if comp else ""), "02_data_parallel.py", comp),
+    best = args.best_allreduce
+    eco = ["--ddp-allreduce", best]
+    variants = [(ddp_name(p, best, ", compiled" if comp else ""), "02_data_parallel.py", eco + comp),
                 (f"HF Trainer, {p}, group_by_length" + (", torch_compile" if comp else ""), "02_hf_trainer.py",
                  ["--hf-sampling", "group_by_length", *comp])]
     if comp:
-        variants += [(f"ecomkit DDP, {p}, not compiled", "02_data_parallel.py", []),
+        variants += [(ddp_name(p, best, ", not compiled"), "02_data_parallel.py", eco),
                      (f"HF Trainer, {p}, group_by_length, not compiled", "02_hf_trainer.py",
                       ["--hf-sampling", "group_by_length"])]
     variants += [(f"HF Trainer, {p}, random sampler (its default)", "02_hf_trainer.py", ["--hf-sampling", "random"]),
-                 (f"ecomkit DDP, {p}, random batches", "02_data_parallel.py", ["--no-bucketed"])]
+                 (ddp_name(p, best, ", random batches"), "02_data_parallel.py", eco + ["--no-bucketed"])]
+    if best != "process_group":  # the transport Trainer has (gloo), for a like-for-like row
+        variants += [(ddp_name(p, "process_group", ", not compiled" if comp else ""), "02_data_parallel.py", [])]
     for name, script, extra in variants:
         runs[name] = [run_summary(script, two + extra, nproc=2)]
         print(f"  ran {name}: {runs[name][0]['samples_per_s']:.1f} samples/s", flush=True)
@@ -181,7 +202,11 @@ def trainer_section(args: argparse.Namespace, runs: dict, notes: list[str]) -> N
                          "and transformers' GeLU) samples/s",
                          vs_hf, f">= {TRAINER_GOAL}x", vs_hf >= TRAINER_GOAL))
     # (denominator, numerator) indices into variants: like-for-like pairs
-    for a, b in ((2, 3), (0, 1), (4, 3), (5, 2)) if comp else ((0, 1), (2, 1), (3, 0)):
+    pairs = [(2, 3), (0, 1), (4, 3), (5, 2)] if comp else [(0, 1), (2, 1), (3, 0)]
+    if best != "process_group":  # the same transport on both sides, and what shared memory adds
+        gloo, hf_plain, eco_plain = len(variants) - 1, (3 if comp else 1), (2 if comp else 0)
+        pairs += [(gloo, hf_plain), (gloo, eco_plain)]
+    for a, b in pairs:
         ra, rb = runs[variants[a][0]][0], runs[variants[b][0]][0]
         notes.append(f"{variants[b][0]} / {variants[a][0]}: {rb['samples_per_s'] / ra['samples_per_s']:.2f}x "
                      "samples/s")
@@ -204,6 +229,10 @@ def main() -> None:
                     help="precisions of the DDP-scaling pairs (section 1)")
     ap.add_argument("--best-precision", default="bf16", choices=["fp32", "bf16"],
                     help="precision of the ecomkit / HF Trainer comparison (section 2)")
+    ap.add_argument("--allreduces", nargs="+", default=["process_group", "shm"], choices=["process_group", "shm"],
+                    help="gradient transports of the DDP-scaling runs (section 1; --ddp-allreduce)")
+    ap.add_argument("--best-allreduce", default="shm", choices=["process_group", "shm"],
+                    help="ecomkit's gradient transport in section 2 (--ddp-allreduce)")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                     help="section 2 also compiles both sides (ecomkit --compile, Trainer torch_compile=True)")
     ap.add_argument("--best-steps", type=int, default=40, help="steps of each section-2 run")

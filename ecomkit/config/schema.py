@@ -169,6 +169,10 @@ class TrainConfig:
     strategy: str = "ddp"             # ddp | accelerate | zero | fsdp | tp | pp | mixed
     bucket_cap_mb: float = 25.0       # DDP gradient bucket size
     gradient_as_bucket_view: bool = True  # DDP: grads are views into buckets (saves one copy)
+    ddp_allreduce: str = "process_group"  # DDP's gradient all-reduce: process_group (gloo/nccl) | shm
+                                            #   (CPU ranks on one host: through /dev/shm instead of loopback
+                                            #   TCP; DeepSpeed's op, built by make install; refuses compression
+                                            #   and torchrun --max-restarts; parallel/shm_allreduce.py)
     timeout_s: float = 600.0          # process-group timeout: a stalled rank fails instead of hanging
     num_proc: int = 1                 # tokenisation worker processes
     save_model: bool = True           # save_pretrained (safetensors) + tokenizer at the end

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ecomkit.config.validate_peft import check_peft
-from ecomkit.config.vocabulary import (ATTN_CHOICES, CLIP_POLICIES, COMPILE_STRATEGIES, COMPRESSIONS, HOOK_STRATEGIES,
+from ecomkit.config.vocabulary import (ATTN_CHOICES, CLIP_POLICIES, COMPILE_STRATEGIES, COMPRESSIONS, DDP_ALLREDUCES,
+                                       HOOK_STRATEGIES,
                                        MESH_STRATEGIES,
                                        PROMPT_FORMATS, SPAN_ENDS,
                                        PP_SCHEDULES, PRECISION_CHOICES, REPORT_TARGETS, STRATEGIES,
@@ -48,6 +49,7 @@ def validate_train_config(cfg: _TrainConfig, world_size: int, n_head: int | None
     check_choice("attn", cfg.attn, ATTN_CHOICES)
     check_choice("compression.method", cfg.compression.method, COMPRESSIONS)
     check_compression(cfg)
+    check_ddp_allreduce(cfg)
     check_peft(cfg, world_size)
     for name in ("lr", "seq_len", "micro_batch_size", "grad_accum", "n_rows", "eval_batches"):
         if getattr(cfg, name) <= 0:
@@ -94,6 +96,23 @@ def check_compression(cfg: _TrainConfig) -> None:
             f"--compression-method {comp.method} needs DDP communication hooks, and strategy '{cfg.strategy}' has "
             "none: ZeRO and FSDP reduce-scatter gradients in their own code, and tp/pp/mixed/accelerate do not "
             "expose DDP's hook. Use --strategy ddp with compression, or --compression-method none.")
+
+
+def check_ddp_allreduce(cfg: _TrainConfig) -> None:
+    """``--ddp-allreduce shm`` is a DDP communication hook: DDP only, and not beside a compression hook.
+
+    What depends on the machine (CPU, every rank on one host, no ``--max-restarts``) is checked when the
+    hook is registered (``ecomkit.parallel.shm_allreduce.check_shm_allreduce``).
+    """
+    check_choice("ddp_allreduce", cfg.ddp_allreduce, DDP_ALLREDUCES)
+    if cfg.ddp_allreduce == "process_group":
+        return
+    if cfg.strategy not in HOOK_STRATEGIES:
+        raise ConfigError(f"--ddp-allreduce {cfg.ddp_allreduce} replaces DDP's gradient all-reduce, and strategy "
+                          f"'{cfg.strategy}' does not use DDP. Use --strategy ddp, or drop --ddp-allreduce.")
+    if cfg.compression.method != "none":
+        raise ConfigError(f"--ddp-allreduce {cfg.ddp_allreduce} and --compression-method {cfg.compression.method} "
+                          "both need DDP's one communication hook. Use one of the two.")
 
 
 # ---------------------------------------------------------------------- chapter 03: ZeRO

@@ -67,6 +67,8 @@ ATTN_IMPLS = ("eager", "sdpa", "flex")
 # What --attn accepts: an implementation, or "auto" (resolved once precision and device are known: attention_rule).
 ATTN_CHOICES = (*ATTN_IMPLS, "auto")
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "topk", "topk_naive")
+# How DDP moves gradients: the process group's all-reduce, or shared memory between ranks on one CPU host.
+DDP_ALLREDUCES = ("process_group", "shm")
 PP_SCHEDULES = ("gpipe", "1f1b")
 ZERO_STAGES = (0, 1, 2, 3)
 # NLU prompt layouts (ecomkit.data.formats) and span-list end conventions (ecomkit.data.spans).
@@ -80,7 +82,7 @@ FIELD_CHOICES: dict[str, tuple] = {
     "attn": ATTN_CHOICES, "task": TASKS, "clip_policy": CLIP_POLICIES, "precision": PRECISION_CHOICES,
     "strategy": STRATEGIES, "zero.stage": ZERO_STAGES, "compression.method": COMPRESSIONS,
     "parallel.pp_schedule": PP_SCHEDULES, "prompt_format": PROMPT_FORMATS, "span_end": SPAN_ENDS,
-    "peft": PEFT_METHODS,
+    "peft": PEFT_METHODS, "ddp_allreduce": DDP_ALLREDUCES,
 }
 
 

@@ -21,6 +21,8 @@ from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.parallel.base import StepStats, Strategy
 from ecomkit.parallel.compression.hooks import CompressionHook, InactiveCompression, register_compression
+from ecomkit.parallel.shm_allreduce import (check_shm_allreduce, register_shm_allreduce, release_shm_segment,
+                                              segment_name)
 
 
 def apply_ddp(model: nn.Module, env: DistEnv, bucket_cap_mb: float = 25.0,
@@ -47,11 +49,16 @@ class DDPStrategy(Strategy):
     def __init__(self, cfg: TrainConfig, env: DistEnv):
         super().__init__(cfg, env)
         self.comm_hook: CompressionHook | InactiveCompression | None = None  # set when a compression method is configured
+        self.shm_segment: str | None = None  # --ddp-allreduce shm: this rank's /dev/shm segment, removed in close()
 
     def wrap(self, model: nn.Module) -> nn.Module:
         wrapped = apply_ddp(model, self.env, self.cfg.bucket_cap_mb, self.cfg.gradient_as_bucket_view)
         if self.cfg.compression.method != "none":
             self.comm_hook = register_compression(wrapped, self.cfg.compression, self.env)
+        if self.cfg.ddp_allreduce == "shm" and isinstance(wrapped, DDP):  # one process: nothing to reduce
+            check_shm_allreduce(self.env, self.cfg.compression.method)
+            self.shm_segment = segment_name(self.env.rank)  # set first: close() removes it even if loading fails
+            register_shm_allreduce(wrapped, self.env)
         return wrapped
 
     def micro_step_context(self, is_last: bool) -> ContextManager:
@@ -64,3 +71,8 @@ class DDPStrategy(Strategy):
         if self.comm_hook is not None:
             stats.extra.update(self.comm_hook.pop_step_stats())
         return stats
+
+    def close(self) -> None:
+        release_shm_segment(self.shm_segment)
+        self.shm_segment = None
+        super().close()
