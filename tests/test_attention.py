@@ -16,6 +16,7 @@ import ecomkit.models.attention as attention_module
 from ecomkit.errors import ConfigError
 from ecomkit.models.bloom import build_model
 from ecomkit.models.attention import (
+    BloomEagerAttention,
     BloomSdpaAttention,
     current_attention,
     install_attention,
@@ -86,9 +87,11 @@ def test_flex_forward_matches_eager_on_real_tokens(model, seq_len, padded):
     install_attention(model, "eager")
 
 
-def loss_and_grads(impl: str, mask_side: str, checkpointing: bool = False):
+def loss_and_grads(impl: str | None, mask_side: str, checkpointing: bool = False):
+    """One backward of ``tiny`` with attention ``impl`` (None: transformers' own class, nothing installed)."""
     model = build_model("tiny", vocab_size=VOCAB)
-    install_attention(model, impl)
+    if impl is not None:
+        install_attention(model, impl)
     model.train()
     if checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})  # transformers' own, per block
@@ -110,6 +113,15 @@ def test_sdpa_gradients_equal_eager(mask_side, checkpointing):
     assert abs(loss_s - loss_e) <= TOL * abs(loss_e)
     for name, g in grads_e.items():
         assert (grads_s[name] - g).abs().max().item() <= TOL, name
+
+
+def test_eager_with_one_pass_qkv_split_is_bit_identical_to_transformers():
+    """BloomEagerAttention changes only how the QKV gradient is assembled: the same bits, forward and backward."""
+    loss_t, grads_t = loss_and_grads(None, "both")
+    loss_e, grads_e = loss_and_grads("eager", "both")
+    assert loss_e == loss_t
+    for name, g in grads_t.items():
+        assert torch.equal(grads_e[name], g), name
 
 
 def test_generation_with_kv_cache_matches_eager(model):
@@ -149,6 +161,8 @@ def test_install_swaps_classes_only_and_round_trips(tmp_path):
     assert "ecomkit" not in (tmp_path / "config.json").read_text()
     install_attention(model, "eager")
     assert current_attention(model) == "eager"
+    assert type(model.transformer.h[0].self_attention) is BloomEagerAttention
+    assert install_attention(torch.nn.Linear(2, 2), "eager") == 0   # another architecture: nothing to switch
 
 
 def test_clear_errors():

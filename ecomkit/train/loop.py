@@ -88,8 +88,7 @@ class TrainingRun:
         # A model loaded from a directory or the hub is only known now: tp must divide its heads, pp its blocks.
         self.cfg.validate(self.env.world_size, n_head=model.config.n_head, n_layer=model.config.n_layer)
         model = apply_peft(model, self.cfg)  # LoRA (peft): after the model is built, before the strategy wraps it
-        if self.cfg.attn != "eager":
-            install_attention(model, self.cfg.attn)  # chapter "performance"
+        install_attention(model, self.cfg.attn)  # chapter "performance"; eager too: its one-pass QKV split
         install_fused_gelu(model, self.cfg.fused_gelu)  # one kernel each way (models/gelu.py)
         if self.cfg.loss_chunk_tokens > 0 and self.strategy.supports_chunked_loss:
             # chapter "performance": no [B, T, vocab] logits
