@@ -1,8 +1,10 @@
 # Two commands for a fresh machine:  make demo   and   make test
 # Both create .venv if needed and install the project into it first.
 #
-# Installation ends by building DeepSpeed's CPU Adam op for this environment (ecomkit.parallel.zero.env.prebuild_cpu_adam),
-# once, as a wheel would be compiled; ZeRO's optimizer offload uses it.
+# Installation ends by building the C++ ops this environment uses, once, as a wheel would be compiled (each reports
+# and is not fatal when it cannot build): DeepSpeed's CPU Adam (ZeRO's optimizer offload;
+# ecomkit.parallel.zero.env.prebuild_cpu_adam), DeepSpeed's shared-memory all-reduce (--ddp-allreduce shm) and
+# ecomkit's AVX-512 GeLU and loss kernels (--cpu-kernels, ecomkit/models/cpu_kernels.py).
 #
 # TORCH_SPEC pins torch for a reproducible CPU set-up (2.13.0 resolves to a CPU
 # build here). GPU users: see README, "GPU install".
@@ -25,6 +27,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[notebooks,test]"
 	$(PY) -c "from ecomkit.parallel.zero.env import prebuild_cpu_adam; print(prebuild_cpu_adam())"
+	$(PY) -c "from ecomkit.parallel.shm_allreduce import prebuild_shm_op; print(prebuild_shm_op())"
+	$(PY) -c "from ecomkit.models.cpu_kernels import load_cpu_kernels; print('ecomkit CPU kernels:', load_cpu_kernels().reason)"
 	touch $(STAMP)
 
 # The main job: 2-process data-parallel training on the embedded synthetic catalog.

@@ -23,7 +23,8 @@ per-step rates.
    communication, measure the machine's own ceiling for two processes at that
    moment; DDP's ratio is shown against it. ``--accum 4`` adds the same pair
    with 4 accumulation micro-steps per optimizer step (a larger batch, kept
-   with its own verdict).
+   with its own verdict). Each run times ``--steps`` steps after ``--untimed``
+   warm-up steps.
 2. ecomkit / HF Trainer, both 2 processes at ``--best-precision`` (bf16), back
    to back, each at its best (goal: >= 1.2x): Trainer with
    ``train_sampling_strategy="group_by_length"``, ecomkit with its bucketed
@@ -127,7 +128,8 @@ def ddp_name(precision: str, allreduce: str, suffix: str = "") -> str:
 def ddp_section(args: argparse.Namespace, precision: str, runs: dict, notes: list[str]) -> dict:
     """Section 1 at one precision: the 2/1-process rounds per transport, their ceilings and (``--accum``) a larger batch."""
     def flags(steps: int) -> list[str]:
-        return ["--model", args.model, "--max-steps", str(steps), "--eval-interval", "0", "--eval-batches", "1",
+        return ["--model", args.model, "--max-steps", str(steps + args.untimed), "--untimed-steps", str(args.untimed),
+                "--eval-interval", "0", "--eval-batches", "1",
                 "--n-rows", str(args.n_rows), "--seq-len", str(args.seq_len), "--no-save-model", "--lr", "1e-3",
                 "--precision", precision]
 
@@ -221,7 +223,9 @@ def trainer_section(args: argparse.Namespace, runs: dict, notes: list[str]) -> N
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="small")
-    ap.add_argument("--steps", type=int, default=30, help="optimizer steps of each DDP-scaling run")
+    ap.add_argument("--steps", type=int, default=30, help="timed optimizer steps of each DDP-scaling run")
+    ap.add_argument("--untimed", type=int, default=8,
+                    help="untimed first steps of each DDP-scaling run (oneDNN's per-shape kernels are built there)")
     ap.add_argument("--global-batch", type=int, default=16)
     ap.add_argument("--n-rows", type=int, default=2000)
     ap.add_argument("--seq-len", type=int, default=128)

@@ -1,15 +1,19 @@
 #!/usr/bin/env python
 """bf16 against fp32 on this CPU, one process, the same job, side by side; and the share of the measured peak.
 
-  python benchmarks/bench_precision.py [--model small] [--steps 12] [--repeats 2]
+  python benchmarks/bench_precision.py [--model small] [--steps 12] [--untimed 8] [--repeats 2]
 
 Each repeat runs the same chapter 02 job (one process, one thread) as fp32
-and bf16 (both with the default ``--attn auto``), as bf16 with each attention
-named (``--attn eager``, ``--attn sdpa``) and as bf16 with ``--compile`` (its
-first 8 steps untimed, since compilation and the recompilations for new
-batch shapes land there; it runs 8 steps more, so it times as many steps as
-the others), the order rotating per repeat, so a drift of the shared machine's speed is not charged
-to one side. Rates are totals over the steady steps (chapter 02's summary).
+and bf16 (both with the defaults: ``--attn auto``, ecomkit's CPU kernels), as
+bf16 with each attention named (``--attn eager``, ``--attn sdpa``), as bf16 and
+fp32 with ATen's kernels (``--no-cpu-kernels``) and as bf16 with ``--compile``,
+the order rotating per repeat, so a drift of the shared machine's speed is not charged
+to one side. Every run times ``--steps`` steps after ``--untimed`` untimed ones: the
+first batch of each new length pays one-off work (oneDNN generates its bf16
+kernels per shape, about 100 ms on ``small``; compilation and recompilations
+under ``--compile``), so the timed steps are the steady phase. ``--untimed 1``
+(the loop's default) gives the shorter measurement of the earlier artifacts.
+Rates are totals over the steady steps (chapter 02's summary).
 The share of peak is the run's own ``peak_share``: model FLOP/s (the
 planner's ``flops_per_token`` × real tokens / wall time) over the GEMM rate
 of its precision measured in that run, at its thread count.
@@ -29,29 +33,31 @@ from common import print_table, run_summary, verdict, write_artifact
 from ecomkit.metrics import paired_ratios
 
 SPEEDUP_GOAL, LOSS_TOL, PEAK_GOAL = 2.0, 0.01, 0.50
-COMPILE_UNTIMED = 8
 VARIANTS = {"fp32": ["--precision", "fp32"], "bf16": ["--precision", "bf16"],
             "bf16 eager": ["--precision", "bf16", "--attn", "eager"],
             "bf16 sdpa": ["--precision", "bf16", "--attn", "sdpa"],
-            "bf16 compiled": ["--precision", "bf16", "--compile", "--untimed-steps", str(COMPILE_UNTIMED)]}
+            "fp32 ATen kernels": ["--precision", "fp32", "--no-cpu-kernels"],
+            "bf16 ATen kernels": ["--precision", "bf16", "--no-cpu-kernels"],
+            "bf16 compiled": ["--precision", "bf16", "--compile"]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="small")
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=12, help="timed steps of each run")
+    ap.add_argument("--untimed", type=int, default=8, help="untimed first steps of each run (warm-up)")
     ap.add_argument("--micro-batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
     common = ["--model", args.model, "--eval-interval", "0", "--eval-batches", "1",
               "--micro-batch-size", str(args.micro_batch_size), "--seq-len", str(args.seq_len), "--n-rows", "2000",
-              "--no-save-model", "--lr", "1e-3"]
+              "--no-save-model", "--lr", "1e-3", "--untimed-steps", str(args.untimed)]
     runs: dict[str, list[dict]] = {k: [] for k in VARIANTS}
     names = list(VARIANTS)
     for r in range(args.repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            steps = args.steps + (COMPILE_UNTIMED - 1 if "--compile" in VARIANTS[name] else 0)
+            steps = args.steps + args.untimed
             runs[name].append(run_summary("02_data_parallel.py", common + VARIANTS[name] + ["--max-steps", str(steps)]))
             s = runs[name][-1]
             print(f"repeat {r + 1} {name}: {s['tokens_per_s']:.0f} real tokens/s, loss {s['final_loss']:.4f}, "
@@ -68,6 +74,10 @@ def main() -> None:
     speed = paired_ratios([s["tokens_per_s"] for s in runs["bf16"]], [s["tokens_per_s"] for s in runs["fp32"]])
     eager = paired_ratios([s["tokens_per_s"] for s in runs["bf16 eager"]], [s["tokens_per_s"] for s in runs["bf16 sdpa"]])
     compiled = paired_ratios([s["tokens_per_s"] for s in runs["bf16 compiled"]], [s["tokens_per_s"] for s in runs["bf16"]])
+    kernels = {p: paired_ratios([s["tokens_per_s"] for s in runs[p]], [s["tokens_per_s"] for s in runs[f"{p} ATen kernels"]])
+               for p in ("fp32", "bf16")}
+    aten_speed = paired_ratios([s["tokens_per_s"] for s in runs["bf16 ATen kernels"]],
+                               [s["tokens_per_s"] for s in runs["fp32 ATen kernels"]])
     compiled_share = statistics.median(s["peak_share"] for s in runs["bf16 compiled"])
     loss_rel = abs(runs["bf16"][0]["final_loss"] - runs["fp32"][0]["final_loss"]) / runs["fp32"][0]["final_loss"]
     share = statistics.median(s["peak_share"] for s in runs["bf16"])
@@ -86,6 +96,10 @@ def main() -> None:
         "FLOPs per token (MFLOPs/token column): the planner's flops_per_token (6 N plus the attention term at "
         "each batch's real lengths), real tokens only; peak: a 1024² GEMM of the run's precision, timed in the run at its thread count",
         f"bf16 eager / bf16 sdpa, real tokens/s: {eager.describe()}",
+        *(f"{p}: ecomkit's CPU kernels / ATen's, real tokens/s: {kernels[p].describe()}" for p in kernels),
+        f"with ATen's kernels: bf16 / fp32 real tokens/s {aten_speed.describe()}",
+        f"every run: {args.steps} timed steps after {args.untimed} untimed (warm-up: oneDNN's per-shape bf16 "
+        "kernels, compilation)",
         "one process, one thread; other jobs shared the machine (load average above): levels move, the ratios "
         "are paired within each repeat",
     ]
@@ -95,6 +109,7 @@ def main() -> None:
     write_artifact("bench_precision", rows, {"columns": columns, "notes": notes, "speedups": list(speed.ratios),
                                              "eager_over_sdpa": list(eager.ratios), "loss_rel": loss_rel,
                                              "compiled_over_default": list(compiled.ratios),
+                                             "kernels_over_aten": {p: list(r.ratios) for p, r in kernels.items()},
                                              "peak_share": share, "args": vars(args)})
 
 

@@ -10,7 +10,7 @@ import torch
 from ecomkit.errors import ModelNotFoundError
 from ecomkit.models.bloom import build_model, load_model, preset_parameter_count
 from ecomkit.models.gelu import FusedBloomGelu, install_fused_gelu
-from ecomkit.models.optim import adamw_kernel
+from ecomkit.models.optim import adamw_kernel, clip_grad_norm
 
 
 def test_real_shapes_have_exact_parameter_counts_on_meta():
@@ -77,3 +77,17 @@ def test_adamw_is_fused_for_plain_parameters_and_loops_over_tensor_subclasses():
     assert adamw_kernel(plain + [{"params": [torch.ones(2).as_subclass(Wrapped)]}]) == {"foreach": False}
     assert adamw_kernel([{"params": [torch.nn.Parameter(torch.ones(3), requires_grad=False).long()]}]) == {
         "foreach": False}
+
+
+@pytest.mark.parametrize("max_norm", [0.0, 1e-3, 0.447, 1.0, 1e6])
+def test_clip_grad_norm_is_torch_s_bit_for_bit(max_norm):
+    """The same norm and the same gradients as torch's clip_grad_norm_, clipping or not (0: only measure)."""
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(100, 7)) for _ in range(3)]
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    for p, q in zip(ours, ref):
+        p.grad = torch.randn_like(p) * 0.01
+        q.grad = p.grad.clone()
+    expected = torch.nn.utils.clip_grad_norm_(ref, max_norm if max_norm > 0 else float("inf"))
+    assert torch.equal(clip_grad_norm(ours, max_norm), expected)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(ours, ref))

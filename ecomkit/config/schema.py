@@ -104,6 +104,9 @@ class TrainConfig:
     fused_gelu: bool = True           # BLOOM's MLP GELU as one ATen kernel each way (the same tanh approximation;
                                       #   transformers' runs ~20 elementwise kernels, 25 % of a bf16 CPU step);
                                       #   --no-fused-gelu keeps transformers' own (models/gelu.py)
+    cpu_kernels: bool = True          # on CPU, BLOOM's GeLU and the LM-head loss through ecomkit's AVX-512 kernels
+                                      #   (one pass each way; built once by make install; ATen's kernels where
+                                      #   the CPU has no AVX-512 or no compiler) (models/cpu_kernels.py)
     compile: bool = False             # torch.compile the wrapped model (single process and ddp; the first step
                                       #   pays the compilation, about a minute for `small` on a 2-core CPU);
                                       #   evaluation and generation run the same model uncompiled

@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.bloom.modeling_bloom import BloomGelu
 
+from ecomkit.models.cpu_kernels import gelu_tanh
+
 
 class FusedBloomGelu(BloomGelu):
     """``BloomGelu`` computed by ATen's tanh-approximate GELU."""
@@ -35,12 +37,23 @@ class FusedBloomGelu(BloomGelu):
         return F.gelu(x, approximate="tanh")
 
 
-def install_fused_gelu(model: nn.Module, enabled: bool = True) -> int:
-    """Switch every BLOOM GeLU of ``model`` to the fused one (or back); returns how many; 0 for other models."""
+class KernelBloomGelu(FusedBloomGelu):
+    """``FusedBloomGelu`` through ecomkit's AVX-512 kernel on plain CPU tensors (``models/cpu_kernels.py``), else ATen's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_tanh(x, use_kernel=True)
+
+
+def install_fused_gelu(model: nn.Module, enabled: bool = True, cpu_kernel: bool = False) -> int:
+    """Switch every BLOOM GeLU of ``model`` to the fused one (``cpu_kernel``: ecomkit's CPU kernel) or back.
+
+    Returns how many modules were switched; 0 for other models.
+    """
     modules = [m for m in model.modules() if isinstance(m, BloomGelu)]
+    cls = (KernelBloomGelu if cpu_kernel else FusedBloomGelu) if enabled else BloomGelu
     for m in modules:
-        m.__class__ = FusedBloomGelu if enabled else BloomGelu
+        m.__class__ = cls
     return len(modules)
 
 
-__all__ = ["FusedBloomGelu", "install_fused_gelu"]
+__all__ = ["FusedBloomGelu", "KernelBloomGelu", "install_fused_gelu"]

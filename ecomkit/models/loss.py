@@ -46,6 +46,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
 
 from ecomkit.errors import ConfigError
+from ecomkit.models.cpu_kernels import cross_entropy_sum
 
 
 
@@ -69,7 +70,8 @@ def count_label_tokens(labels: torch.Tensor) -> int:
 
 
 def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.Tensor,
-                           chunk_tokens: int, row_multiple: int | None = None) -> torch.Tensor:
+                           chunk_tokens: int, row_multiple: int | None = None,
+                           cpu_kernel: bool = False) -> torch.Tensor:
     """:func:`token_loss_sum` from the last hidden state, never holding the ``[B, T, vocab]`` logits.
 
     Why: at long sequences the LM head's logits, their fp32 log-softmax and
@@ -91,6 +93,10 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     of a bf16 run's memory growth after batch lengths were rounded
     (docs/perf.md, "bf16 on CPU: memory").
 
+    ``cpu_kernel``: the cross-entropy runs through ecomkit's fused CPU kernel
+    (``models/cpu_kernels.py``) where it applies, one pass each way instead of
+    ATen's cast, ``log_softmax``, zero-filled ``nll_loss`` gradient and cast back.
+
     Equal to ``token_loss_sum(head(hidden), labels)`` up to the order of the
     floating-point sum (tested). ``head`` is called as a module, so wrappers'
     hooks on it (FSDP2 unsharding, autocast) still run.
@@ -104,11 +110,11 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
         keep = _topped_up(keep, flat_y, row_multiple)
     h, y = flat_h.index_select(0, keep), flat_y.index_select(0, keep)
     if y.numel() <= chunk_tokens:
-        return _head_loss_sum(head, h, y)
+        return _head_loss_sum(head, h, y, cpu_kernel)
     total = h.new_zeros((), dtype=torch.float32)
     for start in range(0, y.numel(), chunk_tokens):
         part = slice(start, start + chunk_tokens)
-        total = total + checkpoint(_head_loss_sum, head, h[part], y[part], use_reentrant=False)
+        total = total + checkpoint(_head_loss_sum, head, h[part], y[part], cpu_kernel, use_reentrant=False)
     return total
 
 
@@ -121,8 +127,8 @@ def _topped_up(keep: torch.Tensor, flat_y: torch.Tensor, multiple: int) -> torch
     return torch.cat([keep, unlabeled])
 
 
-def _head_loss_sum(head: torch.nn.Module, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(head(h).float(), y, ignore_index=-100, reduction="sum")
+def _head_loss_sum(head: torch.nn.Module, h: torch.Tensor, y: torch.Tensor, cpu_kernel: bool = False) -> torch.Tensor:
+    return cross_entropy_sum(head(h), y, cpu_kernel)
 
 
 def _forward_with_chunked_loss(self: nn.Module, *args: Any, token_loss_labels: torch.Tensor | None = None,
@@ -132,14 +138,15 @@ def _forward_with_chunked_loss(self: nn.Module, *args: Any, token_loss_labels: t
     kwargs.setdefault("use_cache", False)
     hidden = self.transformer(*args, **kwargs)[0]
     loss = chunked_token_loss_sum(hidden, self.lm_head, token_loss_labels, self.ecomkit_loss_chunk,
-                                  self.ecomkit_loss_rows)
+                                  self.ecomkit_loss_rows, self.ecomkit_loss_kernel)
     return CausalLMOutputWithCrossAttentions(loss=loss)
 
 
-def install_chunked_loss(model: nn.Module, chunk_tokens: int, row_multiple: int | None = None) -> None:
+def install_chunked_loss(model: nn.Module, chunk_tokens: int, row_multiple: int | None = None,
+                         cpu_kernel: bool = False) -> None:
     """Make ``model(..., token_loss_labels=labels).loss`` the chunked token-loss sum; call before wrapping.
 
-    ``row_multiple``: see :func:`chunked_token_loss_sum` (None: exactly the labeled positions).
+    ``row_multiple`` and ``cpu_kernel``: see :func:`chunked_token_loss_sum` (None: exactly the labeled positions).
     """
     if chunk_tokens < 1:
         raise ConfigError(f"loss_chunk_tokens={chunk_tokens}: give a positive number of positions per chunk, "
@@ -149,6 +156,7 @@ def install_chunked_loss(model: nn.Module, chunk_tokens: int, row_multiple: int 
                           f"{type(model).__name__} has not. Pass --loss-chunk-tokens 0.")
     model.ecomkit_loss_chunk = int(chunk_tokens)
     model.ecomkit_loss_rows = row_multiple
+    model.ecomkit_loss_kernel = cpu_kernel
     model.forward = types.MethodType(_forward_with_chunked_loss, model)
 
 
@@ -157,6 +165,7 @@ def remove_chunked_loss(model: nn.Module) -> None:
     model.__dict__.pop("forward", None)
     model.__dict__.pop("ecomkit_loss_chunk", None)
     model.__dict__.pop("ecomkit_loss_rows", None)
+    model.__dict__.pop("ecomkit_loss_kernel", None)
 
 
 def has_chunked_loss(model: nn.Module) -> bool:

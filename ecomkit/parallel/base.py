@@ -31,7 +31,7 @@ from ecomkit.dist import DistEnv
 from ecomkit.models.bloom import ModelSource, count_parameters, load_model
 from ecomkit.models.lora import save_peft_outputs
 from ecomkit.models.loss import has_chunked_loss, token_loss_sum
-from ecomkit.models.optim import build_optimizer, build_scheduler
+from ecomkit.models.optim import build_optimizer, build_scheduler, clip_grad_norm
 from ecomkit.models.precision import autocast_context, build_grad_scaler
 from ecomkit.models.quant import dequantized_state_dict, has_quantized_base
 from ecomkit.parallel.state_bytes import model_state_bytes
@@ -145,7 +145,7 @@ class Strategy:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        norm = clip_grad_norm(params, max_norm)  # torch's, minus its multiply by 1.0 (models/optim.py)
         skipped = False
         if self.scaler is not None:
             before = self.scaler.get_scale()

@@ -93,6 +93,22 @@ def load_shm_op(env: DistEnv) -> Any:
     return module
 
 
+def prebuild_shm_op() -> str:
+    """Build the op into this environment's extensions folder now (``make install``); returns what happened.
+
+    Why: otherwise the first ``--ddp-allreduce shm`` run pays a JIT build of about 35 s at start-up. A failure
+    is reported, not fatal: such a run is then refused with the build's reason.
+    """
+    ensure_deepspeed_env()
+    try:
+        from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder  # lazy: heavy optional dependency
+
+        ShareMemCommBuilder().load(verbose=False)
+    except Exception as exc:  # no DeepSpeed, no compiler, a failed build
+        return f"DeepSpeed shared-memory all-reduce: not built ({build_error_summary(exc)})"
+    return f"DeepSpeed shared-memory all-reduce: built (or already there) in {os.environ['TORCH_EXTENSIONS_DIR']}"
+
+
 def register_shm_allreduce(model: DistributedDataParallel, env: DistEnv) -> None:
     """Make ``model``'s gradient all-reduce go through shared memory (this rank's segment: :func:`segment_name`)."""
     module = load_shm_op(env)

@@ -35,6 +35,7 @@ from ecomkit.hardware import device_peak_flops, mfu_fields
 from ecomkit.metrics import MetricsWriter, attention_length, peak_memory, slowest_rank_throughput, time_split
 from ecomkit.models.attention import install_attention
 from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token
+from ecomkit.models.cpu_kernels import kernels_for
 from ecomkit.models.gelu import install_fused_gelu
 from ecomkit.models.lora import apply_peft, trainable_parameter_count
 from ecomkit.models.loss import count_label_tokens, install_chunked_loss
@@ -89,11 +90,12 @@ class TrainingRun:
         self.cfg.validate(self.env.world_size, n_head=model.config.n_head, n_layer=model.config.n_layer)
         model = apply_peft(model, self.cfg)  # LoRA (peft): after the model is built, before the strategy wraps it
         install_attention(model, self.cfg.attn)  # chapter "performance"; eager too: its one-pass QKV split
-        install_fused_gelu(model, self.cfg.fused_gelu)  # one kernel each way (models/gelu.py)
+        kernels = kernels_for(self.env.device, self.cfg.cpu_kernels)  # AVX-512 GeLU and loss (models/cpu_kernels.py)
+        install_fused_gelu(model, self.cfg.fused_gelu, kernels)  # one kernel each way (models/gelu.py)
         if self.cfg.loss_chunk_tokens > 0 and self.strategy.supports_chunked_loss:
             # chapter "performance": no [B, T, vocab] logits
             install_chunked_loss(model, self.cfg.loss_chunk_tokens,  # bf16 on CPU: bounded shapes (train/shapes.py)
-                                 length_multiple(self.cfg.precision, self.env.device))
+                                 length_multiple(self.cfg.precision, self.env.device), kernels)
         self.n_params = self.strategy.parameter_count(model)
         self.n_trainable = trainable_parameter_count(model)
         self.model_config = model.config

@@ -10,16 +10,14 @@ test has to know about it.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import sys
 import warnings
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ecomkit.dist import DistEnv, free_port
+from ecomkit.models.cpu_kernels import extensions_dir
 
 
 def ensure_deepspeed_env() -> None:
@@ -56,17 +54,6 @@ def skip_cpu_inference_comm_op() -> None:
     """
     import deepspeed.ops  # lazy: heavy optional dependency, imported only where DeepSpeed is about to be used
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-
-
-def extensions_dir() -> Path:
-    """Per user and per Python environment: ``~/.cache/ecomkit/torch_extensions/<env>``.
-
-    A build records the include paths of the environment that made it, so
-    two environments sharing one folder rebuild each other's ops on every
-    run (minutes each); clones that share one virtual environment share one build.
-    """
-    env = f"py{sys.version_info[0]}{sys.version_info[1]}-{hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]}"
-    return Path.home() / ".cache" / "ecomkit" / "torch_extensions" / env
 
 
 def prebuild_cpu_adam() -> str:
