@@ -24,7 +24,10 @@ per-step rates.
    moment; DDP's ratio is shown against it. ``--accum 4`` adds the same pair
    with 4 accumulation micro-steps per optimizer step (a larger batch, kept
    with its own verdict). Each run times ``--steps`` steps after ``--untimed``
-   warm-up steps.
+   warm-up steps. One process also runs at each rank's micro-batch: at the same
+   global batch every DDP rank does the per-step work (optimizer, per-operation
+   overheads) for half the samples, so that run's rate over the 1-process run's
+   is the share of the ceiling DDP could reach with free communication.
 2. ecomkit / HF Trainer, both 2 processes at ``--best-precision`` (bf16), back
    to back, each at its best (goal: >= 1.2x): Trainer with
    ``train_sampling_strategy="group_by_length"``, ecomkit with its bucketed
@@ -96,9 +99,9 @@ def row(name: str, runs: list[dict]) -> dict:
             "final loss": runs[0]["final_loss"]}
 
 
-def run_pairs(one_args: list[str], two_args: dict[str, list[str]], repeats: int,
+def run_pairs(one_args: list[str], others: dict[str, tuple[list[str], int]], repeats: int,
               ceiling: bool = False) -> tuple[list[dict], dict[str, list[dict]], list[float]]:
-    """``repeats`` rounds of the 1-process job and each 2-process job of ``two_args``, the order rotating.
+    """``repeats`` rounds of the 1-process job and each job of ``others`` (its args, its processes), rotating.
 
     Rotating cancels a drift of the machine's speed within the benchmark
     instead of charging it to one side. With ``ceiling``, each round is followed
@@ -107,9 +110,9 @@ def run_pairs(one_args: list[str], two_args: dict[str, list[str]], repeats: int,
     machine's own ceiling for two processes at that moment.
     """
     ones: list[dict] = []
-    twos: dict[str, list[dict]] = {k: [] for k in two_args}
+    twos: dict[str, list[dict]] = {k: [] for k in others}
     ceilings: list[float] = []
-    jobs = [(ones, one_args, 1)] + [(twos[k], a, 2) for k, a in two_args.items()]
+    jobs = [(ones, one_args, 1)] + [(twos[k], a, n) for k, (a, n) in others.items()]
     for r in range(repeats):
         for runs, args, nproc in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
             runs.append(run_summary("02_data_parallel.py", args, nproc=nproc))
@@ -135,9 +138,12 @@ def ddp_section(args: argparse.Namespace, precision: str, runs: dict, notes: lis
 
     gb, half = args.global_batch, str(args.global_batch // 2)
     common = flags(args.steps)
-    two = {a: common + ["--micro-batch-size", half, "--ddp-allreduce", a] for a in args.allreduces}
-    ones, twos, ceilings = run_pairs(common + ["--micro-batch-size", str(gb)], two, args.repeats, ceiling=True)
+    jobs = {a: (common + ["--micro-batch-size", half, "--ddp-allreduce", a], 2) for a in args.allreduces}
+    jobs["per-rank batch"] = (common + ["--micro-batch-size", half], 1)   # one process at each rank's batch
+    ones, twos, ceilings = run_pairs(common + ["--micro-batch-size", str(gb)], jobs, args.repeats, ceiling=True)
     runs[f"ecomkit 1 process, {precision}"] = ones
+    per_rank = twos.pop("per-rank batch")
+    runs[f"ecomkit 1 process, {precision}, micro-batch {half} (each rank's)"] = per_rank
     ceiling = statistics.median(ceilings)
     result: dict = {"ceilings": ceilings}
     for a, rs in twos.items():
@@ -153,10 +159,17 @@ def ddp_section(args: argparse.Namespace, precision: str, runs: dict, notes: lis
     notes.append(f"{precision}: bound from the optimizer step every rank repeats ({optim:.1%} of the 1-process "
                  f"step): {replicated_work_bound(2, optim):.2f}x with free communication")
     print(notes[-1])
+    small = paired_ratios([r["samples_per_s"] for r in per_rank], [r["samples_per_s"] for r in ones])
+    result["per_rank_batch"] = list(small.ratios)
+    notes.append(f"{precision}: one process at each rank's micro-batch ({half}) / at the global batch ({gb}), "
+                 f"samples/s {small.describe()}: with free communication DDP reaches at most that share of the "
+                 f"ceiling ({small.median:.0%}), since each rank's smaller batch runs the same per-step work "
+                 "(optimizer, per-operation overheads) for half the samples")
+    print(notes[-1])
     for n in [int(n) for n in args.accum.split(",") if n]:
         acc = flags(args.accum_steps) + ["--grad-accum", str(n)]
         a1, a2 = run_pairs(acc + ["--micro-batch-size", str(gb)],
-                           {"ddp": acc + ["--micro-batch-size", half, "--ddp-allreduce", args.allreduces[0]]},
+                           {"ddp": (acc + ["--micro-batch-size", half, "--ddp-allreduce", args.allreduces[0]], 2)},
                            args.repeats)[:2]
         runs[f"ecomkit 1 process, {precision}, accumulation {n}"] = a1
         runs[ddp_name(precision, args.allreduces[0], f", accumulation {n}")] = a2["ddp"]

@@ -11,8 +11,9 @@ the order rotating per repeat, so a drift of the shared machine's speed is not c
 to one side. Every run times ``--steps`` steps after ``--untimed`` untimed ones: the
 first batch of each new length pays one-off work (oneDNN generates its bf16
 kernels per shape, about 100 ms on ``small``; compilation and recompilations
-under ``--compile``), so the timed steps are the steady phase. ``--untimed 1``
-(the loop's default) gives the shorter measurement of the earlier artifacts.
+under ``--compile``), so the timed steps are the steady phase. fp32 and bf16 also
+run once per repeat with the loop's default of 1 untimed step (the shorter measurement of the earlier
+artifacts): their ratio is printed beside the verdict, which is the steady phase's.
 Rates are totals over the steady steps (chapter 02's summary).
 The share of peak is the run's own ``peak_share``: model FLOP/s (the
 planner's ``flops_per_token`` × real tokens / wall time) over the GEMM rate
@@ -38,7 +39,9 @@ VARIANTS = {"fp32": ["--precision", "fp32"], "bf16": ["--precision", "bf16"],
             "bf16 sdpa": ["--precision", "bf16", "--attn", "sdpa"],
             "fp32 ATen kernels": ["--precision", "fp32", "--no-cpu-kernels"],
             "bf16 ATen kernels": ["--precision", "bf16", "--no-cpu-kernels"],
-            "bf16 compiled": ["--precision", "bf16", "--compile"]}
+            "bf16 compiled": ["--precision", "bf16", "--compile"],
+            "fp32, 1 untimed step": ["--precision", "fp32", "--untimed-steps", "1"],
+            "bf16, 1 untimed step": ["--precision", "bf16", "--untimed-steps", "1"]}
 
 
 def main() -> None:
@@ -57,7 +60,7 @@ def main() -> None:
     names = list(VARIANTS)
     for r in range(args.repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            steps = args.steps + args.untimed
+            steps = args.steps + (1 if "1 untimed" in name else args.untimed)
             runs[name].append(run_summary("02_data_parallel.py", common + VARIANTS[name] + ["--max-steps", str(steps)]))
             s = runs[name][-1]
             print(f"repeat {r + 1} {name}: {s['tokens_per_s']:.0f} real tokens/s, loss {s['final_loss']:.4f}, "
@@ -76,6 +79,8 @@ def main() -> None:
     compiled = paired_ratios([s["tokens_per_s"] for s in runs["bf16 compiled"]], [s["tokens_per_s"] for s in runs["bf16"]])
     kernels = {p: paired_ratios([s["tokens_per_s"] for s in runs[p]], [s["tokens_per_s"] for s in runs[f"{p} ATen kernels"]])
                for p in ("fp32", "bf16")}
+    short = paired_ratios([s["tokens_per_s"] for s in runs["bf16, 1 untimed step"]],
+                          [s["tokens_per_s"] for s in runs["fp32, 1 untimed step"]])
     aten_speed = paired_ratios([s["tokens_per_s"] for s in runs["bf16 ATen kernels"]],
                                [s["tokens_per_s"] for s in runs["fp32 ATen kernels"]])
     compiled_share = statistics.median(s["peak_share"] for s in runs["bf16 compiled"])
@@ -86,6 +91,7 @@ def main() -> None:
     fp32_loss, bf16_loss = runs["fp32"][0]["final_loss"], runs["bf16"][0]["final_loss"]
     notes = [
         f"bf16 / fp32 real tokens/s, paired per repeat: {speed.describe()}",
+        f"the same with 1 untimed step instead of {args.untimed} (the shorter measurement): {short.describe()}",
         verdict("bf16 / fp32 real tokens/s (median)", speed.median, f">= {SPEEDUP_GOAL}x", speed.median >= SPEEDUP_GOAL),
         verdict(f"final loss bf16 {bf16_loss:.4f} vs fp32 {fp32_loss:.4f}, relative difference", loss_rel,
                 f"<= {LOSS_TOL}", loss_rel <= LOSS_TOL),
@@ -109,6 +115,7 @@ def main() -> None:
     write_artifact("bench_precision", rows, {"columns": columns, "notes": notes, "speedups": list(speed.ratios),
                                              "eager_over_sdpa": list(eager.ratios), "loss_rel": loss_rel,
                                              "compiled_over_default": list(compiled.ratios),
+                                             "speedups_1_untimed": list(short.ratios),
                                              "kernels_over_aten": {p: list(r.ratios) for p, r in kernels.items()},
                                              "peak_share": share, "args": vars(args)})
 

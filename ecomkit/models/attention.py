@@ -203,9 +203,8 @@ class BloomEagerAttention(BloomAttention):
     Why: BLOOM's ``_reshape`` takes them as three ``select`` views. The forward is the same either way (the same
     strided views), but each select's backward allocates a zero-filled gradient of the whole
     ``[batch, T, heads, 3, head_dim]`` tensor and adds it into the fused gradient: three fills and three adds
-    where ``unbind``'s backward (a ``stack``) writes the same values once. Measured with ``torch.profiler`` on
-    ``small`` (bf16, micro-batch 8, seq 128, one thread of a 2-core Xeon with AMX): 14 ms of a 340 ms step.
-    The gradients are bit-identical (each element receives one value, plus exact zeros), tested in
+    where ``unbind``'s backward (a ``stack``) writes the same values once (``benchmarks/bench_kernels.py``
+    times both). The gradients are bit-identical (each element receives one value, plus exact zeros), tested in
     ``tests/test_attention.py``. Every fused attention below inherits it.
     """
 

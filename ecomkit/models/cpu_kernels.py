@@ -1,18 +1,19 @@
 """ecomkit's fused CPU kernels (``csrc/cpu_kernels.cpp``): BLOOM's tanh GELU and the LM head's cross-entropy.
 
-Why: on a CPU whose bf16 matmuls run on AMX (a 2-core Xeon here: 1.3 TFLOP/s at one thread, 7× fp32), the
-elementwise work around the matmuls decides a training step, and two pieces of it were slow in ATen. Measured
-with ``torch.profiler`` on ``small`` (bf16 autocast, micro-batch 8, seq 128, one thread), of a 340 ms step:
+Why: on a CPU whose bf16 matmuls run on AMX, the elementwise work around the matmuls decides a training
+step, and two pieces of it were slow in ATen (``torch.profiler`` on ``small``, bf16 autocast, micro-batch 8,
+seq 128, one thread):
 
-- **tanh GELU**: ATen's ``gelu(approximate="tanh")`` takes 4.3 ms forward and 4.5 ms backward on the
-  ``[8, 128, 2048]`` activation, where the exact (erf) GELU takes 0.9 ms and a plain ``tanh`` 0.7 ms (fp32):
-  its tanh path does not vectorise. Four layers: 37 ms a step.
-- **cross-entropy** of the chunked loss (``[1016, 4700]`` logits): the cast to fp32, ``log_softmax``, a
-  zero-filled ``nll_loss`` gradient, ``log_softmax``'s backward and the cast back: about 40 ms a step.
+- **tanh GELU**: ATen's ``gelu(approximate="tanh")`` runs several times slower than its exact (erf) GELU or
+  a plain ``tanh`` over the same ``[8, 128, 2048]`` activation; it does not vectorise on this build.
+- **cross-entropy** of the chunked loss (``[rows, vocab]`` logits): the cast to fp32, ``log_softmax``, a
+  zero-filled ``nll_loss`` gradient, ``log_softmax``'s backward and the cast back, five passes.
+
+``benchmarks/bench_kernels.py`` times both against ATen's (docs/perf.md has its table).
 
 The kernels compute the same functions in one vectorised pass each way, in fp32, rounding once to the tensor's
-dtype. They are built from source with the machine's own compiler the first time they are needed (about
-30 s; ``make install`` builds them) into this Python environment's extensions folder, named after this CPU
+dtype. They are built from source with the machine's own compiler the first time they are needed
+(``make install`` builds them) into this Python environment's extensions folder, named after this CPU
 and torch version, so a different machine or torch builds its own. Without a compiler the build fails once,
 a warning names the reason, and ATen's kernels run instead (``--no-cpu-kernels`` asks for that directly). The
 kernels are written with AVX-512 intrinsics; on a CPU without AVX-512 the build is a scalar loop (the same

@@ -2,18 +2,16 @@
 
 Why: on one host, gloo still sends every gradient through TCP on the loopback
 device: each byte is copied into a socket buffer and out again, in system
-calls on the same cores that train. Measured with two processes of one thread
-on a 2-core Xeon (a 60 MiB fp32 bucket set, the size of ``small``'s
-gradients): gloo 57 ms, shared memory 31 ms; for 30 MiB of bf16, 47 ms and 15 ms.
-The result is bit-identical to gloo's sum (checked in the probe and by
-``tests/test_shm_allreduce.py``).
+calls on the same cores that train. ``benchmarks/bench_kernels.py`` times the
+two transports on ``small``'s gradient size (docs/perf.md). The result is
+bit-identical to gloo's sum (``tests/test_shm_allreduce.py``).
 
 How: DeepSpeed ships a shared-memory all-reduce for CPU inference
 (``deepspeed_shm_comm``, ``torch.ops.deepspeed.inference_all_reduce_``): each rank
 copies its buffer into its own ``/dev/shm`` segment, waits on flags until every
 rank has, and reduces its slice from all segments, then gathers the slices.
-ecomkit builds that op (a JIT C++ extension, about 35 s once per Python
-environment, in ``make install``) and calls it from a DDP communication hook,
+ecomkit builds that op (a JIT C++ extension, once per Python environment, in
+``make install``) and calls it from a DDP communication hook,
 so DDP's buckets, ``no_sync`` and gradient views are unchanged; only the
 transport differs. The hook divides by the world size first and then sums, as
 DDP's default hook does.
@@ -96,7 +94,7 @@ def load_shm_op(env: DistEnv) -> Any:
 def prebuild_shm_op() -> str:
     """Build the op into this environment's extensions folder now (``make install``); returns what happened.
 
-    Why: otherwise the first ``--ddp-allreduce shm`` run pays a JIT build of about 35 s at start-up. A failure
+    Why: otherwise the first ``--ddp-allreduce shm`` run pays the JIT build at start-up. A failure
     is reported, not fatal: such a run is then refused with the build's reason.
     """
     ensure_deepspeed_env()

@@ -1,12 +1,13 @@
 // ecomkit's fused CPU kernels: BLOOM's tanh GELU and the LM head's cross-entropy, one pass over memory each way.
 //
-// Why (ecomkit/models/cpu_kernels.py has the measurements): on a CPU whose matmuls run on AMX, the elementwise work
-// around them decides a bf16 step, and ATen's tanh-approximate GELU and its cross-entropy (log_softmax, a
-// zero-filled nll gradient, log_softmax's backward, two dtype casts) make several slow passes where one will do.
+// Why (ecomkit/models/cpu_kernels.py; benchmarks/bench_kernels.py times them): on a CPU whose matmuls run on AMX,
+// the elementwise work around them decides a bf16 step, and ATen's tanh-approximate GELU and its cross-entropy
+// (log_softmax, a zero-filled nll gradient, log_softmax's backward, two dtype casts) make several slow passes
+// where one will do.
 //
 // Numerics: every value is computed in fp32 and rounded once to the tensor's dtype (bf16: round to nearest even,
-// as ATen does). exp is a Cephes-style polynomial (a few ulp in fp32; AVX-512's scalef applies 2^n); tanh(u) = 1 - 2 / (exp(2u) + 1), an
-// absolute error of about 1e-7. Compiled for the building machine (-march=native); the loader names the build
+// as ATen does). exp is a Cephes-style polynomial (a few ulp in fp32; AVX-512's scalef applies 2^n);
+// tanh(u) = 1 - 2 / (exp(2u) + 1), an absolute error of about 1e-7. Compiled for the building machine (-march=native); the loader names the build
 // after this CPU, so a Python environment shared by different CPUs builds once per CPU.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

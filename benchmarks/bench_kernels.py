@@ -1,0 +1,223 @@
+#!/usr/bin/env python
+"""The pieces around a CPU step, each timed against what it replaces, side by side in one run.
+
+  python benchmarks/bench_kernels.py [--repeats 7] [--model small]
+
+One process, one thread:
+- BLOOM's tanh GeLU, forward + backward on ``small``'s MLP activation ``[8, 128, 2048]``: ATen's
+  ``gelu(approximate="tanh")`` against ecomkit's kernel (``--cpu-kernels``, ``ecomkit/models/cpu_kernels.py``);
+- the LM head's cross-entropy, forward + backward on ``[1016, vocab]`` logits (a micro-batch of 8 × 128 with
+  its labeled positions): ATen's (cast to fp32, ``cross_entropy``) against ecomkit's kernel;
+- BLOOM's QKV split, backward: three ``select`` views (transformers' ``_reshape``) against one ``unbind``
+  (``BloomEagerAttention``);
+each in fp32 and bf16, the two alternating ``--repeats`` times; the median and the largest difference of
+the outputs and gradients are reported. Also: clipping ``small``'s gradients when their norm is below
+``max_norm`` (torch's ``clip_grad_norm_`` against ``models/optim.clip_grad_norm``), and bf16 GEMMs at
+``small``'s weight-gradient shapes with the transposed operand autograd hands oneDNN, against copying it
+contiguous first (a measurement of why ecomkit does not copy it: "after" there is the copy plus the GEMM).
+
+Two processes (torchrun, gloo), one thread each: the all-reduce of ``small``'s gradients (its parameter
+count, fp32 and bf16) through the process group (gloo over loopback TCP) against shared memory
+(``--ddp-allreduce shm``, ``ecomkit/parallel/shm_allreduce.py``), alternating, with the results compared
+bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from common import REPO, bench_env, print_table, write_artifact
+
+from ecomkit.dist import DistEnv
+from ecomkit.models.bloom import preset_parameter_count
+from ecomkit.models.cpu_kernels import cross_entropy_sum, gelu_tanh, load_cpu_kernels
+from ecomkit.models.optim import clip_grad_norm
+from ecomkit.models.tokenizer import get_tokenizer
+from ecomkit.parallel.shm_allreduce import load_shm_op
+
+
+def timed(fn: Callable[[], None]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def compare(name: str, dtype: torch.dtype, shape: tuple, ref: Callable, new: Callable, repeats: int) -> dict:
+    """Median seconds of ``ref`` and ``new`` (each returns its outputs), alternating, and their largest difference."""
+    outs = [ref(), new()]
+    diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(*outs))
+    times: dict[str, list[float]] = {"ref": [], "new": []}
+    for _ in range(repeats):
+        times["ref"].append(timed(ref))
+        times["new"].append(timed(new))
+    r, n = statistics.median(times["ref"]), statistics.median(times["new"])
+    return {"piece": name, "dtype": str(dtype).removeprefix("torch."), "shape": "×".join(map(str, shape)),
+            "before ms": 1000 * r, "after ms": 1000 * n, "speed-up": r / n, "max |difference|": diff}
+
+
+def gelu_case(dtype: torch.dtype, use_kernel: bool) -> Callable:
+    x = (torch.randn(8, 128, 2048, generator=torch.Generator().manual_seed(0)) * 2).to(dtype).requires_grad_()
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+
+    def run():
+        y = gelu_tanh(x, use_kernel)
+        (dx,) = torch.autograd.grad(y, x, g)
+        return y.detach(), dx
+    return run
+
+
+def loss_case(dtype: torch.dtype, vocab: int, use_kernel: bool) -> Callable:
+    gen = torch.Generator().manual_seed(0)
+    z = (torch.randn(1016, vocab, generator=gen) * 3).to(dtype).requires_grad_()
+    y = torch.randint(0, vocab, (1016,), generator=gen)
+
+    def run():
+        loss = cross_entropy_sum(z, y, use_kernel)
+        (dz,) = torch.autograd.grad(loss, z)
+        return loss.detach().reshape(1), dz
+    return run
+
+
+def qkv_case(unbind: bool, dtype: torch.dtype) -> Callable:
+    """BLOOM's QKV split on small's fused projection [8, 128, 8 heads, 3, 64]: three selects or one unbind."""
+    fused = torch.randn(8, 128, 8 * 3 * 64, generator=torch.Generator().manual_seed(0)).to(dtype).requires_grad_()
+    grads = [torch.randn(8, 8, 128, 64, generator=torch.Generator().manual_seed(i)).to(dtype) for i in range(3)]
+
+    def run():
+        view = fused.view(8, 128, 8, 3, 64)
+        parts = view.unbind(3) if unbind else [view[..., i, :] for i in range(3)]
+        qkv = [p.transpose(1, 2) for p in parts]
+        (dz,) = torch.autograd.grad(qkv, fused, grads)
+        return (dz,)
+    return run
+
+
+def clip_case(numel: int, ecomkit: bool) -> Callable:
+    """Clipping a model's worth of gradients whose norm is below max_norm: torch's, or ecomkit's."""
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (numel // 2, numel - numel // 2)]
+    for i, p in enumerate(params):   # set once: below max_norm neither version changes them
+        p.grad = torch.full_like(p, 1e-6 * (i + 1))
+
+    def run():
+        norm = clip_grad_norm(params, 1.0) if ecomkit else torch.nn.utils.clip_grad_norm_(params, 1.0)
+        return (norm.reshape(1), *[p.grad for p in params])
+    return run
+
+
+def gemm_rows(repeats: int) -> list[dict]:
+    """bf16 GEMM rates at small's weight-gradient shapes: the transposed operand as autograd hands it, or copied."""
+    rows = []
+    for k, n in ((512, 1536), (512, 2048), (2048, 512)):
+        x = torch.randn(1024, k).bfloat16()
+        g = torch.randn(1024, n).bfloat16()
+        flops = 2 * 1024 * k * n
+        row = compare("weight-gradient GEMM: transposed → copied first (not adopted)", torch.bfloat16,
+                      (n, 1024, k), lambda: (g.t() @ x,), lambda: (g.t().contiguous() @ x,), repeats)
+        row["piece"] += f"; GFLOP/s {flops / row['before ms'] / 1e6:.0f} → {flops / row['after ms'] / 1e6:.0f}"
+        rows.append(row)
+    return rows
+
+
+def gemm_peak(repeats: int) -> float:
+    """GFLOP/s of a bf16 1024² GEMM, median of ``repeats`` (the roofline's peak, chapter 01)."""
+    a, b = torch.randn(1024, 1024).bfloat16(), torch.randn(1024, 1024).bfloat16()
+    a @ b
+    return 2 * 1024 ** 3 / statistics.median(timed(lambda: a @ b) for _ in range(repeats)) / 1e9
+
+
+def allreduce_worker(numel: int, repeats: int, out: str) -> None:
+    """Under torchrun: gloo against shared memory for ``numel`` elements in fp32 and bf16; rank 0 writes JSON."""
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    load_shm_op(DistEnv(rank=rank, world_size=world, local_world_size=world, backend="gloo"))
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        base = torch.randn(numel, generator=torch.Generator().manual_seed(rank)).to(dtype)
+        a, b = base.clone(), base.clone()
+        dist.all_reduce(a)
+        torch.ops.deepspeed.inference_all_reduce_(b)
+        same = bool(torch.equal(a, b))
+        times: dict[str, list[float]] = {"gloo": [], "shm": []}
+        for _ in range(repeats):
+            for kind in ("gloo", "shm"):
+                t = base.clone()
+                dist.barrier()
+                start = time.perf_counter()
+                dist.all_reduce(t) if kind == "gloo" else torch.ops.deepspeed.inference_all_reduce_(t)
+                elapsed = torch.tensor([time.perf_counter() - start])
+                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)   # the slower rank's time
+                times[kind].append(elapsed.item())
+        g, s = statistics.median(times["gloo"]), statistics.median(times["shm"])
+        rows.append({"piece": "gradient all-reduce, 2 processes: gloo → shared memory", "dtype": str(dtype).removeprefix("torch."),
+                     "shape": f"{numel} ({numel * base.element_size() / 2**20:.0f} MiB)", "before ms": 1000 * g,
+                     "after ms": 1000 * s, "speed-up": g / s, "max |difference|": 0.0 if same else float("nan")})
+    if rank == 0:
+        Path(out).write_text(json.dumps(rows))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=7, help="alternating timings of each pair (median reported)")
+    ap.add_argument("--vocab", type=int, default=0,
+                    help="LM-head width of the loss case (0: the size of the chapter scripts' tokenizer)")
+    ap.add_argument("--model", default="small", help="preset whose parameter count sizes the all-reduce")
+    ap.add_argument("--allreduce-worker", default=None, help=argparse.SUPPRESS)   # internal: the torchrun half
+    args = ap.parse_args()
+    args.vocab = args.vocab or len(get_tokenizer("synthetic", bench_env()["ECOMKIT_CACHE"]))
+    numel = preset_parameter_count(args.model, vocab_size=args.vocab)
+    if args.allreduce_worker:
+        allreduce_worker(numel, args.repeats, args.allreduce_worker)
+        return
+    torch.set_num_threads(1)
+    status = load_cpu_kernels()
+    if not status.vectorized:
+        raise SystemExit(f"ecomkit's CPU kernels are not in use on this machine: {status.reason}")
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        rows.append(compare("tanh GeLU fwd+bwd: ATen → ecomkit kernel", dtype, (8, 128, 2048), gelu_case(dtype, False),
+                            gelu_case(dtype, True), args.repeats))
+        rows.append(compare("LM-head cross-entropy fwd+bwd: ATen → ecomkit kernel", dtype, (1016, args.vocab),
+                            loss_case(dtype, args.vocab, False), loss_case(dtype, args.vocab, True), args.repeats))
+        rows.append(compare("BLOOM's QKV split, backward: 3 selects → unbind", dtype, (8, 128, 8, 3, 64), qkv_case(False, dtype),
+                            qkv_case(True, dtype), args.repeats))
+        print(f"{dtype}: done", flush=True)
+    rows.append(compare("gradient clipping, norm below max_norm: torch → ecomkit", torch.float32, (numel,), clip_case(numel, False),
+                        clip_case(numel, True), args.repeats))
+    rows += gemm_rows(args.repeats)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "allreduce.json")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__,
+               "--model", args.model, "--vocab", str(args.vocab), "--repeats", str(args.repeats),
+               "--allreduce-worker", out]
+        subprocess.run(cmd, cwd=REPO, env=bench_env(1), check=True)
+        rows += json.loads(Path(out).read_text())
+    columns = list(rows[0])
+    print_table(rows, columns)
+    peak = gemm_peak(args.repeats)
+    notes = [f"one thread per process; medians of {args.repeats} alternating timings of 'before' and 'after'; "
+             "speed-up = before / after",
+             f"bf16 1024² GEMM on this CPU, the peak the runs' share is measured against: {peak:.0f} GFLOP/s",
+             "max |difference| is absolute, over outputs and gradients (the loss is a sum over 1016 rows; the "
+             "GEMMs' outputs are sums of 1024 products, rounded to bf16)",
+             f"all-reduce: {numel:,} elements, the parameter count of '{args.model}'; 'max |difference|' 0 means the "
+             "shared-memory result equals gloo's bit for bit",
+             f"ecomkit's CPU kernels: {status.reason.split(' in ')[0]}"]
+    write_artifact("bench_kernels", rows, {"columns": columns, "notes": notes, "args": vars(args)})
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
