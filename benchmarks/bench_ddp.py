@@ -129,7 +129,7 @@ def ddp_name(precision: str, allreduce: str, suffix: str = "") -> str:
 
 
 def ddp_section(args: argparse.Namespace, precision: str, runs: dict, notes: list[str]) -> dict:
-    """Section 1 at one precision: the 2/1-process rounds per transport, their ceilings and (``--accum``) a larger batch."""
+    """Section 1 at one precision: 2/1-process rounds per transport, their ceilings, (``--accum``) a larger batch."""
     def flags(steps: int) -> list[str]:
         return ["--model", args.model, "--max-steps", str(steps + args.untimed), "--untimed-steps", str(args.untimed),
                 "--eval-interval", "0", "--eval-batches", "1",

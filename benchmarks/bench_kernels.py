@@ -63,7 +63,7 @@ def compare(name: str, dtype: torch.dtype, shape: tuple, ref: Callable, new: Cal
         times["new"].append(timed(new))
     r, n = statistics.median(times["ref"]), statistics.median(times["new"])
     return {"piece": name, "dtype": str(dtype).removeprefix("torch."), "shape": "×".join(map(str, shape)),
-            "before ms": 1000 * r, "after ms": 1000 * n, "speed-up": r / n, "max |difference|": diff}
+            "before ms": 1000 * r, "after ms": 1000 * n, "speed-up": r / n, "max abs difference": diff}
 
 
 def gelu_case(dtype: torch.dtype, use_kernel: bool) -> Callable:
@@ -159,9 +159,10 @@ def allreduce_worker(numel: int, repeats: int, out: str) -> None:
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)   # the slower rank's time
                 times[kind].append(elapsed.item())
         g, s = statistics.median(times["gloo"]), statistics.median(times["shm"])
-        rows.append({"piece": "gradient all-reduce, 2 processes: gloo → shared memory", "dtype": str(dtype).removeprefix("torch."),
+        rows.append({"piece": "gradient all-reduce, 2 processes: gloo → shared memory",
+                     "dtype": str(dtype).removeprefix("torch."),
                      "shape": f"{numel} ({numel * base.element_size() / 2**20:.0f} MiB)", "before ms": 1000 * g,
-                     "after ms": 1000 * s, "speed-up": g / s, "max |difference|": 0.0 if same else float("nan")})
+                     "after ms": 1000 * s, "speed-up": g / s, "max abs difference": 0.0 if same else float("nan")})
     if rank == 0:
         Path(out).write_text(json.dumps(rows))
     dist.barrier()
@@ -187,15 +188,15 @@ def main() -> None:
         raise SystemExit(f"ecomkit's CPU kernels are not in use on this machine: {status.reason}")
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
-        rows.append(compare("tanh GeLU fwd+bwd: ATen → ecomkit kernel", dtype, (8, 128, 2048), gelu_case(dtype, False),
-                            gelu_case(dtype, True), args.repeats))
+        rows.append(compare("tanh GeLU fwd+bwd: ATen → ecomkit kernel", dtype, (8, 128, 2048),
+                            gelu_case(dtype, False), gelu_case(dtype, True), args.repeats))
         rows.append(compare("LM-head cross-entropy fwd+bwd: ATen → ecomkit kernel", dtype, (1016, args.vocab),
                             loss_case(dtype, args.vocab, False), loss_case(dtype, args.vocab, True), args.repeats))
-        rows.append(compare("BLOOM's QKV split, backward: 3 selects → unbind", dtype, (8, 128, 8, 3, 64), qkv_case(False, dtype),
-                            qkv_case(True, dtype), args.repeats))
+        rows.append(compare("BLOOM's QKV split, backward: 3 selects → unbind", dtype, (8, 128, 8, 3, 64),
+                            qkv_case(False, dtype), qkv_case(True, dtype), args.repeats))
         print(f"{dtype}: done", flush=True)
-    rows.append(compare("gradient clipping, norm below max_norm: torch → ecomkit", torch.float32, (numel,), clip_case(numel, False),
-                        clip_case(numel, True), args.repeats))
+    rows.append(compare("gradient clipping, norm below max_norm: torch → ecomkit", torch.float32, (numel,),
+                        clip_case(numel, False), clip_case(numel, True), args.repeats))
     rows += gemm_rows(args.repeats)
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "allreduce.json")
@@ -210,10 +211,10 @@ def main() -> None:
     notes = [f"one thread per process; medians of {args.repeats} alternating timings of 'before' and 'after'; "
              "speed-up = before / after",
              f"bf16 1024² GEMM on this CPU, the peak the runs' share is measured against: {peak:.0f} GFLOP/s",
-             "max |difference| is absolute, over outputs and gradients (the loss is a sum over 1016 rows; the "
+             "max abs difference: over outputs and gradients (the loss is a sum over 1016 rows; the "
              "GEMMs' outputs are sums of 1024 products, rounded to bf16)",
-             f"all-reduce: {numel:,} elements, the parameter count of '{args.model}'; 'max |difference|' 0 means the "
-             "shared-memory result equals gloo's bit for bit",
+             f"all-reduce: {numel:,} elements, the parameter count of '{args.model}'; a max abs difference of 0 "
+             "means the shared-memory result equals gloo's bit for bit",
              f"ecomkit's CPU kernels: {status.reason.split(' in ')[0]}"]
     write_artifact("bench_kernels", rows, {"columns": columns, "notes": notes, "args": vars(args)})
 

@@ -12,11 +12,9 @@ How it is installed (the one place that changes the model): the class of every
 only ``forward`` (``module.__class__ = BloomSdpaAttention``). Parameters,
 ``state_dict`` keys, ``isinstance`` checks, hooks and ``save_pretrained``
 output are untouched, so DDP, DeepSpeed ZeRO, FSDP2, tensor parallelism and
-``gradient_checkpointing_enable()`` wrap the model exactly as before, and
-``install_attention(model, "eager")`` swaps it back (to :class:`BloomEagerAttention`: BLOOM's own forward,
-with a one-pass QKV split in backward). Nothing of BLOOM is
-copied: the subclass reuses ``query_key_value``, ``_reshape``, ``dense``,
-``attention_dropout`` and transformers' own ``dropout_add``.
+``gradient_checkpointing_enable()`` wrap the model as before; ``install_attention(model, "eager")`` swaps
+back to BLOOM's forward (:class:`BloomEagerAttention`, one-pass QKV split). Nothing of BLOOM is copied: the
+subclass reuses ``query_key_value``, ``dense``, ``attention_dropout`` and transformers' ``dropout_add``.
 
 What BLOOM's eager forward computes, and how each piece maps here:
 
@@ -31,7 +29,7 @@ What BLOOM's eager forward computes, and how each piece maps here:
   This transformers version has no layer-number scaling (``beta`` is 1 and
   ``inv_norm_factor`` is 1/√head_dim); both are read from the module, so a
   version or checkpoint that changes them is still followed.
-- the fused QKV layout ``[heads, 3, head_dim]`` → BLOOM's own ``_reshape``.
+- the fused QKV layout ``[heads, 3, head_dim]`` → :meth:`BloomEagerAttention._reshape` (one ``unbind``).
 - heads: always ``self.num_heads`` and the ``alibi`` argument, never the config.
   The tensor-parallel pre-hook (chapter 04) sets ``num_heads = n_head / tp`` and
   slices ``alibi`` to the rank's heads; this forward follows it unchanged.
@@ -200,12 +198,9 @@ def _project_output(attn: BloomAttention, context: torch.Tensor) -> torch.Tensor
 class BloomEagerAttention(BloomAttention):
     """BLOOM's own (eager) attention, with q, k and v taken from the fused QKV output by one ``unbind``.
 
-    Why: BLOOM's ``_reshape`` takes them as three ``select`` views. The forward is the same either way (the same
-    strided views), but each select's backward allocates a zero-filled gradient of the whole
-    ``[batch, T, heads, 3, head_dim]`` tensor and adds it into the fused gradient: three fills and three adds
-    where ``unbind``'s backward (a ``stack``) writes the same values once (``benchmarks/bench_kernels.py``
-    times both). The gradients are bit-identical (each element receives one value, plus exact zeros), tested in
-    ``tests/test_attention.py``. Every fused attention below inherits it.
+    Why: BLOOM's ``_reshape`` takes three ``select`` views (the same views), but each select's backward
+    zero-fills a gradient of the whole fused tensor and adds it in; ``unbind``'s backward writes it once
+    (``benchmarks/bench_kernels.py``). Bit-identical gradients (tests/test_attention.py); the fused paths inherit it.
     """
 
     def _reshape(self, fused_qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch.utils import cpp_extension
 
 log = logging.getLogger("ecomkit")
 
@@ -76,8 +77,6 @@ def load_cpu_kernels() -> KernelStatus:
     name = f"ecomkit_cpu_kernels_{cpu_tag()}"
     folder = extensions_dir() / name
     try:
-        from torch.utils import cpp_extension  # lazy: pulls in the compiler tooling, needed only here
-
         folder.mkdir(parents=True, exist_ok=True)
         cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(folder), is_python_module=False,
                            extra_cflags=["-O3", "-march=native", "-fopenmp-simd"], verbose=False)
