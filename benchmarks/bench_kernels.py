@@ -40,6 +40,7 @@ import torch.distributed as dist
 from common import REPO, bench_env, print_table, write_artifact
 
 from ecomkit.dist import DistEnv
+from ecomkit.envcheck.matmul import matmul_flops
 from ecomkit.models.bloom import preset_parameter_count
 from ecomkit.models.cpu_kernels import cross_entropy_sum, gelu_tanh, load_cpu_kernels
 from ecomkit.models.optim import clip_grad_norm
@@ -129,13 +130,6 @@ def gemm_rows(repeats: int) -> list[dict]:
     return rows
 
 
-def gemm_peak(repeats: int) -> float:
-    """GFLOP/s of a bf16 1024² GEMM, median of ``repeats`` (the roofline's peak, chapter 01)."""
-    a, b = torch.randn(1024, 1024).bfloat16(), torch.randn(1024, 1024).bfloat16()
-    a @ b
-    return 2 * 1024 ** 3 / statistics.median(timed(lambda: a @ b) for _ in range(repeats)) / 1e9
-
-
 def allreduce_worker(numel: int, repeats: int, out: str) -> None:
     """Under torchrun: gloo against shared memory for ``numel`` elements in fp32 and bf16; rank 0 writes JSON."""
     dist.init_process_group("gloo")
@@ -207,7 +201,7 @@ def main() -> None:
         rows += json.loads(Path(out).read_text())
     columns = list(rows[0])
     print_table(rows, columns)
-    peak = gemm_peak(args.repeats)
+    peak = matmul_flops("bf16", "cpu", reps=args.repeats) / 1e9   # the runs' roofline peak (chapter 01)
     notes = [f"one thread per process; medians of {args.repeats} alternating timings of 'before' and 'after'; "
              "speed-up = before / after",
              f"bf16 1024² GEMM on this CPU, the peak the runs' share is measured against: {peak:.0f} GFLOP/s",

@@ -37,16 +37,14 @@ def test_validate_refuses_shm_outside_ddp_and_beside_compression():
 def test_machine_checks_name_what_to_change(monkeypatch):
     local = DistEnv(rank=0, world_size=2, local_world_size=2, backend="gloo", device=torch.device("cpu"))
     monkeypatch.delenv("TORCHELASTIC_MAX_RESTARTS", raising=False)
-    check_shm_allreduce(local, "none")
+    check_shm_allreduce(local)
     with pytest.raises(ConfigError, match="one host"):
-        check_shm_allreduce(DistEnv(rank=0, world_size=4, local_world_size=2, device=torch.device("cpu")), "none")
+        check_shm_allreduce(DistEnv(rank=0, world_size=4, local_world_size=2, device=torch.device("cpu")))
     with pytest.raises(ConfigError, match="nccl"):
-        check_shm_allreduce(DistEnv(rank=0, world_size=2, local_world_size=2, device=torch.device("cuda")), "none")
-    with pytest.raises(ConfigError, match="one communication hook"):
-        check_shm_allreduce(local, "powersgd")
+        check_shm_allreduce(DistEnv(rank=0, world_size=2, local_world_size=2, device=torch.device("cuda")))
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
     with pytest.raises(ConfigError, match="max-restarts 2"):
-        check_shm_allreduce(local, "none")
+        check_shm_allreduce(local)
 
 
 def test_segment_name_follows_the_ops_naming(monkeypatch):

@@ -48,9 +48,9 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` (``max_norm <= 0``: only measure), without its multiply by 1.0.
 
     Why: torch scales every gradient by ``min(1, max_norm / (norm + 1e-6))`` even when that is 1.0, a full
-    read-and-write pass over the gradients (``benchmarks/bench_kernels.py`` times both). Skipping an exact multiply by 1.0 changes no bit; when the norm is above
-    ``max_norm`` the same scale is applied by torch's own ``clip_grads_with_norm_``. The returned total norm
-    is the one torch computes (``get_total_norm``).
+    read-and-write pass over the gradients (``benchmarks/bench_kernels.py`` times both). Skipping an exact
+    multiply by 1.0 changes no bit; when the norm is above ``max_norm`` the same scale is applied by torch's own
+    ``clip_grads_with_norm_``. The returned total norm is the one torch computes (``get_total_norm``).
     """
     grads = [p.grad for p in params if p.grad is not None]
     norm = torch.nn.utils.get_total_norm(grads, 2.0)

@@ -21,8 +21,7 @@ from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.parallel.base import StepStats, Strategy
 from ecomkit.parallel.compression.hooks import CompressionHook, InactiveCompression, register_compression
-from ecomkit.parallel.shm_allreduce import (check_shm_allreduce, register_shm_allreduce, release_shm_segment,
-                                              segment_name)
+from ecomkit.parallel.shm_allreduce import register_shm_allreduce, release_shm_segment
 
 
 def apply_ddp(model: nn.Module, env: DistEnv, bucket_cap_mb: float = 25.0,
@@ -56,9 +55,7 @@ class DDPStrategy(Strategy):
         if self.cfg.compression.method != "none":
             self.comm_hook = register_compression(wrapped, self.cfg.compression, self.env)
         if self.cfg.ddp_allreduce == "shm" and isinstance(wrapped, DDP):  # one process: nothing to reduce
-            check_shm_allreduce(self.env, self.cfg.compression.method)
-            self.shm_segment = segment_name(self.env.rank)  # set first: close() removes it even if loading fails
-            register_shm_allreduce(wrapped, self.env)
+            self.shm_segment = register_shm_allreduce(wrapped, self.env)
         return wrapped
 
     def micro_step_context(self, is_last: bool) -> ContextManager:

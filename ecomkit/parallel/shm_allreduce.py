@@ -16,9 +16,9 @@ so DDP's buckets, ``no_sync`` and gradient views are unchanged; only the
 transport differs. The hook divides by the world size first and then sums, as
 DDP's default hook does.
 
-Limits, each refused with a message (:func:`check_shm_allreduce`):
+Limits, each refused with a message (``TrainConfig.validate``: DDP only, no gradient compression, since DDP
+takes one hook per model; :func:`check_shm_allreduce`, once the job is known):
 - every rank on this host (``LOCAL_WORLD_SIZE == WORLD_SIZE``), on the CPU;
-- no gradient compression (DDP takes one hook per model);
 - no ``torchrun --max-restarts``: the op has no timeout, and a restarted worker
   could map a segment that a killed one left behind. When a rank dies, its
   peers wait in the op until torchrun stops them (SIGTERM, then SIGKILL), not
@@ -48,17 +48,17 @@ SEGMENT_PREFIX = "deepspeed_allreduce_buffer"
 KERNEL_LEVEL = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 2}
 
 
-def check_shm_allreduce(env: DistEnv, compression: str) -> None:
-    """Refuse ``--ddp-allreduce shm`` where it cannot run correctly, naming what to change."""
+def check_shm_allreduce(env: DistEnv) -> None:
+    """Refuse ``--ddp-allreduce shm`` where this job cannot run it correctly, naming what to change.
+
+    The config's part (DDP, no compression hook beside it) is ``TrainConfig.validate``'s.
+    """
     if env.device.type != "cpu":
         raise ConfigError(f"--ddp-allreduce shm is for CPU ranks; this run is on {env.device.type}, where the "
                           "backend's own all-reduce (nccl) is the fast path. Drop --ddp-allreduce shm.")
     if env.local_world_size != env.world_size:
         raise ConfigError(f"--ddp-allreduce shm needs every rank on one host ({env.local_world_size} of "
                           f"{env.world_size} processes are on this one). Drop --ddp-allreduce shm.")
-    if compression != "none":
-        raise ConfigError(f"--ddp-allreduce shm and --compression-method {compression} both need DDP's one "
-                          "communication hook. Use one of the two.")
     if max_restarts() > 0:
         raise ConfigError(f"--ddp-allreduce shm with torchrun --max-restarts {max_restarts()}: the shared-memory "
                           "all-reduce has no timeout and a restarted worker could map a segment the killed one "
@@ -71,15 +71,12 @@ def load_shm_op(env: DistEnv) -> Any:
     Rank 0 builds first while the others wait at a barrier, so they load the
     finished build instead of compiling the same sources at the same time.
     """
-    ensure_deepspeed_env()
     os.environ["LOCAL_SIZE"] = str(env.local_world_size)  # the op runs only when every rank is local
     try:
-        from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder  # lazy: heavy optional dependency
-
         if env.rank != 0:
             dist.barrier()
         try:
-            module = ShareMemCommBuilder().load(verbose=False)
+            module = _build_op()
         finally:
             if env.rank == 0:
                 dist.barrier()
@@ -97,29 +94,41 @@ def prebuild_shm_op() -> str:
     Why: otherwise the first ``--ddp-allreduce shm`` run pays the JIT build at start-up. A failure
     is reported, not fatal: such a run is then refused with the build's reason.
     """
-    ensure_deepspeed_env()
     try:
-        from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder  # lazy: heavy optional dependency
-
-        ShareMemCommBuilder().load(verbose=False)
+        _build_op()
     except Exception as exc:  # no DeepSpeed, no compiler, a failed build
         return f"DeepSpeed shared-memory all-reduce: not built ({build_error_summary(exc)})"
     return f"DeepSpeed shared-memory all-reduce: built (or already there) in {os.environ['TORCH_EXTENSIONS_DIR']}"
 
 
-def register_shm_allreduce(model: DistributedDataParallel, env: DistEnv) -> None:
-    """Make ``model``'s gradient all-reduce go through shared memory (this rank's segment: :func:`segment_name`)."""
+def _build_op() -> Any:
+    """DeepSpeed's shared-memory op, built into this environment's extensions folder on first use."""
+    ensure_deepspeed_env()
+    from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder  # lazy: heavy optional dependency
+
+    return ShareMemCommBuilder().load(verbose=False)
+
+
+def register_shm_allreduce(model: DistributedDataParallel, env: DistEnv) -> str:
+    """Make ``model``'s gradient all-reduce go through shared memory; returns this rank's segment name.
+
+    The caller removes the segment at the end of the run (:func:`release_shm_segment`); if registering
+    fails once the op has made it, it is removed here, since the run then ends before its clean-up.
+    """
+    check_shm_allreduce(env)
     module = load_shm_op(env)
-    level = int(module.vector_kernel_level())
-    if level < 1:
-        raise ConfigError("--ddp-allreduce shm: this CPU has no AVX2, which the op's reduce kernels need. "
-                          "Drop --ddp-allreduce shm.")
+    name = segment_name(env.rank)
     try:
+        level = int(module.vector_kernel_level())
+        if level < 1:
+            raise ConfigError("--ddp-allreduce shm: this CPU has no AVX2, which the op's reduce kernels need. "
+                              "Drop --ddp-allreduce shm.")
         model.register_comm_hook(ShmHookState(env.world_size, level), shm_allreduce_hook)
-    except Exception:  # the run ends before close(): remove the segment the op just made
-        release_shm_segment(segment_name(env.rank))
+    except Exception:
+        release_shm_segment(name)
         raise
     log.info("ddp: gradients all-reduced through shared memory (--ddp-allreduce shm, kernel level %d)", level)
+    return name
 
 
 class ShmHookState:

@@ -7,8 +7,9 @@
 //
 // Numerics: every value is computed in fp32 and rounded once to the tensor's dtype (bf16: round to nearest even,
 // as ATen does). exp is a Cephes-style polynomial (a few ulp in fp32; AVX-512's scalef applies 2^n);
-// tanh(u) = 1 - 2 / (exp(2u) + 1), an absolute error of about 1e-7. Compiled for the building machine (-march=native); the loader names the build
-// after this CPU, so a Python environment shared by different CPUs builds once per CPU.
+// tanh(u) = 1 - 2 / (exp(2u) + 1), an absolute error of about 1e-7. Compiled for the building machine
+// (-march=native); the loader names the build after this CPU, so a Python environment shared by different CPUs
+// builds once per CPU.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
