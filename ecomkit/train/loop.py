@@ -72,6 +72,14 @@ class TrainingRun:
 
     # ------------------------------------------------------------------ build
     def build(self) -> "TrainingRun":
+        """Build every part of the run; a failure part-way releases what was made (DDP's shm segment, groups)."""
+        try:
+            return self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self) -> "TrainingRun":
         # The same checks as parse_config and run_training, for runs started inside a session (sweeps, notebooks).
         self.cfg.validate(self.env.world_size)
         resolve_precision(self.cfg, self.env)  # --precision auto: bf16 where the device multiplies faster in it
@@ -335,7 +343,8 @@ class TrainingRun:
                                 labels=self.data_report.labels, kinds=list(self.data_report.examples_per_kind))
 
     def close(self) -> None:
-        self.metrics.close()
+        if getattr(self, "metrics", None) is not None:   # None when build() failed before the writer
+            self.metrics.close()
         if getattr(self, "strategy", None) is not None:
             self.strategy.close()
         self.strategy = None
