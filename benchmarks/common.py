@@ -16,13 +16,16 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
+
+from ecomkit.metrics import pooled_rate
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -51,6 +54,51 @@ def run_summary(script: str, args: Sequence[str], nproc: int = 1, threads: int =
     if proc.returncode != 0:
         raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return json.loads((out / "summary.json").read_text())
+
+
+def rotating_rounds(jobs: dict[str, tuple[str, Sequence[str], int]], repeats: int,
+                    after_round: Callable[[dict[str, list[dict]]], None] | None = None) -> dict[str, list[dict]]:
+    """``repeats`` rounds of every job (script, args, processes), the start rotating by one job each round.
+
+    Rotating cancels a drift of the machine's speed within the benchmark instead
+    of charging it to one job, and a ratio of two jobs' rates is paired within
+    a round. ``after_round(runs)`` runs after each round (a ceiling measurement).
+    """
+    names = list(jobs)
+    runs: dict[str, list[dict]] = {k: [] for k in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            script, args, nproc = jobs[name]
+            runs[name].append(run_summary(script, args, nproc=nproc))
+            print(f"  round {r + 1}/{repeats}: {name}: {runs[name][-1]['samples_per_s']:.1f} samples/s", flush=True)
+        if after_round is not None:
+            after_round(runs)
+    return runs
+
+
+def pooled_row(name: str, runs: list[dict]) -> dict:
+    """One table row for ``runs`` of the same job: pooled rates (totals over totals), the runs' median step times.
+
+    ``ms/step`` is the pooled steady wall time per step; ``median ms`` and
+    ``p90 ms`` the median over the runs of each run's own; the time split and
+    padding are weighted by each run's steady wall time.
+    """
+    wall = sum(r["steady_wall_s"] for r in runs)
+
+    def weighted(get) -> float | None:
+        vals = [(get(r), r["steady_wall_s"]) for r in runs]
+        return None if any(v is None for v, _ in vals) else sum(v * w for v, w in vals) / wall
+
+    parts = list((runs[0].get("time_split") or {}).keys())
+    pad = weighted(lambda r: r.get("padding_rate"))
+    return {"run": name, "processes": runs[0]["world_size"], "runs": len(runs),
+            "samples/s": pooled_rate(runs), "real tokens/s": pooled_rate(runs, "tokens_per_s"),
+            "ms/step": 1000 * wall / sum(r["steady_steps"] for r in runs),
+            "median ms": 1000 * statistics.median(r["step_time_median_s"] for r in runs),
+            "p90 ms": 1000 * statistics.median(r["step_time_p90_s"] for r in runs),
+            "padding %": 100 * pad if pad is not None else None,
+            **{f"{k} %": 100 * weighted(lambda r, k=k: (r.get("time_split") or {}).get(k, 0.0)) for k in parts},
+            "final loss": runs[0]["final_loss"]}
 
 
 def print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
