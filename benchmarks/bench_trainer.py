@@ -111,8 +111,9 @@ def main() -> None:
         notes.append(f"{jobs[num][0]} / {jobs[den][0]}: samples/s {r.describe()}")
     for name in (eco_name, hf_name):
         r = pooled_row(name, runs[name])
-        split = ", ".join(f"{k[:-2]} {r[k]:.0f}%" for k in r if k.endswith(" %") and k != "padding %")
-        notes.append(f"where the step goes, {name}: {split}; padding {r['padding %']:.1f}%")
+        split = ", ".join(f"{k[:-2]} {r[k] * r['ms/step'] / 100:.0f} ms ({r[k]:.0f}%)" for k in r
+                          if k.endswith(" %") and k != "padding %")
+        notes.append(f"where the step goes, {name}: {split} of {r['ms/step']:.0f} ms; padding {r['padding %']:.1f}%")
     rows = [pooled_row(name, rs) for name, rs in runs.items()]
     print(f"\nmodel={args.model} global batch={args.global_batch} (2 processes, 1 thread each; slowest rank; "
           f"{args.repeats} rounds)\n")
