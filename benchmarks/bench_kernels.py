@@ -15,6 +15,9 @@ the outputs and gradients are reported. Also: clipping ``small``'s gradients whe
 ``max_norm`` (torch's ``clip_grad_norm_`` against ``models/optim.clip_grad_norm``), and bf16 GEMMs at
 ``small``'s weight-gradient shapes with the transposed operand autograd hands oneDNN, against copying it
 contiguous first (a measurement of why ecomkit does not copy it: "after" there is the copy plus the GEMM).
+Last, a probe of the whole forward + backward of ``--model`` on one 8 × 128 micro-batch at bf16: the default
+recipe (fp32 weights under autocast) against the same model with bf16 weights and no autocast, which is what
+removing autocast's casts could save; ecomkit has no such mode (it would need fp32 master weights).
 
 Two processes (torchrun, gloo), one thread each: the all-reduce of ``small``'s gradients (its parameter
 count, fp32 and bf16) through the process group (gloo over loopback TCP) against shared memory
@@ -25,6 +28,7 @@ bit for bit.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -41,11 +45,15 @@ from common import REPO, bench_env, print_table, write_artifact
 
 from ecomkit.dist import DistEnv
 from ecomkit.envcheck.matmul import matmul_flops
-from ecomkit.models.bloom import preset_parameter_count
+from ecomkit.models.attention import install_attention
+from ecomkit.models.bloom import build_model, preset_parameter_count
 from ecomkit.models.cpu_kernels import cross_entropy_sum, gelu_tanh, load_cpu_kernels
+from ecomkit.models.gelu import install_fused_gelu
+from ecomkit.models.loss import install_chunked_loss
 from ecomkit.models.optim import clip_grad_norm
 from ecomkit.models.tokenizer import get_tokenizer
 from ecomkit.parallel.shm_allreduce import load_shm_op
+from ecomkit.train.shapes import CPU_AUTOCAST_LENGTH_MULTIPLE
 
 
 def timed(fn: Callable[[], None]) -> float:
@@ -113,6 +121,31 @@ def clip_case(numel: int, ecomkit: bool) -> Callable:
     def run():
         norm = clip_grad_norm(params, 1.0) if ecomkit else torch.nn.utils.clip_grad_norm_(params, 1.0)
         return (norm.reshape(1), *[p.grad for p in params])
+    return run
+
+
+def step_case(model_name: str, vocab: int, bf16_weights: bool) -> Callable:
+    """Forward + backward of ``model_name`` on one 8 × 128 micro-batch, as the default bf16 recipe runs it.
+
+    The recipe keeps fp32 weights and runs under autocast, which casts every weight and linear input to bf16
+    in the forward and every weight gradient back to fp32. ``bf16_weights`` is a probe, not a recipe ecomkit
+    offers: the same model with its weights in bf16 and no autocast, i.e. what removing those casts could
+    save (a real bf16-weights mode also needs fp32 master weights in the optimizer, one copy per step).
+    """
+    model = build_model(model_name, vocab_size=vocab, seed=0)
+    install_attention(model, "eager")   # the default (--attn auto) on CPU at bf16 and 128 tokens
+    install_fused_gelu(model, True, True)
+    install_chunked_loss(model, 1024, CPU_AUTOCAST_LENGTH_MULTIPLE, True)
+    if bf16_weights:
+        model.to(torch.bfloat16)
+    ids = torch.randint(0, vocab, (8, 128), generator=torch.Generator().manual_seed(0))
+
+    def run() -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        with contextlib.nullcontext() if bf16_weights else torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, token_loss_labels=ids).loss
+        loss.backward()
+        return [loss.detach() / ids.numel()]   # the mean token loss, compared between the two
     return run
 
 
@@ -192,6 +225,9 @@ def main() -> None:
     rows.append(compare("gradient clipping, norm below max_norm: torch → ecomkit", torch.float32, (numel,),
                         clip_case(numel, False), clip_case(numel, True), args.repeats))
     rows += gemm_rows(args.repeats)
+    rows.append(compare(f"'{args.model}' fwd+bwd at bf16: autocast, fp32 weights → bf16 weights, no autocast "
+                        "(probe)", torch.bfloat16, (8, 128), step_case(args.model, args.vocab, False),
+                        step_case(args.model, args.vocab, True), args.repeats))
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "allreduce.json")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__,
@@ -206,7 +242,8 @@ def main() -> None:
              "speed-up = before / after",
              f"bf16 1024² GEMM on this CPU, the peak the runs' share is measured against: {peak:.0f} GFLOP/s",
              "max abs difference: over outputs and gradients (the loss is a sum over 1016 rows; the "
-             "GEMMs' outputs are sums of 1024 products, rounded to bf16)",
+             "GEMMs' outputs are sums of 1024 products, rounded to bf16); for the whole fwd+bwd, of the mean "
+             "token loss",
              f"all-reduce: {numel:,} elements, the parameter count of '{args.model}'; a max abs difference of 0 "
              "means the shared-memory result equals gloo's bit for bit",
              f"ecomkit's CPU kernels: {status.reason.split(' in ')[0]}"]
