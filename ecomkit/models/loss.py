@@ -91,7 +91,10 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     shape of the head's matmul, for which oneDNN builds and keeps a primitive
     (forward, and both backward products). With AMX on a Xeon that was most
     of a bf16 run's memory growth after batch lengths were rounded
-    (docs/perf.md, "bf16 on CPU: memory").
+    (docs/perf.md, "bf16 on CPU: memory"). It also keeps the products on
+    whole 16-row tiles: oneDNN's bf16 GEMM on ``B × (T − 1)`` rows (1016 for
+    8 × 128) ran about 20 % slower than on 1024, so the candidates are all
+    ``B × T`` positions, not only those with a successor.
 
     ``cpu_kernel``: the cross-entropy runs through ecomkit's fused CPU kernel
     (``models/cpu_kernels.py``) where it applies, one pass each way instead of
@@ -101,8 +104,10 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     floating-point sum (tested). ``head`` is called as a module, so wrappers'
     hooks on it (FSDP2 unsharding, autocast) still run.
     """
-    flat_h = hidden[:, :-1].reshape(-1, hidden.size(-1))
-    flat_y = labels[:, 1:].reshape(-1)
+    # Every position, the last of each row labeled -100 (nothing follows it): B × T rows, a multiple of
+    # ``row_multiple`` when T is, so a batch with (nearly) every position labeled still tops up to one.
+    flat_h = hidden.reshape(-1, hidden.size(-1))
+    flat_y = F.pad(labels[:, 1:], (0, 1), value=-100).reshape(-1)
     keep = (flat_y != -100).nonzero().squeeze(1)
     if keep.numel() == 0:  # no label in this micro-batch: a zero that still reaches every parameter
         return F.cross_entropy(head(flat_h[:1]).float(), flat_y[:1].clamp(min=0), reduction="sum") * 0.0
