@@ -41,11 +41,12 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 
 import datasets
-from common import bench_env, pooled_row, print_table, rotating_rounds, run_summary, verdict, write_artifact
+from common import (bench_env, paired_rates, pooled_row, print_table, rotating_rounds, run_summary, verdict,
+                    write_artifact)
 
 from ecomkit.data import build_datasets
 from ecomkit.data.padding import compare_padding, compare_rank_wait
-from ecomkit.metrics import concurrent_ceiling, paired_ratios, replicated_work_bound
+from ecomkit.metrics import concurrent_ceiling, replicated_work_bound
 from ecomkit.models.tokenizer import get_tokenizer
 
 CEILING_GOAL = 0.9   # DDP's 2/1-process ratio as a share of the two-process ceiling
@@ -109,7 +110,7 @@ def ddp_section(args: argparse.Namespace, precision: str, runs: dict, notes: lis
     result: dict = {"ceilings": ceilings}
     for a, rs in twos.items():
         runs[ddp_name(precision, a)] = rs
-        ratio = paired_ratios([r["samples_per_s"] for r in rs], [r["samples_per_s"] for r in ones])
+        ratio = paired_rates(rs, ones)
         share = ratio.median / ceiling
         notes.append(verdict(f"{precision}, --ddp-allreduce {a}: DDP 2 proc / 1 proc samples/s {ratio.describe()} = "
                              f"{share:.0%} of this machine's two-process ceiling {ceiling:.2f}x (two independent "
@@ -120,7 +121,7 @@ def ddp_section(args: argparse.Namespace, precision: str, runs: dict, notes: lis
     notes.append(f"{precision}: bound from the optimizer step every rank repeats ({optim:.1%} of the 1-process "
                  f"step): {replicated_work_bound(2, optim):.2f}x with free communication")
     print(notes[-1])
-    small = paired_ratios([r["samples_per_s"] for r in per_rank], [r["samples_per_s"] for r in ones])
+    small = paired_rates(per_rank, ones)
     result["per_rank_batch"] = list(small.ratios)
     notes.append(f"{precision}: one process at each rank's micro-batch ({half}) / at the global batch ({gb}), "
                  f"samples/s {small.describe()}: with free communication DDP reaches at most that share of the "
@@ -134,7 +135,7 @@ def ddp_section(args: argparse.Namespace, precision: str, runs: dict, notes: lis
                            args.repeats)[:2]
         runs[f"ecomkit 1 process, {precision}, accumulation {n}"] = a1
         runs[ddp_name(precision, args.allreduces[0], f", accumulation {n}")] = a2["ddp"]
-        r = paired_ratios([x["samples_per_s"] for x in a2["ddp"]], [x["samples_per_s"] for x in a1])
+        r = paired_rates(a2["ddp"], a1)
         notes.append(verdict(f"{precision}: DDP 2/1 with accumulation {n} (global batch {gb * n}), {r.describe()}, "
                              f"{r.median / ceiling:.0%} of the ceiling", r.median / ceiling,
                              f">= {CEILING_GOAL:.0%}", r.median / ceiling >= CEILING_GOAL))

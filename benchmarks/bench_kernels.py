@@ -53,7 +53,7 @@ from ecomkit.models.loss import install_chunked_loss
 from ecomkit.models.optim import clip_grad_norm
 from ecomkit.models.tokenizer import get_tokenizer
 from ecomkit.parallel.shm_allreduce import load_shm_op
-from ecomkit.train.shapes import CPU_AUTOCAST_LENGTH_MULTIPLE
+from ecomkit.train.shapes import length_multiple
 
 
 def timed(fn: Callable[[], None]) -> float:
@@ -135,7 +135,7 @@ def step_case(model_name: str, vocab: int, bf16_weights: bool) -> Callable:
     model = build_model(model_name, vocab_size=vocab, seed=0)
     install_attention(model, "eager")   # the default (--attn auto) on CPU at bf16 and 128 tokens
     install_fused_gelu(model, True, True)
-    install_chunked_loss(model, 1024, CPU_AUTOCAST_LENGTH_MULTIPLE, True)
+    install_chunked_loss(model, 1024, length_multiple("bf16", torch.device("cpu")), True)   # as the loop does
     if bf16_weights:
         model.to(torch.bfloat16)
     ids = torch.randint(0, vocab, (8, 128), generator=torch.Generator().manual_seed(0))

@@ -29,9 +29,9 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from common import print_table, run_summary, verdict, write_artifact
+from common import paired_rates, print_table, rotating_rounds, verdict, write_artifact
 
-from ecomkit.metrics import paired_ratios
+from ecomkit.metrics import PairedRatio
 
 SPEEDUP_GOAL, LOSS_TOL, PEAK_GOAL = 2.0, 0.01, 0.50
 VARIANTS = {"fp32": ["--precision", "fp32"], "bf16": ["--precision", "bf16"],
@@ -56,15 +56,12 @@ def main() -> None:
     common = ["--model", args.model, "--eval-interval", "0", "--eval-batches", "1",
               "--micro-batch-size", str(args.micro_batch_size), "--seq-len", str(args.seq_len), "--n-rows", "2000",
               "--no-save-model", "--lr", "1e-3", "--untimed-steps", str(args.untimed)]
-    runs: dict[str, list[dict]] = {k: [] for k in VARIANTS}
-    names = list(VARIANTS)
-    for r in range(args.repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            steps = args.steps + (1 if "1 untimed" in name else args.untimed)
-            runs[name].append(run_summary("02_data_parallel.py", common + VARIANTS[name] + ["--max-steps", str(steps)]))
-            s = runs[name][-1]
-            print(f"repeat {r + 1} {name}: {s['tokens_per_s']:.0f} real tokens/s, loss {s['final_loss']:.4f}, "
-                  f"{s['peak_share']:.1%} of {s['peak_source']}", flush=True)
+    jobs = {name: ("02_data_parallel.py",
+                   common + flags + ["--max-steps", str(args.steps + (1 if "1 untimed" in name else args.untimed))], 1)
+            for name, flags in VARIANTS.items()}
+    runs = rotating_rounds(jobs, args.repeats, describe=lambda s: (
+        f"{s['tokens_per_s']:.0f} real tokens/s, loss {s['final_loss']:.4f}, {s['peak_share']:.1%} of "
+        f"{s['peak_source']}"))
     rows = []
     for name, rs in runs.items():
         rows.append({"run": name, "attention": rs[0]["config"]["attn"], "runs": len(rs),
@@ -74,15 +71,15 @@ def main() -> None:
                      "share of measured peak %": 100 * statistics.median(s["peak_share"] for s in rs),
                      "MFLOPs/token": statistics.median(s["model_flops_per_s"] / s["tokens_per_s"] for s in rs) / 1e6,
                      "final loss": rs[0]["final_loss"], "padding %": 100 * (rs[0].get("padding_rate") or 0)})
-    speed = paired_ratios([s["tokens_per_s"] for s in runs["bf16"]], [s["tokens_per_s"] for s in runs["fp32"]])
-    eager = paired_ratios([s["tokens_per_s"] for s in runs["bf16 eager"]], [s["tokens_per_s"] for s in runs["bf16 sdpa"]])
-    compiled = paired_ratios([s["tokens_per_s"] for s in runs["bf16 compiled"]], [s["tokens_per_s"] for s in runs["bf16"]])
-    kernels = {p: paired_ratios([s["tokens_per_s"] for s in runs[p]], [s["tokens_per_s"] for s in runs[f"{p} ATen kernels"]])
-               for p in ("fp32", "bf16")}
-    short = paired_ratios([s["tokens_per_s"] for s in runs["bf16, 1 untimed step"]],
-                          [s["tokens_per_s"] for s in runs["fp32, 1 untimed step"]])
-    aten_speed = paired_ratios([s["tokens_per_s"] for s in runs["bf16 ATen kernels"]],
-                               [s["tokens_per_s"] for s in runs["fp32 ATen kernels"]])
+
+    def speed_up(num: str, den: str) -> PairedRatio:   # real tokens/s of ``num`` over ``den``, per repeat
+        return paired_rates(runs[num], runs[den], "tokens_per_s")
+
+    speed, eager = speed_up("bf16", "fp32"), speed_up("bf16 eager", "bf16 sdpa")
+    compiled = speed_up("bf16 compiled", "bf16")
+    kernels = {p: speed_up(p, f"{p} ATen kernels") for p in ("fp32", "bf16")}
+    short = speed_up("bf16, 1 untimed step", "fp32, 1 untimed step")
+    aten_speed = speed_up("bf16 ATen kernels", "fp32 ATen kernels")
     compiled_share = statistics.median(s["peak_share"] for s in runs["bf16 compiled"])
     loss_rel = abs(runs["bf16"][0]["final_loss"] - runs["fp32"][0]["final_loss"]) / runs["fp32"][0]["final_loss"]
     share = statistics.median(s["peak_share"] for s in runs["bf16"])

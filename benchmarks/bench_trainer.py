@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import argparse
 
-from common import pooled_row, print_table, rotating_rounds, verdict, write_artifact
+from common import paired_rates, pooled_row, print_table, rotating_rounds, verdict, write_artifact
 
-from ecomkit.metrics import paired_ratios, pooled_rate
+from ecomkit.metrics import pooled_rate
 
 GOAL = 1.2   # ecomkit / HF Trainer, each at its best
 ECO, HF = "02_data_parallel.py", "02_hf_trainer.py"
@@ -73,10 +73,6 @@ def side_best(runs: dict[str, list[dict]], jobs: dict, side: str) -> str:
     return max(names, key=lambda n: pooled_rate(runs[n]))
 
 
-def rates(runs: list[dict]) -> list[float]:
-    return [r["samples_per_s"] for r in runs]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="small", help="model preset both sides train")
@@ -100,14 +96,14 @@ def main() -> None:
     runs = rotating_rounds({name: (script, common + extra, 2) for name, script, extra in jobs.values()},
                            args.repeats)
     eco_name, hf_name = side_best(runs, jobs, "ecomkit"), side_best(runs, jobs, "trainer")
-    ratio = paired_ratios(rates(runs[eco_name]), rates(runs[hf_name]))
+    ratio = paired_rates(runs[eco_name], runs[hf_name])
     cfg = runs[eco_name][0].get("config", {})
     gelu = "fused GeLU" if cfg.get("fused_gelu") else "transformers' GeLU"
     notes = [verdict(f"ecomkit / HF Trainer, each at its best ({eco_name} vs {hf_name}; ecomkit attention "
                      f"{cfg.get('attn', '?')} and {gelu}, Trainer BLOOM's eager attention and transformers' GeLU) "
                      f"samples/s {ratio.describe()}", ratio.median, f">= {GOAL}x", ratio.median >= GOAL)]
     for num, den in (pair for pair in PAIRS if pair[0] in jobs and pair[1] in jobs):
-        r = paired_ratios(rates(runs[jobs[num][0]]), rates(runs[jobs[den][0]]))
+        r = paired_rates(runs[jobs[num][0]], runs[jobs[den][0]])
         notes.append(f"{jobs[num][0]} / {jobs[den][0]}: samples/s {r.describe()}")
     for name in (eco_name, hf_name):
         r = pooled_row(name, runs[name])

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ecomkit.metrics import pooled_rate
+from ecomkit.metrics import PairedRatio, paired_ratios, pooled_rate
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -57,12 +57,15 @@ def run_summary(script: str, args: Sequence[str], nproc: int = 1, threads: int =
 
 
 def rotating_rounds(jobs: dict[str, tuple[str, Sequence[str], int]], repeats: int,
-                    after_round: Callable[[dict[str, list[dict]]], None] | None = None) -> dict[str, list[dict]]:
+                    after_round: Callable[[dict[str, list[dict]]], None] | None = None,
+                    describe: Callable[[dict], str] = lambda s: f"{s['samples_per_s']:.1f} samples/s"
+                    ) -> dict[str, list[dict]]:
     """``repeats`` rounds of every job (script, args, processes), the start rotating by one job each round.
 
     Rotating cancels a drift of the machine's speed within the benchmark instead
     of charging it to one job, and a ratio of two jobs' rates is paired within
-    a round. ``after_round(runs)`` runs after each round (a ceiling measurement).
+    a round. ``after_round(runs)`` runs after each round (a ceiling measurement);
+    ``describe(summary)`` is the progress line's account of each run.
     """
     names = list(jobs)
     runs: dict[str, list[dict]] = {k: [] for k in names}
@@ -70,10 +73,15 @@ def rotating_rounds(jobs: dict[str, tuple[str, Sequence[str], int]], repeats: in
         for name in names[r % len(names):] + names[:r % len(names)]:
             script, args, nproc = jobs[name]
             runs[name].append(run_summary(script, args, nproc=nproc))
-            print(f"  round {r + 1}/{repeats}: {name}: {runs[name][-1]['samples_per_s']:.1f} samples/s", flush=True)
+            print(f"  round {r + 1}/{repeats}: {name}: {describe(runs[name][-1])}", flush=True)
         if after_round is not None:
             after_round(runs)
     return runs
+
+
+def paired_rates(numerator_runs: list[dict], denominator_runs: list[dict], key: str = "samples_per_s") -> PairedRatio:
+    """Each run's ``key`` rate over its partner's, pair by pair (the runs of one round, as the benchmarks pair them)."""
+    return paired_ratios([r[key] for r in numerator_runs], [r[key] for r in denominator_runs])
 
 
 def pooled_row(name: str, runs: list[dict]) -> dict:
