@@ -17,7 +17,9 @@ the outputs and gradients are reported. Also: clipping ``small``'s gradients whe
 contiguous first (a measurement of why ecomkit does not copy it: "after" there is the copy plus the GEMM).
 Last, a probe of the whole forward + backward of ``--model`` on one 8 × 128 micro-batch at bf16: the default
 recipe (fp32 weights under autocast) against the same model with bf16 weights and no autocast, which is what
-removing autocast's casts could save; ecomkit has no such mode (it would need fp32 master weights).
+removing autocast's casts could save; ecomkit has no such mode (it would need fp32 master weights). And the
+chunked LM head + loss at bf16, called on a row count it has not seen (oneDNN builds its GEMMs' primitives)
+against one it has.
 
 Two processes (torchrun, gloo), one thread each: the all-reduce of ``small``'s gradients (its parameter
 count, fp32 and bf16) through the process group (gloo over loopback TCP) against shared memory
@@ -49,7 +51,7 @@ from ecomkit.models.attention import install_attention
 from ecomkit.models.bloom import build_model, preset_parameter_count
 from ecomkit.models.cpu_kernels import cross_entropy_sum, gelu_tanh, load_cpu_kernels
 from ecomkit.models.gelu import install_fused_gelu
-from ecomkit.models.loss import install_chunked_loss
+from ecomkit.models.loss import chunked_token_loss_sum, install_chunked_loss
 from ecomkit.models.optim import clip_grad_norm
 from ecomkit.models.tokenizer import get_tokenizer
 from ecomkit.parallel.shm_allreduce import load_shm_op
@@ -149,6 +151,30 @@ def step_case(model_name: str, vocab: int, bf16_weights: bool) -> Callable:
     return run
 
 
+def head_rows_case(vocab: int, new_counts: bool) -> Callable:
+    """The chunked LM head + loss at bf16 (``small``'s width) on one row count seen before, or a new one each call.
+
+    Why: the chunked loss gives the head as many rows as the step has labeled positions, topped up to a
+    multiple of 16 (``models/loss.py``), so a run meets up to ``B × T / 16`` head row counts, and oneDNN builds
+    the forward and both backward GEMMs' primitives on each count's first use. ``new_counts`` times those
+    first uses (1008, 992, ... rows); otherwise every call is 1024 rows, built once before.
+    """
+    gen = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(512, vocab, bias=False)
+    counts = iter(range(1008, 0, -16))
+    multiple = length_multiple("bf16", torch.device("cpu"))
+
+    def run() -> list[torch.Tensor]:
+        rows = next(counts) if new_counts else 1024
+        h = torch.randn(1, rows, 512, generator=gen).requires_grad_()
+        y = torch.randint(0, vocab, (1, rows), generator=gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = chunked_token_loss_sum(h, head, y, 1024, multiple, True)
+        loss.backward()
+        return [torch.zeros(())]   # different rows each side: nothing to compare
+    return run
+
+
 def gemm_rows(repeats: int) -> list[dict]:
     """bf16 GEMM rates at small's weight-gradient shapes: the transposed operand as autograd hands it, or copied."""
     rows = []
@@ -228,6 +254,9 @@ def main() -> None:
     rows.append(compare(f"'{args.model}' fwd+bwd at bf16: autocast, fp32 weights → bf16 weights, no autocast "
                         "(probe)", torch.bfloat16, (8, 128), step_case(args.model, args.vocab, False),
                         step_case(args.model, args.vocab, True), args.repeats))
+    rows.append(compare("chunked LM head + loss fwd+bwd at bf16: a new row count (first use) → one seen before",
+                        torch.bfloat16, (1024, 512, args.vocab), head_rows_case(args.vocab, True),
+                        head_rows_case(args.vocab, False), args.repeats) | {"max abs difference": float("nan")})
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "allreduce.json")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__,
@@ -243,7 +272,7 @@ def main() -> None:
              f"bf16 1024² GEMM on this CPU, the peak the runs' share is measured against: {peak:.0f} GFLOP/s",
              "max abs difference: over outputs and gradients (the loss is a sum over 1016 rows; the "
              "GEMMs' outputs are sums of 1024 products, rounded to bf16); for the whole fwd+bwd, of the mean "
-             "token loss",
+             "token loss; nan for the head's row counts (different rows, nothing to compare)",
              f"all-reduce: {numel:,} elements, the parameter count of '{args.model}'; a max abs difference of 0 "
              "means the shared-memory result equals gloo's bit for bit",
              f"ecomkit's CPU kernels: {status.reason.split(' in ')[0]}"]

@@ -11,7 +11,9 @@ the order rotating per repeat, so a drift of the shared machine's speed is not c
 to one side. Every run times ``--steps`` steps after ``--untimed`` untimed ones: the
 first batch of each new length pays one-off work (oneDNN generates its bf16
 kernels per shape, about 100 ms on ``small``; compilation and recompilations
-under ``--compile``), so the timed steps are the steady phase. fp32 and bf16 also
+under ``--compile``), so the timed steps are the steady phase, but for the chunked LM head's row counts, of
+which a run meets up to 64 at 8 × 128: these steps still meet new ones, which a long run pays once and then
+stops paying (docs/perf.md, bench_kernels' head row). fp32 and bf16 also
 run once per repeat with the loop's default of 1 untimed step (the shorter measurement of the earlier
 artifacts): their ratio is printed beside the verdict, which is the steady phase's.
 Rates are totals over the steady steps (chapter 02's summary).
