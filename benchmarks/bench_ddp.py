@@ -27,7 +27,10 @@ per-step rates.
    warm-up steps. One process also runs at each rank's micro-batch: at the same
    global batch every DDP rank does the per-step work (optimizer, per-operation
    overheads) for half the samples, so that run's rate over the 1-process run's
-   is the share of the ceiling DDP could reach with free communication.
+   is the share of the ceiling DDP could reach with free communication. And
+   that is measured directly too: after each round, two independent copies of
+   the per-rank-batch run, started together, are DDP at the same global batch
+   without the all-reduce; DDP's ratio over theirs is what communication costs.
 2. Do ranks wait on each other? From the sampler's plan for this run's data
    (no training): the share of rank time spent waiting for the slowest rank
    at each step's all-reduce, with one length bucket per step (ecomkit's
@@ -63,26 +66,29 @@ def plan_lengths(n_rows: int, seq_len: int, seed: int = 0) -> list[int]:
 
 
 def run_pairs(one_args: list[str], others: dict[str, tuple[list[str], int]], repeats: int,
-              ceiling: bool = False) -> tuple[list[dict], dict[str, list[dict]], list[float]]:
+              concurrent: dict[str, list[str]] | None = None
+              ) -> tuple[list[dict], dict[str, list[dict]], dict[str, list[float]]]:
     """``repeats`` rounds of the 1-process job and each job of ``others`` (its args, its processes), rotating.
 
-    With ``ceiling``, each round is followed by two independent copies of the
-    1-process job started together (no communication): their summed rate over
-    the round's 1-process rate is the machine's own ceiling for two processes
-    at that moment.
+    ``concurrent`` (name: a 1-process job's args): after each round, two independent copies of each such job
+    started together (no communication); their summed rate over the round's 1-process rate, per name. With
+    ``one_args`` itself that is the machine's own ceiling for two processes at that moment; with each rank's
+    micro-batch it is what DDP would reach at the same global batch if communication were free.
     """
-    ceilings: list[float] = []
+    together: dict[str, list[float]] = {k: [] for k in concurrent or {}}
 
-    def measure_ceiling(runs: dict[str, list[dict]]) -> None:
-        with ThreadPoolExecutor(2) as pool:
-            copies = list(pool.map(lambda _: run_summary("02_data_parallel.py", one_args, nproc=1), range(2)))
-        ceilings.append(concurrent_ceiling(runs[ONE][-1]["samples_per_s"], [c["samples_per_s"] for c in copies]))
+    def measure_concurrent(runs: dict[str, list[dict]]) -> None:
+        for name, args in (concurrent or {}).items():
+            with ThreadPoolExecutor(2) as pool:
+                copies = list(pool.map(lambda _: run_summary("02_data_parallel.py", args, nproc=1), range(2)))
+            together[name].append(concurrent_ceiling(runs[ONE][-1]["samples_per_s"],
+                                                     [c["samples_per_s"] for c in copies]))
 
     jobs = {ONE: ("02_data_parallel.py", one_args, 1),
             **{k: ("02_data_parallel.py", a, n) for k, (a, n) in others.items()}}
-    runs = rotating_rounds(jobs, repeats, measure_ceiling if ceiling else None)
+    runs = rotating_rounds(jobs, repeats, measure_concurrent if concurrent else None)
     ones = runs.pop(ONE)
-    return ones, runs, ceilings
+    return ones, runs, together
 
 
 def ddp_name(precision: str, allreduce: str, suffix: str = "") -> str:
@@ -100,14 +106,17 @@ def ddp_section(args: argparse.Namespace, precision: str, runs: dict, notes: lis
 
     gb, half = args.global_batch, str(args.global_batch // 2)
     common = flags(args.steps)
-    jobs = {a: (common + ["--micro-batch-size", half, "--ddp-allreduce", a], 2) for a in args.allreduces}
-    jobs["per-rank batch"] = (common + ["--micro-batch-size", half], 1)   # one process at each rank's batch
-    ones, twos, ceilings = run_pairs(common + ["--micro-batch-size", str(gb)], jobs, args.repeats, ceiling=True)
+    one_args, rank_args = common + ["--micro-batch-size", str(gb)], common + ["--micro-batch-size", half]
+    jobs = {a: (rank_args + ["--ddp-allreduce", a], 2) for a in args.allreduces}
+    jobs["per-rank batch"] = (rank_args, 1)   # one process at each rank's batch
+    ones, twos, together = run_pairs(one_args, jobs, args.repeats,
+                                     concurrent={"ceiling": one_args, "free communication": rank_args})
     runs[f"ecomkit 1 process, {precision}"] = ones
     per_rank = twos.pop("per-rank batch")
     runs[f"ecomkit 1 process, {precision}, micro-batch {half} (each rank's)"] = per_rank
+    ceilings, free = together["ceiling"], together["free communication"]
     ceiling = statistics.median(ceilings)
-    result: dict = {"ceilings": ceilings}
+    result: dict = {"ceilings": ceilings, "free_communication": free}
     for a, rs in twos.items():
         runs[ddp_name(precision, a)] = rs
         ratio = paired_rates(rs, ones)
@@ -127,6 +136,13 @@ def ddp_section(args: argparse.Namespace, precision: str, runs: dict, notes: lis
                  f"samples/s {small.describe()}: with free communication DDP reaches at most that share of the "
                  f"ceiling ({small.median:.0%}), since each rank's smaller batch runs the same per-step work "
                  "(optimizer, per-operation overheads) for half the samples")
+    print(notes[-1])
+    f = statistics.median(free)
+    notes.append(f"{precision}: two independent 1-process jobs at each rank's micro-batch ({half}), started together, "
+                 f"over the 1-process job at {gb}: {f:.2f}x (median of {len(free)}, range {min(free):.2f}-"
+                 f"{max(free):.2f}), {f / ceiling:.0%} of the ceiling: DDP at this global batch with free "
+                 "communication, measured; " + ", ".join(
+                     f"--ddp-allreduce {a} reached {statistics.median(result[a]) / f:.0%} of it" for a in twos))
     print(notes[-1])
     for n in [int(n) for n in args.accum.split(",") if n]:
         acc = flags(args.accum_steps) + ["--grad-accum", str(n)]
