@@ -19,7 +19,8 @@ Last, a probe of the whole forward + backward of ``--model`` on one 8 × 128 mic
 recipe (fp32 weights under autocast) against the same model with bf16 weights and no autocast, which is what
 removing autocast's casts could save; ecomkit has no such mode (it would need fp32 master weights). And the
 chunked LM head + loss at bf16, called on a row count it has not seen (oneDNN builds its GEMMs' primitives)
-against one it has.
+against one it has. And the same bf16 fwd+bwd under torch.profiler: its GEMMs' share of the step, and their
+FLOPs over their time in the step, which bounds the share of the peak a step can reach (in the notes).
 
 Two processes (torchrun, gloo), one thread each: the all-reduce of ``small``'s gradients (its parameter
 count, fp32 and bf16) through the process group (gloo over loopback TCP) against shared memory
@@ -48,7 +49,7 @@ from common import REPO, bench_env, print_table, write_artifact
 from ecomkit.dist import DistEnv
 from ecomkit.envcheck.matmul import matmul_flops
 from ecomkit.models.attention import install_attention
-from ecomkit.models.bloom import build_model, preset_parameter_count
+from ecomkit.models.bloom import build_model, flops_per_token, preset_parameter_count
 from ecomkit.models.cpu_kernels import cross_entropy_sum, gelu_tanh, load_cpu_kernels
 from ecomkit.models.gelu import install_fused_gelu
 from ecomkit.models.loss import chunked_token_loss_sum, install_chunked_loss
@@ -175,6 +176,32 @@ def head_rows_case(vocab: int, new_counts: bool) -> Callable:
     return run
 
 
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def gemm_profile(model_name: str, vocab: int, steps: int) -> dict:
+    """``model_name``'s bf16 fwd+bwd (``step_case``) under torch.profiler: how much of it is GEMMs, at what rate.
+
+    Why: a GEMM timed alone keeps its operands in cache; inside a step they come from the ops before it. The
+    GEMMs' FLOPs over their time in the step bound the share of the peak the whole step can reach, since the
+    planner's FLOPs (what ``peak_share`` counts) are these products.
+    """
+    run = step_case(model_name, vocab, False)
+    for _ in range(3):
+        run()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_flops=True) as prof:
+        for _ in range(steps):
+            run()
+    events = prof.key_averages()
+    gemm = [e for e in events if e.key in GEMM_OPS]
+    cfg = build_model(model_name, vocab_size=vocab).config
+    planner = flops_per_token(preset_parameter_count(model_name, vocab_size=vocab), cfg.n_layer, cfg.hidden_size,
+                              128) * 8 * 128
+    return {"step_ms": sum(e.self_cpu_time_total for e in events) / 1e3 / steps,
+            "gemm_ms": sum(e.self_cpu_time_total for e in gemm) / 1e3 / steps,
+            "gemm_gflop": sum(e.flops for e in gemm) / 1e9 / steps, "planner_gflop": planner / 1e9}
+
+
 def gemm_rows(repeats: int) -> list[dict]:
     """bf16 GEMM rates at small's weight-gradient shapes: the transposed operand as autograd hands it, or copied."""
     rows = []
@@ -257,6 +284,7 @@ def main() -> None:
     rows.append(compare("chunked LM head + loss fwd+bwd at bf16: a new row count (first use) → one seen before",
                         torch.bfloat16, (1024, 512, args.vocab), head_rows_case(args.vocab, True),
                         head_rows_case(args.vocab, False), args.repeats) | {"max abs difference": float("nan")})
+    prof = gemm_profile(args.model, args.vocab, args.repeats)
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "allreduce.json")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__,
@@ -270,6 +298,12 @@ def main() -> None:
     notes = [f"one thread per process; medians of {args.repeats} alternating timings of 'before' and 'after'; "
              "speed-up = before / after",
              f"bf16 1024² GEMM on this CPU, the peak the runs' share is measured against: {peak:.0f} GFLOP/s",
+             f"'{args.model}' fwd+bwd at bf16 (8 × 128, the recipe) under torch.profiler, {args.repeats} steps: its "
+             f"GEMMs ({', '.join(GEMM_OPS)}) took {prof['gemm_ms']:.0f} of {prof['step_ms']:.0f} ms per step "
+             f"({prof['gemm_ms'] / prof['step_ms']:.0%}) for {prof['gemm_gflop']:.1f} GFLOP (the planner counts "
+             f"{prof['planner_gflop']:.1f}): {prof['gemm_gflop'] / prof['gemm_ms'] * 1e3:.0f} GFLOP/s, "
+             f"{prof['gemm_gflop'] / prof['gemm_ms'] * 1e3 / peak:.0%} of that peak, the most a step can reach "
+             "while its GEMMs run as they do here",
              "max abs difference: over outputs and gradients (the loss is a sum over 1016 rows; the "
              "GEMMs' outputs are sums of 1024 products, rounded to bf16); for the whole fwd+bwd, of the mean "
              "token loss; nan for the head's row counts (different rows, nothing to compare)",
