@@ -53,7 +53,7 @@ from ecomkit.models.bloom import build_model, flops_per_token, preset_parameter_
 from ecomkit.models.cpu_kernels import cross_entropy_sum, gelu_tanh, load_cpu_kernels
 from ecomkit.models.gelu import install_fused_gelu
 from ecomkit.models.loss import chunked_token_loss_sum, install_chunked_loss
-from ecomkit.models.optim import clip_grad_norm
+from ecomkit.models.optim import adamw_kernel, clip_grad_norm, param_groups
 from ecomkit.models.tokenizer import get_tokenizer
 from ecomkit.parallel.shm_allreduce import load_shm_op
 from ecomkit.train.shapes import length_multiple
@@ -127,13 +127,14 @@ def clip_case(numel: int, ecomkit: bool) -> Callable:
     return run
 
 
-def step_case(model_name: str, vocab: int, bf16_weights: bool) -> Callable:
+def step_case(model_name: str, vocab: int, bf16_weights: bool, optimizer: bool = False) -> Callable:
     """Forward + backward of ``model_name`` on one 8 × 128 micro-batch, as the default bf16 recipe runs it.
 
     The recipe keeps fp32 weights and runs under autocast, which casts every weight and linear input to bf16
     in the forward and every weight gradient back to fp32. ``bf16_weights`` is a probe, not a recipe ecomkit
     offers: the same model with its weights in bf16 and no autocast, i.e. what removing those casts could
     save (a real bf16-weights mode also needs fp32 master weights in the optimizer, one copy per step).
+    ``optimizer``: each call also takes the loop's AdamW step (fused where it applies, ``models/optim.py``).
     """
     model = build_model(model_name, vocab_size=vocab, seed=0)
     install_attention(model, "eager")   # the default (--attn auto) on CPU at bf16 and 128 tokens
@@ -142,12 +143,16 @@ def step_case(model_name: str, vocab: int, bf16_weights: bool) -> Callable:
     if bf16_weights:
         model.to(torch.bfloat16)
     ids = torch.randint(0, vocab, (8, 128), generator=torch.Generator().manual_seed(0))
+    groups = param_groups(model, 0.01)
+    opt = torch.optim.AdamW(groups, lr=1e-4, **adamw_kernel(groups)) if optimizer else None
 
     def run() -> list[torch.Tensor]:
         model.zero_grad(set_to_none=True)
         with contextlib.nullcontext() if bf16_weights else torch.autocast("cpu", dtype=torch.bfloat16):
             loss = model(input_ids=ids, token_loss_labels=ids).loss
         loss.backward()
+        if opt is not None:
+            opt.step()
         return [loss.detach() / ids.numel()]   # the mean token loss, compared between the two
     return run
 
@@ -177,16 +182,17 @@ def head_rows_case(vocab: int, new_counts: bool) -> Callable:
 
 
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+ADAMW_STEP = "Optimizer.step#AdamW.step"   # torch's record_function around every optimizer step
 
 
 def gemm_profile(model_name: str, vocab: int, steps: int) -> dict:
-    """``model_name``'s bf16 fwd+bwd (``step_case``) under torch.profiler: how much of it is GEMMs, at what rate.
+    """``model_name``'s bf16 training step (``step_case``) under torch.profiler: its GEMMs, at what rate, and AdamW.
 
     Why: a GEMM timed alone keeps its operands in cache; inside a step they come from the ops before it. The
-    GEMMs' FLOPs over their time in the step bound the share of the peak the whole step can reach, since the
-    planner's FLOPs (what ``peak_share`` counts) are these products.
+    planner's FLOPs (what ``peak_share`` counts) are these products, so their FLOPs over the GEMMs' time plus
+    the optimizer's (memory-bound) update bound the share of the peak a step can reach.
     """
-    run = step_case(model_name, vocab, False)
+    run = step_case(model_name, vocab, False, optimizer=True)
     for _ in range(3):
         run()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], with_flops=True) as prof:
@@ -197,8 +203,10 @@ def gemm_profile(model_name: str, vocab: int, steps: int) -> dict:
     cfg = build_model(model_name, vocab_size=vocab).config
     planner = flops_per_token(preset_parameter_count(model_name, vocab_size=vocab), cfg.n_layer, cfg.hidden_size,
                               128) * 8 * 128
+    (adamw,) = [e for e in events if e.key == ADAMW_STEP]
     return {"step_ms": sum(e.self_cpu_time_total for e in events) / 1e3 / steps,
             "gemm_ms": sum(e.self_cpu_time_total for e in gemm) / 1e3 / steps,
+            "adamw_ms": adamw.cpu_time_total / 1e3 / steps,
             "gemm_gflop": sum(e.flops for e in gemm) / 1e9 / steps, "planner_gflop": planner / 1e9}
 
 
@@ -295,15 +303,18 @@ def main() -> None:
     columns = list(rows[0])
     print_table(rows, columns)
     peak = matmul_flops("bf16", "cpu", reps=args.repeats) / 1e9   # the runs' roofline peak (chapter 01)
+    bound = prof["planner_gflop"] / (prof["gemm_ms"] + prof["adamw_ms"]) * 1e3 / peak
     notes = [f"one thread per process; medians of {args.repeats} alternating timings of 'before' and 'after'; "
              "speed-up = before / after",
              f"bf16 1024² GEMM on this CPU, the peak the runs' share is measured against: {peak:.0f} GFLOP/s",
-             f"'{args.model}' fwd+bwd at bf16 (8 × 128, the recipe) under torch.profiler, {args.repeats} steps: its "
-             f"GEMMs ({', '.join(GEMM_OPS)}) took {prof['gemm_ms']:.0f} of {prof['step_ms']:.0f} ms per step "
-             f"({prof['gemm_ms'] / prof['step_ms']:.0%}) for {prof['gemm_gflop']:.1f} GFLOP (the planner counts "
-             f"{prof['planner_gflop']:.1f}): {prof['gemm_gflop'] / prof['gemm_ms'] * 1e3:.0f} GFLOP/s, "
-             f"{prof['gemm_gflop'] / prof['gemm_ms'] * 1e3 / peak:.0%} of that peak, the most a step can reach "
-             "while its GEMMs run as they do here",
+             f"'{args.model}' training step at bf16 (8 × 128, the recipe, AdamW included) under torch.profiler, "
+             f"{args.repeats} steps: its GEMMs ({', '.join(GEMM_OPS)}) took {prof['gemm_ms']:.0f} of "
+             f"{prof['step_ms']:.0f} ms per step ({prof['gemm_ms'] / prof['step_ms']:.0%}) for "
+             f"{prof['gemm_gflop']:.1f} GFLOP (the planner counts {prof['planner_gflop']:.1f}), "
+             f"{prof['gemm_gflop'] / prof['gemm_ms'] * 1e3:.0f} GFLOP/s = "
+             f"{prof['gemm_gflop'] / prof['gemm_ms'] * 1e3 / peak:.0%} of that peak; AdamW's update took "
+             f"{prof['adamw_ms']:.0f} ms. So with every other op of the step at no cost, the planner's FLOPs over "
+             f"GEMMs + AdamW would reach {bound:.0%} of the peak: the most a step can while these run as here",
              "max abs difference: over outputs and gradients (the loss is a sum over 1016 rows; the "
              "GEMMs' outputs are sums of 1024 products, rounded to bf16); for the whole fwd+bwd, of the mean "
              "token loss; nan for the head's row counts (different rows, nothing to compare)",
