@@ -19,7 +19,9 @@ Last, a probe of the whole forward + backward of ``--model`` on one 8 × 128 mic
 recipe (fp32 weights under autocast) against the same model with bf16 weights and no autocast, which is what
 removing autocast's casts could save; ecomkit has no such mode (it would need fp32 master weights). And the
 chunked LM head + loss at bf16, called on a row count it has not seen (oneDNN builds its GEMMs' primitives)
-against one it has. And the same bf16 fwd+bwd under torch.profiler: its GEMMs' share of the step, and their
+against one it has. The same fwd+bwd with eager attention's mask and softmax in fp32, as transformers
+runs them under autocast, against ecomkit's bf16 path (``models/attention_lowp.py``). And the same bf16
+fwd+bwd under torch.profiler: its GEMMs' share of the step, and their
 FLOPs over their time in the step, which bounds the share of the peak a step can reach (in the notes).
 
 Two processes (torchrun, gloo), one thread each: the all-reduce of ``small``'s gradients (its parameter
@@ -48,7 +50,7 @@ from common import REPO, bench_env, print_table, write_artifact
 
 from ecomkit.dist import DistEnv
 from ecomkit.envcheck.matmul import matmul_flops
-from ecomkit.models.attention import install_attention
+from ecomkit.models.attention import BloomEagerAttention, attention_modules, install_attention
 from ecomkit.models.bloom import build_model, flops_per_token, preset_parameter_count
 from ecomkit.models.cpu_kernels import cross_entropy_sum, gelu_tanh, load_cpu_kernels
 from ecomkit.models.gelu import install_fused_gelu
@@ -127,7 +129,15 @@ def clip_case(numel: int, ecomkit: bool) -> Callable:
     return run
 
 
-def step_case(model_name: str, vocab: int, bf16_weights: bool, optimizer: bool = False) -> Callable:
+class FP32SoftmaxEagerAttention(BloomEagerAttention):
+    """ecomkit's eager attention with transformers' forward under bf16 too: the fp32 mask add and softmax."""
+
+    def _own_forward(self, hidden_states: torch.Tensor) -> bool:
+        return False
+
+
+def step_case(model_name: str, vocab: int, bf16_weights: bool, optimizer: bool = False,
+              fp32_softmax: bool = False) -> Callable:
     """Forward + backward of ``model_name`` on one 8 × 128 micro-batch, as the default bf16 recipe runs it.
 
     The recipe keeps fp32 weights and runs under autocast, which casts every weight and linear input to bf16
@@ -135,9 +145,12 @@ def step_case(model_name: str, vocab: int, bf16_weights: bool, optimizer: bool =
     offers: the same model with its weights in bf16 and no autocast, i.e. what removing those casts could
     save (a real bf16-weights mode also needs fp32 master weights in the optimizer, one copy per step).
     ``optimizer``: each call also takes the loop's AdamW step (fused where it applies, ``models/optim.py``).
+    ``fp32_softmax``: attention as transformers computes it under autocast (``FP32SoftmaxEagerAttention``).
     """
     model = build_model(model_name, vocab_size=vocab, seed=0)
     install_attention(model, "eager")   # the default (--attn auto) on CPU at bf16 and 128 tokens
+    for m in attention_modules(model) if fp32_softmax else ():
+        m.__class__ = FP32SoftmaxEagerAttention
     install_fused_gelu(model, True, True)
     install_chunked_loss(model, 1024, length_multiple("bf16", torch.device("cpu")), True)   # as the loop does
     if bf16_weights:
@@ -289,6 +302,10 @@ def main() -> None:
     rows.append(compare(f"'{args.model}' fwd+bwd at bf16: autocast, fp32 weights → bf16 weights, no autocast "
                         "(probe)", torch.bfloat16, (8, 128), step_case(args.model, args.vocab, False),
                         step_case(args.model, args.vocab, True), args.repeats))
+    rows.append(compare(f"'{args.model}' fwd+bwd at bf16, eager attention: mask + softmax in fp32 "
+                        "(transformers) → in bf16", torch.bfloat16, (8, 128),
+                        step_case(args.model, args.vocab, False, fp32_softmax=True),
+                        step_case(args.model, args.vocab, False), args.repeats))
     rows.append(compare("chunked LM head + loss fwd+bwd at bf16: a new row count (first use) → one seen before",
                         torch.bfloat16, (1024, 512, args.vocab), head_rows_case(args.vocab, True),
                         head_rows_case(args.vocab, False), args.repeats) | {"max abs difference": float("nan")})

@@ -13,7 +13,8 @@ only ``forward`` (``module.__class__ = BloomSdpaAttention``). Parameters,
 ``state_dict`` keys, ``isinstance`` checks, hooks and ``save_pretrained``
 output are untouched, so DDP, DeepSpeed ZeRO, FSDP2, tensor parallelism and
 ``gradient_checkpointing_enable()`` wrap the model as before; ``install_attention(model, "eager")`` swaps
-back to BLOOM's forward (:class:`BloomEagerAttention`, one-pass QKV split). Nothing of BLOOM is copied: the
+back to BLOOM's forward (:class:`BloomEagerAttention`, one-pass QKV split; under bf16 autocast on CPU
+its mask and softmax in bf16, ``models/attention_lowp.py``). Nothing of BLOOM is copied: the
 subclass reuses ``query_key_value``, ``dense``, ``attention_dropout`` and transformers' ``dropout_add``.
 
 What BLOOM's eager forward computes, and how each piece maps here:
@@ -42,18 +43,8 @@ What BLOOM's eager forward computes, and how each piece maps here:
   ``output_attentions=True`` needs the probabilities, so that call falls back
   to the eager forward.
 
-Head-dim padding (sdpa on CUDA): the ALiBi channel makes q and k one wider
-than the head, and :func:`alibi_in_qk` rounds that up to a multiple of 8 for
-the aligned fused kernels: head_dim 64 (SeqGPT-560M: 1024 / 16 heads) becomes
-72, head_dim 128 (EcomGPT-7B: 4096 / 32) becomes 136. FlashAttention's
-kernels exist for head dims 32, 64, 96, 128, 160, 192, 224 and 256, so a
-72-wide head runs the 96 kernel and a 136-wide head the 160 kernel: the
-attention products do up to 96/64 = 1.5× and 160/128 = 1.25× the work of the
-unpadded head. Attention is only the 12·L·h·T part of the step's FLOPs (next
-to 6Ψ), and the alternative, a ``[batch, heads, T, T]`` bias, would rule out
-FlashAttention altogether. ``benchmarks/gpu_bench.py`` measures the kernel
-time at 64 vs 72 and 128 vs 136 on the GPU it runs on; MFU counts only the
-unpadded FLOPs, so the padding shows as lost MFU, never as extra work done.
+Head-dim padding (sdpa on CUDA): the ALiBi channel makes q and k one wider than the head, rounded up to
+a multiple of 8 for the aligned kernels (64 → 72, 128 → 136); docs/perf.md has what that costs.
 
 ``flex`` uses ``torch.nn.attention.flex_attention``: ALiBi is a ``score_mod``
 and the causal/padding mask a block mask (fully masked blocks are skipped).
@@ -89,6 +80,7 @@ from transformers.models.bloom.modeling_bloom import BloomAttention, dropout_add
 
 from ecomkit.config import ATTN_IMPLS as ATTN_CHOICES  # eager | sdpa | flex: one list for flag and module
 from ecomkit.errors import ConfigError, EcomkitError
+from ecomkit.models.attention_lowp import cpu_bf16_autocast, eager_attend
 
 # The forward signature this module was written against (transformers 5.x).
 _EXPECTED_PARAMS = ("hidden_states", "residual", "alibi", "attention_mask", "layer_past", "use_cache",
@@ -201,6 +193,8 @@ class BloomEagerAttention(BloomAttention):
     Why: BLOOM's ``_reshape`` takes three ``select`` views (the same views), but each select's backward
     zero-fills a gradient of the whole fused tensor and adds it in; ``unbind``'s backward writes it once
     (``benchmarks/bench_kernels.py``). Bit-identical gradients (tests/test_attention.py); the fused paths inherit it.
+    Under bf16 autocast on CPU the scores' mask and softmax stay in bf16 (``models/attention_lowp.py``);
+    everywhere else this runs transformers' forward. The fused paths reuse :meth:`forward` with their ``_attend``.
     """
 
     def _reshape(self, fused_qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -208,17 +202,14 @@ class BloomEagerAttention(BloomAttention):
         q, k, v = fused_qkv.view(batch, length, self.num_heads, 3, self.head_dim).unbind(3)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-
-class _FusedBloomAttention(BloomEagerAttention):
-    """Common forward; subclasses implement ``_attend(q, k, v, alibi, mask) -> [b, h, q, d]``.
-
-    Never instantiated: ``install_attention`` swaps the class of existing modules.
-    """
+    def _own_forward(self, hidden_states: torch.Tensor) -> bool:
+        """Whether this class's forward runs (``_attend``), not transformers' (always, in the fused paths)."""
+        return cpu_bf16_autocast(hidden_states)
 
     def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor, alibi: torch.Tensor,
                 attention_mask: torch.Tensor | None, layer_past: Any = None, use_cache: bool = False,
-                output_attentions: bool = False, **kwargs: Any) -> tuple[torch.Tensor, None]:
-        if output_attentions:  # the probabilities are only materialised by the eager path
+                output_attentions: bool = False, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+        if output_attentions or not self._own_forward(hidden_states):  # only eager materialises probabilities
             return BloomAttention.forward(self, hidden_states, residual, alibi, attention_mask, layer_past,
                                           use_cache, output_attentions, **kwargs)
         batch, q_length, _ = hidden_states.shape
@@ -230,8 +221,16 @@ class _FusedBloomAttention(BloomEagerAttention):
         output = _project_output(self, context)
         return dropout_add(output, residual, self.hidden_dropout, self.training), None
 
-    def _attend(self, query, key, value, alibi, attention_mask) -> torch.Tensor:  # pragma: no cover
-        raise NotImplementedError
+    def _attend(self, query, key, value, alibi, attention_mask) -> torch.Tensor:
+        return eager_attend(query, key, value, alibi, attention_mask, self.beta, self.inv_norm_factor,
+                            self.attention_dropout)
+
+
+class _FusedBloomAttention(BloomEagerAttention):
+    """The fused paths' base: :meth:`BloomEagerAttention.forward` always, with the subclass's ``_attend``."""
+
+    def _own_forward(self, hidden_states: torch.Tensor) -> bool:
+        return True
 
 
 class BloomSdpaAttention(_FusedBloomAttention):
