@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 # Per precision, the longest sequence length at which eager attention trained faster than SDPA on a CPU, in
 # benchmarks/results/bench_attn_rule-*.json (tests/test_attention_rule.py recomputes it from the newest artifact).
-CPU_EAGER_MAX_SEQ: dict[str, int] = {"fp32": 0, "bf16": 128}
+CPU_EAGER_MAX_SEQ: dict[str, int] = {"fp32": 0, "bf16": 256}
 # How much faster eager must be to be picked: SDPA keeps no [batch, heads, T, T] probabilities, so a tie, or a
 # gain within the noise of a shared machine, goes to the smaller one.
 EAGER_MIN_GAIN = 0.05
