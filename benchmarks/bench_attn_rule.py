@@ -26,7 +26,7 @@ import statistics
 import time
 
 import torch
-from common import write_artifact
+from common import warn_emulated_bf16, write_artifact
 
 from ecomkit.config import TrainConfig
 from ecomkit.models.attention import install_attention
@@ -74,6 +74,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2048, help="tokens per step (batch = tokens / seq)")
     ap.add_argument("--steps", type=int, default=6, help="timed steps of each attention per (precision, seq)")
     args = ap.parse_args()
+    warn_emulated_bf16(args.precisions, "--precisions fp32 skips bf16.")
     torch.set_num_threads(1)
     print(f"model={args.model}, {args.tokens} tokens per step, {args.steps} timed steps of each attention, "
           f"alternating, 1 thread, load average {os.getloadavg()[0]:.1f}\n", flush=True)

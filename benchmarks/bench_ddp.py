@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import datasets
 from common import (bench_env, paired_rates, pooled_row, print_table, rotating_rounds, run_summary, verdict,
-                    write_artifact)
+                    warn_emulated_bf16, write_artifact)
 
 from ecomkit.data import build_datasets
 from ecomkit.data.padding import compare_padding, compare_rank_wait
@@ -179,6 +179,7 @@ def main() -> None:
                     help="back-to-back pairs per DDP comparison (and copies of the ceiling run); the median "
                          "ratio is the verdict")
     args = ap.parse_args()
+    warn_emulated_bf16(args.precisions, "--precisions fp32 skips bf16.")
     runs: dict[str, list[dict]] = {}
     notes: list[str] = []
     scaling = {p: ddp_section(args, p, runs, notes) for p in args.precisions}

@@ -46,7 +46,7 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
-from common import REPO, bench_env, print_table, write_artifact
+from common import REPO, bench_env, print_table, warn_emulated_bf16, write_artifact
 
 from ecomkit.dist import DistEnv
 from ecomkit.envcheck.matmul import matmul_flops
@@ -278,6 +278,7 @@ def main() -> None:
     ap.add_argument("--model", default="small", help="preset whose parameter count sizes the all-reduce")
     ap.add_argument("--allreduce-worker", default=None, help=argparse.SUPPRESS)   # internal: the torchrun half
     args = ap.parse_args()
+    warn_emulated_bf16(["bf16"], "Its bf16 rows cannot be skipped.")
     args.vocab = args.vocab or len(get_tokenizer("synthetic", bench_env()["ECOMKIT_CACHE"]))
     numel = preset_parameter_count(args.model, vocab_size=args.vocab)
     if args.allreduce_worker:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from common import paired_rates, print_table, rotating_rounds, verdict, write_artifact
+from common import paired_rates, print_table, rotating_rounds, verdict, warn_emulated_bf16, write_artifact
 
 from ecomkit.metrics import PairedRatio
 
@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
+    warn_emulated_bf16(["bf16"], "It compares bf16 with fp32 and has no fp32-only mode.")
     common = ["--model", args.model, "--eval-interval", "0", "--eval-batches", "1",
               "--micro-batch-size", str(args.micro_batch_size), "--seq-len", str(args.seq_len), "--n-rows", "2000",
               "--no-save-model", "--lr", "1e-3", "--untimed-steps", str(args.untimed)]

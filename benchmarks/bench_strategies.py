@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import failure_reason, write_artifact
+from common import failure_reason, warn_emulated_bf16, write_artifact
 
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 16
@@ -80,6 +80,7 @@ def main() -> None:
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     ap.add_argument("--only", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES))
     args = ap.parse_args()
+    warn_emulated_bf16(args.precisions, "--precisions fp32 skips bf16.")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"model={args.model} seq_len={args.seq_len} global batch={GLOBAL_BATCH} steps={args.steps} "
           f"attn={args.attn}; 2 processes x 1 thread; load average at start {load:.1f} "

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import argparse
 
-from common import paired_rates, pooled_row, print_table, rotating_rounds, verdict, write_artifact
+from common import (paired_rates, pooled_row, print_table, rotating_rounds, verdict, warn_emulated_bf16,
+                    write_artifact)
 
 from ecomkit.metrics import pooled_rate
 
@@ -88,6 +89,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=128, help="longest sequence, in tokens")
     ap.add_argument("--repeats", type=int, default=3, help="rounds; the verdict is the median of their ratios")
     args = ap.parse_args()
+    warn_emulated_bf16([args.precision], "--precision fp32 runs both sides in fp32.")
     common = ["--model", args.model, "--max-steps", str(args.steps), "--untimed-steps", str(args.untimed),
               "--eval-interval", "0", "--eval-batches", "1", "--n-rows", str(args.n_rows), "--seq-len",
               str(args.seq_len), "--no-save-model", "--lr", "1e-3", "--precision", args.precision,

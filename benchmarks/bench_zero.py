@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import write_artifact  # noqa: E402
+from common import warn_emulated_bf16, write_artifact  # noqa: E402
 from ecomkit.launch import read_json, run_torchrun  # noqa: E402
 from ecomkit.measure.zero import memory_row  # noqa: E402
 
@@ -41,6 +41,7 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--variants", default=VARIANTS)
     args = p.parse_args()
+    warn_emulated_bf16([args.precision], "--precision fp32 runs every stage in fp32.")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         run_torchrun("scripts/03_zero3.py", [

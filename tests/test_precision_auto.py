@@ -1,7 +1,8 @@
 """``--precision auto`` and the roofline every run reports (envcheck/matmul.py, train/autoprec.py).
 
 - On a CPU that advertises AVX-512 BF16 or AMX, auto picks bf16 (the measured GEMM decides, and on such a core
-  it is several times the fp32 rate); with a probe saying bf16 is not faster (mocked rates), fp32.
+  it is several times the fp32 rate); with a probe saying bf16 is not faster (mocked rates), fp32; on a CPU
+  whose flags show no bf16 units, fp32 without timing anything; an explicit bf16 there is kept, with a warning.
 - A one-process run with ``precision="auto"`` trains with what was picked, and its rows and summary carry model
   FLOP/s and the share of the measured CPU matmul peak, labelled as such (``peak_share``, not ``mfu``).
 """
@@ -9,15 +10,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
-from ecomkit.envcheck.matmul import (AUTO_BF16_MIN_SPEEDUP, choose_precision, matmul_flops, roofline_fields,
-                                     roofline_summary)
+from ecomkit.envcheck.matmul import (AUTO_BF16_MIN_SPEEDUP, choose_precision, cpu_bf16_units, matmul_flops,
+                                     roofline_fields, roofline_summary)
 from ecomkit.errors import ConfigError
 from ecomkit.metrics import roofline_line
 from ecomkit.train.autoprec import resolve_precision
@@ -26,19 +26,41 @@ from ecomkit.train.loop import run_training
 CPU = torch.device("cpu")
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return {f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
-
-
-@pytest.mark.skipif(not ({"avx512_bf16", "amx_bf16"} & _cpu_flags()), reason="this CPU has no bf16 matmul units")
+@pytest.mark.skipif(not cpu_bf16_units(), reason="this CPU has no bf16 matmul units")
 def test_auto_picks_bf16_on_a_cpu_that_multiplies_in_bf16():
     picked, why = choose_precision(CPU)
     assert picked == "bf16", why
     assert "GFLOP/s" in why and "thread" in why
+
+
+@pytest.mark.skipif(cpu_bf16_units() is not False, reason="this CPU has bf16 matmul units, or no cpuinfo")
+def test_auto_picks_fp32_untimed_on_a_cpu_without_bf16_units(monkeypatch):
+    def no_timing(*_):
+        raise AssertionError("the probe timed a GEMM although the flags had decided")
+    monkeypatch.setattr("ecomkit.envcheck.matmul.measured_cpu_peak", no_timing)
+    picked, why = choose_precision(CPU)
+    assert picked == "fp32" and "no bf16 matmul units" in why
+
+
+def test_cpu_bf16_units_reads_x86_flags_and_arm_features():
+    assert cpu_bf16_units("processor : 0\nflags : fpu avx2 avx512f avx512_bf16\n") is True
+    assert cpu_bf16_units("flags\t\t: fpu sse avx2 amx_bf16 amx_tile\n") is True
+    assert cpu_bf16_units("flags : fpu sse avx2 fma\nvmx flags : avx512_bf16\n") is False   # only the flags line
+    assert cpu_bf16_units("Features : fp asimd sve bf16 i8mm\n") is True
+    assert cpu_bf16_units("Features : fp asimd\n") is False
+    assert cpu_bf16_units("model name : something\n") is None
+
+
+def test_explicit_bf16_on_a_cpu_without_bf16_units_is_kept_and_warned(monkeypatch, caplog):
+    monkeypatch.setattr("ecomkit.train.autoprec.cpu_bf16_units", lambda: False)
+    with caplog.at_level("WARNING"):
+        assert resolve_precision(TrainConfig(precision="bf16"), DistEnv()) == "bf16"
+    assert "without bf16 matmul units" in caplog.text
+    monkeypatch.setattr("ecomkit.train.autoprec.cpu_bf16_units", lambda: True)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        resolve_precision(TrainConfig(precision="bf16"), DistEnv())
+    assert "bf16 matmul units" not in caplog.text
 
 
 def test_auto_picks_fp32_when_the_probe_says_bf16_is_not_faster():

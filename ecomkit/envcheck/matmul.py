@@ -11,7 +11,11 @@ runs there, for chapter 01 to show the two side by side.
 
 ``--precision auto``: bf16 on a CUDA device that supports it; on CPU, bf16
 when its measured GEMM rate is at least :data:`AUTO_BF16_MIN_SPEEDUP` × the
-fp32 rate; otherwise fp32. The reason is returned with the choice, for the log.
+fp32 rate; otherwise fp32. A CPU whose flags show no bf16 matmul units
+(:func:`cpu_bf16_units`) gets fp32 without the timing: there a bf16 GEMM is
+converted element by element and runs tens of times slower than fp32, so
+timing a 1024² one would cost the run's start many seconds to learn what the
+flags already say. The reason is returned with the choice, for the log.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -28,6 +33,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 GEMM_SIZE = 1024            # n × n × n: large enough to reach the kernel's rate, ~20 ms in fp32 at one thread
 GEMM_REPS = 5               # timed repetitions after one warm-up; the median is kept
 AUTO_BF16_MIN_SPEEDUP = 1.5  # "clearly faster": autocast adds casts, so a marginal GEMM gain would not pay
+X86_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of x86 units that multiply in bf16
 
 
 def matmul_flops(precision: str, device: torch.device | str = "cpu", n: int = GEMM_SIZE,
@@ -93,6 +99,24 @@ def peak_table(device: torch.device | str = "cpu", precisions: tuple[str, ...] =
     return rows
 
 
+def cpu_bf16_units(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU advertises bf16 matmul units; None when ``/proc/cpuinfo`` cannot tell (not Linux).
+
+    x86: the ``avx512_bf16`` or ``amx_bf16`` flag. Arm: the ``bf16`` feature. ``cpuinfo`` replaces the file (tests).
+    """
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    fields = {k.strip().lower(): v.split() for k, _, v in (line.partition(":") for line in cpuinfo.splitlines())}
+    if "flags" in fields:
+        return any(f in fields["flags"] for f in X86_BF16_FLAGS)
+    if "features" in fields:
+        return "bf16" in fields["features"]
+    return None
+
+
 def choose_precision(device: torch.device, rates: dict[str, float] | None = None) -> tuple[str, str]:
     """``--precision auto``: (``"bf16"`` or ``"fp32"``, why). ``rates`` replaces the CPU probe (tests)."""
     if device.type == "cuda":
@@ -101,14 +125,17 @@ def choose_precision(device: torch.device, rates: dict[str, float] | None = None
         return "fp32", f"{torch.cuda.get_device_name(device)} has no bf16 support"
     if device.type != "cpu":
         return "fp32", f"no bf16 probe for device type '{device.type}'"
+    if rates is None and cpu_bf16_units() is False:
+        return "fp32", ("this CPU has no bf16 matmul units (no avx512_bf16 or amx_bf16 flag in /proc/cpuinfo): "
+                        "a bf16 GEMM would run converted, many times slower than fp32 (not timed)")
     rates = rates or {p: measured_cpu_peak(p) for p in ("fp32", "bf16")}
     speedup = rates["bf16"] / rates["fp32"]
-    measured = (f"bf16 GEMM {rates['bf16'] / 1e9:.0f} GFLOP/s vs fp32 {rates['fp32'] / 1e9:.0f} GFLOP/s "
+    measured = (f"bf16 GEMM {rates['bf16'] / 1e9:.3g} GFLOP/s vs fp32 {rates['fp32'] / 1e9:.3g} GFLOP/s "
                 f"({speedup:.2f}x, {torch.get_num_threads()} thread(s))")
     if speedup >= AUTO_BF16_MIN_SPEEDUP:
         return "bf16", f"{measured} >= {AUTO_BF16_MIN_SPEEDUP}x"
     return "fp32", f"{measured} < {AUTO_BF16_MIN_SPEEDUP}x: this CPU does not multiply faster in bf16"
 
 
-__all__ = ["AUTO_BF16_MIN_SPEEDUP", "GEMM_SIZE", "choose_precision", "matmul_flops", "measured_cpu_peak", "peak_table",
-           "roofline_fields", "roofline_summary", "run_peak"]
+__all__ = ["AUTO_BF16_MIN_SPEEDUP", "GEMM_SIZE", "X86_BF16_FLAGS", "choose_precision", "cpu_bf16_units",
+           "matmul_flops", "measured_cpu_peak", "peak_table", "roofline_fields", "roofline_summary", "run_peak"]

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, gather_objects, log
-from ecomkit.envcheck.matmul import choose_precision
+from ecomkit.envcheck.matmul import choose_precision, cpu_bf16_units
 from ecomkit.models.attention_rule import pick_attention
 
 
 def resolve_precision(cfg: TrainConfig, env: DistEnv) -> str:
-    """Replace ``cfg.precision == "auto"`` by the precision picked on rank 0's device; return the precision."""
+    """Replace ``cfg.precision == "auto"`` by the precision picked on rank 0's device; return the precision.
+
+    An explicit ``bf16`` on a CPU without bf16 matmul units is kept (numerics can be studied anywhere) but
+    warned about, since the run will be far slower than fp32 there.
+    """
+    if cfg.precision == "bf16" and env.device.type == "cpu" and env.is_main and cpu_bf16_units() is False:
+        log.warning("--precision bf16 on a CPU without bf16 matmul units (no avx512_bf16 or amx_bf16 flag): its "
+                    "GEMMs run converted, many times slower than fp32; --precision auto picks fp32 here")
     if cfg.precision != "auto":
         return cfg.precision
     picked, why = choose_precision(env.device) if env.is_main else (None, None)
