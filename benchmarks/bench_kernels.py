@@ -278,7 +278,6 @@ def main() -> None:
     ap.add_argument("--model", default="small", help="preset whose parameter count sizes the all-reduce")
     ap.add_argument("--allreduce-worker", default=None, help=argparse.SUPPRESS)   # internal: the torchrun half
     args = ap.parse_args()
-    warn_emulated_bf16(["bf16"], "Its bf16 rows cannot be skipped.")
     args.vocab = args.vocab or len(get_tokenizer("synthetic", bench_env()["ECOMKIT_CACHE"]))
     numel = preset_parameter_count(args.model, vocab_size=args.vocab)
     if args.allreduce_worker:
@@ -288,6 +287,7 @@ def main() -> None:
     status = load_cpu_kernels()
     if not status.vectorized:
         raise SystemExit(f"ecomkit's CPU kernels are not in use on this machine: {status.reason}")
+    warn_emulated_bf16(["bf16"], "Its bf16 rows cannot be skipped.")
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         rows.append(compare("tanh GeLU fwd+bwd: ATen → ecomkit kernel", dtype, (8, 128, 2048),

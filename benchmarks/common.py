@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ecomkit.envcheck.matmul import cpu_bf16_units
+from ecomkit.envcheck.matmul import NO_BF16_UNITS, cpu_bf16_units
 from ecomkit.metrics import PairedRatio, paired_ratios, pooled_rate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -200,8 +200,8 @@ def machine_facts() -> dict[str, Any]:
 def warn_emulated_bf16(precisions: Sequence[str], how_to_skip: str) -> None:
     """Say so before a CPU benchmark runs bf16 on a CPU without bf16 matmul units (it would take hours, silently)."""
     if "bf16" in precisions and not _gpu_name() and cpu_bf16_units() is False:
-        print(f"WARNING: this CPU has no bf16 matmul units (no avx512_bf16 or amx_bf16 flag): its bf16 runs are "
-              f"converted, tens of times slower than fp32, and this benchmark's bf16 part may take hours. "
+        print(f"WARNING: this CPU has {NO_BF16_UNITS}: its bf16 runs are converted, tens of times slower "
+              f"than fp32, and this benchmark's bf16 part may take hours. "
               f"{how_to_skip}", file=sys.stderr, flush=True)
 
 

@@ -34,6 +34,8 @@ GEMM_SIZE = 1024            # n × n × n: large enough to reach the kernel's ra
 GEMM_REPS = 5               # timed repetitions after one warm-up; the median is kept
 AUTO_BF16_MIN_SPEEDUP = 1.5  # "clearly faster": autocast adds casts, so a marginal GEMM gain would not pay
 X86_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of x86 units that multiply in bf16
+# What cpu_bf16_units() looked for, for every message that reports its answer (the log, benchmarks' warnings).
+NO_BF16_UNITS = "no bf16 matmul units (x86: no avx512_bf16 or amx_bf16 flag; Arm: no bf16 feature)"
 
 
 def matmul_flops(precision: str, device: torch.device | str = "cpu", n: int = GEMM_SIZE,
@@ -99,16 +101,23 @@ def peak_table(device: torch.device | str = "cpu", precisions: tuple[str, ...] =
     return rows
 
 
+@functools.lru_cache(maxsize=1)
+def _proc_cpuinfo() -> str | None:
+    """``/proc/cpuinfo``, read once per process (the launch, the run and a benchmark's facts all ask)."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+
+
 def cpu_bf16_units(cpuinfo: str | None = None) -> bool | None:
     """Whether this CPU advertises bf16 matmul units; None when ``/proc/cpuinfo`` cannot tell (not Linux).
 
     x86: the ``avx512_bf16`` or ``amx_bf16`` flag. Arm: the ``bf16`` feature. ``cpuinfo`` replaces the file (tests).
     """
+    cpuinfo = _proc_cpuinfo() if cpuinfo is None else cpuinfo
     if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return None
+        return None
     fields = {k.strip().lower(): v.split() for k, _, v in (line.partition(":") for line in cpuinfo.splitlines())}
     if "flags" in fields:
         return any(f in fields["flags"] for f in X86_BF16_FLAGS)
@@ -126,8 +135,8 @@ def choose_precision(device: torch.device, rates: dict[str, float] | None = None
     if device.type != "cpu":
         return "fp32", f"no bf16 probe for device type '{device.type}'"
     if rates is None and cpu_bf16_units() is False:
-        return "fp32", ("this CPU has no bf16 matmul units (no avx512_bf16 or amx_bf16 flag in /proc/cpuinfo): "
-                        "a bf16 GEMM would run converted, many times slower than fp32 (not timed)")
+        return "fp32", (f"this CPU has {NO_BF16_UNITS} in /proc/cpuinfo: a bf16 GEMM would run converted, "
+                        "many times slower than fp32 (not timed)")
     rates = rates or {p: measured_cpu_peak(p) for p in ("fp32", "bf16")}
     speedup = rates["bf16"] / rates["fp32"]
     measured = (f"bf16 GEMM {rates['bf16'] / 1e9:.3g} GFLOP/s vs fp32 {rates['fp32'] / 1e9:.3g} GFLOP/s "
@@ -137,5 +146,5 @@ def choose_precision(device: torch.device, rates: dict[str, float] | None = None
     return "fp32", f"{measured} < {AUTO_BF16_MIN_SPEEDUP}x: this CPU does not multiply faster in bf16"
 
 
-__all__ = ["AUTO_BF16_MIN_SPEEDUP", "GEMM_SIZE", "X86_BF16_FLAGS", "choose_precision", "cpu_bf16_units",
+__all__ = ["AUTO_BF16_MIN_SPEEDUP", "GEMM_SIZE", "NO_BF16_UNITS", "X86_BF16_FLAGS", "choose_precision", "cpu_bf16_units",
            "matmul_flops", "measured_cpu_peak", "peak_table", "roofline_fields", "roofline_summary", "run_peak"]

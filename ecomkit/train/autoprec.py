@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, gather_objects, log
-from ecomkit.envcheck.matmul import choose_precision, cpu_bf16_units
+from ecomkit.envcheck.matmul import NO_BF16_UNITS, choose_precision, cpu_bf16_units
 from ecomkit.models.attention_rule import pick_attention
 
 
@@ -20,8 +20,8 @@ def resolve_precision(cfg: TrainConfig, env: DistEnv) -> str:
     warned about, since the run will be far slower than fp32 there.
     """
     if cfg.precision == "bf16" and env.device.type == "cpu" and env.is_main and cpu_bf16_units() is False:
-        log.warning("--precision bf16 on a CPU without bf16 matmul units (no avx512_bf16 or amx_bf16 flag): its "
-                    "GEMMs run converted, many times slower than fp32; --precision auto picks fp32 here")
+        log.warning("--precision bf16 on a CPU without bf16 matmul units (%s): its GEMMs run converted, many "
+                    "times slower than fp32; --precision auto picks fp32 here", NO_BF16_UNITS)
     if cfg.precision != "auto":
         return cfg.precision
     picked, why = choose_precision(env.device) if env.is_main else (None, None)
