@@ -82,6 +82,12 @@ def attention_length(tokens: float, squared_lengths: float) -> float:
     return squared_lengths / tokens if tokens > 0 else 0.0
 
 
+def fill_rate_of(train_rows: Sequence[dict[str, Any]]) -> float | None:
+    """Real tokens over the positions computed (``padded_tokens``), summed over the run's training rows."""
+    positions = sum(r.get("padded_tokens", 0) for r in train_rows)
+    return sum(r.get("tokens", 0) for r in train_rows) / positions if positions else None
+
+
 def format_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -188,8 +194,10 @@ def throughput_lines(summary: dict[str, Any]) -> str:
     if steps and wall:
         who = f", slowest of {summary['world_size']} ranks" if summary.get("slowest_rank_steady_s") is not None else ""
         basis = f" (totals over {steps} steady steps / {wall:.2f} s{who})"
+    fill = (f", fill {summary['fill_rate']:.1%} of positions ({'packed' if summary.get('packing') else 'padded'})"
+            if summary.get("fill_rate") is not None else "")
     line = (f"throughput      {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:,.0f} real tokens/s"
-            f"{basis}\n")
+            f"{fill}{basis}\n")
     if summary.get("step_time_median_s") is not None:
         line += (f"step time       {summary['step_time_s'] * 1000:.0f} ms mean, "
                  f"{summary['step_time_median_s'] * 1000:.0f} ms median, "

@@ -234,11 +234,13 @@ def test_config_fields_and_their_checks(tmp_path):
 
 
 def test_seqgpt_truncation_keeps_the_label_line(tok):
-    from ecomkit.data.formats import build_prompt, prompt_tail
+    from ecomkit.data.formats import build_prompt, input_span
     from ecomkit.data.tokenize import encode_prompt_answer
-    prompt = build_prompt("seqgpt", KIND_CLASSIFY, "物流很快，" * 60, ["positive", "negative"])
-    assert prompt_tail(prompt) == "\n分类: positive，negative\n输出: [GEN]"
-    assert prompt_tail("用户自己的提示\n答:") == ""
+    text = "物流很快，" * 60
+    prompt = build_prompt("seqgpt", KIND_CLASSIFY, text, ["positive", "negative"])
+    start, end = input_span(prompt)
+    assert prompt[start:end] == text and prompt[end:] == "\n分类: positive，negative\n输出: [GEN]"
+    assert input_span("用户自己的提示\n答:") == (0, len("用户自己的提示\n答:"))   # a user's own prompt: all input
     ids, labels = encode_prompt_answer(tok, prompt, "positive", max_length=48)
     kept = tok.decode([i for i, label in zip(ids, labels) if label == IGNORE_INDEX])
     assert len(ids) == 48 and kept.startswith("输入: 物流") and kept.endswith("\n分类: positive，negative\n输出: [GEN]")

@@ -129,9 +129,16 @@ class TrainConfig:
     labels: str = ""                  # extraction label set in prompt order, comma-separated, e.g. 品牌,颜色
                                       #   ("" = every span label of the data; spans of other labels are left out)
     span_end: str = "exclusive"       # end offsets of span lists: exclusive (Python slicing) or inclusive
-    bucketed: bool = True             # length-bucketed batches (less padding)
-    seq_len: int = 128                # max tokens per sample (truncation)
-    micro_batch_size: int = 8         # samples per device per forward/backward
+    bucketed: bool = True             # length-bucketed batches (less padding) when rows are not packed
+    seq_len: int | str = "auto"       # tokens per sequence. auto: the smallest multiple of 64 that holds every row
+                                      #   of both splits (up to the model's limit), so nothing is cut; N: rows
+                                      #   longer than N are cut at the end of their input (counted in the data
+                                      #   line), LM documents split into windows (data/lengths.py)
+    packing: str = "auto"             # pack rows into full sequences of seq_len tokens, each row attending only
+                                      #   to itself (document mask; exact for BLOOM's ALiBi): on | off | auto (on
+                                      #   when the mean training row is at most PACK_MAX_FILL of seq_len, where
+                                      #   bench_packing measured packing faster) (data/packing.py)
+    micro_batch_size: int = 8         # samples per device per forward/backward (sequences of seq_len when packed)
     grad_accum: int = 1               # micro-steps per optimizer step
     global_batch_size: int = 0        # if > 0: derive grad_accum = this / (micro_batch * world)
     # --- optimisation -----------------------------------------------------
@@ -152,7 +159,8 @@ class TrainConfig:
     eval_batches: int = 8             # micro-batches per evaluation (per rank)
     eval_nlu_samples: int = 64        # records scored per NLU accuracy evaluation
     gen_eval_samples: int = 32        # held-out classify/extract examples decoded per evaluation (0 = none)
-    gen_max_new_tokens: int = 32      # answer tokens generated at most per example
+    gen_max_new_tokens: int | str = "auto"  # answer tokens generated at most per example; auto: the longest
+                                      #   training answer + 8; generations that reach it are counted
     gen_num_beams: int = 1            # 1 = greedy; > 1 = beam search (not with pp or sequence parallel)
     gen_batch_size: int = 8           # prompts per decoding batch, per rank (left-padded)
     gen_use_cache: bool = True        # decode with the model's KV cache (False: recompute the prefix each step)

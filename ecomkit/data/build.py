@@ -46,12 +46,16 @@ from ecomkit.data.formats import DEFAULT_PROMPT_FORMAT, TaskExample, check_forma
 from ecomkit.data.loaders import RECORD_FEATURES, load_records
 from ecomkit.data.spans import spans_json
 from ecomkit.data.tasks import CLASSIFICATION_TASKS, KINDS, check_task, labels_from_values, record_task_examples
-from ecomkit.data.stream import label_codes, read_columns
-from ecomkit.data.tokenize import tokenize_records
+from ecomkit.data.stream import column_numpy, label_codes, read_columns
+from ecomkit.data.lengths import CutCounts, LengthStats, choose_seq_len, cut_counts, length_stats, lengths_facts
+from ecomkit.data.tokenize import fit_rows, tokenize_whole
 from ecomkit.data.validate import RECORD_FIELDS, ValidationReport, check_bad_fraction
 from ecomkit.errors import ConfigError, DataError
 
 SYNTHETIC = "synthetic"
+FINAL_COLUMNS = ("input_ids", "labels", "length", "polarity")   # what the sampler and the collator read
+# The length --seq-len auto stops at when the caller does not know the model's: BLOOM's training length.
+DEFAULT_LENGTH_LIMIT = 2048
 MAX_SYNTHETIC_ROWS = 100_000_000
 
 
@@ -75,6 +79,10 @@ class BuildReport:
     spans_outside_labels: dict[str, int] = field(default_factory=dict)          # label -> spans left out
     eval_source: str | None = None     # the eval_data file, when one was given
     eval_validation: ValidationReport | None = None
+    seq_len: int = 0                   # the sequence length the rows were fit to (--seq-len, or chosen by auto)
+    seq_len_reason: str = ""
+    lengths: dict[str, LengthStats] = field(default_factory=dict)   # "train" / "eval": lengths before any cut
+    cuts: dict[str, CutCounts] = field(default_factory=dict)        # "train" / "eval": what fitting cut
     _train_spans: object = field(default=None, repr=False, compare=False)       # a Counter, or how to make it
 
     @property
@@ -99,7 +107,18 @@ class BuildReport:
                 "prompt_format": self.prompt_format, "eval_source": self.eval_source,
                 "eval_skipped": dict(self.eval_validation.counts) if self.eval_validation else {},
                 "eval_rows_read": self.eval_validation.total if self.eval_validation else None,
-                "spans_outside_labels": dict(self.spans_outside_labels)}
+                "spans_outside_labels": dict(self.spans_outside_labels), "seq_len": self.seq_len,
+                "seq_len_reason": self.seq_len_reason, **lengths_facts(self.lengths, self.cuts)}
+
+    def lengths_summary(self) -> str:
+        """The data line's lengths part: per split, p50/p95/max before any cut and what fitting cut."""
+        splits = "; ".join(f"{k}: {v.text()}, {self.cuts[k].text()}" for k, v in self.lengths.items()
+                           if k in self.cuts)
+        return f"seq_len {self.seq_len} ({self.seq_len_reason}). {splits}."
+
+    def cut_warnings(self) -> list[str]:
+        """A line per split whose inputs lost more than half (:meth:`CutCounts.warning`)."""
+        return [w for k, c in self.cuts.items() if (w := c.warning(k, self.lengths[k].rows))]
 
     def summary(self) -> str:
         used = self.n_train_records + self.n_eval_records
@@ -113,11 +132,11 @@ class BuildReport:
                    f": {outside}." if outside else "")
         return (f"{self.validation.summary()} {cap} {split}{self.n_train_records:,} train / "
                 f"{self.n_eval_records:,} eval records -> {self.n_train_examples:,} / {self.n_eval_examples:,} "
-                f"tokenized examples. Examples built per kind: {kinds}.{dropped}")
+                f"tokenized examples. Examples built per kind: {kinds}.{dropped} {self.lengths_summary()}")
 
 
 def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed: int, task: str, tokenizer,
-                   max_length: int, eval_fraction: float = 0.05, column_map: Mapping[str, str] | None = None,
+                   max_length: int | str, length_limit: int = DEFAULT_LENGTH_LIMIT, eval_fraction: float = 0.05, column_map: Mapping[str, str] | None = None,
                    strict: bool = False, num_proc: int = 1, label_map: Mapping[str, Mapping[str, str]] | None = None,
                    max_rows: int | None = None, max_bad_fraction: float = 0.05,
                    prompt_format: str = DEFAULT_PROMPT_FORMAT, eval_data: str | os.PathLike | None = None,
@@ -178,23 +197,32 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     if len(train_idx) == 0:
         raise DataError(f"{source}: only {len(records)} usable records, too few to split off an eval set with "
                         f"eval_fraction={eval_fraction}. Provide more rows, or an eval file (eval_data).")
-    tok = {"labels": all_labels, "keep_kind": True, "prompt_format": prompt_format}
-    # Tokenise the whole table in one sequential pass (cached per table, whatever the seed), then split the
-    # examples by their source record: training rows in table order (the sampler shuffles), eval rows in the
-    # random order of the eval records. Reading a table through an indices mapping would cost memory per row.
-    tokenized = tokenize_records(records, tokenizer, task, max_length, num_proc, **tok)
-    built = read_columns(tokenized, ["record", "kind"])
-    kinds = np.bincount(built.column("kind").to_numpy().astype(np.int64), minlength=len(KINDS))
-    if eval_table is None:
-        train_rows, eval_rows = _rows_by_record(built.column("record").to_numpy(), len(records), eval_idx)
+    tok = {"labels": all_labels, "prompt_format": prompt_format}
+    # Tokenise the whole table in one sequential pass (cached per table, whatever the seed or length), measure
+    # every split's lengths, choose the sequence length, then fit the rows to it and count what that cut.
+    # Examples are split by their source record: training rows in table order (the sampler shuffles), eval rows
+    # in the random order of the eval records. Reading a table through an indices mapping costs memory per row.
+    whole = tokenize_whole(records, tokenizer, task, num_proc, **tok)
+    eval_whole = tokenize_whole(eval_table, tokenizer, task, num_proc, **tok) if eval_table is not None else None
+    split = lambda table: (_rows_by_record(column_numpy(table, "record"), len(records), eval_idx)  # noqa: E731
+                           if eval_whole is None else (np.arange(len(table)), None))
+    train_rows, eval_rows = split(whole)
+    stats = {"train": length_stats(whole, train_rows),
+             "eval": length_stats(whole, eval_rows) if eval_whole is None else length_stats(eval_whole)}
+    seq_len, why = choose_seq_len(max_length, max(s.row.max for s in stats.values()), length_limit)
+    fitted = fit_rows(whole, seq_len, num_proc)
+    eval_fitted = fit_rows(eval_whole, seq_len, num_proc) if eval_whole is not None else None
+    train_rows, eval_rows = split(fitted)
+    cuts = {"train": cut_counts(fitted, seq_len, train_rows),
+            "eval": cut_counts(fitted, seq_len, eval_rows) if eval_fitted is None else cut_counts(eval_fitted, seq_len)}
+    kinds = np.bincount(column_numpy(fitted, "kind").astype(np.int64), minlength=len(KINDS))
+    final = lambda table: table.select_columns([c for c in FINAL_COLUMNS if c in table.column_names])  # noqa: E731
+    if eval_fitted is None:
         eval_records, eval_name = records.select(eval_idx), Path(str(source)).name
-        tokenized = tokenized.remove_columns(["kind", "record"])
-        train_ds, eval_ds = tokenized.select(train_rows), tokenized.select(eval_rows)
+        train_ds, eval_ds = final(fitted).select(train_rows), final(fitted).select(eval_rows)
     else:
-        eval_tok = tokenize_records(eval_table, tokenizer, task, max_length, num_proc, **tok)
-        kinds += np.bincount(read_columns(eval_tok, ["kind"]).column(0).to_numpy().astype(np.int64),
-                             minlength=len(KINDS))
-        train_ds, eval_ds = (t.remove_columns(["kind", "record"]) for t in (tokenized, eval_tok))
+        kinds += np.bincount(column_numpy(eval_fitted, "kind").astype(np.int64), minlength=len(KINDS))
+        train_ds, eval_ds = final(fitted), final(eval_fitted)
         eval_records, eval_name = eval_table, Path(str(eval_data)).name
     if kinds.sum() == 0:
         raise DataError(f"{source}: no {task} example could be built from {len(records):,} valid records. For task "
@@ -203,7 +231,8 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     report = BuildReport(str(source), validation, len(train_idx), len(eval_idx), len(train_ds), len(eval_ds),
                          all_labels["category"], all_labels, {k: int(n) for k, n in zip(KINDS, kinds) if n},
                          n_valid, max_rows, prompt_format, eval_source=None if eval_data is None else str(eval_data),
-                         eval_validation=eval_validation, spans_outside_labels=outside)
+                         eval_validation=eval_validation, spans_outside_labels=outside, seq_len=seq_len,
+                         seq_len_reason=why, lengths=stats, cuts=cuts)
     if task == "nlu":
         report.eval_examples = _task_examples(eval_records, all_labels, eval_name)
         report._train_spans = lambda: _span_counter(records, train_idx, extract)

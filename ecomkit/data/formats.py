@@ -77,7 +77,10 @@ _ECOMGPT_TASK = {KIND_CLASSIFY: "对下面的文本进行分类，从候选标�
                  KIND_EXTRACT: "从下面的文本中抽取候选标签对应的实体，每行一个标签，格式为“标签: 实体1，实体2”；没有实体时回答“无”。"}
 _ECOMKIT_TASK = {KIND_CLASSIFY: "任务:文本分类。从候选标签中选出文本所属的一个。",
                  KIND_EXTRACT: "任务:实体抽取。从文本中抽出候选标签对应的实体。"}
-_SEQGPT_TAIL = re.compile(r"\n(?:分类|抽取): [^\n]*\n输出: \[GEN\]\Z")
+# Where the input text sits in each format's prompt (:func:`input_span`): group 1, the layout anchored at the end.
+_INPUT_LAYOUTS = (re.compile(r"\A输入: (.*)\n(?:分类|抽取): [^\n]*\n输出: \[GEN\]\Z", re.S),   # seqgpt
+                  re.compile(r"\n文本: (.*)\n\n### Response:\n\Z", re.S),                     # ecomgpt
+                  re.compile(r"\n(?:商品|评论|文本):(.*)\n答:\Z", re.S))                          # ecomkit prompts
 _SPAN_SPLIT = re.compile(r"[,，、;；]")
 _LABEL_SPLIT = re.compile(r"[:：]")
 _NEW_PROMPT = ("输入:", "输入：", "###", "任务:", "[GEN]")
@@ -162,17 +165,22 @@ def build_prompt(fmt: str, kind: str, text: str, labels: Sequence[str]) -> str:
     return f"{_ECOMKIT_TASK[kind]}\n候选:{'、'.join(labels)}\n文本:{text}\n答:"
 
 
-def prompt_tail(prompt: str) -> str:
-    """The end of a prompt that truncation must keep whole: in ``seqgpt`` the label line and the output cue.
+def input_span(prompt: str) -> tuple[int, int]:
+    """``[start, end)``: where the input text sits in ``prompt``, the part a cut to fit ``--seq-len`` shortens.
 
-    That format lists the labels *after* the text, so a long text cut in the
-    prompt's middle would otherwise lose the label set, and a classification
-    prompt could no longer be told from another on the same text. The other
-    formats list the labels before the text (kept by the head); for them, and
-    for a user's own prompts, this is ``""``.
+    Why: a prompt that must be cut keeps its instruction, its label list and its
+    answer cue, and loses text from the *end of its input*. In ``seqgpt`` the label
+    line and the output cue follow the text; in ``ecomgpt`` and the ``ecomkit``
+    prompts the instruction and labels come first and the cue (``### Response:``,
+    ``答:``) last. Each format's input is found by its own layout, anchored at the
+    prompt's end. A prompt in none of these layouts (a user's own instruction
+    row) is all input: it is cut from its end.
     """
-    match = _SEQGPT_TAIL.search(prompt)
-    return match.group(0) if match else ""
+    for layout in _INPUT_LAYOUTS:
+        match = layout.search(prompt)
+        if match:
+            return match.span(1)
+    return 0, len(prompt)
 
 
 def format_answer(fmt: str, ex: TaskExample) -> str:

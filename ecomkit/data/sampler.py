@@ -40,7 +40,8 @@ from ecomkit.errors import ConfigError
 CHUNK_GLOBAL_BATCHES = 64
 
 
-def _rng(seed: int, epoch: int) -> np.random.Generator:
+def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
+    """The random stream of one epoch's plan: identical on every rank for the same ``(seed, epoch)``."""
     # numpy's PCG64 stream is identical on every platform, so all ranks agree.
     return np.random.default_rng([int(seed), int(epoch)])
 
@@ -73,7 +74,7 @@ def plan_arrays(lengths: Sequence[int], global_batch_size: int, seed: int, epoch
     if global_batch_size < 1:
         raise ConfigError(f"global_batch_size must be >= 1, got {global_batch_size}.")
     lengths = np.asarray(lengths)
-    rng = _rng(seed, epoch)
+    rng = epoch_rng(seed, epoch)
     order = rng.permutation(len(lengths))
     n_full = len(order) // global_batch_size
     if drop_last:

@@ -76,7 +76,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from transformers.models.bloom import modeling_bloom
-from transformers.models.bloom.modeling_bloom import BloomAttention, dropout_add
+from transformers.models.bloom.modeling_bloom import BloomAttention, BloomModel, _get_alibi_slopes, dropout_add
 
 from ecomkit.config import ATTN_IMPLS as ATTN_CHOICES  # eager | sdpa | flex: one list for flag and module
 from ecomkit.errors import ConfigError, EcomkitError
@@ -252,6 +252,60 @@ class BloomSdpaAttention(_FusedBloomAttention):
         return out[..., :head_dim]
 
 
+# ---------------------------------------------------------------------- packed rows: document masks
+def document_causal_mask(document_ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """BLOOM's additive ``[batch, 1, T, T]`` mask for packed rows: each token sees its own row's earlier tokens.
+
+    ``document_ids`` ``[batch, T]`` numbers the rows packed into a sequence
+    (``ecomkit.data.packing``); 0 marks the padding after them, which forms
+    one more "row", so no query ever sees no key (SDPA's fused CPU backward
+    mishandles such rows, see :func:`sdpa_mask_plan`). 0 = attend, the
+    dtype's minimum = masked, as transformers' own 4-D masks; the model uses
+    a 4-D mask as given, and :func:`alibi_from_mask` reads positions from it.
+    """
+    t = document_ids.shape[1]
+    same = document_ids[:, :, None] == document_ids[:, None, :]
+    causal = torch.ones(t, t, dtype=torch.bool, device=document_ids.device).tril()
+    mask = torch.zeros(same.shape, dtype=dtype, device=document_ids.device)
+    return mask.masked_fill_(~(same & causal), torch.finfo(dtype).min)[:, None]
+
+
+def attention_mask_for(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The mask a training batch hands the model: its document mask when packed, else its padding mask."""
+    if "document_ids" in batch:
+        return document_causal_mask(batch["document_ids"])
+    return batch["attention_mask"]
+
+
+def alibi_from_mask(attention_mask: torch.Tensor, num_heads: int, dtype: torch.dtype) -> torch.Tensor:
+    """BLOOM's ``build_alibi_tensor`` for a 2-D padding mask, and for a 4-D causal mask (packed rows).
+
+    BLOOM biases key ``j`` by ``slope · position(j)``, the position counted
+    from the start of its sequence (the 2-D mask's running count). For a 4-D
+    causal mask each key is also a query whose row shows the keys before it:
+    their count minus one is the key's position within its own row. So a
+    packed row gets exactly the bias it gets alone, the same integers times
+    the same slopes (ALiBi depends on ``i - j`` only; the per-query constant
+    cancels in the softmax), and its logits are its logits alone.
+    """
+    if attention_mask.dim() != 4:
+        return modeling_bloom.build_alibi_tensor(attention_mask, num_heads, dtype)
+    batch, t = attention_mask.shape[0], attention_mask.shape[-1]
+    positions = (attention_mask[:, 0] == 0).sum(dim=-1) - 1                      # [batch, T]
+    slopes = _get_alibi_slopes(num_heads, attention_mask.device)
+    alibi = (slopes[..., None] * positions[:, None, :]).reshape(batch * num_heads, 1, t).to(dtype)
+    if not torch.compiler.is_compiling():   # the mask is ecomkit's: no empty rows, never plain causal
+        setattr(alibi, _PLAN_ATTR, (attention_mask, t, MaskPlan(attention_mask, False, False)))
+    return alibi
+
+
+def _install_alibi_from_mask(model: nn.Module) -> None:
+    """Every ``BloomModel`` of ``model`` builds ALiBi with :func:`alibi_from_mask` (an instance attribute)."""
+    for m in model.modules():
+        if isinstance(m, BloomModel):
+            m.build_alibi_tensor = alibi_from_mask
+
+
 # ---------------------------------------------------------------------- flex
 _COMPILED_FLEX: Any = None
 
@@ -381,6 +435,7 @@ def install_attention(model: nn.Module, impl: str, *, for_training: bool = True)
     if impl not in ATTN_CHOICES:
         raise ConfigError(f"Unknown attn '{impl}'. Choose one of: {', '.join(ATTN_CHOICES)}.")
     modules = attention_modules(model)
+    _install_alibi_from_mask(model)  # 4-D masks (packed rows) get ALiBi positions per row, in every impl
     if impl == "eager":  # BLOOM's computation, with the one-pass QKV split (BloomEagerAttention); 0 for other models
         for m in modules:
             m.__class__ = BloomEagerAttention
@@ -415,5 +470,5 @@ def _check_flex_usable(module: BloomAttention, for_training: bool) -> None:
         raise ConfigError(_FLEX_CPU_MESSAGE)
 
 
-__all__ = ["ATTN_CHOICES", "BloomEagerAttention", "BloomSdpaAttention", "BloomFlexAttention", "install_attention", "current_attention",
+__all__ = ["alibi_from_mask", "attention_mask_for", "document_causal_mask", "ATTN_CHOICES", "BloomEagerAttention", "BloomSdpaAttention", "BloomFlexAttention", "install_attention", "current_attention",
            "alibi_in_qk", "sdpa_mask_plan", "check_transformers_compatible"]

@@ -46,7 +46,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from ecomkit.data.tokenize import tail_length, truncate_prompt_ids
+from ecomkit.data.tokenize import cut_prompt, encode_prompt_texts
 from ecomkit.dist import DistEnv
 from ecomkit.train.progress import make_progress
 
@@ -74,18 +74,18 @@ def eos_and_pad(tokenizer) -> tuple[int, int]:
 def encode_prompts(tokenizer, prompts: Sequence[str], settings: DecodeSettings) -> tuple[list[list[int]], int]:
     """Prompt ids as training laid them out before the answer, and how many prompts had to be cut.
 
-    A prompt longer than ``max_length - max_new_tokens - 1`` loses tokens from
-    its middle, by training's own rule (``truncate_prompt_ids``: the head and
-    the prompt's tail are kept, in the ``seqgpt`` format the label line and the
-    output cue), so the prompt plus the longest allowed answer and its EOS fit
-    the training length.
+    A prompt longer than ``max_length - 1`` (the training length, less the
+    EOS every training row ends with) loses the end of its input by training's
+    own rule (:func:`~ecomkit.data.tokenize.cut_prompt`: the instruction, the
+    label list and the answer cue are kept). A prompt that training would have
+    kept whole is never cut here: the generated answer may run past
+    ``max_length``, which ALiBi allows.
     """
-    budget = max(2, settings.max_length - settings.max_new_tokens - 1)
-    ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"] if prompts else []
+    budget = max(2, settings.max_length - 1)
     out, cut = [], 0
-    for prompt, row in zip(prompts, ids):
-        kept = truncate_prompt_ids(row, budget, tail_length(tokenizer, prompt)) if len(row) > budget else row
-        cut += len(kept) < len(row)
+    for encoded in encode_prompt_texts(tokenizer, list(prompts)):
+        kept, lost = cut_prompt(encoded, budget)
+        cut += lost.total > 0
         out.append(kept)
     return out, cut
 

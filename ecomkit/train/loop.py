@@ -26,15 +26,18 @@ from torch.utils.data import DataLoader
 
 from ecomkit.config import TrainConfig
 from ecomkit.data import DistributedBatchSampler, build_datasets, lengths_array, pad_collate
+from ecomkit.data.lengths import generation_budget
+from ecomkit.data.packing import PackedBatchSampler, RowGroups, decide_packing, packed_collate
 from ecomkit.data.formats import parse_labels, write_task_file
 from ecomkit.dist import DistEnv, distributed_session, gather_objects, log, restart_attempt
 from ecomkit.envcheck.matmul import roofline_fields, roofline_summary, run_peak
 from ecomkit.errors import ConfigError
 from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak_flops, mfu_fields
-from ecomkit.metrics import MetricsWriter, attention_length, peak_memory, slowest_rank_throughput, time_split
+from ecomkit.metrics import (MetricsWriter, attention_length, fill_rate_of, peak_memory, slowest_rank_throughput,
+                             time_split)
 from ecomkit.models.attention import install_attention
-from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token
+from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit
 from ecomkit.models.cpu_kernels import kernels_for
 from ecomkit.models.gelu import install_fused_gelu
 from ecomkit.models.lora import apply_peft, trainable_parameter_count
@@ -83,13 +86,13 @@ class TrainingRun:
         # The same checks as parse_config and run_training, for runs started inside a session (sweeps, notebooks).
         self.cfg.validate(self.env.world_size)
         resolve_precision(self.cfg, self.env)  # --precision auto: bf16 where the device multiplies faster in it
-        resolve_attention(self.cfg, self.env)  # --attn auto: by device, precision and length (attention_rule)
         self.strategy = build_strategy(self.cfg, self.env)
         self.shard = self.strategy.data_shard()                  # (index, count): dp coordinate for TP/PP
         self.replication = self.env.world_size // self.shard[1]  # ranks that see the same batch
         self.grad_accum = self.cfg.resolve_grad_accum(self.shard[1])
         self.tokenizer = self.build_tokenizer()
-        self.build_data()
+        self.build_data()                      # --seq-len, --packing and --gen-max-new-tokens auto: from the data
+        resolve_attention(self.cfg, self.env)  # --attn auto: by device, precision and length (attention_rule)
         self.gen_eval = evaluator_for_run(self.cfg, self.data_report)  # evaluation by generation (nlu)
         # The strategy decides how the model is materialised: whole on every rank, or only this rank's part
         # of a local checkpoint (ZeRO-3 under deepspeed.zero.Init, FSDP2/TP on the meta device, loaded in setup).
@@ -142,7 +145,8 @@ class TrainingRun:
         try:
             self.train_ds, self.eval_ds, self.eval_records, self.data_report = build_datasets(
                 cfg.data, n_rows=cfg.n_rows if cfg.data == "synthetic" else None, seed=cfg.seed, task=cfg.task,
-                tokenizer=self.tokenizer, max_length=cfg.seq_len, column_map=cfg.column_map, strict=cfg.strict_data,
+                tokenizer=self.tokenizer, max_length=cfg.seq_len, length_limit=model_length_limit(cfg.model),
+                column_map=cfg.column_map, strict=cfg.strict_data,
                 num_proc=cfg.num_proc, label_map=cfg.label_map, max_rows=cfg.max_rows or None,
                 max_bad_fraction=cfg.max_bad_fraction, prompt_format=cfg.prompt_format,
                 eval_data=cfg.eval_data or None, labels=parse_labels(cfg.labels) or None, span_end=cfg.span_end)
@@ -152,12 +156,25 @@ class TrainingRun:
         if cfg.clip_policy == "sentiment" and "polarity" not in self.train_ds.column_names:
             raise ConfigError("clip_policy='sentiment' needs sentiment labels in the data (a 'sentiment' column "
                               "whose values are, or are mapped by label_map to, positive/neutral/negative).")
-        self.sampler = DistributedBatchSampler(
-            lengths_array(self.train_ds), micro_batch_size=cfg.micro_batch_size, grad_accum=self.grad_accum,
-            num_replicas=self.shard[1], rank=self.shard[0], seed=cfg.seed, bucketed=cfg.bucketed)
+        report = self.data_report
+        cfg.seq_len = report.seq_len                    # --seq-len auto: the length that holds every row
+        if cfg.task == "nlu":                           # --gen-max-new-tokens auto: the longest training answer + 8
+            cfg.gen_max_new_tokens, self.gen_budget_reason = generation_budget(cfg.gen_max_new_tokens,
+                                                                               report.lengths["train"])
+        self.packed, self.packing_reason = decide_packing(cfg.packing, report.lengths["train"], cfg.seq_len)
+        lengths = lengths_array(self.train_ds)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         multiple = length_multiple(cfg.precision, self.env.device)  # bf16 on CPU: bounded shapes (train/shapes.py)
-        self.collate = lambda feats: pad_collate(feats, pad_id, multiple)
+        self.collate = lambda feats: pad_collate(feats, pad_id, multiple)   # unpacked: evaluation, HF Trainer
+        if self.packed:   # micro-batches of sequences of exactly seq_len tokens, one shape every step
+            self.sampler = PackedBatchSampler(lengths, cfg.seq_len, cfg.micro_batch_size, self.grad_accum,
+                                              num_replicas=self.shard[1], rank=self.shard[0], seed=cfg.seed)
+            self.loader = DataLoader(RowGroups(self.train_ds), batch_sampler=self.sampler,
+                                     collate_fn=functools.partial(packed_collate, seq_len=cfg.seq_len, pad_id=pad_id))
+            return
+        self.sampler = DistributedBatchSampler(
+            lengths, micro_batch_size=cfg.micro_batch_size, grad_accum=self.grad_accum,
+            num_replicas=self.shard[1], rank=self.shard[0], seed=cfg.seed, bucketed=cfg.bucketed)
         self.loader = DataLoader(self.train_ds, batch_sampler=self.sampler, collate_fn=self.collate)
 
     # ------------------------------------------------------------------ loop
@@ -166,10 +183,11 @@ class TrainingRun:
 
     def startup_banner(self) -> str:
         gb = self.global_batch()
+        unit = "packed sequences" if self.packed else "rows"
         return (f"strategy={self.strategy.name} model={self.cfg.model} params={self.n_params:,} | "
-                f"world_size={self.env.world_size} micro_batch={self.cfg.micro_batch_size}/device "
+                f"world_size={self.env.world_size} micro_batch={self.cfg.micro_batch_size} {unit}/device "
                 f"grad_accum={self.grad_accum} global_batch={gb} "
-                f"tokens/step<= {gb * self.cfg.seq_len:,} ({gb} × seq_len {self.cfg.seq_len}) | "
+                f"positions/step<= {gb * self.cfg.seq_len:,} ({gb} × seq_len {self.cfg.seq_len}) | "
                 f"steps={self.total_steps} precision={self.cfg.precision} backend={self.env.backend}")
 
     def _micro_batches(self) -> Iterator[list[dict]]:
@@ -191,6 +209,11 @@ class TrainingRun:
         if env.is_main:
             log.info(self.startup_banner())
             log.info("data: %s", self.data_report.summary())
+            for warning in self.data_report.cut_warnings():
+                log.warning(warning)
+            log.info("packing %s", self.packing_reason)
+            if self.cfg.task == "nlu":
+                log.info("generation budget %d tokens (%s)", self.cfg.gen_max_new_tokens, self.gen_budget_reason)
         # FLOPs per token given the batch's attention length (metrics.attention_length: real tokens, not cfg.seq_len)
         flops_tok = functools.partial(flops_per_token, self.n_params, self.model_config.n_layer,
                                       self.model_config.hidden_size)
@@ -245,12 +268,9 @@ class TrainingRun:
         """One optimizer step; ``started`` is when fetching ``micro`` began (data time counts in the step)."""
         env, strategy = self.env, self.strategy
         t0 = time.perf_counter() if started is None else started
-        micro = [{k: v.to(env.device) for k, v in b.items()} for b in micro]
         local = [sum(count_label_tokens(b["labels"]) for b in micro),
-                 sum(int(b["attention_mask"].sum()) for b in micro),
-                 sum(b["input_ids"].size(0) for b in micro),
-                 sum(b["input_ids"].numel() for b in micro),  # padded positions
-                 sum(int((b["attention_mask"].sum(dim=1) ** 2).sum()) for b in micro)]  # Σ L² of real lengths (MFU)
+                 *map(sum, zip(*(batch_counts(b) for b in micro)))]   # counted on the host, before the copy
+        micro = [{k: v.to(env.device) for k, v in b.items()} for b in micro]
         # Summed over all ranks, counts include each batch once per rank that saw it (TP/PP
         # replicas see the same batch); the loss scale world/label_tokens = shards/N stays exact.
         label_tokens, input_tokens, samples, padded, squared = self._reduce_counts([float(x) for x in local])
@@ -319,6 +339,7 @@ class TrainingRun:
             "world_size": self.env.world_size, "global_batch": self.global_batch(),
             "data": self.data_report.facts(),
             "grad_accum": self.grad_accum, "steps": self.step,
+            "seq_len": self.cfg.seq_len, "packing": self.packed, "fill_rate": fill_rate_of(train_rows),
             "first_loss": train_rows[0]["loss"] if train_rows else None,
             "final_loss": train_rows[-1]["loss"] if train_rows else None,
             **final_eval,
@@ -349,6 +370,22 @@ class TrainingRun:
             self.strategy.close()
         self.strategy = None
         self.loader = None
+
+
+def batch_counts(batch: dict[str, torch.Tensor]) -> tuple[int, int, int, int]:
+    """(real tokens, rows, positions, Σ L² over rows) of one micro-batch, packed or padded.
+
+    A packed batch's rows are its documents (``document_ids`` 1, 2, ...; 0 is padding), so throughput counts
+    rows and the MFU's attention term their own lengths, never the sequence they share.
+    """
+    real = int(batch["attention_mask"].sum())
+    if "document_ids" not in batch:
+        lengths = batch["attention_mask"].sum(dim=1)
+        return real, batch["input_ids"].size(0), batch["input_ids"].numel(), int((lengths ** 2).sum())
+    docs = batch["document_ids"]
+    per_doc = torch.zeros(docs.shape[0], int(docs.max()) + 1, dtype=torch.long).scatter_add_(1, docs, torch.ones_like(docs))
+    per_doc = per_doc[:, 1:]
+    return real, int((per_doc > 0).sum()), docs.numel(), int((per_doc ** 2).sum())
 
 
 def replica_checksums(model: torch.nn.Module, env: DistEnv) -> list[str]:
