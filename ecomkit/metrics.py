@@ -182,9 +182,27 @@ def data_line(summary: dict[str, Any]) -> str:
     cap = f", capped by max_rows={data['max_rows']:,}" if data.get("max_rows") and used < data["rows_valid"] else ""
     if eval_file:
         return (f"data            {used:,} of {data['rows_read']:,} training rows used{cap}, "
-                f"{data['eval_records']:,} of {data['eval_rows_read']:,} eval-file rows; examples: {kinds}\n")
+                f"{data['eval_records']:,} of {data['eval_rows_read']:,} eval-file rows; examples: {kinds}\n"
+                + lengths_line(data))
     return (f"data            {data['records_used']:,} of {data['rows_read']:,} rows used{cap} "
-            f"({data['train_records']:,} train / {data['eval_records']:,} eval); examples: {kinds}\n")
+            f"({data['train_records']:,} train / {data['eval_records']:,} eval); examples: {kinds}\n"
+            + lengths_line(data))
+
+
+def lengths_line(data: dict[str, Any]) -> str:
+    """seq_len, the longest row per split, and what fitting the rows to seq_len cut (rows, tokens, windows)."""
+    if not data.get("seq_len") or not data.get("lengths"):
+        return ""
+    parts = []
+    for split, stats in data["lengths"].items():
+        cut = data.get("cuts", {}).get(split, {})
+        text = f"{split} longest {stats['row']['max']}"
+        if cut.get("rows_cut"):
+            text += f", {cut['rows_cut']:,} rows cut ({cut['tokens_dropped']:,} tokens dropped)"
+        if cut.get("documents_windowed"):
+            text += f", {cut['documents_windowed']:,} documents in windows"
+        parts.append(text)
+    return f"lengths         seq_len {data['seq_len']}: " + "; ".join(parts) + "\n"
 
 
 def throughput_lines(summary: dict[str, Any]) -> str:

@@ -9,11 +9,13 @@ import torch
 from ecomkit.data.lengths import LengthStats
 from ecomkit.data.packing import (EMPTY, PACK_AUTO_MAX_ROW_SHARE, PackedBatchSampler, RowGroups, best_fit_decreasing,
                                   decide_packing, fill_rate, packed_collate, plan_sequences)
-from ecomkit.data.tokenize import IGNORE_INDEX, pad_collate
+from ecomkit.data.tokenize import IGNORE_INDEX
 from ecomkit.errors import ConfigError
+from ecomkit.measure.packing import (loss_and_gradients, packed_batch, packing_agreement, padded_batch, random_rows,
+                                     row_isolation)
 from ecomkit.models.attention import attention_mask_for, document_causal_mask, install_attention
 from ecomkit.models.bloom import build_model
-from ecomkit.models.loss import install_chunked_loss, token_loss_sum
+from ecomkit.models.loss import install_chunked_loss
 
 PAD = 3
 
@@ -95,34 +97,16 @@ def test_decide_packing_auto_follows_the_mean_row_share():
 
 # ---------------------------------------------------------------------- rows, packed and unpacked
 def rows(n: int = 9, seed: int = 0, prompted: bool = False) -> list[dict]:
-    """Rows of random tokens, LM-style (labels = ids) or with a prompt (labels -100 on it)."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        length = int(torch.randint(4, 40, (1,), generator=g))
-        ids = torch.randint(4, 400, (length,), generator=g).tolist()
-        labels = list(ids)
-        if prompted:
-            cut = length // 2
-            labels[:cut] = [IGNORE_INDEX] * cut
-        out.append({"input_ids": ids, "labels": labels})
-    return out
+    return random_rows(n, 400, seed=seed, prompted=prompted)
 
 
-def packed_batch(data: list[dict], seq_len: int = 96) -> dict[str, torch.Tensor]:
-    sequences = best_fit_decreasing([len(r["input_ids"]) for r in data], seq_len)
-    groups = [{"input_ids": [data[i]["input_ids"] for i in seq], "labels": [data[i]["labels"] for i in seq]}
-              for seq in sequences]
-    return packed_collate(groups, seq_len, PAD)
-
-
-def unpacked_batch(data: list[dict]) -> dict[str, torch.Tensor]:
-    return pad_collate(data, PAD)
+def packed(data: list[dict], seq_len: int = 96) -> dict[str, torch.Tensor]:
+    return packed_batch(data, seq_len, PAD)
 
 
 def test_packed_collate_lays_rows_end_to_end_with_document_ids_and_a_fresh_start_per_row():
     data = rows(5)
-    batch = packed_batch(data, 96)
+    batch = packed(data, 96)
     docs, labels, ids = batch["document_ids"], batch["labels"], batch["input_ids"]
     assert batch["attention_mask"].equal((docs > 0).long()) and ids.shape[1] == 96
     assert int(batch["attention_mask"].sum()) == sum(len(r["input_ids"]) for r in data)
@@ -141,23 +125,6 @@ def test_document_mask_is_block_diagonal_causal_and_padding_never_sees_nothing()
     assert allowed.equal(expected) and allowed.any(dim=-1).all()
 
 
-def loss_and_grads(model, batch: dict[str, torch.Tensor], chunked: bool) -> tuple[torch.Tensor, dict]:
-    model.zero_grad(set_to_none=True)
-    mask = attention_mask_for(batch)
-    if chunked:
-        loss = model(input_ids=batch["input_ids"], attention_mask=mask, token_loss_labels=batch["labels"]).loss
-    else:
-        loss = token_loss_sum(model(input_ids=batch["input_ids"], attention_mask=mask).logits, batch["labels"])
-    loss.backward()
-    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-
-
-def assert_close_relative(packed: dict, unpacked: dict, rel: float) -> None:
-    for name, g in unpacked.items():
-        err = (packed[name] - g).norm() / g.norm().clamp(min=1e-30)
-        assert err <= rel, f"{name}: relative gradient difference {err:.2e}"
-
-
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 @pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("prompted", [False, True])
@@ -167,31 +134,22 @@ def test_packed_rows_give_the_unpacked_loss_and_gradients_in_fp32(impl, chunked,
     if chunked:
         install_chunked_loss(model, 64)
     data = rows(9, prompted=prompted)
-    packed, unpacked = packed_batch(data), unpacked_batch(data)
-    assert packed["input_ids"].shape[0] < unpacked["input_ids"].shape[0]      # rows really share sequences
-    assert int((packed["labels"][:, 1:] != -100).sum()) == int((unpacked["labels"][:, 1:] != -100).sum())
-    loss_p, grads_p = loss_and_grads(model, packed, chunked)
-    loss_u, grads_u = loss_and_grads(model, unpacked, chunked)
-    assert abs(float(loss_p - loss_u)) <= 1e-5 * abs(float(loss_u))
-    assert_close_relative(grads_p, grads_u, 1e-5)
+    agreement = packing_agreement(model, data, 96, PAD)
+    assert agreement.sequences < agreement.rows == 9              # rows really share sequences
+    assert agreement.within(1e-5), agreement
+
+
+def test_packed_rows_keep_the_unpacked_label_count():
+    data = rows(9, prompted=True)
+    p, u = packed(data), padded_batch(data, PAD)
+    assert int((p["labels"][:, 1:] != -100).sum()) == int((u["labels"][:, 1:] != -100).sum())
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_changing_one_packed_row_changes_no_other_rows_logits(impl):
     model = build_model("tiny", vocab_size=400)
     install_attention(model, impl)
-    batch = packed_batch(rows(9))
-    docs = batch["document_ids"]
-    with torch.no_grad():
-        before = model(input_ids=batch["input_ids"], attention_mask=attention_mask_for(batch)).logits
-        changed = batch["input_ids"].clone()
-        target = docs[0] == 2
-        changed[0, target] = torch.randint(4, 400, (int(target.sum()),))
-        after = model(input_ids=changed, attention_mask=attention_mask_for(batch)).logits
-    others = torch.ones_like(docs, dtype=torch.bool)
-    others[0, target] = False
-    assert not torch.equal(before[0, target], after[0, target])
-    assert torch.equal(before[others], after[others])
+    assert row_isolation(model, rows(9), 96, PAD, 400) == (True, True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention trains on CUDA only")
@@ -199,12 +157,12 @@ def test_flex_packed_rows_give_the_unpacked_loss_on_cuda():
     model = build_model("tiny", vocab_size=400, device="cuda")
     install_attention(model, "flex")
     data = rows(9)
-    packed = {k: v.cuda() for k, v in packed_batch(data).items()}
-    unpacked = {k: v.cuda() for k, v in unpacked_batch(data).items()}
-    loss_p, grads_p = loss_and_grads(model, packed, False)
-    loss_u, grads_u = loss_and_grads(model, unpacked, False)
-    assert abs(float(loss_p - loss_u)) <= 1e-5 * abs(float(loss_u))
-    assert_close_relative(grads_p, grads_u, 1e-5)
+    p = {k: v.cuda() for k, v in packed(data).items()}
+    u = {k: v.cuda() for k, v in padded_batch(data, PAD).items()}
+    loss_p, grads_p = loss_and_gradients(model, p)
+    loss_u, grads_u = loss_and_gradients(model, u)
+    assert abs(loss_p - loss_u) <= 1e-5 * abs(loss_u)
+    assert all(float((grads_p[k] - g).norm() / g.norm()) <= 1e-5 for k, g in grads_u.items())
 
 
 def test_row_groups_read_one_sequence_as_columns():
@@ -215,3 +173,30 @@ def test_row_groups_read_one_sequence_as_columns():
     batch = packed_collate([groups[(2, 0)], groups[EMPTY]], 8, PAD)
     assert batch["input_ids"].tolist() == [[4, 5, 6, 1, 2, PAD, PAD, PAD], [PAD] * 8]
     assert batch["document_ids"].tolist() == [[1, 1, 1, 2, 2, 0, 0, 0], [0] * 8]
+
+
+def test_compiled_packed_training_does_not_recompile_after_the_first_step():
+    """--compile on packed batches: one shape every step, so the graphs of step 1 serve every later step.
+
+    The steps differ in how rows are laid out and how many positions are labeled (the chunked loss keeps
+    only those); dynamo's frame counter (the ``eager`` backend: inductor's graphs and guards without its
+    code generation) must not move after the first step. Compiled as the loop compiles (``dynamic=True``).
+    """
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    model = build_model("tiny", vocab_size=400)
+    install_attention(model, "sdpa")
+    install_chunked_loss(model, 64)
+    compiled = torch.compile(model, backend=counter, dynamic=True)
+    frames = []
+    for step in range(5):
+        batch = packed(rows(12, seed=step, prompted=step % 2 == 1))
+        batch = {k: v[:2] for k, v in batch.items()}       # two sequences of 96 every step
+        loss = compiled(input_ids=batch["input_ids"], attention_mask=attention_mask_for(batch),
+                        token_loss_labels=batch["labels"]).loss
+        loss.backward()
+        frames.append(counter.frame_count)
+    assert frames[0] >= 1 and frames == [frames[0]] * 5, frames
+    torch._dynamo.reset()

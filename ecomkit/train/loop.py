@@ -340,6 +340,7 @@ class TrainingRun:
             "data": self.data_report.facts(),
             "grad_accum": self.grad_accum, "steps": self.step,
             "seq_len": self.cfg.seq_len, "packing": self.packed, "fill_rate": fill_rate_of(train_rows),
+            "steps_per_epoch": self.sampler.steps_per_epoch,
             "first_loss": train_rows[0]["loss"] if train_rows else None,
             "final_loss": train_rows[-1]["loss"] if train_rows else None,
             **final_eval,
