@@ -62,11 +62,13 @@ def test_cut_takes_the_end_of_the_input_first_then_around_it():
     assert cut.input == 22 and cut.other == 2 and ids == [100] + list(range(125, 130))
 
 
-def test_an_answer_too_long_loses_its_end_and_the_prompt_keeps_its_shortest_form():
-    prompt = PromptIds(list(range(100, 130)), 3, 25)
-    ids, labels, cut = fit_prompt_answer(prompt, list(range(1, 30)), 9, 20)
-    assert len(ids) == 20 and cut.input == 22 and cut.answer == 18
-    assert ids[:8] == [100, 101, 102, 125, 126, 127, 128, 129] and labels[:8] == [IGNORE_INDEX] * 8
+def test_the_answer_stays_whole_while_the_prompt_can_give_way_the_cue_last():
+    prompt = PromptIds(list(range(100, 130)), 3, 25)        # head 3 ids, input 22, tail 5
+    ids, labels, cut = fit_prompt_answer(prompt, list(range(1, 15)), 9, 20)   # answer 14 + EOS
+    assert len(ids) == 20 and cut.input == 22 and cut.answer == 0 and cut.other == 3
+    assert ids[:6] == [125, 126, 127, 128, 129, 1] and labels[:5] == [IGNORE_INDEX] * 5   # the head went; the tail stays
+    ids, labels, cut = fit_prompt_answer(prompt, list(range(1, 30)), 9, 20)   # an answer longer than the row
+    assert len(ids) == 20 and cut.answer == 11 and ids[0] == 129 and labels[0] == IGNORE_INDEX
     ids, labels, cut = fit_prompt_answer(prompt, [1, 2, 3], 9, 40)       # fits: unchanged
     assert ids == list(range(100, 130)) + [1, 2, 3, 9] and cut.total == 0
 

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from ecomkit.data.lengths import LengthStats
 from ecomkit.data.packing import (EMPTY, PACK_AUTO_MAX_ROW_SHARE, PackedBatchSampler, RowGroups, best_fit_decreasing,
                                   decide_packing, fill_rate, packed_collate, plan_sequences)
 from ecomkit.data.tokenize import IGNORE_INDEX
@@ -87,12 +86,10 @@ def test_packed_sampler_resumes_after_the_consumed_global_batches():
 
 
 def test_decide_packing_auto_follows_the_mean_row_share():
-    short = LengthStats(rows=10, tokens=10 * 60)
-    long = LengthStats(rows=10, tokens=10 * 200)
-    assert decide_packing("auto", short, 256)[0] and not decide_packing("auto", long, 256)[0]
-    assert decide_packing("auto", LengthStats(rows=1, tokens=int(256 * PACK_AUTO_MAX_ROW_SHARE)), 256)[0]
-    assert decide_packing("on", long, 256) == (True, "--packing on as given")
-    assert decide_packing("off", short, 256)[0] is False
+    assert decide_packing("auto", 60.0, 256)[0] and not decide_packing("auto", 200.0, 256)[0]
+    assert decide_packing("auto", 256 * PACK_AUTO_MAX_ROW_SHARE, 256)[0]
+    assert decide_packing("on", 200.0, 256) == (True, "--packing on as given")
+    assert decide_packing("off", 60.0, 256)[0] is False
 
 
 # ---------------------------------------------------------------------- rows, packed and unpacked

@@ -215,13 +215,13 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     train_rows, eval_rows = split(fitted)
     cuts = {"train": cut_counts(fitted, seq_len, train_rows),
             "eval": cut_counts(fitted, seq_len, eval_rows) if eval_fitted is None else cut_counts(eval_fitted, seq_len)}
-    kinds = np.bincount(column_numpy(fitted, "kind").astype(np.int64), minlength=len(KINDS))
+    kinds = np.bincount(column_numpy(whole, "kind").astype(np.int64), minlength=len(KINDS))   # examples, not windows
     final = lambda table: table.select_columns([c for c in FINAL_COLUMNS if c in table.column_names])  # noqa: E731
     if eval_fitted is None:
         eval_records, eval_name = records.select(eval_idx), Path(str(source)).name
         train_ds, eval_ds = final(fitted).select(train_rows), final(fitted).select(eval_rows)
     else:
-        kinds += np.bincount(column_numpy(eval_fitted, "kind").astype(np.int64), minlength=len(KINDS))
+        kinds += np.bincount(column_numpy(eval_whole, "kind").astype(np.int64), minlength=len(KINDS))
         train_ds, eval_ds = final(fitted), final(eval_fitted)
         eval_records, eval_name = eval_table, Path(str(eval_data)).name
     if kinds.sum() == 0:

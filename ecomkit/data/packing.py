@@ -40,7 +40,6 @@ import torch
 from torch.utils.data import Dataset as TorchDataset
 
 from ecomkit.config.vocabulary import AUTO
-from ecomkit.data.lengths import LengthStats
 from ecomkit.data.sampler import epoch_rng
 from ecomkit.data.tokenize import IGNORE_INDEX
 from ecomkit.errors import ConfigError
@@ -51,16 +50,14 @@ EMPTY: tuple[int, ...] = ()   # a sequence of padding only: fills the last globa
 PACK_AUTO_MAX_ROW_SHARE = 0.5
 
 
-def decide_packing(requested: str, train: LengthStats, seq_len: int) -> tuple[bool, str]:
-    """``(packed, why)`` for ``--packing on|off|auto`` given the training rows' lengths and ``seq_len``."""
+def decide_packing(requested: str, mean_row: float, seq_len: int) -> tuple[bool, str]:
+    """``(packed, why)`` for ``--packing on|off|auto``, given the mean training row (as fit to ``seq_len``)."""
     if requested != AUTO:
         return requested == "on", f"--packing {requested} as given"
-    share = train.mean_row / seq_len if seq_len else 1.0
-    if share <= PACK_AUTO_MAX_ROW_SHARE:
-        return True, (f"auto: on, the mean training row ({train.mean_row:.0f} tokens) fills {share:.0%} of seq_len "
-                      f"{seq_len} (packs when <= {PACK_AUTO_MAX_ROW_SHARE:.0%})")
-    return False, (f"auto: off, the mean training row ({train.mean_row:.0f} tokens) fills {share:.0%} of seq_len "
-                   f"{seq_len} (packs when <= {PACK_AUTO_MAX_ROW_SHARE:.0%})")
+    share = mean_row / seq_len if seq_len else 1.0
+    verdict = "on" if share <= PACK_AUTO_MAX_ROW_SHARE else "off"
+    return verdict == "on", (f"auto: {verdict}, the mean training row ({mean_row:.0f} tokens) fills {share:.0%} of "
+                             f"seq_len {seq_len} (packs when <= {PACK_AUTO_MAX_ROW_SHARE:.0%})")
 
 
 def best_fit_decreasing(lengths: Sequence[int], capacity: int, tie_order: np.ndarray | None = None

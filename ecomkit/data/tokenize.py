@@ -131,15 +131,13 @@ def fit_prompt_answer(prompt: PromptIds, answer: list[int], eos_id: int,
                       max_length: int) -> tuple[list[int], list[int], RowCut]:
     """prompt + answer + EOS within ``max_length`` ids; labels are -100 on the prompt; what was cut.
 
-    The answer is kept whole when the prompt can give way (:func:`cut_prompt`);
-    an answer too long for the row loses its end (its EOS first), keeping at
-    least one answer token and the prompt's shortest form (its instruction,
-    labels and cue, without input) where that fits.
+    The answer is what the row teaches, so it is kept whole while one prompt
+    token still fits: the prompt gives way (:func:`cut_prompt`: the end of its
+    input, then around it, the answer cue last). Only an answer longer than the
+    row itself loses its end (its EOS first).
     """
     answer = list(answer) + [eos_id]
-    keep_prompt = len(prompt.ids) - (prompt.input_end - prompt.input_start)   # the prompt without its input
-    room = max(1, max_length - min(keep_prompt, max_length - 1))
-    answer_cut = max(0, len(answer) - room)
+    answer_cut = max(0, len(answer) - (max_length - 1))
     if answer_cut:
         answer = answer[:len(answer) - answer_cut]
     ids, cut = cut_prompt(prompt, max_length - len(answer))

@@ -244,10 +244,13 @@ def model_length_limit(name_or_path: str) -> int:
 
     A preset: BLOOM's training length. A saved or hub model: its config's
     ``seq_length`` (BLOOM's configs), ``n_positions`` or ``max_position_embeddings``
-    when it has one, else BLOOM's training length.
+    when it has one, else BLOOM's training length. A name that is none of these
+    raises :func:`load_model`'s error, so a typo fails before the data is built.
     """
     if name_or_path in PRESETS:
         return BLOOM_TRAINING_LENGTH
+    if not is_local_model_dir(name_or_path) and ("/" not in name_or_path or name_or_path.startswith((".", "/"))):
+        raise ModelNotFoundError(_unknown_preset_message(name_or_path))   # what load_model would say, before the data
     try:
         config = model_config(name_or_path)
     except (OSError, ValueError):     # not reachable yet: load_model reports it properly

@@ -22,12 +22,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import datasets
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader
 
 from ecomkit.config import TrainConfig
-from ecomkit.data import DistributedBatchSampler, build_datasets, lengths_array, pad_collate
-from ecomkit.data.lengths import generation_budget
-from ecomkit.data.packing import PackedBatchSampler, RowGroups, decide_packing, packed_collate
+from ecomkit.data import build_datasets, lengths_array, pad_collate
 from ecomkit.data.formats import parse_labels, write_task_file
 from ecomkit.dist import DistEnv, distributed_session, gather_objects, log, restart_attempt
 from ecomkit.envcheck.matmul import roofline_fields, roofline_summary, run_peak
@@ -48,6 +45,7 @@ from ecomkit.parallel.mixed import sharded_model_callbacks
 from ecomkit.train.clip import ClipPolicy
 from ecomkit.train.evaluate import all_reduce_sums, evaluate_loss, evaluate_nlu_accuracy
 from ecomkit.train.autoprec import resolve_attention, resolve_precision
+from ecomkit.train.batches import batch_counts, resolve_data_settings, training_loader
 from ecomkit.train.gen_eval import PREDICTIONS_FILE, evaluator_for_run
 from ecomkit.train.preempt import add_preemption_callbacks
 from ecomkit.train.progress import make_progress
@@ -138,6 +136,7 @@ class TrainingRun:
         """Datasets, sampler and loader; public because HF Trainer (ecomkit.train.hf_trainer) trains on the same data."""
         datasets.disable_progress_bars()  # progress bars only add noise to logs
         cfg = self.cfg
+        limit = model_length_limit(cfg.model)   # every rank: an unknown --model fails here, each with its message
         # Rank 0 loads, validates and tokenises into the Arrow cache; the others then map the same tables.
         # The barrier is in `finally`: if rank 0 fails (bad data), the others fail the same way, not hang.
         if self.env.distributed and not self.env.is_main:
@@ -145,7 +144,7 @@ class TrainingRun:
         try:
             self.train_ds, self.eval_ds, self.eval_records, self.data_report = build_datasets(
                 cfg.data, n_rows=cfg.n_rows if cfg.data == "synthetic" else None, seed=cfg.seed, task=cfg.task,
-                tokenizer=self.tokenizer, max_length=cfg.seq_len, length_limit=model_length_limit(cfg.model),
+                tokenizer=self.tokenizer, max_length=cfg.seq_len, length_limit=limit,
                 column_map=cfg.column_map, strict=cfg.strict_data,
                 num_proc=cfg.num_proc, label_map=cfg.label_map, max_rows=cfg.max_rows or None,
                 max_bad_fraction=cfg.max_bad_fraction, prompt_format=cfg.prompt_format,
@@ -156,26 +155,14 @@ class TrainingRun:
         if cfg.clip_policy == "sentiment" and "polarity" not in self.train_ds.column_names:
             raise ConfigError("clip_policy='sentiment' needs sentiment labels in the data (a 'sentiment' column "
                               "whose values are, or are mapped by label_map to, positive/neutral/negative).")
-        report = self.data_report
-        cfg.seq_len = report.seq_len                    # --seq-len auto: the length that holds every row
-        if cfg.task == "nlu":                           # --gen-max-new-tokens auto: the longest training answer + 8
-            cfg.gen_max_new_tokens, self.gen_budget_reason = generation_budget(cfg.gen_max_new_tokens,
-                                                                               report.lengths["train"])
-        self.packed, self.packing_reason = decide_packing(cfg.packing, report.lengths["train"], cfg.seq_len)
         lengths = lengths_array(self.train_ds)
+        # --seq-len, --gen-max-new-tokens and --packing auto, decided from the data (train/batches.py)
+        self.packed, self.packing_reason, self.gen_budget_reason = resolve_data_settings(cfg, self.data_report, lengths)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         multiple = length_multiple(cfg.precision, self.env.device)  # bf16 on CPU: bounded shapes (train/shapes.py)
         self.collate = lambda feats: pad_collate(feats, pad_id, multiple)   # unpacked: evaluation, HF Trainer
-        if self.packed:   # micro-batches of sequences of exactly seq_len tokens, one shape every step
-            self.sampler = PackedBatchSampler(lengths, cfg.seq_len, cfg.micro_batch_size, self.grad_accum,
-                                              num_replicas=self.shard[1], rank=self.shard[0], seed=cfg.seed)
-            self.loader = DataLoader(RowGroups(self.train_ds), batch_sampler=self.sampler,
-                                     collate_fn=functools.partial(packed_collate, seq_len=cfg.seq_len, pad_id=pad_id))
-            return
-        self.sampler = DistributedBatchSampler(
-            lengths, micro_batch_size=cfg.micro_batch_size, grad_accum=self.grad_accum,
-            num_replicas=self.shard[1], rank=self.shard[0], seed=cfg.seed, bucketed=cfg.bucketed)
-        self.loader = DataLoader(self.train_ds, batch_sampler=self.sampler, collate_fn=self.collate)
+        self.sampler, self.loader = training_loader(self.train_ds, lengths, cfg, self.shard, self.grad_accum,
+                                                    self.packed, pad_id, multiple)
 
     # ------------------------------------------------------------------ loop
     def global_batch(self) -> int:
@@ -371,22 +358,6 @@ class TrainingRun:
             self.strategy.close()
         self.strategy = None
         self.loader = None
-
-
-def batch_counts(batch: dict[str, torch.Tensor]) -> tuple[int, int, int, int]:
-    """(real tokens, rows, positions, Σ L² over rows) of one micro-batch, packed or padded.
-
-    A packed batch's rows are its documents (``document_ids`` 1, 2, ...; 0 is padding), so throughput counts
-    rows and the MFU's attention term their own lengths, never the sequence they share.
-    """
-    real = int(batch["attention_mask"].sum())
-    if "document_ids" not in batch:
-        lengths = batch["attention_mask"].sum(dim=1)
-        return real, batch["input_ids"].size(0), batch["input_ids"].numel(), int((lengths ** 2).sum())
-    docs = batch["document_ids"]
-    per_doc = torch.zeros(docs.shape[0], int(docs.max()) + 1, dtype=torch.long).scatter_add_(1, docs, torch.ones_like(docs))
-    per_doc = per_doc[:, 1:]
-    return real, int((per_doc > 0).sum()), docs.numel(), int((per_doc ** 2).sum())
 
 
 def replica_checksums(model: torch.nn.Module, env: DistEnv) -> list[str]:
