@@ -90,6 +90,8 @@ CASES = {  # reason: (the bad line, the field strict mode names, load_records ar
     "malformed_line": (b'{"title": "unterminated', None, {}),
     "span_offsets": (json.dumps({"text": "华为手机", "spans": [{"type": "品牌", "term": "华为", "start": 1, "end": 3}]},
                                 ensure_ascii=False).encode(), "spans", {}),
+    "span_out_of_range": (json.dumps({"text": "华为手机", "spans": [{"type": "品牌", "start": 2, "end": 9}]},
+                                     ensure_ascii=False).encode(), "spans", {}),
     "inclusive_span_end": (json.dumps({"text": "华为手机", "spans": [{"type": "品牌", "term": "华为", "start": 0,
                                                                  "end": 1}]}, ensure_ascii=False).encode(), "spans", {}),
     "overlapping_spans": (json.dumps({"text": "华为手机", "label": {"品牌": {"华为": [[0, 1]], "为手": [[1, 2]]}}},
