@@ -57,7 +57,7 @@ def test_bad_column_map_and_missing_header_column(tmp_path):
     with pytest.raises(ConfigError, match="unknown fields"):
         load_records(write_jsonl([GOOD], tmp_path / "a.jsonl"), column_map={"name": "titel"})
     no_text = [{"price": 5, "label": 1}]
-    with pytest.raises(DataError, match=r"has no text column.*column_map"):
+    with pytest.raises(DataError, match=r"has no text column.*--column-map"):
         load_records(write_csv(no_text, tmp_path / "b.csv"))
     text_only = [{"text": "好评"}] * 3
     with pytest.raises(DataError, match=r"nothing for task 'nlu'.*sentiment"):

@@ -142,7 +142,7 @@ def test_more_than_max_bad_fraction_stops_with_the_per_reason_report(tmp_path, t
 
 def test_user_files_are_never_capped_silently(tmp_path, tok, reviews):
     path = write_csv(reviews, tmp_path / "r.csv", fields=["cat", "label", "review"])
-    with pytest.raises(ConfigError, match="n_rows=4000 sets the size of the synthetic catalog.*max_rows"):
+    with pytest.raises(ConfigError, match="--n-rows 4000 sets the size of the synthetic catalog.*--max-rows"):
         build(path, tok, n_rows=4000, column_map=REVIEW_COLUMNS, label_map=SENTIMENT_01)
     *_, report = build(path, tok, max_rows=100, column_map=REVIEW_COLUMNS, label_map=SENTIMENT_01)
     assert report.n_train_records + report.n_eval_records == 100

@@ -199,8 +199,8 @@ class TrainConfig:
         per_step = self.micro_batch_size * world_size
         if self.global_batch_size % per_step:
             raise ConfigError(
-                f"global_batch_size={self.global_batch_size} is not divisible by micro_batch_size × "
-                f"world_size = {self.micro_batch_size} × {world_size} = {per_step}. Choose a global batch "
+                f"--global-batch-size {self.global_batch_size} is not divisible by --micro-batch-size × "
+                f"world size = {self.micro_batch_size} × {world_size} = {per_step}. Choose a global batch "
                 f"that is a multiple of {per_step}, or change --micro-batch-size.")
         return self.global_batch_size // per_step
 

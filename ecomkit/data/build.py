@@ -145,7 +145,7 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     if not 0.0 < eval_fraction < 1.0:
         raise ConfigError(f"eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction}.")
     if max_rows is not None and max_rows < 2:
-        raise ConfigError(f"max_rows must be at least 2 (or None for all rows), got {max_rows}.")
+        raise ConfigError(f"--max-rows must be at least 2 (or 0 for all rows), got {max_rows}.")
     maps = {"column_map": column_map, "strict": strict, "label_map": label_map, "num_proc": num_proc,
             "span_end": span_end}
     records, validation = _source_records(source, n_rows, seed, task, **maps)
@@ -177,7 +177,7 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     del targets                                                  # not held while the table is tokenised
     if len(train_idx) == 0:
         raise DataError(f"{source}: only {len(records)} usable records, too few to split off an eval set with "
-                        f"eval_fraction={eval_fraction}. Provide more rows, or an eval file (eval_data).")
+                        f"eval_fraction={eval_fraction}. Provide more rows, or an eval file (--eval-data FILE).")
     tok = {"labels": all_labels, "keep_kind": True, "prompt_format": prompt_format}
     # Tokenise the whole table in one sequential pass (cached per table, whatever the seed), then split the
     # examples by their source record: training rows in table order (the sampler shuffles), eval rows in the
@@ -199,7 +199,8 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     if kinds.sum() == 0:
         raise DataError(f"{source}: no {task} example could be built from {len(records):,} valid records. For task "
                         f"'nlu' a record needs a target (category, sentiment, brand, price) or spans and a text to "
-                        f"read it from, or an instruction pair; check column_map, or use task='lm'.")
+                        f"read it from, or an instruction pair; check --column-map (a nested value is reached by a "
+                        f"path: --column-map '{{\"labels.coarse[0]\": \"category\"}}'), or train with --task lm.")
     report = BuildReport(str(source), validation, len(train_idx), len(eval_idx), len(train_ds), len(eval_ds),
                          all_labels["category"], all_labels, {k: int(n) for k, n in zip(KINDS, kinds) if n},
                          n_valid, max_rows, prompt_format, eval_source=None if eval_data is None else str(eval_data),
@@ -273,16 +274,16 @@ def _source_records(source, n_rows, seed, task, column_map, strict, label_map, n
                     span_end) -> tuple[Dataset, ValidationReport]:
     if str(source) == SYNTHETIC:
         if n_rows is None or not MIN_ROWS <= n_rows <= MAX_SYNTHETIC_ROWS:
-            raise ConfigError(f"n_rows (the size of the synthetic catalog) must be in {MIN_ROWS}.."
+            raise ConfigError(f"--n-rows (the size of the synthetic catalog) must be in {MIN_ROWS}.."
                               f"{MAX_SYNTHETIC_ROWS:,}, "
-                              f"got {n_rows} (e.g. n_rows=2000).")
+                              f"got {n_rows} (e.g. --n-rows 2000).")
         records = cached_table(fingerprint("synthetic", n_rows, seed, RECORD_FIELDS),
                                lambda: _synthetic_batches(n_rows, seed),
                                RECORD_FEATURES)
         return records, ValidationReport(source=SYNTHETIC, total=len(records), kept=len(records))
     if n_rows is not None:
-        raise ConfigError(f"n_rows={n_rows} sets the size of the synthetic catalog; {source} is a file, used whole. "
-                          f"To use part of it, pass max_rows (--max-rows).")
+        raise ConfigError(f"--n-rows {n_rows} sets the size of the synthetic catalog; {source} is a file, used "
+                          f"whole. To use part of it, pass --max-rows.")
     result = load_records(source, column_map=column_map, task=task, strict=strict, label_map=label_map,
                           num_proc=num_proc, span_end=span_end)
     return result.dataset, result.report

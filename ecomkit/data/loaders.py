@@ -169,7 +169,7 @@ def _finish(report: ValidationReport) -> None:
         raise DataError(f"{report.source} contains no rows. Check that it is the right file and not empty.")
     if report.kept == 0:
         raise DataError(f"No usable rows in {report.source}. {report.summary()} Fix the data or its "
-                        f"column_map/label_map.")
+                        f"--column-map/--label-map.")
     if report.skipped:
         logger.warning("%s", report.summary())
 
@@ -276,12 +276,13 @@ def _check_columns(path: Path, columns: Iterable[str], column_map: Mapping[str, 
         raise DataError(
             f"{path} has no text column (its columns: {columns}); ecomkit needs one of {list(TEXT_FIELDS)} or an "
             f"instruction pair (instruction/output or prompt/response). Rename a column, or pass "
-            f"column_map={{'your_column': 'text'}} (or 'review', 'title') to say which column holds the text.")
+            f"--column-map '{{\"your_column\": \"text\"}}' (or review, title) to say which column holds the text.")
     if task == "nlu" and not present & {*TARGET_FIELDS, *INSTRUCTION_FIELDS, "spans", "tokens", "label"}:
         raise DataError(
             f"{path} has nothing for task 'nlu' to learn (its columns: {columns}): it needs a target column "
-            f"({', '.join(TARGET_FIELDS)}), spans (spans, label, or tokens + ner_tags) or instruction pairs. Map one with column_map={{'label': 'sentiment'}}, "
-            f"or train with task='lm' on the text alone.")
+            f"({', '.join(TARGET_FIELDS)}), spans (spans, label, or tokens + ner_tags) or instruction pairs. Map "
+            f"one with --column-map '{{\"label\": \"sentiment\"}}' (a nested value by its path: "
+            f"'{{\"labels.coarse[0]\": \"category\"}}'), or train with --task lm on the text alone.")
 
 
 # ---------------------------------------------------------------- JSON Lines

@@ -75,7 +75,7 @@ class SpanProblem(Exception):
 
 def check_span_end(span_end: str) -> str:
     if span_end not in SPAN_ENDS:
-        raise ConfigError(f"span_end must be 'exclusive' (end offsets as in Python slicing, the default) or "
+        raise ConfigError(f"--span-end must be 'exclusive' (end offsets as in Python slicing, the default) or "
                           f"'inclusive' (the end offset is the last character), got {span_end!r}.")
     return span_end
 
@@ -209,7 +209,7 @@ def _tag_names(tags: list, tag_names: Mapping[str, str] | None) -> list[str]:
         if isinstance(tag, int):
             if not tag_names:
                 raise SpanProblem("malformed_tags", "ner_tags", "integer tags without tag names (give them once: "
-                                                                "label_map={'ner_tags': ['O', 'B-PER', ...]})")
+                                                                "--label-map '{\"ner_tags\": [\"O\", \"B-PER\", ...]}')")
             if str(tag) not in tag_names:
                 raise SpanProblem("malformed_tags", "ner_tags", f"tag id {tag} has no name (the tag names have "
                                                                 f"{len(tag_names)} entries)")

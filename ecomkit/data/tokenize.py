@@ -169,10 +169,10 @@ def tokenize_records(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, 
     (``TOKENIZERS_PARALLELISM=false``) to avoid oversubscribing the cores.
     """
     if max_length < MIN_MAX_LENGTH:
-        raise ConfigError(f"max_length={max_length} is too short; use at least {MIN_MAX_LENGTH} (256 fits "
+        raise ConfigError(f"max_length={max_length} (--seq-len) is too short; use at least {MIN_MAX_LENGTH} (256 fits "
                           f"most catalog rows).")
     if num_proc < 1:
-        raise ConfigError(f"num_proc must be >= 1, got {num_proc}.")
+        raise ConfigError(f"--num-proc must be >= 1, got {num_proc}.")
     check_task(task)
     check_format(prompt_format)
     _eos_id(tokenizer)

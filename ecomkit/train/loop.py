@@ -150,8 +150,8 @@ class TrainingRun:
             if self.env.distributed and self.env.is_main:
                 dist.barrier()
         if cfg.clip_policy == "sentiment" and "polarity" not in self.train_ds.column_names:
-            raise ConfigError("clip_policy='sentiment' needs sentiment labels in the data (a 'sentiment' column "
-                              "whose values are, or are mapped by label_map to, positive/neutral/negative).")
+            raise ConfigError("--clip-policy sentiment needs sentiment labels in the data (a 'sentiment' column "
+                              "whose values are, or are mapped by --label-map to, positive/neutral/negative).")
         self.sampler = DistributedBatchSampler(
             lengths_array(self.train_ds), micro_batch_size=cfg.micro_batch_size, grad_accum=self.grad_accum,
             num_replicas=self.shard[1], rank=self.shard[0], seed=cfg.seed, bucketed=cfg.bucketed)
