@@ -217,6 +217,11 @@ def parse_price(value: Any) -> float | None:
 def _check_text(name: str, value: Any, max_chars: int) -> str:
     if name in LABEL_FIELDS and isinstance(value, (int, float)) and not isinstance(value, bool):
         value = label_key(value)  # integer labels (0/1) are common in review data sets
+    if isinstance(value, (dict, list)):
+        inside = f"keys {list(value)[:6]}" if isinstance(value, dict) else f"{len(value)} items"
+        raise RowProblem("wrong_type", name, f"{name} has type {type(value).__name__} ({inside}), expected text; "
+                                             f"map the value inside it by its path, e.g. --column-map "
+                                             f"'{{\"<column>.key[0]\": \"{name}\"}}'")
     if not isinstance(value, str):
         raise RowProblem("wrong_type", name, f"{name} has type {type(value).__name__}, expected text")
     if any("\udc80" <= ch <= "\udcff" for ch in value):
