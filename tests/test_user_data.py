@@ -67,6 +67,27 @@ def test_integer_labels_without_a_label_map_are_labels_from_the_data(tmp_path, t
     assert report.labels["sentiment"] == ("0", "1")
 
 
+def test_baselines_learn_the_training_majority_when_the_dev_file_has_another(tmp_path, tok):
+    """Issue #43 item 1: a train file whose majority is 服饰 and a dev file whose majority is 手机.
+
+    The majority baseline must answer the training majority (服饰); on main it took the dev labels it was
+    scored on, so it answered 手机 and was a baseline no model could know.
+    """
+    from ecomkit.config import TrainConfig
+    from ecomkit.train.gen_eval import evaluator_for_run
+
+    train = [{"title": f"商品{i}", "category": "服饰" if i % 4 else "手机"} for i in range(40)]    # 30 服饰 / 10 手机
+    dev = [{"title": f"新品{i}", "category": "手机" if i % 4 else "服饰"} for i in range(12)]      # 9 手机 / 3 服饰
+    train_path, dev_path = write_jsonl(train, tmp_path / "train.jsonl"), write_jsonl(dev, tmp_path / "dev.jsonl")
+    *_, report = build(train_path, tok, eval_data=str(dev_path), prompt_format="seqgpt")
+    assert report.train_label_counts == {"category": Counter({"服饰": 30, "手机": 10})}
+    assert report.facts()["train_label_counts"] == {"category": {"服饰": 30, "手机": 10}}
+    evaluator = evaluator_for_run(TrainConfig(task="nlu"), report)
+    assert evaluator.majorities == {report.labels["category"]: "服饰"}
+    rows = [r for r in evaluator.examples if r.kind == "classify"]
+    assert len(rows) == 12
+
+
 def test_unmapped_label_is_a_counted_reason_and_strict_names_file_line_field(tmp_path, reviews):
     rows = [dict(r) for r in reviews[:40]]
     rows[6]["label"] = 2

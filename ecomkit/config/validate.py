@@ -55,7 +55,7 @@ def validate_train_config(cfg: _TrainConfig, world_size: int, n_head: int | None
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{flag_of(name)} {getattr(cfg, name)}: must be > 0.")
     for name in ("loss_chunk_tokens", "weight_decay", "max_grad_norm", "warmup_steps", "max_steps", "epochs",
-                 "eval_interval", "untimed_steps"):
+                 "eval_interval", "untimed_steps", "final_eval_samples"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{flag_of(name)} {getattr(cfg, name)}: must be >= 0.")
     if cfg.max_steps == 0 and cfg.epochs <= 0:

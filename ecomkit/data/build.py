@@ -21,6 +21,9 @@ and the file (same shapes, column map and label map) is the eval set.
   ``report.prompt_format``;
 - ``report.train_spans``: a ``Counter`` of ``(label, span)`` over the training
   records' extraction spans (computed on first use), for the dictionary baseline;
+- ``report.train_label_counts``: per classification target, how often each label
+  is the gold label of a training example, for the majority-label baseline (a
+  baseline learned from the training split, never from the labels it is scored on);
 - ``report.labels["extract"]``: the extraction label set, in prompt order (from
   ``labels`` when given, else every span label of the data, sorted), and
   ``report.spans_outside_labels``: spans left out because their label is not in it.
@@ -75,6 +78,7 @@ class BuildReport:
     spans_outside_labels: dict[str, int] = field(default_factory=dict)          # label -> spans left out
     eval_source: str | None = None     # the eval_data file, when one was given
     eval_validation: ValidationReport | None = None
+    train_label_counts: dict[str, Counter] = field(default_factory=dict)        # target -> training gold labels
     _train_spans: object = field(default=None, repr=False, compare=False)       # a Counter, or how to make it
 
     @property
@@ -99,7 +103,8 @@ class BuildReport:
                 "prompt_format": self.prompt_format, "eval_source": self.eval_source,
                 "eval_skipped": dict(self.eval_validation.counts) if self.eval_validation else {},
                 "eval_rows_read": self.eval_validation.total if self.eval_validation else None,
-                "spans_outside_labels": dict(self.spans_outside_labels)}
+                "spans_outside_labels": dict(self.spans_outside_labels),
+                "train_label_counts": {t: dict(c) for t, c in self.train_label_counts.items()}}
 
     def summary(self) -> str:
         used = self.n_train_records + self.n_eval_records
@@ -174,6 +179,7 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
         eval_idx, train_idx = stratified_split(order, _strata(targets[0], all_labels, order), eval_fraction)
     else:
         eval_idx, train_idx = np.arange(len(eval_table)), np.arange(len(records))
+    codes = {t: label_codes(targets[0].column(t), all_labels[t]) for t in CLASSIFICATION_TASKS}  # training baseline
     del targets                                                  # not held while the table is tokenised
     if len(train_idx) == 0:
         raise DataError(f"{source}: only {len(records)} usable records, too few to split off an eval set with "
@@ -185,6 +191,9 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     tokenized = tokenize_records(records, tokenizer, task, max_length, num_proc, **tok)
     built = read_columns(tokenized, ["record", "kind"])
     kinds = np.bincount(built.column("kind").to_numpy().astype(np.int64), minlength=len(KINDS))
+    is_train = np.zeros(len(records), dtype=bool)
+    is_train[train_idx] = True
+    train_counts = _train_label_counts(built, is_train, codes, all_labels)
     if eval_table is None:
         train_rows, eval_rows = _rows_by_record(built.column("record").to_numpy(), len(records), eval_idx)
         eval_records, eval_name = records.select(eval_idx), Path(str(source)).name
@@ -204,7 +213,7 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     report = BuildReport(str(source), validation, len(train_idx), len(eval_idx), len(train_ds), len(eval_ds),
                          all_labels["category"], all_labels, {k: int(n) for k, n in zip(KINDS, kinds) if n},
                          n_valid, max_rows, prompt_format, eval_source=None if eval_data is None else str(eval_data),
-                         eval_validation=eval_validation, spans_outside_labels=outside)
+                         eval_validation=eval_validation, spans_outside_labels=outside, train_label_counts=train_counts)
     if task == "nlu":
         report.eval_examples = _task_examples(eval_records, all_labels, eval_name)
         report._train_spans = lambda: _span_counter(records, train_idx, extract)
@@ -219,6 +228,27 @@ def _rows_by_record(source_record: np.ndarray, n_records: int, eval_idx: np.ndar
     eval_rows = np.flatnonzero(row_position >= 0)
     eval_rows = eval_rows[np.argsort(row_position[eval_rows], kind="stable")]
     return np.flatnonzero(row_position < 0), eval_rows
+
+
+def _train_label_counts(built: pa.Table, is_train: np.ndarray, codes: Mapping[str, np.ndarray],
+                        labels: Mapping[str, Sequence[str]]) -> dict[str, Counter]:
+    """Per classification target, the gold labels of its *training* examples (the majority baseline's data).
+
+    ``built``: the tokenised examples' ``record`` and ``kind``; ``is_train``: per source record;
+    ``codes``: per target, each record's label index (``label_codes``). Counted from the examples the
+    model trains on, so a record whose label has no input to read it from is not counted.
+    """
+    record = built.column("record").to_numpy()
+    kind = built.column("kind").to_numpy()
+    out: dict[str, Counter] = {}
+    for task in CLASSIFICATION_TASKS:
+        rec = record[kind == KINDS.index(task)]
+        rec = rec[is_train[rec]]
+        found = codes[task][rec]
+        counts = np.bincount(found[found >= 0], minlength=len(labels[task]))
+        if counts.sum():
+            out[task] = Counter({labels[task][i]: int(n) for i, n in enumerate(counts) if n})
+    return out
 
 
 def _task_examples(table: Dataset, labels: Mapping[str, Sequence[str]], name: str) -> list[TaskExample]:

@@ -43,9 +43,10 @@ from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
 from ecomkit.parallel import build_strategy
 from ecomkit.parallel.mixed import sharded_model_callbacks
 from ecomkit.train.clip import ClipPolicy
-from ecomkit.train.evaluate import all_reduce_sums, evaluate_loss, evaluate_nlu_accuracy
+from ecomkit.train.evaluate import all_reduce_sums
 from ecomkit.train.autoprec import resolve_attention, resolve_precision
-from ecomkit.train.gen_eval import PREDICTIONS_FILE, evaluator_for_run
+from ecomkit.train.gen_eval import evaluator_for_run
+from ecomkit.train.held_out import evaluate_held_out, log_evaluation_scope
 from ecomkit.train.preempt import add_preemption_callbacks
 from ecomkit.train.progress import make_progress
 from ecomkit.train.shapes import length_multiple
@@ -91,6 +92,7 @@ class TrainingRun:
         self.tokenizer = self.build_tokenizer()
         self.build_data()
         self.gen_eval = evaluator_for_run(self.cfg, self.data_report)  # evaluation by generation (nlu)
+        log_evaluation_scope(self)  # periodic evaluations sample, the final one reads every held-out row
         # The strategy decides how the model is materialised: whole on every rank, or only this rank's part
         # of a local checkpoint (ZeRO-3 under deepspeed.zero.Init, FSDP2/TP on the meta device, loaded in setup).
         model = self.strategy.build_model(ModelSource(self.cfg.model, vocab_size=len(self.tokenizer), seed=self.cfg.seed))
@@ -297,17 +299,9 @@ class TrainingRun:
 
     # ------------------------------------------------------------------ eval & end
     def evaluate(self, final: bool = False) -> dict[str, Any]:
-        """Held-out loss, candidate-scoring accuracy and, for nlu, scores by generation (``final``: + predictions.jsonl)."""
-        out = {"eval_loss": evaluate_loss(self.strategy, self.eval_ds, self.collate, self.env,
-                                          self.cfg.micro_batch_size, self.cfg.eval_batches, self.shard)}
-        if self.cfg.task == "nlu" and len(self.eval_records):
-            out.update(evaluate_nlu_accuracy(self.strategy, self.tokenizer, self.eval_records, self.env,
-                                             self.cfg.eval_nlu_samples, shard=self.shard, max_length=self.cfg.seq_len,
-                                             labels=self.data_report.labels, prompt_format=self.cfg.prompt_format))
-        if self.gen_eval is not None:
-            out.update(self.gen_eval(self.strategy, self.tokenizer, self.env, self.shard,
-                                     self.out_dir / PREDICTIONS_FILE if final else None, self.cfg.progress))
-        return out
+        """Held-out loss, candidate-scoring accuracy and, for nlu, scores by generation (``final``: every
+        held-out row, + predictions.jsonl; train/held_out.py)."""
+        return evaluate_held_out(self, final)
 
     def _summary(self, final_eval: dict[str, float], wall: float) -> dict[str, Any]:
         train_rows = [r for r in self.history if r.get("type") == "train"]
