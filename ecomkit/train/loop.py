@@ -334,7 +334,8 @@ class TrainingRun:
                 self.strategy.save_pretrained(str(self.out_dir / "final"), self.tokenizer)
             if self.env.is_main:   # the prompt format and labels it learned, for evaluation and ecomkit.predict
                 write_task_file(self.out_dir / "final", prompt_format=self.cfg.prompt_format, task=self.cfg.task,
-                                labels=self.data_report.labels, kinds=list(self.data_report.examples_per_kind))
+                                labels=self.data_report.labels, kinds=list(self.data_report.examples_per_kind),
+                                seq_len=int(self.cfg.seq_len), gen_max_new_tokens=int(self.cfg.gen_max_new_tokens))
 
     def close(self) -> None:
         if getattr(self, "metrics", None) is not None:   # None when build() failed before the writer
