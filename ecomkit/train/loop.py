@@ -32,7 +32,7 @@ from ecomkit.envcheck.matmul import roofline_fields, roofline_summary, run_peak
 from ecomkit.errors import ConfigError
 from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak_flops, mfu_fields
-from ecomkit.metrics import MetricsWriter, attention_length, peak_memory, slowest_rank_throughput, time_split
+from ecomkit.metrics import MetricsWriter, peak_memory, slowest_rank_throughput, step_model_flops, time_split
 from ecomkit.models.attention import install_attention
 from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token
 from ecomkit.models.cpu_kernels import kernels_for
@@ -196,6 +196,8 @@ class TrainingRun:
         # FLOPs per token given the batch's attention length (metrics.attention_length: real tokens, not cfg.seq_len)
         flops_tok = functools.partial(flops_per_token, self.n_params, self.model_config.n_layer,
                                       self.model_config.hidden_size)
+        # the LM head's 6·V·h per position, counted only where the loss reads it (metrics.step_model_flops)
+        self.head_flops = 6.0 * self.model_config.vocab_size * self.model_config.hidden_size
         peak = device_peak_flops(env.device, cfg.precision)
         self.roofline = run_peak(env.device, cfg.precision)  # (peak FLOP/s, source): measured GEMM on CPU
         bar = make_progress(self.total_steps, cfg.progress and env.is_main)
@@ -280,7 +282,8 @@ class TrainingRun:
         (loss_total,) = self._reduce_counts([loss_sum])
         step_time = time.perf_counter() - t0
         mem, mem_kind = peak_memory(env.device)
-        model_flops = input_tokens * flops_tok(attention_length(input_tokens, squared)) / step_time  # model FLOP/s
+        predicted = label_tokens / self.replication   # positions whose logits the loss reads
+        model_flops = step_model_flops(input_tokens, squared, predicted, flops_tok, self.head_flops) / step_time
         row: dict[str, Any] = {
             "type": "train", "step": self.step + 1, "epoch": self.epoch,
             "loss": loss_total / label_tokens, "lr": strategy.current_lr(),
