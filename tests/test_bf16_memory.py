@@ -32,7 +32,7 @@ PLATEAU = 1.15   # peak RSS at step 150 ≤ 1.15 × at step 50
 def _config(out_dir: str) -> TrainConfig:
     return TrainConfig(model="tiny", task="nlu", n_rows=2000, seq_len=256, micro_batch_size=16, precision="bf16",
                        lr=1e-3, max_steps=150, eval_interval=0, eval_batches=1, eval_nlu_samples=0,
-                       save_model=False, progress=False, output_dir=out_dir)
+                       final_eval_samples=32, save_model=False, progress=False, output_dir=out_dir)
 
 
 def test_length_multiple_only_under_cpu_autocast():

@@ -1,8 +1,11 @@
 """Bring your own data: the three shapes (reviews, instructions, plain text), label maps, no silent caps, bad rows.
 
 Small generated files in each shape go through the real loaders and
-``build_datasets``; the 2-process run at the end trains on a review-shaped
-file (category + 0/1 label + text) with only a column map and a label map.
+``build_datasets``; the 2-process run at the end trains on a review file whose
+labels sit inside an object (``{"labels": {"coarse": [category], "polarity":
+0/1}}``), reached by the column map's paths alone and a label map, and is
+evaluated on a dev file of its own, every row of which the final evaluation
+reads.
 """
 
 from __future__ import annotations
@@ -208,25 +211,47 @@ def test_label_map_from_flag_and_yaml_and_its_checks(tmp_path):
 # at steps 250 / 300. Candidate scoring in the seqgpt format is covered by tests/test_learning.py (400 steps), and
 # this file's shape trains in it in tests/test_extraction_train.py.
 ROWS, STEPS = 2000, 150
+DEV_ROWS = 101  # odd: the two ranks' shares differ by one, and the final evaluation still reads every row
 MARGIN = 0.10   # accuracy ≥ majority baseline + 10 points, category and sentiment
+NESTED_COLUMNS = {"labels.coarse[0]": "category", "labels.polarity": "sentiment"}
+
+
+def nested_reviews(n: int, seed: int) -> list[dict]:
+    """Review rows with their labels inside an object: a category list and a 0/1 polarity."""
+    return [{"review": r["review"], "labels": {"coarse": [r["cat"]], "fine": [], "polarity": r["label"]}}
+            for r in review_rows(n, seed=seed)]
 
 
 @pytest.mark.dist
 @pytest.mark.slow
-def test_two_process_run_on_review_data_uses_every_row_and_beats_the_majority_baseline(tmp_path):
-    data = write_csv(review_rows(ROWS, seed=0), tmp_path / "reviews.csv", fields=["cat", "label", "review"])
+def test_two_process_run_on_nested_labels_evaluates_every_dev_row_and_beats_the_majority_baseline(tmp_path):
+    """Issue #43 acceptance: trained and evaluated on a nested-label file through the column map alone, and the
+    final evaluation of a run with --eval-data covers every row of the file (on main the paths were ignored
+    without a word and "no nlu example could be built"; the final evaluation read --eval-nlu-samples records)."""
+    data = write_jsonl(nested_reviews(ROWS, seed=0), tmp_path / "reviews.jsonl")
+    dev = write_jsonl(nested_reviews(DEV_ROWS, seed=5), tmp_path / "dev.jsonl")
     out = tmp_path / "run"
-    args = ["--data", str(data), "--task", "nlu", "--column-map", json.dumps(REVIEW_COLUMNS),
-            "--label-map", json.dumps(SENTIMENT_01), "--prompt-format", "ecomkit", "--seq-len", "64", "--micro-batch-size", "32", "--lr", "5e-3",
-            "--max-steps", str(STEPS), "--eval-interval", "0", "--eval-batches", "1", "--eval-nlu-samples", "100",
+    args = ["--data", str(data), "--eval-data", str(dev), "--task", "nlu", "--column-map", json.dumps(NESTED_COLUMNS),
+            "--label-map", json.dumps(SENTIMENT_01), "--prompt-format", "ecomkit", "--seq-len", "64",
+            "--micro-batch-size", "32", "--lr", "5e-3", "--max-steps", str(STEPS), "--eval-interval", "0",
+            "--eval-batches", "1", "--eval-nlu-samples", "16", "--gen-eval-samples", "8", "--gen-max-new-tokens", "8",
             "--no-save-model", "--no-progress", "--output-dir", str(out)]
     proc = fastlaunch.run(Path(__file__).resolve().parents[1] / "scripts" / "02_data_parallel.py", args, 2,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["data"]["records_used"] == summary["data"]["rows_read"] == ROWS
-    assert summary["data"]["examples_per_kind"] == {"category": ROWS, "sentiment": ROWS}
+    assert summary["data"]["train_records"] == summary["data"]["rows_read"] == ROWS
+    assert summary["data"]["eval_records"] == summary["data"]["eval_rows_read"] == DEV_ROWS
+    assert summary["data"]["examples_per_kind"] == {"category": ROWS + DEV_ROWS, "sentiment": ROWS + DEV_ROWS}
+    # every dev row, in every figure: loss, candidate scoring of each target, and generation
+    assert summary["eval_loss_examples"] == 2 * DEV_ROWS and f"({2 * DEV_ROWS} held-out examples)" in proc.stdout
+    assert summary["scored_category"] == summary["scored_sentiment"] == summary["nlu_scored"] == DEV_ROWS
+    assert summary["gen_decoded"] == summary["gen_held_out"] == summary["gen_classify_n"] == 2 * DEV_ROWS
+    assert len((out / "predictions.jsonl").read_text(encoding="utf-8").splitlines()) == 2 * DEV_ROWS
+    train_counts = summary["data"]["train_label_counts"]
     for target in ("category", "sentiment"):
         acc, base = summary[f"acc_{target}"], summary[f"majority_{target}"]
+        majority = max(train_counts[target], key=train_counts[target].get)   # the baseline learns from training
+        assert summary[f"majority_label_{target}"] == majority
         assert f"margin {100 * (acc - base):+.1f} points" in proc.stdout
         assert acc >= base + MARGIN, (target, acc, base)
