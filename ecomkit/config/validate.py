@@ -316,7 +316,8 @@ def check_fault_config(cfg: _TrainConfig) -> None:
     try:
         parse_signal_names(f.preempt_signals)
     except ValueError as exc:
-        raise ConfigError(f"--fault-preempt-signals {f.preempt_signals!r}: {exc}; \"\" switches preemption off.") from None
+        raise ConfigError(f"--fault-preempt-signals {f.preempt_signals!r}: {exc}; \"\" switches preemption "
+                          f"off.") from None
     reason = dcp_unsupported_reason(cfg)
     if f.checkpoint_interval > 0 and reason:
         raise ConfigError(

@@ -208,8 +208,9 @@ def _tag_names(tags: list, tag_names: Mapping[str, str] | None) -> list[str]:
             raise SpanProblem("malformed_tags", "ner_tags", f"tag {tag!r} is neither a name nor an integer id")
         if isinstance(tag, int):
             if not tag_names:
-                raise SpanProblem("malformed_tags", "ner_tags", "integer tags without tag names (give them once: "
-                                                                "--label-map '{\"ner_tags\": [\"O\", \"B-PER\", ...]}')")
+                raise SpanProblem("malformed_tags", "ner_tags",
+                                  "integer tags without tag names (give them once: --label-map "
+                                  "'{\"ner_tags\": [\"O\", \"B-PER\", ...]}')")
             if str(tag) not in tag_names:
                 raise SpanProblem("malformed_tags", "ner_tags", f"tag id {tag} has no name (the tag names have "
                                                                 f"{len(tag_names)} entries)")

@@ -176,7 +176,8 @@ def check_label_map(label_map: Mapping[str, Mapping[str, str]] | None) -> dict[s
         if target not in MAP_KEYS:
             raise ConfigError(f"--label-map has the key {target!r}; it maps the values of one of {list(MAP_KEYS)}, "
                               f"e.g. --label-map '{{\"sentiment\": {{\"0\": \"negative\", \"1\": \"positive\"}}}}', "
-                              f"'{{\"spans\": {{\"PER\": \"人物\"}}}}' or '{{\"ner_tags\": [\"O\", \"B-PER\", \"I-PER\"]}}'.")
+                              f"'{{\"spans\": {{\"PER\": \"人物\"}}}}' or "
+                              f"'{{\"ner_tags\": [\"O\", \"B-PER\", \"I-PER\"]}}'.")
         if target == "ner_tags" and isinstance(mapping, (list, tuple)):
             mapping = dict(enumerate(mapping))
         if not isinstance(mapping, Mapping) or not mapping:

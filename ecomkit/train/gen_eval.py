@@ -78,7 +78,8 @@ class GenerationEvaluator:
                    dict(majorities or {}), final_samples)
 
     def decoded_examples(self, final: bool = False) -> list[TaskExample]:
-        """What one evaluation decodes: a periodic one ``n_samples``, the final one every example (or ``final_samples``)."""
+        """What one evaluation decodes: a periodic one ``n_samples``, the final one every example (or
+        ``final_samples``)."""
         limit = (self.final_samples or len(self.examples)) if final else self.n_samples
         return list(self.examples[:limit])
 
@@ -111,8 +112,9 @@ class GenerationEvaluator:
                     "gen_prompts_cut": sum(c for _, c, _ in by_shard.values()),
                     "gen_decode_s": wall, "gen_examples_per_s": len(rows) / wall if wall > 0 else float("nan"),
                     "gen_decode_mode": decode_mode(strategy)})
-        if out["gen_at_budget"] and env.is_main:
-            log.warning(budget_line(out["gen_at_budget"], len(rows), self.settings.max_new_tokens, BUDGET_FLAG))
+        if out["gen_at_budget"] and env.is_main:   # a warning for the figures the run ends with
+            (log.warning if final else log.info)(
+                budget_line(out["gen_at_budget"], len(rows), self.settings.max_new_tokens, BUDGET_FLAG))
         if predictions_path is not None and env.is_main:
             write_predictions(predictions_path, rows)
         return out
