@@ -9,6 +9,11 @@ scoring over every record of each target, generation over every example
 says how many rows it rests on. The run logs what each kind of evaluation
 covers once, at start-up (:func:`evaluation_scope`), including the case where
 a sampling flag has nothing to act on.
+
+A curve's last point therefore rests on more rows than the others: the
+periodic points all read the same sample (the first rows of the held-out set),
+so they compare with each other; the final one is the estimate to quote. On a
+held-out set no larger than the sample the two are the same rows.
 """
 
 from __future__ import annotations
