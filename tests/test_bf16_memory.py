@@ -35,7 +35,7 @@ PACKED_PLATEAU = 1.10   # packed: peak RSS at step 120 ≤ 1.10 × at step 40
 def _config(out_dir: str) -> TrainConfig:
     return TrainConfig(model="tiny", task="nlu", n_rows=2000, seq_len=256, micro_batch_size=16, precision="bf16",
                        lr=1e-3, max_steps=150, eval_interval=0, eval_batches=1, eval_nlu_samples=0,
-                       save_model=False, progress=False, output_dir=out_dir, packing="off")
+                       final_eval_samples=32, save_model=False, progress=False, output_dir=out_dir, packing="off")
 
 
 def _packed_config(out_dir: str) -> TrainConfig:
@@ -43,7 +43,7 @@ def _packed_config(out_dir: str) -> TrainConfig:
     data = write_jsonl(instruction_rows(1500, seed=5), Path(out_dir) / "instructions.jsonl")
     return TrainConfig(model="tiny", task="nlu", data=str(data), micro_batch_size=4, precision="bf16", lr=1e-3,
                        max_steps=120, eval_interval=0, eval_batches=1, eval_nlu_samples=0, gen_eval_samples=0,
-                       save_model=False, progress=False, output_dir=out_dir, packing="on", report_to="none")
+                       final_eval_samples=32, save_model=False, progress=False, output_dir=out_dir, packing="on", report_to="none")
 
 
 def test_length_multiple_only_under_cpu_autocast():

@@ -186,7 +186,7 @@ def test_build_datasets_from_file_with_cap(tok, tmp_path, records):
     assert report.validation.counts == {"non_numeric_price": 1}
     assert {r["sku"] for r in raw_eval} <= {r["sku"] for r in records}
     assert "Capped by max_rows=100: using 100 of 200 valid records" in report.summary()
-    with pytest.raises(ConfigError, match="n_rows=100 sets the size of the synthetic catalog.*max_rows"):
+    with pytest.raises(ConfigError, match="--n-rows 100 sets the size of the synthetic catalog.*--max-rows"):
         build_datasets(str(path), n_rows=100, seed=0, task="lm", tokenizer=tok, max_length=128)
     with pytest.raises(DataError, match="not found"):
         build_datasets(str(tmp_path / "missing.csv"), n_rows=None, seed=0, task="lm", tokenizer=tok, max_length=64)

@@ -199,7 +199,7 @@ def test_beam_search_is_refused_where_decoding_is_greedy_only():
     with pytest.raises(ConfigError, match="gen-num-beams 3.*pipeline"):
         TrainConfig(strategy="pp", gen_num_beams=3).validate(2)
     TrainConfig(strategy="fsdp", gen_num_beams=3).validate(2)
-    with pytest.raises(ConfigError, match="gen_batch_size=0"):
+    with pytest.raises(ConfigError, match="--gen-batch-size 0"):
         TrainConfig(gen_batch_size=0).validate(1)
 
 

@@ -156,9 +156,12 @@ class TrainConfig:
     max_steps: int = 60               # optimizer steps; 0 = use epochs
     epochs: float = 0.0               # used when max_steps == 0
     eval_interval: int = 20           # steps between evaluations, from step 0; 0 = only at the end
-    eval_batches: int = 8             # micro-batches per evaluation (per rank)
-    eval_nlu_samples: int = 64        # records scored per NLU accuracy evaluation
-    gen_eval_samples: int = 32        # held-out classify/extract examples decoded per evaluation (0 = none)
+    eval_batches: int = 8             # micro-batches per periodic evaluation (per rank); the final one reads all
+    eval_nlu_samples: int = 64        # records scored per target by a periodic NLU accuracy evaluation
+    gen_eval_samples: int = 32        # held-out classify/extract examples decoded per periodic evaluation
+                                      #   (0 = no evaluation by generation at all)
+    final_eval_samples: int = 0       # the final evaluation's cap on examples per figure (loss, records per
+                                      #   target, decoded examples); 0 = every held-out row
     gen_max_new_tokens: int | str = "auto"  # answer tokens generated at most per example; auto: the longest
                                       #   training answer + 8; generations that reach it are counted
     gen_num_beams: int = 1            # 1 = greedy; > 1 = beam search (not with pp or sequence parallel)
@@ -207,8 +210,8 @@ class TrainConfig:
         per_step = self.micro_batch_size * world_size
         if self.global_batch_size % per_step:
             raise ConfigError(
-                f"global_batch_size={self.global_batch_size} is not divisible by micro_batch_size × "
-                f"world_size = {self.micro_batch_size} × {world_size} = {per_step}. Choose a global batch "
+                f"--global-batch-size {self.global_batch_size} is not divisible by --micro-batch-size × "
+                f"world size = {self.micro_batch_size} × {world_size} = {per_step}. Choose a global batch "
                 f"that is a multiple of {per_step}, or change --micro-batch-size.")
         return self.global_batch_size // per_step
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ecomkit.config.vocabulary import AUTO, StrategyName
+from ecomkit.config.vocabulary import AUTO, StrategyName, flag_of
 from ecomkit.errors import ConfigError
 
 _TrainConfig = Any      # ecomkit.config.schema.TrainConfig (schema imports validate, which imports this module)
@@ -21,13 +21,12 @@ MIN_SEQ_LEN = 16
 
 def number_or_auto(name: str, value: Any, minimum: int) -> None:
     """``value`` is ``"auto"`` or an integer >= ``minimum``; the message names the flag."""
-    flag = "--" + name.replace("_", "-")
     if value == AUTO:
         return
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name}={value!r} ({flag}) must be a whole number or 'auto'.")
+        raise ConfigError(f"{flag_of(name)} {value!r}: must be a whole number or 'auto'.")
     if value < minimum:
-        raise ConfigError(f"{name}={value} ({flag}) must be >= {minimum}, or 'auto'.")
+        raise ConfigError(f"{flag_of(name)} {value}: must be >= {minimum}, or 'auto'.")
 
 
 def check_lengths(cfg: _TrainConfig) -> None:
@@ -45,10 +44,10 @@ def check_lengths(cfg: _TrainConfig) -> None:
 def check_generation(cfg: _TrainConfig) -> None:
     """Decoding sizes in range; beam search only where transformers' generate() runs (not pp, not sequence parallel)."""
     if cfg.gen_eval_samples < 0:
-        raise ConfigError(f"gen_eval_samples={cfg.gen_eval_samples} must be >= 0 (0: no evaluation by generation).")
+        raise ConfigError(f"--gen-eval-samples {cfg.gen_eval_samples}: must be >= 0 (0: no evaluation by generation).")
     for name in ("gen_num_beams", "gen_batch_size"):
         if getattr(cfg, name) < 1:
-            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 1.")
+            raise ConfigError(f"{flag_of(name)} {getattr(cfg, name)}: must be >= 1.")
     par = cfg.parallel
     pipelined = cfg.strategy in (StrategyName.PP, StrategyName.MIXED) and par.pp > 1
     if cfg.gen_num_beams > 1 and (cfg.strategy == StrategyName.PP or pipelined or par.sequence_parallel):

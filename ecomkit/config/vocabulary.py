@@ -90,12 +90,21 @@ FIELD_CHOICES: dict[str, tuple] = {
 }
 
 
+def flag_of(name: str) -> str:
+    """The command-line flag of a config field: ``seq_len`` -> ``--seq-len``, ``zero.stage`` -> ``--zero-stage``.
+
+    Messages name fields by their flag (what a command-line user can type), as ``config/cli.py`` derives it.
+    """
+    return "--" + name.replace(".", "-").replace("_", "-")
+
+
 def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    """Raise "Unknown <name> '<value>'. Choose one of: ... Did you mean ...?" unless ``value`` is allowed."""
+    """Raise "Unknown <name> '<value>' (--flag). Choose one of: ... Did you mean ...?" unless ``value`` is allowed."""
     if value not in allowed:
         close = difflib.get_close_matches(str(value), allowed, n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"Unknown {name} '{value}'. Choose one of: {', '.join(allowed)}.{hint}")
+        flag = f" ({flag_of(name)})" if " " not in name else ""   # "planner strategy" is not a config field
+        raise ConfigError(f"Unknown {name} '{value}'{flag}. Choose one of: {', '.join(allowed)}.{hint}")
 
 
 def plan_strategy_name(strategy: str, zero_stage: int = 0) -> str:

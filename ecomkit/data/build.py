@@ -21,6 +21,9 @@ and the file (same shapes, column map and label map) is the eval set.
   ``report.prompt_format``;
 - ``report.train_spans``: a ``Counter`` of ``(label, span)`` over the training
   records' extraction spans (computed on first use), for the dictionary baseline;
+- ``report.train_label_counts``: per classification target, how often each label
+  is the gold label of a training example, for the majority-label baseline (a
+  baseline learned from the training split, never from the labels it is scored on);
 - ``report.labels["extract"]``: the extraction label set, in prompt order (from
   ``labels`` when given, else every span label of the data, sorted), and
   ``report.spans_outside_labels``: spans left out because their label is not in it.
@@ -83,6 +86,7 @@ class BuildReport:
     seq_len_reason: str = ""
     lengths: dict[str, LengthStats] = field(default_factory=dict)   # "train" / "eval": lengths before any cut
     cuts: dict[str, CutCounts] = field(default_factory=dict)        # "train" / "eval": what fitting cut
+    train_label_counts: dict[str, Counter] = field(default_factory=dict)        # target -> training gold labels
     _train_spans: object = field(default=None, repr=False, compare=False)       # a Counter, or how to make it
 
     @property
@@ -107,7 +111,8 @@ class BuildReport:
                 "prompt_format": self.prompt_format, "eval_source": self.eval_source,
                 "eval_skipped": dict(self.eval_validation.counts) if self.eval_validation else {},
                 "eval_rows_read": self.eval_validation.total if self.eval_validation else None,
-                "spans_outside_labels": dict(self.spans_outside_labels), "seq_len": self.seq_len,
+                "spans_outside_labels": dict(self.spans_outside_labels),
+                "train_label_counts": {t: dict(c) for t, c in self.train_label_counts.items()}, "seq_len": self.seq_len,
                 "seq_len_reason": self.seq_len_reason, **lengths_facts(self.lengths, self.cuts)}
 
     def lengths_summary(self) -> str:
@@ -164,7 +169,7 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     if not 0.0 < eval_fraction < 1.0:
         raise ConfigError(f"eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction}.")
     if max_rows is not None and max_rows < 2:
-        raise ConfigError(f"max_rows must be at least 2 (or None for all rows), got {max_rows}.")
+        raise ConfigError(f"--max-rows must be at least 2 (or 0 for all rows), got {max_rows}.")
     maps = {"column_map": column_map, "strict": strict, "label_map": label_map, "num_proc": num_proc,
             "span_end": span_end}
     records, validation = _source_records(source, n_rows, seed, task, **maps)
@@ -193,10 +198,11 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
         eval_idx, train_idx = stratified_split(order, _strata(targets[0], all_labels, order), eval_fraction)
     else:
         eval_idx, train_idx = np.arange(len(eval_table)), np.arange(len(records))
+    codes = {t: label_codes(targets[0].column(t), all_labels[t]) for t in CLASSIFICATION_TASKS}  # training baseline
     del targets                                                  # not held while the table is tokenised
     if len(train_idx) == 0:
         raise DataError(f"{source}: only {len(records)} usable records, too few to split off an eval set with "
-                        f"eval_fraction={eval_fraction}. Provide more rows, or an eval file (eval_data).")
+                        f"eval_fraction={eval_fraction}. Provide more rows, or an eval file (--eval-data FILE).")
     tok = {"labels": all_labels, "prompt_format": prompt_format}
     # Tokenise the whole table in one sequential pass (cached per table, whatever the seed or length), measure
     # every split's lengths, choose the sequence length, then fit the rows to it and count what that cut.
@@ -215,7 +221,11 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     train_rows, eval_rows = split(fitted)
     cuts = {"train": cut_counts(fitted, seq_len, train_rows),
             "eval": cut_counts(fitted, seq_len, eval_rows) if eval_fitted is None else cut_counts(eval_fitted, seq_len)}
-    kinds = np.bincount(column_numpy(whole, "kind").astype(np.int64), minlength=len(KINDS))   # examples, not windows
+    built = read_columns(whole, ["record", "kind"])
+    kinds = np.bincount(built.column("kind").to_numpy().astype(np.int64), minlength=len(KINDS))   # examples, not windows
+    is_train = np.zeros(len(records), dtype=bool)
+    is_train[train_idx] = True
+    train_counts = _train_label_counts(built, is_train, codes, all_labels)
     final = lambda table: table.select_columns([c for c in FINAL_COLUMNS if c in table.column_names])  # noqa: E731
     if eval_fitted is None:
         eval_records, eval_name = records.select(eval_idx), Path(str(source)).name
@@ -227,12 +237,13 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     if kinds.sum() == 0:
         raise DataError(f"{source}: no {task} example could be built from {len(records):,} valid records. For task "
                         f"'nlu' a record needs a target (category, sentiment, brand, price) or spans and a text to "
-                        f"read it from, or an instruction pair; check column_map, or use task='lm'.")
+                        f"read it from, or an instruction pair; check --column-map (a nested value is reached by a "
+                        f"path: --column-map '{{\"labels.coarse[0]\": \"category\"}}'), or train with --task lm.")
     report = BuildReport(str(source), validation, len(train_idx), len(eval_idx), len(train_ds), len(eval_ds),
                          all_labels["category"], all_labels, {k: int(n) for k, n in zip(KINDS, kinds) if n},
                          n_valid, max_rows, prompt_format, eval_source=None if eval_data is None else str(eval_data),
                          eval_validation=eval_validation, spans_outside_labels=outside, seq_len=seq_len,
-                         seq_len_reason=why, lengths=stats, cuts=cuts)
+                         seq_len_reason=why, lengths=stats, cuts=cuts, train_label_counts=train_counts)
     if task == "nlu":
         report.eval_examples = _task_examples(eval_records, all_labels, eval_name)
         report._train_spans = lambda: _span_counter(records, train_idx, extract)
@@ -247,6 +258,27 @@ def _rows_by_record(source_record: np.ndarray, n_records: int, eval_idx: np.ndar
     eval_rows = np.flatnonzero(row_position >= 0)
     eval_rows = eval_rows[np.argsort(row_position[eval_rows], kind="stable")]
     return np.flatnonzero(row_position < 0), eval_rows
+
+
+def _train_label_counts(built: pa.Table, is_train: np.ndarray, codes: Mapping[str, np.ndarray],
+                        labels: Mapping[str, Sequence[str]]) -> dict[str, Counter]:
+    """Per classification target, the gold labels of its *training* examples (the majority baseline's data).
+
+    ``built``: the tokenised examples' ``record`` and ``kind``; ``is_train``: per source record;
+    ``codes``: per target, each record's label index (``label_codes``). Counted from the examples the
+    model trains on, so a record whose label has no input to read it from is not counted.
+    """
+    record = built.column("record").to_numpy()
+    kind = built.column("kind").to_numpy()
+    out: dict[str, Counter] = {}
+    for task in CLASSIFICATION_TASKS:
+        rec = record[kind == KINDS.index(task)]
+        rec = rec[is_train[rec]]
+        found = codes[task][rec]
+        counts = np.bincount(found[found >= 0], minlength=len(labels[task]))
+        if counts.sum():
+            out[task] = Counter({labels[task][i]: int(n) for i, n in enumerate(counts) if n})
+    return out
 
 
 def _task_examples(table: Dataset, labels: Mapping[str, Sequence[str]], name: str) -> list[TaskExample]:
@@ -302,16 +334,16 @@ def _source_records(source, n_rows, seed, task, column_map, strict, label_map, n
                     span_end) -> tuple[Dataset, ValidationReport]:
     if str(source) == SYNTHETIC:
         if n_rows is None or not MIN_ROWS <= n_rows <= MAX_SYNTHETIC_ROWS:
-            raise ConfigError(f"n_rows (the size of the synthetic catalog) must be in {MIN_ROWS}.."
+            raise ConfigError(f"--n-rows (the size of the synthetic catalog) must be in {MIN_ROWS}.."
                               f"{MAX_SYNTHETIC_ROWS:,}, "
-                              f"got {n_rows} (e.g. n_rows=2000).")
+                              f"got {n_rows} (e.g. --n-rows 2000).")
         records = cached_table(fingerprint("synthetic", n_rows, seed, RECORD_FIELDS),
                                lambda: _synthetic_batches(n_rows, seed),
                                RECORD_FEATURES)
         return records, ValidationReport(source=SYNTHETIC, total=len(records), kept=len(records))
     if n_rows is not None:
-        raise ConfigError(f"n_rows={n_rows} sets the size of the synthetic catalog; {source} is a file, used whole. "
-                          f"To use part of it, pass max_rows (--max-rows).")
+        raise ConfigError(f"--n-rows {n_rows} sets the size of the synthetic catalog; {source} is a file, used "
+                          f"whole. To use part of it, pass --max-rows.")
     result = load_records(source, column_map=column_map, task=task, strict=strict, label_map=label_map,
                           num_proc=num_proc, span_end=span_end)
     return result.dataset, result.report

@@ -219,10 +219,10 @@ def _made_up_brand(rng: np.random.Generator, chinese: bool) -> str:
 
 def _check_n_rows(n_rows: int) -> None:
     if isinstance(n_rows, bool) or not isinstance(n_rows, (int, np.integer)):
-        raise ConfigError(f"n_rows must be an integer between {MIN_ROWS} and {MAX_ROWS}, got {n_rows!r}.")
+        raise ConfigError(f"--n-rows must be an integer between {MIN_ROWS} and {MAX_ROWS}, got {n_rows!r}.")
     if not MIN_ROWS <= n_rows <= MAX_ROWS:
         raise ConfigError(
-            f"n_rows={n_rows} is outside the supported range {MIN_ROWS}..{MAX_ROWS:,} for the synthetic "
+            f"--n-rows {n_rows} is outside the supported range {MIN_ROWS}..{MAX_ROWS:,} for the synthetic "
             f"catalog. Pick a size in that range (2,000 rows is plenty for a first run), or load your own "
             f"data from a JSONL/CSV file or a save_to_disk directory."
         )

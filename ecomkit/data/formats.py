@@ -271,19 +271,25 @@ def parse_labels(text: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 def write_task_file(model_dir: str | os.PathLike, *, prompt_format: str, task: str,
-                    labels: Mapping[str, Sequence[str]], kinds: Sequence[str] = ()) -> Path:
+                    labels: Mapping[str, Sequence[str]], kinds: Sequence[str] = (), seq_len: int | None = None,
+                    gen_max_new_tokens: int | None = None) -> Path:
     """Record in a saved model how it was trained: ``<model_dir>/ecomkit_task.json``.
 
     ``{"prompt_format", "task", "labels": {"category": [...], "sentiment": [...],
-    "extract": [...]}, "kinds": [...]}`` (``kinds``: the example kinds trained on).
+    "extract": [...]}, "kinds": [...], "seq_len", "gen_max_new_tokens"}`` (``kinds``:
+    the example kinds trained on; ``seq_len`` and ``gen_max_new_tokens``: the
+    run's sequence length and generation budget as it resolved them).
     Evaluation and ``ecomkit.predict`` read it back with :func:`read_task_file`,
-    so a model is prompted in the format it learned.
+    so a model is prompted in the format it learned, with the labels, prompt
+    cut and answer budget of its run.
     """
     check_format(prompt_format)
     path = Path(model_dir) / TASK_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     info = {"prompt_format": prompt_format, "task": task, "labels": {k: list(v) for k, v in labels.items()},
             "kinds": list(kinds)}
+    info.update({k: int(v) for k, v in (("seq_len", seq_len), ("gen_max_new_tokens", gen_max_new_tokens))
+                 if v is not None})
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(info, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)

@@ -237,7 +237,7 @@ def tokenize_whole(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, ta
     choosing another ``--seq-len`` never tokenises again.
     """
     if num_proc < 1:
-        raise ConfigError(f"num_proc must be >= 1, got {num_proc}.")
+        raise ConfigError(f"--num-proc must be >= 1, got {num_proc}.")
     check_task(task)
     check_format(prompt_format)
     _eos_id(tokenizer)

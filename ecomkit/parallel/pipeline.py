@@ -133,7 +133,7 @@ def pad_to_length(batch: dict[str, torch.Tensor], length: int, pad_id: int = 0) 
     """Right-pad ``input_ids``/``attention_mask``/``labels`` to ``length`` (mask 0, label -100)."""
     t = batch["input_ids"].shape[1]
     if t > length:
-        raise ConfigError(f"a batch has {t} tokens but the pipeline was built for seq_len={length}.")
+        raise ConfigError(f"a batch has {t} tokens but the pipeline was built for --seq-len {length}.")
     if t == length:
         return batch
     pad = length - t
@@ -182,8 +182,8 @@ class PipelineRunner:
         labels = torch.cat([b["labels"] for b in padded]).to(self.device)
         if ids.shape[0] % self.n_microbatches:
             raise ConfigError(
-                f"Pipeline parallelism cuts each optimizer step's {ids.shape[0]} samples (micro_batch_size × "
-                f"grad_accum) into {self.n_microbatches} pipeline micro-batches (--parallel-pp-microbatches), "
+                f"Pipeline parallelism cuts each optimizer step's {ids.shape[0]} samples (--micro-batch-size × "
+                f"--grad-accum) into {self.n_microbatches} pipeline micro-batches (--parallel-pp-microbatches), "
                 "which must divide it. Change one of the three.")
         self._scale, self._token_sums = loss_scale, []
         is_first, is_last = self.module.is_first, self.module.is_last

@@ -31,7 +31,7 @@ from ecomkit.envcheck.matmul import roofline_fields, roofline_summary, run_peak
 from ecomkit.errors import ConfigError
 from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak_flops, mfu_fields
-from ecomkit.metrics import (MetricsWriter, attention_length, fill_rate_of, peak_memory, slowest_rank_throughput,
+from ecomkit.metrics import (MetricsWriter, fill_rate_of, peak_memory, slowest_rank_throughput, step_model_flops,
                              time_split)
 from ecomkit.models.attention import install_attention
 from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit
@@ -43,10 +43,11 @@ from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
 from ecomkit.parallel import build_strategy
 from ecomkit.parallel.mixed import sharded_model_callbacks
 from ecomkit.train.clip import ClipPolicy
-from ecomkit.train.evaluate import all_reduce_sums, evaluate_loss, evaluate_nlu_accuracy
+from ecomkit.train.evaluate import all_reduce_sums
 from ecomkit.train.autoprec import resolve_attention, resolve_precision
 from ecomkit.train.batches import batch_counts, resolve_data_settings, training_loader
-from ecomkit.train.gen_eval import PREDICTIONS_FILE, evaluator_for_run
+from ecomkit.train.gen_eval import evaluator_for_run
+from ecomkit.train.held_out import evaluate_held_out, log_evaluation_scope
 from ecomkit.train.preempt import add_preemption_callbacks
 from ecomkit.train.progress import make_progress
 from ecomkit.train.shapes import length_multiple
@@ -92,6 +93,7 @@ class TrainingRun:
         self.build_data()                      # --seq-len, --packing and --gen-max-new-tokens auto: from the data
         resolve_attention(self.cfg, self.env)  # --attn auto: by device, precision and length (attention_rule)
         self.gen_eval = evaluator_for_run(self.cfg, self.data_report)  # evaluation by generation (nlu)
+        log_evaluation_scope(self)  # periodic evaluations sample, the final one reads every held-out row
         # The strategy decides how the model is materialised: whole on every rank, or only this rank's part
         # of a local checkpoint (ZeRO-3 under deepspeed.zero.Init, FSDP2/TP on the meta device, loaded in setup).
         model = self.strategy.build_model(ModelSource(self.cfg.model, vocab_size=len(self.tokenizer), seed=self.cfg.seed))
@@ -153,8 +155,8 @@ class TrainingRun:
             if self.env.distributed and self.env.is_main:
                 dist.barrier()
         if cfg.clip_policy == "sentiment" and "polarity" not in self.train_ds.column_names:
-            raise ConfigError("clip_policy='sentiment' needs sentiment labels in the data (a 'sentiment' column "
-                              "whose values are, or are mapped by label_map to, positive/neutral/negative).")
+            raise ConfigError("--clip-policy sentiment needs sentiment labels in the data (a 'sentiment' column "
+                              "whose values are, or are mapped by --label-map to, positive/neutral/negative).")
         lengths = lengths_array(self.train_ds)
         # --seq-len, --gen-max-new-tokens and --packing auto, decided from the data (train/batches.py)
         self.packed, self.packing_reason, self.gen_budget_reason = resolve_data_settings(cfg, self.data_report, lengths)
@@ -204,6 +206,8 @@ class TrainingRun:
         # FLOPs per token given the batch's attention length (metrics.attention_length: real tokens, not cfg.seq_len)
         flops_tok = functools.partial(flops_per_token, self.n_params, self.model_config.n_layer,
                                       self.model_config.hidden_size)
+        # the LM head's 6·V·h per position, counted only where the loss reads it (metrics.step_model_flops)
+        self.head_flops = 6.0 * self.model_config.vocab_size * self.model_config.hidden_size
         peak = device_peak_flops(env.device, cfg.precision)
         self.roofline = run_peak(env.device, cfg.precision)  # (peak FLOP/s, source): measured GEMM on CPU
         bar = make_progress(self.total_steps, cfg.progress and env.is_main)
@@ -285,7 +289,8 @@ class TrainingRun:
         (loss_total,) = self._reduce_counts([loss_sum])
         step_time = time.perf_counter() - t0
         mem, mem_kind = peak_memory(env.device)
-        model_flops = input_tokens * flops_tok(attention_length(input_tokens, squared)) / step_time  # model FLOP/s
+        predicted = label_tokens / self.replication   # positions whose logits the loss reads
+        model_flops = step_model_flops(input_tokens, squared, predicted, flops_tok, self.head_flops) / step_time
         row: dict[str, Any] = {
             "type": "train", "step": self.step + 1, "epoch": self.epoch,
             "loss": loss_total / label_tokens, "lr": strategy.current_lr(),
@@ -304,17 +309,9 @@ class TrainingRun:
 
     # ------------------------------------------------------------------ eval & end
     def evaluate(self, final: bool = False) -> dict[str, Any]:
-        """Held-out loss, candidate-scoring accuracy and, for nlu, scores by generation (``final``: + predictions.jsonl)."""
-        out = {"eval_loss": evaluate_loss(self.strategy, self.eval_ds, self.collate, self.env,
-                                          self.cfg.micro_batch_size, self.cfg.eval_batches, self.shard)}
-        if self.cfg.task == "nlu" and len(self.eval_records):
-            out.update(evaluate_nlu_accuracy(self.strategy, self.tokenizer, self.eval_records, self.env,
-                                             self.cfg.eval_nlu_samples, shard=self.shard, max_length=self.cfg.seq_len,
-                                             labels=self.data_report.labels, prompt_format=self.cfg.prompt_format))
-        if self.gen_eval is not None:
-            out.update(self.gen_eval(self.strategy, self.tokenizer, self.env, self.shard,
-                                     self.out_dir / PREDICTIONS_FILE if final else None, self.cfg.progress))
-        return out
+        """Held-out loss, candidate-scoring accuracy and, for nlu, scores by generation (``final``: every
+        held-out row, + predictions.jsonl; train/held_out.py)."""
+        return evaluate_held_out(self, final)
 
     def _summary(self, final_eval: dict[str, float], wall: float) -> dict[str, Any]:
         train_rows = [r for r in self.history if r.get("type") == "train"]
@@ -349,7 +346,9 @@ class TrainingRun:
                 self.strategy.save_pretrained(str(self.out_dir / "final"), self.tokenizer)
             if self.env.is_main:   # the prompt format and labels it learned, for evaluation and ecomkit.predict
                 write_task_file(self.out_dir / "final", prompt_format=self.cfg.prompt_format, task=self.cfg.task,
-                                labels=self.data_report.labels, kinds=list(self.data_report.examples_per_kind))
+                                labels=self.data_report.labels, kinds=list(self.data_report.examples_per_kind),
+                                seq_len=int(self.cfg.seq_len),   # as the data resolved them (auto)
+                                gen_max_new_tokens=self.cfg.gen_max_new_tokens if self.cfg.task == "nlu" else None)
 
     def close(self) -> None:
         if getattr(self, "metrics", None) is not None:   # None when build() failed before the writer
