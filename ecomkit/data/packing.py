@@ -40,7 +40,7 @@ import torch
 from torch.utils.data import Dataset as TorchDataset
 
 from ecomkit.config.vocabulary import AUTO
-from ecomkit.data.sampler import epoch_rng
+from ecomkit.data.sampler import check_batch_layout, epoch_rng
 from ecomkit.data.tokenize import IGNORE_INDEX
 from ecomkit.errors import ConfigError
 
@@ -72,8 +72,8 @@ def best_fit_decreasing(lengths: Sequence[int], capacity: int, tie_order: np.nda
     lengths = np.asarray(lengths, dtype=np.int64)
     if len(lengths) and (lengths.max() > capacity or lengths.min() < 1):
         worst = int(lengths.max()) if lengths.max() > capacity else int(lengths.min())
-        raise ConfigError(f"cannot pack a row of {worst} tokens into sequences of {capacity}: rows must be fit to "
-                          f"seq_len before packing (data.tokenize.fit_rows).")
+        raise ConfigError(f"cannot pack a row of {worst} tokens into sequences of {capacity} (--seq-len): rows must "
+                          f"be fit to the sequence length before packing (data.tokenize.fit_rows).")
     ties = np.arange(len(lengths)) if tie_order is None else np.asarray(tie_order)
     order = ties[np.argsort(-lengths[ties], kind="stable")]
     bins: list[list[int]] = []
@@ -126,12 +126,7 @@ class PackedBatchSampler:
 
     def __init__(self, lengths: Sequence[int], seq_len: int, micro_batch_size: int, grad_accum: int,
                  num_replicas: int, rank: int, seed: int):
-        for name, value in (("micro_batch_size", micro_batch_size), ("grad_accum", grad_accum),
-                            ("num_replicas", num_replicas)):
-            if value < 1:
-                raise ConfigError(f"{name} must be >= 1, got {value}.")
-        if not 0 <= rank < num_replicas:
-            raise ConfigError(f"rank must be in 0..{num_replicas - 1}, got {rank}.")
+        check_batch_layout(micro_batch_size, grad_accum, num_replicas, rank)
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.seq_len, self.micro_batch_size, self.grad_accum = seq_len, micro_batch_size, grad_accum
         self.num_replicas, self.rank, self.seed = num_replicas, rank, seed
@@ -192,8 +187,8 @@ class PackedBatchSampler:
             if state.get(key) != mine:
                 raise ConfigError(
                     f"Cannot resume the packed batch sampler: the checkpoint has {key}={state.get(key)!r} but this "
-                    f"run has {key}={mine!r}. Resume with the same seed, data, --seq-len, --packing and global batch "
-                    f"size (micro_batch_size x grad_accum x processes), or start a fresh run.")
+                    f"run has {key}={mine!r}. Resume with the same --seed, data, --seq-len, --packing and global batch "
+                    f"size (--micro-batch-size x --grad-accum x processes), or start a fresh run.")
         self.epoch = int(state["epoch"])
         self.consumed = int(state["consumed_global_batches"])
         self._resumed = True
@@ -237,7 +232,7 @@ def packed_collate(sequences: Sequence[dict[str, list]], seq_len: int, pad_id: i
         for doc, (ids, row_labels) in enumerate(zip(columns["input_ids"], rows_labels), start=1):
             end = at + len(ids)
             if end > seq_len:
-                raise ConfigError(f"packed sequence {s} holds {end} tokens, more than seq_len={seq_len}.")
+                raise ConfigError(f"packed sequence {s} holds {end} tokens, more than --seq-len {seq_len}.")
             input_ids[s, at:end] = torch.as_tensor(ids, dtype=torch.long)
             labels[s, at:end] = torch.as_tensor(row_labels, dtype=torch.long)
             labels[s, at] = IGNORE_INDEX          # nothing of this row precedes its first token

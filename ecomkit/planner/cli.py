@@ -37,7 +37,7 @@ from ecomkit.errors import exit_on_user_error
 from ecomkit.hardware import GIB, GPUS, LINKS, NODES
 from ecomkit.planner.job import (CLUSTER_DEFAULTS, PLANNER_FIELDS, Cluster, apply_strategy_switches,
                                  cluster_defaults_used, defaults_used, expand_planner_aliases, given_fields,
-                                 resolve_planned_seq_len,
+                                 planned_seq_len,
                                  lora_plan, plan_job)
 from ecomkit.planner.lora import max_lora_micro_batch
 from ecomkit.planner.memory import max_micro_batch
@@ -112,7 +112,7 @@ def read_job(argv: list[str] | None) -> Job:
     argv = expand_planner_aliases(sys.argv[1:] if argv is None else list(argv))
     ns = build_parser().parse_args(argv)
     cfg = config_from_namespace(ns)
-    ns.seq_len_note = resolve_planned_seq_len(cfg)   # --seq-len auto: the model's limit, said so in the plan
+    ns.seq_len_note = planned_seq_len(cfg)[1]   # --seq-len auto: planned at the model's limit, said so in the plan
     apply_strategy_switches(cfg, ns.plan_checkpointing, ns.plan_offload_optimizer, ns.plan_offload_param)
     config_dests = {d for d in vars(ns) if hasattr(cfg, d.split("__")[0])}
     given = given_fields(config_dests, load_config_file(ns.config) if ns.config else {})

@@ -181,12 +181,6 @@ def planned_seq_len(cfg: TrainConfig) -> tuple[int, str | None]:
                    f"give --seq-len N for your data's length")
 
 
-def resolve_planned_seq_len(cfg: TrainConfig) -> str | None:
-    """Set ``cfg.seq_len`` to :func:`planned_seq_len`'s length; return its note (None for an explicit length)."""
-    cfg.seq_len, note = planned_seq_len(cfg)
-    return note
-
-
 def plan_input_from_config(cfg: TrainConfig, cluster: Cluster, vocab_size: int | None = None,
                            validate: bool = True) -> PlanInput:
     """The planner's input for the job ``cfg`` runs on ``cluster`` (validated like the scripts validate)."""
@@ -250,6 +244,6 @@ def cluster_defaults_used(cluster: Cluster, given: set[str]) -> dict[str, Any]:
     return {f.name: getattr(cluster, f.name) for f in dataclasses.fields(Cluster) if f.name not in given}
 
 
-__all__ = ["planned_seq_len", "resolve_planned_seq_len", "Cluster", "CLUSTER_DEFAULTS", "PLANNER_FIELDS", "lora_plan", "plan_job", "PLANNER_FLAG_ALIASES", "expand_planner_aliases",
+__all__ = ["planned_seq_len", "Cluster", "CLUSTER_DEFAULTS", "PLANNER_FIELDS", "lora_plan", "plan_job", "PLANNER_FLAG_ALIASES", "expand_planner_aliases",
            "apply_strategy_switches", "plan_degrees", "plan_input_from_config", "given_fields", "defaults_used",
            "cluster_defaults_used", "get_field"]

@@ -28,7 +28,7 @@ from ecomkit.config import TrainConfig
 from ecomkit.errors import ConfigError
 from ecomkit.hardware import GIB, GPUS
 from ecomkit.planner.candidates import FULL, LORA, Candidate, full_candidates, launch_line, lora_candidates
-from ecomkit.planner.job import Cluster, plan_degrees, plan_job
+from ecomkit.planner.job import Cluster, plan_degrees, plan_job, planned_seq_len
 from ecomkit.planner.memory import MemoryPlan
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import StepTime, predict_step_time
@@ -168,7 +168,7 @@ def what_would_fit(base: TrainConfig, cluster: Cluster, vocab_size: int | None =
             if found:
                 tips.append(f"a bigger GPU: {cluster.gpus} × {spec.name} fit with {found.candidate.label}")
                 break
-    seq = base.seq_len // 2
+    seq = planned_seq_len(base)[0] // 2
     while seq >= 32:
         shorter = copy.deepcopy(base)
         shorter.seq_len = seq
@@ -199,7 +199,7 @@ def choice_row(choice: Choice, best: Choice | None, cluster: Cluster, given: set
     if choice.fits and choice.step is not None and choice.cfg is not None:
         samples = choice.cfg.micro_batch_size * choice.cfg.grad_accum * plan.inputs.dp
         row.update({"step_s": choice.step.total_s,
-                    "tokens_per_s_per_gpu": samples * choice.cfg.seq_len / choice.step.total_s / cluster.gpus,
+                    "tokens_per_s_per_gpu": samples * planned_seq_len(choice.cfg)[0] / choice.step.total_s / cluster.gpus,
                     "launch": launch_line(choice.cfg, cluster, given), "config": choice.cfg.to_dict()})
     return row
 

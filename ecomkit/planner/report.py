@@ -14,7 +14,7 @@ from ecomkit.config import StrategyName, TrainConfig
 from ecomkit.hardware import GIB
 from ecomkit.parallel.zero.config import zero_config_for_launch
 from ecomkit.planner.candidates import FULL, launch_line
-from ecomkit.planner.job import Cluster
+from ecomkit.planner.job import Cluster, planned_seq_len
 from ecomkit.planner.recommend import GROUP_NOTES, best_choice, choice_row, global_batch, recommend, what_would_fit
 from ecomkit.planner.shapes import model_shape
 
@@ -43,7 +43,7 @@ def recommendation_json(base: TrainConfig, cluster: Cluster, given: set[str], vo
     out: dict[str, Any] = {"model": base.model, "psi": model_shape(base.model, vocab_size).n_params,
                            "cluster": {"gpus": cluster.gpus, "gpu": cluster.gpu, "link": cluster.link,
                                        "node": cluster.node, "nodes": cluster.nodes},
-                           "global_batch": global_batch(base, cluster), "seq_len": base.seq_len,
+                           "global_batch": global_batch(base, cluster), "seq_len": planned_seq_len(base)[0],
                            "precision": base.precision, "groups": {}}
     for group, choices in ranked.items():
         best = best_choice(ranked, group)
