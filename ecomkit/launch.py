@@ -17,12 +17,13 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ecomkit.errors import DataError, EcomkitError
+from ecomkit.errors import DataError, EcomkitError, user_error_from_agent_file
 
 TAIL_LINES = 40
 
@@ -112,8 +113,13 @@ def _tail(text: str, n: int = TAIL_LINES) -> str:
     return "".join(deque(text.splitlines(keepends=True), maxlen=n)) or "(no output)"
 
 
-def _check(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+def _check(result: subprocess.CompletedProcess, agent_error_file: Path | None = None) -> subprocess.CompletedProcess:
+    """``result``, or an EcomkitError: a worker's user error alone when it reported one, else the output's tail."""
     if result.returncode != 0:
+        user_error = user_error_from_agent_file(agent_error_file) if agent_error_file else None
+        if user_error:
+            raise EcomkitError(f"{user_error.removeprefix('error: ')}\n(exit status {result.returncode} of: "
+                               f"{' '.join(map(str, result.args))})")
         raise EcomkitError(
             f"command failed with exit status {result.returncode}: {' '.join(map(str, result.args))}\n"
             f"Last {TAIL_LINES} lines of its output:\n{_tail(result.stdout)}"
@@ -127,13 +133,18 @@ def run_torchrun(script: str | Path, args: Sequence[str] = (), nproc: int = 2, *
     """``torchrun --standalone --nproc_per_node N script args`` from the repository root.
 
     Output (stdout and stderr of all ranks, merged) is printed live and kept in
-    ``result.stdout``. Raises :class:`EcomkitError` with the output's tail on a
-    non-zero exit or after ``timeout`` seconds.
+    ``result.stdout``. Raises :class:`EcomkitError` on a non-zero exit or after
+    ``timeout`` seconds: with the user error a worker reported (read from the
+    error file torchrun's agent copies it to, :mod:`ecomkit.errors`), else with
+    the output's tail.
     """
     root = repo_root()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "--max_restarts", str(max_restarts), str(_resolve_script(script, root)), *map(str, args)]
-    return _check(stream_command(cmd, cwd=root, env=child_env(env), timeout=timeout, live=live))
+    with tempfile.TemporaryDirectory(prefix="ecomkit-launch-") as folder:
+        agent_file = Path(folder) / "agent_error.json"   # the agent copies the failing rank's error file here
+        merged = {**child_env(env), "TORCHELASTIC_ERROR_FILE": str(agent_file)}
+        return _check(stream_command(cmd, cwd=root, env=merged, timeout=timeout, live=live), agent_file)
 
 
 def run_python(script: str | Path, args: Sequence[str] = (), *, env: Mapping[str, str] | None = None,

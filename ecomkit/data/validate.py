@@ -160,8 +160,8 @@ def strict_error(source: str, issue: ValidationIssue, column_of: Mapping[str, st
         user_col = column_of.get(issue.field, issue.field)
         where += f", field '{issue.field}'" + (f" (your column '{user_col}')" if user_col != issue.field else "")
     advice = _ADVICE[issue.reason].replace("<field>", issue.field or "field")
-    return DataError(f"{where}: {issue.detail} [{issue.reason}]. {advice} Or load with strict=False to skip "
-                     f"malformed rows and get a count per reason.")
+    return DataError(f"{where}: {issue.detail} [{issue.reason}]. {advice} Or drop --strict-data (pass "
+                     f"--no-strict-data; strict=False in Python) to skip malformed rows and get a count per reason.")
 
 
 def check_label_map(label_map: Mapping[str, Mapping[str, str]] | None) -> dict[str, dict[str, str]]:
