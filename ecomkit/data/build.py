@@ -48,7 +48,7 @@ from ecomkit.data.spans import spans_json
 from ecomkit.data.tasks import CLASSIFICATION_TASKS, KINDS, check_task, labels_from_values, record_task_examples
 from ecomkit.data.stream import label_codes, read_columns
 from ecomkit.data.tokenize import tokenize_records
-from ecomkit.data.validate import RECORD_FIELDS, ValidationReport, check_bad_fraction
+from ecomkit.data.validate import RECORD_FIELDS, ValidationReport, check_bad_fraction, unlabeled_warning
 from ecomkit.errors import ConfigError, DataError
 
 SYNTHETIC = "synthetic"
@@ -75,6 +75,8 @@ class BuildReport:
     spans_outside_labels: dict[str, int] = field(default_factory=dict)          # label -> spans left out
     eval_source: str | None = None     # the eval_data file, when one was given
     eval_validation: ValidationReport | None = None
+    labels_not_in_data: tuple[str, ...] = ()   # extraction labels asked for (--labels) that no span carries
+    span_labels_in_data: tuple[str, ...] = ()  # the labels the data's spans do carry (when counted)
     _train_spans: object = field(default=None, repr=False, compare=False)       # a Counter, or how to make it
 
     @property
@@ -99,7 +101,21 @@ class BuildReport:
                 "prompt_format": self.prompt_format, "eval_source": self.eval_source,
                 "eval_skipped": dict(self.eval_validation.counts) if self.eval_validation else {},
                 "eval_rows_read": self.eval_validation.total if self.eval_validation else None,
-                "spans_outside_labels": dict(self.spans_outside_labels)}
+                "spans_outside_labels": dict(self.spans_outside_labels),
+                "labels_not_in_data": list(self.labels_not_in_data),
+                "unlabeled_rows": self.validation.unlabeled,
+                "unlabeled_first": list(self.validation.unlabeled_first)}
+
+    def warnings(self) -> list[str]:
+        """What the data silently cannot give: labels asked for that never occur, rows with nothing to learn."""
+        out = []
+        if self.labels_not_in_data:
+            found = ", ".join(self.span_labels_in_data) or "none"
+            out.append(f"--labels: {', '.join(self.labels_not_in_data)} never occur in the spans of the data (its "
+                       f"span labels: {found}); the model cannot learn them and their F1 will be 0. Check the "
+                       f"spelling, or leave them out of --labels.")
+        out += [w for v in (self.validation, self.eval_validation) if v is not None and (w := unlabeled_warning(v))]
+        return out
 
     def summary(self) -> str:
         used = self.n_train_records + self.n_eval_records
@@ -169,6 +185,7 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     if extract:                                                   # only data with spans has an extraction label set
         all_labels["extract"] = extract
     outside = {k: n for k, n in (span_counts or {}).items() if k not in extract}
+    never = tuple(k for k in (labels or ()) if not (span_counts or {}).get(k))
     if eval_table is None:
         order = np.random.default_rng(seed).permutation(len(records))
         eval_idx, train_idx = stratified_split(order, _strata(targets[0], all_labels, order), eval_fraction)
@@ -203,7 +220,8 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     report = BuildReport(str(source), validation, len(train_idx), len(eval_idx), len(train_ds), len(eval_ds),
                          all_labels["category"], all_labels, {k: int(n) for k, n in zip(KINDS, kinds) if n},
                          n_valid, max_rows, prompt_format, eval_source=None if eval_data is None else str(eval_data),
-                         eval_validation=eval_validation, spans_outside_labels=outside)
+                         eval_validation=eval_validation, spans_outside_labels=outside, labels_not_in_data=never,
+                         span_labels_in_data=tuple(sorted(span_counts or ())))
     if task == "nlu":
         report.eval_examples = _task_examples(eval_records, all_labels, eval_name)
         report._train_spans = lambda: _span_counter(records, train_idx, extract)

@@ -191,6 +191,8 @@ class TrainingRun:
         if env.is_main:
             log.info(self.startup_banner())
             log.info("data: %s", self.data_report.summary())
+            for line in self.data_report.warnings():   # labels that never occur, rows with no label
+                log.warning(line)
         # FLOPs per token given the batch's attention length (metrics.attention_length: real tokens, not cfg.seq_len)
         flops_tok = functools.partial(flops_per_token, self.n_params, self.model_config.n_layer,
                                       self.model_config.hidden_size)
