@@ -20,7 +20,7 @@ from ecomkit.dist import DistEnv
 from ecomkit.models.bloom import load_model
 from ecomkit.models.tokenizer import get_tokenizer
 from ecomkit.train.evaluate import (CandidateScore, best_candidate, candidate_log_probs, evaluate_nlu_accuracy,
-                                    macro_f1, majority_share, score_candidates)
+                                    macro_f1, score_candidates)
 
 
 @pytest.fixture(scope="module")
@@ -101,18 +101,20 @@ def test_accuracy_and_majority_baseline_on_a_hand_built_case(tokenizer):
     favoured = set(ids_of(tokenizer, "手机")) | set(ids_of(tokenizer, "positive")) | {tokenizer.eos_token_id}
     stub = FavouringStrategy(len(tokenizer), favoured)
     stub.model.train()
-    out = evaluate_nlu_accuracy(stub, tokenizer, records, DistEnv(), n_samples=8, category_labels=CATEGORIES)
+    # the baseline answers the most frequent *training* label (here not the held-out records' most frequent)
+    train = {"category": {"手机": 10, "服饰": 2}, "sentiment": {"positive": 9, "neutral": 1}}
+    out = evaluate_nlu_accuracy(stub, tokenizer, records, DistEnv(), n_samples=8, category_labels=CATEGORIES,
+                                train_labels=train)
     assert out["acc_category"] == 3 / 8 and out["acc_sentiment"] == 2 / 8
-    assert out["majority_category"] == 5 / 8 and out["majority_sentiment"] == 6 / 8
+    assert out["majority_category"] == 3 / 8 and out["majority_sentiment"] == 2 / 8
     assert out["nlu_scored"] == 8
+    no_training = evaluate_nlu_accuracy(stub, tokenizer, records, DistEnv(), n_samples=8, category_labels=CATEGORIES)
+    assert "majority_category" not in no_training   # no training labels, no baseline (never the held-out ones)
     assert stub.model.training  # evaluation restores the mode it found
     # n_samples limits how many records are scored
     assert evaluate_nlu_accuracy(stub, tokenizer, records, DistEnv(), n_samples=3)["acc_category"] == 1.0
 
 
-def test_majority_share_is_the_most_frequent_labels_share():
-    assert majority_share([1.0, 3.0, 0.0]) == 0.75
-    assert math.isnan(majority_share([0.0, 0.0]))
 
 
 def test_ties_go_to_the_lowest_index_and_the_mean_ranks():
@@ -178,7 +180,8 @@ def test_each_target_is_scored_on_the_records_that_have_it_with_labels_from_the_
     favoured = set(ids_of(tokenizer, "positive")) | {tokenizer.eos_token_id}
     stub = FavouringStrategy(len(tokenizer), favoured)
     out = evaluate_nlu_accuracy(stub, tokenizer, records, DistEnv(), n_samples=8,
-                                labels={"category": (), "sentiment": ("positive", "negative")})
+                                labels={"category": (), "sentiment": ("positive", "negative")},
+                                train_labels={"sentiment": {"positive": 30, "negative": 10}})
     assert "acc_category" not in out and out["scored_sentiment"] == out["nlu_scored"] == 4
     assert out["acc_sentiment"] == out["majority_sentiment"] == 0.75
     assert out["macro_f1_sentiment"] == pytest.approx((2 * 3 / 7 + 0.0) / 2)

@@ -10,7 +10,7 @@ import pytest
 from ecomkit.data.formats import TaskExample, parse_answer
 from ecomkit.train.gen_eval import prediction_rows, scores_from_rows, shard_range
 from ecomkit.train.task_metrics import (SpanDictionary, classification_scores, extraction_scores, f1,
-                                        majority_predictions, margin_points)
+                                        majority_answer, margin_points)
 
 
 def test_extraction_micro_scores_strict_accuracy_and_per_label_f1_by_hand():
@@ -41,12 +41,23 @@ def test_classification_accuracy_macro_f1_and_the_majority_baseline():
     s = classification_scores(golds, preds)
     assert s["acc"] == 0.5
     assert s["macro_f1"] == pytest.approx((f1(1, 1, 3) + f1(1, 2, 1)) / 2)
-    labels = [("正面", "负面")] * 4
-    assert majority_predictions(golds, labels) == ["正面"] * 4
-    assert classification_scores(golds, majority_predictions(golds, labels))["acc"] == 0.75
-    # per label set: each set's own majority; a tie goes to the label listed first in the prompt
-    assert majority_predictions(["a", "b", "x"], [("a", "b"), ("a", "b"), ("x", "y")]) == ["a", "a", "x"]
+    # the baseline answers each label set's most frequent *training* label; ties and unseen labels: prompt order
+    assert majority_answer(("正面", "负面"), {"正面": 7, "负面": 3}) == "正面"
+    assert classification_scores(golds, [majority_answer(("正面", "负面"), {"正面": 7})] * 4)["acc"] == 0.75
+    assert majority_answer(("a", "b"), {"a": 2, "b": 2}) == "a" and majority_answer(("x", "y"), {}) == "x"
+    assert majority_answer(("正面", "负面"), {"负面": 1}) == "负面"
     assert margin_points(0.8, 0.75) == pytest.approx(5.0)
+
+
+def test_the_majority_baseline_comes_from_training_labels_not_the_evaluated_ones():
+    # held out: three 正面, one 负面; training: mostly 负面. The baseline always answers 负面 and scores 1/4.
+    exs = [TaskExample("classify", t, ("正面", "负面"), gold_label=g)
+           for t, g in (("好", "正面"), ("很好", "正面"), ("不错", "正面"), ("差", "负面"))]
+    rows = prediction_rows("seqgpt", exs, ["正面"] * 4, SpanDictionary.from_spans([]), {"正面": 2, "负面": 8})
+    assert [r["majority"] for r in rows] == ["负面"] * 4
+    s = scores_from_rows(rows)
+    assert s["gen_majority_acc"] == 0.25 and s["gen_acc"] == 0.75 and s["gen_majority_labels"] == ["负面"]
+    assert s["gen_acc_margin_points"] == pytest.approx(50.0)
 
 
 def test_dictionary_baseline_most_frequent_label_longest_match_first_and_only_asked_labels():
@@ -78,7 +89,7 @@ def test_scores_recomputed_from_prediction_rows_by_reparsing_the_generated_text(
            TaskExample("classify", "太差了", ("正面", "负面"), gold_label="负面")]
     generated = ["品牌: 华为\n颜色：白色", "品牌：小米，小米", "正面", "我不知道"]
     d = SpanDictionary.from_spans([("品牌", "华为"), ("颜色", "黑色")])
-    rows = prediction_rows("seqgpt", exs, generated, d)
+    rows = prediction_rows("seqgpt", exs, generated, d, {"正面": 5, "负面": 4})
     s = scores_from_rows(rows)
     assert s["gen_span_f1"] == pytest.approx(f1(2, 3, 3)) and s["dict_span_f1"] == pytest.approx(f1(2, 2, 3))
     assert s["gen_acc"] == 0.5 and s["gen_majority_acc"] == 0.5 and s["gen_unknown_labels"] == 1
@@ -94,7 +105,7 @@ def test_printed_summary_says_whether_each_baseline_is_cleared_and_by_how_much()
     assert generation_lines({"eval_loss": 1.0}) == ""   # no evaluation by generation: no lines
     rows = prediction_rows("seqgpt", [TaskExample("extract", "华为 手机", ("品牌",), gold_spans=(("品牌", "华为"),)),
                                       TaskExample("classify", "好", ("正面", "负面"), gold_label="正面")],
-                           ["品牌: 小米", "负面"], SpanDictionary.from_spans([("品牌", "华为")]))
+                           ["品牌: 小米", "负面"], SpanDictionary.from_spans([("品牌", "华为")]), {"正面": 1})
     s = scores_from_rows(rows)
     s.update(gen_decoded=2, gen_examples_per_s=3.0, gen_decode_mode="generate", gen_prompts_cut=0)
     text = generation_lines(s)

@@ -21,6 +21,8 @@ and the file (same shapes, column map and label map) is the eval set.
   ``report.prompt_format``;
 - ``report.train_spans``: a ``Counter`` of ``(label, span)`` over the training
   records' extraction spans (computed on first use), for the dictionary baseline;
+- ``report.train_labels``: ``{target: Counter(label)}`` over the training records'
+  classification labels (computed on first use), for the majority baselines;
 - ``report.labels["extract"]``: the extraction label set, in prompt order (from
   ``labels`` when given, else every span label of the data, sorted), and
   ``report.spans_outside_labels``: spans left out because their label is not in it.
@@ -78,6 +80,7 @@ class BuildReport:
     labels_not_in_data: tuple[str, ...] = ()   # extraction labels asked for (--labels) that no span carries
     span_labels_in_data: tuple[str, ...] = ()  # the labels the data's spans do carry (when counted)
     _train_spans: object = field(default=None, repr=False, compare=False)       # a Counter, or how to make it
+    _train_labels: object = field(default=None, repr=False, compare=False)      # {target: Counter}, or how to make it
 
     @property
     def train_spans(self) -> Counter:
@@ -85,6 +88,13 @@ class BuildReport:
         if callable(self._train_spans):
             self._train_spans = self._train_spans()
         return self._train_spans if self._train_spans is not None else Counter()
+
+    @property
+    def train_labels(self) -> dict[str, Counter]:
+        """``{target: Counter(label)}`` over the training records' classification labels: the majority baselines."""
+        if callable(self._train_labels):
+            self._train_labels = self._train_labels()
+        return self._train_labels if self._train_labels is not None else {}
 
     @property
     def capped(self) -> bool:
@@ -225,6 +235,7 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     if task == "nlu":
         report.eval_examples = _task_examples(eval_records, all_labels, eval_name)
         report._train_spans = lambda: _span_counter(records, train_idx, extract)
+        report._train_labels = lambda: _label_counter(records, train_idx)
     return train_ds, eval_ds, eval_records, report
 
 
@@ -260,6 +271,11 @@ def _span_counter(records: Dataset, train_idx: np.ndarray, names: Sequence[str])
         if value:
             counts.update((label, term) for label, _, _, term in json.loads(value) if label in wanted)
     return counts
+
+
+def _label_counter(records: Dataset, train_idx: np.ndarray) -> dict[str, Counter]:
+    table = read_columns(records, CLASSIFICATION_TASKS).take(pa.array(train_idx))
+    return {t: Counter(v for v in table.column(t).to_pylist() if v is not None) for t in CLASSIFICATION_TASKS}
 
 
 def stratified_split(order: np.ndarray, strata: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarray]:

@@ -29,8 +29,10 @@ whether the answer ends there, so a candidate that is a prefix of another is
 not favoured by stopping early.
 
 Alongside the accuracy, :func:`evaluate_nlu_accuracy` returns the macro-F1 and
-the **majority-class baseline** of the same scored records (the share of the
-most frequent correct label): an accuracy means something only above it.
+the **majority-class baseline**: the accuracy on the same scored records of always
+answering the most frequent label of the *training* data (a baseline that knew the
+held-out labels' distribution would not be one a model could reach without them).
+An accuracy means something only above it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from ecomkit.data.tasks import (CATEGORY_LABELS, CLASSIFICATION_TASKS, SENTIMENT
 from ecomkit.data.tokenize import IGNORE_INDEX, encode_prompt_answer
 from ecomkit.dist import DistEnv
 from ecomkit.models.loss import count_label_tokens, token_loss_sum
+from ecomkit.train.task_metrics import majority_answer
 
 # No truncation unless the caller gives the training sequence length.
 _NO_TRUNCATION = 1 << 30
@@ -161,12 +164,6 @@ def score_candidates(strategy, tokenizer, prompt: str, candidates: Sequence[str]
     return best_candidate(candidate_log_probs(strategy, tokenizer, prompt, candidates, device, max_length))
 
 
-def majority_share(label_counts: Sequence[float]) -> float:
-    """The majority-class baseline: the share of the most frequent label (always predicting it scores this)."""
-    total = sum(label_counts)
-    return max(label_counts) / total if total else float("nan")
-
-
 def macro_f1(confusion: Sequence[Sequence[float]]) -> float:
     """Mean F1 over the labels that occur as gold or prediction (``confusion[gold][pred]`` counts).
 
@@ -201,12 +198,14 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Iterable[dict[str, Any]]
                           n_samples: int, category_labels: Sequence[str] | None = None,
                           shard: tuple[int, int] | None = None, max_length: int | None = None,
                           labels: Mapping[str, Sequence[str]] | None = None,
-                          prompt_format: str = "ecomkit") -> dict[str, float]:
+                          prompt_format: str = "ecomkit",
+                          train_labels: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, float]:
     """Accuracy, macro-F1 and majority-class baseline per classification target, on held-out records.
 
     Per target ``t`` in ``category``/``sentiment``: ``acc_t``, ``macro_f1_t``,
-    ``majority_t`` (the share of the most frequent correct label, which a model
-    that ignores its input reaches) and ``scored_t``. Each target is scored on
+    ``majority_t`` (the accuracy of always answering the target's most frequent
+    training label, which a model that ignores its input reaches; only with
+    ``train_labels``, ``{target: {label: training records}}``) and ``scored_t``. Each target is scored on
     up to ``n_samples`` records that carry its label and an input to read
     (``can_classify``), so a file with only sentiment labels is still scored on
     sentiment; a target with fewer than two candidate labels is skipped.
@@ -252,7 +251,9 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Iterable[dict[str, Any]]
         total = sum(map(sum, matrix))
         out[f"acc_{task}"] = sum(matrix[c][c] for c in range(k)) / total
         out[f"macro_f1_{task}"] = macro_f1(matrix)
-        out[f"majority_{task}"] = majority_share([sum(row) for row in matrix])
+        if train_labels is not None:   # always answering the most frequent training label
+            best = candidates[task].index(majority_answer(candidates[task], train_labels.get(task, {})))
+            out[f"majority_{task}"] = sum(matrix[best]) / total
         out[f"scored_{task}"] = scored[task]
     out["nlu_scored"] = min(scored.values())  # the accuracy resolution is 1/scored
     return out

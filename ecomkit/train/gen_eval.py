@@ -15,7 +15,9 @@ Row keys (``metrics.jsonl`` eval rows and ``summary.json``), present when the
 decoded examples include that kind:
 
 - classification: ``gen_acc``, ``gen_macro_f1``, ``gen_majority_acc`` (the
-  majority-label baseline), ``gen_acc_margin_points``, ``gen_classify_n``;
+  majority-label baseline: always the most frequent *training* label of the
+  example's label set, recorded per row as ``majority``), ``gen_majority_labels``
+  (the labels that baseline answered), ``gen_acc_margin_points``, ``gen_classify_n``;
 - extraction: ``gen_span_precision``/``recall``/``f1``, ``gen_strict_acc``,
   ``gen_span_f1_per_label``, the dictionary baseline's ``dict_span_precision``/
   ``recall``/``f1`` and ``dict_strict_acc``, ``gen_span_f1_margin_points``,
@@ -29,16 +31,17 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from ecomkit.data.formats import KIND_CLASSIFY, KIND_EXTRACT, Span, TaskExample, build_prompt, format_answer, \
     parse_answer
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, gather_objects, log
 from ecomkit.train.generate import DecodeSettings, decode_mode, generate_texts
-from ecomkit.train.task_metrics import (SpanDictionary, classification_scores, extraction_scores, majority_predictions,
+from ecomkit.train.task_metrics import (SpanDictionary, classification_scores, extraction_scores, majority_answer,
                                         margin_points)
 
 PREDICTIONS_FILE = "predictions.jsonl"
@@ -60,11 +63,13 @@ class GenerationEvaluator:
     fmt: str                            # the prompt format the model is trained on
     settings: DecodeSettings
     n_samples: int                      # how many of ``examples`` each evaluation decodes (0: none)
+    train_labels: Mapping[str, int]     # the classification baseline: label -> training records with it
 
     @classmethod
     def build(cls, examples: Sequence[TaskExample], train_spans: Iterable[Span], fmt: str,
-              settings: DecodeSettings, n_samples: int) -> "GenerationEvaluator":
-        return cls(list(examples), SpanDictionary.from_spans(train_spans), fmt, settings, n_samples)
+              settings: DecodeSettings, n_samples: int, train_labels: Mapping[str, int]) -> "GenerationEvaluator":
+        return cls(list(examples), SpanDictionary.from_spans(train_spans), fmt, settings, n_samples,
+                   dict(train_labels))
 
     def decoded_examples(self) -> list[TaskExample]:
         return list(self.examples[:self.n_samples])
@@ -89,7 +94,7 @@ class GenerationEvaluator:
         for idx, t, c, _ in parts:
             by_shard.setdefault(idx, (t, c))            # one copy per data shard
         generated = [text for idx in sorted(by_shard) for text in by_shard[idx][0]]
-        rows = prediction_rows(self.fmt, chosen, generated, self.dictionary)
+        rows = prediction_rows(self.fmt, chosen, generated, self.dictionary, self.train_labels)
         out = scores_from_rows(rows)
         wall = max(p[3] for p in parts)
         out.update({"gen_decoded": len(rows), "gen_prompts_cut": sum(c for _, c in by_shard.values()),
@@ -101,8 +106,12 @@ class GenerationEvaluator:
 
 
 def prediction_rows(fmt: str, examples: Sequence[TaskExample], generated: Sequence[str],
-                    dictionary: SpanDictionary) -> list[dict[str, Any]]:
-    """One ``predictions.jsonl`` row per example: what was asked, answered, read, and what the baseline says."""
+                    dictionary: SpanDictionary, train_labels: Mapping[str, int]) -> list[dict[str, Any]]:
+    """One ``predictions.jsonl`` row per example: what was asked, answered, read, and what the baseline says.
+
+    ``train_labels``: how many training records carry each classification label (the majority baseline's
+    answer comes from it, :func:`~ecomkit.train.task_metrics.majority_answer`).
+    """
     if len(examples) != len(generated):
         raise ValueError(f"{len(examples)} examples but {len(generated)} generated answers")
     rows = []
@@ -113,7 +122,7 @@ def prediction_rows(fmt: str, examples: Sequence[TaskExample], generated: Sequen
                                "gold_answer": format_answer(fmt, ex), "generated": text,
                                "unknown_labels": list(parsed.unknown_labels)}
         if ex.kind == KIND_CLASSIFY:
-            row.update(gold=ex.gold_label, predicted=parsed.label)
+            row.update(gold=ex.gold_label, predicted=parsed.label, majority=majority_answer(ex.labels, train_labels))
         else:
             row.update(gold=[list(s) for s in ex.gold_spans], predicted=sorted(map(list, parsed.spans)),
                        dictionary=sorted(map(list, dictionary.predict(ex.text, ex.labels))))
@@ -128,8 +137,9 @@ def scores_from_rows(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if cls:
         golds = [r["gold"] for r in cls]
         got = classification_scores(golds, [r["predicted"] for r in cls])
-        base = classification_scores(golds, majority_predictions(golds, [r["labels"] for r in cls]))
+        base = classification_scores(golds, [r["majority"] for r in cls])   # the training majority's answers
         out.update(gen_acc=got["acc"], gen_macro_f1=got["macro_f1"], gen_majority_acc=base["acc"],
+                   gen_majority_labels=sorted({r["majority"] for r in cls}),
                    gen_acc_margin_points=margin_points(got["acc"], base["acc"]), gen_classify_n=len(cls))
     ext = [r for r in rows if r["kind"] == KIND_EXTRACT]
     if ext:
@@ -176,4 +186,8 @@ def evaluator_for_run(cfg: TrainConfig, report: Any) -> GenerationEvaluator | No
     log.info(settings_line)
     settings = DecodeSettings(max_new_tokens=cfg.gen_max_new_tokens, num_beams=cfg.gen_num_beams,
                               batch_size=cfg.gen_batch_size, use_cache=cfg.gen_use_cache, max_length=cfg.seq_len)
-    return GenerationEvaluator.build(examples, report.train_spans, report.prompt_format, settings, cfg.gen_eval_samples)
+    train_labels = Counter()
+    for counts in report.train_labels.values():   # category and sentiment labels, from the training records
+        train_labels.update(counts)
+    return GenerationEvaluator.build(examples, report.train_spans, report.prompt_format, settings, cfg.gen_eval_samples,
+                                     train_labels)

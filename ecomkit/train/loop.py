@@ -305,7 +305,8 @@ class TrainingRun:
         if self.cfg.task == "nlu" and len(self.eval_records):
             out.update(evaluate_nlu_accuracy(self.strategy, self.tokenizer, self.eval_records, self.env,
                                              self.cfg.eval_nlu_samples, shard=self.shard, max_length=self.cfg.seq_len,
-                                             labels=self.data_report.labels, prompt_format=self.cfg.prompt_format))
+                                             labels=self.data_report.labels, prompt_format=self.cfg.prompt_format,
+                                             train_labels=self.data_report.train_labels))
         if self.gen_eval is not None:
             out.update(self.gen_eval(self.strategy, self.tokenizer, self.env, self.shard,
                                      self.out_dir / PREDICTIONS_FILE if final else None, self.cfg.progress))

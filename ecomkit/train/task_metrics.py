@@ -20,8 +20,8 @@ prediction of no label).
 **Baselines.** A score means something only above what a model that does not
 read the input (classification) or does not generalise (extraction) reaches:
 
-- classification: the *majority label* of each label set (the most frequent gold
-  label among the scored examples with that label set), always answered;
+- classification: the *majority label* of each label set (its most frequent label
+  in the **training** data, never in the evaluated examples), always answered;
 - extraction: the *dictionary baseline* (:class:`SpanDictionary`): every span
   seen in training, with its most frequent training label, matched in the
   evaluation text (longest match first, non-overlapping, only labels the prompt
@@ -83,13 +83,15 @@ def classification_scores(golds: Sequence[str], preds: Sequence[str | None]) -> 
             "macro_f1": sum(scores) / len(scores) if scores else float("nan"), "n": n}
 
 
-def majority_predictions(golds: Sequence[str], label_sets: Sequence[Sequence[str]]) -> list[str]:
-    """The majority-label baseline's answers: per label set, its most frequent gold label (ties: prompt order)."""
-    counts: dict[tuple[str, ...], Counter] = defaultdict(Counter)
-    for gold, labels in zip(golds, label_sets):
-        counts[tuple(labels)][gold] += 1
-    best = {labels: max(labels, key=lambda lab: (c[lab], -labels.index(lab))) for labels, c in counts.items()}
-    return [best[tuple(labels)] for labels in label_sets]
+def majority_answer(labels: Sequence[str], train_counts: Mapping[str, int]) -> str:
+    """The majority-label baseline's answer for one label set: its most frequent label in the training data.
+
+    Why training and not the evaluated examples: a baseline that knows the held-out answers' distribution
+    is not a model anyone could build; the most frequent *training* label is. Ties (and labels training
+    never had) go to the label listed first in the prompt.
+    """
+    labels = list(labels)
+    return max(labels, key=lambda lab: (train_counts.get(lab, 0), -labels.index(lab)))
 
 
 @dataclass(frozen=True)
