@@ -34,10 +34,10 @@ from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak_flops, mfu_fields
 from ecomkit.metrics import MetricsWriter, attention_length, peak_memory, slowest_rank_throughput, time_split
 from ecomkit.models.attention import install_attention
-from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token
+from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_origin
 from ecomkit.models.cpu_kernels import kernels_for
 from ecomkit.models.gelu import install_fused_gelu
-from ecomkit.models.lora import apply_peft, trainable_parameter_count
+from ecomkit.models.lora import apply_peft, lora_facts, lora_line, trainable_parameter_count
 from ecomkit.models.loss import count_label_tokens, install_chunked_loss
 from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
 from ecomkit.parallel import build_strategy
@@ -166,7 +166,9 @@ class TrainingRun:
 
     def startup_banner(self) -> str:
         gb = self.global_batch()
-        return (f"strategy={self.strategy.name} model={self.cfg.model} params={self.n_params:,} | "
+        lora = lora_facts(self.cfg, self.n_trainable, self.n_params)   # LoRA on: rank, targets, what trains
+        return (f"strategy={self.strategy.name} model={self.cfg.model} ({model_origin(self.cfg.model)['kind']}) "
+                f"params={self.n_params:,} | " + (lora_line(lora) + " | " if lora else "") +
                 f"world_size={self.env.world_size} micro_batch={self.cfg.micro_batch_size}/device "
                 f"grad_accum={self.grad_accum} global_batch={gb} "
                 f"tokens/step<= {gb * self.cfg.seq_len:,} ({gb} × seq_len {self.cfg.seq_len}) | "
@@ -319,6 +321,7 @@ class TrainingRun:
         return {
             "strategy": self.strategy.name, "model": self.cfg.model, "params": self.n_params,
             "trainable_params": self.n_trainable, "peft": self.cfg.peft,
+            "model_origin": model_origin(self.cfg.model), "lora": lora_facts(self.cfg, self.n_trainable, self.n_params),
             "world_size": self.env.world_size, "global_batch": self.global_batch(),
             "data": self.data_report.facts(),
             "grad_accum": self.grad_accum, "steps": self.step,

@@ -30,6 +30,8 @@ class LineProgress:
 
     def update(self, n: int = 1) -> None:
         self.n += n
+        if n == 0:   # the loop's update(step) at start: nothing happened yet (a line would read "train 0/60 ")
+            return
         if self.n % self.every == 0 or self.n == self.total:
             post = " ".join(f"{k}={v}" for k, v in self.postfix.items())
             print(f"{self.desc} {self.n}/{self.total} {post}", flush=True)
