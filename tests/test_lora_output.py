@@ -56,14 +56,3 @@ def test_the_summary_names_a_preset_as_a_random_init_and_lora_with_its_rank_and_
                                                        "save_pretrained folder")
     assert model_origin("Org/Model")["kind"] == "hub"
 
-
-def test_the_first_progress_line_is_not_an_empty_step_0(capsys):
-    from ecomkit.train.progress import LineProgress
-
-    bar = LineProgress(60, "train")
-    bar.update(0)                     # the loop's update(step) before the first step
-    assert capsys.readouterr().out == ""
-    bar.set_postfix(loss="8.1")
-    for _ in range(6):
-        bar.update(1)
-    assert capsys.readouterr().out == "train 6/60 loss=8.1\n"
