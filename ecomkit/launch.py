@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -62,14 +63,71 @@ def _resolve_script(script: str | Path, root: Path) -> Path:
     return path
 
 
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (where a display can be updated in place), False in a terminal or script."""
+    try:
+        from IPython import get_ipython  # lazy: optional (notebooks extra); absent in plain script installs
+
+        shell = get_ipython()
+        return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
+    except ImportError:
+        return False
+
+
+PROGRESS_LINE = re.compile(r"^\s*(train|decode|eval)\s+\d+/\d+")   # what the scripts' progress bars print
+
+
+class ProgressLine:
+    """A launch's progress in one line that updates in place, for a notebook cell that does not stream.
+
+    Why: a cell that launches training with ``live=False`` (to keep its output short) showed nothing for
+    minutes. The scripts print a progress line every ~10 % of a run (``train 30/300 loss=...``, ``decode
+    2/7``); the newest of them, with the seconds since the launch, replaces the previous one in the cell.
+    Outside a notebook it shows nothing (the terminal user asked for a quiet run).
+    """
+
+    def __init__(self, label: str, show: bool | None = None):
+        self.label, self.start = label, time.monotonic()
+        self.show = in_notebook() if show is None else show
+        self.seen: list[str] = []
+        self._handle = None
+
+    def __call__(self, line: str) -> None:
+        if not PROGRESS_LINE.match(line):
+            return
+        text = f"{self.label}: {line.strip()}  ({time.monotonic() - self.start:.0f} s)"
+        self.seen.append(text)
+        if not self.show:
+            return
+        from IPython.display import display  # lazy: only in a notebook (checked above)
+
+        bundle = {"text/plain": text}
+        if self._handle is None:
+            self._handle = display(bundle, raw=True, display_id=True)
+        else:
+            self._handle.update(bundle, raw=True)
+
+
+def _with_progress(hook: Callable[[str], None] | None, progress: ProgressLine) -> Callable[[str], None]:
+    def both(line: str) -> None:
+        progress(line)
+        if hook is not None:
+            hook(line)
+    return both
+
+
 def stream_command(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float | None,
                    live: bool, on_line: Callable[[str], None] | None = None,
                    on_start: Callable[[subprocess.Popen], None] | None = None) -> subprocess.CompletedProcess:
     """Run ``cmd``, echo each output line as it arrives, kill the whole process group on timeout.
 
     ``on_line`` sees every line as it arrives (chapter 07's stall demo watches for the stall there);
-    ``on_start`` the process once started (the SLURM dry run signals it to preempt it).
+    ``on_start`` the process once started (the SLURM dry run signals it to preempt it). Without ``live``
+    a notebook still sees the run's progress lines, in one line (:class:`ProgressLine`).
     """
+    if not live:
+        on_line = _with_progress(on_line, ProgressLine(next((Path(str(c)).name for c in cmd
+                                                             if str(c).endswith(".py")), "run")))
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1, errors="replace", start_new_session=True)
     timed_out = threading.Event()

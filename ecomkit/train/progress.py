@@ -9,15 +9,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-
-def in_notebook() -> bool:
-    try:
-        from IPython import get_ipython  # lazy: optional (notebooks extra); absent in plain script installs
-
-        shell = get_ipython()
-        return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
-    except ImportError:
-        return False
+from ecomkit.launch import in_notebook   # one test for "inside a Jupyter kernel", shared with the launcher
 
 
 class LineProgress:
