@@ -260,7 +260,7 @@ ARTIFACT = re.compile(  # benchmarks/results/<bench>-<yyyy-mm-dd>-<machine>.json
 def newest_artifacts(results_dir: str | Path) -> dict[str, Path]:
     """bench name → path of its newest artifact (by the date in the name, then by the time written inside it).
 
-    One rule for the README's tables (``benchmarks/report.py``) and the ledger, so both read the same file.
+    One rule for the docs' tables (``benchmarks/report.py``) and the ledger, so both read the same file.
     Why the time inside and not the file's modification time: a fresh clone sets every mtime to the checkout.
     """
     found: dict[str, tuple[tuple[str, str, int], Path]] = {}

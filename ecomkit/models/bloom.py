@@ -286,7 +286,7 @@ def model_origin(name_or_path: str) -> dict[str, str]:
 
 
 def describe_presets(vocab_size: int | None = None) -> list[dict[str, Any]]:
-    """One row per preset with its shape and exact Ψ (for notebooks and the README)."""
+    """One row per preset with its shape and exact Ψ (for notebooks and the docs)."""
     rows = []
     for name, p in PRESETS.items():
         rows.append({
