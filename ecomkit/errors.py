@@ -47,6 +47,10 @@ USER_ERROR_KEY = "ecomkit_user_error"   # marks the error file of a user error (
 class EcomkitError(Exception):
     """Base class for errors caused by user input; the message says what to do."""
 
+    # False for an error that is another rank's consequence (a collective whose peer is gone): it is printed,
+    # never written into torchrun's error file, so the agent's "Root Cause" stays the rank that failed first.
+    root_cause = True
+
 
 class ConfigError(EcomkitError, ValueError):
     """An invalid configuration value (raised before any process group exists)."""
@@ -71,9 +75,9 @@ def error_file_record(message: str) -> dict:
                                       "timestamp": str(int(time.time()))}}}
 
 
-def _deliver(text: str) -> None:
+def _deliver(text: str, root_cause: bool = True) -> None:
     """Into torchrun's error file when there is one (shown last, in its report), else to stderr."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE") if root_cause else None
     if path:
         try:
             Path(path).write_text(json.dumps(error_file_record(text)), encoding="utf-8")
@@ -93,7 +97,7 @@ def report_user_error(exc: BaseException) -> NoReturn:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         time.sleep(PEER_GRACE_S)
         text = f"[rank {rank}] {text}"
-    _deliver(text)
+    _deliver(text, getattr(exc, "root_cause", True))
     sys.exit(USER_ERROR_EXIT)
 
 

@@ -117,3 +117,17 @@ def test_agent_file_without_a_user_error_gives_none(tmp_path):
     crash.write_text(json.dumps({"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": "..."}}}))
     assert user_error_from_agent_file(crash) is None
     assert user_error_from_agent_file(tmp_path / "missing.json") is None
+
+
+def test_an_error_caused_by_a_gone_peer_never_becomes_torchruns_root_cause(tmp_path, monkeypatch, capsys):
+    from ecomkit.faults.known_errors import CollectiveTimeoutError, raise_explained
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    with pytest.raises(CollectiveTimeoutError) as info:
+        raise_explained(RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:29500"), 10.0, 0)
+    with pytest.raises(SystemExit):
+        report_user_error(info.value)
+    assert not error_file.exists() and "a peer rank is gone" in capsys.readouterr().err
