@@ -49,7 +49,7 @@ import torch.distributed as dist
 from common import REPO, bench_env, print_table, warn_emulated_bf16, write_artifact
 
 from ecomkit.dist import DistEnv
-from ecomkit.envcheck.matmul import matmul_flops
+from ecomkit.envcheck.matmul import matmul_peak
 from ecomkit.models.attention import BloomEagerAttention, attention_modules, install_attention
 from ecomkit.models.bloom import build_model, flops_per_token, preset_parameter_count
 from ecomkit.models.cpu_kernels import cross_entropy_sum, gelu_tanh, load_cpu_kernels
@@ -320,7 +320,7 @@ def main() -> None:
         rows += json.loads(Path(out).read_text())
     columns = list(rows[0])
     print_table(rows, columns)
-    peak = matmul_flops("bf16", "cpu", reps=args.repeats) / 1e9   # the runs' roofline peak (chapter 01)
+    peak = matmul_peak("bf16", reps=args.repeats)[0] / 1e9   # the runs' roofline peak (chapter 01)
     bound = prof["planner_gflop"] / (prof["gemm_ms"] + prof["adamw_ms"]) * 1e3 / peak
     notes = [f"one thread per process; medians of {args.repeats} alternating timings of 'before' and 'after'; "
              "speed-up = before / after",

@@ -30,6 +30,11 @@ and the rest still runs.
    Then DDP LoRA on a 4-bit (nf4) base through bitsandbytes (QLoRA,
    ``--lora-base-bits 4``, ``ecomkit.models.quant``; ecomkit trains it under
    DDP only), planned by ``python -m ecomkit.plan --peft lora --lora-base-bits 4``.
+5. **The catalog job, packed or not**, on one GPU: the synthetic catalog's short
+   rows (~90 tokens) bucketed (``--packing off``), packed into sequences of
+   1,024 tokens (``--packing on``), and through HF Trainer (``group_by_length``),
+   micro-batch 8 each, 8 untimed steps then 30 timed: real tokens/s, fill rate.
+   Goals: packed >= 8x bucketed and >= 3x HF Trainer.
 
 Everything is bounded by --budget-s (default 540 s): a part that would start
 after the budget is recorded as skipped. ``--dry-run`` (automatic without a
@@ -60,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import failure_reason, write_artifact  # noqa: E402
 
 MFU_GOAL = 0.40
+PARTS = ("all_reduce", "attention", "head_dim", "strategy", "packing")
 ATTN_IMPLS = ("eager", "sdpa", "flex")
 HEAD_DIM_PAIRS = ((64, 72), (128, 136))  # (head dim, width sdpa runs it at)
 SCRIPTS = {  # name -> (script, strategy flags, packages it needs beyond torch/transformers)
@@ -87,11 +93,13 @@ def settings(args: argparse.Namespace, on_gpu: bool, n_gpus: int) -> dict[str, A
         return {"shape": "seqgpt-560m", "dtype": "bf16", "batch": args.batch or 8, "seq": args.seq or 1024,
                 "warmup": 3, "steps": args.steps or 10, "nproc": n_gpus, "sizes": "1M:1G", "ar_iters": 20,
                 "pad_batch": 8, "pad_heads": 16, "script_model": "seqgpt-560m", "script_seq": args.seq or 1024,
-                "script_batch": 8, "script_steps": 15, "script_timeout_s": 300}
+                "script_batch": 8, "script_steps": 15, "script_timeout_s": 300,
+                "packed_seq": 1024, "packing_steps": 38, "packing_untimed": 8}
     return {"shape": "tiny", "dtype": "fp32", "batch": args.batch or 2, "seq": args.seq or 64,
             "warmup": 1, "steps": args.steps or 2, "nproc": 2, "sizes": "1K:64K", "ar_iters": 3,
             "pad_batch": 2, "pad_heads": 2, "script_model": "tiny", "script_seq": args.seq or 64,
-            "script_batch": 4, "script_steps": 2, "script_timeout_s": 240}
+            "script_batch": 4, "script_steps": 2, "script_timeout_s": 240,
+            "packed_seq": 256, "packing_steps": 3, "packing_untimed": 1}
 
 
 def preflight(on_gpu: bool, dry_run: bool) -> dict[str, Any]:
@@ -326,6 +334,61 @@ def strategy_part(st: dict[str, Any], pre: dict[str, Any], names: list[str], att
     return rows
 
 
+# ---------------------------------------------------------------------- part 5: the catalog job, packed or not
+PACKING_CASES = {  # name -> (script, flags): the catalog's short rows, bucketed, packed, and through HF Trainer
+    "catalog bucketed": ("02_data_parallel.py", ["--packing", "off"]),
+    "catalog packed": ("02_data_parallel.py", ["--packing", "on", "--seq-len", "PACKED_SEQ"]),
+    "catalog HF Trainer": ("02_hf_trainer.py", ["--hf-sampling", "group_by_length"]),
+}
+PACKED_GOALS = {"catalog bucketed": 8.0, "catalog HF Trainer": 3.0}   # packed / each, real tokens/s
+
+
+def packing_case(name: str, st: dict[str, Any], pre: dict[str, Any], precision: str, timeout_s: float) -> dict[str, Any]:
+    """One catalog run on one device: real tokens/s over the steps after ``packing_untimed`` warm-up steps."""
+    script, flags = PACKING_CASES[name]
+    row: dict[str, Any] = {"part": "packing", "case": name, "script": script, "nproc": 1, "model": st["script_model"],
+                           "micro_batch": st["script_batch"], "precision": precision}
+    if not pre["datasets"]:
+        return {**row, "status": "skipped", "reason": f"datasets not installed ({INSTALL_HINT['datasets']})"}
+    out = Path(tempfile.mkdtemp(prefix="gpu-bench-packing-"))
+    flags = [str(st["packed_seq"]) if f == "PACKED_SEQ" else f for f in flags]
+    args = ["--model", st["script_model"], "--micro-batch-size", str(st["script_batch"]), "--max-steps",
+            str(st["packing_steps"]), "--untimed-steps", str(st["packing_untimed"]), "--precision", precision,
+            "--n-rows", "4000", "--eval-interval", "0", "--eval-batches", "1", "--warmup-steps", "2",
+            "--no-save-model", "--no-progress", "--report-to", "none", "--output-dir", str(out), *flags]
+    try:
+        proc = _torchrun(1, script, args, timeout_s, out)
+    except subprocess.TimeoutExpired:
+        return {**row, "status": "timeout", "reason": f"still running after {timeout_s:.0f} s"}
+    if proc.returncode != 0 or not (out / "summary.json").exists():
+        return {**row, "status": "error", "returncode": proc.returncode, "reason": failure_reason(proc)[:800]}
+    s = json.loads((out / "summary.json").read_text())
+    return {**row, "status": "ok", "tokens_per_s": s.get("tokens_per_s"), "samples_per_s": s.get("samples_per_s"),
+            "fill_rate": s.get("fill_rate") or (1 - s["padding_rate"] if s.get("padding_rate") is not None else None),
+            "seq_len": (s.get("config") or {}).get("seq_len", st["packed_seq"] if "packed" in name else None),
+            "steady_steps": s.get("steady_steps"), "step_time_s": s.get("step_time_s"),
+            "peak_mem_bytes": s.get("peak_mem_bytes")}
+
+
+def packing_part(st: dict[str, Any], pre: dict[str, Any], precision: str, deadline: float) -> list[dict[str, Any]]:
+    """The catalog job bucketed, packed into sequences of ``packed_seq``, and through HF Trainer; then the ratios."""
+    rows = []
+    for name in PACKING_CASES:
+        left = deadline - time.monotonic()
+        rows.append(packing_case(name, st, pre, precision, min(st["script_timeout_s"], left)) if left >= 30 else
+                    {"part": "packing", "case": name, "status": "skipped", "reason": "time budget spent"})
+        print(_line(rows[-1]), flush=True)
+    rate = {r["case"]: r["tokens_per_s"] for r in rows if r["status"] == "ok"}
+    if "catalog packed" in rate:
+        for other, goal in PACKED_GOALS.items():
+            if other in rate:
+                ratio = rate["catalog packed"] / rate[other]
+                rows.append({"part": "packing_ratio", "status": "ok", "case": f"packed / {other}", "ratio": ratio,
+                             "goal": goal, "verdict": "PASS" if ratio >= goal else "MISS"})
+                print(f"  packed / {other}: {ratio:.2f}x (goal >= {goal}x)", flush=True)
+    return rows
+
+
 def scaling_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The strategy rows in the shape ecomkit.claims reads (``scaling``/``memory``: model, strategy, gpus, ...)."""
     return [{"model": r.get("model"), "strategy": r["strategy"], "gpus": r.get("nproc"), "status": r["status"],
@@ -337,7 +400,7 @@ def scaling_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------- report
 def _line(r: dict[str, Any]) -> str:
     label = {"attention": r.get("attn"), "strategy": f"{r.get('strategy')}×{r.get('nproc')}", "all_reduce": "all-reduce",
-             "head_dim": f"d={r.get('head_dim')}"}[r["part"]]
+             "head_dim": f"d={r.get('head_dim')}", "packing": r.get("case")}[r["part"]]
     if r["status"] != "ok":
         return f"  {label:<10} {r['status']}: {r.get('reason', '')[:200]}"
     if r["part"] == "all_reduce":
@@ -345,6 +408,9 @@ def _line(r: dict[str, Any]) -> str:
     if r["part"] == "head_dim":
         return (f"  {label:<10} {r['ms']:.3f} ms, padded to {r['padded_to']}: {r['padded_ms']:.3f} ms "
                 f"({r['cost_ratio']:.2f}×)")
+    if r["part"] == "packing":
+        return (f"  {label:<18} {r['tokens_per_s']:>12,.0f} real tokens/s, fill {r['fill_rate']:.1%}, "
+                f"{1000 * r['step_time_s']:.0f} ms/step")
     mfu = f"MFU {r['mfu']:.1%}" if r.get("mfu") is not None else "MFU n/a (no peak FLOP/s for this device)"
     return f"  {label:<10} {r['tokens_per_s']:>12,.0f} tokens/s  {mfu}"
 
@@ -361,8 +427,8 @@ def verdict(rows: list[dict[str, Any]], on_gpu: bool) -> dict[str, Any]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny model, two gloo processes (automatic without a GPU)")
-    ap.add_argument("--parts", nargs="+", default=["all_reduce", "attention", "head_dim", "strategy"],
-                    choices=["all_reduce", "attention", "head_dim", "strategy"], help="which parts to run (default: all)")
+    ap.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS),
+                    help="which parts to run (default: all)")
     ap.add_argument("--attn", nargs="+", default=list(ATTN_IMPLS), choices=ATTN_IMPLS, help="attention paths of part 2")
     ap.add_argument("--strategies", nargs="+", default=list(SCRIPTS), choices=list(SCRIPTS),
                     help="chapter scripts of part 4, one process per GPU")
@@ -407,6 +473,11 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         rows += strategy_part(st, pre, args.strategies, args.script_attn, "bf16" if on_gpu else "fp32", deadline,
                               on_gpu)
+    if "packing" in args.parts:
+        print(f"5. the catalog job on one device: bucketed, packed into {st['packed_seq']}-token sequences, HF Trainer "
+              f"({st['packing_untimed']} untimed + {st['packing_steps'] - st['packing_untimed']} timed steps):",
+              flush=True)
+        rows += packing_part(st, pre, "bf16" if on_gpu else "fp32", deadline)
     goal = verdict(rows, on_gpu)
     out = Path(args.out) if args.out else (REPO / "benchmarks" / "results" if on_gpu else REPO / "runs" / "gpu_bench_dryrun")
     scaling = scaling_rows(rows)

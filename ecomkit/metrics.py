@@ -82,6 +82,12 @@ def attention_length(tokens: float, squared_lengths: float) -> float:
     return squared_lengths / tokens if tokens > 0 else 0.0
 
 
+def fill_rate_of(train_rows: Sequence[dict[str, Any]]) -> float | None:
+    """Real tokens over the positions computed (``padded_tokens``), summed over the run's training rows."""
+    positions = sum(r.get("padded_tokens", 0) for r in train_rows)
+    return sum(r.get("tokens", 0) for r in train_rows) / positions if positions else None
+
+
 def format_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -98,7 +104,8 @@ def print_run_summary(summary: dict[str, Any]) -> None:
         f"strategy        {summary['strategy']} × {summary['world_size']} process(es), global batch {summary['global_batch']}\n"
         + model_lines(summary)
         + data_line(summary)
-        + f"loss            {summary['first_loss']:.4f} → {summary['final_loss']:.4f} (train), eval {summary['eval_loss']:.4f}\n"
+        + f"loss            {summary['first_loss']:.4f} → {summary['final_loss']:.4f} (train), eval "
+          f"{summary['eval_loss']:.4f}{examples_note(summary)}\n"
         + classification_lines(summary)
         + generation_lines(summary)
         + throughput_lines(summary)
@@ -126,13 +133,19 @@ def model_lines(summary: dict[str, Any]) -> str:
         line += (f"LoRA            on: r={lora['r']}, alpha {lora['alpha']:g}, targets {', '.join(lora['targets'])}"
                  f"{base}; {lora['trainable_params']:,} of {lora['params']:,} parameters train ({share:.2%})\n")
     return line
+def examples_note(summary: dict[str, Any]) -> str:
+    """`` (N held-out examples)``: what the eval loss rests on, when the evaluation counted it."""
+    n = summary.get("eval_loss_examples")
+    return f" ({n:,} held-out examples)" if n is not None else ""
 
 
 def classification_lines(summary: dict[str, Any]) -> str:
     """One line per classification target: accuracy, macro-F1, the majority baseline and the margin over it.
 
     The margin is what a claim "the model learned" rests on: an accuracy is
-    only worth its distance from always answering the most frequent label.
+    only worth its distance from always answering the most frequent label,
+    the one the training split holds most often (a baseline never sees the
+    labels it is scored on).
     """
     lines = ""
     for key in [k for k in summary if k.startswith("acc_")]:
@@ -142,7 +155,8 @@ def classification_lines(summary: dict[str, Any]) -> str:
             line += f", macro-F1 {summary[f'macro_f1_{target}']:.3f}"
         if summary.get(f"majority_{target}") is not None:
             base = summary[f"majority_{target}"]
-            line += f"; majority baseline {base:.3f}, margin {100 * (acc - base):+.1f} points"
+            line += (f"; majority baseline {base:.3f} (training's most frequent label "
+                     f"{summary.get(f'majority_label_{target}')!r}), margin {100 * (acc - base):+.1f} points")
         if summary.get(f"scored_{target}"):
             line += f" ({summary[f'scored_{target}']} held-out records)"
         lines += line + "\n"
@@ -152,15 +166,22 @@ def classification_lines(summary: dict[str, Any]) -> str:
 def generation_lines(summary: dict[str, Any]) -> str:
     """Scores by generation (``ecomkit.train.gen_eval``) beside their baselines, with the margin in points.
 
-    A model counts only when it clears its baseline: the majority label for
-    classification, the dictionary of training spans for extraction.
+    A model counts only when it clears its baseline: the training split's
+    majority label for classification, the dictionary of training spans for
+    extraction (both learned from training data only). Each figure says how
+    many examples it rests on, and answers that stopped at the token budget or
+    are garbled are counted.
     """
     lines = ""
     if summary.get("gen_acc") is not None:
-        margin = summary["gen_acc_margin_points"]
-        lines += (f"generated labels accuracy {summary['gen_acc']:.3f}, macro-F1 {summary['gen_macro_f1']:.3f}; "
-                  f"majority baseline {summary['gen_majority_acc']:.3f}, margin {margin:+.1f} points "
-                  f"({'clears' if margin > 0 else 'does NOT clear'} it; {summary['gen_classify_n']} examples)\n")
+        line = f"generated labels accuracy {summary['gen_acc']:.3f}, macro-F1 {summary['gen_macro_f1']:.3f}"
+        if summary.get("gen_majority_acc") is not None:
+            margin = summary["gen_acc_margin_points"]
+            line += (f"; training-majority baseline {summary['gen_majority_acc']:.3f}, margin {margin:+.1f} points "
+                     f"({'clears' if margin > 0 else 'does NOT clear'} it")
+        else:
+            line += " (no baseline: the rows name no training majority"
+        lines += line + f"; {summary['gen_classify_n']} examples)\n"
     if summary.get("gen_span_f1") is not None:
         margin = summary["gen_span_f1_margin_points"]
         per = ", ".join(f"{k} {v:.2f}" for k, v in summary.get("gen_span_f1_per_label", {}).items())
@@ -170,9 +191,17 @@ def generation_lines(summary: dict[str, Any]) -> str:
                   f"({'clears' if margin > 0 else 'does NOT clear'} it; {summary['gen_extract_n']} examples)\n"
                   + (f"  per label F1   {per}\n" if per else ""))
     if summary.get("gen_decoded"):
-        lines += (f"decoding         {summary['gen_decoded']} examples, {summary['gen_examples_per_s']:.1f} examples/s "
-                  f"({summary['gen_decode_mode']}), {summary['gen_prompts_cut']} prompts cut to fit, "
-                  f"{summary['gen_unknown_labels']} unknown labels in answers\n")
+        held = summary.get("gen_held_out")
+        of = f" of {held}" if held is not None else ""
+        lines += (f"decoding         {summary['gen_decoded']}{of} held-out examples, "
+                  f"{summary['gen_examples_per_s']:.1f} examples/s ({summary['gen_decode_mode']}), "
+                  f"{summary['gen_prompts_cut']} prompts cut to fit, {summary['gen_unknown_labels']} unknown labels "
+                  f"in answers, {summary.get('gen_invalid_text', 0)} answers with invalid text (U+FFFD), "
+                  f"{summary.get('gen_spans_not_in_input', 0)} predicted spans not in their input\n")
+    if summary.get("gen_at_budget"):
+        lines += (f"budget           {summary['gen_at_budget']} of {summary['gen_decoded']} answers stopped at "
+                  f"{summary.get('gen_max_new_tokens')} new tokens without ending (maybe cut short): raise it with "
+                  f"--gen-max-new-tokens N\n")
     return lines
 
 
@@ -181,7 +210,8 @@ def print_evaluation(result: dict[str, Any]) -> None:
     if int(os.environ.get("RANK", 0)) != 0:
         return
     print(f"\n=== evaluation of {result['model']} ({result['strategy']} × {result['world_size']}) ===\n"
-          f"eval loss       {result['eval_loss']:.4f}\n" + classification_lines(result) + generation_lines(result),
+          f"eval loss       {result['eval_loss']:.4f}{examples_note(result)}\n" + classification_lines(result)
+          + generation_lines(result),
           flush=True)
 
 
@@ -196,9 +226,27 @@ def data_line(summary: dict[str, Any]) -> str:
     cap = f", capped by max_rows={data['max_rows']:,}" if data.get("max_rows") and used < data["rows_valid"] else ""
     if eval_file:
         return (f"data            {used:,} of {data['rows_read']:,} training rows used{cap}, "
-                f"{data['eval_records']:,} of {data['eval_rows_read']:,} eval-file rows; examples: {kinds}\n")
+                f"{data['eval_records']:,} of {data['eval_rows_read']:,} eval-file rows; examples: {kinds}\n"
+                + lengths_line(data))
     return (f"data            {data['records_used']:,} of {data['rows_read']:,} rows used{cap} "
-            f"({data['train_records']:,} train / {data['eval_records']:,} eval); examples: {kinds}\n")
+            f"({data['train_records']:,} train / {data['eval_records']:,} eval); examples: {kinds}\n"
+            + lengths_line(data))
+
+
+def lengths_line(data: dict[str, Any]) -> str:
+    """seq_len, the longest row per split, and what fitting the rows to seq_len cut (rows, tokens, windows)."""
+    if not data.get("seq_len") or not data.get("lengths"):
+        return ""
+    parts = []
+    for split, stats in data["lengths"].items():
+        cut = data.get("cuts", {}).get(split, {})
+        text = f"{split} longest {stats['row']['max']}"
+        if cut.get("rows_cut"):
+            text += f", {cut['rows_cut']:,} rows cut ({cut['tokens_dropped']:,} tokens dropped)"
+        if cut.get("documents_windowed"):
+            text += f", {cut['documents_windowed']:,} documents in windows"
+        parts.append(text)
+    return f"lengths         seq_len {data['seq_len']}: " + "; ".join(parts) + "\n"
 
 
 def throughput_lines(summary: dict[str, Any]) -> str:
@@ -208,8 +256,10 @@ def throughput_lines(summary: dict[str, Any]) -> str:
     if steps and wall:
         who = f", slowest of {summary['world_size']} ranks" if summary.get("slowest_rank_steady_s") is not None else ""
         basis = f" (totals over {steps} steady steps / {wall:.2f} s{who})"
+    fill = (f", fill {summary['fill_rate']:.1%} of positions ({'packed' if summary.get('packing') else 'padded'})"
+            if summary.get("fill_rate") is not None else "")
     line = (f"throughput      {summary['samples_per_s']:.1f} samples/s, {summary['tokens_per_s']:,.0f} real tokens/s"
-            f"{basis}\n")
+            f"{fill}{basis}\n")
     if summary.get("step_time_median_s") is not None:
         line += (f"step time       {summary['step_time_s'] * 1000:.0f} ms mean, "
                  f"{summary['step_time_median_s'] * 1000:.0f} ms median, "
@@ -226,8 +276,29 @@ def roofline_line(summary: dict[str, Any]) -> str:
         return ""
     share, label = ((summary["mfu"], "MFU") if summary.get("mfu") is not None
                     else (summary.get("peak_share"), "of the measured matmul peak"))
-    return (f"model FLOP/s    {flops / 1e9:,.1f} GFLOP/s = {share:.1%} {label} "
+    line = (f"model FLOP/s    {flops / 1e9:,.1f} GFLOP/s = {share:.1%} {label} "
             f"({peak / 1e9:,.1f} GFLOP/s per device, {summary.get('peak_source')})\n")
+    if share is not None and share > 1:   # never an unexplained share above the peak
+        line += ("                above 100 %: the run's matrix products ran faster than the peak timed at start-up "
+                 "(the machine was busier then, or the run's shapes suit the kernels better than the timed "
+                 "GEMMs); read the share as a ratio to that timing, not as a bound\n")
+    return line
+
+
+def step_model_flops(tokens: float, squared_lengths: float, predicted: float, flops_per_token_at,
+                     head_flops: float) -> float:
+    """The model FLOPs of one step: every real token through the blocks, the LM head only where the loss reads it.
+
+    ``flops_per_token_at(T)``: 6Ψ + attention at length T (``models.bloom.flops_per_token``), which counts
+    the LM head's 6·V·h for every token. ``predicted``: positions whose next token is a label (the only ones
+    whose logits the loss needs: a fine-tuning step with prompt masking computes the head on those alone,
+    ``models/loss.py``); ``head_flops``: 6·V·h. Counting the head at the prompt positions as well credited
+    the run with work it does not do: on the synthetic nlu data 7.5 % of positions are labelled and the head
+    is 14 % of ``small``'s 6Ψ, so 12 % of the FLOPs credited were never computed, and with a single 1024²
+    GEMM's median as the peak (``envcheck/matmul.py``) a run's share reached 97-101 %.
+    """
+    return tokens * flops_per_token_at(attention_length(tokens, squared_lengths)) - max(
+        tokens - predicted, 0.0) * head_flops
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:

@@ -30,7 +30,8 @@ LAZY_MARK = "# lazy:"
 # Heavy or optional third-party packages that may be imported inside a function (with a reason).
 LAZY_ALLOWED = ("deepspeed", "accelerate", "peft", "bitsandbytes", "pynvml", "ipywidgets", "matplotlib", "IPython",
                 "tqdm.notebook",  # tqdm's ipywidgets-backed bar
-                "torch.utils.tensorboard", "tensorboard", "wandb", "mlflow")  # --report-to sinks and reader (ecomkit.reporting)
+                "torch.utils.tensorboard", "tensorboard", "wandb", "mlflow",  # --report-to sinks and reader (ecomkit.reporting)
+                "trl")  # TRL's SFTTrainer: the packing benchmark's peer (ecomkit.train.hf_trainer)
 
 
 def _lint(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:

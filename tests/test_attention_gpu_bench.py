@@ -44,6 +44,12 @@ def test_gpu_bench_dry_run_writes_a_complete_artifact(tmp_path):
     assert (scaling["model"], scaling["strategy"], scaling["gpus"]) == ("tiny", "ddp", 2)
     assert scaling["samples_per_s"] == ddp["samples_per_s"]
     assert doc["extra"]["goal"]["verdict"].startswith("n/a")
+    cases = {r["case"]: r for r in parts["packing"]}           # the catalog job: bucketed, packed, HF Trainer
+    assert set(cases) == {"catalog bucketed", "catalog packed", "catalog HF Trainer"}
+    assert all(r["status"] == "ok" and r["tokens_per_s"] > 0 for r in cases.values()), cases
+    assert cases["catalog packed"]["fill_rate"] > cases["catalog bucketed"]["fill_rate"] - 0.1
+    assert cases["catalog packed"]["seq_len"] == 256 and {r["case"] for r in parts["packing_ratio"]} == {
+        "packed / catalog bucketed", "packed / catalog HF Trainer"}
 
 
 def test_preflight_names_what_is_missing(monkeypatch):

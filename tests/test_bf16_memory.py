@@ -24,15 +24,26 @@ import pytest
 import torch
 
 from ecomkit.config import TrainConfig
+from ecomkit.data import write_jsonl
+from ecomkit.data.catalog import instruction_rows
 from ecomkit.train.shapes import length_multiple
 
-PLATEAU = 1.15   # peak RSS at step 150 ≤ 1.15 × at step 50
+PLATEAU = 1.15   # bucketed: peak RSS at step 150 ≤ 1.15 × at step 50
+PACKED_PLATEAU = 1.10   # packed: peak RSS at step 120 ≤ 1.10 × at step 40
 
 
 def _config(out_dir: str) -> TrainConfig:
     return TrainConfig(model="tiny", task="nlu", n_rows=2000, seq_len=256, micro_batch_size=16, precision="bf16",
                        lr=1e-3, max_steps=150, eval_interval=0, eval_batches=1, eval_nlu_samples=0,
-                       save_model=False, progress=False, output_dir=out_dir)
+                       final_eval_samples=32, save_model=False, progress=False, output_dir=out_dir, packing="off")
+
+
+def _packed_config(out_dir: str) -> TrainConfig:
+    """Varied-length instruction rows (20 to ~900 tokens), packed into sequences of --seq-len auto."""
+    data = write_jsonl(instruction_rows(1500, seed=5), Path(out_dir) / "instructions.jsonl")
+    return TrainConfig(model="tiny", task="nlu", data=str(data), micro_batch_size=4, precision="bf16", lr=1e-3,
+                       max_steps=120, eval_interval=0, eval_batches=1, eval_nlu_samples=0, gen_eval_samples=0,
+                       final_eval_samples=32, save_model=False, progress=False, output_dir=out_dir, packing="on", report_to="none")
 
 
 def test_length_multiple_only_under_cpu_autocast():
@@ -55,7 +66,23 @@ def test_bf16_peak_rss_plateaus_on_varied_lengths(tmp_path: Path):
         f"150 (ratio {peak[150] / peak[50]:.2f} > {PLATEAU})")
 
 
+@pytest.mark.slow
+def test_bf16_peak_rss_plateaus_on_packed_varied_length_instructions(tmp_path: Path):
+    """Packed, every batch has one shape: the growth that length rounding only bounded does not start."""
+    subprocess.run([sys.executable, __file__, str(tmp_path), "packed"], check=True, timeout=600)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["type"] == "train"]
+    peak = {r["step"]: r["peak_mem_bytes"] for r in train}
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["packing"] and len({r["padded_tokens"] for r in train}) == 1     # one shape, every step
+    lengths = summary["data"]["lengths"]["train"]["row"]
+    assert lengths["max"] > 8 * lengths["p50"] // 2, lengths     # the rows do vary: a long tail
+    assert peak[120] <= PACKED_PLATEAU * peak[40], (
+        f"packed bf16 peak RSS still growing: {peak[40] / 2**20:.0f} MiB at step 40, {peak[120] / 2**20:.0f} MiB "
+        f"at step 120 (ratio {peak[120] / peak[40]:.2f} > {PACKED_PLATEAU})")
+
+
 if __name__ == "__main__":  # the worker: one process, no torchrun needed
     from ecomkit.train.loop import run_training
 
-    run_training(_config(sys.argv[1]))
+    run_training((_packed_config if sys.argv[2:] == ["packed"] else _config)(sys.argv[1]))

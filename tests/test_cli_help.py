@@ -135,3 +135,63 @@ def test_ddp_script_help_and_run_print_nothing_from_deepspeed(tmp_path):
     text = run.stdout + run.stderr
     assert "DS_MODULE_LOADED False" in text
     assert [line for line in text.splitlines() if "deepspeed" in line.lower()] == []
+
+
+# ------------------------------------------------------------------ messages speak in flags (issue #43 item 5)
+
+# Library arguments that are config fields under another name: a message saying "strict=False" means the flag
+# --no-strict-data on the command line.
+ARGUMENT_FIELDS = {"strict": "strict_data"}
+
+
+def _flag_names() -> dict[str, str]:
+    """Python spelling (``seq_len``, ``zero.stage``, ``strict``) -> the flag stem (``--seq-len``, ``--zero-stage``)."""
+    out = {key: "--" + key.replace(".", "-").replace("_", "-") for key in _all_fields()}
+    out.update({arg: out[field] for arg, field in ARGUMENT_FIELDS.items()})
+    return out
+
+
+def _messages(tree) -> list[tuple[int, str]]:
+    """The text of every raise, log/warning call and ``*ADVICE`` dict value of a module (f-string parts joined)."""
+    import ast
+
+    def text(node) -> str:
+        return "".join(n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+
+    def called(node) -> str:
+        return node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and (called(node).endswith("Error") or called(node) in (
+                "warning", "info", "error", "warn", "exception")):
+            out.append((node.lineno, text(node)))
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id.endswith("ADVICE")
+                                                  for t in node.targets) and isinstance(node.value, ast.Dict):
+            out += [(v.lineno, text(v)) for v in node.value.values]
+    return out
+
+
+def test_user_facing_messages_that_name_a_config_field_name_its_flag():
+    """A message that says ``strict=False`` or ``task='lm'`` also names ``--no-strict-data`` / ``--task lm``.
+
+    Errors and advice reach users of the command line, who set fields with flags; Python's spelling alone
+    sends them looking for a keyword argument they cannot pass. Every error, log call and advice text of the
+    package that writes ``field=`` (a TrainConfig field, or a loader argument that is one), or names a field
+    whose name has an underscore (``column_map``: no English word), must name the flag.
+    """
+    import re
+
+    flags = _flag_names()
+    words = sorted(map(re.escape, flags), key=len, reverse=True)
+    pattern = re.compile(r"(?<![\w.-])(" + "|".join(words) + r")=|(?<![\w.-])(" +
+                         "|".join(w for w in words if "_" in w) + r")(?![\w(])")
+    missing = []
+    for path in sorted((REPO / "ecomkit").rglob("*.py")):
+        import ast
+        for line, message in _messages(ast.parse(path.read_text(encoding="utf-8"))):
+            for match in pattern.finditer(message):
+                stem = flags[match.group(1) or match.group(2)]
+                if stem not in message and stem.replace("--", "--no-", 1) not in message:
+                    missing.append(f"{path.relative_to(REPO)}:{line}: {match.group(0)} without {stem}")
+    assert not missing, "messages in Python's words only:\n" + "\n".join(missing)

@@ -43,8 +43,8 @@ def test_unknown_flag_is_a_user_error_naming_the_flag():
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["--lr", "-1"], "lr=-1.0 must be > 0"),
-    (["--eval-batches", "0"], "eval_batches=0 must be > 0"),   # 0 batches reported an eval loss of 0.0
+    (["--lr", "-1"], "--lr -1.0: must be > 0"),
+    (["--eval-batches", "0"], "--eval-batches 0: must be > 0"),   # 0 batches reported an eval loss of 0.0
     (["--strategy", "dpp"], "Unknown strategy 'dpp'"),
     (["--data", "missing.jsonl"], "does not exist"),
     (["--global-batch-size", "12", "--micro-batch-size", "8"], "not divisible"),
@@ -79,9 +79,9 @@ def test_every_named_preset_validates():
     ({"compression.method": "powersgd", "compression.powersgd_start_iter": 1}, "powersgd_start_iter=1"),
     ({"strategy": "zero", "zero.stage": 2, "zero.offload_param": True}, "needs ZeRO stage 3"),
     ({"zero.stage": 5}, r"zero.stage=5 must be 0, 1, 2 or 3"),
-    ({"fault.checkpoint_interval": -5}, "checkpoint_interval"),
+    ({"fault.checkpoint_interval": -5}, "--fault-checkpoint-interval -5"),
     ({"strategy": "zero", "fault.checkpoint_interval": 10}, "not supported with --strategy zero"),
-    ({"fault.straggler_factor": 1.0}, "straggler_factor"),
+    ({"fault.straggler_factor": 1.0}, "--fault-straggler-factor 1.0"),
     ({"parallel.dcp_dir": "shards"}, "--dcp-dir is for the chapter-04 strategies"),
 ])
 def test_every_chapter_is_checked_by_validate(change, match):

@@ -57,11 +57,70 @@ def test_bad_column_map_and_missing_header_column(tmp_path):
     with pytest.raises(ConfigError, match="unknown fields"):
         load_records(write_jsonl([GOOD], tmp_path / "a.jsonl"), column_map={"name": "titel"})
     no_text = [{"price": 5, "label": 1}]
-    with pytest.raises(DataError, match=r"has no text column.*column_map"):
+    with pytest.raises(DataError, match=r"has no text column.*--column-map"):
         load_records(write_csv(no_text, tmp_path / "b.csv"))
     text_only = [{"text": "好评"}] * 3
     with pytest.raises(DataError, match=r"nothing for task 'nlu'.*sentiment"):
         load_records(write_csv(text_only, tmp_path / "c.csv"), task="nlu")
+
+
+# ------------------------------------------------------------- nested values and unmatched keys (issue #43 item 3)
+
+NESTED = [{"text": "华为 Mate 60 手机", "labels": {"coarse": ["手机"], "fine": ["智能手机"]}},
+          {"text": "小米 空气炸锅", "labels": {"coarse": ["厨电", "小家电"], "fine": ["炸锅"]}},
+          {"text": "耐克 跑鞋", "labels": {"coarse": [], "fine": ["跑鞋"]}}]   # no coarse[0]: no category
+
+
+def test_parse_path_and_resolve():
+    from ecomkit.data.columns import MISSING, parse_path, resolve
+    assert parse_path("labels.coarse[0]") == ("labels", "coarse", 0)
+    assert parse_path("a[1][2].b") == ("a", 1, 2, "b") and parse_path("title") == ("title",)
+    for bad in ("labels.", ".x", "a[x]", "a[0", "a..b", "[0]"):
+        with pytest.raises(ConfigError, match="not a column name or a path"):
+            parse_path(bad)
+    row = {"labels": {"coarse": ["手机"]}, "cell": '{"k": ["v"]}'}
+    assert resolve(row, ("labels", "coarse", 0)) == "手机" and resolve(row, ("cell", "k", 0)) == "v"
+    assert resolve(row, ("labels", "coarse", 1)) is MISSING and resolve(row, ("labels", "x")) is MISSING
+
+
+@pytest.mark.parametrize("writer,name", [(write_jsonl, "n.jsonl"), (write_hf_dataset, "n_dir")])
+def test_column_map_reaches_a_label_nested_in_objects_and_lists(tmp_path, writer, name):
+    """``{"labels.coarse[0]": "category"}``: on main the key matched no column and was ignored without a word."""
+    path = writer(NESTED, tmp_path / name)
+    result = load_records(path, task="nlu", column_map={"labels.coarse[0]": "category"})
+    assert [r.get("category") for r in result.records] == ["手机", "厨电", None]
+    assert all("labels" not in r for r in result.records) and result.report.kept == 3
+
+
+def test_column_map_path_reads_json_in_a_csv_cell(tmp_path):
+    rows = [{"text": r["text"], "labels": json.dumps(r["labels"], ensure_ascii=False)} for r in NESTED]
+    result = load_records(write_csv(rows, tmp_path / "n.csv"), task="nlu", column_map={"labels.fine[0]": "category"})
+    assert [r["category"] for r in result.records] == ["智能手机", "炸锅", "跑鞋"]
+
+
+@pytest.mark.parametrize("writer,name", [(write_jsonl, "n.jsonl"), (write_csv, "n.csv"),
+                                         (write_hf_dataset, "n_dir")])
+def test_a_column_map_key_that_matches_no_column_names_the_columns_found(tmp_path, writer, name):
+    rows = NESTED if writer is not write_csv else [{"text": r["text"], "cat": "x"} for r in NESTED]
+    path = writer(rows, tmp_path / name)
+    with pytest.raises(ConfigError, match=r"key\(s\) 'labels.corse\[0\]' match no column.*columns found: \[.*'text'"):
+        load_records(path, task="nlu", column_map={"labels.corse[0]": "category", "text": "text"})
+    with pytest.raises(ConfigError, match=r"'categ' match no column"):
+        load_records(path, task="nlu", column_map={"categ": "category"})
+
+
+def test_an_object_mapped_as_a_label_suggests_a_path(tmp_path):
+    with pytest.raises(DataError, match=r"category has type dict \(keys \['coarse', 'fine'\]\).*--column-map"):
+        load_records(write_jsonl(NESTED, tmp_path / "n.jsonl"), task="nlu", column_map={"labels": "category"},
+                     strict=True)
+
+
+def test_a_key_found_only_after_the_first_rows_is_searched_for(tmp_path, monkeypatch):
+    import ecomkit.data.loaders as loaders
+    monkeypatch.setattr(loaders, "_SAMPLE_ROWS", 2)
+    rows = [{"text": "好评"}] * 3 + [{"text": "差评", "extra": {"label": "negative"}}]
+    result = load_records(write_jsonl(rows, tmp_path / "s.jsonl"), column_map={"extra.label": "sentiment"})
+    assert [r.get("sentiment") for r in result.records] == [None, None, None, "negative"]
 
 
 def _jsonl_with_bad_line(tmp_path, bad_line: bytes, label_map=None):
@@ -90,6 +149,8 @@ CASES = {  # reason: (the bad line, the field strict mode names, load_records ar
     "malformed_line": (b'{"title": "unterminated', None, {}),
     "span_offsets": (json.dumps({"text": "华为手机", "spans": [{"type": "品牌", "term": "华为", "start": 1, "end": 3}]},
                                 ensure_ascii=False).encode(), "spans", {}),
+    "span_out_of_range": (json.dumps({"text": "华为手机", "spans": [{"type": "品牌", "start": 2, "end": 9}]},
+                                     ensure_ascii=False).encode(), "spans", {}),
     "inclusive_span_end": (json.dumps({"text": "华为手机", "spans": [{"type": "品牌", "term": "华为", "start": 0,
                                                                  "end": 1}]}, ensure_ascii=False).encode(), "spans", {}),
     "overlapping_spans": (json.dumps({"text": "华为手机", "label": {"品牌": {"华为": [[0, 1]], "为手": [[1, 2]]}}},

@@ -63,8 +63,28 @@ def test_offsets_without_term_are_range_checked(tmp_path):
             {"text": TEXT, "spans": [{"type": "品牌", "start": "0", "end": 2}]},
             {"text": TEXT, "spans": "华为"}]
     report = load(tmp_path, rows).report
-    assert report.counts == {"span_offsets": 3} and report.kept == 1
-    assert "outside the text" in report.first_issue["span_offsets"].detail
+    assert report.counts == {"span_out_of_range": 1, "span_offsets": 2} and report.kept == 1
+    assert "outside the text" in report.first_issue["span_out_of_range"].detail
+
+
+def test_an_out_of_range_offset_is_named_with_its_line_behind_other_span_errors(tmp_path):
+    """Issue #43 item 8: an offset past the text's end has its own reason, so the log names its line.
+
+    Counted under ``span_offsets`` with the other span errors, it was hidden behind the first of them (line 2
+    here): the report named only that row. A term given with such offsets was reported as a term mismatch.
+    """
+    rows = [SPAN_ROW,
+            {"text": TEXT, "spans": [{"type": "品牌", "start": "0", "end": 2}]},                   # line 2
+            {"text": TEXT, "spans": [{"type": "品牌", "term": "黑色", "start": 0, "end": 2}]},     # line 3
+            {"text": TEXT, "spans": [{"type": "品牌", "term": "华为", "start": 0, "end": 40}]},   # line 4
+            {"text": TEXT, "spans": [{"type": "品牌", "start": 30, "end": 32}]}] + [SPAN_ROW] * 5
+    report = load(tmp_path, rows, max_chars=4096).report
+    assert report.counts == {"span_offsets": 2, "span_out_of_range": 2}
+    first = report.first_issue["span_out_of_range"]
+    assert first.location == "line 4" and first.field == "spans" and "[0, 40)" in first.detail
+    assert "span_out_of_range 2 (first at line 4, field 'spans': span 1: offsets [0, 40) are outside" in report.summary()
+    with pytest.raises(DataError, match=r"line 4, field 'spans'.*\[span_out_of_range\]"):
+        load(tmp_path, [SPAN_ROW] * 3 + [rows[3]], strict=True)
 
 
 def test_nested_by_label_is_end_inclusive_and_label_map_renames(tmp_path):
@@ -234,11 +254,13 @@ def test_config_fields_and_their_checks(tmp_path):
 
 
 def test_seqgpt_truncation_keeps_the_label_line(tok):
-    from ecomkit.data.formats import build_prompt, prompt_tail
+    from ecomkit.data.formats import build_prompt, input_span
     from ecomkit.data.tokenize import encode_prompt_answer
-    prompt = build_prompt("seqgpt", KIND_CLASSIFY, "物流很快，" * 60, ["positive", "negative"])
-    assert prompt_tail(prompt) == "\n分类: positive，negative\n输出: [GEN]"
-    assert prompt_tail("用户自己的提示\n答:") == ""
+    text = "物流很快，" * 60
+    prompt = build_prompt("seqgpt", KIND_CLASSIFY, text, ["positive", "negative"])
+    start, end = input_span(prompt)
+    assert prompt[start:end] == text and prompt[end:] == "\n分类: positive，negative\n输出: [GEN]"
+    assert input_span("用户自己的提示\n答:") == (0, len("用户自己的提示\n答:"))   # a user's own prompt: all input
     ids, labels = encode_prompt_answer(tok, prompt, "positive", max_length=48)
     kept = tok.decode([i for i, label in zip(ids, labels) if label == IGNORE_INDEX])
     assert len(ids) == 48 and kept.startswith("输入: 物流") and kept.endswith("\n分类: positive，negative\n输出: [GEN]")

@@ -11,6 +11,7 @@ from ecomkit.data import (
     SENTIMENT_LABELS,
     DistributedBatchSampler,
     build_classification_example,
+    build_prompt,
     build_datasets,
     build_nlu_examples,
     category_labels_for,
@@ -71,16 +72,25 @@ def test_category_labels_for_user_categories():
     assert category_labels_for([{**RECORD, "category": "汽车"}, RECORD]) == ("手机", "汽车")
 
 
-def test_lm_labels_equal_inputs_and_end_with_eos(tok, records):
-    ds = tokenize_records(records, tok, "lm", max_length=64)
-    assert ds.column_names == ["input_ids", "labels", "length", "polarity"]
-    assert ds["polarity"] == [{"positive": 1, "neutral": 0, "negative": -1}[r["sentiment"]] for r in records]
+def test_lm_documents_become_windows_never_truncated(tok, records):
+    ds = tokenize_records(records, tok, "lm", max_length=64, keep_kind=True)
+    assert ds.column_names == ["input_ids", "labels", "length", "polarity", "kind", "record"]
+    polarity = {"positive": 1, "neutral": 0, "negative": -1}
+    by_record: dict[int, list[list[int]]] = {}
     for row in ds:
-        assert row["labels"] == row["input_ids"] and row["input_ids"][-1] == tok.eos_token_id
+        assert row["labels"] == row["input_ids"]
         assert row["length"] == len(row["input_ids"]) <= 64
-    assert max(ds["length"]) == 64  # some rows were truncated
-    full = tok(format_lm_text(records[0]), add_special_tokens=False)["input_ids"]
-    assert ds[0]["input_ids"] == (full[:63] + [tok.eos_token_id])
+        assert row["polarity"] == polarity[records[row["record"]]["sentiment"]]
+        by_record.setdefault(row["record"], []).append(row["input_ids"])
+    assert sorted(by_record) == list(range(len(records)))
+    windowed = 0
+    for i, windows in by_record.items():
+        full = tok(format_lm_text(records[i]), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        # consecutive windows overlap by one id, so every id after the first is predicted exactly once
+        assert windows[0] + [t for w in windows[1:] for t in w[1:]] == full
+        assert all(w[0] == prev[-1] for prev, w in zip(windows, windows[1:]))
+        windowed += len(windows) > 1
+    assert windowed > 0   # some documents were longer than 64 tokens
 
 
 def test_nlu_loss_only_on_answer_tokens(tok, records):
@@ -97,15 +107,17 @@ def test_nlu_loss_only_on_answer_tokens(tok, records):
         assert tok.decode([t for t in row["labels"] if t != IGNORE_INDEX], skip_special_tokens=True) == ex.answer
 
 
-def test_nlu_truncation_keeps_answer_and_prompt_ends(tok):
+def test_nlu_cut_keeps_instruction_labels_and_cue_and_drops_the_end_of_the_input(tok):
     long = {**RECORD, "review": "太棒了!" + "物流三天到货。" * 100}
-    prompt = build_nlu_examples(long)[1].prompt
+    prompt = build_prompt("seqgpt", "classify", long["review"], ["positive", "negative"])
     ids, labels = encode_prompt_answer(tok, prompt, "positive", max_length=48)
-    full_prompt = tok(prompt, add_special_tokens=False)["input_ids"]
     n_answer = sum(label != IGNORE_INDEX for label in labels)
+    text = tok.decode(ids[:-n_answer])
     assert len(ids) == 48 and ids[-1] == tok.eos_token_id
-    assert ids[:10] == full_prompt[:10] and ids[48 - n_answer - 8:48 - n_answer] == full_prompt[-8:]
     assert tok.decode(ids[-n_answer:-1]) == "positive"
+    assert text.startswith("输入: 太棒了!物流")             # the input's start is kept ...
+    assert text.endswith("\n分类: positive，negative\n输出: [GEN]")   # ... and the label line and cue whole
+    assert "物流三天到货。" * 20 not in text                # its end went
 
 
 def test_multi_process_tokenization_matches_single(tok, records):
@@ -137,7 +149,7 @@ def test_dataloader_with_sampler_and_collate(tok, records):
     sampler = DistributedBatchSampler(ds["length"], micro_batch_size=4, grad_accum=2, num_replicas=2, rank=1, seed=0)
     loader = DataLoader(ds, batch_sampler=sampler, collate_fn=functools.partial(pad_collate, pad_id=tok.pad_token_id))
     batches = list(loader)
-    assert len(batches) == len(sampler) == (200 // 16) * 2
+    assert len(batches) == len(sampler) == (len(ds) // 16) * 2
     for batch in batches:
         assert batch["input_ids"].shape[0] == 4 and batch["input_ids"].dtype == torch.long
         assert (batch["attention_mask"].sum(1) == batch["input_ids"].ne(tok.pad_token_id).sum(1)).all()
@@ -169,11 +181,12 @@ def test_build_datasets_from_file_with_cap(tok, tmp_path, records):
     path = write_jsonl(records + [{**RECORD, "price": "free"}], tmp_path / "d.jsonl")
     train, evald, raw_eval, report = build_datasets(str(path), max_rows=100, seed=0, task="lm", tokenizer=tok,
                                                     max_length=128)
-    assert (len(train), len(evald)) == (95, 5)
+    assert (report.n_train_records, report.n_eval_records) == (95, 5)
+    assert len(train) >= 95 and len(evald) >= 5     # documents longer than 128 tokens become several windows
     assert report.validation.counts == {"non_numeric_price": 1}
     assert {r["sku"] for r in raw_eval} <= {r["sku"] for r in records}
     assert "Capped by max_rows=100: using 100 of 200 valid records" in report.summary()
-    with pytest.raises(ConfigError, match="n_rows=100 sets the size of the synthetic catalog.*max_rows"):
+    with pytest.raises(ConfigError, match="--n-rows 100 sets the size of the synthetic catalog.*--max-rows"):
         build_datasets(str(path), n_rows=100, seed=0, task="lm", tokenizer=tok, max_length=128)
     with pytest.raises(DataError, match="not found"):
         build_datasets(str(tmp_path / "missing.csv"), n_rows=None, seed=0, task="lm", tokenizer=tok, max_length=64)

@@ -20,7 +20,7 @@ from ecomkit.dist import DistEnv
 from ecomkit.models.bloom import load_model
 from ecomkit.models.tokenizer import get_tokenizer
 from ecomkit.train.evaluate import (CandidateScore, best_candidate, candidate_log_probs, evaluate_nlu_accuracy,
-                                    macro_f1, score_candidates)
+                                    macro_f1, majority_share, score_candidates)
 
 
 @pytest.fixture(scope="module")
@@ -101,20 +101,35 @@ def test_accuracy_and_majority_baseline_on_a_hand_built_case(tokenizer):
     favoured = set(ids_of(tokenizer, "手机")) | set(ids_of(tokenizer, "positive")) | {tokenizer.eos_token_id}
     stub = FavouringStrategy(len(tokenizer), favoured)
     stub.model.train()
-    # the baseline answers the most frequent *training* label (here not the held-out records' most frequent)
-    train = {"category": {"手机": 10, "服饰": 2}, "sentiment": {"positive": 9, "neutral": 1}}
+    train = {"category": {"服饰": 50, "手机": 20}, "sentiment": {"neutral": 9, "positive": 3}}
     out = evaluate_nlu_accuracy(stub, tokenizer, records, DistEnv(), n_samples=8, category_labels=CATEGORIES,
-                                train_labels=train)
+                                train_label_counts=train)
     assert out["acc_category"] == 3 / 8 and out["acc_sentiment"] == 2 / 8
-    assert out["majority_category"] == 3 / 8 and out["majority_sentiment"] == 2 / 8
+    assert out["majority_category"] == 5 / 8 and out["majority_sentiment"] == 6 / 8
+    assert (out["majority_label_category"], out["majority_label_sentiment"]) == ("服饰", "neutral")
     assert out["nlu_scored"] == 8
-    no_training = evaluate_nlu_accuracy(stub, tokenizer, records, DistEnv(), n_samples=8, category_labels=CATEGORIES)
-    assert "majority_category" not in no_training   # no training labels, no baseline (never the held-out ones)
+    assert evaluate_nlu_accuracy(stub, tokenizer, records, DistEnv(), n_samples=None)["scored_category"] == 8
     assert stub.model.training  # evaluation restores the mode it found
     # n_samples limits how many records are scored
     assert evaluate_nlu_accuracy(stub, tokenizer, records, DistEnv(), n_samples=3)["acc_category"] == 1.0
 
 
+def test_majority_share_is_the_share_of_the_training_majority_label():
+    assert majority_share([1.0, 3.0, 0.0], 1) == 0.75
+    assert majority_share([1.0, 3.0, 0.0], 0) == 0.25     # the training majority need not be the eval one
+    assert math.isnan(majority_share([0.0, 0.0], 0))
+
+
+def test_candidate_scoring_baseline_comes_from_training_labels_not_the_scored_records(tokenizer):
+    """Issue #43 item 1: train majority 'negative', eval majority 'positive'. On main ``majority_sentiment`` was
+    the eval records' own majority share (0.75); from the training split it is the share of 'negative' (0.25)."""
+    records = [{"review": "很好用,推荐!", "sentiment": "positive"}] * 3 + [{"review": "差评", "sentiment": "negative"}]
+    stub = FavouringStrategy(len(tokenizer), set(ids_of(tokenizer, "negative")) | {tokenizer.eos_token_id})
+    out = evaluate_nlu_accuracy(stub, tokenizer, records, DistEnv(), n_samples=8,
+                                labels={"category": (), "sentiment": ("positive", "negative")},
+                                train_label_counts={"sentiment": {"positive": 40, "negative": 60}})
+    assert out["majority_label_sentiment"] == "negative" and out["majority_sentiment"] == 0.25
+    assert out["acc_sentiment"] == 0.25      # always answering the training majority scores the baseline
 
 
 def test_ties_go_to_the_lowest_index_and_the_mean_ranks():
@@ -181,7 +196,78 @@ def test_each_target_is_scored_on_the_records_that_have_it_with_labels_from_the_
     stub = FavouringStrategy(len(tokenizer), favoured)
     out = evaluate_nlu_accuracy(stub, tokenizer, records, DistEnv(), n_samples=8,
                                 labels={"category": (), "sentiment": ("positive", "negative")},
-                                train_labels={"sentiment": {"positive": 30, "negative": 10}})
+                                train_label_counts={"sentiment": {"positive": 2, "negative": 1}})
     assert "acc_category" not in out and out["scored_sentiment"] == out["nlu_scored"] == 4
     assert out["acc_sentiment"] == out["majority_sentiment"] == 0.75
     assert out["macro_f1_sentiment"] == pytest.approx((2 * 3 / 7 + 0.0) / 2)
+
+
+class CountingStrategy(FavouringStrategy):
+    """Counts forwards and the rows they see (a row's id is its first token)."""
+
+    def __init__(self, vocab: int):
+        super().__init__(vocab, set())
+        self.forwards, self.first_tokens = 0, []
+
+    def forward_logits(self, input_ids, attention_mask):
+        self.forwards += 1
+        self.first_tokens += input_ids[:, 0].tolist()
+        return super().forward_logits(input_ids, attention_mask)
+
+
+@pytest.fixture
+def two_ranks_apart(monkeypatch):
+    """Each rank of a 2-process job evaluated alone: the all-reduce returns this rank's own sums."""
+    import ecomkit.train.evaluate as evaluate
+    monkeypatch.setattr(evaluate, "all_reduce_sums", lambda values, env: values)
+    return [DistEnv(rank=r, world_size=2) for r in range(2)]
+
+
+def test_the_final_loss_covers_every_example_with_equal_forwards_per_rank(tokenizer, two_ranks_apart):
+    """Issue #43 item 2: every held-out example is read (on main ``len // ranks`` per rank, the rest dropped), and
+    a rank whose share is one short still runs as many forwards (sharded strategies need equal collectives)."""
+    from ecomkit.data import pad_collate
+    from ecomkit.train.evaluate import held_out_loss
+
+    rows = [{"input_ids": [10 + i, 3, 4], "attention_mask": [1, 1, 1], "labels": [-100, 3, 4]} for i in range(7)]
+    collate = lambda feats: pad_collate(feats, 0, 1)   # noqa: E731
+    stubs, outs = [], []
+    for rank in range(2):   # each shard alone (no process group: the sums are this rank's own)
+        stub = CountingStrategy(len(tokenizer))
+        outs.append(held_out_loss(stub, rows, collate, two_ranks_apart[rank], 2, None, shard=(rank, 2)))
+        stubs.append(stub)
+    assert sorted(t for s in stubs for t in s.first_tokens[:4 if s is stubs[0] else 3]) == [10 + i for i in range(7)]
+    assert [s.forwards for s in stubs] == [2, 2]                      # shares of 4 and 3, batches of 2
+    assert [o["eval_loss_examples"] for o in outs] == [4, 3] and sum(o["eval_loss_tokens"] for o in outs) == 14
+    sample = held_out_loss(CountingStrategy(len(tokenizer)), rows, collate, two_ranks_apart[0], 2, 1, shard=(0, 2))
+    assert sample["eval_loss_examples"] == 2                          # a periodic sample: 1 batch per rank
+    capped = held_out_loss(CountingStrategy(len(tokenizer)), rows, collate, DistEnv(), 2, None, max_examples=5)
+    assert capped["eval_loss_examples"] == 5
+
+
+def test_final_candidate_scoring_reads_every_record_with_equal_forwards_per_rank(tokenizer, two_ranks_apart):
+    records = [record("手机" if i % 2 else "服饰", "positive", i) for i in range(5)]
+    counts = []
+    for rank in range(2):
+        stub = CountingStrategy(len(tokenizer))
+        out = evaluate_nlu_accuracy(stub, tokenizer, records, two_ranks_apart[rank], None, category_labels=CATEGORIES,
+                                    shard=(rank, 2), labels={"sentiment": ()})
+        counts.append((stub.forwards, out["scored_category"], stub.first_tokens))
+    assert [c[:2] for c in counts] == [(3, 5), (3, 5)]   # 3 + 2 records, the short share repeats one forward
+
+
+def test_the_run_says_once_what_each_evaluation_reads_and_when_nlu_sampling_has_no_effect():
+    """Issue #43 item 2: the final evaluation reads every held-out row (said at start-up), and on extraction-only
+    data --eval-nlu-samples acts on nothing: the run says so once instead of ignoring the flag silently."""
+    from ecomkit.config import TrainConfig
+    from ecomkit.train.held_out import evaluation_scope
+
+    cfg = TrainConfig(task="nlu")
+    extraction_only = [{"text": "华为 手机", "spans": '[["品牌", 0, 2, "华为"]]'}] * 3
+    lines = evaluation_scope(cfg, 1343, extraction_only, {"extract": ("品牌",)})
+    assert "the final one reads every held-out row (1,343 held-out examples" in lines[0]
+    assert len(lines) == 2 and "--eval-nlu-samples has no effect" in lines[1]
+    labelled = [{"title": "华为 手机", "category": "手机"}]
+    assert len(evaluation_scope(cfg, 1, labelled, {"category": ("手机", "服饰")})) == 1
+    capped = TrainConfig(task="nlu", final_eval_samples=50)
+    assert "the first 50 of each" in evaluation_scope(capped, 1343, labelled, {"category": ("手机", "服饰")})[0]

@@ -187,18 +187,19 @@ def test_left_padding_and_prompt_cutting():
     tok = tokenizer()
     long = "输入: " + "很好用" * 200 + "\n分类: 正面，负面\n输出: [GEN]"
     rows, cut = encode_prompts(tok, [long, PROMPTS[0]], DecodeSettings(max_new_tokens=16, max_length=64))
-    assert cut == 1 and len(rows[0]) == 64 - 16 - 1
+    assert cut == 1 and len(rows[0]) == 64 - 1       # cut only as training cuts a row of the shortest answer
+    assert rows[1] == tok(PROMPTS[0], add_special_tokens=False)["input_ids"]   # a prompt that fits: as it is
     assert tok.decode(rows[0]).endswith("\n分类: 正面，负面\n输出: [GEN]")   # label line and cue kept, as in training
     from ecomkit.data.tokenize import encode_prompt_answer
-    trained, labels = encode_prompt_answer(tok, long, "正面", 64 - 16 + len(tok("正面", add_special_tokens=False)["input_ids"]))
-    assert trained[:labels.index(next(l for l in labels if l != -100))] == rows[0]   # the very ids training saw
+    trained, labels = encode_prompt_answer(tok, long, "", 64)          # a training row whose answer is its EOS
+    assert trained[:-1] == rows[0]                                       # the very ids training saw
 
 
 def test_beam_search_is_refused_where_decoding_is_greedy_only():
     with pytest.raises(ConfigError, match="gen-num-beams 3.*pipeline"):
         TrainConfig(strategy="pp", gen_num_beams=3).validate(2)
     TrainConfig(strategy="fsdp", gen_num_beams=3).validate(2)
-    with pytest.raises(ConfigError, match="gen_batch_size=0"):
+    with pytest.raises(ConfigError, match="--gen-batch-size 0"):
         TrainConfig(gen_batch_size=0).validate(1)
 
 

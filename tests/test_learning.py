@@ -43,7 +43,7 @@ from ecomkit.train.comparisons import eval_loss_ratio
 from ecomkit.train.sweep import run_sweep
 
 NLU = {"task": "nlu", "n_rows": 4000, "seq_len": 96, "micro_batch_size": 16, "lr": 5e-3, "max_steps": 400,
-       "eval_interval": 0, "eval_nlu_samples": 128}
+       "eval_interval": 0, "eval_nlu_samples": 128, "final_eval_samples": 128}   # the final evaluation capped too
 LM_RATIO = 0.6        # eval loss at the end < 0.6 × the step-0 eval loss
 BF16_LOSS_TOL = 0.05  # the bf16 run's final eval loss within 5 % of the fp32 run's
 NLU_MARGIN = 0.15     # accuracy ≥ majority-class baseline + 15 points, category and sentiment

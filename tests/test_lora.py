@@ -1,7 +1,7 @@
 """LoRA through peft on 2 gloo processes, under every strategy that supports it, in one torchrun launch.
 
 The launch (``scripts/03_lora.py``) trains full fine-tuning under DDP beside LoRA r=16 under DDP,
-Accelerate, ZeRO-2, ZeRO-2 + optimizer offload, ZeRO-3, ZeRO-3 + offload and FSDP2, 6 steps each, from a
+Accelerate, ZeRO-2, ZeRO-2 + optimizer offload, ZeRO-3, ZeRO-3 + offload and FSDP2, 12 steps each, from a
 local base checkpoint (so ZeRO-3 builds it under ``zero.Init`` and FSDP2 on the meta device, the paths
 for a base bigger than one rank). Assertions:
 
@@ -11,7 +11,9 @@ for a base bigger than one rank). Assertions:
   params (fp32) and at most 5 % + 4 KiB more (alignment padding, the gradient norm), where full
   fine-tuning sends at least 4 B × Ψ;
 - the fp32 strategies give the same losses (1e-5 relative; offload's DeepSpeedCPUAdam 1e-4), and the
-  held-out loss falls below the base model's (the step-0 evaluation) by at least 2 %;
+  held-out loss falls below the base model's (the step-0 evaluation) by at least 2 % (measured: 2.2 % in
+  12 steps of windows of 64 tokens; the catalog's documents are windows, never truncated, so rows hold
+  reviews, not only the structured title and price that the first 48 tokens held, and learn more slowly);
 - ``<run>/adapter`` loads with ``PeftModel.from_pretrained(base, dir)`` and gives the in-memory model's
   logits, and the merged ``<run>/final`` loads with plain ``AutoModelForCausalLM`` and gives the same
   logits (fp32: 1e-5 absolute, measured ~1e-6).
@@ -38,7 +40,7 @@ from ecomkit.train.loop import tokenizer_cache_dir
 LORA = ["ddp:lora16", "accelerate:lora16", "zero2:lora16", "zero2+opt:lora16", "zero3:lora16", "zero3+opt:lora16",
         "fsdp:lora16"]
 VARIANTS = ["ddp:full", *LORA]
-COMMON = ["--n-rows", "300", "--seq-len", "48", "--max-steps", "6", "--eval-interval", "6", "--eval-batches", "2",
+COMMON = ["--n-rows", "300", "--seq-len", "64", "--max-steps", "12", "--eval-interval", "12", "--eval-batches", "2",
           "--warmup-steps", "2", "--micro-batch-size", "4", "--no-progress"]
 LOGIT_ATOL = 1e-5
 
@@ -102,7 +104,7 @@ def test_lora_losses_agree_across_strategies_and_fall(sweep):
         return [r["loss"] for r in read_rows(sweep / label) if r.get("type") == "train"]
 
     ref = losses("ddp:lora16")
-    assert len(ref) == 6
+    assert len(ref) == 12
     for label in LORA:
         rel = 1e-4 if "+opt" in label else 1e-5
         assert losses(label) == pytest.approx(ref, rel=rel), label

@@ -19,7 +19,7 @@ def test_flags_parse_into_the_config():
 
 @pytest.mark.parametrize("changes, words", [
     ({"peft": "qlora"}, "Unknown peft 'qlora'"),
-    ({"lora_r": 0}, "lora_r=0"),
+    ({"lora_r": 0}, "--lora-r 0"),
     ({"lora_alpha": 0.0}, "lora_alpha=0.0"),
     ({"lora_dropout": 1.0}, "lora_dropout=1.0"),
     ({"lora_target_modules": " , "}, "lora_target_modules is empty"),

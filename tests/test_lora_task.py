@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 COMMON = ["--task", "nlu", "--model", "tiny", "--seq-len", "64", "--micro-batch-size", "16", "--warmup-steps", "20",
           "--eval-batches", "2", "--eval-nlu-samples", "16", "--gen-eval-samples", "96", "--gen-max-new-tokens",
-          "12", "--gen-batch-size", "12", "--no-progress"]
+          "12", "--gen-batch-size", "12", "--final-eval-samples", "96", "--no-progress"]   # final = step 0's 96
 BASE = ["--max-steps", "800", "--lr", "6e-3", "--eval-interval", "0", "--gen-eval-samples", "0"]
 LORA_STEPS = 300
 LORA = ["--peft", "lora", "--lora-r", "16", "--lora-alpha", "32", "--lr", "1e-2", "--max-steps", str(LORA_STEPS)]

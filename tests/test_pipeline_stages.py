@@ -51,5 +51,5 @@ def test_padding_to_the_pipeline_length_masks_the_new_positions():
     assert out["input_ids"].tolist() == [[5, 6, 0, 0]]
     assert out["attention_mask"].tolist() == [[1, 1, 0, 0]]
     assert out["labels"].tolist() == [[5, 6, -100, -100]]
-    with pytest.raises(ConfigError, match="seq_len=1"):
+    with pytest.raises(ConfigError, match="--seq-len 1"):
         pad_to_length(batch, 1)

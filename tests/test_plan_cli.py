@@ -19,7 +19,7 @@ from ecomkit.planner.step_time import all_gather_s, all_reduce_s, comm_volume, p
 
 def test_cli_prints_table_verdict_and_time(capsys):
     main(["--model", "ecomgpt-7b", "--gpus", "8", "--gpu", "a100-40g", "--zero", "2", "--offload-optimizer",
-          "--precision", "bf16"])
+          "--precision", "bf16", "--seq-len", "128"])
     out = capsys.readouterr().out
     for words in ("A100-SXM4-40GB", "parameters", "optimizer states", "activations (attention scores)",
                   "host (CPU) memory, offloaded", "largest micro-batch that fits", "speed-up over 1 GPU"):
@@ -28,10 +28,17 @@ def test_cli_prints_table_verdict_and_time(capsys):
     line = next(ln for ln in out.splitlines() if ln.startswith("speed-up over 1 GPU"))
     speedup = float(re.search(r": ([0-9.]+)×", line).group(1))
     assert 1.0 <= speedup <= 8.0, line          # 8 GPUs can never be more than 8× faster on the same training
-    # the job the scripts would run: TrainConfig's micro-batch 8 × 128 tokens, sdpa, chunked loss (not for ZeRO)
+    # the job the scripts would run with --seq-len 128: micro-batch 8 × 128 tokens, sdpa, chunked loss (not for ZeRO)
     job = PlanInput(model="ecomgpt-7b", gpu="a100-40g", strategy="zero2", offload_optimizer=True, micro_batch=8,
                     seq_len=128, attn="sdpa", loss_chunk_tokens=1024)
     assert speedup == pytest.approx(speedups(job, [8])[0]["speedup"], abs=0.01)
+
+
+def test_seq_len_auto_is_planned_at_the_model_limit_and_said_so(capsys):
+    main(["--model", "seqgpt-560m", "--gpus", "1", "--gpu", "h200", "--precision", "bf16"])
+    out = capsys.readouterr().out
+    assert "micro-batch 8 × 2048 tokens" in out.splitlines()[0]
+    assert "--seq-len auto: planned at 2048 tokens, the longest a run of seqgpt-560m may choose" in out
 
 
 def test_cli_json(capsys):

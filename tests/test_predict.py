@@ -19,7 +19,8 @@ from ecomkit.dist import DistEnv
 from ecomkit.errors import DataError
 from ecomkit.plots.tasks import confusion_counts
 from ecomkit.train.generate import DecodeSettings, generate_texts
-from ecomkit.train.predict import Predictor, main, normalise_row, recorded_prompt_format, split_labels
+from ecomkit.data.formats import read_task_file
+from ecomkit.train.predict import Predictor, Recorded, main, normalise_row, recorded_prompt_format, split_labels
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_generate import single, tokenizer, varied_model  # noqa: E402
@@ -65,6 +66,42 @@ def test_predict_file_in_file_out_with_per_row_task_and_labels(saved, tmp_path):
     assert answers[1]["labels"] == ["品牌"] and isinstance(answers[1]["spans"], dict)
     direct = Predictor(str(out)).predict([normalise_row(r, "extract", ("品牌",), "x") for r in rows])
     assert [a["generated"] for a in direct] == [a["generated"] for a in answers]
+
+
+def test_predict_remembers_the_task_labels_length_and_budget_the_run_saved(saved, tmp_path, capsys):
+    """Issue #43 item 4: ``--model runs/x/final "…"`` alone. On main it exited with "no task; give --task", and its
+    --max-length/--max-new-tokens defaults ignored the run's. Flags still override each."""
+    import shutil
+
+    from ecomkit.data.formats import write_task_file
+
+    src, model, tok = saved
+    out = tmp_path / "final"
+    shutil.copytree(src, out)
+    write_task_file(out, prompt_format="seqgpt", task="nlu", labels={"extract": ("品牌", "颜色"), "category": ("a", "b")},
+                    kinds=["extract"], seq_len=24, gen_max_new_tokens=5)
+    prompts = [build_prompt("seqgpt", "extract", t, ("品牌", "颜色")) for t in TEXTS]
+    want = generate_texts(single(model), tok, prompts, DistEnv(), DecodeSettings(max_new_tokens=5, max_length=24))[0]
+    main(["--model", str(out), *TEXTS])
+    captured = capsys.readouterr()
+    printed = [json.loads(line) for line in captured.out.splitlines()]
+    assert [p["generated"] for p in printed] == want
+    stopped = sum(bool(p.get("at_budget")) for p in printed)   # nonsense answers run to the budget
+    assert stopped and f"{stopped} of 3 generated answers stopped at the budget of 5 new tokens" in captured.err
+    assert "raise it with --gen-max-new-tokens" in captured.err
+    longer = generate_texts(single(model), tok, prompts, DistEnv(), DecodeSettings(max_new_tokens=9))[0]
+    main(["--model", str(out), "--gen-max-new-tokens", "9", "--seq-len", str(1 << 20), *TEXTS])
+    assert [json.loads(line)["generated"] for line in capsys.readouterr().out.splitlines()] == longer
+    # a model that learned two classification label sets: predict names them, with the flag to pick one
+    write_task_file(out, prompt_format="seqgpt", task="nlu", labels={"category": ("a", "b"), "sentiment": ("x", "y")},
+                    kinds=["category", "sentiment"])
+    with pytest.raises(SystemExit):
+        main(["--model", str(out), TEXTS[0]])
+    assert "learned 2 classify label sets" in capsys.readouterr().err
+    with pytest.raises(DataError, match=r"category: --labels a,b; sentiment: --labels x,y"):
+        normalise_row({"text": "a"}, None, (), "command line", Recorded(read_task_file(out), str(out)))
+    main(["--model", str(out), "--labels", "x,y", TEXTS[0]])
+    assert json.loads(capsys.readouterr().out)["label"] in ("x", "y", None)
 
 
 def test_input_errors_name_the_place_and_the_fix(saved, tmp_path):

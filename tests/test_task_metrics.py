@@ -9,8 +9,8 @@ import pytest
 
 from ecomkit.data.formats import TaskExample, parse_answer
 from ecomkit.train.gen_eval import prediction_rows, scores_from_rows, shard_range
-from ecomkit.train.task_metrics import (SpanDictionary, classification_scores, extraction_scores, f1,
-                                        majority_answer, margin_points)
+from ecomkit.train.task_metrics import (SpanDictionary, classification_scores, extraction_scores, f1, invalid_text,
+                                        majority_label, margin_points, spans_not_in_text, training_majorities)
 
 
 def test_extraction_micro_scores_strict_accuracy_and_per_label_f1_by_hand():
@@ -41,23 +41,67 @@ def test_classification_accuracy_macro_f1_and_the_majority_baseline():
     s = classification_scores(golds, preds)
     assert s["acc"] == 0.5
     assert s["macro_f1"] == pytest.approx((f1(1, 1, 3) + f1(1, 2, 1)) / 2)
-    # the baseline answers each label set's most frequent *training* label; ties and unseen labels: prompt order
-    assert majority_answer(("正面", "负面"), {"正面": 7, "负面": 3}) == "正面"
-    assert classification_scores(golds, [majority_answer(("正面", "负面"), {"正面": 7})] * 4)["acc"] == 0.75
-    assert majority_answer(("a", "b"), {"a": 2, "b": 2}) == "a" and majority_answer(("x", "y"), {}) == "x"
-    assert majority_answer(("正面", "负面"), {"负面": 1}) == "负面"
+    assert majority_label(("正面", "负面"), {"正面": 30, "负面": 10}) == "正面"
+    assert classification_scores(golds, ["正面"] * 4)["acc"] == 0.75
+    # a tie, or a label set no training example has, goes to the label listed first in the prompt
+    assert majority_label(("a", "b"), {"a": 2, "b": 2}) == "a" and majority_label(("x", "y"), {}) == "x"
+    assert training_majorities({"category": ("a", "b"), "sentiment": ("x", "y")},
+                               {"category": {"b": 3, "a": 1}}) == {("a", "b"): "b", ("x", "y"): "x"}
     assert margin_points(0.8, 0.75) == pytest.approx(5.0)
 
 
-def test_the_majority_baseline_comes_from_training_labels_not_the_evaluated_ones():
-    # held out: three 正面, one 负面; training: mostly 负面. The baseline always answers 负面 and scores 1/4.
-    exs = [TaskExample("classify", t, ("正面", "负面"), gold_label=g)
-           for t, g in (("好", "正面"), ("很好", "正面"), ("不错", "正面"), ("差", "负面"))]
-    rows = prediction_rows("seqgpt", exs, ["正面"] * 4, SpanDictionary.from_spans([]), {"正面": 2, "负面": 8})
-    assert [r["majority"] for r in rows] == ["负面"] * 4
+def test_the_majority_baseline_comes_from_training_labels_not_the_scored_ones():
+    """Issue #43 item 1: a train/dev pair whose majorities differ.
+
+    Training majority 'b'; the dev file's most frequent label is 'a'. A model that always answers the training
+    majority scores exactly the baseline (margin 0); on main the baseline took the dev majority and scored
+    0.5 on these rows, so that model "did NOT clear" a baseline that is itself.
+    """
+    train = {"category": {"a": 10, "b": 30, "c": 5}}
+    majorities = training_majorities({"category": ("a", "b", "c")}, train)
+    dev = [TaskExample("classify", f"t{i}", ("a", "b", "c"), gold_label=g)
+           for i, g in enumerate(["a", "a", "a", "b", "b", "c"])]
+    rows = prediction_rows("seqgpt", dev, ["b"] * 6, SpanDictionary({}), majorities)
+    assert [r["majority"] for r in rows] == ["b"] * 6
     s = scores_from_rows(rows)
-    assert s["gen_majority_acc"] == 0.25 and s["gen_acc"] == 0.75 and s["gen_majority_labels"] == ["负面"]
-    assert s["gen_acc_margin_points"] == pytest.approx(50.0)
+    assert s["gen_majority_acc"] == pytest.approx(2 / 6) and s["gen_acc"] == pytest.approx(2 / 6)
+    assert s["gen_acc_margin_points"] == 0.0
+    assert "gen_majority_acc" not in scores_from_rows(prediction_rows("seqgpt", dev, ["b"] * 6, SpanDictionary({})))
+
+
+def test_garbled_answers_are_counted_per_row_and_in_the_summary():
+    """Issue #43 item 7: answers with U+FFFD and spans not in the input are counted (scoring stays exact match)."""
+    assert invalid_text("品牌: 华\ufffd") and not invalid_text("品牌: 华为")
+    assert spans_not_in_text({("品牌", "华为"), ("品牌", "苹果")}, "华为 手机") == 1
+    exs = [TaskExample("extract", "华为 黑色 手机", ("品牌", "颜色"), gold_spans=(("品牌", "华为"),)),
+           TaskExample("extract", "小米 充电器", ("品牌",), gold_spans=(("品牌", "小米"),)),
+           TaskExample("classify", "很好用", ("正面", "负面"), gold_label="正面")]
+    generated = ["品牌: 华为，苹果\n颜色: 白色", "品牌: 小\ufffd", "正\ufffd"]
+    rows = prediction_rows("seqgpt", exs, generated, SpanDictionary({}), {("正面", "负面"): "正面"})
+    assert [r["invalid_text"] for r in rows] == [False, True, True]
+    assert [r.get("spans_not_in_input") for r in rows] == [2, 1, None]   # 苹果, 白色; 小\ufffd
+    s = scores_from_rows(rows)
+    assert s["gen_invalid_text"] == 2 and s["gen_spans_not_in_input"] == 3
+    assert s["gen_span_f1"] == pytest.approx(f1(1, 4, 2))   # still exact match: 华为 right, the rest wrong
+
+
+def test_answers_that_stopped_at_the_budget_are_counted_with_the_flag_that_raises_it():
+    """Issue #42: generations that used every new token without ending are counted per row and in the summary."""
+    from ecomkit.metrics import generation_lines
+    from ecomkit.train.generate import stopped_at_budget
+
+    assert stopped_at_budget([5, 6, 7], eos_id=2, max_new_tokens=3)
+    assert not stopped_at_budget([5, 6], eos_id=2, max_new_tokens=3)   # ended (its EOS was dropped) before
+    exs = [TaskExample("classify", "好", ("正面", "负面"), gold_label="正面")] * 3
+    rows = prediction_rows("seqgpt", exs, ["正面", "正面正面正面", "负面"], SpanDictionary({}),
+                           {("正面", "负面"): "正面"}, at_budget=[False, True, False])
+    assert [r["at_budget"] for r in rows] == [False, True, False]
+    s = scores_from_rows(rows)
+    assert s["gen_at_budget"] == 1
+    s.update(gen_decoded=3, gen_examples_per_s=1.0, gen_decode_mode="generate", gen_prompts_cut=0,
+             gen_max_new_tokens=4)
+    assert ("1 of 3 answers stopped at 4 new tokens without ending (maybe cut short): raise it with "
+            "--gen-max-new-tokens N") in generation_lines(s)
 
 
 def test_dictionary_baseline_most_frequent_label_longest_match_first_and_only_asked_labels():
@@ -89,7 +133,7 @@ def test_scores_recomputed_from_prediction_rows_by_reparsing_the_generated_text(
            TaskExample("classify", "太差了", ("正面", "负面"), gold_label="负面")]
     generated = ["品牌: 华为\n颜色：白色", "品牌：小米，小米", "正面", "我不知道"]
     d = SpanDictionary.from_spans([("品牌", "华为"), ("颜色", "黑色")])
-    rows = prediction_rows("seqgpt", exs, generated, d, {"正面": 5, "负面": 4})
+    rows = prediction_rows("seqgpt", exs, generated, d, {("正面", "负面"): "正面"})
     s = scores_from_rows(rows)
     assert s["gen_span_f1"] == pytest.approx(f1(2, 3, 3)) and s["dict_span_f1"] == pytest.approx(f1(2, 2, 3))
     assert s["gen_acc"] == 0.5 and s["gen_majority_acc"] == 0.5 and s["gen_unknown_labels"] == 1
@@ -105,9 +149,10 @@ def test_printed_summary_says_whether_each_baseline_is_cleared_and_by_how_much()
     assert generation_lines({"eval_loss": 1.0}) == ""   # no evaluation by generation: no lines
     rows = prediction_rows("seqgpt", [TaskExample("extract", "华为 手机", ("品牌",), gold_spans=(("品牌", "华为"),)),
                                       TaskExample("classify", "好", ("正面", "负面"), gold_label="正面")],
-                           ["品牌: 小米", "负面"], SpanDictionary.from_spans([("品牌", "华为")]), {"正面": 1})
+                           ["品牌: 小米", "负面"], SpanDictionary.from_spans([("品牌", "华为")]), {("正面", "负面"): "正面"})
     s = scores_from_rows(rows)
-    s.update(gen_decoded=2, gen_examples_per_s=3.0, gen_decode_mode="generate", gen_prompts_cut=0)
+    s.update(gen_decoded=2, gen_held_out=5, gen_examples_per_s=3.0, gen_decode_mode="generate", gen_prompts_cut=0)
     text = generation_lines(s)
     assert "margin -100.0 points (does NOT clear it; 1 examples)" in text      # F1 0 against the dictionary's 1
-    assert "accuracy 0.000" in text and "majority baseline 1.000" in text and "2 examples, 3.0 examples/s" in text
+    assert "accuracy 0.000" in text and "training-majority baseline 1.000" in text
+    assert "2 of 5 held-out examples, 3.0 examples/s" in text and "budget" not in text

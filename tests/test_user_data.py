@@ -1,8 +1,11 @@
 """Bring your own data: the three shapes (reviews, instructions, plain text), label maps, no silent caps, bad rows.
 
 Small generated files in each shape go through the real loaders and
-``build_datasets``; the 2-process run at the end trains on a review-shaped
-file (category + 0/1 label + text) with only a column map and a label map.
+``build_datasets``; the 2-process run at the end trains on a review file whose
+labels sit inside an object (``{"labels": {"coarse": [category], "polarity":
+0/1}}``), reached by the column map's paths alone and a label map, and is
+evaluated on a dev file of its own, every row of which the final evaluation
+reads.
 """
 
 from __future__ import annotations
@@ -65,6 +68,27 @@ def test_integer_labels_without_a_label_map_are_labels_from_the_data(tmp_path, t
     path = write_jsonl(reviews, tmp_path / "reviews.jsonl")
     *_, report = build(path, tok, column_map=REVIEW_COLUMNS)
     assert report.labels["sentiment"] == ("0", "1")
+
+
+def test_baselines_learn_the_training_majority_when_the_dev_file_has_another(tmp_path, tok):
+    """Issue #43 item 1: a train file whose majority is 服饰 and a dev file whose majority is 手机.
+
+    The majority baseline must answer the training majority (服饰); on main it took the dev labels it was
+    scored on, so it answered 手机 and was a baseline no model could know.
+    """
+    from ecomkit.config import TrainConfig
+    from ecomkit.train.gen_eval import evaluator_for_run
+
+    train = [{"title": f"商品{i}", "category": "服饰" if i % 4 else "手机"} for i in range(40)]    # 30 服饰 / 10 手机
+    dev = [{"title": f"新品{i}", "category": "手机" if i % 4 else "服饰"} for i in range(12)]      # 9 手机 / 3 服饰
+    train_path, dev_path = write_jsonl(train, tmp_path / "train.jsonl"), write_jsonl(dev, tmp_path / "dev.jsonl")
+    *_, report = build(train_path, tok, eval_data=str(dev_path), prompt_format="seqgpt")
+    assert report.train_label_counts == {"category": Counter({"服饰": 30, "手机": 10})}
+    assert report.facts()["train_label_counts"] == {"category": {"服饰": 30, "手机": 10}}
+    evaluator = evaluator_for_run(TrainConfig(task="nlu"), report)
+    assert evaluator.majorities == {report.labels["category"]: "服饰"}
+    rows = [r for r in evaluator.examples if r.kind == "classify"]
+    assert len(rows) == 12
 
 
 def test_unmapped_label_is_a_counted_reason_and_strict_names_file_line_field(tmp_path, reviews):
@@ -142,7 +166,7 @@ def test_more_than_max_bad_fraction_stops_with_the_per_reason_report(tmp_path, t
 
 def test_user_files_are_never_capped_silently(tmp_path, tok, reviews):
     path = write_csv(reviews, tmp_path / "r.csv", fields=["cat", "label", "review"])
-    with pytest.raises(ConfigError, match="n_rows=4000 sets the size of the synthetic catalog.*max_rows"):
+    with pytest.raises(ConfigError, match="--n-rows 4000 sets the size of the synthetic catalog.*--max-rows"):
         build(path, tok, n_rows=4000, column_map=REVIEW_COLUMNS, label_map=SENTIMENT_01)
     *_, report = build(path, tok, max_rows=100, column_map=REVIEW_COLUMNS, label_map=SENTIMENT_01)
     assert report.n_train_records + report.n_eval_records == 100
@@ -187,25 +211,47 @@ def test_label_map_from_flag_and_yaml_and_its_checks(tmp_path):
 # at steps 250 / 300. Candidate scoring in the seqgpt format is covered by tests/test_learning.py (400 steps), and
 # this file's shape trains in it in tests/test_extraction_train.py.
 ROWS, STEPS = 2000, 150
+DEV_ROWS = 101  # odd: the two ranks' shares differ by one, and the final evaluation still reads every row
 MARGIN = 0.10   # accuracy ≥ majority baseline + 10 points, category and sentiment
+NESTED_COLUMNS = {"labels.coarse[0]": "category", "labels.polarity": "sentiment"}
+
+
+def nested_reviews(n: int, seed: int) -> list[dict]:
+    """Review rows with their labels inside an object: a category list and a 0/1 polarity."""
+    return [{"review": r["review"], "labels": {"coarse": [r["cat"]], "fine": [], "polarity": r["label"]}}
+            for r in review_rows(n, seed=seed)]
 
 
 @pytest.mark.dist
 @pytest.mark.slow
-def test_two_process_run_on_review_data_uses_every_row_and_beats_the_majority_baseline(tmp_path):
-    data = write_csv(review_rows(ROWS, seed=0), tmp_path / "reviews.csv", fields=["cat", "label", "review"])
+def test_two_process_run_on_nested_labels_evaluates_every_dev_row_and_beats_the_majority_baseline(tmp_path):
+    """Issue #43 acceptance: trained and evaluated on a nested-label file through the column map alone, and the
+    final evaluation of a run with --eval-data covers every row of the file (on main the paths were ignored
+    without a word and "no nlu example could be built"; the final evaluation read --eval-nlu-samples records)."""
+    data = write_jsonl(nested_reviews(ROWS, seed=0), tmp_path / "reviews.jsonl")
+    dev = write_jsonl(nested_reviews(DEV_ROWS, seed=5), tmp_path / "dev.jsonl")
     out = tmp_path / "run"
-    args = ["--data", str(data), "--task", "nlu", "--column-map", json.dumps(REVIEW_COLUMNS),
-            "--label-map", json.dumps(SENTIMENT_01), "--prompt-format", "ecomkit", "--seq-len", "64", "--micro-batch-size", "32", "--lr", "5e-3",
-            "--max-steps", str(STEPS), "--eval-interval", "0", "--eval-batches", "1", "--eval-nlu-samples", "100",
+    args = ["--data", str(data), "--eval-data", str(dev), "--task", "nlu", "--column-map", json.dumps(NESTED_COLUMNS),
+            "--label-map", json.dumps(SENTIMENT_01), "--prompt-format", "ecomkit", "--seq-len", "64",
+            "--micro-batch-size", "32", "--lr", "5e-3", "--max-steps", str(STEPS), "--eval-interval", "0",
+            "--eval-batches", "1", "--eval-nlu-samples", "16", "--gen-eval-samples", "8", "--gen-max-new-tokens", "8",
             "--no-save-model", "--no-progress", "--output-dir", str(out)]
     proc = fastlaunch.run(Path(__file__).resolve().parents[1] / "scripts" / "02_data_parallel.py", args, 2,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["data"]["records_used"] == summary["data"]["rows_read"] == ROWS
-    assert summary["data"]["examples_per_kind"] == {"category": ROWS, "sentiment": ROWS}
+    assert summary["data"]["train_records"] == summary["data"]["rows_read"] == ROWS
+    assert summary["data"]["eval_records"] == summary["data"]["eval_rows_read"] == DEV_ROWS
+    assert summary["data"]["examples_per_kind"] == {"category": ROWS + DEV_ROWS, "sentiment": ROWS + DEV_ROWS}
+    # every dev row, in every figure: loss, candidate scoring of each target, and generation
+    assert summary["eval_loss_examples"] == 2 * DEV_ROWS and f"({2 * DEV_ROWS} held-out examples)" in proc.stdout
+    assert summary["scored_category"] == summary["scored_sentiment"] == summary["nlu_scored"] == DEV_ROWS
+    assert summary["gen_decoded"] == summary["gen_held_out"] == summary["gen_classify_n"] == 2 * DEV_ROWS
+    assert len((out / "predictions.jsonl").read_text(encoding="utf-8").splitlines()) == 2 * DEV_ROWS
+    train_counts = summary["data"]["train_label_counts"]
     for target in ("category", "sentiment"):
         acc, base = summary[f"acc_{target}"], summary[f"majority_{target}"]
+        majority = max(train_counts[target], key=train_counts[target].get)   # the baseline learns from training
+        assert summary[f"majority_label_{target}"] == majority
         assert f"margin {100 * (acc - base):+.1f} points" in proc.stdout
         assert acc >= base + MARGIN, (target, acc, base)

@@ -38,9 +38,23 @@ def _dest(prefix: str, name: str) -> str:
 
 
 def _base_type(tp: Any) -> Any:
-    """Strip ``X | None`` to ``X``."""
+    """Strip ``X | None`` to ``X``; ``int | str`` (a number or a word such as ``auto``) stays as it is."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if set(args) == {int, str}:
+        return tp
     return args[0] if args and typing.get_origin(tp) in (typing.Union, types.UnionType) else tp
+
+
+def _number_or_word(text: str) -> int | str:
+    """``--seq-len 256`` -> 256, ``--seq-len auto`` -> "auto" (validate() says which words a field takes)."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _is_number_or_word(tp: Any) -> bool:
+    return set(typing.get_args(tp)) - {type(None)} == {int, str}
 
 
 def _parse_dict(text: str) -> dict[str, str]:
@@ -67,6 +81,8 @@ def _metavar(name: str, tp: Any, choices: tuple | None) -> str:
         return "JSON"
     if tp is str and (name.endswith(("_dir", "_from", "_config")) or name in ("data", "model", "tokenizer")):
         return "PATH"
+    if _is_number_or_word(tp):
+        return "{N,auto}"
     return {int: "N", float: "X", str: "TEXT"}.get(tp, "VALUE")
 
 
@@ -106,6 +122,9 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, defaults: Any, prefi
                                                  short.get(flag))}
         if tp is bool:
             kw["action"] = argparse.BooleanOptionalAction
+        elif _is_number_or_word(tp):
+            kw["type"] = _number_or_word
+            kw["metavar"] = _metavar(f.name, tp, choices)
         else:
             kw["type"] = _parse_dict if typing.get_origin(tp) is dict or tp is dict else tp
             kw["metavar"] = _metavar(f.name, tp, choices)

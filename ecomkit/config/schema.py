@@ -129,9 +129,16 @@ class TrainConfig:
     labels: str = ""                  # extraction label set in prompt order, comma-separated, e.g. 品牌,颜色
                                       #   ("" = every span label of the data; spans of other labels are left out)
     span_end: str = "exclusive"       # end offsets of span lists: exclusive (Python slicing) or inclusive
-    bucketed: bool = True             # length-bucketed batches (less padding)
-    seq_len: int = 128                # max tokens per sample (truncation)
-    micro_batch_size: int = 8         # samples per device per forward/backward
+    bucketed: bool = True             # length-bucketed batches (less padding) when rows are not packed
+    seq_len: int | str = "auto"       # tokens per sequence. auto: the smallest multiple of 64 that holds every row
+                                      #   of both splits (up to the model's limit), so nothing is cut; N: rows
+                                      #   longer than N are cut at the end of their input (counted in the data
+                                      #   line), LM documents split into windows (data/lengths.py)
+    packing: str = "auto"             # pack rows into full sequences of seq_len tokens, each row attending only
+                                      #   to itself (document mask; exact for BLOOM's ALiBi): on | off | auto (on
+                                      #   when the mean training row is at most PACK_MAX_FILL of seq_len, where
+                                      #   bench_packing measured packing faster) (data/packing.py)
+    micro_batch_size: int = 8         # samples per device per forward/backward (sequences of seq_len when packed)
     grad_accum: int = 1               # micro-steps per optimizer step
     global_batch_size: int = 0        # if > 0: derive grad_accum = this / (micro_batch * world)
     # --- optimisation -----------------------------------------------------
@@ -149,10 +156,14 @@ class TrainConfig:
     max_steps: int = 60               # optimizer steps; 0 = use epochs
     epochs: float = 0.0               # used when max_steps == 0
     eval_interval: int = 20           # steps between evaluations, from step 0; 0 = only at the end
-    eval_batches: int = 8             # micro-batches per evaluation (per rank)
-    eval_nlu_samples: int = 64        # records scored per NLU accuracy evaluation
-    gen_eval_samples: int = 32        # held-out classify/extract examples decoded per evaluation (0 = none)
-    gen_max_new_tokens: int = 32      # answer tokens generated at most per example
+    eval_batches: int = 8             # micro-batches per periodic evaluation (per rank); the final one reads all
+    eval_nlu_samples: int = 64        # records scored per target by a periodic NLU accuracy evaluation
+    gen_eval_samples: int = 32        # held-out classify/extract examples decoded per periodic evaluation
+                                      #   (0 = no evaluation by generation at all)
+    final_eval_samples: int = 0       # the final evaluation's cap on examples per figure (loss, records per
+                                      #   target, decoded examples); 0 = every held-out row
+    gen_max_new_tokens: int | str = "auto"  # answer tokens generated at most per example; auto: the longest
+                                      #   training answer + 8; generations that reach it are counted
     gen_num_beams: int = 1            # 1 = greedy; > 1 = beam search (not with pp or sequence parallel)
     gen_batch_size: int = 8           # prompts per decoding batch, per rank (left-padded)
     gen_use_cache: bool = True        # decode with the model's KV cache (False: recompute the prefix each step)
@@ -199,8 +210,8 @@ class TrainConfig:
         per_step = self.micro_batch_size * world_size
         if self.global_batch_size % per_step:
             raise ConfigError(
-                f"global_batch_size={self.global_batch_size} is not divisible by micro_batch_size × "
-                f"world_size = {self.micro_batch_size} × {world_size} = {per_step}. Choose a global batch "
+                f"--global-batch-size {self.global_batch_size} is not divisible by --micro-batch-size × "
+                f"world size = {self.micro_batch_size} × {world_size} = {per_step}. Choose a global batch "
                 f"that is a multiple of {per_step}, or change --micro-batch-size.")
         return self.global_batch_size // per_step
 

@@ -22,13 +22,14 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from ecomkit.config.validate_lengths import check_generation, check_lengths
 from ecomkit.config.validate_peft import check_peft
 from ecomkit.config.vocabulary import (ATTN_CHOICES, CLIP_POLICIES, COMPILE_STRATEGIES, COMPRESSIONS, DDP_ALLREDUCES,
                                        HOOK_STRATEGIES,
                                        MESH_STRATEGIES,
-                                       PROMPT_FORMATS, SPAN_ENDS,
+                                       PACKING_CHOICES, PROMPT_FORMATS, SPAN_ENDS,
                                        PP_SCHEDULES, PRECISION_CHOICES, REPORT_TARGETS, STRATEGIES,
-                                       STRATEGIES_WITHOUT_DCP, TASKS, StrategyName, check_choice)
+                                       STRATEGIES_WITHOUT_DCP, TASKS, StrategyName, check_choice, flag_of)
 from ecomkit.errors import ConfigError
 
 # The configs are checked by field name: schema.py imports this module (TrainConfig.validate), so this module
@@ -51,17 +52,19 @@ def validate_train_config(cfg: _TrainConfig, world_size: int, n_head: int | None
     check_compression(cfg)
     check_ddp_allreduce(cfg)
     check_peft(cfg, world_size)
-    for name in ("lr", "seq_len", "micro_batch_size", "grad_accum", "n_rows", "eval_batches"):
+    check_choice("packing", cfg.packing, PACKING_CHOICES)
+    check_lengths(cfg)
+    for name in ("lr", "micro_batch_size", "grad_accum", "n_rows", "eval_batches"):
         if getattr(cfg, name) <= 0:
-            raise ConfigError(f"{name}={getattr(cfg, name)} must be > 0.")
+            raise ConfigError(f"{flag_of(name)} {getattr(cfg, name)}: must be > 0.")
     for name in ("loss_chunk_tokens", "weight_decay", "max_grad_norm", "warmup_steps", "max_steps", "epochs",
-                 "eval_interval", "untimed_steps"):
+                 "eval_interval", "untimed_steps", "final_eval_samples"):
         if getattr(cfg, name) < 0:
-            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 0.")
+            raise ConfigError(f"{flag_of(name)} {getattr(cfg, name)}: must be >= 0.")
     if cfg.max_steps == 0 and cfg.epochs <= 0:
         raise ConfigError("Set --max-steps > 0 or --epochs > 0: the run has no length.")
     if not 0 <= cfg.min_lr_ratio <= 1:
-        raise ConfigError(f"min_lr_ratio={cfg.min_lr_ratio} must be in [0, 1].")
+        raise ConfigError(f"--min-lr-ratio {cfg.min_lr_ratio}: must be in [0, 1].")
     check_zero_options(cfg)
     check_parallel(cfg, world_size, n_head, n_layer)
     cfg.resolve_grad_accum(data_parallel_size(cfg, world_size))
@@ -131,9 +134,9 @@ def check_zero_options(cfg: _TrainConfig) -> None:
     if z.offload_optimizer and z.stage == 0:
         raise ConfigError("--zero-offload-optimizer needs ZeRO stage 1, 2 or 3 (got --zero-stage 0).")
     if z.bucket_size <= 0:
-        raise ConfigError(f"zero.bucket_size={z.bucket_size} must be > 0 (elements per bucket).")
+        raise ConfigError(f"--zero-bucket-size {z.bucket_size}: must be > 0 (elements per bucket).")
     if z.param_persistence_threshold < 0:
-        raise ConfigError(f"zero.param_persistence_threshold={z.param_persistence_threshold} must be >= 0.")
+        raise ConfigError(f"--zero-param-persistence-threshold {z.param_persistence_threshold}: must be >= 0.")
 
 
 def load_deepspeed_json(path: str | os.PathLike) -> dict[str, Any]:
@@ -235,8 +238,8 @@ def check_parallel(cfg: _TrainConfig, world_size: int, n_head: int | None = None
     step_samples = cfg.micro_batch_size * cfg.resolve_grad_accum(dp)
     if pp > 1 and step_samples % par.pp_microbatches:
         raise ConfigError(
-            f"Pipeline parallelism cuts each optimizer step's {step_samples} samples (micro_batch_size × "
-            f"grad_accum) into {par.pp_microbatches} pipeline micro-batches (--parallel-pp-microbatches), "
+            f"Pipeline parallelism cuts each optimizer step's {step_samples} samples (--micro-batch-size × "
+            f"--grad-accum) into {par.pp_microbatches} pipeline micro-batches (--parallel-pp-microbatches), "
             "which must divide it. Change one of the three.")
     if pp > 1 and tp > 1:
         raise ConfigError(
@@ -281,7 +284,7 @@ def parse_report_to(value: str | Any, check_installed: bool = False) -> list[str
     for name in names:
         check_choice("report_to", name, tuple(REPORT_TARGETS))
     if "none" in names and len(names) > 1:
-        raise ConfigError(f"report_to={value!r}: 'none' cannot be combined with {[n for n in names if n != 'none']}.")
+        raise ConfigError(f"--report-to {value!r}: 'none' cannot be combined with {[n for n in names if n != 'none']}.")
     names = [n for n in dict.fromkeys(names) if n != "none"]
     for name in names if check_installed else ():
         if importlib.util.find_spec(REPORT_TARGETS[name]) is None:
@@ -306,17 +309,18 @@ def check_fault_config(cfg: _TrainConfig) -> None:
     """Checkpoint interval, health sampling and straggler settings; DCP checkpoints only where they apply."""
     f = cfg.fault
     if f.checkpoint_interval < -1:
-        raise ConfigError(f"fault.checkpoint_interval={f.checkpoint_interval}: use a number of steps > 0, "
+        raise ConfigError(f"--fault-checkpoint-interval {f.checkpoint_interval}: use a number of steps > 0, "
                           "0 to switch checkpoints off, or -1 for automatic.")
     if f.health_interval < 0 or f.hang_dump_s < 0:
-        raise ConfigError("fault.health_interval and fault.hang_dump_s must be >= 0 (0 switches them off).")
+        raise ConfigError("--fault-health-interval and --fault-hang-dump-s must be >= 0 (0 switches them off).")
     if f.straggler_factor <= 1:
-        raise ConfigError(f"fault.straggler_factor={f.straggler_factor} must be > 1 (e.g. 2: warn when a rank "
+        raise ConfigError(f"--fault-straggler-factor {f.straggler_factor}: must be > 1 (e.g. 2: warn when a rank "
                           "is twice as slow as the others).")
     try:
         parse_signal_names(f.preempt_signals)
     except ValueError as exc:
-        raise ConfigError(f"fault.preempt_signals={f.preempt_signals!r}: {exc}; \"\" switches preemption off.") from None
+        raise ConfigError(f"--fault-preempt-signals {f.preempt_signals!r}: {exc}; \"\" switches preemption "
+                          f"off.") from None
     reason = dcp_unsupported_reason(cfg)
     if f.checkpoint_interval > 0 and reason:
         raise ConfigError(
@@ -394,20 +398,3 @@ def check_compile(cfg: _TrainConfig) -> None:
         raise ConfigError(
             f"--compile with --compression {cfg.compression.method}: the gradient-compression hooks are not "
             "tested under torch.compile's DDP graph splitting. Drop one of the two flags.")
-
-
-# ---------------------------------------------------------------------- evaluation by generation
-def check_generation(cfg: _TrainConfig) -> None:
-    """Decoding sizes in range; beam search only where transformers' generate() runs (not pp, not sequence parallel)."""
-    if cfg.gen_eval_samples < 0:
-        raise ConfigError(f"gen_eval_samples={cfg.gen_eval_samples} must be >= 0 (0: no evaluation by generation).")
-    for name in ("gen_max_new_tokens", "gen_num_beams", "gen_batch_size"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"{name}={getattr(cfg, name)} must be >= 1.")
-    par = cfg.parallel
-    pipelined = cfg.strategy in (StrategyName.PP, StrategyName.MIXED) and par.pp > 1
-    if cfg.gen_num_beams > 1 and (cfg.strategy == StrategyName.PP or pipelined or par.sequence_parallel):
-        raise ConfigError(
-            f"--gen-num-beams {cfg.gen_num_beams}: pipeline parallel and sequence parallel decode greedily without "
-            "the KV cache (a pipeline's stages are separate modules; sequence parallel cannot cut a one-token step "
-            "into tp pieces), so beam search is not available there. Use --gen-num-beams 1.")

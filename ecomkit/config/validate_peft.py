@@ -41,12 +41,12 @@ def check_peft(cfg: _TrainConfig, world_size: int) -> None:
         return
     if cfg.lora_r < 1:
         raise ConfigError(
-            f"lora_r={cfg.lora_r} (flag --lora-r) must be >= 1: it is the rank of each adapter's B·A update "
+            f"--lora-r {cfg.lora_r}: must be >= 1: it is the rank of each adapter's B·A update "
             "(8 to 64 is typical; the adapters hold r × (in + out) weights per adapted Linear).")
     if cfg.lora_alpha <= 0:
         raise ConfigError(
             f"lora_alpha={cfg.lora_alpha} (flag --lora-alpha) must be > 0: the update is scaled by alpha / r, "
-            "so 0 or a negative value would switch the adapters off or invert them. 2 × lora_r is usual.")
+            "so 0 or a negative value would switch the adapters off or invert them. 2 × --lora-r is usual.")
     if not 0 <= cfg.lora_dropout < 1:
         raise ConfigError(
             f"lora_dropout={cfg.lora_dropout} (flag --lora-dropout) must be in [0, 1): it is the probability "

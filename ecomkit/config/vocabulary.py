@@ -75,6 +75,10 @@ ZERO_STAGES = (0, 1, 2, 3)
 PROMPT_FORMATS = ("seqgpt", "ecomgpt", "ecomkit")
 SPAN_ENDS = ("exclusive", "inclusive")
 PEFT_METHODS = ("none", "lora")
+# --packing: rows packed into full sequences (data/packing.py), or not, or decided from the data's lengths.
+PACKING_CHOICES = ("auto", "on", "off")
+# The word that --seq-len and --gen-max-new-tokens take instead of a number: chosen from the data (data/lengths.py).
+AUTO = "auto"
 
 # The allowed values of each config field that has a fixed list, by dotted field name: the CLI shows them
 # as the flag's metavar and in its help (``--zero-stage {0,1,2,3}``); TrainConfig.validate() enforces them.
@@ -82,16 +86,25 @@ FIELD_CHOICES: dict[str, tuple] = {
     "attn": ATTN_CHOICES, "task": TASKS, "clip_policy": CLIP_POLICIES, "precision": PRECISION_CHOICES,
     "strategy": STRATEGIES, "zero.stage": ZERO_STAGES, "compression.method": COMPRESSIONS,
     "parallel.pp_schedule": PP_SCHEDULES, "prompt_format": PROMPT_FORMATS, "span_end": SPAN_ENDS,
-    "peft": PEFT_METHODS, "ddp_allreduce": DDP_ALLREDUCES,
+    "peft": PEFT_METHODS, "ddp_allreduce": DDP_ALLREDUCES, "packing": PACKING_CHOICES,
 }
 
 
+def flag_of(name: str) -> str:
+    """The command-line flag of a config field: ``seq_len`` -> ``--seq-len``, ``zero.stage`` -> ``--zero-stage``.
+
+    Messages name fields by their flag (what a command-line user can type), as ``config/cli.py`` derives it.
+    """
+    return "--" + name.replace(".", "-").replace("_", "-")
+
+
 def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    """Raise "Unknown <name> '<value>'. Choose one of: ... Did you mean ...?" unless ``value`` is allowed."""
+    """Raise "Unknown <name> '<value>' (--flag). Choose one of: ... Did you mean ...?" unless ``value`` is allowed."""
     if value not in allowed:
         close = difflib.get_close_matches(str(value), allowed, n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"Unknown {name} '{value}'. Choose one of: {', '.join(allowed)}.{hint}")
+        flag = f" ({flag_of(name)})" if " " not in name else ""   # "planner strategy" is not a config field
+        raise ConfigError(f"Unknown {name} '{value}'{flag}. Choose one of: {', '.join(allowed)}.{hint}")
 
 
 def plan_strategy_name(strategy: str, zero_stage: int = 0) -> str:

@@ -21,8 +21,9 @@ and the file (same shapes, column map and label map) is the eval set.
   ``report.prompt_format``;
 - ``report.train_spans``: a ``Counter`` of ``(label, span)`` over the training
   records' extraction spans (computed on first use), for the dictionary baseline;
-- ``report.train_labels``: ``{target: Counter(label)}`` over the training records'
-  classification labels (computed on first use), for the majority baselines;
+- ``report.train_label_counts``: per classification target, how often each label
+  is the gold label of a training example, for the majority-label baseline (a
+  baseline learned from the training split, never from the labels it is scored on);
 - ``report.labels["extract"]``: the extraction label set, in prompt order (from
   ``labels`` when given, else every span label of the data, sorted), and
   ``report.spans_outside_labels``: spans left out because their label is not in it.
@@ -48,12 +49,16 @@ from ecomkit.data.formats import DEFAULT_PROMPT_FORMAT, TaskExample, check_forma
 from ecomkit.data.loaders import RECORD_FEATURES, load_records
 from ecomkit.data.spans import spans_json
 from ecomkit.data.tasks import CLASSIFICATION_TASKS, KINDS, check_task, labels_from_values, record_task_examples
-from ecomkit.data.stream import label_codes, read_columns
-from ecomkit.data.tokenize import tokenize_records
+from ecomkit.data.stream import column_numpy, label_codes, read_columns
+from ecomkit.data.lengths import CutCounts, LengthStats, choose_seq_len, cut_counts, length_stats, lengths_facts
+from ecomkit.data.tokenize import fit_rows, tokenize_whole
 from ecomkit.data.validate import RECORD_FIELDS, ValidationReport, check_bad_fraction, unlabeled_warning
 from ecomkit.errors import ConfigError, DataError
 
 SYNTHETIC = "synthetic"
+FINAL_COLUMNS = ("input_ids", "labels", "length", "polarity")   # what the sampler and the collator read
+# The length --seq-len auto stops at when the caller does not know the model's: BLOOM's training length.
+DEFAULT_LENGTH_LIMIT = 2048
 MAX_SYNTHETIC_ROWS = 100_000_000
 
 
@@ -77,10 +82,14 @@ class BuildReport:
     spans_outside_labels: dict[str, int] = field(default_factory=dict)          # label -> spans left out
     eval_source: str | None = None     # the eval_data file, when one was given
     eval_validation: ValidationReport | None = None
+    seq_len: int = 0                   # the sequence length the rows were fit to (--seq-len, or chosen by auto)
+    seq_len_reason: str = ""
+    lengths: dict[str, LengthStats] = field(default_factory=dict)   # "train" / "eval": lengths before any cut
+    cuts: dict[str, CutCounts] = field(default_factory=dict)        # "train" / "eval": what fitting cut
+    train_label_counts: dict[str, Counter] = field(default_factory=dict)        # target -> training gold labels
     labels_not_in_data: tuple[str, ...] = ()   # extraction labels asked for (--labels) that no span carries
     span_labels_in_data: tuple[str, ...] = ()  # the labels the data's spans do carry (when counted)
     _train_spans: object = field(default=None, repr=False, compare=False)       # a Counter, or how to make it
-    _train_labels: object = field(default=None, repr=False, compare=False)      # {target: Counter}, or how to make it
 
     @property
     def train_spans(self) -> Counter:
@@ -88,13 +97,6 @@ class BuildReport:
         if callable(self._train_spans):
             self._train_spans = self._train_spans()
         return self._train_spans if self._train_spans is not None else Counter()
-
-    @property
-    def train_labels(self) -> dict[str, Counter]:
-        """``{target: Counter(label)}`` over the training records' classification labels: the majority baselines."""
-        if callable(self._train_labels):
-            self._train_labels = self._train_labels()
-        return self._train_labels if self._train_labels is not None else {}
 
     @property
     def capped(self) -> bool:
@@ -112,9 +114,21 @@ class BuildReport:
                 "eval_skipped": dict(self.eval_validation.counts) if self.eval_validation else {},
                 "eval_rows_read": self.eval_validation.total if self.eval_validation else None,
                 "spans_outside_labels": dict(self.spans_outside_labels),
+                "train_label_counts": {t: dict(c) for t, c in self.train_label_counts.items()}, "seq_len": self.seq_len,
+                "seq_len_reason": self.seq_len_reason, **lengths_facts(self.lengths, self.cuts),
                 "labels_not_in_data": list(self.labels_not_in_data),
                 "unlabeled_rows": self.validation.unlabeled,
                 "unlabeled_first": list(self.validation.unlabeled_first)}
+
+    def lengths_summary(self) -> str:
+        """The data line's lengths part: per split, p50/p95/max before any cut and what fitting cut."""
+        splits = "; ".join(f"{k}: {v.text()}, {self.cuts[k].text()}" for k, v in self.lengths.items()
+                           if k in self.cuts)
+        return f"seq_len {self.seq_len} ({self.seq_len_reason}). {splits}."
+
+    def cut_warnings(self) -> list[str]:
+        """A line per split whose inputs lost more than half (:meth:`CutCounts.warning`)."""
+        return [w for k, c in self.cuts.items() if (w := c.warning(k, self.lengths[k].rows))]
 
     def warnings(self) -> list[str]:
         """What the data silently cannot give: labels asked for that never occur, rows with nothing to learn."""
@@ -139,11 +153,11 @@ class BuildReport:
                    f": {outside}." if outside else "")
         return (f"{self.validation.summary()} {cap} {split}{self.n_train_records:,} train / "
                 f"{self.n_eval_records:,} eval records -> {self.n_train_examples:,} / {self.n_eval_examples:,} "
-                f"tokenized examples. Examples built per kind: {kinds}.{dropped}")
+                f"tokenized examples. Examples built per kind: {kinds}.{dropped} {self.lengths_summary()}")
 
 
 def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed: int, task: str, tokenizer,
-                   max_length: int, eval_fraction: float = 0.05, column_map: Mapping[str, str] | None = None,
+                   max_length: int | str, length_limit: int = DEFAULT_LENGTH_LIMIT, eval_fraction: float = 0.05, column_map: Mapping[str, str] | None = None,
                    strict: bool = False, num_proc: int = 1, label_map: Mapping[str, Mapping[str, str]] | None = None,
                    max_rows: int | None = None, max_bad_fraction: float = 0.05,
                    prompt_format: str = DEFAULT_PROMPT_FORMAT, eval_data: str | os.PathLike | None = None,
@@ -171,7 +185,7 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     if not 0.0 < eval_fraction < 1.0:
         raise ConfigError(f"eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction}.")
     if max_rows is not None and max_rows < 2:
-        raise ConfigError(f"max_rows must be at least 2 (or None for all rows), got {max_rows}.")
+        raise ConfigError(f"--max-rows must be at least 2 (or 0 for all rows), got {max_rows}.")
     maps = {"column_map": column_map, "strict": strict, "label_map": label_map, "num_proc": num_proc,
             "span_end": span_end}
     records, validation = _source_records(source, n_rows, seed, task, **maps)
@@ -201,41 +215,56 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
         eval_idx, train_idx = stratified_split(order, _strata(targets[0], all_labels, order), eval_fraction)
     else:
         eval_idx, train_idx = np.arange(len(eval_table)), np.arange(len(records))
+    codes = {t: label_codes(targets[0].column(t), all_labels[t]) for t in CLASSIFICATION_TASKS}  # training baseline
     del targets                                                  # not held while the table is tokenised
     if len(train_idx) == 0:
         raise DataError(f"{source}: only {len(records)} usable records, too few to split off an eval set with "
-                        f"eval_fraction={eval_fraction}. Provide more rows, or an eval file (eval_data).")
-    tok = {"labels": all_labels, "keep_kind": True, "prompt_format": prompt_format}
-    # Tokenise the whole table in one sequential pass (cached per table, whatever the seed), then split the
-    # examples by their source record: training rows in table order (the sampler shuffles), eval rows in the
-    # random order of the eval records. Reading a table through an indices mapping would cost memory per row.
-    tokenized = tokenize_records(records, tokenizer, task, max_length, num_proc, **tok)
-    built = read_columns(tokenized, ["record", "kind"])
-    kinds = np.bincount(built.column("kind").to_numpy().astype(np.int64), minlength=len(KINDS))
-    if eval_table is None:
-        train_rows, eval_rows = _rows_by_record(built.column("record").to_numpy(), len(records), eval_idx)
+                        f"eval_fraction={eval_fraction}. Provide more rows, or an eval file (--eval-data FILE).")
+    tok = {"labels": all_labels, "prompt_format": prompt_format}
+    # Tokenise the whole table in one sequential pass (cached per table, whatever the seed or length), measure
+    # every split's lengths, choose the sequence length, then fit the rows to it and count what that cut.
+    # Examples are split by their source record: training rows in table order (the sampler shuffles), eval rows
+    # in the random order of the eval records. Reading a table through an indices mapping costs memory per row.
+    whole = tokenize_whole(records, tokenizer, task, num_proc, **tok)
+    eval_whole = tokenize_whole(eval_table, tokenizer, task, num_proc, **tok) if eval_table is not None else None
+    split = lambda table: (_rows_by_record(column_numpy(table, "record"), len(records), eval_idx)  # noqa: E731
+                           if eval_whole is None else (np.arange(len(table)), None))
+    train_rows, eval_rows = split(whole)
+    stats = {"train": length_stats(whole, train_rows),
+             "eval": length_stats(whole, eval_rows) if eval_whole is None else length_stats(eval_whole)}
+    seq_len, why = choose_seq_len(max_length, max(s.row.max for s in stats.values()), length_limit)
+    fitted = fit_rows(whole, seq_len, num_proc)
+    eval_fitted = fit_rows(eval_whole, seq_len, num_proc) if eval_whole is not None else None
+    train_rows, eval_rows = split(fitted)
+    cuts = {"train": cut_counts(fitted, seq_len, train_rows),
+            "eval": cut_counts(fitted, seq_len, eval_rows) if eval_fitted is None else cut_counts(eval_fitted, seq_len)}
+    built = read_columns(whole, ["record", "kind"])
+    kinds = np.bincount(built.column("kind").to_numpy().astype(np.int64), minlength=len(KINDS))   # examples, not windows
+    is_train = np.zeros(len(records), dtype=bool)
+    is_train[train_idx] = True
+    train_counts = _train_label_counts(built, is_train, codes, all_labels)
+    final = lambda table: table.select_columns([c for c in FINAL_COLUMNS if c in table.column_names])  # noqa: E731
+    if eval_fitted is None:
         eval_records, eval_name = records.select(eval_idx), Path(str(source)).name
-        tokenized = tokenized.remove_columns(["kind", "record"])
-        train_ds, eval_ds = tokenized.select(train_rows), tokenized.select(eval_rows)
+        train_ds, eval_ds = final(fitted).select(train_rows), final(fitted).select(eval_rows)
     else:
-        eval_tok = tokenize_records(eval_table, tokenizer, task, max_length, num_proc, **tok)
-        kinds += np.bincount(read_columns(eval_tok, ["kind"]).column(0).to_numpy().astype(np.int64),
-                             minlength=len(KINDS))
-        train_ds, eval_ds = (t.remove_columns(["kind", "record"]) for t in (tokenized, eval_tok))
+        kinds += np.bincount(column_numpy(eval_whole, "kind").astype(np.int64), minlength=len(KINDS))
+        train_ds, eval_ds = final(fitted), final(eval_fitted)
         eval_records, eval_name = eval_table, Path(str(eval_data)).name
     if kinds.sum() == 0:
         raise DataError(f"{source}: no {task} example could be built from {len(records):,} valid records. For task "
                         f"'nlu' a record needs a target (category, sentiment, brand, price) or spans and a text to "
-                        f"read it from, or an instruction pair; check column_map, or use task='lm'.")
+                        f"read it from, or an instruction pair; check --column-map (a nested value is reached by a "
+                        f"path: --column-map '{{\"labels.coarse[0]\": \"category\"}}'), or train with --task lm.")
     report = BuildReport(str(source), validation, len(train_idx), len(eval_idx), len(train_ds), len(eval_ds),
                          all_labels["category"], all_labels, {k: int(n) for k, n in zip(KINDS, kinds) if n},
                          n_valid, max_rows, prompt_format, eval_source=None if eval_data is None else str(eval_data),
-                         eval_validation=eval_validation, spans_outside_labels=outside, labels_not_in_data=never,
-                         span_labels_in_data=tuple(sorted(span_counts or ())))
+                         eval_validation=eval_validation, spans_outside_labels=outside, seq_len=seq_len,
+                         seq_len_reason=why, lengths=stats, cuts=cuts, train_label_counts=train_counts,
+                         labels_not_in_data=never, span_labels_in_data=tuple(sorted(span_counts or ())))
     if task == "nlu":
         report.eval_examples = _task_examples(eval_records, all_labels, eval_name)
         report._train_spans = lambda: _span_counter(records, train_idx, extract)
-        report._train_labels = lambda: _label_counter(records, train_idx)
     return train_ds, eval_ds, eval_records, report
 
 
@@ -247,6 +276,27 @@ def _rows_by_record(source_record: np.ndarray, n_records: int, eval_idx: np.ndar
     eval_rows = np.flatnonzero(row_position >= 0)
     eval_rows = eval_rows[np.argsort(row_position[eval_rows], kind="stable")]
     return np.flatnonzero(row_position < 0), eval_rows
+
+
+def _train_label_counts(built: pa.Table, is_train: np.ndarray, codes: Mapping[str, np.ndarray],
+                        labels: Mapping[str, Sequence[str]]) -> dict[str, Counter]:
+    """Per classification target, the gold labels of its *training* examples (the majority baseline's data).
+
+    ``built``: the tokenised examples' ``record`` and ``kind``; ``is_train``: per source record;
+    ``codes``: per target, each record's label index (``label_codes``). Counted from the examples the
+    model trains on, so a record whose label has no input to read it from is not counted.
+    """
+    record = built.column("record").to_numpy()
+    kind = built.column("kind").to_numpy()
+    out: dict[str, Counter] = {}
+    for task in CLASSIFICATION_TASKS:
+        rec = record[kind == KINDS.index(task)]
+        rec = rec[is_train[rec]]
+        found = codes[task][rec]
+        counts = np.bincount(found[found >= 0], minlength=len(labels[task]))
+        if counts.sum():
+            out[task] = Counter({labels[task][i]: int(n) for i, n in enumerate(counts) if n})
+    return out
 
 
 def _task_examples(table: Dataset, labels: Mapping[str, Sequence[str]], name: str) -> list[TaskExample]:
@@ -271,11 +321,6 @@ def _span_counter(records: Dataset, train_idx: np.ndarray, names: Sequence[str])
         if value:
             counts.update((label, term) for label, _, _, term in json.loads(value) if label in wanted)
     return counts
-
-
-def _label_counter(records: Dataset, train_idx: np.ndarray) -> dict[str, Counter]:
-    table = read_columns(records, CLASSIFICATION_TASKS).take(pa.array(train_idx))
-    return {t: Counter(v for v in table.column(t).to_pylist() if v is not None) for t in CLASSIFICATION_TASKS}
 
 
 def stratified_split(order: np.ndarray, strata: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarray]:
@@ -307,16 +352,16 @@ def _source_records(source, n_rows, seed, task, column_map, strict, label_map, n
                     span_end) -> tuple[Dataset, ValidationReport]:
     if str(source) == SYNTHETIC:
         if n_rows is None or not MIN_ROWS <= n_rows <= MAX_SYNTHETIC_ROWS:
-            raise ConfigError(f"n_rows (the size of the synthetic catalog) must be in {MIN_ROWS}.."
+            raise ConfigError(f"--n-rows (the size of the synthetic catalog) must be in {MIN_ROWS}.."
                               f"{MAX_SYNTHETIC_ROWS:,}, "
-                              f"got {n_rows} (e.g. n_rows=2000).")
+                              f"got {n_rows} (e.g. --n-rows 2000).")
         records = cached_table(fingerprint("synthetic", n_rows, seed, RECORD_FIELDS),
                                lambda: _synthetic_batches(n_rows, seed),
                                RECORD_FEATURES)
         return records, ValidationReport(source=SYNTHETIC, total=len(records), kept=len(records))
     if n_rows is not None:
-        raise ConfigError(f"n_rows={n_rows} sets the size of the synthetic catalog; {source} is a file, used whole. "
-                          f"To use part of it, pass max_rows (--max-rows).")
+        raise ConfigError(f"--n-rows {n_rows} sets the size of the synthetic catalog; {source} is a file, used "
+                          f"whole. To use part of it, pass --max-rows.")
     result = load_records(source, column_map=column_map, task=task, strict=strict, label_map=label_map,
                           num_proc=num_proc, span_end=span_end)
     return result.dataset, result.report

@@ -141,6 +141,31 @@ def review_rows(n_rows: int, seed: int = 0, categories: int = 4) -> list[dict]:
     return rows[:n_rows]
 
 
+_INSTRUCTIONS = ("根据下面的商品信息写一条买家评论。", "总结下面几条商品信息的共同点。", "把下面的商品按价格从低到高说明。",
+                 "从下面的商品信息中找出最值得买的一件并说明理由。")
+
+
+def instruction_rows(n_rows: int, seed: int = 0, max_items: int = 24) -> list[dict]:
+    """Alpaca-style rows (``instruction``, ``input``, ``output``) of widely varied length, from the catalog.
+
+    For benchmarks and tests that need instruction data whose lengths vary as
+    real SFT data does: each input lists a long-tailed number of catalog items
+    (1 to ``max_items``, most of them few), each with title, price and spec;
+    the output is one item's review. Extra draws come from ``(seed, 29)``.
+    """
+    rng = np.random.default_rng([seed, 29])
+    counts = np.minimum(max_items, rng.geometric(0.25, size=n_rows))
+    items = generate_catalog(min(MAX_ROWS, max(MIN_ROWS, int(counts.sum()))), seed)
+    rows, at = [], 0
+    for i, k in enumerate(counts.tolist()):
+        picked = [items[(at + j) % len(items)] for j in range(k)]
+        at += k
+        lines = [f"{j + 1}. {r['title']} 价格:{r['price']:.2f} 规格:{r['spec']}" for j, r in enumerate(picked)]
+        rows.append({"instruction": _INSTRUCTIONS[i % len(_INSTRUCTIONS)], "input": "\n".join(lines),
+                     "output": picked[int(rng.integers(0, k))]["review"]})
+    return rows
+
+
 _BRAND_CHARS = "云星海风山川青禾木森光明华美优品佳乐安康宜家金银雪月花语晨曦锦绣天地凯悦君诺泽瑞丰源"
 _BRAND_SYLLABLES = ("Zen", "No", "va", "Lux", "Vi", "ta", "Ae", "ro", "Kai", "Te", "ra", "Mi", "o", "Sol", "Vex",
                     "Lu", "na", "Or", "bit", "Ca", "sa", "Pix", "el", "Qu", "on", "Ri", "vo", "Ty", "Wen", "Ya")
@@ -194,10 +219,10 @@ def _made_up_brand(rng: np.random.Generator, chinese: bool) -> str:
 
 def _check_n_rows(n_rows: int) -> None:
     if isinstance(n_rows, bool) or not isinstance(n_rows, (int, np.integer)):
-        raise ConfigError(f"n_rows must be an integer between {MIN_ROWS} and {MAX_ROWS}, got {n_rows!r}.")
+        raise ConfigError(f"--n-rows must be an integer between {MIN_ROWS} and {MAX_ROWS}, got {n_rows!r}.")
     if not MIN_ROWS <= n_rows <= MAX_ROWS:
         raise ConfigError(
-            f"n_rows={n_rows} is outside the supported range {MIN_ROWS}..{MAX_ROWS:,} for the synthetic "
+            f"--n-rows {n_rows} is outside the supported range {MIN_ROWS}..{MAX_ROWS:,} for the synthetic "
             f"catalog. Pick a size in that range (2,000 rows is plenty for a first run), or load your own "
             f"data from a JSONL/CSV file or a save_to_disk directory."
         )

@@ -77,7 +77,10 @@ _ECOMGPT_TASK = {KIND_CLASSIFY: "对下面的文本进行分类，从候选标�
                  KIND_EXTRACT: "从下面的文本中抽取候选标签对应的实体，每行一个标签，格式为“标签: 实体1，实体2”；没有实体时回答“无”。"}
 _ECOMKIT_TASK = {KIND_CLASSIFY: "任务:文本分类。从候选标签中选出文本所属的一个。",
                  KIND_EXTRACT: "任务:实体抽取。从文本中抽出候选标签对应的实体。"}
-_SEQGPT_TAIL = re.compile(r"\n(?:分类|抽取): [^\n]*\n输出: \[GEN\]\Z")
+# Where the input text sits in each format's prompt (:func:`input_span`): group 1, the layout anchored at the end.
+_INPUT_LAYOUTS = (re.compile(r"\A输入: (.*)\n(?:分类|抽取): [^\n]*\n输出: \[GEN\]\Z", re.S),   # seqgpt
+                  re.compile(r"\n文本: (.*)\n\n### Response:\n\Z", re.S),                     # ecomgpt
+                  re.compile(r"\n(?:商品|评论|文本):(.*)\n答:\Z", re.S))                          # ecomkit prompts
 _SPAN_SPLIT = re.compile(r"[,，、;；]")
 _LABEL_SPLIT = re.compile(r"[:：]")
 _NEW_PROMPT = ("输入:", "输入：", "###", "任务:", "[GEN]")
@@ -162,17 +165,22 @@ def build_prompt(fmt: str, kind: str, text: str, labels: Sequence[str]) -> str:
     return f"{_ECOMKIT_TASK[kind]}\n候选:{'、'.join(labels)}\n文本:{text}\n答:"
 
 
-def prompt_tail(prompt: str) -> str:
-    """The end of a prompt that truncation must keep whole: in ``seqgpt`` the label line and the output cue.
+def input_span(prompt: str) -> tuple[int, int]:
+    """``[start, end)``: where the input text sits in ``prompt``, the part a cut to fit ``--seq-len`` shortens.
 
-    That format lists the labels *after* the text, so a long text cut in the
-    prompt's middle would otherwise lose the label set, and a classification
-    prompt could no longer be told from another on the same text. The other
-    formats list the labels before the text (kept by the head); for them, and
-    for a user's own prompts, this is ``""``.
+    Why: a prompt that must be cut keeps its instruction, its label list and its
+    answer cue, and loses text from the *end of its input*. In ``seqgpt`` the label
+    line and the output cue follow the text; in ``ecomgpt`` and the ``ecomkit``
+    prompts the instruction and labels come first and the cue (``### Response:``,
+    ``答:``) last. Each format's input is found by its own layout, anchored at the
+    prompt's end. A prompt in none of these layouts (a user's own instruction
+    row) is all input: it is cut from its end.
     """
-    match = _SEQGPT_TAIL.search(prompt)
-    return match.group(0) if match else ""
+    for layout in _INPUT_LAYOUTS:
+        match = layout.search(prompt)
+        if match:
+            return match.span(1)
+    return 0, len(prompt)
 
 
 def format_answer(fmt: str, ex: TaskExample) -> str:
@@ -263,19 +271,25 @@ def parse_labels(text: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 def write_task_file(model_dir: str | os.PathLike, *, prompt_format: str, task: str,
-                    labels: Mapping[str, Sequence[str]], kinds: Sequence[str] = ()) -> Path:
+                    labels: Mapping[str, Sequence[str]], kinds: Sequence[str] = (), seq_len: int | None = None,
+                    gen_max_new_tokens: int | None = None) -> Path:
     """Record in a saved model how it was trained: ``<model_dir>/ecomkit_task.json``.
 
     ``{"prompt_format", "task", "labels": {"category": [...], "sentiment": [...],
-    "extract": [...]}, "kinds": [...]}`` (``kinds``: the example kinds trained on).
+    "extract": [...]}, "kinds": [...], "seq_len", "gen_max_new_tokens"}`` (``kinds``:
+    the example kinds trained on; ``seq_len`` and ``gen_max_new_tokens``: the
+    run's sequence length and generation budget as it resolved them).
     Evaluation and ``ecomkit.predict`` read it back with :func:`read_task_file`,
-    so a model is prompted in the format it learned.
+    so a model is prompted in the format it learned, with the labels, prompt
+    cut and answer budget of its run.
     """
     check_format(prompt_format)
     path = Path(model_dir) / TASK_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     info = {"prompt_format": prompt_format, "task": task, "labels": {k: list(v) for k, v in labels.items()},
             "kinds": list(kinds)}
+    info.update({k: int(v) for k, v in (("seq_len", seq_len), ("gen_max_new_tokens", gen_max_new_tokens))
+                 if v is not None})
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(info, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)

@@ -18,8 +18,10 @@ Two steps, both written to memory-mapped Arrow tables cached by content hash
    second streaming pass, only when some rows were bad.
 
 ``column_map`` maps *your* column names to ecomkit fields, e.g.
-``{"product_name": "title", "label": "sentiment"}``; error messages name your
-column. ``label_map`` maps raw label values to label names, e.g.
+``{"product_name": "title", "label": "sentiment"}``, or a path to a value
+inside a column, ``{"labels.coarse[0]": "category"}`` (:mod:`ecomkit.data.columns`);
+a key that matches no column of the file is an error naming the columns found.
+Error messages name your column. ``label_map`` maps raw label values to label names, e.g.
 ``{"sentiment": {"0": "negative", "1": "positive"}}``; its ``spans`` key renames
 extraction types and ``ner_tags`` names integer tag ids. Other columns are ignored.
 
@@ -47,6 +49,8 @@ import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict, Features, Value, load_from_disk
 
 from ecomkit.data.arrow import cached_table, file_digest, fingerprint
+from ecomkit.data.columns import (describe_columns, found_keys, heads, map_columns, parse_path, path_keys,
+                                  unmatched_error)
 from ecomkit.data.spans import check_span_end
 from ecomkit.data.stream import map_batches, read_columns
 from ecomkit.data.tasks import check_task
@@ -55,6 +59,7 @@ from ecomkit.data.validate import (
     INSTRUCTION_FIELDS,
     LEARNABLE_FIELDS,
     RECORD_FIELDS,
+    SPAN_KEY_FIELDS,
     TARGET_FIELDS,
     TEXT_FIELDS,
     UNLABELED_SHOWN,
@@ -106,6 +111,7 @@ def load_records(path: str | os.PathLike, *, column_map: Mapping[str, str] | Non
     check_task(task)
     check_span_end(span_end)
     raw, from_file = _raw_table(path, column_map, task)
+    _check_map_keys(path, raw, column_map, from_file)
     if not from_file and "ner_tags" not in label_map:
         label_map.update(check_label_map(_class_label_names(raw, column_map)))
     key = fingerprint("validated", raw._fingerprint, column_map, label_map, max_chars, span_end, RECORD_FIELDS)
@@ -184,7 +190,7 @@ def _finish(report: ValidationReport) -> None:
         raise DataError(f"{report.source} contains no rows. Check that it is the right file and not empty.")
     if report.kept == 0:
         raise DataError(f"No usable rows in {report.source}. {report.summary()} Fix the data or its "
-                        f"column_map/label_map.")
+                        f"--column-map/--label-map.")
     if report.skipped:
         logger.warning("%s", report.summary())
 
@@ -193,9 +199,71 @@ def _check_column_map(column_map: Mapping[str, str] | None) -> dict[str, str]:
     column_map = dict(column_map or {})
     unknown = {theirs: ours for theirs, ours in column_map.items() if ours not in ALL_FIELDS}
     if unknown:
-        raise ConfigError(f"column_map {unknown} maps to unknown fields; map your columns to one of "
-                          f"{list(ALL_FIELDS)}, e.g. column_map={{'product_name': 'title'}}.")
+        raise ConfigError(f"--column-map {unknown} maps to unknown fields; map your columns to one of "
+                          f"{list(ALL_FIELDS)}, e.g. --column-map '{{\"product_name\": \"title\"}}'.")
+    path_keys(column_map)   # a malformed path is an error now, not a key that never matches
     return column_map
+
+
+_SAMPLE_ROWS = 1000   # rows read to learn a JSON file's columns before the full search for a missing one
+
+
+def _column_keys(column_map: Mapping[str, str]) -> dict[str, str]:
+    """The map's keys that name columns (keys mapped to span keys rename keys inside spans instead)."""
+    return {k: v for k, v in column_map.items() if v not in SPAN_KEY_FIELDS}
+
+
+def _check_heads(path: Path, columns: list[str], column_map: Mapping[str, str]) -> None:
+    """A file with a header (CSV, datasets): every map key's column, or its path's first name, must be there."""
+    missing = [k for k in _column_keys(column_map) if k not in columns and parse_path(k)[0] not in columns]
+    if missing:
+        raise unmatched_error(str(path), missing, columns)
+
+
+def _check_map_keys(path: Path, raw: Dataset, column_map: Mapping[str, str], from_file: bool) -> None:
+    """Every ``column_map`` key must match a column (a path: reach a value) in some row; else name the columns.
+
+    Column names were checked against the header (:func:`_check_heads`); a dataset's paths are followed in its
+    first rows. A JSON file's rows each have their own columns, so its first rows are read, and a key not among
+    them is searched for in the whole file (the rows that contain its first name).
+    """
+    column_map = _column_keys(column_map)
+    if not column_map or path.suffix.lower() == ".csv":
+        return
+    if not from_file:
+        deep = {k: v for k, v in column_map.items() if k not in raw.column_names}
+        sample = list(raw.select(range(min(len(raw), _SAMPLE_ROWS))))
+        missing = sorted(set(deep) - found_keys(sample, deep))
+        if missing:
+            raise unmatched_error(str(path), missing, describe_columns(sample))
+        return
+    sample = list(_json_objects(raw.select(range(min(len(raw), _SAMPLE_ROWS)))["row"]))
+    missing = set(column_map) - found_keys(sample, column_map)
+    for key in sorted(missing):
+        if any(found_keys(_json_objects(rows), {key: column_map[key]}) for rows in _rows_naming(raw, key)):
+            missing.discard(key)
+    if missing:
+        raise unmatched_error(str(path), sorted(missing), describe_columns(sample))
+
+
+def _rows_naming(raw: Dataset, key: str, batch: int = 10_000) -> Iterator[list[str | None]]:
+    """The raw JSON rows that contain the first name of ``key`` as a string, ``batch`` at a time."""
+    head = json.dumps(str(parse_path(key)[0]), ensure_ascii=False)
+    hits = pc.fill_null(pc.match_substring(raw.data.column("row"), head), False)
+    index = np.flatnonzero(hits.to_numpy(zero_copy_only=False))
+    for start in range(0, len(index), batch):
+        yield raw.select(index[start:start + batch])["row"]
+
+
+def _json_objects(texts: Iterable[str | None]) -> Iterator[dict]:
+    """The JSON objects among raw rows (rows with a reading problem, or not objects, are left out)."""
+    for text in texts:
+        try:
+            obj = json.loads(text) if text else None
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            yield obj
 
 
 # ------------------------------------------------------------------ validation (a batched map)
@@ -208,7 +276,7 @@ def _validate_batch(batch: dict[str, list], indices: list[int], column_map: Mapp
         location = batch["location"][i] if from_file else f"row {index + 1}"
         try:
             row = _file_row(batch, i) if from_file else {k: batch[k][i] for k in batch}
-            raw = {column_map.get(k, k): v for k, v in row.items()}
+            raw = map_columns(row, column_map)
             record, issue = validate_row(raw, max_chars, label_map, span_end, column_map), (None, None, None)
         except RowProblem as problem:
             record, issue = dict.fromkeys(RECORD_FIELDS), (problem.reason, problem.field, problem.detail)
@@ -286,17 +354,20 @@ def _missing_data_error(path: Path) -> DataError:
 def _check_columns(path: Path, columns: Iterable[str], column_map: Mapping[str, str], task: str) -> None:
     """One error for the file, not one per row: it needs a text column, and for ``nlu`` something to learn."""
     columns = list(columns)
+    _check_heads(path, columns, column_map)
     present = {column_map.get(c, c) for c in columns}
+    present |= {column_map[key] for key, steps in path_keys(column_map).items() if steps[0] in columns}
     if not present & {*TEXT_FIELDS, *INSTRUCTION_FIELDS, "tokens"}:
         raise DataError(
             f"{path} has no text column (its columns: {columns}); ecomkit needs one of {list(TEXT_FIELDS)} or an "
             f"instruction pair (instruction/output or prompt/response). Rename a column, or pass "
-            f"column_map={{'your_column': 'text'}} (or 'review', 'title') to say which column holds the text.")
+            f"--column-map '{{\"your_column\": \"text\"}}' (or review, title) to say which column holds the text.")
     if task == "nlu" and not present & {*TARGET_FIELDS, *INSTRUCTION_FIELDS, "spans", "tokens", "label"}:
         raise DataError(
             f"{path} has nothing for task 'nlu' to learn (its columns: {columns}): it needs a target column "
-            f"({', '.join(TARGET_FIELDS)}), spans (spans, label, or tokens + ner_tags) or instruction pairs. Map one with column_map={{'label': 'sentiment'}}, "
-            f"or train with task='lm' on the text alone.")
+            f"({', '.join(TARGET_FIELDS)}), spans (spans, label, or tokens + ner_tags) or instruction pairs. Map "
+            f"one with --column-map '{{\"label\": \"sentiment\"}}' (a nested value by its path: "
+            f"'{{\"labels.coarse[0]\": \"category\"}}'), or train with --task lm on the text alone.")
 
 
 # ---------------------------------------------------------------- JSON Lines
@@ -355,6 +426,7 @@ def _csv_header(path: Path) -> list[str]:
 
 
 def _csv_rows(path: Path, column_map: Mapping[str, str]) -> Iterator[tuple[str, Any]]:
+    read = heads(path_keys(column_map))   # columns a path reads into (their cells hold JSON)
     with _open_csv(path) as f:
         reader = csv.reader(f)
         header = next(reader, None)
@@ -369,14 +441,15 @@ def _csv_rows(path: Path, column_map: Mapping[str, str]) -> Iterator[tuple[str, 
                 yield location, RowProblem("malformed_line", None,
                                            f"{len(values)} columns, the header has {len(header)}")
                 continue
-            yield location, _csv_record(header, values, column_map)
+            yield location, _csv_record(header, values, column_map, read)
 
 
-def _csv_record(header: list[str], values: list[str], column_map: Mapping[str, str]) -> Any:
+def _csv_record(header: list[str], values: list[str], column_map: Mapping[str, str],
+                read: set[str] = frozenset()) -> Any:
     row = {}
     for column, value in zip(header, values):
         ours = column_map.get(column, column)
-        if ours not in ALL_FIELDS:
+        if ours not in ALL_FIELDS and column not in read:
             continue  # other columns are ignored (and may hold anything)
         if any("\udc80" <= ch <= "\udcff" for ch in value):
             return RowProblem("undecodable_bytes", ours, f"column '{column}' contains bytes that are not valid UTF-8")

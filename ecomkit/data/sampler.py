@@ -40,7 +40,8 @@ from ecomkit.errors import ConfigError
 CHUNK_GLOBAL_BATCHES = 64
 
 
-def _rng(seed: int, epoch: int) -> np.random.Generator:
+def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
+    """The random stream of one epoch's plan: identical on every rank for the same ``(seed, epoch)``."""
     # numpy's PCG64 stream is identical on every platform, so all ranks agree.
     return np.random.default_rng([int(seed), int(epoch)])
 
@@ -71,9 +72,9 @@ def plan_arrays(lengths: Sequence[int], global_batch_size: int, seed: int, epoch
     10 M Python ints; the sampler converts one global batch at a time.
     """
     if global_batch_size < 1:
-        raise ConfigError(f"global_batch_size must be >= 1, got {global_batch_size}.")
+        raise ConfigError(f"the global batch (--global-batch-size) must be >= 1, got {global_batch_size}.")
     lengths = np.asarray(lengths)
-    rng = _rng(seed, epoch)
+    rng = epoch_rng(seed, epoch)
     order = rng.permutation(len(lengths))
     n_full = len(order) // global_batch_size
     if drop_last:
@@ -134,9 +135,9 @@ class DistributedBatchSampler:
         if drop_last and len(self.lengths) < self.global_batch_size:
             raise ConfigError(
                 f"The data set has {len(self.lengths)} samples but one global batch needs "
-                f"{self.global_batch_size} (micro_batch_size {micro_batch_size} x grad_accum {grad_accum} x "
+                f"{self.global_batch_size} (--micro-batch-size {micro_batch_size} x --grad-accum {grad_accum} x "
                 f"{num_replicas} processes), so an epoch would have no step. Use more data or a smaller "
-                f"micro_batch_size/grad_accum.")
+                f"--micro-batch-size/--grad-accum.")
         self.epoch = 0
         self.consumed = 0
         self._resumed = False
@@ -210,8 +211,8 @@ class DistributedBatchSampler:
             if key in state and state[key] != mine:
                 raise ConfigError(
                     f"Cannot resume the batch sampler: the checkpoint has {key}={state[key]!r} but this run has "
-                    f"{key}={mine!r}. Resume with the same seed, data and global batch size (micro_batch_size x "
-                    f"grad_accum x processes), or start a fresh run.")
+                    f"{key}={mine!r}. Resume with the same seed, data and global batch size (--micro-batch-size x "
+                    f"--grad-accum x processes), or start a fresh run.")
         self.epoch = int(state["epoch"])
         self.consumed = int(state["consumed_global_batches"])
         self._resumed = True

@@ -23,8 +23,11 @@ Shapes (the key names after ``column_map``):
 Every span becomes ``(type, start, end)`` with ``end`` exclusive, its type
 renamed by ``label_map["spans"]`` when given (a type missing from that map is
 ``unmapped_label``, as for any label). A row is bad, and counted under its
-reason, when a span does not fit its text, when two spans of one label overlap,
+reason, when a span falls outside its text (``span_out_of_range``) or does not
+cover its surface text (``span_offsets``), when two spans of one label overlap,
 or when a tag sequence is malformed; an identical span listed twice is one span.
+Each reason is counted apart, so the log names the first row of each: an offset
+past the end of the text is never hidden behind another span problem.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ _PREFIXES = {"B", "I", "E", "S"}
 MAX_TYPE_CHARS = 64
 
 SPAN_REASONS: dict[str, str] = {
-    "span_offsets": "a span's offsets are not integers inside the text, or do not cover its surface text",
+    "span_offsets": "a span's offsets are not integers, or do not cover its surface text",
+    "span_out_of_range": "a span's offsets fall outside its text, or the span is empty",
     "inclusive_span_end": "a span's term is text[start:end + 1]: its end offset is inclusive",
     "overlapping_spans": "two spans of one label overlap",
     "malformed_tags": "a tag sequence is malformed (BIO/BIOES order, unknown tag, or not one tag per token)",
@@ -50,6 +54,8 @@ SPAN_REASONS: dict[str, str] = {
 SPAN_ADVICE: dict[str, str] = {
     "span_offsets": "Each span needs integer start/end with 0 <= start < end <= len(text) (end exclusive, as in "
                     "Python slicing) and text[start:end] equal to its term.",
+    "span_out_of_range": "Each span needs 0 <= start < end <= len(text) (end exclusive, as in Python slicing); "
+                         "check that the offsets count characters of this row's text, not bytes or tokens.",
     "inclusive_span_end": "Your offsets include the last character; load with span_end='inclusive' "
                           "(--span-end inclusive), or add 1 to every end.",
     "overlapping_spans": "Spans of one label must not overlap: keep the longer one, or give them different labels.",
@@ -69,7 +75,7 @@ class SpanProblem(Exception):
 
 def check_span_end(span_end: str) -> str:
     if span_end not in SPAN_ENDS:
-        raise ConfigError(f"span_end must be 'exclusive' (end offsets as in Python slicing, the default) or "
+        raise ConfigError(f"--span-end must be 'exclusive' (end offsets as in Python slicing, the default) or "
                           f"'inclusive' (the end offset is the last character), got {span_end!r}.")
     return span_end
 
@@ -141,7 +147,7 @@ def _offset(value: Any, name: str, where: str) -> int:
 
 def _in_text(start: int, end: int, text: str, where: str) -> None:
     if not 0 <= start < end <= len(text):
-        raise SpanProblem("span_offsets", "spans", f"{where}: offsets [{start}, {end}) are outside the text "
+        raise SpanProblem("span_out_of_range", "spans", f"{where}: offsets [{start}, {end}) are outside the text "
                                                    f"(length {len(text)}) or empty")
 
 
@@ -162,9 +168,10 @@ def _listed_spans(value: Any, text: str, span_end: str, column_map: Mapping[str,
         end += span_end == "inclusive"
         term = got["term"]
         if term is not None and text[start:end] != str(term):
-            if span_end == "exclusive" and text[start:end + 1] == str(term):
+            if span_end == "exclusive" and 0 <= start < end < len(text) and text[start:end + 1] == str(term):
                 raise SpanProblem("inclusive_span_end", "spans", f"{where}: term {term!r} is text[{start}:{end + 1}]"
                                                                  f", so end={end} includes its last character")
+            _in_text(start, end, text, where)   # offsets outside the text are named as such, not as a mismatch
             raise SpanProblem("span_offsets", "spans", f"{where}: text[{start}:{end}] is {text[start:end]!r}, "
                                                        f"not the term {term!r}")
         _in_text(start, end, text, where)
@@ -201,8 +208,9 @@ def _tag_names(tags: list, tag_names: Mapping[str, str] | None) -> list[str]:
             raise SpanProblem("malformed_tags", "ner_tags", f"tag {tag!r} is neither a name nor an integer id")
         if isinstance(tag, int):
             if not tag_names:
-                raise SpanProblem("malformed_tags", "ner_tags", "integer tags without tag names (give them once: "
-                                                                "label_map={'ner_tags': ['O', 'B-PER', ...]})")
+                raise SpanProblem("malformed_tags", "ner_tags",
+                                  "integer tags without tag names (give them once: --label-map "
+                                  "'{\"ner_tags\": [\"O\", \"B-PER\", ...]}')")
             if str(tag) not in tag_names:
                 raise SpanProblem("malformed_tags", "ner_tags", f"tag id {tag} has no name (the tag names have "
                                                                 f"{len(tag_names)} entries)")

@@ -28,22 +28,21 @@ appended so the model learns where a record, or an answer, ends.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import torch
 from datasets import Dataset, Features, Sequence as ArrowList, Value
 
 from ecomkit.data.arrow import fingerprint, tokenizer_digest
-from ecomkit.data.formats import check_format, prompt_tail
+from ecomkit.data.formats import check_format, input_span
 from ecomkit.data.loaders import RECORD_FEATURES
-from ecomkit.data.stream import map_batches, unique_values
+from ecomkit.data.stream import column_numpy, map_batches, unique_values
 from ecomkit.data.tasks import CATEGORY_LABELS, KINDS, SENTIMENT_POLARITY, check_task, task_examples
 from ecomkit.data.validate import RECORD_FIELDS
 from ecomkit.errors import ConfigError
 
 IGNORE_INDEX = -100
 MIN_MAX_LENGTH = 16
-_PROMPT_TAIL = 8  # prompt tokens kept at the end when a prompt is truncated (the "答:" cue)
 _IDS = ArrowList(Value("int32"))
 
 
@@ -54,61 +53,131 @@ def _eos_id(tokenizer) -> int:
     return tokenizer.eos_token_id
 
 
-def encode_lm_ids(ids: list[int], eos_id: int, max_length: int) -> tuple[list[int], list[int]]:
-    """Truncate to ``max_length - 1`` ids, append EOS; labels equal the inputs."""
-    input_ids = ids[: max_length - 1] + [eos_id]
-    return input_ids, list(input_ids)
+class PromptIds(NamedTuple):
+    """A prompt's token ids and where its input text sits among them: ``ids[input_start:input_end]``."""
+
+    ids: list[int]
+    input_start: int
+    input_end: int
 
 
-def encode_prompt_answer_ids(prompt: list[int], answer: list[int], eos_id: int,
-                             max_length: int, tail: int = _PROMPT_TAIL) -> tuple[list[int], list[int]]:
-    """Concatenate prompt + answer + EOS; labels are -100 on the prompt.
+def encode_prompt_texts(tokenizer, prompts: Sequence[str]) -> list[PromptIds]:
+    """Token ids of whole prompts (as the model reads them), each with its input's token span.
 
-    If too long, the answer is kept whole and the prompt loses tokens from its
-    *middle*: its head carries the instruction and its last ``tail`` tokens the
-    answer cue (in the ``seqgpt`` format also the label line:
-    :func:`~ecomkit.data.formats.prompt_tail`), both more important than the
-    end of a long review.
+    The span is the run of tokens whose characters overlap the prompt's
+    :func:`~ecomkit.data.formats.input_span`, read from the fast tokenizer's
+    offsets, so a prompt that fits is tokenised exactly as before, as one
+    string. A tokenizer without offsets tokenises head, input and tail apart.
     """
-    answer = answer[: max_length - 2] + [eos_id]
-    prompt = truncate_prompt_ids(prompt, max_length - len(answer), tail)
-    return prompt + answer, [IGNORE_INDEX] * len(prompt) + answer
+    if not prompts:
+        return []
+    spans = [input_span(p) for p in prompts]
+    if getattr(tokenizer, "is_fast", False):
+        enc = tokenizer(list(prompts), add_special_tokens=False, return_offsets_mapping=True)
+        return [_span_from_offsets(ids, offsets, span)
+                for ids, offsets, span in zip(enc["input_ids"], enc["offset_mapping"], spans)]
+    out = []
+    for prompt, (a, b) in zip(prompts, spans):
+        head, text, tail = (tokenizer(part, add_special_tokens=False)["input_ids"] if part else []
+                            for part in (prompt[:a], prompt[a:b], prompt[b:]))
+        out.append(PromptIds(head + text + tail, len(head), len(head) + len(text)))
+    return out
 
 
-def truncate_prompt_ids(prompt: list[int], budget: int, tail: int = _PROMPT_TAIL) -> list[int]:
-    """``prompt`` cut to ``budget`` ids by dropping its middle, its last ``tail`` ids kept (see above).
+def _span_from_offsets(ids: list[int], offsets: Sequence[tuple[int, int]], span: tuple[int, int]) -> PromptIds:
+    a, b = span
+    inside = [i for i, (s, e) in enumerate(offsets) if e > a and s < b]
+    if inside:
+        return PromptIds(list(ids), inside[0], inside[-1] + 1)
+    at = sum(1 for s, e in offsets if e <= a)   # an empty input: where it would start
+    return PromptIds(list(ids), at, at)
 
-    Generation uses it too, so a prompt is cut the same way in training and in decoding.
+
+class RowCut(NamedTuple):
+    """Tokens a row lost to fit a length: from the end of its input, from the end of its answer, elsewhere."""
+
+    input: int = 0
+    answer: int = 0
+    other: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.input + self.answer + self.other
+
+
+def cut_prompt(prompt: PromptIds, budget: int) -> tuple[list[int], RowCut]:
+    """``prompt`` cut to ``budget`` ids: the end of its input first, then the prompt just before the input.
+
+    Why this order: the instruction (before the input) and the label list and
+    answer cue (after it in ``seqgpt``, at the end in every format) tell the
+    model what to do; the end of a long review tells it least. Only when the
+    input is gone does the cut reach the instruction's end, then the tail's start.
     """
-    if len(prompt) <= budget:
-        return prompt
-    if tail <= _PROMPT_TAIL:
-        keep = min(tail, budget // 2)
-    else:   # a long tail (a label line) keeps it, and at least a few ids of the head
-        keep = min(tail, budget - min(_PROMPT_TAIL, budget // 2))
-    return prompt[: budget - keep] + (prompt[-keep:] if keep else [])
+    ids, a, b = prompt
+    excess = len(ids) - budget
+    if excess <= 0:
+        return list(ids), RowCut()
+    from_input = min(excess, b - a)
+    ids = ids[:b - from_input] + ids[b:]
+    excess -= from_input
+    at = b - from_input                                    # where the input ended up: the cut's centre
+    before = min(excess, at)
+    after = excess - before
+    ids = ids[:at - before] + ids[at + after:]
+    return ids, RowCut(input=from_input, other=excess)
 
 
-def tail_length(tokenizer, prompt: str) -> int:
-    """How many ids at the end of ``prompt`` truncation keeps: its :func:`prompt_tail`, at least the default."""
-    tail = prompt_tail(prompt)
-    return max(_PROMPT_TAIL, len(tokenizer(tail, add_special_tokens=False)["input_ids"])) if tail else _PROMPT_TAIL
+def fit_prompt_answer(prompt: PromptIds, answer: list[int], eos_id: int,
+                      max_length: int) -> tuple[list[int], list[int], RowCut]:
+    """prompt + answer + EOS within ``max_length`` ids; labels are -100 on the prompt; what was cut.
+
+    The answer is what the row teaches, so it is kept whole while one prompt
+    token still fits: the prompt gives way (:func:`cut_prompt`: the end of its
+    input, then around it, the answer cue last). Only an answer longer than the
+    row itself loses its end (its EOS first).
+    """
+    answer = list(answer) + [eos_id]
+    answer_cut = max(0, len(answer) - (max_length - 1))
+    if answer_cut:
+        answer = answer[:len(answer) - answer_cut]
+    ids, cut = cut_prompt(prompt, max_length - len(answer))
+    return ids + answer, [IGNORE_INDEX] * len(ids) + answer, cut._replace(answer=answer_cut)
+
+
+def lm_windows(ids: list[int], max_length: int) -> list[list[int]]:
+    """A document in consecutive windows of ``max_length`` ids, one id of overlap, never truncated.
+
+    Why the overlap: a window's first id is only context (nothing before it
+    predicts it), so window k+1 starts on window k's last id and every id
+    after the document's first is predicted exactly once, as in one long row.
+    HF's ``run_clm`` groups texts into blocks the same way, minus the overlap.
+    """
+    if len(ids) <= max_length:
+        return [list(ids)]
+    step = max_length - 1
+    return [list(ids[start:start + max_length]) for start in range(0, len(ids) - 1, step)]
 
 
 def encode_prompt_answer(tokenizer, prompt: str, answer: str, max_length: int) -> tuple[list[int], list[int]]:
-    """Token ids and labels for one (prompt, answer) pair, exactly as in training.
+    """Token ids and labels for one (prompt, answer) pair, exactly as in training (cut the same way).
 
     Use it to score classification candidates: the candidate's log-probability
     is the sum over positions whose label is not -100 (answer tokens and EOS).
     """
-    ids = tokenizer([prompt, answer], add_special_tokens=False)["input_ids"]
-    return encode_prompt_answer_ids(ids[0], ids[1], _eos_id(tokenizer), max_length, tail_length(tokenizer, prompt))
+    (encoded,) = encode_prompt_texts(tokenizer, [prompt])
+    answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    ids, labels, _ = fit_prompt_answer(encoded, answer_ids, _eos_id(tokenizer), max_length)
+    return ids, labels
 
 
 def _tokenize_batch(batch: dict[str, list], indices: list[int], tokenizer, task: str,
-                    labels: Mapping[str, Sequence[str]], max_length: int, with_polarity: bool,
+                    labels: Mapping[str, Sequence[str]], with_polarity: bool,
                     prompt_format: str = "ecomkit") -> dict[str, list]:
-    """Records → examples → ids for one batch; a record gives 0..4 rows (see ``tasks.task_examples``)."""
+    """Records → examples → whole (uncut) ids for one batch; a record gives 0..4 rows (``tasks.task_examples``).
+
+    Rows are not cut here: :func:`fit_rows` cuts or windows them once the
+    sequence length is known (``--seq-len auto`` is chosen from these lengths).
+    """
     kinds, records, prompts, answers, polarity = [], [], [], [], []
     for i, index in enumerate(indices):
         record = {name: batch[name][i] for name in batch}
@@ -121,14 +190,20 @@ def _tokenize_batch(batch: dict[str, list], indices: list[int], tokenizer, task:
                 polarity.append(SENTIMENT_POLARITY[record["sentiment"]])
     eos = _eos_id(tokenizer)
     answer_ids = tokenizer(answers, add_special_tokens=False)["input_ids"] if answers else []
-    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"] if any(prompts) else [[]] * len(prompts)
-    tails = [prompt_tail(p) for p in prompts]
-    tail_ids = tokenizer(tails, add_special_tokens=False)["input_ids"] if any(tails) else [[]] * len(prompts)
-    tail_lengths = [max(_PROMPT_TAIL, len(t)) if tail else _PROMPT_TAIL for t, tail in zip(tail_ids, tails)]
-    pairs = [encode_lm_ids(a, eos, max_length) if not p else encode_prompt_answer_ids(p, a, eos, max_length, n)
-             for p, a, n in zip(prompt_ids, answer_ids, tail_lengths)]
-    out = {"input_ids": [p[0] for p in pairs], "labels": [p[1] for p in pairs],
-           "length": [len(p[0]) for p in pairs], "kind": kinds, "record": records}
+    with_prompt = [i for i, p in enumerate(prompts) if p]
+    encoded = dict(zip(with_prompt, encode_prompt_texts(tokenizer, [prompts[i] for i in with_prompt])))
+    out: dict[str, list] = {"input_ids": [], "labels": [], "length": [], "prompt_length": [], "input_start": [],
+                            "input_end": []}
+    for i, answer in enumerate(answer_ids):
+        prompt = encoded.get(i, PromptIds([], 0, 0))
+        ids = prompt.ids + answer + [eos]
+        out["input_ids"].append(ids)
+        out["labels"].append(([IGNORE_INDEX] * len(prompt.ids) + answer + [eos]) if prompt.ids else list(ids))
+        out["length"].append(len(ids))
+        out["prompt_length"].append(len(prompt.ids))
+        out["input_start"].append(prompt.input_start)
+        out["input_end"].append(prompt.input_end)
+    out.update({"kind": kinds, "record": records})
     if with_polarity:
         out["polarity"] = polarity
     return out
@@ -149,11 +224,49 @@ def has_polarity(records: Dataset) -> bool:
     return set(unique_values(records, "sentiment")) <= set(SENTIMENT_POLARITY)
 
 
+WHOLE_COLUMNS = ("prompt_length", "input_start", "input_end")   # kept by tokenize_whole for the cut (data/lengths.py)
+
+
+def tokenize_whole(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, task: str, num_proc: int = 1,
+                   labels: Mapping[str, Sequence[str]] | None = None, prompt_format: str = "ecomkit") -> Dataset:
+    """Every record's examples as whole token rows: nothing cut yet, so lengths can be measured first.
+
+    Columns: ``input_ids``, ``labels``, ``length``, ``prompt_length``, ``input_start``/``input_end`` (the
+    input's token span in the prompt), ``kind``, ``record`` and ``polarity`` (see :func:`tokenize_records`).
+    Cached by the records, the tokenizer, the task, the labels and the format, not by any length, so
+    choosing another ``--seq-len`` never tokenises again.
+    """
+    if num_proc < 1:
+        raise ConfigError(f"--num-proc must be >= 1, got {num_proc}.")
+    check_task(task)
+    check_format(prompt_format)
+    _eos_id(tokenizer)
+    labels = dict(labels or {})
+    labels.setdefault("category", tuple(CATEGORY_LABELS))
+    table = as_record_table(records)
+    with_polarity = has_polarity(table)
+    n_proc = min(num_proc, max(1, len(table)))
+    if n_proc > 1:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    features = Features({"input_ids": _IDS, "labels": _IDS, "length": Value("int32"),
+                         **{name: Value("int32") for name in WHOLE_COLUMNS}, "kind": Value("int8"),
+                         "record": Value("int64"), **({"polarity": Value("int8")} if with_polarity else {})})
+    key = fingerprint("whole-tokens", table._fingerprint, tokenizer_digest(tokenizer), task,
+                      {k: list(v) for k, v in labels.items()}, with_polarity,
+                      prompt_format if task == "nlu" else None)
+    return map_batches(table, _tokenize_batch, key=key, features=features, num_proc=n_proc,
+                       fn_kwargs={"tokenizer": tokenizer, "task": task, "labels": labels,
+                                  "with_polarity": with_polarity, "prompt_format": prompt_format},
+                       desc="tokenizing")
+
+
 def tokenize_records(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, task: str, max_length: int,
                      num_proc: int = 1, category_labels: Sequence[str] | None = None,
                      labels: Mapping[str, Sequence[str]] | None = None, keep_kind: bool = False,
                      prompt_format: str = "ecomkit") -> Dataset:
-    """Tokenize records (a list of dicts, or a record table) into ``input_ids``, ``labels``, ``length``.
+    """Tokenize records (a list of dicts, or a record table) into ``input_ids``, ``labels``, ``length``, fit to
+    ``max_length`` (:func:`ecomkit.data.lengths.fit_rows`: prompts cut at the end of their input, LM
+    documents split into windows).
 
     A ``polarity`` column is added when every record has a sentiment (see the
     module docstring); ``keep_kind`` keeps the ``kind`` column and ``record``
@@ -167,34 +280,75 @@ def tokenize_records(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, 
     ``num_proc > 1`` tokenizes in worker processes (``map_batches``); the
     tokenizer's own Rust thread pool is then switched off
     (``TOKENIZERS_PARALLELISM=false``) to avoid oversubscribing the cores.
+    ``build_datasets`` measures the whole rows first and reports every cut; this
+    is the one-call form for callers that already know their length.
     """
-    if max_length < MIN_MAX_LENGTH:
-        raise ConfigError(f"max_length={max_length} is too short; use at least {MIN_MAX_LENGTH} (256 fits "
-                          f"most catalog rows).")
-    if num_proc < 1:
-        raise ConfigError(f"num_proc must be >= 1, got {num_proc}.")
-    check_task(task)
-    check_format(prompt_format)
-    _eos_id(tokenizer)
+    check_max_length(max_length)
     labels = dict(labels or {})
     labels.setdefault("category", tuple(category_labels or CATEGORY_LABELS))
-    table = as_record_table(records)
-    with_polarity = has_polarity(table)
-    n_proc = min(num_proc, max(1, len(table)))
-    if n_proc > 1:
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    features = Features({"input_ids": _IDS, "labels": _IDS, "length": Value("int32"), "kind": Value("int8"),
-                         "record": Value("int64"), **({"polarity": Value("int8")} if with_polarity else {})})
-    key = fingerprint("tokens", table._fingerprint, tokenizer_digest(tokenizer), task, max_length,
-                      {k: list(v) for k, v in labels.items()}, with_polarity,
-                      *([prompt_format, "tail-kept"] if task == "nlu" and prompt_format != "ecomkit" else []))
-    tokenized = map_batches(table, _tokenize_batch, key=key, features=features, num_proc=n_proc,
-                            fn_kwargs={"tokenizer": tokenizer, "task": task, "labels": labels,
-                                       "max_length": max_length, "with_polarity": with_polarity,
-                                       "prompt_format": prompt_format},
-                            desc="tokenizing")
-    order = [c for c in ("input_ids", "labels", "length", "polarity") if c in tokenized.column_names]
-    return tokenized.select_columns(order + (["kind", "record"] if keep_kind else []))
+    whole = tokenize_whole(records, tokenizer, task, num_proc, labels, prompt_format)
+    fitted = fit_rows(whole, max_length, num_proc)
+    order = [c for c in ("input_ids", "labels", "length", "polarity") if c in fitted.column_names]
+    return fitted.select_columns(order + (["kind", "record"] if keep_kind else []))
+
+
+def check_max_length(max_length: int) -> int:
+    if max_length < MIN_MAX_LENGTH:
+        raise ConfigError(f"max_length={max_length} (--seq-len) is too short; use at least {MIN_MAX_LENGTH}, or "
+                          f"--seq-len auto to fit every row.")
+    return max_length
+
+
+CUT_COLUMNS = ("cut_input", "cut_answer", "cut_other", "input_tokens", "window")
+
+
+def fit_rows(whole: Dataset, max_length: int, num_proc: int = 1) -> Dataset:
+    """:func:`tokenize_whole`'s rows fit to ``max_length``, with per-row cut counts in :data:`CUT_COLUMNS`.
+
+    A row that fits is unchanged. A prompt row too long loses the end of its
+    input first (:func:`fit_prompt_answer`); an LM document too long becomes
+    consecutive windows (:func:`lm_windows`), never truncated. ``input_tokens``
+    is the row's input length before the cut, ``window`` the window's index in
+    its document (0 for every other row). A table whose rows all fit is
+    returned as it is, with zero cut columns computed on reading
+    (:func:`ecomkit.data.lengths.cut_counts`).
+    """
+    check_max_length(max_length)
+    if len(whole) == 0 or int(column_numpy(whole, "length").max()) <= max_length:
+        return whole
+    features = Features({**whole.features, **{name: Value("int32") for name in CUT_COLUMNS}})
+    key = fingerprint("fit", whole._fingerprint, max_length)
+    return map_batches(whole, _fit_batch, key=key, features=features, num_proc=min(num_proc, max(1, len(whole))),
+                       fn_kwargs={"max_length": max_length}, desc=f"fitting rows to {max_length} tokens")
+
+
+def _fit_batch(batch: dict[str, list], indices: list[int], max_length: int) -> dict[str, list]:
+    names = list(batch)
+    out: dict[str, list] = {name: [] for name in names + list(CUT_COLUMNS)}
+
+    def emit(i: int, ids: list[int], labels: list[int], cut: RowCut, window: int, prompt_length: int) -> None:
+        for name in names:
+            out[name].append(batch[name][i])
+        out["input_ids"][-1], out["labels"][-1], out["length"][-1] = ids, labels, len(ids)
+        out["prompt_length"][-1] = prompt_length
+        out["cut_input"].append(cut.input)
+        out["cut_answer"].append(cut.answer)
+        out["cut_other"].append(cut.other)
+        out["input_tokens"].append(batch["input_end"][i] - batch["input_start"][i])
+        out["window"].append(window)
+
+    for i, ids in enumerate(batch["input_ids"]):
+        n_prompt = batch["prompt_length"][i]
+        if len(ids) <= max_length:
+            emit(i, ids, batch["labels"][i], RowCut(), 0, n_prompt)
+        elif n_prompt == 0:                         # an LM document: windows, nothing dropped
+            for k, window in enumerate(lm_windows(ids, max_length)):
+                emit(i, window, list(window), RowCut(), k, 0)
+        else:
+            prompt = PromptIds(ids[:n_prompt], batch["input_start"][i], batch["input_end"][i])
+            fitted, labels, cut = fit_prompt_answer(prompt, ids[n_prompt:-1], ids[-1], max_length)
+            emit(i, fitted, labels, cut, 0, sum(1 for y in labels if y == IGNORE_INDEX))
+    return out
 
 
 def pad_collate(features: Sequence[dict], pad_id: int, pad_to_multiple_of: int | None = None) -> dict:

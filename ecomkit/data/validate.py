@@ -72,7 +72,8 @@ REASONS: dict[str, str] = {
 _ADVICE: dict[str, str] = {
     "missing_field": "Give every row a text field (title, review, spec or text) or an instruction pair "
                      "(instruction/output or prompt/response); if your data calls it differently, pass "
-                     "column_map={'your_column': '<field>'}.",
+                     "--column-map '{\"your_column\": \"<field>\"}' (a nested value by its path, e.g. "
+                     "'{\"labels.coarse[0]\": \"<field>\"}').",
     "empty_field": "Fill in the text or remove the row.",
     "non_numeric_price": "Write the price as a plain number such as 199.00 (a leading ¥/$ and thousands "
                          "separators are accepted).",
@@ -167,8 +168,8 @@ def check_bad_fraction(report: ValidationReport, max_bad_fraction: float) -> Non
     if report.total and report.bad_fraction > max_bad_fraction:
         raise DataError(
             f"{report.summary()} That is {report.bad_fraction:.1%} of the rows, above max_bad_fraction="
-            f"{max_bad_fraction:g}. Fix the data or its column_map/label_map (strict_data=True / --strict-data "
-            f"names the first bad row), or raise --max-bad-fraction if losing these rows is intended.")
+            f"{max_bad_fraction:g} (--max-bad-fraction). Fix the data or its --column-map/--label-map "
+            f"(--strict-data names the first bad row), or raise --max-bad-fraction if losing these rows is intended.")
 
 
 def strict_error(source: str, issue: ValidationIssue, column_of: Mapping[str, str]) -> DataError:
@@ -178,7 +179,7 @@ def strict_error(source: str, issue: ValidationIssue, column_of: Mapping[str, st
         user_col = column_of.get(issue.field, issue.field)
         where += f", field '{issue.field}'" + (f" (your column '{user_col}')" if user_col != issue.field else "")
     advice = _ADVICE[issue.reason].replace("<field>", issue.field or "field")
-    return DataError(f"{where}: {issue.detail} [{issue.reason}]. {advice} Or drop --strict-data (pass "
+    return DataError(f"{where}: {issue.detail} [{issue.reason}]. {advice} Or drop --strict-data (the default, "
                      f"--no-strict-data; strict=False in Python) to skip malformed rows and get a count per reason.")
 
 
@@ -191,13 +192,14 @@ def check_label_map(label_map: Mapping[str, Mapping[str, str]] | None) -> dict[s
     out: dict[str, dict[str, str]] = {}
     for target, mapping in (label_map or {}).items():
         if target not in MAP_KEYS:
-            raise ConfigError(f"label_map has the key {target!r}; it maps the values of one of {list(MAP_KEYS)}, "
-                              f"e.g. label_map={{'sentiment': {{'0': 'negative', '1': 'positive'}}}}, "
-                              f"{{'spans': {{'PER': '人物'}}}} or {{'ner_tags': ['O', 'B-PER', 'I-PER']}}.")
+            raise ConfigError(f"--label-map has the key {target!r}; it maps the values of one of {list(MAP_KEYS)}, "
+                              f"e.g. --label-map '{{\"sentiment\": {{\"0\": \"negative\", \"1\": \"positive\"}}}}', "
+                              f"'{{\"spans\": {{\"PER\": \"人物\"}}}}' or "
+                              f"'{{\"ner_tags\": [\"O\", \"B-PER\", \"I-PER\"]}}'.")
         if target == "ner_tags" and isinstance(mapping, (list, tuple)):
             mapping = dict(enumerate(mapping))
         if not isinstance(mapping, Mapping) or not mapping:
-            raise ConfigError(f"label_map[{target!r}] must be a non-empty object of raw value -> label name, "
+            raise ConfigError(f"--label-map [{target!r}] must be a non-empty object of raw value -> label name, "
                               f"got {mapping!r}.")
         out[target] = {label_key(k): str(v).strip() for k, v in mapping.items()}
     return out
@@ -234,6 +236,11 @@ def parse_price(value: Any) -> float | None:
 def _check_text(name: str, value: Any, max_chars: int) -> str:
     if name in LABEL_FIELDS and isinstance(value, (int, float)) and not isinstance(value, bool):
         value = label_key(value)  # integer labels (0/1) are common in review data sets
+    if isinstance(value, (dict, list)):
+        inside = f"keys {list(value)[:6]}" if isinstance(value, dict) else f"{len(value)} items"
+        raise RowProblem("wrong_type", name, f"{name} has type {type(value).__name__} ({inside}), expected text; "
+                                             f"map the value inside it by its path, e.g. --column-map "
+                                             f"'{{\"<column>.key[0]\": \"{name}\"}}'")
     if not isinstance(value, str):
         raise RowProblem("wrong_type", name, f"{name} has type {type(value).__name__}, expected text")
     if any("\udc80" <= ch <= "\udcff" for ch in value):
@@ -328,7 +335,7 @@ def _extraction(raw: Mapping[str, Any], record: dict, max_chars: int, label_map:
         text = raw.get("text")
         if not isinstance(text, str) or not text.strip():
             raise RowProblem("missing_field", "text", "a row with spans needs the text they point into (a 'text' "
-                                                      "field, or column_map={'your_column': 'text'})")
+                                                      "field, or --column-map '{\"your_column\": \"text\"}')")
     try:
         spans = read_spans(raw, text, span_end=span_end, column_map=column_map, type_map=label_map.get("spans"),
                            tag_names=label_map.get("ner_tags"))

@@ -56,7 +56,7 @@ KNOWN_ERRORS: tuple[KnownError, ...] = (
         "At least one rank never reached the collective the others wait in: it stalled (slow storage, a "
         "throttled GPU, a deadlock), died, or took another code path (a rank-dependent `if` around a "
         "collective, unequal numbers of batches per rank).",
-        "Get every rank's stack (fault.hang_dump_s, kill -USR1, py-spy dump, TORCH_DISTRIBUTED_DEBUG=DETAIL, the "
+        "Get every rank's stack (--fault-hang-dump-s, kill -USR1, py-spy dump, TORCH_DISTRIBUTED_DEBUG=DETAIL, the "
         "NCCL flight recorder) and find the rank that is elsewhere; make every rank run the same collectives. "
         "Keep the timeout short enough to fail fast (--timeout-s); raising it only hides the hang.",
         "scripts/07_stall_demo.py: one rank sleeps, the other fails after --timeout-s"),

@@ -141,11 +141,12 @@ def compare_with_guide(summaries: Mapping[str, dict[str, Any]], eval_nlu_samples
     """Rows of (claim, method, guide's figure, our measurement) from summaries keyed by method spec.
 
     Bytes are means over all steps. Accuracy differences are in points; one
-    scored record is worth at least ``100 / eval_nlu_samples`` points, so a
-    difference smaller than that cannot be resolved by this evaluation.
+    scored record is worth ``100 / scored`` points (``scored_category``: the
+    final evaluation scores every held-out record; ``eval_nlu_samples`` for
+    summaries without it), so a smaller difference cannot be resolved.
     """
     base = summaries[baseline]
-    resolution = 100 / eval_nlu_samples
+    resolution = 100 / (base.get("scored_category") or eval_nlu_samples)
     rows = []
     for spec in candidates:
         if spec not in summaries:

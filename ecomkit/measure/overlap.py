@@ -123,7 +123,7 @@ def sweep_bucket_cap(cfg: TrainConfig, caps_mb: list[float], env: DistEnv, repea
     Values are medians over ``repeats``.
     """
     if not env.distributed:
-        raise EcomkitError("the bucket_cap_mb sweep measures communication: launch it with torchrun "
+        raise EcomkitError("the --bucket-cap-mb sweep measures communication: launch it with torchrun "
                            "--nproc_per_node 2 (or more).")
     probes = [BucketCapProbe(cfg, cap, env) for cap in caps_mb]
     for _ in range(repeats):

@@ -43,6 +43,10 @@ What BLOOM's eager forward computes, and how each piece maps here:
   ``output_attentions=True`` needs the probabilities, so that call falls back
   to the eager forward.
 
+Masks (``models/attention_masks.py``, re-exported here): SDPA's mask plan, the
+document masks of packed rows (``ecomkit.data.packing``) with ALiBi positions
+read from them, and flex's block masks.
+
 Head-dim padding (sdpa on CUDA): the ALiBi channel makes q and k one wider than the head, rounded up to
 a multiple of 8 for the aligned kernels (64 → 72, 128 → 136); docs/perf.md has what that costs.
 
@@ -68,24 +72,25 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import flex_attention
 from transformers.models.bloom import modeling_bloom
-from transformers.models.bloom.modeling_bloom import BloomAttention, dropout_add
+from transformers.models.bloom.modeling_bloom import BloomAttention, BloomModel, dropout_add
 
 from ecomkit.config import ATTN_IMPLS as ATTN_CHOICES  # eager | sdpa | flex: one list for flag and module
 from ecomkit.errors import ConfigError, EcomkitError
 from ecomkit.models.attention_lowp import cpu_bf16_autocast, eager_attend
+from ecomkit.models.attention_masks import (MaskPlan, _cached_block_mask, alibi_from_mask, attention_mask_for,  # noqa: F401
+                                            document_causal_mask, flex_block_mask, sdpa_mask_plan)  # the masks' home
 
 # The forward signature this module was written against (transformers 5.x).
 _EXPECTED_PARAMS = ("hidden_states", "residual", "alibi", "attention_mask", "layer_past", "use_cache",
                     "output_attentions")
-_PLAN_ATTR = "_ecomkit_sdpa_mask_plan"
 
 
 # ---------------------------------------------------------------------- shared pieces
@@ -119,60 +124,6 @@ def alibi_in_qk(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ali
     if width != head_dim:
         v_aug = F.pad(value, (0, width - head_dim))
     return q_aug, k_aug, v_aug
-
-
-class MaskPlan(NamedTuple):
-    """How one forward's mask is handed to SDPA (see :func:`sdpa_mask_plan`)."""
-
-    attn_mask: torch.Tensor | None
-    is_causal: bool
-    has_empty_rows: bool  # some query row may attend to nothing (left padding)
-
-
-def sdpa_mask_plan(alibi: torch.Tensor, attention_mask: torch.Tensor | None, q_length: int) -> MaskPlan:
-    """Decide once per forward how to pass the mask to SDPA; cached on ``alibi``.
-
-    - A batch without padding carries a plain causal mask: SDPA then gets
-      ``is_causal=True`` and no mask, so fused kernels skip the upper triangle
-      (and CUDA can pick FlashAttention).
-    - Otherwise the model's additive mask is passed as is (0 = attend, dtype
-      minimum = masked, exactly as eager adds it), broadcast over heads.
-    - ``has_empty_rows``: with left padding the padding queries see no key at all.
-      Eager then averages over every key (all scores equal the minimum), and
-      SDPA's forward does the same, but torch's fused CPU backward treats such
-      rows differently from its own forward (measured: gradients off by O(1)
-      in those rows), and the loss does use one of them (the last padding
-      position predicts the first real token). The caller then runs the math
-      kernel, which is exact but materialises the scores like eager.
-      ecomkit's collate pads on the right, so training never pays for this.
-
-    Why cached on ``alibi``: BloomModel hands the same ``alibi`` and mask objects
-    to every block, so the checks run once per forward, not once per layer.
-
-    Under ``torch.compile`` (``--compile``) the mask goes to SDPA as it is, with no check: the checks read
-    tensor values, a graph break inside BloomModel's loop over blocks, which makes dynamo give up the whole
-    loop and compile every block apart (measured on ``tiny``, one process, 5 steps: 19 recompilations,
-    against one, the no-grad forward of the evaluation, without the checks). Both shortcuts only save
-    work: SDPA given the causal mask computes what ``is_causal`` does, and empty rows come from left
-    padding, which training batches never have (ecomkit's collate pads on the right) and generation,
-    which left-pads, runs without a backward.
-    """
-    if torch.compiler.is_compiling():
-        return MaskPlan(attention_mask, False, False)
-    cached = getattr(alibi, _PLAN_ATTR, None)
-    if cached is not None and cached[0] is attention_mask and cached[1] == q_length:
-        return cached[2]
-    plan = MaskPlan(attention_mask, False, False)
-    if attention_mask is not None:
-        allowed = attention_mask == 0
-        square = attention_mask.shape[-1] == q_length == attention_mask.shape[-2]
-        causal = torch.ones(q_length, q_length, dtype=torch.bool, device=allowed.device).tril() if square else None
-        if causal is not None and torch.equal(allowed, causal.expand_as(allowed)):
-            plan = MaskPlan(None, True, False)
-        else:
-            plan = MaskPlan(attention_mask, False, bool((~allowed.any(dim=-1)).any()))
-    setattr(alibi, _PLAN_ATTR, (attention_mask, q_length, plan))
-    return plan
 
 
 def _project_output(attn: BloomAttention, context: torch.Tensor) -> torch.Tensor:
@@ -252,6 +203,13 @@ class BloomSdpaAttention(_FusedBloomAttention):
         return out[..., :head_dim]
 
 
+def _install_alibi_from_mask(model: nn.Module) -> None:
+    """Every ``BloomModel`` of ``model`` builds ALiBi with :func:`alibi_from_mask` (an instance attribute)."""
+    for m in model.modules():
+        if isinstance(m, BloomModel):
+            m.build_alibi_tensor = alibi_from_mask
+
+
 # ---------------------------------------------------------------------- flex
 _COMPILED_FLEX: Any = None
 
@@ -269,18 +227,6 @@ def _flex_function(device: torch.device):
     if _COMPILED_FLEX is None:
         _COMPILED_FLEX = torch.compile(flex_attention)
     return _COMPILED_FLEX
-
-
-def flex_block_mask(attention_mask: torch.Tensor | None, batch: int, q_length: int, kv_length: int,
-                    device: torch.device):
-    """A BlockMask from BLOOM's 4-D additive mask (0 = attend); ``None`` means a plain causal mask."""
-    if attention_mask is None:
-        offset = kv_length - q_length
-        mask_mod = lambda b, h, q, kv: kv <= q + offset  # noqa: E731
-        return create_block_mask(mask_mod, None, None, q_length, kv_length, device=device)
-    allowed = attention_mask[:, 0] == 0  # [b, q, kv]
-    mask_mod = lambda b, h, q, kv: allowed[b, q, kv]  # noqa: E731
-    return create_block_mask(mask_mod, batch, None, q_length, kv_length, device=device)
 
 
 class BloomFlexAttention(_FusedBloomAttention):
@@ -326,24 +272,6 @@ class AlibiScoreMod:
         self.fn = alibi_score
 
 
-def _cached_block_mask(alibi, attention_mask, batch, q_length, kv_length, device):
-    """One BlockMask per forward, shared by all layers (same trick as :func:`sdpa_mask_plan`).
-
-    A batch without padding gets the plain causal block mask, which does not
-    depend on the batch (cheaper to build than reading the 4-D mask).
-    """
-    cached = getattr(alibi, "_ecomkit_block_mask", None)
-    if cached is not None and cached[0] is attention_mask and cached[1] == q_length:
-        return cached[2]
-    if attention_mask is None:  # eager applies no mask at all then (not even causal); so does flex
-        block_mask = None
-    else:
-        plain_causal = sdpa_mask_plan(alibi, attention_mask, q_length).is_causal
-        block_mask = flex_block_mask(None if plain_causal else attention_mask, batch, q_length, kv_length, device)
-    setattr(alibi, "_ecomkit_block_mask", (attention_mask, q_length, block_mask))
-    return block_mask
-
-
 _FLEX_CPU_MESSAGE = (
     "attn='flex' cannot train on CPU: torch's FlexAttention has no CPU backward, and compiling its "
     "forward for the CPU takes about a minute per shape. Use --attn sdpa on CPU (same results, "
@@ -381,6 +309,7 @@ def install_attention(model: nn.Module, impl: str, *, for_training: bool = True)
     if impl not in ATTN_CHOICES:
         raise ConfigError(f"Unknown attn '{impl}'. Choose one of: {', '.join(ATTN_CHOICES)}.")
     modules = attention_modules(model)
+    _install_alibi_from_mask(model)  # 4-D masks (packed rows) get ALiBi positions per row, in every impl
     if impl == "eager":  # BLOOM's computation, with the one-pass QKV split (BloomEagerAttention); 0 for other models
         for m in modules:
             m.__class__ = BloomEagerAttention
@@ -415,5 +344,5 @@ def _check_flex_usable(module: BloomAttention, for_training: bool) -> None:
         raise ConfigError(_FLEX_CPU_MESSAGE)
 
 
-__all__ = ["ATTN_CHOICES", "BloomEagerAttention", "BloomSdpaAttention", "BloomFlexAttention", "install_attention", "current_attention",
+__all__ = ["MaskPlan", "flex_block_mask", "alibi_from_mask", "attention_mask_for", "document_causal_mask", "ATTN_CHOICES", "BloomEagerAttention", "BloomSdpaAttention", "BloomFlexAttention", "install_attention", "current_attention",
            "alibi_in_qk", "sdpa_mask_plan", "check_transformers_compatible"]

@@ -234,6 +234,34 @@ def model_config(name_or_path: str, *, vocab_size: int | None = None) -> Pretrai
     return config
 
 
+# The sequence length BLOOM was pre-trained at (SeqGPT-560M and EcomGPT-7B kept it): where --seq-len auto stops.
+# ALiBi has no position table, so longer rows run, but at lengths the model never trained on.
+BLOOM_TRAINING_LENGTH = 2048
+
+
+def model_length_limit(name_or_path: str) -> int:
+    """The longest sequence ``--seq-len auto`` may choose for this model.
+
+    A preset: BLOOM's training length. A saved or hub model: its config's
+    ``seq_length`` (BLOOM's configs), ``n_positions`` or ``max_position_embeddings``
+    when it has one, else BLOOM's training length. A name that is none of these
+    raises :func:`load_model`'s error, so a typo fails before the data is built.
+    """
+    if name_or_path in PRESETS:
+        return BLOOM_TRAINING_LENGTH
+    if not is_local_model_dir(name_or_path) and ("/" not in name_or_path or name_or_path.startswith((".", "/"))):
+        raise ModelNotFoundError(_unknown_preset_message(name_or_path))   # what load_model would say, before the data
+    try:
+        config = model_config(name_or_path)
+    except (OSError, ValueError):     # not reachable yet: load_model reports it properly
+        return BLOOM_TRAINING_LENGTH
+    for name in ("seq_length", "n_positions", "max_position_embeddings"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return BLOOM_TRAINING_LENGTH
+
+
 def hub_reachable() -> bool:
     """Cheap offline check: ``HF_HUB_OFFLINE`` or a hub host name that does not resolve.
 

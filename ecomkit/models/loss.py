@@ -123,6 +123,13 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     return total
 
 
+# Under torch.compile (--compile) the label selection runs eagerly: its row count (the labeled positions) changes
+# every step, and a compiled graph after it would be specialised to that count and recompiled for the next one.
+# The graphs on either side see only fixed shapes ([B, T, h] hidden states, [B, T] labels), so packed batches,
+# which have one shape, compile once (tests/test_packing.py counts).
+chunked_token_loss_sum = torch.compiler.disable(chunked_token_loss_sum, recursive=True)
+
+
 def _topped_up(keep: torch.Tensor, flat_y: torch.Tensor, multiple: int) -> torch.Tensor:
     """``keep`` plus the first unlabeled positions, to a multiple of ``multiple`` rows (or every position)."""
     want = min(-(-keep.numel() // multiple) * multiple, flat_y.numel())

@@ -28,6 +28,7 @@ from torch import nn
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
+from ecomkit.models.attention import attention_mask_for
 from ecomkit.models.bloom import ModelSource, count_parameters, load_model
 from ecomkit.models.lora import save_peft_outputs
 from ecomkit.models.loss import has_chunked_loss, token_loss_sum
@@ -122,12 +123,17 @@ class Strategy:
             return model(input_ids=input_ids, attention_mask=attention_mask).logits
 
     def forward_loss_sum(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Σ token losses of one micro-batch: chunked in the model's forward when installed, else from logits."""
+        """Σ token losses of one micro-batch: chunked in the model's forward when installed, else from logits.
+
+        A packed batch (``document_ids``) runs under its block-diagonal causal mask, a padded one under its
+        padding mask; the loss is the same per-token sum either way.
+        """
+        mask = attention_mask_for(batch)   # packed rows: their document mask (models/attention.py)
         if self.raw_model is not None and has_chunked_loss(self.raw_model):
             with self.autocast():
-                return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                return self.model(input_ids=batch["input_ids"], attention_mask=mask,
                                   token_loss_labels=batch["labels"]).loss
-        return token_loss_sum(self.forward_logits(batch["input_ids"], batch["attention_mask"]), batch["labels"])
+        return token_loss_sum(self.forward_logits(batch["input_ids"], mask), batch["labels"])
 
     def forward_backward(self, micro_batches: list[dict], loss_scale: float) -> float:
         """Whole-step forward+backward for strategies that own the schedule (pipelines); returns the token-loss sum."""

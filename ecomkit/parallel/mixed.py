@@ -267,7 +267,9 @@ class MixedParallelStrategy(Strategy):
         pad = (-t) % multiple
         if pad:  # sequence parallel cuts T into tp equal pieces; right padding leaves real positions unchanged
             input_ids = torch.nn.functional.pad(input_ids, (0, pad), value=self.model_config.pad_token_id or 0)
-            attention_mask = torch.nn.functional.pad(attention_mask, (0, pad), value=0)
+            attention_mask = (torch.nn.functional.pad(attention_mask, (0, pad), value=0) if attention_mask.dim() == 2
+                              else torch.nn.functional.pad(attention_mask, (0, pad, 0, pad),   # a document mask
+                                                           value=torch.finfo(attention_mask.dtype).min))
         with self.autocast():
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
         return logits[:, :t] if pad else logits

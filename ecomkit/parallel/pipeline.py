@@ -57,6 +57,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from ecomkit.errors import ConfigError
+from ecomkit.models.attention import attention_mask_for
 from ecomkit.models.loss import token_loss_sum
 
 
@@ -132,12 +133,12 @@ def pad_to_length(batch: dict[str, torch.Tensor], length: int, pad_id: int = 0) 
     """Right-pad ``input_ids``/``attention_mask``/``labels`` to ``length`` (mask 0, label -100)."""
     t = batch["input_ids"].shape[1]
     if t > length:
-        raise ConfigError(f"a batch has {t} tokens but the pipeline was built for seq_len={length}.")
+        raise ConfigError(f"a batch has {t} tokens but the pipeline was built for --seq-len {length}.")
     if t == length:
         return batch
     pad = length - t
-    fill = {"input_ids": pad_id, "attention_mask": 0, "labels": -100}
-    return {k: torch.nn.functional.pad(batch[k], (0, pad), value=fill[k]) for k in fill}
+    fill = {"input_ids": pad_id, "attention_mask": 0, "labels": -100, "document_ids": 0}
+    return {k: torch.nn.functional.pad(batch[k], (0, pad), value=fill[k]) for k in fill if k in batch}
 
 
 class PipelineRunner:
@@ -176,12 +177,13 @@ class PipelineRunner:
         """
         padded = [pad_to_length(b, self.seq_len, self.pad_id) for b in micro_batches]
         ids = torch.cat([b["input_ids"] for b in padded]).to(self.device)
-        mask = torch.cat([b["attention_mask"] for b in padded]).to(self.device)
+        # packed rows: each stage gets the document mask (models/attention.py) in place of the padding mask
+        mask = torch.cat([attention_mask_for(b) for b in padded]).to(self.device)
         labels = torch.cat([b["labels"] for b in padded]).to(self.device)
         if ids.shape[0] % self.n_microbatches:
             raise ConfigError(
-                f"Pipeline parallelism cuts each optimizer step's {ids.shape[0]} samples (micro_batch_size × "
-                f"grad_accum) into {self.n_microbatches} pipeline micro-batches (--parallel-pp-microbatches), "
+                f"Pipeline parallelism cuts each optimizer step's {ids.shape[0]} samples (--micro-batch-size × "
+                f"--grad-accum) into {self.n_microbatches} pipeline micro-batches (--parallel-pp-microbatches), "
                 "which must divide it. Change one of the three.")
         self._scale, self._token_sums = loss_scale, []
         is_first, is_last = self.module.is_first, self.module.is_last

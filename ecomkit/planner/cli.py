@@ -37,6 +37,7 @@ from ecomkit.errors import exit_on_user_error
 from ecomkit.hardware import GIB, GPUS, LINKS, NODES
 from ecomkit.planner.job import (CLUSTER_DEFAULTS, PLANNER_FIELDS, Cluster, apply_strategy_switches,
                                  cluster_defaults_used, defaults_used, expand_planner_aliases, given_fields,
+                                 resolve_planned_seq_len,
                                  lora_plan, plan_job)
 from ecomkit.planner.lora import max_lora_micro_batch
 from ecomkit.planner.memory import max_micro_batch
@@ -112,6 +113,7 @@ def read_job(argv: list[str] | None) -> Job:
     argv = expand_planner_aliases(sys.argv[1:] if argv is None else list(argv))
     ns = build_parser().parse_args(argv)
     cfg = config_from_namespace(ns)
+    ns.seq_len_note = resolve_planned_seq_len(cfg)   # --seq-len auto: the model's limit, said so in the plan
     apply_strategy_switches(cfg, ns.plan_checkpointing, ns.plan_offload_optimizer, ns.plan_offload_param)
     config_dests = {d for d in vars(ns) if hasattr(cfg, d.split("__")[0])}
     given = given_fields(config_dests, load_config_file(ns.config) if ns.config else {})
@@ -130,6 +132,8 @@ def config_given(job: Job) -> set[str]:
 def run_plan(job: Job) -> dict[str, Any]:
     a = job.args
     plan = plan_job(job.cfg, job.cluster, job.vocab_size, base_bits=job.cfg.lora_base_bits)
+    if getattr(a, "seq_len_note", None):
+        plan.notes.append(a.seq_len_note)
     lora = lora_plan(job.cfg, job.cfg.lora_base_bits)
     if lora is not None:
         plan.notes.append("step time below: the time model is full fine-tuning's (LoRA skips the frozen weights' "

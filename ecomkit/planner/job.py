@@ -27,8 +27,10 @@ from ecomkit.config import (DEEPSPEED_PLAN_STRATEGIES, MESH_STRATEGIES, PARALLEL
                             PLAN_STRATEGY_ALIASES, STRATEGIES, StrategyName, TrainConfig, plan_strategy_name,
                             resolve_parallel_degrees)
 from ecomkit.errors import ConfigError
+from ecomkit.config.vocabulary import AUTO
 from ecomkit.hardware import default_link
 from ecomkit.models.attention_rule import pick_attention
+from ecomkit.models.bloom import model_length_limit
 from ecomkit.planner.lora import LoraPlan, plan_lora_memory
 from ecomkit.planner.memory import MemoryPlan, PlanInput, plan_memory
 from ecomkit.planner.shapes import ModelShape, model_shape
@@ -172,6 +174,26 @@ def plan_degrees(cfg: TrainConfig, world_size: int) -> tuple[str, int, int, int]
     return plan_strategy_name(cfg.strategy, stage), world_size, 1, 1
 
 
+def planned_seq_len(cfg: TrainConfig) -> tuple[int, str | None]:
+    """The sequence length a plan uses, and a note when it stands in for ``--seq-len auto``.
+
+    ``auto`` is decided by a run from its data, which the planner does not read, so the plan takes the
+    longest length such a run may choose (the model's limit): an upper bound on its memory and step time.
+    """
+    if cfg.seq_len != AUTO:
+        return int(cfg.seq_len), None
+    limit = model_length_limit(cfg.model)
+    return limit, (f"--seq-len auto: planned at {limit} tokens, the longest a run of {cfg.model} may choose (a run "
+                   f"takes the smallest multiple of 64 that holds its rows), so memory and time are upper bounds; "
+                   f"give --seq-len N for your data's length")
+
+
+def resolve_planned_seq_len(cfg: TrainConfig) -> str | None:
+    """Set ``cfg.seq_len`` to :func:`planned_seq_len`'s length; return its note (None for an explicit length)."""
+    cfg.seq_len, note = planned_seq_len(cfg)
+    return note
+
+
 def plan_input_from_config(cfg: TrainConfig, cluster: Cluster, vocab_size: int | None = None,
                            validate: bool = True) -> PlanInput:
     """The planner's input for the job ``cfg`` runs on ``cluster`` (validated like the scripts validate)."""
@@ -182,6 +204,7 @@ def plan_input_from_config(cfg: TrainConfig, cluster: Cluster, vocab_size: int |
         # machine can *train* them (bitsandbytes installed, ddp) is not the plan's question, so it is left out.
         replace(cfg, lora_base_bits=16).validate(world_size=cluster.gpus, n_head=shape.n_head, n_layer=shape.n_layer)
     strategy, dp, tp, pp = plan_degrees(cfg, cluster.gpus)
+    seq_len = planned_seq_len(cfg)[0]
     zero = cfg.strategy == StrategyName.ZERO
     checkpointing = cfg.zero.activation_checkpointing if zero else (
         cfg.parallel.activation_checkpointing if cfg.strategy in MESH_STRATEGIES else False)
@@ -189,9 +212,9 @@ def plan_input_from_config(cfg: TrainConfig, cluster: Cluster, vocab_size: int |
         cfg.parallel.fsdp_cpu_offload if cfg.strategy in MESH_STRATEGIES else False)
     assert strategy in PLAN_STRATEGIES
     return PlanInput(model=cfg.model, world_size=cluster.gpus, strategy=strategy, tp=tp, pp=pp,
-                     precision=cfg.precision, micro_batch=cfg.micro_batch_size, seq_len=cfg.seq_len,
+                     precision=cfg.precision, micro_batch=cfg.micro_batch_size, seq_len=seq_len,
                      activation_checkpointing=checkpointing,
-                     attn=pick_attention(cfg.attn, cfg.precision, "cuda", cfg.seq_len)[0],  # the planner plans GPUs
+                     attn=pick_attention(cfg.attn, cfg.precision, "cuda", seq_len)[0],  # the planner plans GPUs
                      offload_optimizer=zero and cfg.zero.offload_optimizer, offload_param=offload_param,
                      gpu=cluster.gpu, grad_accum=cfg.resolve_grad_accum(dp),
                      pp_microbatches=cfg.parallel.pp_microbatches if pp > 1 else 0,
@@ -237,6 +260,6 @@ def cluster_defaults_used(cluster: Cluster, given: set[str]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["Cluster", "CLUSTER_DEFAULTS", "PLANNER_FIELDS", "lora_plan", "plan_job", "PLANNER_FLAG_ALIASES", "expand_planner_aliases",
+__all__ = ["planned_seq_len", "resolve_planned_seq_len", "Cluster", "CLUSTER_DEFAULTS", "PLANNER_FIELDS", "lora_plan", "plan_job", "PLANNER_FLAG_ALIASES", "expand_planner_aliases",
            "apply_strategy_switches", "plan_degrees", "plan_input_from_config", "given_fields", "defaults_used",
            "cluster_defaults_used", "get_field"]

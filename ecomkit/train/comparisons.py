@@ -47,7 +47,7 @@ def eval_loss_ratio(rows: Sequence[Mapping[str, Any]]) -> float:
     """
     evals = [r for r in rows if "eval_loss" in r]
     if len(evals) < 2 or evals[0].get("step") != 0:
-        raise ValueError("need an eval at step 0 and a later one (run with eval_interval > 0)")
+        raise ValueError("need an eval at step 0 and a later one (run with --eval-interval > 0)")
     return float(evals[-1]["eval_loss"]) / float(evals[0]["eval_loss"])
 
 

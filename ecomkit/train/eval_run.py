@@ -32,7 +32,7 @@ def evaluate_in_session(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
     info = read_task_file(cfg.model) if Path(cfg.model).is_dir() else None
     if info and info["prompt_format"] != cfg.prompt_format:
         if env.is_main:
-            log.info("%s was trained with prompt format %r: evaluating in it (not %r)", cfg.model,
+            log.info("%s was trained with prompt format %r: evaluating in it (not --prompt-format %s)", cfg.model,
                      info["prompt_format"], cfg.prompt_format)
         cfg = dataclasses.replace(cfg, prompt_format=info["prompt_format"])
     run = TrainingRun(cfg, env).build()

@@ -1,8 +1,16 @@
 """Evaluation: held-out loss, and NLU accuracy by scoring each candidate label.
 
-Every rank evaluates an equal-sized, disjoint slice and the sums are
-all-reduced. Equal sizes matter: with sharded strategies (ZeRO-3, FSDP)
-every forward is a collective, so all ranks must run the same number.
+Every rank evaluates a contiguous, disjoint share (:func:`shard_range`: sizes
+differ by at most one, nothing dropped) and the sums are all-reduced. Every
+rank runs the same number of forwards: with sharded strategies (ZeRO-3, FSDP)
+every forward is a collective. A rank whose share is one short runs one more
+forward on a row it already has and leaves it out of the sums.
+
+How much is evaluated: a periodic evaluation reads a sample (``eval_batches``
+micro-batches per rank for the loss, ``eval_nlu_samples`` records per target);
+the final one reads every held-out row unless ``final_eval_samples`` caps it,
+so the figures a user quotes rest on the whole eval file. Each figure says how
+many rows it rests on (``eval_loss_examples``, ``scored_<target>``).
 
 Accuracy is computed the way SeqGPT-style models are used for
 classification: score every candidate label after the prompt and predict the
@@ -29,10 +37,12 @@ whether the answer ends there, so a candidate that is a prefix of another is
 not favoured by stopping early.
 
 Alongside the accuracy, :func:`evaluate_nlu_accuracy` returns the macro-F1 and
-the **majority-class baseline**: the accuracy on the same scored records of always
-answering the most frequent label of the *training* data (a baseline that knew the
-held-out labels' distribution would not be one a model could reach without them).
-An accuracy means something only above it.
+the **majority-class baseline**: the share of the scored records whose correct
+label is the *training* split's most frequent label (``majority_label_<target>``),
+which a model that always answers it reaches. An accuracy means something only
+above it. The baseline comes from training labels, as a model's answers do: the
+most frequent label of the records being scored would be a baseline that has
+seen the answers.
 """
 
 from __future__ import annotations
@@ -48,10 +58,17 @@ from ecomkit.data.tasks import (CATEGORY_LABELS, CLASSIFICATION_TASKS, SENTIMENT
 from ecomkit.data.tokenize import IGNORE_INDEX, encode_prompt_answer
 from ecomkit.dist import DistEnv
 from ecomkit.models.loss import count_label_tokens, token_loss_sum
-from ecomkit.train.task_metrics import majority_answer
+from ecomkit.train.task_metrics import majority_label
 
 # No truncation unless the caller gives the training sequence length.
 _NO_TRUNCATION = 1 << 30
+
+
+def shard_range(n: int, index: int, count: int) -> tuple[int, int]:
+    """``[start, end)`` of shard ``index`` of ``count`` over ``n`` items: contiguous, sizes differ by at most one."""
+    base, extra = divmod(n, count)
+    start = index * base + min(index, extra)
+    return start, start + base + (index < extra)
 
 
 def all_reduce_sums(values: list[float], env: DistEnv) -> list[float]:
@@ -68,31 +85,45 @@ def all_reduce_sums(values: list[float], env: DistEnv) -> list[float]:
 
 
 @torch.no_grad()
-def evaluate_loss(strategy, eval_ds, collate, env: DistEnv, micro_batch_size: int, n_batches: int,
+def evaluate_loss(strategy, eval_ds, collate, env: DistEnv, micro_batch_size: int, n_batches: int | None,
                   shard: tuple[int, int] | None = None) -> float:
-    """Mean next-token loss over ``n_batches`` micro-batches per data shard (global token mean).
+    """Mean next-token loss over the held-out examples (global token mean); see :func:`held_out_loss`."""
+    return held_out_loss(strategy, eval_ds, collate, env, micro_batch_size, n_batches, shard)["eval_loss"]
 
-    ``shard`` = (index, count) from ``strategy.data_shard()``; ranks of one
-    shard (TP/PP) evaluate the same slice, and since numerator and denominator
-    are both summed over all ranks the replication cancels out.
+
+@torch.no_grad()
+def held_out_loss(strategy, eval_ds, collate, env: DistEnv, micro_batch_size: int, n_batches: int | None,
+                  shard: tuple[int, int] | None = None, max_examples: int | None = None) -> dict[str, float]:
+    """``eval_loss`` (global token mean), and the ``eval_loss_examples`` and ``eval_loss_tokens`` it rests on.
+
+    ``n_batches``: micro-batches per data shard (a sample: the first ``n_batches × micro_batch_size ×
+    shards`` examples), or None for every example (or the first ``max_examples``).
+    ``shard`` = (index, count) from ``strategy.data_shard()``;
+    ranks of one shard (TP/PP) evaluate the same slice, and since numerator and denominator are both
+    summed over all ranks the replication cancels out.
     """
     idx, n_shards = shard or (env.rank, env.world_size)
-    per_rank = min(n_batches * micro_batch_size, len(eval_ds) // n_shards)
-    start = idx * per_rank
-    loss_sum, tokens = 0.0, 0
+    n = min(len(eval_ds), max_examples or len(eval_ds)) if n_batches is None else min(
+        len(eval_ds), n_batches * micro_batch_size * n_shards)
+    start, end = shard_range(n, idx, n_shards)
+    steps = -(-(-(-n // n_shards)) // micro_batch_size)   # batches of the largest share: every rank runs them
+    sums = [0.0, 0.0, 0.0]                                 # loss, label tokens, examples
     model = strategy.model
     was_training = model.training
     model.eval()
-    for i in range(start, start + per_rank, micro_batch_size):
-        idx = list(range(i, min(i + micro_batch_size, start + per_rank)))
-        batch = collate([eval_ds[j] for j in idx])
+    for step in range(steps):
+        rows = list(range(start + step * micro_batch_size, min(start + (step + 1) * micro_batch_size, end)))
+        batch = collate([eval_ds[j] for j in (rows or [0])])   # a share one short repeats a row, not counted
         batch = {k: v.to(env.device) for k, v in batch.items()}
         logits = strategy.forward_logits(batch["input_ids"], batch["attention_mask"])
-        loss_sum += float(token_loss_sum(logits, batch["labels"]))
-        tokens += count_label_tokens(batch["labels"])
+        if rows:
+            sums = [sums[0] + float(token_loss_sum(logits, batch["labels"])),
+                    sums[1] + count_label_tokens(batch["labels"]), sums[2] + len(rows)]
     model.train(was_training)
-    total_loss, total_tokens = all_reduce_sums([loss_sum, float(tokens)], env)
-    return total_loss / max(total_tokens, 1.0)
+    total_loss, total_tokens, examples = all_reduce_sums(sums, env)
+    replication = env.world_size // n_shards   # TP/PP ranks of one shard evaluate the same rows
+    return {"eval_loss": total_loss / max(total_tokens, 1.0), "eval_loss_examples": round(examples / replication),
+            "eval_loss_tokens": round(total_tokens / replication)}
 
 
 @dataclass(frozen=True)
@@ -164,6 +195,16 @@ def score_candidates(strategy, tokenizer, prompt: str, candidates: Sequence[str]
     return best_candidate(candidate_log_probs(strategy, tokenizer, prompt, candidates, device, max_length))
 
 
+def majority_share(label_counts: Sequence[float], majority: int) -> float:
+    """The majority-class baseline: the share of the scored records whose label is ``majority`` (its index).
+
+    ``majority``: the *training* split's most frequent label (``task_metrics.majority_label``), the one
+    answer a model that ignores its input would learn; always answering it scores this share.
+    """
+    total = sum(label_counts)
+    return label_counts[majority] / total if total else float("nan")
+
+
 def macro_f1(confusion: Sequence[Sequence[float]]) -> float:
     """Mean F1 over the labels that occur as gold or prediction (``confusion[gold][pred]`` counts).
 
@@ -182,11 +223,11 @@ def macro_f1(confusion: Sequence[Sequence[float]]) -> float:
     return sum(scores) / len(scores) if scores else float("nan")
 
 
-def _usable(records: Iterable[dict[str, Any]], task: str, limit: int) -> list[dict[str, Any]]:
-    """The first ``limit`` records that give a ``task`` example (records may be a list or an Arrow table)."""
+def _usable(records: Iterable[dict[str, Any]], task: str, limit: int | None) -> list[dict[str, Any]]:
+    """The first ``limit`` records (None: all) that give a ``task`` example (a list or an Arrow table)."""
     out = []
     for rec in records:
-        if len(out) >= limit:
+        if limit is not None and len(out) >= limit:
             break
         if can_classify(rec, task):
             out.append(rec)
@@ -195,38 +236,40 @@ def _usable(records: Iterable[dict[str, Any]], task: str, limit: int) -> list[di
 
 @torch.no_grad()
 def evaluate_nlu_accuracy(strategy, tokenizer, records: Iterable[dict[str, Any]], env: DistEnv,
-                          n_samples: int, category_labels: Sequence[str] | None = None,
+                          n_samples: int | None, category_labels: Sequence[str] | None = None,
                           shard: tuple[int, int] | None = None, max_length: int | None = None,
                           labels: Mapping[str, Sequence[str]] | None = None,
                           prompt_format: str = "ecomkit",
-                          train_labels: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, float]:
+                          train_label_counts: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, Any]:
     """Accuracy, macro-F1 and majority-class baseline per classification target, on held-out records.
 
     Per target ``t`` in ``category``/``sentiment``: ``acc_t``, ``macro_f1_t``,
-    ``majority_t`` (the accuracy of always answering the target's most frequent
-    training label, which a model that ignores its input reaches; only with
-    ``train_labels``, ``{target: {label: training records}}``) and ``scored_t``. Each target is scored on
-    up to ``n_samples`` records that carry its label and an input to read
-    (``can_classify``), so a file with only sentiment labels is still scored on
-    sentiment; a target with fewer than two candidate labels is skipped.
-    Every rank runs the same number of forwards (sharded strategies need the
-    same number of collectives on every rank). ``labels``: the candidates per
-    target (``BuildReport.labels``); ``category_labels`` sets the category
-    candidates alone. ``max_length``: the training sequence length (prompts
-    are cut as in training). ``nlu_scored`` is the fewest records scored for a target.
-    ``prompt_format``: the layout the model was trained with (``TrainConfig.prompt_format``,
+    ``majority_t`` (the share of scored records whose label is the training
+    majority ``majority_label_t``, which a model that ignores its input reaches;
+    only with ``train_label_counts``, ``BuildReport.train_label_counts``) and
+    ``scored_t``. Each target is scored on up to ``n_samples`` records (None:
+    every one) that carry its label and an input to read (``can_classify``), so
+    a file with only sentiment labels is still scored on sentiment; a target
+    with fewer than two candidate labels is skipped. The records are shared out
+    by :func:`shard_range` and every rank runs the same number of forwards
+    (sharded strategies need the same number of collectives on every rank).
+    ``labels``: the candidates per target (``BuildReport.labels``);
+    ``category_labels`` sets the category candidates alone. ``max_length``: the
+    training sequence length (prompts are cut as in training). ``nlu_scored`` is
+    the fewest records scored for a target. ``prompt_format``: the layout the
+    model was trained with (``TrainConfig.prompt_format``,
     :func:`ecomkit.data.formats.build_prompt`), so candidates are scored after the prompt it knows.
     """
     idx, n_shards = shard or (env.rank, env.world_size)
     candidates = {"category": tuple(category_labels or CATEGORY_LABELS), "sentiment": SENTIMENT_LABELS,
                   **{t: tuple(v) for t, v in (labels or {}).items() if t in CLASSIFICATION_TASKS}}
     tasks = [t for t in CLASSIFICATION_TASKS if len(candidates[t]) >= 2]
-    mine, scored = {}, {}
+    mine, scored, rounds = {}, {}, {}
     for task in tasks:
         usable = _usable(records, task, n_samples)
-        per_rank = len(usable) // n_shards
-        if per_rank:
-            mine[task], scored[task] = usable[idx * per_rank:(idx + 1) * per_rank], per_rank * n_shards
+        if len(usable) >= n_shards:   # every shard scores at least one record
+            start, end = shard_range(len(usable), idx, n_shards)
+            mine[task], scored[task], rounds[task] = usable[start:end], len(usable), -(-len(usable) // n_shards)
     if not mine:
         return {}
     model = strategy.model
@@ -234,10 +277,11 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Iterable[dict[str, Any]]
     model.eval()
     confusion = {t: [[0.0] * len(candidates[t]) for _ in candidates[t]] for t in mine}
     for task, recs in mine.items():
-        for rec in recs:
-            ex = build_classification_example(rec, task, candidates[task], prompt_format)
+        for i in range(rounds[task]):   # a share one short scores its last record again, not counted
+            ex = build_classification_example(recs[min(i, len(recs) - 1)], task, candidates[task], prompt_format)
             pred = score_candidates(strategy, tokenizer, ex.prompt, ex.candidates, env.device, max_length)
-            confusion[task][ex.correct_index][pred] += 1.0
+            if i < len(recs):
+                confusion[task][ex.correct_index][pred] += 1.0
     model.train(was_training)
     flat = [c for t in mine for row in confusion[t] for c in row]
     sums = all_reduce_sums(flat, env)
@@ -251,9 +295,10 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Iterable[dict[str, Any]]
         total = sum(map(sum, matrix))
         out[f"acc_{task}"] = sum(matrix[c][c] for c in range(k)) / total
         out[f"macro_f1_{task}"] = macro_f1(matrix)
-        if train_labels is not None:   # always answering the most frequent training label
-            best = candidates[task].index(majority_answer(candidates[task], train_labels.get(task, {})))
-            out[f"majority_{task}"] = sum(matrix[best]) / total
+        if train_label_counts is not None:   # the baseline learns from training labels, never from these
+            best = majority_label(candidates[task], train_label_counts.get(task, {}))
+            out[f"majority_{task}"] = majority_share([sum(row) for row in matrix], candidates[task].index(best))
+            out[f"majority_label_{task}"] = best
         out[f"scored_{task}"] = scored[task]
     out["nlu_scored"] = min(scored.values())  # the accuracy resolution is 1/scored
     return out

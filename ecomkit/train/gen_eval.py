@@ -1,9 +1,11 @@
 """Evaluation by generation: decode held-out examples, parse the answers, score them against their baselines.
 
 The held-out :class:`~ecomkit.data.formats.TaskExample` list is the same on
-every rank. The first ``n_samples`` of it are decoded: each data shard takes a
-contiguous, disjoint share (sizes differ by at most one, nothing dropped) and
-runs the same number of decoding batches (:func:`ecomkit.train.generate.generate_texts`).
+every rank. A periodic evaluation decodes its first ``n_samples``; the final
+one decodes every example (or ``final_samples`` of them), so the figures a run
+ends with rest on the whole eval file. Each data shard takes a contiguous,
+disjoint share (sizes differ by at most one, nothing dropped) and runs the same
+number of decoding batches (:func:`ecomkit.train.generate.decode_prompts`).
 The generated texts are gathered from the ranks with ``dist.gather_objects``
 (the one "gather from ranks"), one copy per data shard (TP/PP ranks of one
 shard decode the same share), so every rank then holds every answer in the
@@ -15,23 +17,30 @@ Row keys (``metrics.jsonl`` eval rows and ``summary.json``), present when the
 decoded examples include that kind:
 
 - classification: ``gen_acc``, ``gen_macro_f1``, ``gen_majority_acc`` (the
-  majority-label baseline: always the most frequent *training* label of the
-  example's label set, recorded per row as ``majority``), ``gen_majority_labels``
-  (the labels that baseline answered), ``gen_acc_margin_points``, ``gen_classify_n``;
+  majority-label baseline: each label set's most frequent *training* label,
+  recorded per row as ``majority``), ``gen_majority_labels`` (the labels that
+  baseline answered), ``gen_acc_margin_points``, ``gen_classify_n``;
 - extraction: ``gen_span_precision``/``recall``/``f1``, ``gen_strict_acc``,
   ``gen_span_f1_per_label``, the dictionary baseline's ``dict_span_precision``/
   ``recall``/``f1`` and ``dict_strict_acc``, ``gen_span_f1_margin_points``,
   ``gen_extract_n``;
 - both: ``gen_decoded``, ``gen_prompts_cut``, ``gen_unknown_labels``,
-  ``gen_decode_s``, ``gen_examples_per_s`` (all decoded examples / wall time of
-  the decoding, the slowest rank's), ``gen_decode_mode``.
+  ``gen_at_budget`` (answers that used every new token allowed without ending:
+  maybe cut short, ``--gen-max-new-tokens`` raises the budget),
+  ``gen_invalid_text`` (answers holding U+FFFD, a byte-level piece cut inside a
+  character), ``gen_spans_not_in_input`` (predicted spans that are not
+  substrings of the input), ``gen_decode_s``, ``gen_examples_per_s`` (all
+  decoded examples / wall time of the decoding, the slowest rank's),
+  ``gen_decode_mode``, ``gen_max_new_tokens`` and ``gen_held_out`` (the examples there were to decode).
+  Each ``predictions.jsonl`` row carries its own ``at_budget``, ``invalid_text``
+  and ``spans_not_in_input``; scoring stays exact match.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -39,19 +48,15 @@ from typing import Any, Iterable, Mapping, Sequence
 from ecomkit.data.formats import KIND_CLASSIFY, KIND_EXTRACT, Span, TaskExample, build_prompt, format_answer, \
     parse_answer
 from ecomkit.config import TrainConfig
+from ecomkit.data.tasks import CLASSIFICATION_TASKS
 from ecomkit.dist import DistEnv, gather_objects, log
-from ecomkit.train.generate import DecodeSettings, decode_mode, generate_texts
-from ecomkit.train.task_metrics import (SpanDictionary, classification_scores, extraction_scores, majority_answer,
-                                        margin_points)
+from ecomkit.train.evaluate import shard_range
+from ecomkit.train.generate import DecodeSettings, decode_mode, decode_prompts
+from ecomkit.train.task_metrics import (SpanDictionary, classification_scores, extraction_scores, invalid_text,
+                                        margin_points, spans_not_in_text, training_majorities)
 
 PREDICTIONS_FILE = "predictions.jsonl"
-
-
-def shard_range(n: int, index: int, count: int) -> tuple[int, int]:
-    """``[start, end)`` of shard ``index`` of ``count`` over ``n`` items: contiguous, sizes differ by at most one."""
-    base, extra = divmod(n, count)
-    start = index * base + min(index, extra)
-    return start, start + base + (index < extra)
+BUDGET_FLAG = "--gen-max-new-tokens"
 
 
 @dataclass
@@ -62,22 +67,27 @@ class GenerationEvaluator:
     dictionary: SpanDictionary          # the extraction baseline, from the training spans
     fmt: str                            # the prompt format the model is trained on
     settings: DecodeSettings
-    n_samples: int                      # how many of ``examples`` each evaluation decodes (0: none)
-    train_labels: Mapping[str, int]     # the classification baseline: label -> training records with it
+    n_samples: int                      # how many of ``examples`` a periodic evaluation decodes (0: none)
+    majorities: dict[tuple[str, ...], str] = dataclasses.field(default_factory=dict)  # label set -> training majority
+    final_samples: int = 0              # how many the final evaluation decodes (0: every example)
 
     @classmethod
     def build(cls, examples: Sequence[TaskExample], train_spans: Iterable[Span], fmt: str,
-              settings: DecodeSettings, n_samples: int, train_labels: Mapping[str, int]) -> "GenerationEvaluator":
+              settings: DecodeSettings, n_samples: int, majorities: Mapping[tuple[str, ...], str] | None = None,
+              final_samples: int = 0) -> "GenerationEvaluator":
         return cls(list(examples), SpanDictionary.from_spans(train_spans), fmt, settings, n_samples,
-                   dict(train_labels))
+                   dict(majorities or {}), final_samples)
 
-    def decoded_examples(self) -> list[TaskExample]:
-        return list(self.examples[:self.n_samples])
+    def decoded_examples(self, final: bool = False) -> list[TaskExample]:
+        """What one evaluation decodes: a periodic one ``n_samples``, the final one every example (or
+        ``final_samples``)."""
+        limit = (self.final_samples or len(self.examples)) if final else self.n_samples
+        return list(self.examples[:limit])
 
     def __call__(self, strategy, tokenizer, env: DistEnv, shard: tuple[int, int],
-                 predictions_path: Path | None = None, progress: bool = False) -> dict[str, Any]:
+                 predictions_path: Path | None = None, progress: bool = False, final: bool = False) -> dict[str, Any]:
         """Every rank calls it (decoding and the gather are collectives); returns the row's ``gen_*`` fields."""
-        chosen = self.decoded_examples()
+        chosen = self.decoded_examples(final)
         if not chosen:
             return {}
         index, count = shard
@@ -87,60 +97,82 @@ class GenerationEvaluator:
         per_shard = -(-len(chosen) // count)
         n_batches = -(-per_shard // self.settings.batch_size)
         t0 = time.perf_counter()
-        texts, cut = generate_texts(strategy, tokenizer, prompts, env, self.settings, n_batches, progress)
+        decoded = decode_prompts(strategy, tokenizer, prompts, env, self.settings, n_batches, progress)
         elapsed = time.perf_counter() - t0
-        parts = gather_objects((index, texts, cut, elapsed), env)
+        parts = gather_objects((index, decoded.texts, decoded.cut, decoded.at_budget, elapsed), env)
         by_shard = {}
-        for idx, t, c, _ in parts:
-            by_shard.setdefault(idx, (t, c))            # one copy per data shard
+        for idx, t, c, b, _ in parts:
+            by_shard.setdefault(idx, (t, c, b))         # one copy per data shard
         generated = [text for idx in sorted(by_shard) for text in by_shard[idx][0]]
-        rows = prediction_rows(self.fmt, chosen, generated, self.dictionary, self.train_labels)
+        at_budget = [flag for idx in sorted(by_shard) for flag in by_shard[idx][2]]
+        rows = prediction_rows(self.fmt, chosen, generated, self.dictionary, self.majorities, at_budget)
         out = scores_from_rows(rows)
-        wall = max(p[3] for p in parts)
-        out.update({"gen_decoded": len(rows), "gen_prompts_cut": sum(c for _, c in by_shard.values()),
+        wall = max(p[4] for p in parts)
+        out.update({"gen_decoded": len(rows), "gen_held_out": len(self.examples),
+                    "gen_max_new_tokens": self.settings.max_new_tokens,
+                    "gen_prompts_cut": sum(c for _, c, _ in by_shard.values()),
                     "gen_decode_s": wall, "gen_examples_per_s": len(rows) / wall if wall > 0 else float("nan"),
                     "gen_decode_mode": decode_mode(strategy)})
+        if out["gen_at_budget"] and env.is_main:   # a warning for the figures the run ends with
+            (log.warning if final else log.info)(
+                budget_line(out["gen_at_budget"], len(rows), self.settings.max_new_tokens, BUDGET_FLAG))
         if predictions_path is not None and env.is_main:
             write_predictions(predictions_path, rows)
         return out
 
 
-def prediction_rows(fmt: str, examples: Sequence[TaskExample], generated: Sequence[str],
-                    dictionary: SpanDictionary, train_labels: Mapping[str, int]) -> list[dict[str, Any]]:
-    """One ``predictions.jsonl`` row per example: what was asked, answered, read, and what the baseline says.
+def budget_line(at_budget: int, total: int, max_new_tokens: int, flag: str) -> str:
+    """The one line that says how many answers stopped at the budget, and the flag that raises it."""
+    return (f"{at_budget} of {total} generated answers stopped at the budget of {max_new_tokens} new tokens "
+            f"without ending (they may be cut short); raise it with {flag} N")
 
-    ``train_labels``: how many training records carry each classification label (the majority baseline's
-    answer comes from it, :func:`~ecomkit.train.task_metrics.majority_answer`).
+
+def prediction_rows(fmt: str, examples: Sequence[TaskExample], generated: Sequence[str],
+                    dictionary: SpanDictionary, majorities: Mapping[tuple[str, ...], str] | None = None,
+                    at_budget: Sequence[bool] | None = None) -> list[dict[str, Any]]:
+    """One ``predictions.jsonl`` row per example: what was asked, answered, read, and what the baselines say.
+
+    ``majorities``: label set -> its training majority label (``task_metrics.training_majorities``), the
+    classification baseline's answer (``majority``); ``at_budget``: per answer, whether it used every new
+    token allowed without ending. Each row also counts its garbled parts (``invalid_text``, and for
+    extraction ``spans_not_in_input``).
     """
     if len(examples) != len(generated):
         raise ValueError(f"{len(examples)} examples but {len(generated)} generated answers")
+    at_budget = list(at_budget) if at_budget is not None else [False] * len(examples)
     rows = []
-    for ex, text in zip(examples, generated):
+    for ex, text, stopped in zip(examples, generated, at_budget):
         parsed = parse_answer(fmt, ex.kind, text, ex.labels)
         row: dict[str, Any] = {"kind": ex.kind, "source": ex.source, "labels": list(ex.labels),
                                "prompt": build_prompt(fmt, ex.kind, ex.text, ex.labels),
                                "gold_answer": format_answer(fmt, ex), "generated": text,
-                               "unknown_labels": list(parsed.unknown_labels)}
+                               "unknown_labels": list(parsed.unknown_labels), "at_budget": bool(stopped),
+                               "invalid_text": invalid_text(text)}
         if ex.kind == KIND_CLASSIFY:
-            row.update(gold=ex.gold_label, predicted=parsed.label, majority=majority_answer(ex.labels, train_labels))
+            row.update(gold=ex.gold_label, predicted=parsed.label, majority=(majorities or {}).get(tuple(ex.labels)))
         else:
             row.update(gold=[list(s) for s in ex.gold_spans], predicted=sorted(map(list, parsed.spans)),
-                       dictionary=sorted(map(list, dictionary.predict(ex.text, ex.labels))))
+                       dictionary=sorted(map(list, dictionary.predict(ex.text, ex.labels))),
+                       spans_not_in_input=spans_not_in_text(parsed.spans, ex.text))
         rows.append(row)
     return rows
 
 
 def scores_from_rows(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Every figure of an evaluation from its prediction rows alone (the rows ``predictions.jsonl`` holds)."""
-    out: dict[str, Any] = {"gen_unknown_labels": sum(len(r["unknown_labels"]) for r in rows)}
+    out: dict[str, Any] = {"gen_unknown_labels": sum(len(r["unknown_labels"]) for r in rows),
+                           "gen_at_budget": sum(bool(r.get("at_budget")) for r in rows),
+                           "gen_invalid_text": sum(bool(r.get("invalid_text")) for r in rows),
+                           "gen_spans_not_in_input": sum(r.get("spans_not_in_input", 0) for r in rows)}
     cls = [r for r in rows if r["kind"] == KIND_CLASSIFY]
     if cls:
         golds = [r["gold"] for r in cls]
         got = classification_scores(golds, [r["predicted"] for r in cls])
-        base = classification_scores(golds, [r["majority"] for r in cls])   # the training majority's answers
-        out.update(gen_acc=got["acc"], gen_macro_f1=got["macro_f1"], gen_majority_acc=base["acc"],
-                   gen_majority_labels=sorted({r["majority"] for r in cls}),
-                   gen_acc_margin_points=margin_points(got["acc"], base["acc"]), gen_classify_n=len(cls))
+        out.update(gen_acc=got["acc"], gen_macro_f1=got["macro_f1"], gen_classify_n=len(cls))
+        if all(r.get("majority") is not None for r in cls):   # the training majority each row records
+            base = classification_scores(golds, [r["majority"] for r in cls])
+            out.update(gen_majority_acc=base["acc"], gen_acc_margin_points=margin_points(got["acc"], base["acc"]),
+                       gen_majority_labels=sorted({r["majority"] for r in cls}))   # what that baseline answered
     ext = [r for r in rows if r["kind"] == KIND_EXTRACT]
     if ext:
         golds = [{tuple(s) for s in r["gold"]} for r in ext]
@@ -172,7 +204,10 @@ def scores_from_predictions(path: str | Path) -> dict[str, Any]:
 
 
 def evaluator_for_run(cfg: TrainConfig, report: Any) -> GenerationEvaluator | None:
-    """The run's evaluator: task ``nlu`` with held-out classify/extract examples and ``gen_eval_samples > 0``."""
+    """The run's evaluator: task ``nlu`` with held-out classify/extract examples and ``gen_eval_samples > 0``.
+
+    Its baselines learn from the training split (``report.train_spans``, ``report.train_label_counts``).
+    """
     examples = report.eval_examples   # ecomkit.data.build: held-out TaskExamples, in the run's prompt format
     if cfg.task != "nlu" or cfg.gen_eval_samples == 0:
         return None
@@ -180,14 +215,16 @@ def evaluator_for_run(cfg: TrainConfig, report: Any) -> GenerationEvaluator | No
         log.info("evaluation by generation: none of the held-out records gives a classification or extraction "
                  "example (instruction rows are scored by their loss only)")
         return None
+    final = min(cfg.final_eval_samples or len(examples), len(examples))
     settings_line = (f"evaluation by generation: {min(cfg.gen_eval_samples, len(examples))} of {len(examples)} "
-                     f"held-out examples per evaluation, {'greedy' if cfg.gen_num_beams == 1 else f'{cfg.gen_num_beams} beams'}"
-                     f", up to {cfg.gen_max_new_tokens} new tokens, prompt format {report.prompt_format}")
+                     f"held-out examples per periodic evaluation, {final} at the end, "
+                     f"{'greedy' if cfg.gen_num_beams == 1 else f'{cfg.gen_num_beams} beams'}"
+                     f", up to {cfg.gen_max_new_tokens} new tokens, prompt format {report.prompt_format}; "
+                     f"baselines from the training split")
     log.info(settings_line)
     settings = DecodeSettings(max_new_tokens=cfg.gen_max_new_tokens, num_beams=cfg.gen_num_beams,
                               batch_size=cfg.gen_batch_size, use_cache=cfg.gen_use_cache, max_length=cfg.seq_len)
-    train_labels = Counter()
-    for counts in report.train_labels.values():   # category and sentiment labels, from the training records
-        train_labels.update(counts)
-    return GenerationEvaluator.build(examples, report.train_spans, report.prompt_format, settings, cfg.gen_eval_samples,
-                                     train_labels)
+    majorities = training_majorities({t: report.labels[t] for t in CLASSIFICATION_TASKS if report.labels.get(t)},
+                                     report.train_label_counts)
+    return GenerationEvaluator.build(examples, report.train_spans, report.prompt_format, settings,
+                                     cfg.gen_eval_samples, majorities, cfg.final_eval_samples)

@@ -46,7 +46,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from ecomkit.data.tokenize import tail_length, truncate_prompt_ids
+from ecomkit.data.tokenize import cut_prompt, encode_prompt_texts
 from ecomkit.dist import DistEnv
 from ecomkit.train.progress import make_progress
 
@@ -74,18 +74,18 @@ def eos_and_pad(tokenizer) -> tuple[int, int]:
 def encode_prompts(tokenizer, prompts: Sequence[str], settings: DecodeSettings) -> tuple[list[list[int]], int]:
     """Prompt ids as training laid them out before the answer, and how many prompts had to be cut.
 
-    A prompt longer than ``max_length - max_new_tokens - 1`` loses tokens from
-    its middle, by training's own rule (``truncate_prompt_ids``: the head and
-    the prompt's tail are kept, in the ``seqgpt`` format the label line and the
-    output cue), so the prompt plus the longest allowed answer and its EOS fit
-    the training length.
+    A prompt longer than ``max_length - 1`` (the training length, less the
+    EOS every training row ends with) loses the end of its input by training's
+    own rule (:func:`~ecomkit.data.tokenize.cut_prompt`: the instruction, the
+    label list and the answer cue are kept). A prompt that training would have
+    kept whole is never cut here: the generated answer may run past
+    ``max_length``, which ALiBi allows.
     """
-    budget = max(2, settings.max_length - settings.max_new_tokens - 1)
-    ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"] if prompts else []
+    budget = max(2, settings.max_length - 1)
     out, cut = [], 0
-    for prompt, row in zip(prompts, ids):
-        kept = truncate_prompt_ids(row, budget, tail_length(tokenizer, prompt)) if len(row) > budget else row
-        cut += len(kept) < len(row)
+    for encoded in encode_prompt_texts(tokenizer, list(prompts)):
+        kept, lost = cut_prompt(encoded, budget)
+        cut += lost.total > 0
         out.append(kept)
     return out, cut
 
@@ -153,10 +153,28 @@ def greedy_without_cache(strategy, ids: torch.Tensor, mask: torch.Tensor, max_ne
     return torch.stack(new, dim=1) if new else ids[:, :0]
 
 
+@dataclass(frozen=True)
+class Decoded:
+    """One rank's decoded prompts: the answers, how many prompts were cut, and which answers hit the budget.
+
+    ``at_budget[i]``: answer ``i`` used all ``max_new_tokens`` without the end-of-answer token, so it may be
+    cut short (a longer budget, ``--gen-max-new-tokens``, would let it finish).
+    """
+
+    texts: list[str]
+    cut: int
+    at_budget: list[bool]
+
+
+def stopped_at_budget(row: Sequence[int], eos_id: int, max_new_tokens: int) -> bool:
+    """Whether a generated row ran out of new tokens before its end-of-answer token."""
+    return eos_id not in row and len(row) >= max_new_tokens
+
+
 @torch.no_grad()
 def decode_batch(strategy, ids: torch.Tensor, mask: torch.Tensor, settings: DecodeSettings, eos_id: int,
                  pad_id: int, env: DistEnv, sync: bool) -> list[list[int]]:
-    """New token ids per row (up to its first EOS, which is dropped), for one left-padded batch."""
+    """New token ids per row (up to its first EOS, which is dropped; a row without one keeps every token)."""
     if decode_mode(strategy) == DECODE_UNCACHED:
         out = greedy_without_cache(strategy, ids, mask, settings.max_new_tokens, eos_id, pad_id, env, sync)
     else:
@@ -173,7 +191,15 @@ def decode_batch(strategy, ids: torch.Tensor, mask: torch.Tensor, settings: Deco
 
 def generate_texts(strategy, tokenizer, prompts: Sequence[str], env: DistEnv, settings: DecodeSettings,
                    n_batches: int | None = None, progress: bool = False) -> tuple[list[str], int]:
-    """This rank's prompts decoded (texts without the prompt) and the number of prompts cut to fit.
+    """This rank's prompts decoded (texts without the prompt) and the number of prompts cut to fit
+    (:func:`decode_prompts` without the per-answer budget flags)."""
+    decoded = decode_prompts(strategy, tokenizer, prompts, env, settings, n_batches, progress)
+    return decoded.texts, decoded.cut
+
+
+def decode_prompts(strategy, tokenizer, prompts: Sequence[str], env: DistEnv, settings: DecodeSettings,
+                   n_batches: int | None = None, progress: bool = False) -> Decoded:
+    """This rank's prompts decoded: texts without the prompt, prompts cut to fit, answers that hit the budget.
 
     ``n_batches``: how many batches every rank runs (the same on all ranks
     under a synced strategy; the caller gives equal shares). A rank with fewer
@@ -191,16 +217,18 @@ def generate_texts(strategy, tokenizer, prompts: Sequence[str], env: DistEnv, se
     strategy.raw_model.eval()
     bar = make_progress(n_batches, progress and env.is_main, desc="decode")
     texts: list[str] = []
+    at_budget: list[bool] = []
     try:
         for b in range(n_batches):
             chunk = rows[b * bs:(b + 1) * bs]
             batch = chunk or rows[:1] or [[eos]]  # an empty share still takes part in the collectives
             ids, mask = left_pad(batch, pad, env.device)
-            new = decode_batch(strategy, ids, mask, settings, eos, pad, env, sync)
-            texts.extend(tokenizer.decode(r, skip_special_tokens=True) for r in new[:len(chunk)])
+            new = decode_batch(strategy, ids, mask, settings, eos, pad, env, sync)[:len(chunk)]
+            texts.extend(tokenizer.decode(r, skip_special_tokens=True) for r in new)
+            at_budget.extend(stopped_at_budget(r, eos, settings.max_new_tokens) for r in new)
             bar.update(1)
     finally:
         bar.close()
         model.train(was_training)
         strategy.raw_model.train(was_training)
-    return texts, cut
+    return Decoded(texts, cut, at_budget)

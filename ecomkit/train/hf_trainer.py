@@ -34,8 +34,10 @@ from ecomkit.dist import DistEnv, distributed_session, gather_objects
 from ecomkit.errors import ConfigError
 from ecomkit.metrics import MetricsWriter, slowest_rank_throughput, time_split
 from ecomkit.models.bloom import count_parameters, load_model
+from ecomkit.models.precision import autocast_context
 from ecomkit.parallel.zero.env import ensure_deepspeed_env
 from ecomkit.train.autoprec import resolve_precision
+from ecomkit.train.evaluate import evaluate_loss
 from ecomkit.train.loop import TrainingRun, validate_before_launch
 
 # Trainer's samplers (TrainingArguments.train_sampling_strategy); the first is the comparison's default.
@@ -104,8 +106,8 @@ class StepRecorder(TrainerCallback):
             print(f"hf-trainer {state.global_step}/{state.max_steps} loss={logs['loss']:.4f}", flush=True)
 
 
-class MeasuredTrainer(Trainer):
-    """``Trainer`` that reports its fetches and micro-steps to a :class:`StepRecorder`; training is unchanged."""
+class Measured:
+    """Mixin for a ``Trainer`` class: reports its fetches and micro-steps to a :class:`StepRecorder`."""
 
     def __init__(self, *args, recorder: StepRecorder, **kwargs):
         super().__init__(*args, **kwargs)
@@ -125,21 +127,28 @@ class MeasuredTrainer(Trainer):
         return loss
 
 
+class MeasuredTrainer(Measured, Trainer):
+    """``Trainer`` that reports its fetches and micro-steps to a :class:`StepRecorder`; training is unchanged."""
+
+
 def training_arguments(cfg: TrainConfig, env: DistEnv, grad_accum: int,
-                       deepspeed: dict | str | None = None, sampling: str = HF_SAMPLING[0]) -> TrainingArguments:
-    """TrainingArguments equivalent to ``cfg`` (same batch, lr schedule, clipping, precision).
+                       deepspeed: dict | str | None = None, sampling: str = HF_SAMPLING[0],
+                       arguments_class: type = TrainingArguments, **extra: Any) -> TrainingArguments:
+    """TrainingArguments equivalent to ``cfg`` (same batch, lr schedule, clipping, precision, steps or epochs).
 
     ``deepspeed``: a dict, or the path of a JSON file (whose ``"auto"`` values Trainer fills in from these arguments).
+    ``arguments_class`` and ``extra``: a subclass such as TRL's ``SFTConfig`` and its own fields.
     """
     if sampling not in HF_SAMPLING:
         raise ValueError(f"sampling must be one of {HF_SAMPLING}, got {sampling!r}")
     if deepspeed is not None:
         ensure_deepspeed_env()  # TrainingArguments imports deepspeed when given a DeepSpeed dict
-    return TrainingArguments(
+    return arguments_class(
         output_dir=str(cfg.output_dir),
         per_device_train_batch_size=cfg.micro_batch_size,
         gradient_accumulation_steps=grad_accum,
-        max_steps=cfg.max_steps,
+        max_steps=cfg.max_steps if cfg.max_steps > 0 else -1,   # -1: Trainer counts num_train_epochs
+        num_train_epochs=cfg.epochs if cfg.max_steps == 0 else 1.0,
         learning_rate=cfg.lr,
         weight_decay=cfg.weight_decay,
         adam_beta1=cfg.beta1, adam_beta2=cfg.beta2, adam_epsilon=1e-8,
@@ -159,6 +168,7 @@ def training_arguments(cfg: TrainConfig, env: DistEnv, grad_accum: int,
         train_sampling_strategy=sampling, length_column_name="length",  # lengths precomputed by ecomkit
         seed=cfg.seed, data_seed=cfg.seed,
         deepspeed=deepspeed,
+        **extra,
     )
 
 
@@ -186,9 +196,51 @@ def global_step_rows(per_rank: list[list[dict[str, Any]]], losses: dict[int, dic
     return rows
 
 
+class _EvalModel:
+    """What :func:`ecomkit.train.evaluate.evaluate_loss` needs of a strategy: the model and its forward."""
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, env: DistEnv):
+        self.model, self.cfg, self.env = model, cfg, env
+
+    def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        with autocast_context(self.cfg.precision, self.env.device):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+def _trl():
+    from trl import SFTConfig, SFTTrainer  # lazy: TRL is only the packing benchmark's comparison (pip install trl)
+    return SFTConfig, SFTTrainer
+
+
+def _arguments(cfg: TrainConfig, env: DistEnv, grad_accum: int, deepspeed: dict | str | None, sampling: str,
+               trl_packing: bool) -> TrainingArguments:
+    """Trainer's arguments, or TRL's ``SFTConfig`` packing to ``seq_len`` by best-fit decreasing."""
+    if not trl_packing:
+        return training_arguments(cfg, env, grad_accum, deepspeed, sampling)
+    return training_arguments(cfg, env, grad_accum, deepspeed, sampling, arguments_class=_trl()[0], packing=True,
+                              packing_strategy="bfd", max_length=cfg.seq_len, dataset_num_proc=1)
+
+
+def _trainer(run: TrainingRun, model, args: TrainingArguments, recorder: StepRecorder, trl_packing: bool):
+    """Trainer on ecomkit's padded rows, or TRL's SFTTrainer, which packs the same rows itself."""
+    keep = ("input_ids", "labels", "length")
+    train_ds = run.train_ds.remove_columns([c for c in run.train_ds.column_names if c not in keep])
+    if not trl_packing:
+        return MeasuredTrainer(model=model, args=args, train_dataset=train_ds,
+                               data_collator=_ColumnsForModel(run.collate), recorder=recorder)
+    rows = train_ds.remove_columns(["length"])   # ids and labels: TRL keeps a dataset's own labels, and packs them
+    measured = type("MeasuredSFTTrainer", (Measured, _trl()[1]), {})
+    return measured(model=model, args=args, train_dataset=rows, processing_class=run.tokenizer, recorder=recorder)
+
+
 def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | str | None = None,
-                   sampling: str = HF_SAMPLING[0]) -> dict[str, Any]:
-    """Train with HF Trainer on ecomkit's model and data; returns a summary like ``run_training``."""
+                   sampling: str = HF_SAMPLING[0], trl_packing: bool = False) -> dict[str, Any]:
+    """Train with HF Trainer on ecomkit's model and data; returns a summary like ``run_training``.
+
+    ``trl_packing``: TRL's ``SFTTrainer(packing=True)`` packs the same rows (best-fit decreasing, padding-free):
+    on BLOOM, which has no FlashAttention in transformers, its packed rows attend to each other.
+    The summary's ``eval_loss`` is ecomkit's held-out loss on the unpacked eval rows, for every variant.
+    """
     if cfg.peft != "none":
         raise ConfigError(f"--peft {cfg.peft}: the HF Trainer comparison path has no LoRA step (its saving and "
                           "checkpoints are Trainer's own). Train LoRA with scripts/02_data_parallel.py --peft lora "
@@ -201,14 +253,11 @@ def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | str | None = None,
         run.build_data()
         # Arguments first: with a ZeRO-3 config they activate DeepSpeed's HF integration (HfDeepSpeedConfig), so
         # from_pretrained of a local checkpoint builds the model under deepspeed.zero.Init (partitioned at once).
-        args = training_arguments(cfg, env, run.grad_accum, deepspeed, sampling)
+        args = _arguments(cfg, env, run.grad_accum, deepspeed, sampling, trl_packing)
         model = load_model(cfg.model, vocab_size=len(run.tokenizer), device=env.device, seed=cfg.seed)
         writer = MetricsWriter(cfg.output_dir, env.is_main)
         recorder = StepRecorder()
-        keep = ("input_ids", "labels", "length")
-        train_ds = run.train_ds.remove_columns([c for c in run.train_ds.column_names if c not in keep])
-        trainer = MeasuredTrainer(model=model, args=args, train_dataset=train_ds,
-                                  data_collator=_ColumnsForModel(run.collate), recorder=recorder)
+        trainer = _trainer(run, model, args, recorder, trl_packing)
         trainer.remove_callback(PrinterCallback)  # it prints every log dict; our metrics file has them
         t0 = time.perf_counter()
         trainer.train()
@@ -217,8 +266,12 @@ def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | str | None = None,
         rows = global_step_rows(gather_objects(recorder.rows, env), recorder.losses)
         for row in rows:
             writer.write(row)
+        eval_loss = evaluate_loss(_EvalModel(trainer.model, cfg, env), run.eval_ds, run.collate, env,
+                                  cfg.micro_batch_size, cfg.eval_batches)
         summary = {
-            "strategy": "hf-trainer" + ("+deepspeed" if deepspeed else ""), "sampling": sampling,
+            "strategy": "hf-trainer" + ("+deepspeed" if deepspeed else "") + ("+trl-packing" if trl_packing else ""),
+            "sampling": "trl-packing (bfd)" if trl_packing else sampling, "eval_loss": eval_loss,
+            "steps_per_epoch": len(trainer.get_train_dataloader()) // max(1, run.grad_accum),
             "model": cfg.model, "params": count_parameters(model), "world_size": env.world_size,
             "global_batch": run.global_batch(), "steps": trainer.state.global_step,
             "first_loss": rows[0].get("loss") if rows else None, "final_loss": rows[-1].get("loss") if rows else None,

@@ -22,19 +22,19 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import datasets
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader
 
 from ecomkit.config import TrainConfig
-from ecomkit.data import DistributedBatchSampler, build_datasets, lengths_array, pad_collate
+from ecomkit.data import build_datasets, lengths_array, pad_collate
 from ecomkit.data.formats import parse_labels, write_task_file
 from ecomkit.dist import DistEnv, distributed_session, gather_objects, log, restart_attempt
 from ecomkit.envcheck.matmul import roofline_fields, roofline_summary, run_peak
 from ecomkit.errors import ConfigError
 from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak_flops, mfu_fields
-from ecomkit.metrics import MetricsWriter, attention_length, peak_memory, slowest_rank_throughput, time_split
+from ecomkit.metrics import (MetricsWriter, fill_rate_of, peak_memory, slowest_rank_throughput, step_model_flops,
+                             time_split)
 from ecomkit.models.attention import install_attention
-from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_origin
+from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit, model_origin
 from ecomkit.models.cpu_kernels import kernels_for
 from ecomkit.models.gelu import install_fused_gelu
 from ecomkit.models.lora import apply_peft, lora_facts, lora_line, trainable_parameter_count
@@ -43,9 +43,11 @@ from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
 from ecomkit.parallel import build_strategy
 from ecomkit.parallel.mixed import sharded_model_callbacks
 from ecomkit.train.clip import ClipPolicy
-from ecomkit.train.evaluate import all_reduce_sums, evaluate_loss, evaluate_nlu_accuracy
+from ecomkit.train.evaluate import all_reduce_sums
 from ecomkit.train.autoprec import resolve_attention, resolve_precision
-from ecomkit.train.gen_eval import PREDICTIONS_FILE, evaluator_for_run
+from ecomkit.train.batches import batch_counts, resolve_data_settings, training_loader
+from ecomkit.train.gen_eval import evaluator_for_run
+from ecomkit.train.held_out import evaluate_held_out, log_evaluation_scope
 from ecomkit.train.preempt import add_preemption_callbacks
 from ecomkit.train.progress import make_progress
 from ecomkit.train.shapes import length_multiple
@@ -83,14 +85,15 @@ class TrainingRun:
         # The same checks as parse_config and run_training, for runs started inside a session (sweeps, notebooks).
         self.cfg.validate(self.env.world_size)
         resolve_precision(self.cfg, self.env)  # --precision auto: bf16 where the device multiplies faster in it
-        resolve_attention(self.cfg, self.env)  # --attn auto: by device, precision and length (attention_rule)
         self.strategy = build_strategy(self.cfg, self.env)
         self.shard = self.strategy.data_shard()                  # (index, count): dp coordinate for TP/PP
         self.replication = self.env.world_size // self.shard[1]  # ranks that see the same batch
         self.grad_accum = self.cfg.resolve_grad_accum(self.shard[1])
         self.tokenizer = self.build_tokenizer()
-        self.build_data()
+        self.build_data()                      # --seq-len, --packing and --gen-max-new-tokens auto: from the data
+        resolve_attention(self.cfg, self.env)  # --attn auto: by device, precision and length (attention_rule)
         self.gen_eval = evaluator_for_run(self.cfg, self.data_report)  # evaluation by generation (nlu)
+        log_evaluation_scope(self)  # periodic evaluations sample, the final one reads every held-out row
         # The strategy decides how the model is materialised: whole on every rank, or only this rank's part
         # of a local checkpoint (ZeRO-3 under deepspeed.zero.Init, FSDP2/TP on the meta device, loaded in setup).
         model = self.strategy.build_model(ModelSource(self.cfg.model, vocab_size=len(self.tokenizer), seed=self.cfg.seed))
@@ -135,6 +138,7 @@ class TrainingRun:
         """Datasets, sampler and loader; public because HF Trainer (ecomkit.train.hf_trainer) trains on the same data."""
         datasets.disable_progress_bars()  # progress bars only add noise to logs
         cfg = self.cfg
+        limit = model_length_limit(cfg.model)   # every rank: an unknown --model fails here, each with its message
         # Rank 0 loads, validates and tokenises into the Arrow cache; the others then map the same tables.
         # The barrier is in `finally`: if rank 0 fails (bad data), the others fail the same way, not hang.
         if self.env.distributed and not self.env.is_main:
@@ -142,7 +146,8 @@ class TrainingRun:
         try:
             self.train_ds, self.eval_ds, self.eval_records, self.data_report = build_datasets(
                 cfg.data, n_rows=cfg.n_rows if cfg.data == "synthetic" else None, seed=cfg.seed, task=cfg.task,
-                tokenizer=self.tokenizer, max_length=cfg.seq_len, column_map=cfg.column_map, strict=cfg.strict_data,
+                tokenizer=self.tokenizer, max_length=cfg.seq_len, length_limit=limit,
+                column_map=cfg.column_map, strict=cfg.strict_data,
                 num_proc=cfg.num_proc, label_map=cfg.label_map, max_rows=cfg.max_rows or None,
                 max_bad_fraction=cfg.max_bad_fraction, prompt_format=cfg.prompt_format,
                 eval_data=cfg.eval_data or None, labels=parse_labels(cfg.labels) or None, span_end=cfg.span_end)
@@ -150,15 +155,16 @@ class TrainingRun:
             if self.env.distributed and self.env.is_main:
                 dist.barrier()
         if cfg.clip_policy == "sentiment" and "polarity" not in self.train_ds.column_names:
-            raise ConfigError("clip_policy='sentiment' needs sentiment labels in the data (a 'sentiment' column "
-                              "whose values are, or are mapped by label_map to, positive/neutral/negative).")
-        self.sampler = DistributedBatchSampler(
-            lengths_array(self.train_ds), micro_batch_size=cfg.micro_batch_size, grad_accum=self.grad_accum,
-            num_replicas=self.shard[1], rank=self.shard[0], seed=cfg.seed, bucketed=cfg.bucketed)
+            raise ConfigError("--clip-policy sentiment needs sentiment labels in the data (a 'sentiment' column "
+                              "whose values are, or are mapped by --label-map to, positive/neutral/negative).")
+        lengths = lengths_array(self.train_ds)
+        # --seq-len, --gen-max-new-tokens and --packing auto, decided from the data (train/batches.py)
+        self.packed, self.packing_reason, self.gen_budget_reason = resolve_data_settings(cfg, self.data_report, lengths)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         multiple = length_multiple(cfg.precision, self.env.device)  # bf16 on CPU: bounded shapes (train/shapes.py)
-        self.collate = lambda feats: pad_collate(feats, pad_id, multiple)
-        self.loader = DataLoader(self.train_ds, batch_sampler=self.sampler, collate_fn=self.collate)
+        self.collate = lambda feats: pad_collate(feats, pad_id, multiple)   # unpacked: evaluation, HF Trainer
+        self.sampler, self.loader = training_loader(self.train_ds, lengths, cfg, self.shard, self.grad_accum,
+                                                    self.packed, pad_id, multiple)
 
     # ------------------------------------------------------------------ loop
     def global_batch(self) -> int:
@@ -166,12 +172,13 @@ class TrainingRun:
 
     def startup_banner(self) -> str:
         gb = self.global_batch()
+        unit = "packed sequences" if self.packed else "rows"
         lora = lora_facts(self.cfg, self.n_trainable, self.n_params)   # LoRA on: rank, targets, what trains
         return (f"strategy={self.strategy.name} model={self.cfg.model} ({model_origin(self.cfg.model)['kind']}) "
                 f"params={self.n_params:,} | " + (lora_line(lora) + " | " if lora else "") +
-                f"world_size={self.env.world_size} micro_batch={self.cfg.micro_batch_size}/device "
+                f"world_size={self.env.world_size} micro_batch={self.cfg.micro_batch_size} {unit}/device "
                 f"grad_accum={self.grad_accum} global_batch={gb} "
-                f"tokens/step<= {gb * self.cfg.seq_len:,} ({gb} × seq_len {self.cfg.seq_len}) | "
+                f"positions/step<= {gb * self.cfg.seq_len:,} ({gb} × seq_len {self.cfg.seq_len}) | "
                 f"steps={self.total_steps} precision={self.cfg.precision} backend={self.env.backend}")
 
     def _micro_batches(self) -> Iterator[list[dict]]:
@@ -193,11 +200,16 @@ class TrainingRun:
         if env.is_main:
             log.info(self.startup_banner())
             log.info("data: %s", self.data_report.summary())
-            for line in self.data_report.warnings():   # labels that never occur, rows with no label
-                log.warning(line)
+            for warning in [*self.data_report.cut_warnings(), *self.data_report.warnings()]:
+                log.warning(warning)   # inputs cut by more than half; labels that never occur, rows with no label
+            log.info("packing %s", self.packing_reason)
+            if self.cfg.task == "nlu":
+                log.info("generation budget %d tokens (%s)", self.cfg.gen_max_new_tokens, self.gen_budget_reason)
         # FLOPs per token given the batch's attention length (metrics.attention_length: real tokens, not cfg.seq_len)
         flops_tok = functools.partial(flops_per_token, self.n_params, self.model_config.n_layer,
                                       self.model_config.hidden_size)
+        # the LM head's 6·V·h per position, counted only where the loss reads it (metrics.step_model_flops)
+        self.head_flops = 6.0 * self.model_config.vocab_size * self.model_config.hidden_size
         peak = device_peak_flops(env.device, cfg.precision)
         self.roofline = run_peak(env.device, cfg.precision)  # (peak FLOP/s, source): measured GEMM on CPU
         bar = make_progress(self.total_steps, cfg.progress and env.is_main)
@@ -249,12 +261,9 @@ class TrainingRun:
         """One optimizer step; ``started`` is when fetching ``micro`` began (data time counts in the step)."""
         env, strategy = self.env, self.strategy
         t0 = time.perf_counter() if started is None else started
-        micro = [{k: v.to(env.device) for k, v in b.items()} for b in micro]
         local = [sum(count_label_tokens(b["labels"]) for b in micro),
-                 sum(int(b["attention_mask"].sum()) for b in micro),
-                 sum(b["input_ids"].size(0) for b in micro),
-                 sum(b["input_ids"].numel() for b in micro),  # padded positions
-                 sum(int((b["attention_mask"].sum(dim=1) ** 2).sum()) for b in micro)]  # Σ L² of real lengths (MFU)
+                 *map(sum, zip(*(batch_counts(b) for b in micro)))]   # counted on the host, before the copy
+        micro = [{k: v.to(env.device) for k, v in b.items()} for b in micro]
         # Summed over all ranks, counts include each batch once per rank that saw it (TP/PP
         # replicas see the same batch); the loss scale world/label_tokens = shards/N stays exact.
         label_tokens, input_tokens, samples, padded, squared = self._reduce_counts([float(x) for x in local])
@@ -282,7 +291,8 @@ class TrainingRun:
         (loss_total,) = self._reduce_counts([loss_sum])
         step_time = time.perf_counter() - t0
         mem, mem_kind = peak_memory(env.device)
-        model_flops = input_tokens * flops_tok(attention_length(input_tokens, squared)) / step_time  # model FLOP/s
+        predicted = label_tokens / self.replication   # positions whose logits the loss reads
+        model_flops = step_model_flops(input_tokens, squared, predicted, flops_tok, self.head_flops) / step_time
         row: dict[str, Any] = {
             "type": "train", "step": self.step + 1, "epoch": self.epoch,
             "loss": loss_total / label_tokens, "lr": strategy.current_lr(),
@@ -301,18 +311,9 @@ class TrainingRun:
 
     # ------------------------------------------------------------------ eval & end
     def evaluate(self, final: bool = False) -> dict[str, Any]:
-        """Held-out loss, candidate-scoring accuracy and, for nlu, scores by generation (``final``: + predictions.jsonl)."""
-        out = {"eval_loss": evaluate_loss(self.strategy, self.eval_ds, self.collate, self.env,
-                                          self.cfg.micro_batch_size, self.cfg.eval_batches, self.shard)}
-        if self.cfg.task == "nlu" and len(self.eval_records):
-            out.update(evaluate_nlu_accuracy(self.strategy, self.tokenizer, self.eval_records, self.env,
-                                             self.cfg.eval_nlu_samples, shard=self.shard, max_length=self.cfg.seq_len,
-                                             labels=self.data_report.labels, prompt_format=self.cfg.prompt_format,
-                                             train_labels=self.data_report.train_labels))
-        if self.gen_eval is not None:
-            out.update(self.gen_eval(self.strategy, self.tokenizer, self.env, self.shard,
-                                     self.out_dir / PREDICTIONS_FILE if final else None, self.cfg.progress))
-        return out
+        """Held-out loss, candidate-scoring accuracy and, for nlu, scores by generation (``final``: every
+        held-out row, + predictions.jsonl; train/held_out.py)."""
+        return evaluate_held_out(self, final)
 
     def _summary(self, final_eval: dict[str, float], wall: float) -> dict[str, Any]:
         train_rows = [r for r in self.history if r.get("type") == "train"]
@@ -325,6 +326,8 @@ class TrainingRun:
             "world_size": self.env.world_size, "global_batch": self.global_batch(),
             "data": self.data_report.facts(),
             "grad_accum": self.grad_accum, "steps": self.step,
+            "seq_len": self.cfg.seq_len, "packing": self.packed, "fill_rate": fill_rate_of(train_rows),
+            "steps_per_epoch": self.sampler.steps_per_epoch,
             "first_loss": train_rows[0]["loss"] if train_rows else None,
             "final_loss": train_rows[-1]["loss"] if train_rows else None,
             **final_eval,
@@ -346,7 +349,9 @@ class TrainingRun:
                 self.strategy.save_pretrained(str(self.out_dir / "final"), self.tokenizer)
             if self.env.is_main:   # the prompt format and labels it learned, for evaluation and ecomkit.predict
                 write_task_file(self.out_dir / "final", prompt_format=self.cfg.prompt_format, task=self.cfg.task,
-                                labels=self.data_report.labels, kinds=list(self.data_report.examples_per_kind))
+                                labels=self.data_report.labels, kinds=list(self.data_report.examples_per_kind),
+                                seq_len=int(self.cfg.seq_len),   # as the data resolved them (auto)
+                                gen_max_new_tokens=self.cfg.gen_max_new_tokens if self.cfg.task == "nlu" else None)
 
     def close(self) -> None:
         if getattr(self, "metrics", None) is not None:   # None when build() failed before the writer

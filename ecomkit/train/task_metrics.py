@@ -18,14 +18,23 @@ parser cannot map to one of the prompt's labels is wrong (it counts as a
 prediction of no label).
 
 **Baselines.** A score means something only above what a model that does not
-read the input (classification) or does not generalise (extraction) reaches:
+read the input (classification) or does not generalise (extraction) reaches.
+Both are learned from the **training split only**, as a model would be: a
+baseline that looked at the labels it is scored on would know the eval set's
+majority, which no model is told.
 
-- classification: the *majority label* of each label set (its most frequent label
-  in the **training** data, never in the evaluated examples), always answered;
+- classification: the *training majority label* of each label set (the most
+  frequent gold label among the training examples with that label set,
+  :func:`majority_label`), always answered;
 - extraction: the *dictionary baseline* (:class:`SpanDictionary`): every span
   seen in training, with its most frequent training label, matched in the
   evaluation text (longest match first, non-overlapping, only labels the prompt
   asks for).
+
+**Garbled answers** are counted, not scored differently (scoring stays exact
+match, as EcomGPT's evaluation): an answer whose text holds U+FFFD (a
+byte-level piece cut in the middle of a character, :func:`invalid_text`), and
+predicted spans that are not substrings of the input (:func:`spans_not_in_text`).
 
 ``margin_points`` is the model's score minus the baseline's, in points
 (×100); a model "clears its baseline" when it is positive.
@@ -83,15 +92,39 @@ def classification_scores(golds: Sequence[str], preds: Sequence[str | None]) -> 
             "macro_f1": sum(scores) / len(scores) if scores else float("nan"), "n": n}
 
 
-def majority_answer(labels: Sequence[str], train_counts: Mapping[str, int]) -> str:
-    """The majority-label baseline's answer for one label set: its most frequent label in the training data.
+def majority_label(labels: Sequence[str], train_counts: Mapping[str, int]) -> str:
+    """The majority-label baseline's one answer for a label set: its most frequent *training* label.
 
-    Why training and not the evaluated examples: a baseline that knows the held-out answers' distribution
-    is not a model anyone could build; the most frequent *training* label is. Ties (and labels training
-    never had) go to the label listed first in the prompt.
+    ``train_counts``: how often each label is the gold label of a training example with this label set.
+    Ties, and a label set no training example has, go to prompt order (the first label).
     """
+    if not labels:
+        raise ValueError("a label set without labels has no majority")
     labels = list(labels)
     return max(labels, key=lambda lab: (train_counts.get(lab, 0), -labels.index(lab)))
+
+
+def training_majorities(label_sets: Mapping[str, Sequence[str]],
+                        train_counts: Mapping[str, Mapping[str, int]]) -> dict[tuple[str, ...], str]:
+    """``{label set: its training majority label}`` for each classification target's label set.
+
+    ``label_sets``: target -> its labels (``BuildReport.labels``); ``train_counts``: target -> training label
+    counts (``BuildReport.train_label_counts``). Targets that share one label set pool their counts.
+    """
+    pooled: dict[tuple[str, ...], Counter] = defaultdict(Counter)
+    for target, labels in label_sets.items():
+        pooled[tuple(labels)].update(train_counts.get(target, {}))
+    return {labels: majority_label(labels, counts) for labels, counts in pooled.items()}
+
+
+def invalid_text(text: str) -> bool:
+    """Whether a generated answer holds U+FFFD: a byte-level token cut in the middle of a UTF-8 character."""
+    return "\ufffd" in text
+
+
+def spans_not_in_text(spans: Iterable[Span], text: str) -> int:
+    """How many predicted ``(label, span)`` pairs name a span that is not a substring of the input ``text``."""
+    return sum(span not in text for _, span in spans)
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future
     """
     buf = bucket.buffer()
     if buf.numel() >= 2**31:
-        raise RuntimeError(f"bucket of {buf.numel()} elements: int32 indices overflow; lower bucket_cap_mb")
+        raise RuntimeError(f"bucket of {buf.numel()} elements: int32 indices overflow; lower --bucket-cap-mb")
     world = state.group.size()
     values, indices, residual = error_feedback_step(buf, state.bucket_residual(bucket), state.ratio)
     state.store_residual(bucket, residual)

@@ -1,0 +1,180 @@
+"""Token lengths measured before training, ``--seq-len auto``, and every cut counted.
+
+Why measure first: a sequence length picked by hand cuts rows nobody looks
+at. SeqGPT prompts that list 10-26 labels run to ~200 tokens, so the old
+default of 128 cut the middle of nearly every extraction prompt, which is
+its input text: the model never saw what it was asked about. Here the rows
+are tokenised whole (:func:`~ecomkit.data.tokenize.tokenize_whole`), their
+prompt, answer and row lengths summarised per split, and only then cut to
+the chosen length (:func:`~ecomkit.data.tokenize.fit_rows`).
+
+- ``--seq-len auto`` (the default) is the smallest multiple of
+  :data:`SEQ_LEN_MULTIPLE` that holds every row of both splits, up to the
+  model's limit (:func:`choose_seq_len`); nothing is cut below the limit.
+- An explicit ``--seq-len N`` wins. Every row that does not fit is counted
+  per split (:func:`cut_counts`): rows cut, tokens dropped, and inputs that
+  lost more than half of their tokens, which get one warning line naming
+  the flag that fixes it (:meth:`CutCounts.warning`).
+- LM documents longer than the length are split into windows, never
+  truncated; the windows are counted, no token is dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from datasets import Dataset
+
+from ecomkit.config.vocabulary import AUTO
+from ecomkit.data.stream import read_columns
+from ecomkit.data.tokenize import CUT_COLUMNS, MIN_MAX_LENGTH
+from ecomkit.errors import ConfigError
+
+# --seq-len auto rounds up to this: whole 64-row tiles for the GEMMs and attention kernels, and few distinct lengths.
+SEQ_LEN_MULTIPLE = 64
+# Margin of --gen-max-new-tokens auto over the longest training answer (EOS included), in tokens: a generated
+# answer may be a little longer than any gold one, and the budget counts it as cut only past this.
+GEN_BUDGET_MARGIN = 8
+
+
+@dataclass(frozen=True)
+class Spread:
+    """p50 / p95 / max of one length over a split's rows (0 for an empty split)."""
+
+    p50: int = 0
+    p95: int = 0
+    max: int = 0
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> "Spread":
+        if len(values) == 0:
+            return cls()
+        p50, p95 = np.percentile(values, [50, 95], method="higher")
+        return cls(int(p50), int(p95), int(values.max()))
+
+    def text(self) -> str:
+        return f"{self.p50}/{self.p95}/{self.max}"
+
+
+@dataclass(frozen=True)
+class LengthStats:
+    """One split's token lengths before any cut: whole rows, their prompts (0 for LM rows) and answers."""
+
+    rows: int = 0
+    row: Spread = field(default_factory=Spread)
+    prompt: Spread = field(default_factory=Spread)
+    answer: Spread = field(default_factory=Spread)
+    prompted_rows: int = 0     # rows with a prompt (NLU and instruction examples)
+    longest_answer: int = 0    # over prompted rows, EOS included (the generation budget's base)
+    tokens: int = 0            # all rows' tokens
+
+    @property
+    def mean_row(self) -> float:
+        return self.tokens / self.rows if self.rows else 0.0
+
+    def text(self) -> str:
+        parts = [f"row {self.row.text()}"]
+        if self.prompted_rows:
+            parts += [f"prompt {self.prompt.text()}", f"answer {self.answer.text()}"]
+        return f"{self.rows:,} rows, tokens p50/p95/max: " + ", ".join(parts)
+
+
+def length_stats(whole: Dataset, rows: np.ndarray | None = None) -> LengthStats:
+    """:class:`LengthStats` of ``whole`` (a :func:`~ecomkit.data.tokenize.tokenize_whole` table), or of ``rows``."""
+    table = read_columns(whole, ["length", "prompt_length"])
+    length = table.column(0).to_numpy().astype(np.int64)
+    prompt = table.column(1).to_numpy().astype(np.int64)
+    if rows is not None:
+        length, prompt = length[rows], prompt[rows]
+    prompted = prompt > 0
+    answer = (length - prompt)[prompted]
+    return LengthStats(len(length), Spread.of(length), Spread.of(prompt[prompted]), Spread.of(answer),
+                       int(prompted.sum()), int(answer.max()) if len(answer) else 0, int(length.sum()))
+
+
+def choose_seq_len(requested: int | str, longest_row: int, limit: int) -> tuple[int, str]:
+    """``(seq_len, why)``: an explicit length as given; ``auto`` the smallest multiple of 64 holding every row.
+
+    ``limit`` is the model's (:func:`ecomkit.models.bloom.model_length_limit`): ``auto`` never goes past it,
+    and says so when rows are longer.
+    """
+    if requested != AUTO:
+        return int(requested), f"--seq-len {requested} as given"
+    fit = max(MIN_MAX_LENGTH, -(-longest_row // SEQ_LEN_MULTIPLE) * SEQ_LEN_MULTIPLE)
+    if fit <= limit:
+        return fit, f"auto: the smallest multiple of {SEQ_LEN_MULTIPLE} that holds every row (longest {longest_row})"
+    return limit, (f"auto: the model's limit {limit}; the longest row has {longest_row} tokens, so longer rows are "
+                   f"cut or, for LM documents, split into windows")
+
+
+def generation_budget(requested: int | str, train: LengthStats) -> tuple[int, str]:
+    """``(max_new_tokens, why)``: ``auto`` is the longest training answer (EOS included) plus a margin."""
+    if requested != AUTO:
+        return int(requested), f"--gen-max-new-tokens {requested} as given"
+    if train.longest_answer == 0:
+        raise ConfigError("--gen-max-new-tokens auto needs training rows with answers (task nlu); this data has "
+                          "none. Give --gen-max-new-tokens N.")
+    return train.longest_answer + GEN_BUDGET_MARGIN, (f"auto: the longest training answer ({train.longest_answer} "
+                                                      f"tokens with its EOS) + {GEN_BUDGET_MARGIN}")
+
+
+@dataclass(frozen=True)
+class CutCounts:
+    """What fitting one split to ``seq_len`` cut: rows, tokens (by part), and LM documents split into windows."""
+
+    seq_len: int = 0
+    rows_cut: int = 0
+    tokens_dropped: int = 0
+    input_tokens_dropped: int = 0
+    answer_tokens_dropped: int = 0
+    other_tokens_dropped: int = 0
+    inputs_over_half_cut: int = 0   # rows whose input lost more than half of its tokens
+    documents_windowed: int = 0     # LM documents longer than seq_len ...
+    windows_added: int = 0          # ... and the extra rows their windows made (nothing dropped)
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def text(self) -> str:
+        parts = []
+        if self.rows_cut:
+            parts.append(f"{self.rows_cut:,} rows cut to {self.seq_len} tokens, {self.tokens_dropped:,} tokens dropped "
+                         f"(input {self.input_tokens_dropped:,}, answer {self.answer_tokens_dropped:,}, "
+                         f"prompt {self.other_tokens_dropped:,})")
+        if self.documents_windowed:
+            parts.append(f"{self.documents_windowed:,} documents longer than {self.seq_len} split into windows "
+                         f"(+{self.windows_added:,} rows, nothing dropped)")
+        return "; ".join(parts) or "nothing cut"
+
+    def warning(self, split: str, rows: int) -> str | None:
+        """One line when inputs lost more than half: how many, and the flag that keeps them whole."""
+        if not self.inputs_over_half_cut:
+            return None
+        return (f"{self.inputs_over_half_cut:,} of {rows:,} {split} rows lost more than half of their input text to "
+                f"--seq-len {self.seq_len}. --seq-len auto (the default) fits every row; or give a larger --seq-len.")
+
+
+def cut_counts(fitted: Dataset, seq_len: int, rows: np.ndarray | None = None) -> CutCounts:
+    """:class:`CutCounts` of a :func:`~ecomkit.data.tokenize.fit_rows` table (or of its ``rows``)."""
+    if not set(CUT_COLUMNS) <= set(fitted.column_names):   # every row fit: fit_rows returned the table as it was
+        return CutCounts(seq_len)
+    table = read_columns(fitted, list(CUT_COLUMNS))
+    col = {name: table.column(name).to_numpy().astype(np.int64) for name in CUT_COLUMNS}
+    if rows is not None:
+        col = {name: values[rows] for name, values in col.items()}
+    dropped = col["cut_input"] + col["cut_answer"] + col["cut_other"]
+    over_half = (col["input_tokens"] > 0) & (2 * col["cut_input"] > col["input_tokens"])
+    return CutCounts(seq_len, int((dropped > 0).sum()), int(dropped.sum()), int(col["cut_input"].sum()),
+                     int(col["cut_answer"].sum()), int(col["cut_other"].sum()), int(over_half.sum()),
+                     int((col["window"] == 1).sum()), int((col["window"] > 0).sum()))
+
+
+def lengths_facts(stats: dict[str, LengthStats], cuts: dict[str, CutCounts]) -> dict[str, Any]:
+    """The lengths and cuts of every split, JSON-ready (``summary.json``'s ``data.lengths`` / ``data.cuts``)."""
+    return {"lengths": {k: asdict(v) for k, v in stats.items()}, "cuts": {k: v.as_dict() for k, v in cuts.items()}}
+
+
+__all__ = ["AUTO", "GEN_BUDGET_MARGIN", "SEQ_LEN_MULTIPLE", "CutCounts", "LengthStats", "Spread", "choose_seq_len",
+           "cut_counts", "generation_budget", "length_stats", "lengths_facts"]

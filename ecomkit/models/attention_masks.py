@@ -1,0 +1,154 @@
+"""The masks BLOOM's attention paths take: SDPA's mask plan, packed rows' document masks, ALiBi from a mask, flex's.
+
+Why one module: every attention path (``ecomkit.models.attention``: eager, sdpa,
+flex) and every strategy that hands the model a batch reads its mask from here,
+so a padded batch and a packed one (``ecomkit.data.packing``) are told apart in
+one place. The model never sees "documents": it gets a mask.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch.nn.attention.flex_attention import create_block_mask
+from transformers.models.bloom import modeling_bloom
+from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
+
+_PLAN_ATTR = "_ecomkit_sdpa_mask_plan"
+
+
+class MaskPlan(NamedTuple):
+    """How one forward's mask is handed to SDPA (see :func:`sdpa_mask_plan`)."""
+
+    attn_mask: torch.Tensor | None
+    is_causal: bool
+    has_empty_rows: bool  # some query row may attend to nothing (left padding)
+
+
+def sdpa_mask_plan(alibi: torch.Tensor, attention_mask: torch.Tensor | None, q_length: int) -> MaskPlan:
+    """Decide once per forward how to pass the mask to SDPA; cached on ``alibi``.
+
+    - A batch without padding carries a plain causal mask: SDPA then gets
+      ``is_causal=True`` and no mask, so fused kernels skip the upper triangle
+      (and CUDA can pick FlashAttention).
+    - Otherwise the model's additive mask is passed as is (0 = attend, dtype
+      minimum = masked, exactly as eager adds it), broadcast over heads.
+    - ``has_empty_rows``: with left padding the padding queries see no key at all.
+      Eager then averages over every key (all scores equal the minimum), and
+      SDPA's forward does the same, but torch's fused CPU backward treats such
+      rows differently from its own forward (measured: gradients off by O(1)
+      in those rows), and the loss does use one of them (the last padding
+      position predicts the first real token). The caller then runs the math
+      kernel, which is exact but materialises the scores like eager.
+      ecomkit's collate pads on the right, so training never pays for this.
+
+    Why cached on ``alibi``: BloomModel hands the same ``alibi`` and mask objects
+    to every block, so the checks run once per forward, not once per layer.
+
+    Under ``torch.compile`` (``--compile``) the mask goes to SDPA as it is, with no check: the checks read
+    tensor values, a graph break inside BloomModel's loop over blocks, which makes dynamo give up the whole
+    loop and compile every block apart (measured on ``tiny``, one process, 5 steps: 19 recompilations,
+    against one, the no-grad forward of the evaluation, without the checks). Both shortcuts only save
+    work: SDPA given the causal mask computes what ``is_causal`` does, and empty rows come from left
+    padding, which training batches never have (ecomkit's collate pads on the right) and generation,
+    which left-pads, runs without a backward.
+    """
+    if torch.compiler.is_compiling():
+        return MaskPlan(attention_mask, False, False)
+    cached = getattr(alibi, _PLAN_ATTR, None)
+    if cached is not None and cached[0] is attention_mask and cached[1] == q_length:
+        return cached[2]
+    plan = MaskPlan(attention_mask, False, False)
+    if attention_mask is not None:
+        allowed = attention_mask == 0
+        square = attention_mask.shape[-1] == q_length == attention_mask.shape[-2]
+        causal = torch.ones(q_length, q_length, dtype=torch.bool, device=allowed.device).tril() if square else None
+        if causal is not None and torch.equal(allowed, causal.expand_as(allowed)):
+            plan = MaskPlan(None, True, False)
+        else:
+            plan = MaskPlan(attention_mask, False, bool((~allowed.any(dim=-1)).any()))
+    setattr(alibi, _PLAN_ATTR, (attention_mask, q_length, plan))
+    return plan
+
+
+# ---------------------------------------------------------------------- packed rows: document masks
+def document_causal_mask(document_ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """BLOOM's additive ``[batch, 1, T, T]`` mask for packed rows: each token sees its own row's earlier tokens.
+
+    ``document_ids`` ``[batch, T]`` numbers the rows packed into a sequence
+    (``ecomkit.data.packing``); 0 marks the padding after them, which forms
+    one more "row", so no query ever sees no key (SDPA's fused CPU backward
+    mishandles such rows, see :func:`sdpa_mask_plan`). 0 = attend, the
+    dtype's minimum = masked, as transformers' own 4-D masks; the model uses
+    a 4-D mask as given, and :func:`alibi_from_mask` reads positions from it.
+    """
+    t = document_ids.shape[1]
+    same = document_ids[:, :, None] == document_ids[:, None, :]
+    causal = torch.ones(t, t, dtype=torch.bool, device=document_ids.device).tril()
+    mask = torch.zeros(same.shape, dtype=dtype, device=document_ids.device)
+    return mask.masked_fill_(~(same & causal), torch.finfo(dtype).min)[:, None]
+
+
+def attention_mask_for(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The mask a training batch hands the model: its document mask when packed, else its padding mask."""
+    if "document_ids" in batch:
+        return document_causal_mask(batch["document_ids"])
+    return batch["attention_mask"]
+
+
+def alibi_from_mask(attention_mask: torch.Tensor, num_heads: int, dtype: torch.dtype) -> torch.Tensor:
+    """BLOOM's ``build_alibi_tensor`` for a 2-D padding mask, and for a 4-D causal mask (packed rows).
+
+    BLOOM biases key ``j`` by ``slope · position(j)``, the position counted
+    from the start of its sequence (the 2-D mask's running count). For a 4-D
+    causal mask each key is also a query whose row shows the keys before it:
+    their count minus one is the key's position within its own row. So a
+    packed row gets exactly the bias it gets alone, the same integers times
+    the same slopes (ALiBi depends on ``i - j`` only; the per-query constant
+    cancels in the softmax), and its logits are its logits alone.
+    """
+    if attention_mask.dim() != 4:
+        return modeling_bloom.build_alibi_tensor(attention_mask, num_heads, dtype)
+    batch, t = attention_mask.shape[0], attention_mask.shape[-1]
+    positions = (attention_mask[:, 0] == 0).sum(dim=-1) - 1                      # [batch, T]
+    slopes = _get_alibi_slopes(num_heads, attention_mask.device)
+    alibi = (slopes[..., None] * positions[:, None, :]).reshape(batch * num_heads, 1, t).to(dtype)
+    if not torch.compiler.is_compiling():   # the mask is ecomkit's: no empty rows, never plain causal
+        setattr(alibi, _PLAN_ATTR, (attention_mask, t, MaskPlan(attention_mask, False, False)))
+    return alibi
+
+
+# ---------------------------------------------------------------------- flex
+def flex_block_mask(attention_mask: torch.Tensor | None, batch: int, q_length: int, kv_length: int,
+                    device: torch.device):
+    """A BlockMask from BLOOM's 4-D additive mask (0 = attend); ``None`` means a plain causal mask."""
+    if attention_mask is None:
+        offset = kv_length - q_length
+        mask_mod = lambda b, h, q, kv: kv <= q + offset  # noqa: E731
+        return create_block_mask(mask_mod, None, None, q_length, kv_length, device=device)
+    allowed = attention_mask[:, 0] == 0  # [b, q, kv]
+    mask_mod = lambda b, h, q, kv: allowed[b, q, kv]  # noqa: E731
+    return create_block_mask(mask_mod, batch, None, q_length, kv_length, device=device)
+
+
+def _cached_block_mask(alibi, attention_mask, batch, q_length, kv_length, device):
+    """One BlockMask per forward, shared by all layers (same trick as :func:`sdpa_mask_plan`).
+
+    A batch without padding gets the plain causal block mask, which does not
+    depend on the batch (cheaper to build than reading the 4-D mask).
+    """
+    cached = getattr(alibi, "_ecomkit_block_mask", None)
+    if cached is not None and cached[0] is attention_mask and cached[1] == q_length:
+        return cached[2]
+    if attention_mask is None:  # eager applies no mask at all then (not even causal); so does flex
+        block_mask = None
+    else:
+        plain_causal = sdpa_mask_plan(alibi, attention_mask, q_length).is_causal
+        block_mask = flex_block_mask(None if plain_causal else attention_mask, batch, q_length, kv_length, device)
+    setattr(alibi, "_ecomkit_block_mask", (attention_mask, q_length, block_mask))
+    return block_mask
+
+
+__all__ = ["MaskPlan", "alibi_from_mask", "attention_mask_for", "document_causal_mask", "flex_block_mask",
+           "sdpa_mask_plan"]

@@ -1,0 +1,80 @@
+"""What one evaluation of a training run reads: a sample at each periodic evaluation, every held-out row at the end.
+
+Why the split: periodic evaluations draw the learning curve, and a sample is
+enough for a curve; the final evaluation gives the figures a user quotes, and
+a figure that rests on 32 of 1,343 rows is not one to quote. So the final
+evaluation reads every held-out row: the loss over every example, candidate
+scoring over every record of each target, generation over every example
+(``--final-eval-samples N`` caps each at N, for quick runs), and each figure
+says how many rows it rests on. The run logs what each kind of evaluation
+covers once, at start-up (:func:`evaluation_scope`), including the case where
+a sampling flag has nothing to act on.
+
+A curve's last point therefore rests on more rows than the others: the
+periodic points all read the same sample (the first rows of the held-out set),
+so they compare with each other; the final one is the estimate to quote. On a
+held-out set no larger than the sample the two are the same rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from ecomkit.config import TrainConfig
+from ecomkit.data.tasks import CLASSIFICATION_TASKS, can_classify
+from ecomkit.dist import log
+from ecomkit.train.evaluate import evaluate_nlu_accuracy, held_out_loss
+from ecomkit.train.gen_eval import PREDICTIONS_FILE
+
+
+def evaluate_held_out(run: Any, final: bool = False) -> dict[str, Any]:
+    """Held-out loss, candidate-scoring accuracy and, for nlu, scores by generation (``final``: + predictions.jsonl).
+
+    ``run``: a built :class:`~ecomkit.train.loop.TrainingRun`. Every rank calls it (the sums are collectives).
+    """
+    cfg, env = run.cfg, run.env
+    cap = cfg.final_eval_samples or None
+    out: dict[str, Any] = held_out_loss(run.strategy, run.eval_ds, run.collate, env, cfg.micro_batch_size,
+                                        None if final else cfg.eval_batches, run.shard, max_examples=cap)
+    if cfg.task == "nlu" and len(run.eval_records):
+        out.update(evaluate_nlu_accuracy(run.strategy, run.tokenizer, run.eval_records, env,
+                                         cap if final else cfg.eval_nlu_samples, shard=run.shard,
+                                         max_length=cfg.seq_len, labels=run.data_report.labels,
+                                         prompt_format=cfg.prompt_format,
+                                         train_label_counts=run.data_report.train_label_counts))
+    if run.gen_eval is not None:
+        out.update(run.gen_eval(run.strategy, run.tokenizer, env, run.shard,
+                                run.out_dir / PREDICTIONS_FILE if final else None, cfg.progress, final=final))
+    return out
+
+
+def scored_targets(records: Iterable[Mapping[str, Any]], labels: Mapping[str, Any]) -> list[str]:
+    """The classification targets candidate scoring can score: two or more labels, and a held-out record for it."""
+    wanted = [t for t in CLASSIFICATION_TASKS if len(labels.get(t) or ()) >= 2]
+    found: set[str] = set()
+    for record in records:
+        found.update(t for t in wanted if t not in found and can_classify(record, t))
+        if len(found) == len(wanted):
+            break
+    return [t for t in wanted if t in found]
+
+
+def evaluation_scope(cfg: TrainConfig, n_examples: int, records: Iterable[Mapping[str, Any]],
+                     labels: Mapping[str, Any]) -> list[str]:
+    """The lines that say what the periodic and the final evaluations read (logged once by the run)."""
+    final = f"the first {cfg.final_eval_samples:,} of each" if cfg.final_eval_samples else "every held-out row"
+    lines = [f"evaluation: periodic ones read up to {cfg.eval_batches} micro-batches per rank for the loss"
+             + (f" and {cfg.eval_nlu_samples} records per classification target" if cfg.task == "nlu" else "")
+             + f"; the final one reads {final} ({n_examples:,} held-out examples; --final-eval-samples caps it)"]
+    if cfg.task == "nlu" and not scored_targets(records, labels):
+        lines.append("evaluation: no held-out record has a classification label (category or sentiment with two "
+                     "or more labels), so candidate scoring does not run and --eval-nlu-samples has no effect; "
+                     "extraction is scored by generation (--gen-eval-samples)")
+    return lines
+
+
+def log_evaluation_scope(run: Any) -> None:
+    """Say once, on rank 0, what the run's evaluations read (:func:`evaluation_scope`)."""
+    if run.env.is_main:
+        for line in evaluation_scope(run.cfg, len(run.eval_ds), run.eval_records, run.data_report.labels):
+            log.info(line)
