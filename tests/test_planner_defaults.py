@@ -47,7 +47,7 @@ def test_rtx4090_without_link_plans_over_pcie_not_a100_nvlink():
 
 
 def test_a_launch_line_built_from_a_preset_says_where_the_checkpoint_goes(tmp_path):
-    cfg = TrainConfig(model="ecomgpt-7b", precision="bf16")
+    cfg = TrainConfig(model="ecomgpt-7b", precision="bf16", seq_len=512)
     report = recommendation_json(cfg, Cluster(gpus=8, gpu="a100-80g"), set())
     note = report["groups"][next(iter(report["groups"]))]["launch_note"]
     assert "--model ecomgpt-7b" in note and "random-init preset" in note and "Alibaba-NLP/EcomGPT-7B-Multilingual" in note
@@ -89,6 +89,6 @@ def test_verify_says_when_the_ordering_compares_equal_values():
 
 @pytest.mark.parametrize("gpu", ["v100-16g", "v100-32g"])
 def test_nothing_fits_names_the_missing_precision_before_any_bigger_gpu(gpu):
-    tips = what_would_fit(TrainConfig(model="ecomgpt-7b", precision="bf16"), Cluster(gpus=4, gpu=gpu))
+    tips = what_would_fit(TrainConfig(model="ecomgpt-7b", precision="bf16", seq_len=512), Cluster(gpus=4, gpu=gpu))
     assert tips[0].startswith("the precision, not the memory") and "no bf16 support" in tips[0], tips
     assert "--precision fp16" in tips[0] and not any("bigger GPU" in t for t in tips), tips
