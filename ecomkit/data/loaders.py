@@ -3,7 +3,7 @@
 Two steps, both written to memory-mapped Arrow tables cached by content hash
 (:mod:`ecomkit.data.arrow`):
 
-1. **Read** the file as bytes, line by line (never whole; :mod:`ecomkit.data.readers`), into a raw table:
+1. **Read** the file as bytes, line by line (never whole), into a raw table:
    one row per data row with its location (``line 12``), the row as JSON text,
    and a reading problem if there was one. One line in a foreign encoding is
    ``undecodable_bytes`` with its line number, not a ``UnicodeDecodeError``
@@ -35,21 +35,22 @@ sequence gives the tag names itself.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict, Features, Value, load_from_disk
 
 from ecomkit.data.arrow import cached_table, file_digest, fingerprint
-from ecomkit.data.columns import (describe_columns, found_keys, map_columns, parse_path, path_keys,
+from ecomkit.data.columns import (describe_columns, found_keys, heads, map_columns, parse_path, path_keys,
                                   unmatched_error)
-from ecomkit.data.readers import check_json_array, csv_header, csv_rows, json_rows
 from ecomkit.data.spans import check_span_end
 from ecomkit.data.stream import map_batches, read_columns
 from ecomkit.data.tasks import check_task
@@ -79,6 +80,7 @@ RAW_FEATURES = Features({"location": Value("string"), "row": Value("string"), "r
 RECORD_FEATURES = Features({name: Value("float64" if name == "price" else "string") for name in RECORD_FIELDS})
 _ISSUE_COLUMNS = ("_reason", "_field", "_detail", "_location")
 VALIDATED_FEATURES = Features({**RECORD_FEATURES, **{c: Value("string") for c in _ISSUE_COLUMNS}})
+_CSV_FIELD_LIMIT = 1 << 27  # characters per CSV field (the csv module's default, 131,072, refuses long reviews)
 
 
 @dataclass
@@ -315,9 +317,9 @@ def _raw_table(path: Path, column_map: Mapping[str, str], task: str) -> tuple[Da
         _check_columns(path, ds.column_names, column_map, task)
         return ds, False
     if suffix in (".jsonl", ".json"):
-        check_json_array(path)
+        _check_json_array(path)
     elif suffix == ".csv":
-        _check_columns(path, csv_header(path), column_map, task)
+        _check_columns(path, _csv_header(path), column_map, task)
     else:
         raise DataError(f"Cannot tell the format of {path} from its extension '{suffix}'. Supported: {SUPPORTED}.")
     digest = fingerprint("raw", file_digest(path), suffix, column_map)
@@ -326,7 +328,7 @@ def _raw_table(path: Path, column_map: Mapping[str, str], task: str) -> tuple[Da
 
 def _raw_batches(path: Path, column_map: Mapping[str, str], batch_rows: int = 10_000) -> Iterator[dict[str, list]]:
     """The file's rows as column batches of the raw table; only one batch is held in memory."""
-    rows = csv_rows(path, column_map) if path.suffix.lower() == ".csv" else json_rows(path)
+    rows = _csv_rows(path, column_map) if path.suffix.lower() == ".csv" else _json_rows(path)
     batch: dict[str, list] = {name: [] for name in RAW_FEATURES}
     for location, row in rows:
         problem = row if isinstance(row, RowProblem) else None
@@ -366,6 +368,93 @@ def _check_columns(path: Path, columns: Iterable[str], column_map: Mapping[str, 
             f"({', '.join(TARGET_FIELDS)}), spans (spans, label, or tokens + ner_tags) or instruction pairs. Map "
             f"one with --column-map '{{\"label\": \"sentiment\"}}' (a nested value by its path: "
             f"'{{\"labels.coarse[0]\": \"category\"}}'), or train with --task lm on the text alone.")
+
+
+# ---------------------------------------------------------------- JSON Lines
+
+def _json_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    with open(path, "rb") as f:
+        head = f.read(64).lstrip(b"\xef\xbb\xbf \t\r\n")
+    if head[:1] == b"[":
+        yield from _json_array_rows(path)
+        return
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue  # blank lines (e.g. a trailing newline) are not rows
+            try:
+                text = line.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                yield f"line {number}", RowProblem("undecodable_bytes", None, f"byte 0x{line[exc.start]:02x} at "
+                                                   f"column {exc.start + 1} is not valid UTF-8")
+                continue
+            yield f"line {number}", text.strip()
+
+
+def _check_json_array(path: Path) -> None:
+    with open(path, "rb") as f:
+        head = f.read(64).lstrip(b"\xef\xbb\xbf \t\r\n")
+    if head[:1] == b"[":
+        _parse_json_array(path)
+
+
+def _parse_json_array(path: Path) -> list:
+    try:
+        return json.loads(path.read_bytes().decode("utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"{path} starts like a JSON array but cannot be parsed ({exc}). Fix the file, or "
+                        f"convert it to JSON Lines (one object per line) so bad rows can be skipped one by one.")
+
+
+def _json_array_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    for number, obj in enumerate(_parse_json_array(path), start=1):
+        yield f"item {number}", json.dumps(obj, ensure_ascii=False)
+
+
+# ----------------------------------------------------------------------- CSV
+
+def _open_csv(path: Path):
+    # surrogateescape keeps undecodable bytes as lone surrogates, found per field below,
+    # so one bad line does not make the whole file unreadable; utf-8-sig drops a BOM.
+    csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
+    return io.TextIOWrapper(open(path, "rb"), encoding="utf-8-sig", errors="surrogateescape", newline="")
+
+
+def _csv_header(path: Path) -> list[str]:
+    with _open_csv(path) as f:
+        return next(csv.reader(f), [])
+
+
+def _csv_rows(path: Path, column_map: Mapping[str, str]) -> Iterator[tuple[str, Any]]:
+    read = heads(path_keys(column_map))   # columns a path reads into (their cells hold JSON)
+    with _open_csv(path) as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            return
+        last_line = reader.line_num
+        for values in reader:
+            location, last_line = f"line {last_line + 1}", reader.line_num
+            if not any(v.strip() for v in values):
+                continue
+            if len(values) != len(header):
+                yield location, RowProblem("malformed_line", None,
+                                           f"{len(values)} columns, the header has {len(header)}")
+                continue
+            yield location, _csv_record(header, values, column_map, read)
+
+
+def _csv_record(header: list[str], values: list[str], column_map: Mapping[str, str],
+                read: set[str] = frozenset()) -> Any:
+    row = {}
+    for column, value in zip(header, values):
+        ours = column_map.get(column, column)
+        if ours not in ALL_FIELDS and column not in read:
+            continue  # other columns are ignored (and may hold anything)
+        if any("\udc80" <= ch <= "\udcff" for ch in value):
+            return RowProblem("undecodable_bytes", ours, f"column '{column}' contains bytes that are not valid UTF-8")
+        row[column] = value  # renamed with the column map during validation, like JSON rows
+    return json.dumps(row, ensure_ascii=False)
 
 
 # --------------------------------------------------------- Hugging Face datasets
