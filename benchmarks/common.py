@@ -4,7 +4,7 @@ Every benchmark measures all of its variants side by side in one run, on
 this machine, and prints ratios; nothing is read from earlier runs. Each run
 ends with ``write_artifact``: ``benchmarks/results/<bench>-<yyyy-mm-dd>-<machine>.json``
 holds the command, the commit, the machine facts, the load average before and
-after, and the raw rows; ``benchmarks/report.py`` renders the README's tables
+after, and the raw rows; ``benchmarks/report.py`` renders the docs' tables
 from the newest artifact of each benchmark.
 """
 

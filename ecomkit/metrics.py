@@ -100,6 +100,7 @@ def print_run_summary(summary: dict[str, Any]) -> None:
     print(
         "\n=== run summary ===\n"
         f"strategy        {summary['strategy']} × {summary['world_size']} process(es), global batch {summary['global_batch']}\n"
+        + model_lines(summary)
         + data_line(summary)
         + f"loss            {summary['first_loss']:.4f} → {summary['final_loss']:.4f} (train), eval "
           f"{summary['eval_loss']:.4f}{examples_note(summary)}\n"
@@ -113,6 +114,23 @@ def print_run_summary(summary: dict[str, Any]) -> None:
     )
 
 
+def model_lines(summary: dict[str, Any]) -> str:
+    """Which model trained (a random-init preset or real weights) and, with LoRA, what of it trained.
+
+    Why in the summary: the numbers above a preset's run are a random init's; a reader must not take
+    them for what the real SeqGPT or EcomGPT weights would do.
+    """
+    origin = summary.get("model_origin")
+    if not origin:
+        return ""
+    line = f"model           {summary['model']}: {summary['params']:,} parameters, {origin['text']}\n"
+    lora = summary.get("lora")
+    if lora:
+        share = lora["trainable_params"] / lora["params"] if lora["params"] else float("nan")
+        base = "" if lora["base_bits"] >= 16 else f"; frozen base in {lora['base_bits']} bits"
+        line += (f"LoRA            on: r={lora['r']}, alpha {lora['alpha']:g}, targets {', '.join(lora['targets'])}"
+                 f"{base}; {lora['trainable_params']:,} of {lora['params']:,} parameters train ({share:.2%})\n")
+    return line
 def examples_note(summary: dict[str, Any]) -> str:
     """`` (N held-out examples)``: what the eval loss rests on, when the evaluation counted it."""
     n = summary.get("eval_loss_examples")

@@ -193,7 +193,7 @@ class TrainConfig:
     progress: bool = True             # tqdm bar on rank 0
     log_interval: int = 1             # steps between metrics rows
     report_to: str = "tensorboard"    # also log every metrics row (rank 0) to: tensorboard, wandb, mlflow (a
-                                      #   comma list) or none; tensorboard --logdir <output_dir> (README)
+                                      #   comma list) or none; tensorboard --logdir <output_dir> (docs/guide.md)
     fail_at_step: int = -1            # fault injection: --fail-rank exits abruptly at this step, once
                                       #   (not again after a torchrun restart); for tests and chapter 07
     fail_rank: int = 0                # the rank that --fail-at-step ends

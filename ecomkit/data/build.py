@@ -52,7 +52,7 @@ from ecomkit.data.tasks import CLASSIFICATION_TASKS, KINDS, check_task, labels_f
 from ecomkit.data.stream import column_numpy, label_codes, read_columns
 from ecomkit.data.lengths import CutCounts, LengthStats, choose_seq_len, cut_counts, length_stats, lengths_facts
 from ecomkit.data.tokenize import fit_rows, tokenize_whole
-from ecomkit.data.validate import RECORD_FIELDS, ValidationReport, check_bad_fraction
+from ecomkit.data.validate import RECORD_FIELDS, ValidationReport, check_bad_fraction, unlabeled_warning
 from ecomkit.errors import ConfigError, DataError
 
 SYNTHETIC = "synthetic"
@@ -87,6 +87,8 @@ class BuildReport:
     lengths: dict[str, LengthStats] = field(default_factory=dict)   # "train" / "eval": lengths before any cut
     cuts: dict[str, CutCounts] = field(default_factory=dict)        # "train" / "eval": what fitting cut
     train_label_counts: dict[str, Counter] = field(default_factory=dict)        # target -> training gold labels
+    labels_not_in_data: tuple[str, ...] = ()   # extraction labels asked for (--labels) that no span carries
+    span_labels_in_data: tuple[str, ...] = ()  # the labels the data's spans do carry (when counted)
     _train_spans: object = field(default=None, repr=False, compare=False)       # a Counter, or how to make it
 
     @property
@@ -113,7 +115,10 @@ class BuildReport:
                 "eval_rows_read": self.eval_validation.total if self.eval_validation else None,
                 "spans_outside_labels": dict(self.spans_outside_labels),
                 "train_label_counts": {t: dict(c) for t, c in self.train_label_counts.items()}, "seq_len": self.seq_len,
-                "seq_len_reason": self.seq_len_reason, **lengths_facts(self.lengths, self.cuts)}
+                "seq_len_reason": self.seq_len_reason, **lengths_facts(self.lengths, self.cuts),
+                "labels_not_in_data": list(self.labels_not_in_data),
+                "unlabeled_rows": self.validation.unlabeled,
+                "unlabeled_first": list(self.validation.unlabeled_first)}
 
     def lengths_summary(self) -> str:
         """The data line's lengths part: per split, p50/p95/max before any cut and what fitting cut."""
@@ -124,6 +129,17 @@ class BuildReport:
     def cut_warnings(self) -> list[str]:
         """A line per split whose inputs lost more than half (:meth:`CutCounts.warning`)."""
         return [w for k, c in self.cuts.items() if (w := c.warning(k, self.lengths[k].rows))]
+
+    def warnings(self) -> list[str]:
+        """What the data silently cannot give: labels asked for that never occur, rows with nothing to learn."""
+        out = []
+        if self.labels_not_in_data:
+            found = ", ".join(self.span_labels_in_data) or "none"
+            out.append(f"--labels: {', '.join(self.labels_not_in_data)} never occur in the spans of the data (its "
+                       f"span labels: {found}); the model cannot learn them and their F1 will be 0. Check the "
+                       f"spelling, or leave them out of --labels.")
+        out += [w for v in (self.validation, self.eval_validation) if v is not None and (w := unlabeled_warning(v))]
+        return out
 
     def summary(self) -> str:
         used = self.n_train_records + self.n_eval_records
@@ -193,6 +209,7 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     if extract:                                                   # only data with spans has an extraction label set
         all_labels["extract"] = extract
     outside = {k: n for k, n in (span_counts or {}).items() if k not in extract}
+    never = tuple(k for k in (labels or ()) if not (span_counts or {}).get(k))
     if eval_table is None:
         order = np.random.default_rng(seed).permutation(len(records))
         eval_idx, train_idx = stratified_split(order, _strata(targets[0], all_labels, order), eval_fraction)
@@ -243,7 +260,8 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
                          all_labels["category"], all_labels, {k: int(n) for k, n in zip(KINDS, kinds) if n},
                          n_valid, max_rows, prompt_format, eval_source=None if eval_data is None else str(eval_data),
                          eval_validation=eval_validation, spans_outside_labels=outside, seq_len=seq_len,
-                         seq_len_reason=why, lengths=stats, cuts=cuts, train_label_counts=train_counts)
+                         seq_len_reason=why, lengths=stats, cuts=cuts, train_label_counts=train_counts,
+                         labels_not_in_data=never, span_labels_in_data=tuple(sorted(span_counts or ())))
     if task == "nlu":
         report.eval_examples = _task_examples(eval_records, all_labels, eval_name)
         report._train_spans = lambda: _span_counter(records, train_idx, extract)

@@ -56,10 +56,12 @@ from ecomkit.data.tasks import check_task
 from ecomkit.data.validate import (
     ALL_FIELDS,
     INSTRUCTION_FIELDS,
+    LEARNABLE_FIELDS,
     RECORD_FIELDS,
     SPAN_KEY_FIELDS,
     TARGET_FIELDS,
     TEXT_FIELDS,
+    UNLABELED_SHOWN,
     RowProblem,
     ValidationIssue,
     ValidationReport,
@@ -115,6 +117,8 @@ def load_records(path: str | os.PathLike, *, column_map: Mapping[str, str] | Non
                             fn_kwargs={"column_map": column_map, "label_map": label_map, "max_chars": max_chars,
                                        "from_file": from_file, "span_end": span_end}, desc="validating rows")
     report = _report(str(path), validated)
+    if task == "nlu":
+        _count_unlabeled(report, validated)
     if strict and report.counts:
         first = min(report.first_issue.values(), key=lambda issue: _row_number(issue.location))
         raise strict_error(str(path), first, {ours: theirs for theirs, ours in column_map.items()})
@@ -166,6 +170,17 @@ def _report(source: str, validated: Dataset) -> ValidationReport:
                              count=int(count))
     report.kept = report.total - sum(report.counts.values())
     return report
+
+
+def _count_unlabeled(report: ValidationReport, validated: Dataset) -> None:
+    """Count the valid rows without anything task nlu learns from, and note where the first of them are."""
+    table = read_columns(validated, ["_reason", "_location", *LEARNABLE_FIELDS])
+    empty = pc.is_null(table.column("_reason"))
+    for name in LEARNABLE_FIELDS:
+        empty = pc.and_(empty, pc.is_null(table.column(name)))
+    rows = np.flatnonzero(empty.to_numpy(zero_copy_only=False))
+    report.unlabeled = int(len(rows))
+    report.unlabeled_first = [table.column("_location")[int(i)].as_py() for i in rows[:UNLABELED_SHOWN]]
 
 
 def _finish(report: ValidationReport) -> None:

@@ -54,7 +54,8 @@ def _planner_flags(p: argparse.ArgumentParser) -> None:
     s = argparse.SUPPRESS
     g.add_argument("--gpus", type=int, metavar="N", default=s, help=f"GPUs in all, the world size (default {CLUSTER_DEFAULTS.gpus})")
     g.add_argument("--gpu", default=s, metavar="NAME", help=f"one of {', '.join(GPUS)} (default {CLUSTER_DEFAULTS.gpu})")
-    g.add_argument("--link", default=s, metavar="NAME", help=f"GPU interconnect: {', '.join(LINKS)} (default {CLUSTER_DEFAULTS.link})")
+    g.add_argument("--link", default=s, metavar="NAME", help=f"GPU interconnect: {', '.join(LINKS)} (default: the "
+                   "--gpu's own link, PCIe for cards without NVLink such as rtx4090, NVLink for SXM boards)")
     g.add_argument("--node", default=s, metavar="NAME", help=f"server layout for CPU offload: {', '.join(NODES)} "
                    "(default: the usual system of --gpu)")
     g.add_argument("--nodes", type=int, metavar="N", default=s, help="servers the GPUs are spread over (default 1)")
@@ -137,7 +138,8 @@ def run_plan(job: Job) -> dict[str, Any]:
     if lora is not None:
         plan.notes.append("step time below: the time model is full fine-tuning's (LoRA skips the frozen weights' "
                           "gradient matmuls and most gradient communication), so it is an upper bound")
-    time_kw = {"link": job.cluster.link, "efficiency": a.efficiency, "overlap": a.overlap, "node": job.cluster.node}
+    time_kw = {"link": job.cluster.interconnect, "efficiency": a.efficiency, "overlap": a.overlap,
+               "node": job.cluster.node}
     step = predict_step_time(plan.inputs, **time_kw)
     scale = speedups(plan.inputs, [plan.inputs.world_size], **time_kw)[0] if plan.inputs.world_size > 1 else None
     cluster_given = {g.removeprefix("cluster.") for g in job.given if g.startswith("cluster.")}

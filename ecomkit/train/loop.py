@@ -34,10 +34,10 @@ from ecomkit.hardware import device_peak_flops, mfu_fields
 from ecomkit.metrics import (MetricsWriter, fill_rate_of, peak_memory, slowest_rank_throughput, step_model_flops,
                              time_split)
 from ecomkit.models.attention import install_attention
-from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit
+from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit, model_origin
 from ecomkit.models.cpu_kernels import kernels_for
 from ecomkit.models.gelu import install_fused_gelu
-from ecomkit.models.lora import apply_peft, trainable_parameter_count
+from ecomkit.models.lora import apply_peft, lora_facts, lora_line, trainable_parameter_count
 from ecomkit.models.loss import count_label_tokens, install_chunked_loss
 from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
 from ecomkit.parallel import build_strategy
@@ -173,7 +173,9 @@ class TrainingRun:
     def startup_banner(self) -> str:
         gb = self.global_batch()
         unit = "packed sequences" if self.packed else "rows"
-        return (f"strategy={self.strategy.name} model={self.cfg.model} params={self.n_params:,} | "
+        lora = lora_facts(self.cfg, self.n_trainable, self.n_params)   # LoRA on: rank, targets, what trains
+        return (f"strategy={self.strategy.name} model={self.cfg.model} ({model_origin(self.cfg.model)['kind']}) "
+                f"params={self.n_params:,} | " + (lora_line(lora) + " | " if lora else "") +
                 f"world_size={self.env.world_size} micro_batch={self.cfg.micro_batch_size} {unit}/device "
                 f"grad_accum={self.grad_accum} global_batch={gb} "
                 f"positions/step<= {gb * self.cfg.seq_len:,} ({gb} × seq_len {self.cfg.seq_len}) | "
@@ -198,8 +200,8 @@ class TrainingRun:
         if env.is_main:
             log.info(self.startup_banner())
             log.info("data: %s", self.data_report.summary())
-            for warning in self.data_report.cut_warnings():
-                log.warning(warning)
+            for warning in [*self.data_report.cut_warnings(), *self.data_report.warnings()]:
+                log.warning(warning)   # inputs cut by more than half; labels that never occur, rows with no label
             log.info("packing %s", self.packing_reason)
             if self.cfg.task == "nlu":
                 log.info("generation budget %d tokens (%s)", self.cfg.gen_max_new_tokens, self.gen_budget_reason)
@@ -320,6 +322,7 @@ class TrainingRun:
         return {
             "strategy": self.strategy.name, "model": self.cfg.model, "params": self.n_params,
             "trainable_params": self.n_trainable, "peft": self.cfg.peft,
+            "model_origin": model_origin(self.cfg.model), "lora": lora_facts(self.cfg, self.n_trainable, self.n_params),
             "world_size": self.env.world_size, "global_batch": self.global_batch(),
             "data": self.data_report.facts(),
             "grad_accum": self.grad_accum, "steps": self.step,
