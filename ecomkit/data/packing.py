@@ -46,18 +46,44 @@ from ecomkit.errors import ConfigError
 
 EMPTY: tuple[int, ...] = ()   # a sequence of padding only: fills the last global batch of an epoch
 # --packing auto packs when the mean training row fills at most this share of seq_len (two or more rows per
-# sequence on average). benchmarks/bench_packing.py measures packing against bucketed batches on both sides of it.
+# sequence on average): below it a sequence holds one row and packing has nothing to gain.
 PACK_AUTO_MAX_ROW_SHARE = 0.5
+# On a CPU, the precisions at which packed batches trained faster than bucketed ones on the catalog job, by at
+# least PACKING_MIN_GAIN (median of bench_packing's paired rounds); tests/test_packing.py recomputes it from the
+# newest artifact. Elsewhere packing pays on a CPU only in steps it does not change: a packed sequence's attention
+# covers its whole length, so at fp32 the `tiny` model spends more per token than the bigger steps save.
+CPU_PACKED_PRECISIONS: frozenset[str] = frozenset({"bf16"})
+PACKING_MIN_GAIN = 0.05
 
 
-def decide_packing(requested: str, mean_row: float, seq_len: int) -> tuple[bool, str]:
-    """``(packed, why)`` for ``--packing on|off|auto``, given the mean training row (as fit to ``seq_len``)."""
+def decide_packing(requested: str, mean_row: float, seq_len: int, device_type: str = "cuda",
+                   precision: str = "bf16") -> tuple[bool, str]:
+    """``(packed, why)`` for ``--packing on|off|auto``: the mean training row (as fit) against ``seq_len``.
+
+    ``auto`` packs rows that fill at most :data:`PACK_AUTO_MAX_ROW_SHARE` of ``seq_len``; on a CPU only at the
+    precisions bench_packing measured packing faster at (:data:`CPU_PACKED_PRECISIONS`). On a GPU, where a
+    short step is mostly launch overhead, it packs by the rows' share alone.
+    """
     if requested != AUTO:
         return requested == "on", f"--packing {requested} as given"
     share = mean_row / seq_len if seq_len else 1.0
-    verdict = "on" if share <= PACK_AUTO_MAX_ROW_SHARE else "off"
-    return verdict == "on", (f"auto: {verdict}, the mean training row ({mean_row:.0f} tokens) fills {share:.0%} of "
-                             f"seq_len {seq_len} (packs when <= {PACK_AUTO_MAX_ROW_SHARE:.0%})")
+    rows = f"the mean training row ({mean_row:.0f} tokens) fills {share:.0%} of seq_len {seq_len}"
+    if share > PACK_AUTO_MAX_ROW_SHARE:
+        return False, f"auto: off, {rows} (packs when <= {PACK_AUTO_MAX_ROW_SHARE:.0%})"
+    if device_type == "cpu" and precision not in CPU_PACKED_PRECISIONS:
+        return False, (f"auto: off, {rows}, but on a CPU at {precision} bench_packing measured packed batches no "
+                       f"faster than bucketed ones (packs at {', '.join(sorted(CPU_PACKED_PRECISIONS)) or 'none'}); "
+                       f"--packing on packs anyway")
+    return True, f"auto: on, {rows} (packs when <= {PACK_AUTO_MAX_ROW_SHARE:.0%})"
+
+
+def packing_pays_off(ratios: dict[str, Sequence[float]], min_gain: float = PACKING_MIN_GAIN) -> frozenset[str]:
+    """The precisions whose packed / bucketed real-tokens/s ratios (paired rounds) have a median above ``1 + min_gain``.
+
+    ``ratios``: bench_packing's ``extra["ratios"]``, keyed ``"catalog <precision>"``.
+    """
+    return frozenset(key.split()[1] for key, r in ratios.items()
+                     if key.startswith("catalog ") and r and float(np.median(r)) > 1 + min_gain)
 
 
 def best_fit_decreasing(lengths: Sequence[int], capacity: int, tie_order: np.ndarray | None = None
@@ -246,5 +272,5 @@ def packed_collate(sequences: Sequence[dict[str, list]], seq_len: int, pad_id: i
     return batch
 
 
-__all__ = ["PACK_AUTO_MAX_ROW_SHARE", "decide_packing", "EMPTY", "PackedBatchSampler", "RowGroups", "best_fit_decreasing", "fill_rate", "packed_collate",
+__all__ = ["CPU_PACKED_PRECISIONS", "PACKING_MIN_GAIN", "PACK_AUTO_MAX_ROW_SHARE", "decide_packing", "packing_pays_off", "EMPTY", "PackedBatchSampler", "RowGroups", "best_fit_decreasing", "fill_rate", "packed_collate",
            "plan_sequences"]

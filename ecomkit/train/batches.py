@@ -21,17 +21,18 @@ from ecomkit.data.lengths import generation_budget
 from ecomkit.data.packing import PackedBatchSampler, RowGroups, decide_packing, packed_collate
 
 
-def resolve_data_settings(cfg: TrainConfig, report, lengths: np.ndarray) -> tuple[bool, str, str]:
+def resolve_data_settings(cfg: TrainConfig, report, lengths: np.ndarray, device_type: str) -> tuple[bool, str, str]:
     """Set ``cfg.seq_len`` and ``cfg.gen_max_new_tokens`` from the data; return (packed, why, budget's why).
 
     ``report``: the data's :class:`~ecomkit.data.build.BuildReport` (its ``seq_len`` is ``--seq-len auto``'s
-    choice); ``lengths``: the training rows as fit. The budget is set for task ``nlu`` only.
+    choice); ``lengths``: the training rows as fit; ``device_type``: where the run trains (``--packing auto``'s
+    CPU rule). The budget is set for task ``nlu`` only.
     """
     cfg.seq_len = report.seq_len
     budget_why = ""
     if cfg.task == "nlu":   # --gen-max-new-tokens auto: the longest training answer + 8
         cfg.gen_max_new_tokens, budget_why = generation_budget(cfg.gen_max_new_tokens, report.lengths["train"])
-    packed, why = decide_packing(cfg.packing, float(lengths.mean()), cfg.seq_len)
+    packed, why = decide_packing(cfg.packing, float(lengths.mean()), cfg.seq_len, device_type, cfg.precision)
     return packed, why, budget_why
 
 

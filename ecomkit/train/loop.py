@@ -159,7 +159,8 @@ class TrainingRun:
                               "whose values are, or are mapped by --label-map to, positive/neutral/negative).")
         lengths = lengths_array(self.train_ds)
         # --seq-len, --gen-max-new-tokens and --packing auto, decided from the data (train/batches.py)
-        self.packed, self.packing_reason, self.gen_budget_reason = resolve_data_settings(cfg, self.data_report, lengths)
+        self.packed, self.packing_reason, self.gen_budget_reason = resolve_data_settings(
+            cfg, self.data_report, lengths, self.env.device.type)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         multiple = length_multiple(cfg.precision, self.env.device)  # bf16 on CPU: bounded shapes (train/shapes.py)
         self.collate = lambda feats: pad_collate(feats, pad_id, multiple)   # unpacked: evaluation, HF Trainer
