@@ -62,7 +62,7 @@ def variants(trl: bool) -> dict[str, tuple[str, list[str]]]:
     return out
 
 
-def jobs(args: argparse.Namespace, folder: Path) -> dict[str, list[str]]:
+def bench_jobs(args: argparse.Namespace, folder: Path) -> dict[str, list[str]]:
     """``"<data> <precision>"`` -> flags: the catalog at every ``--precisions``, the instructions at the last."""
     path = write_jsonl(instruction_rows(args.instruction_rows, seed=1), folder / "instructions.jsonl")
     catalog = ["--task", "lm", "--n-rows", str(args.n_rows)]
@@ -202,7 +202,7 @@ def main() -> None:
               "--micro-batch-size", str(args.micro_batch_size), "--report-to", "none"]
     rows, notes, ratios = [], [], {}
     with tempfile.TemporaryDirectory(prefix="bench-packing-") as tmp:
-        for data, flags in jobs(args, Path(tmp)).items():
+        for data, flags in bench_jobs(args, Path(tmp)).items():
             jobs = {name: (script, common + flags + extra, 2) for name, (script, extra) in variants(trl).items()}
             print(f"== {data}", flush=True)
             runs = rotating_rounds(jobs, args.repeats, describe=lambda s: f"{s['tokens_per_s']:,.0f} real tokens/s")

@@ -220,36 +220,15 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     if len(train_idx) == 0:
         raise DataError(f"{source}: only {len(records)} usable records, too few to split off an eval set with "
                         f"eval_fraction={eval_fraction}. Provide more rows, or an eval file (--eval-data FILE).")
-    tok = {"labels": all_labels, "prompt_format": prompt_format}
-    # Tokenise the whole table in one sequential pass (cached per table, whatever the seed or length), measure
-    # every split's lengths, choose the sequence length, then fit the rows to it and count what that cut.
-    # Examples are split by their source record: training rows in table order (the sampler shuffles), eval rows
-    # in the random order of the eval records. Reading a table through an indices mapping costs memory per row.
-    whole = tokenize_whole(records, tokenizer, task, num_proc, **tok)
-    eval_whole = tokenize_whole(eval_table, tokenizer, task, num_proc, **tok) if eval_table is not None else None
-    split = lambda table: (_rows_by_record(column_numpy(table, "record"), len(records), eval_idx)  # noqa: E731
-                           if eval_whole is None else (np.arange(len(table)), None))
-    train_rows, eval_rows = split(whole)
-    stats = {"train": length_stats(whole, train_rows),
-             "eval": length_stats(whole, eval_rows) if eval_whole is None else length_stats(eval_whole)}
-    seq_len, why = choose_seq_len(max_length, max(s.row.max for s in stats.values()), length_limit)
-    fitted = fit_rows(whole, seq_len, num_proc)
-    eval_fitted = fit_rows(eval_whole, seq_len, num_proc) if eval_whole is not None else None
-    train_rows, eval_rows = split(fitted)
-    cuts = {"train": cut_counts(fitted, seq_len, train_rows),
-            "eval": cut_counts(fitted, seq_len, eval_rows) if eval_fitted is None else cut_counts(eval_fitted, seq_len)}
-    built = read_columns(whole, ["record", "kind"])
-    kinds = np.bincount(built.column("kind").to_numpy().astype(np.int64), minlength=len(KINDS))   # examples, not windows
+    built = _tokenized_splits(records, eval_table, eval_idx, tokenizer, task, num_proc, max_length, length_limit,
+                              {"labels": all_labels, "prompt_format": prompt_format})
+    train_ds, eval_ds, kinds = built.train, built.eval, built.kinds
     is_train = np.zeros(len(records), dtype=bool)
     is_train[train_idx] = True
-    train_counts = _train_label_counts(built, is_train, codes, all_labels)
-    final = lambda table: table.select_columns([c for c in FINAL_COLUMNS if c in table.column_names])  # noqa: E731
-    if eval_fitted is None:
+    train_counts = _train_label_counts(built.examples, is_train, codes, all_labels)
+    if eval_table is None:
         eval_records, eval_name = records.select(eval_idx), Path(str(source)).name
-        train_ds, eval_ds = final(fitted).select(train_rows), final(fitted).select(eval_rows)
     else:
-        kinds += np.bincount(column_numpy(eval_whole, "kind").astype(np.int64), minlength=len(KINDS))
-        train_ds, eval_ds = final(fitted), final(eval_fitted)
         eval_records, eval_name = eval_table, Path(str(eval_data)).name
     if kinds.sum() == 0:
         raise DataError(f"{source}: no {task} example could be built from {len(records):,} valid records. For task "
@@ -259,13 +238,62 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     report = BuildReport(str(source), validation, len(train_idx), len(eval_idx), len(train_ds), len(eval_ds),
                          all_labels["category"], all_labels, {k: int(n) for k, n in zip(KINDS, kinds) if n},
                          n_valid, max_rows, prompt_format, eval_source=None if eval_data is None else str(eval_data),
-                         eval_validation=eval_validation, spans_outside_labels=outside, seq_len=seq_len,
-                         seq_len_reason=why, lengths=stats, cuts=cuts, train_label_counts=train_counts,
+                         eval_validation=eval_validation, spans_outside_labels=outside, seq_len=built.seq_len,
+                         seq_len_reason=built.why, lengths=built.stats, cuts=built.cuts, train_label_counts=train_counts,
                          labels_not_in_data=never, span_labels_in_data=tuple(sorted(span_counts or ())))
     if task == "nlu":
         report.eval_examples = _task_examples(eval_records, all_labels, eval_name)
         report._train_spans = lambda: _span_counter(records, train_idx, extract)
     return train_ds, eval_ds, eval_records, report
+
+
+@dataclass
+class _Splits:
+    """The tokenised train and eval sets, fit to ``seq_len``, with what measuring and fitting them found."""
+
+    train: Dataset
+    eval: Dataset
+    seq_len: int
+    why: str                                  # how --seq-len was chosen
+    stats: dict[str, LengthStats]             # per split, before any cut
+    cuts: dict[str, CutCounts]                # per split, what fitting cut
+    kinds: np.ndarray                         # examples built per kind (windows not counted twice)
+    examples: pa.Table                        # every training-table example's record and kind
+
+
+def _tokenized_splits(records: Dataset, eval_table: Dataset | None, eval_idx: np.ndarray, tokenizer, task: str,
+                      num_proc: int, max_length: int | str, length_limit: int, tok: dict) -> _Splits:
+    """Tokenise every table whole, measure each split's lengths, choose ``seq_len``, fit the rows, count the cuts.
+
+    One sequential pass per table (cached per table, whatever the seed or the length). Examples are split by
+    their source record: training rows in table order (the sampler shuffles), eval rows in the random order of
+    the eval records. Reading a table through an indices mapping would cost memory per row.
+    """
+    whole = tokenize_whole(records, tokenizer, task, num_proc, **tok)
+    eval_whole = tokenize_whole(eval_table, tokenizer, task, num_proc, **tok) if eval_table is not None else None
+
+    def split(table: Dataset) -> tuple[np.ndarray, np.ndarray | None]:
+        if eval_whole is not None:    # an eval file: the whole source trains
+            return np.arange(len(table)), None
+        return _rows_by_record(column_numpy(table, "record"), len(records), eval_idx)
+
+    train_rows, eval_rows = split(whole)
+    stats = {"train": length_stats(whole, train_rows),
+             "eval": length_stats(whole, eval_rows) if eval_whole is None else length_stats(eval_whole)}
+    seq_len, why = choose_seq_len(max_length, max(s.row.max for s in stats.values()), length_limit)
+    fitted = fit_rows(whole, seq_len, num_proc)
+    examples = read_columns(whole, ["record", "kind"])
+    kinds = np.bincount(examples.column("kind").to_numpy().astype(np.int64), minlength=len(KINDS))
+    final = fitted.select_columns([c for c in FINAL_COLUMNS if c in fitted.column_names])
+    train_rows, eval_rows = split(fitted)
+    if eval_whole is None:
+        cuts = {"train": cut_counts(fitted, seq_len, train_rows), "eval": cut_counts(fitted, seq_len, eval_rows)}
+        return _Splits(final.select(train_rows), final.select(eval_rows), seq_len, why, stats, cuts, kinds, examples)
+    eval_fitted = fit_rows(eval_whole, seq_len, num_proc)
+    kinds += np.bincount(column_numpy(eval_whole, "kind").astype(np.int64), minlength=len(KINDS))
+    cuts = {"train": cut_counts(fitted, seq_len), "eval": cut_counts(eval_fitted, seq_len)}
+    eval_final = eval_fitted.select_columns([c for c in FINAL_COLUMNS if c in eval_fitted.column_names])
+    return _Splits(final, eval_final, seq_len, why, stats, cuts, kinds, examples)
 
 
 def _rows_by_record(source_record: np.ndarray, n_records: int, eval_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
