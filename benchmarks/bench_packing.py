@@ -1,11 +1,14 @@
 #!/usr/bin/env python
 """Packing benchmark: short rows bucketed, packed by ecomkit, and by HF Trainer and TRL, side by side, 2 processes.
 
-  python benchmarks/bench_packing.py [--model tiny] [--precision fp32] [--repeats 3] [--no-trl]
+  python benchmarks/bench_packing.py [--model tiny] [--precisions fp32 bf16] [--repeats 3] [--no-trl]
+                                     [--parts speed loss]
 
-Two data sets, each trained for ``--epochs`` by every variant, in rounds whose order rotates:
+Part ``speed`` (artifact ``bench_packing``): two data sets, each trained for ``--epochs`` by every variant, in
+rounds whose order rotates:
 - ``catalog``: the synthetic catalog, ``--task lm`` (short rows: ~90 tokens), at every ``--precisions``
-  (``--packing auto`` on a CPU follows these ratios per precision: ``ecomkit.data.packing.CPU_PACKED_PRECISIONS``);
+  (``--packing auto`` on a CPU follows these ratios per precision and seq_len:
+  ``ecomkit.data.packing.CPU_PACK_MAX_SEQ_LEN``);
 - ``instructions``: an Alpaca-style file of widely varied lengths (``ecomkit.data.catalog.instruction_rows``),
   ``--task nlu`` (the loss on the responses), at the last of ``--precisions``.
 
@@ -19,6 +22,13 @@ Each row: real tokens/s (totals over the steady phase, the slowest rank's pace, 
 the fill rate (real tokens over the positions computed), steps per epoch, the final training loss and the
 held-out loss on the unpacked eval rows (ecomkit's token mean, for every variant: the task metric of an LM
 and of instruction data). The verdict is the median over rounds of packed / bucketed real tokens/s.
+
+Part ``loss`` (artifact ``bench_packing_loss``): whether packing changes what a run learns. Packed steps carry
+several times the rows of bucketed ones at the same ``--micro-batch-size``, so one epoch takes that many fewer
+optimizer steps and ends at a higher loss for that reason alone. Here the packed run's micro-batch is set so that
+an epoch takes about the bucketed run's steps (``ecomkit.measure.packing.equal_step_micro_batch``), both train
+one epoch at seeds 0, 1 and 2, and the verdict is whether the medians of their final training losses and of
+their held-out losses differ by no more than the seeds' spread (``ecomkit.measure.packing.seed_spread``).
 
 Cross-document attention: a packed row's loss against the same row alone, for ecomkit's packing and for
 TRL's batches as its Trainer hands them to BLOOM (``pack_dataset`` + its padding-free collator), on the
@@ -35,12 +45,13 @@ import tempfile
 from pathlib import Path
 
 import torch
-from common import REPO, paired_rates, print_table, rotating_rounds, verdict, warn_emulated_bf16, write_artifact
+from common import paired_rates, print_table, rotating_rounds, run_summary, verdict, warn_emulated_bf16, write_artifact
 
 from ecomkit.data import load_records, write_jsonl
 from ecomkit.data.catalog import instruction_rows
 from ecomkit.data.packing import best_fit_decreasing, packed_collate
 from ecomkit.data.tokenize import IGNORE_INDEX, pad_collate, tokenize_records
+from ecomkit.measure.packing import equal_step_micro_batch, seed_spread
 from ecomkit.rates import pooled_rate
 from ecomkit.models.attention import attention_mask_for, install_attention
 from ecomkit.models.bloom import build_model
@@ -49,6 +60,7 @@ from ecomkit.models.tokenizer import get_tokenizer
 from ecomkit.train.loop import tokenizer_cache_dir
 
 GOAL = 1.5        # packed / bucketed real tokens/s on the catalog job
+LOSS_SEEDS = (0, 1, 2)
 FILL_GOAL = 0.95  # packed fill rate
 ECO, HF = "02_data_parallel.py", "02_hf_trainer.py"
 
@@ -181,43 +193,25 @@ def cross_document_effect(seq_len: int, micro_batch: int, n_rows: int, trl: bool
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny", help="model preset every variant trains")
-    ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"],
-                    help="the catalog runs at each (the CPU packing rule is per precision); the instructions at the last")
-    ap.add_argument("--micro-batch-size", type=int, default=8, help="rows (bucketed, Trainer) or sequences (packed)")
-    ap.add_argument("--epochs", type=float, default=1.0, help="epochs each run trains")
-    ap.add_argument("--untimed", type=int, default=3, help="untimed first steps of each run")
-    ap.add_argument("--n-rows", type=int, default=4000, help="rows of the synthetic catalog")
-    ap.add_argument("--instruction-rows", type=int, default=1500, help="rows of the instruction file")
-    ap.add_argument("--repeats", type=int, default=3, help="rounds; the verdict is the median of their ratios")
-    ap.add_argument("--trl", action=argparse.BooleanOptionalAction, default=True,
-                    help="also run TRL's SFTTrainer(packing=True) when trl is installed")
-    args = ap.parse_args()
-    warn_emulated_bf16(args.precisions, "--precisions fp32 runs every variant in fp32.")
-    trl = args.trl and importlib.util.find_spec("trl") is not None
-    common = ["--model", args.model, "--max-steps", "0", "--epochs", str(args.epochs), "--untimed-steps",
-              str(args.untimed), "--eval-interval", "0", "--eval-batches", "1000", "--no-save-model",
-              "--micro-batch-size", str(args.micro_batch_size), "--report-to", "none"]
+def speed_part(args: argparse.Namespace, common: list[str], trl: bool, folder: Path) -> None:
+    """Every variant on every job in rotating rounds; the cross-document effect; artifact ``bench_packing``."""
     rows, notes, ratios = [], [], {}
-    with tempfile.TemporaryDirectory(prefix="bench-packing-") as tmp:
-        for data, flags in bench_jobs(args, Path(tmp)).items():
-            jobs = {name: (script, common + flags + extra, 2) for name, (script, extra) in variants(trl).items()}
-            print(f"== {data}", flush=True)
-            runs = rotating_rounds(jobs, args.repeats, describe=lambda s: f"{s['tokens_per_s']:,.0f} real tokens/s")
-            rows += [row(data, name, rs) for name, rs in runs.items()]
-            packed, bucketed = runs["(b) ecomkit packed"], runs["(a) ecomkit bucketed"]
-            ratio = paired_rates(packed, bucketed, "tokens_per_s")
-            ratios[data] = list(ratio.ratios)
-            notes.append(f"{data}: packed / bucketed real tokens/s {ratio.describe()}")
-            for peer in [k for k in runs if k.startswith(("(c)", "(d)"))]:
-                notes.append(f"{data}: packed / {peer} real tokens/s {paired_rates(packed, runs[peer], 'tokens_per_s').describe()}")
-            if data.startswith("catalog"):
-                fill = statistics.median(r["fill_rate"] for r in packed)
-                notes.insert(0, verdict(f"{data}: packed / bucketed real tokens/s {ratio.describe()}", ratio.median,
-                                        f">= {GOAL}x", ratio.median >= GOAL))
-                notes.insert(1, verdict(f"{data}: packed fill rate", fill, f">= {FILL_GOAL}", fill >= FILL_GOAL))
+    for data, flags in bench_jobs(args, folder).items():
+        jobs = {name: (script, common + flags + extra, 2) for name, (script, extra) in variants(trl).items()}
+        print(f"== {data}", flush=True)
+        runs = rotating_rounds(jobs, args.repeats, describe=lambda s: f"{s['tokens_per_s']:,.0f} real tokens/s")
+        rows += [row(data, name, rs) for name, rs in runs.items()]
+        packed, bucketed = runs["(b) ecomkit packed"], runs["(a) ecomkit bucketed"]
+        ratio = paired_rates(packed, bucketed, "tokens_per_s")
+        ratios[data] = list(ratio.ratios)
+        notes.append(f"{data}: packed / bucketed real tokens/s {ratio.describe()}")
+        for peer in [k for k in runs if k.startswith(("(c)", "(d)"))]:
+            notes.append(f"{data}: packed / {peer} real tokens/s {paired_rates(packed, runs[peer], 'tokens_per_s').describe()}")
+        if data.startswith("catalog"):
+            fill = statistics.median(r["fill_rate"] for r in packed)
+            notes.insert(0, verdict(f"{data}: packed / bucketed real tokens/s {ratio.describe()}", ratio.median,
+                                    f">= {GOAL}x", ratio.median >= GOAL))
+            notes.insert(1, verdict(f"{data}: packed fill rate", fill, f">= {FILL_GOAL}", fill >= FILL_GOAL))
     seq_len = next(r["seq_len"] for r in rows if r["data"].startswith("instructions") and r["variant"].startswith("(b)"))
     effect = cross_document_effect(seq_len, args.micro_batch_size, 200, trl)
     for name, e in ((k, v) for k, v in effect.items() if k != "model"):
@@ -231,6 +225,71 @@ def main() -> None:
     write_artifact("bench_packing", rows, extra={
         "settings": {**vars(args), "trl": trl, "threads_per_process": 1},
         "columns": list(rows[0]), "ratios": ratios, "cross_document": effect, "notes": notes})
+
+
+def loss_part(args: argparse.Namespace, common: list[str], folder: Path) -> None:
+    """Bucketed and packed at about equal steps per epoch, seeds 0-2: final losses; artifact ``bench_packing_loss``."""
+    rows, notes = [], []
+    jobs = bench_jobs(args, folder)
+    for data in (f"catalog {args.precisions[-1]}", f"instructions {args.precisions[-1]}"):
+        flags = common + jobs[data]
+        probe = {p: run_summary(ECO, flags + ["--packing", p, "--max-steps", "1"], nproc=2)["steps_per_epoch"]
+                 for p in ("on", "off")}
+        micro = equal_step_micro_batch(args.micro_batch_size, probe["on"], probe["off"])
+        setups = {"(a) ecomkit bucketed": ["--packing", "off"],
+                  "(b) ecomkit packed": ["--packing", "on", "--micro-batch-size", str(micro)]}
+        runs: dict[str, list[dict]] = {name: [] for name in setups}
+        for seed in LOSS_SEEDS:
+            for name, extra in setups.items():
+                runs[name].append(run_summary(ECO, flags + extra + ["--seed", str(seed)], nproc=2))
+                print(f"  {data} seed {seed}: {name}: final loss {runs[name][-1]['final_loss']:.3f}, "
+                      f"eval loss {runs[name][-1]['eval_loss']:.3f}", flush=True)
+        for name, rs in runs.items():
+            rows.append({"data": data, "variant": name,
+                         "micro-batch": micro if name.startswith("(b)") else args.micro_batch_size,
+                         "steps/epoch": rs[0]["steps_per_epoch"],
+                         "final loss (seeds)": " / ".join(f"{r['final_loss']:.3f}" for r in rs),
+                         "eval loss (seeds)": " / ".join(f"{r['eval_loss']:.3f}" for r in rs)})
+        for key, label in (("final_loss", "final training loss"), ("eval_loss", "held-out loss")):
+            spread = seed_spread([r[key] for r in runs["(a) ecomkit bucketed"]],
+                                 [r[key] for r in runs["(b) ecomkit packed"]])
+            notes.append(verdict(f"{data}: packed {label} equals bucketed within the seeds' spread (gap of the "
+                                 f"medians {spread.gap:.3f}, spread {spread.noise:.3f})", spread.gap,
+                                 f"<= {spread.noise:.3f}", spread.within_noise))
+    print_table(rows, list(rows[0]))
+    print("\n".join(notes))
+    write_artifact("bench_packing_loss", rows, extra={
+        "settings": {**vars(args), "seeds": list(LOSS_SEEDS), "threads_per_process": 1},
+        "columns": list(rows[0]), "notes": notes})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny", help="model preset every variant trains")
+    ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"],
+                    help="the catalog runs at each (the CPU packing rule is per precision); the instructions at the last")
+    ap.add_argument("--micro-batch-size", type=int, default=8, help="rows (bucketed, Trainer) or sequences (packed)")
+    ap.add_argument("--epochs", type=float, default=1.0, help="epochs each run trains")
+    ap.add_argument("--untimed", type=int, default=3, help="untimed first steps of each run")
+    ap.add_argument("--n-rows", type=int, default=4000, help="rows of the synthetic catalog")
+    ap.add_argument("--instruction-rows", type=int, default=1500, help="rows of the instruction file")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds; the verdict is the median of their ratios")
+    ap.add_argument("--trl", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run TRL's SFTTrainer(packing=True) when trl is installed")
+    ap.add_argument("--parts", nargs="+", default=["speed", "loss"], choices=["speed", "loss"],
+                    help="speed: every variant's real tokens/s in paired rounds (artifact bench_packing); loss: "
+                         "packed and bucketed final losses at equal steps per epoch over 3 seeds (bench_packing_loss)")
+    args = ap.parse_args()
+    warn_emulated_bf16(args.precisions, "--precisions fp32 runs every variant in fp32.")
+    trl = args.trl and importlib.util.find_spec("trl") is not None
+    common = ["--model", args.model, "--max-steps", "0", "--epochs", str(args.epochs), "--untimed-steps",
+              str(args.untimed), "--eval-interval", "0", "--eval-batches", "1000", "--no-save-model",
+              "--micro-batch-size", str(args.micro_batch_size), "--report-to", "none"]
+    with tempfile.TemporaryDirectory(prefix="bench-packing-") as tmp:
+        if "speed" in args.parts:
+            speed_part(args, common, trl, Path(tmp))
+        if "loss" in args.parts:
+            loss_part(args, common, Path(tmp))
 
 
 if __name__ == "__main__":

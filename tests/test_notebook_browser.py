@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -145,8 +146,12 @@ def test_the_planner_form_updates_its_text_and_chart_and_logs_nothing(lab):
     shots = root / "screenshots"
     shots.mkdir()
     with sync_playwright() as p:
+        # Chromium puts its singleton socket under TMPDIR; a socket path is limited to 107 bytes, which a
+        # pytest folder deep in a long run's numbering exceeds (a FATAL "Socket path too long" at launch).
+        short_tmp = tempfile.mkdtemp(prefix="ck-", dir="/tmp")
         browser = p.chromium.launch_persistent_context(str(root / "chromium-profile"), executable_path=CHROMIUM,
                                                        headless=True, args=CHROMIUM_ARGS,
+                                                       env={**os.environ, "TMPDIR": short_tmp},
                                                        viewport={"width": 1400, "height": 1000})
         try:
             page = browser.new_page()
@@ -174,6 +179,7 @@ def test_the_planner_form_updates_its_text_and_chart_and_logs_nothing(lab):
             page.screenshot(path=str(shots / "4-log-console.png"))
         finally:
             browser.close()
+            shutil.rmtree(short_tmp, ignore_errors=True)
     print(f"screenshots: {shots}")
 
 

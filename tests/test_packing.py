@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from ecomkit.data.packing import (CPU_PACKED_PRECISIONS, EMPTY, PACK_AUTO_MAX_ROW_SHARE, PackedBatchSampler, RowGroups,
-                                  best_fit_decreasing, decide_packing, fill_rate, packed_collate, packing_pays_off,
+from ecomkit.data.packing import (CPU_PACK_MAX_SEQ_LEN, EMPTY, PACK_AUTO_MAX_ROW_SHARE, PackedBatchSampler, RowGroups,
+                                  best_fit_decreasing, cpu_packing_rule, decide_packing, fill_rate, packed_collate,
                                   plan_sequences)
 from ecomkit.data.tokenize import IGNORE_INDEX
 from ecomkit.errors import ConfigError
 from ecomkit.launch import newest_artifacts
-from ecomkit.measure.packing import (loss_and_gradients, packed_batch, packing_agreement, padded_batch, random_rows,
-                                     row_isolation)
+from ecomkit.measure.packing import (bench_packing_jobs, equal_step_micro_batch, loss_and_gradients, packed_batch,
+                                     packing_agreement, padded_batch, random_rows, row_isolation, seed_spread)
 from ecomkit.models.attention import attention_mask_for, document_causal_mask, install_attention
 from ecomkit.models.bloom import build_model
 from ecomkit.models.loss import install_chunked_loss
@@ -98,25 +98,34 @@ def test_decide_packing_auto_follows_the_mean_row_share():
     assert decide_packing("off", 60.0, 256)[0] is False
 
 
-def test_decide_packing_auto_on_a_cpu_packs_only_at_the_precisions_measured_faster():
+def test_decide_packing_auto_on_a_cpu_packs_only_at_the_precisions_and_lengths_measured_faster():
     for precision in ("fp32", "bf16"):
-        packed, why = decide_packing("auto", 60.0, 256, "cpu", precision)
-        assert packed == (precision in CPU_PACKED_PRECISIONS), why
-        if not packed:
-            assert "--packing on" in why and f"at {precision}" in why
+        for seq_len in (128, 256, 512, 1152):
+            packed, why = decide_packing("auto", seq_len * 0.25, seq_len, "cpu", precision)
+            assert packed == (seq_len <= CPU_PACK_MAX_SEQ_LEN.get(precision, 0)), why
+            if not packed:
+                assert "--packing on" in why and f"at {precision} and seq_len {seq_len}" in why
     assert decide_packing("on", 60.0, 256, "cpu", "fp32")[0]
+    assert decide_packing("auto", 256.0, 1024, "cuda", "fp32")[0]      # a GPU: the rows' share alone
 
 
-def test_the_cpu_packing_precisions_are_those_bench_packing_measured_faster():
-    """The constant against the newest artifact: the median of each precision's paired catalog rounds."""
+def test_cpu_packing_rule_is_the_longest_seq_len_every_job_up_to_it_was_faster():
+    assert cpu_packing_rule([("fp32", 256, [0.7, 0.8, 0.75]), ("bf16", 256, [1.1, 1.2, 1.15]),
+                             ("bf16", 1152, [0.6, 0.7, 0.68])]) == {"bf16": 256}
+    assert cpu_packing_rule([("bf16", 256, [1.2]), ("bf16", 512, [1.1])]) == {"bf16": 512}
+    assert cpu_packing_rule([("bf16", 128, [0.9]), ("bf16", 512, [1.3])]) == {}   # not at the shortest: never
+    assert cpu_packing_rule([("bf16", 256, [1.04, 1.05, 1.06])]) == {}             # within PACKING_MIN_GAIN
+
+
+def test_the_cpu_packing_rule_is_what_bench_packing_measured():
+    """The constant against the newest artifact: the median of each job's paired rounds."""
     path = newest_artifacts(RESULTS).get("bench_packing")
     if path is None:
         pytest.skip("no bench_packing artifact in benchmarks/results yet")
     doc = json.loads(path.read_text())
     if doc.get("gpu"):
         pytest.skip("the newest bench_packing artifact is from a GPU")
-    assert packing_pays_off(doc["extra"]["ratios"]) == CPU_PACKED_PRECISIONS
-    assert packing_pays_off({"catalog fp32": [0.9, 0.95, 1.0], "catalog bf16": [1.2, 1.3, 1.1]}) == {"bf16"}
+    assert cpu_packing_rule(bench_packing_jobs(doc)) == CPU_PACK_MAX_SEQ_LEN
 
 
 # ---------------------------------------------------------------------- rows, packed and unpacked
@@ -224,3 +233,13 @@ def test_compiled_packed_training_does_not_recompile_after_the_first_step():
         frames.append(counter.frame_count)
     assert frames[0] >= 1 and frames == [frames[0]] * 5, frames
     torch._dynamo.reset()
+
+
+def test_seed_spread_and_the_equal_step_micro_batch():
+    assert seed_spread([1.40, 1.42, 1.44], [1.43, 1.45, 1.41]).within_noise        # gap 0.01 <= spread 0.04
+    far = seed_spread([1.40, 1.41, 1.42], [2.60, 2.70, 2.69])
+    assert not far.within_noise and far.gap == pytest.approx(1.28) and far.noise == pytest.approx(0.10)
+    with pytest.raises(ValueError):
+        seed_spread([1.0], [1.0, 1.1])
+    assert equal_step_micro_batch(8, 85, 237) == 3 and equal_step_micro_batch(8, 13, 59) == 2
+    assert equal_step_micro_batch(8, 10, 400) == 1

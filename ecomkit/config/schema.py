@@ -137,8 +137,9 @@ class TrainConfig:
     packing: str = "auto"             # pack rows into full sequences of seq_len tokens, each row attending only
                                       #   to itself (document mask; exact for BLOOM's ALiBi): on | off | auto (on
                                       #   when the mean training row fills at most half of seq_len; on a CPU only
-                                      #   at the precisions bench_packing measured it faster: off at fp32, so the
-                                      #   chapters' fp32 comparisons train on the rows they always did)
+                                      #   at the precisions and seq_len bench_packing measured it faster (bf16 up
+                                      #   to 256): off at fp32, so the chapters' fp32 comparisons train on the
+                                      #   rows they always did)
     micro_batch_size: int = 8         # samples per device per forward/backward (sequences of seq_len when packed)
     grad_accum: int = 1               # micro-steps per optimizer step
     global_batch_size: int = 0        # if > 0: derive grad_accum = this / (micro_batch * world)

@@ -48,11 +48,12 @@ EMPTY: tuple[int, ...] = ()   # a sequence of padding only: fills the last globa
 # --packing auto packs when the mean training row fills at most this share of seq_len (two or more rows per
 # sequence on average): below it a sequence holds one row and packing has nothing to gain.
 PACK_AUTO_MAX_ROW_SHARE = 0.5
-# On a CPU, the precisions at which packed batches trained faster than bucketed ones on the catalog job, by at
+# On a CPU, per precision, the longest seq_len up to which packed batches trained faster than bucketed ones by at
 # least PACKING_MIN_GAIN (median of bench_packing's paired rounds); tests/test_packing.py recomputes it from the
-# newest artifact. Elsewhere packing pays on a CPU only in steps it does not change: a packed sequence's attention
-# covers its whole length, so at fp32 the `tiny` model spends more per token than the bigger steps save.
-CPU_PACKED_PRECISIONS: frozenset[str] = frozenset({"bf16"})
+# newest artifact. A packed sequence's attention covers its whole length, so the longer the sequence the more a
+# token costs: on `tiny`, fp32 lost at 256 (the catalog) and bf16 lost at 1152 (the instruction file), while bf16
+# at 256 won, its bucketed batches meeting a new shape (a new oneDNN primitive) almost every step.
+CPU_PACK_MAX_SEQ_LEN: dict[str, int] = {"bf16": 256}
 PACKING_MIN_GAIN = 0.05
 
 
@@ -61,8 +62,8 @@ def decide_packing(requested: str, mean_row: float, seq_len: int, device_type: s
     """``(packed, why)`` for ``--packing on|off|auto``: the mean training row (as fit) against ``seq_len``.
 
     ``auto`` packs rows that fill at most :data:`PACK_AUTO_MAX_ROW_SHARE` of ``seq_len``; on a CPU only at the
-    precisions bench_packing measured packing faster at (:data:`CPU_PACKED_PRECISIONS`). On a GPU, where a
-    short step is mostly launch overhead, it packs by the rows' share alone.
+    precisions and sequence lengths bench_packing measured packing faster at (:data:`CPU_PACK_MAX_SEQ_LEN`).
+    On a GPU, where a short step is mostly launch overhead, it packs by the rows' share alone.
     """
     if requested != AUTO:
         return requested == "on", f"--packing {requested} as given"
@@ -70,20 +71,29 @@ def decide_packing(requested: str, mean_row: float, seq_len: int, device_type: s
     rows = f"the mean training row ({mean_row:.0f} tokens) fills {share:.0%} of seq_len {seq_len}"
     if share > PACK_AUTO_MAX_ROW_SHARE:
         return False, f"auto: off, {rows} (packs when <= {PACK_AUTO_MAX_ROW_SHARE:.0%})"
-    if device_type == "cpu" and precision not in CPU_PACKED_PRECISIONS:
-        return False, (f"auto: off, {rows}, but on a CPU at {precision} bench_packing measured packed batches no "
-                       f"faster than bucketed ones (packs at {', '.join(sorted(CPU_PACKED_PRECISIONS)) or 'none'}); "
+    if device_type == "cpu" and seq_len > CPU_PACK_MAX_SEQ_LEN.get(precision, 0):
+        measured = ", ".join(f"{p} up to seq_len {n}" for p, n in sorted(CPU_PACK_MAX_SEQ_LEN.items())) or "none"
+        return False, (f"auto: off, {rows}, but on a CPU at {precision} and seq_len {seq_len} bench_packing measured "
+                       f"packed batches no faster than bucketed ones (packs at {measured}); "
                        f"--packing on packs anyway")
     return True, f"auto: on, {rows} (packs when <= {PACK_AUTO_MAX_ROW_SHARE:.0%})"
 
 
-def packing_pays_off(ratios: dict[str, Sequence[float]], min_gain: float = PACKING_MIN_GAIN) -> frozenset[str]:
-    """The precisions whose packed / bucketed real-tokens/s ratios (paired rounds) have a median above ``1 + min_gain``.
+def cpu_packing_rule(measured: Sequence[tuple[str, int, Sequence[float]]], min_gain: float = PACKING_MIN_GAIN
+                     ) -> dict[str, int]:
+    """Precision -> the longest seq_len up to which every measured job at that precision packed faster.
 
-    ``ratios``: bench_packing's ``extra["ratios"]``, keyed ``"catalog <precision>"``.
+    ``measured``: ``(precision, seq_len, packed / bucketed real-tokens/s ratios of the paired rounds)`` per job;
+    faster means a median above ``1 + min_gain``. A precision whose shortest job was not faster is left out.
     """
-    return frozenset(key.split()[1] for key, r in ratios.items()
-                     if key.startswith("catalog ") and r and float(np.median(r)) > 1 + min_gain)
+    out: dict[str, int] = {}
+    for precision in sorted({p for p, _, _ in measured}):
+        jobs = sorted((seq, float(np.median(r))) for p, seq, r in measured if p == precision and len(r))
+        for seq, ratio in jobs:
+            if ratio <= 1 + min_gain:
+                break
+            out[precision] = seq
+    return out
 
 
 def best_fit_decreasing(lengths: Sequence[int], capacity: int, tie_order: np.ndarray | None = None
@@ -272,5 +282,5 @@ def packed_collate(sequences: Sequence[dict[str, list]], seq_len: int, pad_id: i
     return batch
 
 
-__all__ = ["CPU_PACKED_PRECISIONS", "PACKING_MIN_GAIN", "PACK_AUTO_MAX_ROW_SHARE", "decide_packing", "packing_pays_off", "EMPTY", "PackedBatchSampler", "RowGroups", "best_fit_decreasing", "fill_rate", "packed_collate",
+__all__ = ["CPU_PACK_MAX_SEQ_LEN", "PACKING_MIN_GAIN", "PACK_AUTO_MAX_ROW_SHARE", "decide_packing", "cpu_packing_rule", "EMPTY", "PackedBatchSampler", "RowGroups", "best_fit_decreasing", "fill_rate", "packed_collate",
            "plan_sequences"]

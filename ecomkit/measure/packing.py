@@ -8,12 +8,18 @@ Chapter 02 and ``tests/test_packing.py`` check with these functions that packing
   one per row, as relative differences (fp32: float rounding, ~1e-7);
 - :func:`row_isolation`: after changing one packed row's tokens, whether any
   other row's logits moved (they must not, bit for bit).
+
+:func:`seed_spread` and :func:`equal_step_micro_batch` give ``bench_packing``'s loss verdict: packed and bucketed
+runs with about the same tokens per step, their final losses equal within the seeds' spread.
+:func:`bench_packing_jobs` reads a ``bench_packing`` artifact into what ``--packing auto``'s CPU rule is
+derived from (``ecomkit.data.packing.cpu_packing_rule``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -105,5 +111,41 @@ def row_isolation(model: nn.Module, rows: list[dict], seq_len: int, pad_id: int,
     return not torch.equal(before[target], after[target]), torch.equal(before[~target], after[~target])
 
 
-__all__ = ["PackingAgreement", "loss_and_gradients", "packed_batch", "packing_agreement", "padded_batch",
+@dataclass(frozen=True)
+class SeedSpread:
+    """Two variants' final losses over the same seeds: the gap of their medians against the seeds' spread."""
+
+    gap: float      # |median(a) - median(b)|
+    noise: float    # the larger of the two variants' spreads (max - min over seeds)
+
+    @property
+    def within_noise(self) -> bool:
+        return self.gap <= self.noise
+
+
+def seed_spread(a: list[float], b: list[float]) -> SeedSpread:
+    """Whether ``b``'s losses equal ``a``'s within what changing the seed alone moves either (>= 2 seeds each)."""
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError("the seeds' spread needs at least two seeds per variant")
+    return SeedSpread(abs(float(np.median(a)) - float(np.median(b))), max(max(a) - min(a), max(b) - min(b)))
+
+
+def equal_step_micro_batch(micro_batch: int, packed_steps: int, bucketed_steps: int) -> int:
+    """Packed sequences per micro-batch that give about the bucketed run's steps per epoch (at least 1).
+
+    At ``micro_batch`` sequences an epoch takes ``packed_steps``; sequences per step scale inversely with steps.
+    """
+    return max(1, round(micro_batch * packed_steps / bucketed_steps))
+
+
+def bench_packing_jobs(artifact: dict) -> list[tuple[str, int, list[float]]]:
+    """``(precision, seq_len, packed / bucketed ratios)`` of each job of a ``bench_packing`` artifact.
+
+    A job is keyed ``"<data> <precision>"`` in ``extra["ratios"]``; its packed row gives the seq_len.
+    """
+    seq_len = {r["data"]: r["seq_len"] for r in artifact["rows"] if r["variant"].startswith("(b)")}
+    return [(job.split()[-1], int(seq_len[job]), list(ratios)) for job, ratios in artifact["extra"]["ratios"].items()]
+
+
+__all__ = ["SeedSpread", "seed_spread", "equal_step_micro_batch", "bench_packing_jobs", "PackingAgreement", "loss_and_gradients", "packed_batch", "packing_agreement", "padded_batch",
            "random_rows", "row_isolation"]
