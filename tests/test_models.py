@@ -19,6 +19,15 @@ def test_real_shapes_have_exact_parameter_counts_on_meta():
     assert preset_parameter_count("ecomgpt-7b") == 7_069_016_064
 
 
+def test_real_shapes_keep_bloom_s_vocabulary_with_the_catalog_tokenizer():
+    # the local catalog tokenizer has ~4,000 ids: the real shapes stay the models they name ...
+    assert preset_parameter_count("seqgpt-560m", vocab_size=4003) == 559_214_592
+    assert preset_parameter_count("ecomgpt-7b", vocab_size=4003) == 7_069_016_064
+    # ... and grow only for a tokenizer larger than BLOOM's (tokens added); toy presets follow the tokenizer
+    assert preset_parameter_count("seqgpt-560m", vocab_size=250_882) == 559_214_592 + 2 * 1024
+    assert preset_parameter_count("tiny", vocab_size=4003) < preset_parameter_count("tiny", vocab_size=8000)
+
+
 def test_meta_build_allocates_nothing():
     model = build_model("ecomgpt-7b", device="meta")
     assert all(p.device.type == "meta" for p in model.parameters())

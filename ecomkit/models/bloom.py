@@ -68,13 +68,19 @@ def _unknown_preset_message(name: str) -> str:
 
 
 def preset_config(name: str, vocab_size: int | None = None, **overrides: Any) -> BloomConfig:
-    """Return the ``BloomConfig`` of a preset; ``vocab_size`` fills in toy presets' vocabulary."""
+    """Return the ``BloomConfig`` of a preset; ``vocab_size`` fills in toy presets' vocabulary.
+
+    ``seqgpt-560m`` and ``ecomgpt-7b`` keep BLOOM's 250,880-token vocabulary with any smaller tokenizer, so
+    they are the models they name (559,214,592 and 7,069,016,064 parameters): half of SeqGPT-560M's FLOPs
+    are its LM head. A larger tokenizer grows it (special tokens added); ``overrides`` set any field.
+    """
     if name not in PRESETS:
         raise ModelNotFoundError(_unknown_preset_message(name))
     p = PRESETS[name]
-    vocab = p.vocab_size if p.vocab_size is not None else (vocab_size or DEFAULT_TOY_VOCAB)
-    if p.vocab_size is not None and vocab_size is not None and vocab_size != p.vocab_size:
-        vocab = vocab_size  # a resized real model (special tokens added)
+    if p.vocab_size is None:   # a toy preset: sized to its tokenizer, so the embedding does not dwarf the blocks
+        vocab = vocab_size or DEFAULT_TOY_VOCAB
+    else:   # a real shape keeps BLOOM's vocabulary whatever tokenizer trains it; it only grows (tokens added)
+        vocab = max(p.vocab_size, vocab_size or 0)
     cfg = BloomConfig(
         vocab_size=vocab,
         hidden_size=p.hidden_size,

@@ -42,7 +42,7 @@ from ecomkit.parallel.state_bytes import model_state_bytes
 class StepStats:
     """What a strategy reports about one optimizer step (merged into the metrics row)."""
 
-    grad_norm: float
+    grad_norm: float | torch.Tensor  # a tensor where the strategy kept it on the device (read at the log interval)
     skipped: bool = False            # fp16 overflow: the step was skipped by the loss scaler
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. bytes_sent by a compression hook
 
@@ -135,8 +135,8 @@ class Strategy:
                                   token_loss_labels=batch["labels"]).loss
         return token_loss_sum(self.forward_logits(batch["input_ids"], mask), batch["labels"])
 
-    def forward_backward(self, micro_batches: list[dict], loss_scale: float) -> float:
-        """Whole-step forward+backward for strategies that own the schedule (pipelines); returns the token-loss sum."""
+    def forward_backward(self, micro_batches: list[dict], loss_scale: float | torch.Tensor) -> torch.Tensor:
+        """Whole-step forward+backward for strategies that own the schedule (pipelines); the token-loss sum."""
         raise NotImplementedError(f"strategy {self.name} does not own forward/backward")
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -162,7 +162,7 @@ class Strategy:
             self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepStats(grad_norm=float(norm), skipped=skipped)
+        return StepStats(grad_norm=norm, skipped=skipped)
 
     def current_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])

@@ -167,8 +167,9 @@ class PipelineRunner:
         self._token_sums.append(tok_sum.detach())
         return tok_sum * self._scale
 
-    def train_step(self, micro_batches: Sequence[dict[str, torch.Tensor]], loss_scale: float) -> float:
-        """Forward + backward of one optimizer step's micro-batches; returns their token-loss sum.
+    def train_step(self, micro_batches: Sequence[dict[str, torch.Tensor]],
+                   loss_scale: float | torch.Tensor) -> torch.Tensor:
+        """Forward + backward of one optimizer step's micro-batches; returns their token-loss sum (a tensor).
 
         The step's micro-batches are concatenated and cut into
         ``n_microbatches`` pipeline micro-batches. Every stage returns the same
@@ -198,7 +199,7 @@ class PipelineRunner:
         total = total.to(torch.float64)
         dist.broadcast(total, src=self.pp_ranks[-1], group=self.pp_group)
         self.sync_gradients()
-        return float(total)
+        return total
 
     def sync_gradients(self) -> None:
         """Tied embedding/head gradients summed between first and last stage; then averaged over dp replicas."""
