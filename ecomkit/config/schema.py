@@ -107,11 +107,13 @@ class TrainConfig:
     cpu_kernels: bool = True          # on CPU, BLOOM's GeLU and the LM-head loss through ecomkit's AVX-512 kernels
                                       #   (one pass each way; built once by make install; ATen's kernels where
                                       #   the CPU has no AVX-512 or no compiler) (models/cpu_kernels.py)
-    compile: bool = False             # torch.compile the wrapped model (single process and ddp; the first step
-                                      #   pays the compilation, about a minute for `small` on a 2-core CPU);
-                                      #   evaluation and generation run the same model uncompiled
+    compile: bool = False             # torch.compile one BLOOM block, reused by every block, and the LM head +
+                                      #   loss apart (models/compile.py): compile time does not grow with depth;
+                                      #   evaluation and generation run the same weights uncompiled
+    compile_mode: str = "default"     # torch.compile mode of --compile: default | reduce-overhead (CUDA graphs) |
+                                      #   max-autotune-no-cudagraphs
     untimed_steps: int = 1            # first steps left out of throughput and step-time figures (warm-up); with
-                                      #   --compile, new batch shapes recompile in the first few steps: use 8
+                                      #   --compile, the first step compiles: leave it out
     loss_chunk_tokens: int = 1024     # LM head + loss this many label positions at a time, no [B,T,vocab]
                                       #   logits kept (0 = full logits); single/ddp/accelerate/fsdp only
     # --- data -------------------------------------------------------------

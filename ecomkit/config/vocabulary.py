@@ -75,6 +75,8 @@ ZERO_STAGES = (0, 1, 2, 3)
 PROMPT_FORMATS = ("seqgpt", "ecomgpt", "ecomkit")
 SPAN_ENDS = ("exclusive", "inclusive")
 PEFT_METHODS = ("none", "lora")
+# --compile-mode: torch.compile's mode for the compiled blocks and loss (models/compile.py); "default" passes none.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 # --packing: rows packed into full sequences (data/packing.py), or not, or decided from the data's lengths.
 PACKING_CHOICES = ("auto", "on", "off")
 # The word that --seq-len and --gen-max-new-tokens take instead of a number: chosen from the data (data/lengths.py).
@@ -87,6 +89,7 @@ FIELD_CHOICES: dict[str, tuple] = {
     "strategy": STRATEGIES, "zero.stage": ZERO_STAGES, "compression.method": COMPRESSIONS,
     "parallel.pp_schedule": PP_SCHEDULES, "prompt_format": PROMPT_FORMATS, "span_end": SPAN_ENDS,
     "peft": PEFT_METHODS, "ddp_allreduce": DDP_ALLREDUCES, "packing": PACKING_CHOICES,
+    "compile_mode": COMPILE_MODES,
 }
 
 

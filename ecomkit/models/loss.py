@@ -36,8 +36,9 @@ count makes every split of the same global batch produce the same gradient.
 
 from __future__ import annotations
 
+import functools
 import types
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +72,7 @@ def count_label_tokens(labels: torch.Tensor) -> int:
 
 def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.Tensor,
                            chunk_tokens: int, row_multiple: int | None = None,
-                           cpu_kernel: bool = False) -> torch.Tensor:
+                           cpu_kernel: bool = False, head_loss: Callable = None) -> torch.Tensor:
     """:func:`token_loss_sum` from the last hidden state, never holding the ``[B, T, vocab]`` logits.
 
     Why: at long sequences the LM head's logits, their fp32 log-softmax and
@@ -114,13 +115,24 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     if row_multiple:
         keep = _topped_up(keep, flat_y, row_multiple)
     h, y = flat_h.index_select(0, keep), flat_y.index_select(0, keep)
+    if head_loss is None or not torch.is_grad_enabled():   # without grad (evaluation) uncompiled, as the blocks
+        head_loss = head_loss_sum
+    else:   # compiled (--compile): any row count, 1 included, is one graph (no size-1 specialisation)
+        head_loss = functools.partial(_unbacked_rows, head_loss)
     if y.numel() <= chunk_tokens:
-        return _head_loss_sum(head, h, y, cpu_kernel)
+        return head_loss(head, h, y, cpu_kernel)
     total = h.new_zeros((), dtype=torch.float32)
     for start in range(0, y.numel(), chunk_tokens):
         part = slice(start, start + chunk_tokens)
-        total = total + checkpoint(_head_loss_sum, head, h[part], y[part], cpu_kernel, use_reentrant=False)
+        total = total + checkpoint(head_loss, head, h[part], y[part], cpu_kernel, use_reentrant=False)
     return total
+
+
+def _unbacked_rows(head_loss: Callable, head: nn.Module, h: torch.Tensor, y: torch.Tensor, cpu_kernel: bool
+                   ) -> torch.Tensor:
+    torch._dynamo.decorators.mark_unbacked(h, 0)
+    torch._dynamo.decorators.mark_unbacked(y, 0)
+    return head_loss(head, h, y, cpu_kernel)
 
 
 # Under torch.compile (--compile) the label selection runs eagerly: its row count (the labeled positions) changes
@@ -139,8 +151,13 @@ def _topped_up(keep: torch.Tensor, flat_y: torch.Tensor, multiple: int) -> torch
     return torch.cat([keep, unlabeled])
 
 
-def _head_loss_sum(head: torch.nn.Module, h: torch.Tensor, y: torch.Tensor, cpu_kernel: bool = False) -> torch.Tensor:
+def head_loss_sum(head: torch.nn.Module, h: torch.Tensor, y: torch.Tensor, cpu_kernel: bool = False) -> torch.Tensor:
     return cross_entropy_sum(head(h), y, cpu_kernel)
+
+
+def _head_loss(model: nn.Module) -> Callable:
+    """The head + loss function of an installed chunked loss: compiled with ``--compile`` (models/compile.py)."""
+    return model.__dict__.get("ecomkit_head_loss") or head_loss_sum
 
 
 def _forward_with_chunked_loss(self: nn.Module, *args: Any, token_loss_labels: torch.Tensor | None = None,
@@ -150,15 +167,16 @@ def _forward_with_chunked_loss(self: nn.Module, *args: Any, token_loss_labels: t
     kwargs.setdefault("use_cache", False)
     hidden = self.transformer(*args, **kwargs)[0]
     loss = chunked_token_loss_sum(hidden, self.lm_head, token_loss_labels, self.ecomkit_loss_chunk,
-                                  self.ecomkit_loss_rows, self.ecomkit_loss_kernel)
+                                  self.ecomkit_loss_rows, self.ecomkit_loss_kernel, _head_loss(self))
     return CausalLMOutputWithCrossAttentions(loss=loss)
 
 
 def install_chunked_loss(model: nn.Module, chunk_tokens: int, row_multiple: int | None = None,
-                         cpu_kernel: bool = False) -> None:
+                         cpu_kernel: bool = False, head_loss: Callable | None = None) -> None:
     """Make ``model(..., token_loss_labels=labels).loss`` the chunked token-loss sum; call before wrapping.
 
-    ``row_multiple`` and ``cpu_kernel``: see :func:`chunked_token_loss_sum` (None: exactly the labeled positions).
+    ``row_multiple`` and ``cpu_kernel``: see :func:`chunked_token_loss_sum` (None: exactly the labeled positions);
+    ``head_loss``: the head + loss function of a chunk (``--compile``: the compiled one, models/compile.py).
     """
     if chunk_tokens < 1:
         raise ConfigError(f"loss_chunk_tokens={chunk_tokens}: give a positive number of positions per chunk, "
@@ -169,6 +187,8 @@ def install_chunked_loss(model: nn.Module, chunk_tokens: int, row_multiple: int 
     model.ecomkit_loss_chunk = int(chunk_tokens)
     model.ecomkit_loss_rows = row_multiple
     model.ecomkit_loss_kernel = cpu_kernel
+    if head_loss is not None:
+        model.ecomkit_head_loss = head_loss
     model.forward = types.MethodType(_forward_with_chunked_loss, model)
 
 
@@ -178,6 +198,7 @@ def remove_chunked_loss(model: nn.Module) -> None:
     model.__dict__.pop("ecomkit_loss_chunk", None)
     model.__dict__.pop("ecomkit_loss_rows", None)
     model.__dict__.pop("ecomkit_loss_kernel", None)
+    model.__dict__.pop("ecomkit_head_loss", None)
 
 
 def has_chunked_loss(model: nn.Module) -> bool:

@@ -60,7 +60,6 @@ class Strategy:
         self.cfg, self.env = cfg, env
         self.model: nn.Module | None = None       # what the loop calls forward on
         self.raw_model: nn.Module | None = None   # the unwrapped transformers model
-        self.eager_model: nn.Module | None = None  # self.model before torch.compile (--compile): no-grad forwards
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
         self.scaler: Any = None                   # fp16 dynamic loss scaler
@@ -84,8 +83,7 @@ class Strategy:
     def setup(self, model: nn.Module, total_steps: int) -> None:
         """Wrap ``model`` and build optimizer + scheduler. Subclasses usually override ``wrap``."""
         self.raw_model = model
-        self.eager_model = self.wrap(model)
-        self.model = compile_wrapped(self.eager_model, self.cfg.compile)
+        self.model = self.wrap(model)   # --compile compiled its blocks before (models/compile.py), not the wrapper
         self.optimizer = build_optimizer(self.model, self.cfg)
         self.scheduler = build_scheduler(self.optimizer, self.cfg, total_steps)
         self.scaler = build_grad_scaler(self.cfg.precision, self.env.device)
@@ -112,15 +110,9 @@ class Strategy:
         return autocast_context(self.cfg.precision, self.env.device)
 
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Logits of one batch. Without grad (evaluation, generation) the module before ``torch.compile`` runs.
-
-        Why: a ``no_grad`` forward fails the compiled training graph's grad-mode guard, and torch.compile would
-        then recompile the whole model for a few evaluation batches (measured: about 45 s for ``tiny`` on a
-        2-core CPU, where the eager batches take well under a second). Same weights, same wrapper.
-        """
-        model = self.model if torch.is_grad_enabled() or self.eager_model is None else self.eager_model
+        """Logits of one batch (evaluation and generation run compiled blocks uncompiled: models/compile.py)."""
         with self.autocast():
-            return model(input_ids=input_ids, attention_mask=attention_mask).logits
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
     def forward_loss_sum(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Σ token losses of one micro-batch: chunked in the model's forward when installed, else from logits.
@@ -199,18 +191,7 @@ class Strategy:
 
     def close(self) -> None:
         """Drop references so gloo threads die before the process group (trap 1)."""
-        self.model = self.raw_model = self.eager_model = self.optimizer = self.scheduler = None
-
-
-def compile_wrapped(model: nn.Module, enabled: bool) -> nn.Module:
-    """``--compile``: the wrapped model through ``torch.compile``, after the wrapper, so DDP's buckets split the graph.
-
-    ``dynamic=True`` from the first step: batches of a bucketed sampler come in many
-    lengths, and the default (static first, dynamic on the first new shape) would
-    pay a second compilation inside the measured steps. ``validate()`` allows it
-    only for the strategies in ``COMPILE_STRATEGIES``.
-    """
-    return torch.compile(model, dynamic=True) if enabled else model
+        self.model = self.raw_model = self.optimizer = self.scheduler = None
 
 
 @contextlib.contextmanager

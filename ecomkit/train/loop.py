@@ -34,12 +34,8 @@ from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak_flops, mfu_fields
 from ecomkit.metrics import (MetricsWriter, fill_rate_of, peak_memory, slowest_rank_throughput, step_model_flops,
                              time_split)
-from ecomkit.models.attention import install_attention
 from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit
-from ecomkit.models.cpu_kernels import kernels_for
-from ecomkit.models.gelu import install_fused_gelu
 from ecomkit.models.lora import apply_peft, trainable_parameter_count
-from ecomkit.models.loss import install_chunked_loss
 from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
 from ecomkit.parallel import build_strategy
 from ecomkit.parallel.mixed import sharded_model_callbacks
@@ -47,6 +43,7 @@ from ecomkit.train.clip import ClipPolicy
 
 from ecomkit.train.autoprec import resolve_attention, resolve_precision
 from ecomkit.train.batches import log_data_choices, resolve_data_settings, training_loader
+from ecomkit.train.fast_paths import install_fast_paths
 from ecomkit.train.gen_eval import evaluator_for_run
 from ecomkit.train.held_out import evaluate_held_out, log_evaluation_scope
 from ecomkit.train.preempt import add_preemption_callbacks
@@ -102,13 +99,8 @@ class TrainingRun:
         # A model loaded from a directory or the hub is only known now: tp must divide its heads, pp its blocks.
         self.cfg.validate(self.env.world_size, n_head=model.config.n_head, n_layer=model.config.n_layer)
         model = apply_peft(model, self.cfg)  # LoRA (peft): after the model is built, before the strategy wraps it
-        install_attention(model, self.cfg.attn)  # chapter "performance"; eager too: its one-pass QKV split
-        kernels = kernels_for(self.env.device, self.cfg.cpu_kernels)  # AVX-512 GeLU and loss (models/cpu_kernels.py)
-        install_fused_gelu(model, self.cfg.fused_gelu, kernels)  # one kernel each way (models/gelu.py)
-        if self.cfg.loss_chunk_tokens > 0 and self.strategy.supports_chunked_loss:
-            # chapter "performance": no [B, T, vocab] logits
-            install_chunked_loss(model, self.cfg.loss_chunk_tokens,  # bf16 on CPU: bounded shapes (train/shapes.py)
-                                 length_multiple(self.cfg.precision, self.env.device), kernels)
+        # attention, fused GeLU and loss kernels, the chunked loss, --compile: in that order (train/fast_paths.py)
+        install_fast_paths(model, self.cfg, self.env.device, self.strategy.supports_chunked_loss, self.packed)
         self.n_params = self.strategy.parameter_count(model)
         self.n_trainable = trainable_parameter_count(model)
         self.model_config = model.config
