@@ -13,7 +13,6 @@ from typing import NamedTuple
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
 from transformers.models.bloom import modeling_bloom
-from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
 
 _PLAN_ATTR = "_ecomkit_sdpa_mask_plan"
 
@@ -138,12 +137,22 @@ def alibi_from_mask(attention_mask: torch.Tensor, num_heads: int, dtype: torch.d
         return modeling_bloom.build_alibi_tensor(attention_mask, num_heads, dtype)
     batch, t = attention_mask.shape[0], attention_mask.shape[-1]
     positions = (attention_mask[:, 0] == 0).sum(dim=-1) - 1                      # [batch, T]
-    slopes = _get_alibi_slopes(num_heads, attention_mask.device)
+    slopes = alibi_slopes(num_heads, attention_mask.device)
     alibi = (slopes[..., None] * positions[:, None, :]).reshape(batch * num_heads, 1, t).to(dtype)
     known = getattr(attention_mask, _KNOWN_PLAN, None)
     if known is not None and not torch.compiler.is_compiling():   # planned without reading: attention_mask_for
         setattr(alibi, _PLAN_ATTR, (attention_mask, t, known))
     return alibi
+
+
+def alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
+    """BLOOM's per-head ALiBi slopes, read off its public ``build_alibi_tensor`` (position 1 of a 2-token row).
+
+    Why not transformers' private ``_get_alibi_slopes``: it appeared only in transformers 5.21, and reading the
+    public function gives the same numbers (slope × 1) in every version.
+    """
+    ones = torch.ones(1, 2, dtype=torch.long, device=device)
+    return modeling_bloom.build_alibi_tensor(ones, num_heads, torch.float32).reshape(num_heads, 2)[:, 1]
 
 
 # ---------------------------------------------------------------------- flex
