@@ -49,7 +49,7 @@ from common import (bench_env, paired_rates, pooled_row, print_table, rotating_r
 
 from ecomkit.data import build_datasets
 from ecomkit.data.padding import compare_padding, compare_rank_wait
-from ecomkit.metrics import concurrent_ceiling, replicated_work_bound
+from ecomkit.rates import concurrent_ceiling, replicated_work_bound
 from ecomkit.models.tokenizer import get_tokenizer
 
 CEILING_GOAL = 0.9   # DDP's 2/1-process ratio as a share of the two-process ceiling

@@ -4,9 +4,10 @@
   python benchmarks/bench_packing.py [--model tiny] [--precision fp32] [--repeats 3] [--no-trl]
 
 Two data sets, each trained for ``--epochs`` by every variant, in rounds whose order rotates:
-- ``catalog``: the synthetic catalog, ``--task lm`` (short rows: ~90 tokens);
+- ``catalog``: the synthetic catalog, ``--task lm`` (short rows: ~90 tokens), at every ``--precisions``
+  (``--packing auto`` on a CPU follows these ratios per precision: ``ecomkit.data.packing.CPU_PACKED_PRECISIONS``);
 - ``instructions``: an Alpaca-style file of widely varied lengths (``ecomkit.data.catalog.instruction_rows``),
-  ``--task nlu`` (the loss on the responses).
+  ``--task nlu`` (the loss on the responses), at the last of ``--precisions``.
 
 Variants (micro-batch ``--micro-batch-size`` per process, one thread each, the same rows and tokenizer):
 - (a) ecomkit, bucketed batches (``--packing off``): ``micro-batch`` rows of similar length;
@@ -40,7 +41,7 @@ from ecomkit.data import load_records, write_jsonl
 from ecomkit.data.catalog import instruction_rows
 from ecomkit.data.packing import best_fit_decreasing, packed_collate
 from ecomkit.data.tokenize import IGNORE_INDEX, pad_collate, tokenize_records
-from ecomkit.metrics import pooled_rate
+from ecomkit.rates import pooled_rate
 from ecomkit.models.attention import attention_mask_for, install_attention
 from ecomkit.models.bloom import build_model
 from ecomkit.models.loss import shifted_token_losses
@@ -61,11 +62,14 @@ def variants(trl: bool) -> dict[str, tuple[str, list[str]]]:
     return out
 
 
-def data_sets(args: argparse.Namespace, folder: Path) -> dict[str, list[str]]:
+def bench_jobs(args: argparse.Namespace, folder: Path) -> dict[str, list[str]]:
+    """``"<data> <precision>"`` -> flags: the catalog at every ``--precisions``, the instructions at the last."""
     path = write_jsonl(instruction_rows(args.instruction_rows, seed=1), folder / "instructions.jsonl")
-    return {"catalog": ["--task", "lm", "--n-rows", str(args.n_rows)],
-            "instructions": ["--task", "nlu", "--data", str(path), "--gen-eval-samples", "0",
-                             "--eval-nlu-samples", "0"]}
+    catalog = ["--task", "lm", "--n-rows", str(args.n_rows)]
+    instructions = ["--task", "nlu", "--data", str(path), "--gen-eval-samples", "0", "--eval-nlu-samples", "0"]
+    out = {f"catalog {p}": catalog + ["--precision", p] for p in args.precisions}
+    out[f"instructions {args.precisions[-1]}"] = instructions + ["--precision", args.precisions[-1]]
+    return out
 
 
 def row(data: str, name: str, runs: list[dict]) -> dict:
@@ -180,7 +184,8 @@ def cross_document_effect(seq_len: int, micro_batch: int, n_rows: int, trl: bool
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", help="model preset every variant trains")
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="precision of every run")
+    ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"],
+                    help="the catalog runs at each (the CPU packing rule is per precision); the instructions at the last")
     ap.add_argument("--micro-batch-size", type=int, default=8, help="rows (bucketed, Trainer) or sequences (packed)")
     ap.add_argument("--epochs", type=float, default=1.0, help="epochs each run trains")
     ap.add_argument("--untimed", type=int, default=3, help="untimed first steps of each run")
@@ -190,14 +195,14 @@ def main() -> None:
     ap.add_argument("--trl", action=argparse.BooleanOptionalAction, default=True,
                     help="also run TRL's SFTTrainer(packing=True) when trl is installed")
     args = ap.parse_args()
-    warn_emulated_bf16([args.precision], "--precision fp32 runs every variant in fp32.")
+    warn_emulated_bf16(args.precisions, "--precisions fp32 runs every variant in fp32.")
     trl = args.trl and importlib.util.find_spec("trl") is not None
     common = ["--model", args.model, "--max-steps", "0", "--epochs", str(args.epochs), "--untimed-steps",
               str(args.untimed), "--eval-interval", "0", "--eval-batches", "1000", "--no-save-model",
-              "--precision", args.precision, "--micro-batch-size", str(args.micro_batch_size), "--report-to", "none"]
+              "--micro-batch-size", str(args.micro_batch_size), "--report-to", "none"]
     rows, notes, ratios = [], [], {}
     with tempfile.TemporaryDirectory(prefix="bench-packing-") as tmp:
-        for data, flags in data_sets(args, Path(tmp)).items():
+        for data, flags in bench_jobs(args, Path(tmp)).items():
             jobs = {name: (script, common + flags + extra, 2) for name, (script, extra) in variants(trl).items()}
             print(f"== {data}", flush=True)
             runs = rotating_rounds(jobs, args.repeats, describe=lambda s: f"{s['tokens_per_s']:,.0f} real tokens/s")
@@ -208,18 +213,18 @@ def main() -> None:
             notes.append(f"{data}: packed / bucketed real tokens/s {ratio.describe()}")
             for peer in [k for k in runs if k.startswith(("(c)", "(d)"))]:
                 notes.append(f"{data}: packed / {peer} real tokens/s {paired_rates(packed, runs[peer], 'tokens_per_s').describe()}")
-            if data == "catalog":
+            if data.startswith("catalog"):
                 fill = statistics.median(r["fill_rate"] for r in packed)
-                notes.insert(0, verdict(f"catalog: packed / bucketed real tokens/s {ratio.describe()}", ratio.median,
+                notes.insert(0, verdict(f"{data}: packed / bucketed real tokens/s {ratio.describe()}", ratio.median,
                                         f">= {GOAL}x", ratio.median >= GOAL))
-                notes.insert(1, verdict("catalog: packed fill rate", fill, f">= {FILL_GOAL}", fill >= FILL_GOAL))
-    seq_len = next(r["seq_len"] for r in rows if r["data"] == "instructions" and r["variant"].startswith("(b)"))
+                notes.insert(1, verdict(f"{data}: packed fill rate", fill, f">= {FILL_GOAL}", fill >= FILL_GOAL))
+    seq_len = next(r["seq_len"] for r in rows if r["data"].startswith("instructions") and r["variant"].startswith("(b)"))
     effect = cross_document_effect(seq_len, args.micro_batch_size, 200, trl)
     for name, e in ((k, v) for k, v in effect.items() if k != "model"):
         notes.append(f"cross-document attention, {name}: a packed row's loss differs from the row alone by "
                      f"{e['median']:.1e} (median) / {e['max']:.1e} (max) relative, {e['rows']} instruction rows, "
                      f"seq_len {seq_len}, fp32, tiny trained {FIT_STEPS} steps")
-    print(f"\nmodel={args.model} precision={args.precision} micro-batch={args.micro_batch_size} "
+    print(f"\nmodel={args.model} precisions={args.precisions} micro-batch={args.micro_batch_size} "
           f"(2 processes, 1 thread each; slowest rank; {args.repeats} rounds)\n")
     print_table(rows, list(rows[0]))
     print("\n".join(notes))

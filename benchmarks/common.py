@@ -4,7 +4,7 @@ Every benchmark measures all of its variants side by side in one run, on
 this machine, and prints ratios; nothing is read from earlier runs. Each run
 ends with ``write_artifact``: ``benchmarks/results/<bench>-<yyyy-mm-dd>-<machine>.json``
 holds the command, the commit, the machine facts, the load average before and
-after, and the raw rows; ``benchmarks/report.py`` renders the README's tables
+after, and the raw rows; ``benchmarks/report.py`` renders the docs' tables
 from the newest artifact of each benchmark.
 """
 
@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ecomkit.envcheck.matmul import NO_BF16_UNITS, cpu_bf16_units
-from ecomkit.metrics import PairedRatio, paired_ratios, pooled_rate
+from ecomkit.rates import PairedRatio, paired_ratios, pooled_rate
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""Render the "Measured results" tables of README.md and docs/perf.md from the newest artifact of each benchmark.
+"""Render the measured-results tables of docs/benchmarks.md and docs/perf.md from the newest artifact of each benchmark.
 
 Every benchmark ends with ``common.write_artifact``, which writes
 ``benchmarks/results/<bench>-<yyyy-mm-dd>-<machine>.json`` (command, commit,
-machine facts, load average before and after, raw rows). In README.md each
-benchmark's table sits between two marker comments::
+machine facts, load average before and after, raw rows). On each page of
+:data:`DOCS` a benchmark's table sits between two marker comments::
 
     <!-- report:bench_tokenize -->
     ... generated, do not edit ...
@@ -15,8 +15,11 @@ the newest artifact of that benchmark (newest date; for one date, the file
 written last). A benchmark without an artifact renders a line saying so, never
 old numbers.
 
-    python benchmarks/report.py            # rewrite README.md and docs/perf.md in place
-    python benchmarks/report.py --check    # exit 1 (and print a diff) if either is not what it would render
+    python benchmarks/report.py            # rewrite every page of DOCS in place
+    python benchmarks/report.py --check    # exit 1 (and print a diff) if a page is not what it would render
+
+A page is any Markdown file with such blocks, and a block names any benchmark: adding a page means adding it
+to :data:`DOCS`, adding a table means adding its markers (the artifact's newest file fills them).
 
 What a table shows comes from the artifact: ``extra["columns"]`` (row keys, in
 order; default: the keys of the first row), ``extra["headers"]`` (optional,
@@ -38,8 +41,7 @@ from ecomkit.launch import newest_artifacts  # the same artifact choice as the c
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-README = REPO / "README.md"
-DOCS = (README, REPO / "docs" / "perf.md")   # every page with report blocks
+DOCS = (REPO / "docs" / "benchmarks.md", REPO / "docs" / "perf.md")   # every page with report blocks
 BLOCK = re.compile(r"(<!-- report:(?P<bench>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 
 
@@ -96,7 +98,7 @@ def missing(bench: str) -> str:
             "`benchmarks/results/`, then `python benchmarks/report.py`._\n")
 
 
-def render_readme(text: str, results_dir: Path = RESULTS) -> str:
+def render_blocks(text: str, results_dir: Path = RESULTS) -> str:
     """``text`` with every marked block replaced by its benchmark's newest artifact (or the missing line)."""
     artifacts = newest_artifacts(results_dir)
 
@@ -112,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="exit 1 if a page differs from what would be rendered")
     p.add_argument("--readme", "--doc", dest="docs", type=Path, action="append",
-                   help="a page with report blocks (repeatable; default: README.md and docs/perf.md)")
+                   help="a page with report blocks (repeatable; default: " + " and ".join(
+                       str(d.relative_to(REPO)) for d in DOCS) + ")")
     p.add_argument("--results", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     return max(_render_page(page, args.results, args.check) for page in (args.docs or DOCS))
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 def _render_page(page: Path, results: Path, check: bool) -> int:
     """Rewrite ``page`` (or with ``check``, compare it); 1 when ``check`` finds it stale."""
     text = page.read_text()
-    rendered = render_readme(text, results)
+    rendered = render_blocks(text, results)
     if check:
         if rendered != text:
             sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), rendered.splitlines(True),

@@ -12,7 +12,7 @@ the floors below (``[tool.importlinter]`` in pyproject.toml, checked by
 - ``data``                       catalog generator, loaders, validation, task formats, samplers
 - ground: ``errors``, ``config``, ``dist``, ``hardware``, ``metrics``, ``launch``
 
-The README's "Architecture" section says what each floor holds and why.
+docs/architecture.md says what each floor holds and why.
 """
 
 __version__ = "0.1.0"

@@ -52,6 +52,7 @@ class GpuSpec:
     tflops_bf16: float | None    # dense tensor-core peak, TFLOP/s
     tflops_fp16: float | None
     tflops_fp32: float           # non-tensor FP32
+    default_link: str            # the interconnect a plan assumes without --link (a LINKS key; see GPUS)
 
     def supports(self, precision: str) -> bool:
         return self._tflops(precision) is not None
@@ -85,23 +86,27 @@ class GpuSpec:
 #   RTX 4090: "NVIDIA Ada GPU Architecture" whitepaper, appendix (FP16/BF16 with FP32 accumulate 165.2, FP32 82.6;
 #     1,008 GB/s).
 #   V100 SXM2: "NVIDIA Tesla V100" data sheet (FP16 tensor 125, FP32 15.7, no BF16; 900 GB/s).
+# Default links: the interconnect of the board's usual system. SXM boards sit on NVLink (A100/H100/H200 with
+# NVSwitch; the H800's NVLink is cut to 400 GB/s; the V100 SXM2's is NVLink 2); PCIe boards and every card
+# without NVLink (GeForce, L40S, A10/A10G) reduce over PCIe; the H100 NVL's NVLink bridges join pairs only,
+# so a ring over more than two crosses PCIe. A cluster given --link uses that instead.
 GPUS: dict[str, GpuSpec] = {g.key: g for g in (
-    GpuSpec("a100-40g", "A100-SXM4-40GB", _gib(39.4), 1.555e12, 312.0, 312.0, 19.5),
-    GpuSpec("a100-80g", "A100-SXM4-80GB", _gib(79.2), 2.039e12, 312.0, 312.0, 19.5),
-    GpuSpec("a100-pcie-40g", "A100-PCIe-40GB", _gib(39.4), 1.555e12, 312.0, 312.0, 19.5),
-    GpuSpec("a100-pcie-80g", "A100-PCIe-80GB", _gib(79.2), 1.935e12, 312.0, 312.0, 19.5),
-    GpuSpec("h100-80g", "H100-SXM5-80GB", _gib(79.1), 3.35e12, 989.0, 989.0, 67.0),
-    GpuSpec("h100-pcie", "H100-PCIe-80GB", _gib(79.1), 2.0e12, 756.0, 756.0, 51.0),
-    GpuSpec("h100-nvl", "H100-NVL-94GB", _gib(93.1), 3.9e12, 835.0, 835.0, 60.0),
-    GpuSpec("h800", "H800-SXM5-80GB", _gib(79.1), 3.35e12, 989.0, 989.0, 67.0),
-    GpuSpec("h200", "H200-SXM-141GB", _gib(139.8), 4.8e12, 989.0, 989.0, 67.0),
-    GpuSpec("b200", "B200-HGX-180GB", _gib(178.4), 8.0e12, 2250.0, 2250.0, 80.0),
-    GpuSpec("l40s", "L40S 48GB", _gib(44.4), 0.864e12, 362.0, 362.0, 91.6),
-    GpuSpec("a10-24g", "A10 24GB", _gib(22.0), 0.6e12, 125.0, 125.0, 31.2),
-    GpuSpec("a10g", "A10G 24GB", _gib(22.0), 0.6e12, 70.0, 70.0, 35.0),
-    GpuSpec("rtx4090", "GeForce RTX 4090 24GB", _gib(23.6), 1.008e12, 165.2, 165.2, 82.6),
-    GpuSpec("v100-32g", "V100-SXM2-32GB", _gib(31.7), 0.9e12, None, 125.0, 15.7),
-    GpuSpec("v100-16g", "V100-SXM2-16GB", _gib(15.8), 0.9e12, None, 125.0, 15.7),
+    GpuSpec("a100-40g", "A100-SXM4-40GB", _gib(39.4), 1.555e12, 312.0, 312.0, 19.5, "nvlink-a100"),
+    GpuSpec("a100-80g", "A100-SXM4-80GB", _gib(79.2), 2.039e12, 312.0, 312.0, 19.5, "nvlink-a100"),
+    GpuSpec("a100-pcie-40g", "A100-PCIe-40GB", _gib(39.4), 1.555e12, 312.0, 312.0, 19.5, "pcie4-x16"),
+    GpuSpec("a100-pcie-80g", "A100-PCIe-80GB", _gib(79.2), 1.935e12, 312.0, 312.0, 19.5, "pcie4-x16"),
+    GpuSpec("h100-80g", "H100-SXM5-80GB", _gib(79.1), 3.35e12, 989.0, 989.0, 67.0, "nvlink-h100"),
+    GpuSpec("h100-pcie", "H100-PCIe-80GB", _gib(79.1), 2.0e12, 756.0, 756.0, 51.0, "pcie5-x16"),
+    GpuSpec("h100-nvl", "H100-NVL-94GB", _gib(93.1), 3.9e12, 835.0, 835.0, 60.0, "pcie5-x16"),
+    GpuSpec("h800", "H800-SXM5-80GB", _gib(79.1), 3.35e12, 989.0, 989.0, 67.0, "nvlink-h800"),
+    GpuSpec("h200", "H200-SXM-141GB", _gib(139.8), 4.8e12, 989.0, 989.0, 67.0, "nvlink-h100"),
+    GpuSpec("b200", "B200-HGX-180GB", _gib(178.4), 8.0e12, 2250.0, 2250.0, 80.0, "nvlink-b200"),
+    GpuSpec("l40s", "L40S 48GB", _gib(44.4), 0.864e12, 362.0, 362.0, 91.6, "pcie4-x16"),
+    GpuSpec("a10-24g", "A10 24GB", _gib(22.0), 0.6e12, 125.0, 125.0, 31.2, "pcie4-x16"),
+    GpuSpec("a10g", "A10G 24GB", _gib(22.0), 0.6e12, 70.0, 70.0, 35.0, "pcie4-x16"),
+    GpuSpec("rtx4090", "GeForce RTX 4090 24GB", _gib(23.6), 1.008e12, 165.2, 165.2, 82.6, "pcie4-x16"),
+    GpuSpec("v100-32g", "V100-SXM2-32GB", _gib(31.7), 0.9e12, None, 125.0, 15.7, "nvlink-v100"),
+    GpuSpec("v100-16g", "V100-SXM2-16GB", _gib(15.8), 0.9e12, None, 125.0, 15.7, "nvlink-v100"),
 )}
 
 # Every other spelling that names a row: short flags, and what torch.cuda.get_device_name() returns.
@@ -165,7 +170,20 @@ LINKS: dict[str, LinkSpec] = {lk.key: lk for lk in (
     LinkSpec("ib-400g", "InfiniBand NDR 400 Gb/s per GPU", 46e9, 8e-6, "50 GB/s raw per NIC"),
     LinkSpec("pcie5-x16", "PCIe 5.0 x16 (host link)", 40e9, 10e-6,
              "64 GB/s per direction raw; the achievable figure assumes the same ~62 % of raw as the PCIe 4 preset"),
+    # The three below have no measured busbw to cite: each assumes ~41 % of the total NVLink bandwidth per GPU,
+    # the share the two measured NVLink presets reach (A100 230 of 600 GB/s, 38 %; H100 370 of 900, 41 %).
+    LinkSpec("nvlink-v100", "NVLink 2 (V100 SXM2, DGX-1 hybrid cube mesh)", 123e9, 5e-6,
+             "300 GB/s total per GPU (6 links × 25 GB/s per direction); achievable assumed at ~41 % of that"),
+    LinkSpec("nvlink-h800", "NVLink 4 at 400 GB/s + NVSwitch (H800 SXM)", 164e9, 5e-6,
+             "400 GB/s total per GPU (the H100's NVLink cut for export); achievable assumed at ~41 % of that"),
+    LinkSpec("nvlink-b200", "NVLink 5 + NVSwitch (HGX B200)", 740e9, 5e-6,
+             "1,800 GB/s total per GPU (900 per direction); achievable assumed at ~41 % of that"),
 )}
+
+
+def default_link(gpu: str | GpuSpec) -> str:
+    """The link a plan assumes for ``gpu`` without ``--link``: the board's own (:data:`GPUS`, ``default_link``)."""
+    return gpu_spec(gpu).default_link
 
 
 def link_spec(name: str | LinkSpec) -> LinkSpec:
@@ -293,7 +311,7 @@ def mfu_fields(achieved_flops_per_s: float, peak_per_device: float | None, n_dev
     return {"mfu": None, "mfu_note": note} if note else {"mfu": None}
 
 
-__all__ = ["GpuSpec", "GPUS", "GPU_ALIASES", "find_gpu", "gpu_spec", "LinkSpec", "LINKS", "link_spec",
+__all__ = ["GpuSpec", "GPUS", "GPU_ALIASES", "find_gpu", "gpu_spec", "LinkSpec", "LINKS", "link_spec", "default_link",
            "unknown_gpu_message", "peak_flops_or_reason", "device_mfu_note", "device_peak_flops", "mfu_fields",
            "NodeSpec", "NODES", "GPU_DEFAULT_NODE", "node_spec", "node_cpu_adam_params_per_s",
            "CPU_ADAM_PARAMS_PER_S_PER_CORE", "GIB"]

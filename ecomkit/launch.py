@@ -17,12 +17,14 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ecomkit.errors import DataError, EcomkitError
+from ecomkit.errors import DataError, EcomkitError, user_error_from_agent_file
 
 TAIL_LINES = 40
 
@@ -61,14 +63,71 @@ def _resolve_script(script: str | Path, root: Path) -> Path:
     return path
 
 
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (where a display can be updated in place), False in a terminal or script."""
+    try:
+        from IPython import get_ipython  # lazy: optional (notebooks extra); absent in plain script installs
+
+        shell = get_ipython()
+        return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
+    except ImportError:
+        return False
+
+
+PROGRESS_LINE = re.compile(r"^\s*(train|decode|eval)\s+\d+/\d+")   # what the scripts' progress bars print
+
+
+class ProgressLine:
+    """A launch's progress in one line that updates in place, for a notebook cell that does not stream.
+
+    Why: a cell that launches training with ``live=False`` (to keep its output short) showed nothing for
+    minutes. The scripts print a progress line every ~10 % of a run (``train 30/300 loss=...``, ``decode
+    2/7``); the newest of them, with the seconds since the launch, replaces the previous one in the cell.
+    Outside a notebook it shows nothing (the terminal user asked for a quiet run).
+    """
+
+    def __init__(self, label: str, show: bool | None = None):
+        self.label, self.start = label, time.monotonic()
+        self.show = in_notebook() if show is None else show
+        self.seen: list[str] = []
+        self._handle = None
+
+    def __call__(self, line: str) -> None:
+        if not PROGRESS_LINE.match(line):
+            return
+        text = f"{self.label}: {line.strip()}  ({time.monotonic() - self.start:.0f} s)"
+        self.seen.append(text)
+        if not self.show:
+            return
+        from IPython.display import display  # lazy: only in a notebook (checked above)
+
+        bundle = {"text/plain": text}
+        if self._handle is None:
+            self._handle = display(bundle, raw=True, display_id=True)
+        else:
+            self._handle.update(bundle, raw=True)
+
+
+def _with_progress(hook: Callable[[str], None] | None, progress: ProgressLine) -> Callable[[str], None]:
+    def both(line: str) -> None:
+        progress(line)
+        if hook is not None:
+            hook(line)
+    return both
+
+
 def stream_command(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float | None,
                    live: bool, on_line: Callable[[str], None] | None = None,
                    on_start: Callable[[subprocess.Popen], None] | None = None) -> subprocess.CompletedProcess:
     """Run ``cmd``, echo each output line as it arrives, kill the whole process group on timeout.
 
     ``on_line`` sees every line as it arrives (chapter 07's stall demo watches for the stall there);
-    ``on_start`` the process once started (the SLURM dry run signals it to preempt it).
+    ``on_start`` the process once started (the SLURM dry run signals it to preempt it). Without ``live``
+    a notebook still sees the run's progress lines, in one line (:class:`ProgressLine`).
     """
+    if not live:
+        on_line = _with_progress(on_line, ProgressLine(next((Path(str(c)).name for c in cmd
+                                                             if str(c).endswith(".py")), "run")))
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, bufsize=1, errors="replace", start_new_session=True)
     timed_out = threading.Event()
@@ -112,8 +171,13 @@ def _tail(text: str, n: int = TAIL_LINES) -> str:
     return "".join(deque(text.splitlines(keepends=True), maxlen=n)) or "(no output)"
 
 
-def _check(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+def _check(result: subprocess.CompletedProcess, agent_error_file: Path | None = None) -> subprocess.CompletedProcess:
+    """``result``, or an EcomkitError: a worker's user error alone when it reported one, else the output's tail."""
     if result.returncode != 0:
+        user_error = user_error_from_agent_file(agent_error_file) if agent_error_file else None
+        if user_error:
+            raise EcomkitError(f"{user_error.removeprefix('error: ')}\n(exit status {result.returncode} of: "
+                               f"{' '.join(map(str, result.args))})")
         raise EcomkitError(
             f"command failed with exit status {result.returncode}: {' '.join(map(str, result.args))}\n"
             f"Last {TAIL_LINES} lines of its output:\n{_tail(result.stdout)}"
@@ -127,13 +191,18 @@ def run_torchrun(script: str | Path, args: Sequence[str] = (), nproc: int = 2, *
     """``torchrun --standalone --nproc_per_node N script args`` from the repository root.
 
     Output (stdout and stderr of all ranks, merged) is printed live and kept in
-    ``result.stdout``. Raises :class:`EcomkitError` with the output's tail on a
-    non-zero exit or after ``timeout`` seconds.
+    ``result.stdout``. Raises :class:`EcomkitError` on a non-zero exit or after
+    ``timeout`` seconds: with the user error a worker reported (read from the
+    error file torchrun's agent copies it to, :mod:`ecomkit.errors`), else with
+    the output's tail.
     """
     root = repo_root()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "--max_restarts", str(max_restarts), str(_resolve_script(script, root)), *map(str, args)]
-    return _check(stream_command(cmd, cwd=root, env=child_env(env), timeout=timeout, live=live))
+    with tempfile.TemporaryDirectory(prefix="ecomkit-launch-") as folder:
+        agent_file = Path(folder) / "agent_error.json"   # the agent copies the failing rank's error file here
+        merged = {**child_env(env), "TORCHELASTIC_ERROR_FILE": str(agent_file)}
+        return _check(stream_command(cmd, cwd=root, env=merged, timeout=timeout, live=live), agent_file)
 
 
 def run_python(script: str | Path, args: Sequence[str] = (), *, env: Mapping[str, str] | None = None,
@@ -191,7 +260,7 @@ ARTIFACT = re.compile(  # benchmarks/results/<bench>-<yyyy-mm-dd>-<machine>.json
 def newest_artifacts(results_dir: str | Path) -> dict[str, Path]:
     """bench name → path of its newest artifact (by the date in the name, then by the time written inside it).
 
-    One rule for the README's tables (``benchmarks/report.py``) and the ledger, so both read the same file.
+    One rule for the docs' tables (``benchmarks/report.py``) and the ledger, so both read the same file.
     Why the time inside and not the file's modification time: a fresh clone sets every mtime to the checkout.
     """
     found: dict[str, tuple[tuple[str, str, int], Path]] = {}

@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import os
 import resource
-import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -102,6 +100,7 @@ def print_run_summary(summary: dict[str, Any]) -> None:
     print(
         "\n=== run summary ===\n"
         f"strategy        {summary['strategy']} × {summary['world_size']} process(es), global batch {summary['global_batch']}\n"
+        + model_lines(summary)
         + data_line(summary)
         + f"loss            {summary['first_loss']:.4f} → {summary['final_loss']:.4f} (train), eval "
           f"{summary['eval_loss']:.4f}{examples_note(summary)}\n"
@@ -115,6 +114,23 @@ def print_run_summary(summary: dict[str, Any]) -> None:
     )
 
 
+def model_lines(summary: dict[str, Any]) -> str:
+    """Which model trained (a random-init preset or real weights) and, with LoRA, what of it trained.
+
+    Why in the summary: the numbers above a preset's run are a random init's; a reader must not take
+    them for what the real SeqGPT or EcomGPT weights would do.
+    """
+    origin = summary.get("model_origin")
+    if not origin:
+        return ""
+    line = f"model           {summary['model']}: {summary['params']:,} parameters, {origin['text']}\n"
+    lora = summary.get("lora")
+    if lora:
+        share = lora["trainable_params"] / lora["params"] if lora["params"] else float("nan")
+        base = "" if lora["base_bits"] >= 16 else f"; frozen base in {lora['base_bits']} bits"
+        line += (f"LoRA            on: r={lora['r']}, alpha {lora['alpha']:g}, targets {', '.join(lora['targets'])}"
+                 f"{base}; {lora['trainable_params']:,} of {lora['params']:,} parameters train ({share:.2%})\n")
+    return line
 def examples_note(summary: dict[str, Any]) -> str:
     """`` (N held-out examples)``: what the eval loss rests on, when the evaluation counted it."""
     n = summary.get("eval_loss_examples")
@@ -344,77 +360,6 @@ def time_split(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
     out = {p.removesuffix("_s"): sum(float(r.get(p) or 0.0) for r in steady) / total for p in parts}
     out["other"] = 1.0 - sum(out.values())
     return out
-
-
-def replicated_work_bound(n: int, replicated_fraction: float) -> float:
-    """The best speed-up ``n`` data-parallel ranks can reach when part of the step is repeated on every rank.
-
-    Amdahl's law with ``replicated_fraction`` of the one-process step not divided by ``n``: DDP splits the
-    batch, but every rank still runs the whole optimizer step. With AdamW at 5 % of a one-process step, two
-    ranks cannot beat 1.90x even with free communication. Read the fraction off :func:`time_split`
-    (``optim``) of the one-process run.
-    """
-    if n < 1 or not 0.0 <= replicated_fraction <= 1.0:
-        raise ValueError(f"need n >= 1 and 0 <= replicated_fraction <= 1, got n={n}, {replicated_fraction}")
-    return 1.0 / ((1.0 - replicated_fraction) / n + replicated_fraction)
-
-
-def concurrent_ceiling(alone_rate: float, concurrent_rates: list[float]) -> float:
-    """How many times one process's throughput the machine gives when several independent copies run at once.
-
-    Why: N data-parallel processes share the machine's memory bandwidth, caches and (on a VM) whatever the
-    host gives the cores. Running N copies of the 1-process job side by side, with no communication at all,
-    measures that ceiling; DDP's N/1 ratio cannot beat it. ``alone_rate`` is the copy's rate run alone.
-    """
-    if alone_rate <= 0 or not concurrent_rates or min(concurrent_rates) <= 0:
-        raise ValueError(f"need positive rates, got alone={alone_rate}, concurrent={concurrent_rates}")
-    return sum(concurrent_rates) / alone_rate
-
-
-def pooled_rate(summaries: Sequence[dict[str, Any]], key: str = "samples_per_s") -> float:
-    """One rate over repeated runs of the same job: their total samples (tokens) over their total steady time.
-
-    Why: like one run's throughput, never a mean of rates; a run slowed by a
-    neighbour weighs in by the time it took.
-    """
-    wall = sum(float(s["steady_wall_s"]) for s in summaries)
-    if not summaries or wall <= 0:
-        raise ValueError("need at least one run with a positive steady wall time")
-    return sum(float(s[key]) * float(s["steady_wall_s"]) for s in summaries) / wall
-
-
-@dataclass(frozen=True)
-class PairedRatio:
-    """Ratios of runs paired side by side (run i of one job against run i of the other), and their spread.
-
-    Why: on a shared machine the capacity two processes get moves between
-    minutes; each pair runs back to back so both sides see the same machine,
-    and the median over the pairs is the verdict, with the range beside it.
-    """
-
-    ratios: tuple[float, ...]
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.ratios)
-
-    @property
-    def spread(self) -> tuple[float, float]:
-        return min(self.ratios), max(self.ratios)
-
-    def describe(self) -> str:
-        lo, hi = self.spread
-        return f"median {self.median:.2f} of {len(self.ratios)} pairs (range {lo:.2f}-{hi:.2f})"
-
-
-def paired_ratios(numerators: Sequence[float], denominators: Sequence[float]) -> PairedRatio:
-    """``numerators[i] / denominators[i]`` for each pair; both lists as long as each other and positive."""
-    if len(numerators) != len(denominators) or not numerators:
-        raise ValueError(f"need as many numerators as denominators (>= 1), got {len(numerators)} and "
-                         f"{len(denominators)}")
-    if min(*numerators, *denominators) <= 0:
-        raise ValueError("rates must be positive")
-    return PairedRatio(tuple(n / d for n, d in zip(numerators, denominators)))
 
 
 def slowest_rank_throughput(own_rows: list[dict[str, Any]], env: DistEnv, warmup_steps: int = 1,

@@ -3,7 +3,7 @@
 
   # train (2 processes) on the synthetic catalog's classification and extraction examples, seqgpt prompt
   torchrun --standalone --nproc_per_node 2 scripts/08_tasks.py --task nlu --output-dir runs/tasks
-  # your own data (span lists, spans nested by label, or BIO tags; see the README's "Bring your own data")
+  # your own data (span lists, spans nested by label, or BIO tags; see docs/guide.md, "Bring your own data")
   torchrun --standalone --nproc_per_node 2 scripts/08_tasks.py --task nlu --data ner.jsonl --eval-data dev.jsonl
   # evaluate the saved weights again, under another strategy (the figures must not change)
   torchrun --standalone --nproc_per_node 2 scripts/08_tasks.py --task nlu --evaluate-only --model runs/tasks/final

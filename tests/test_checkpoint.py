@@ -229,7 +229,7 @@ def test_fault_config_validation():
     """The fault settings are part of TrainConfig.validate(), which runs before any process group exists."""
     cfg = TrainConfig()
     cfg.fault.checkpoint_interval = -5
-    with pytest.raises(ConfigError, match="checkpoint_interval"):
+    with pytest.raises(ConfigError, match="--fault-checkpoint-interval"):
         cfg.validate(world_size=1)
     cfg = TrainConfig(strategy="zero")
     cfg.fault.checkpoint_interval = 10
@@ -239,5 +239,5 @@ def test_fault_config_validation():
     assert not checkpoints_requested(cfg)  # auto stays off where DCP does not apply
     cfg = TrainConfig()
     cfg.fault.straggler_factor = 1.0
-    with pytest.raises(ConfigError, match="straggler_factor"):
+    with pytest.raises(ConfigError, match="--fault-straggler-factor"):
         cfg.validate(world_size=1)

@@ -37,8 +37,8 @@ def test_unknown_key_in_file_is_rejected_with_suggestion(tmp_path):
         parse_config(["--config", str(y)])
 
 
-def test_unknown_flag_exits_with_usage():
-    with pytest.raises(SystemExit):
+def test_unknown_flag_is_a_user_error_naming_the_flag():
+    with pytest.raises(ConfigError, match="unrecognized arguments: --max-stepz"):
         parse_config(["--max-stepz", "3"])
 
 

@@ -69,7 +69,7 @@ def test_review_lengths_spread_widely(rows):
 
 @pytest.mark.parametrize("bad", [99, 1_000_001, 0, "100", True, 2.5])
 def test_row_count_out_of_range_is_a_config_error(bad):
-    with pytest.raises(ConfigError, match="n_rows"):
+    with pytest.raises(ConfigError, match="--n-rows"):
         generate_catalog(bad)
 
 

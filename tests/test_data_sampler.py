@@ -174,7 +174,7 @@ def test_invalid_arguments():
         DistributedBatchSampler(list(range(10)), 4, 2, 2, 0, seed=0)
     with pytest.raises(ConfigError, match="rank"):
         DistributedBatchSampler(list(range(100)), 4, 2, 2, 2, seed=0)
-    with pytest.raises(ConfigError, match="micro_batch_size"):
+    with pytest.raises(ConfigError, match="--micro-batch-size"):
         DistributedBatchSampler(list(range(100)), 0, 2, 2, 0, seed=0)
 
 

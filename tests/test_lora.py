@@ -157,7 +157,8 @@ def assert_beats_base(out: Path) -> None:
 @pytest.fixture(scope="module")
 def ddp_lora(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ddp_lora")
-    run_script("02_data_parallel.py", SCRIPT_RUN + ["--output-dir", str(out)], nproc=2, timeout=300)
+    proc = run_script("02_data_parallel.py", SCRIPT_RUN + ["--output-dir", str(out)], nproc=2, timeout=300)
+    (out / "printed.txt").write_text(proc.stdout + proc.stderr)   # what the user saw
     return out
 
 
@@ -167,6 +168,17 @@ def ddp_lora(tmp_path_factory) -> Path:
 @pytest.mark.dist
 def test_02_data_parallel_trains_lora_and_beats_the_base(ddp_lora):
     assert_beats_base(ddp_lora)
+
+
+@pytest.mark.dist
+def test_the_start_up_line_and_the_summary_say_lora_is_on_and_what_trains(ddp_lora):
+    printed, s = (ddp_lora / "printed.txt").read_text(), summary(ddp_lora)
+    what = f"{s['trainable_params']:,} of {s['params']:,} parameters train"
+    banner = next(line for line in printed.splitlines() if "strategy=ddp" in line)
+    assert f"LoRA r={s['config']['lora_r']}" in banner and "query_key_value" in banner and what in banner, banner
+    summary_line = next(line for line in printed.splitlines() if line.startswith("LoRA  "))
+    assert "on: r=" in summary_line and "dense_4h_to_h" in summary_line and what in summary_line, summary_line
+    assert s["lora"]["targets"] == s["config"]["lora_target_modules"].split(",") and s["lora"]["base_bits"] == 16
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ecomkit.metrics import (attention_length, data_line, concurrent_ceiling, paired_ratios, pooled_rate, print_run_summary,
-                             replicated_work_bound, throughput_lines, throughput_summary, time_split)
+from ecomkit.metrics import (attention_length, data_line, print_run_summary, throughput_lines, throughput_summary,
+                             time_split)
+from ecomkit.rates import concurrent_ceiling, paired_ratios, pooled_rate, replicated_work_bound
 from ecomkit.models.bloom import flops_per_token
 
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
-from ecomkit.data.packing import (EMPTY, PACK_AUTO_MAX_ROW_SHARE, PackedBatchSampler, RowGroups, best_fit_decreasing,
-                                  decide_packing, fill_rate, packed_collate, plan_sequences)
+from ecomkit.data.packing import (CPU_PACKED_PRECISIONS, EMPTY, PACK_AUTO_MAX_ROW_SHARE, PackedBatchSampler, RowGroups,
+                                  best_fit_decreasing, decide_packing, fill_rate, packed_collate, packing_pays_off,
+                                  plan_sequences)
 from ecomkit.data.tokenize import IGNORE_INDEX
 from ecomkit.errors import ConfigError
+from ecomkit.launch import newest_artifacts
 from ecomkit.measure.packing import (loss_and_gradients, packed_batch, packing_agreement, padded_batch, random_rows,
                                      row_isolation)
 from ecomkit.models.attention import attention_mask_for, document_causal_mask, install_attention
@@ -17,6 +22,7 @@ from ecomkit.models.bloom import build_model
 from ecomkit.models.loss import install_chunked_loss
 
 PAD = 3
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
 def lengths(n: int = 500, seed: int = 0, low: int = 5, high: int = 120) -> np.ndarray:
@@ -90,6 +96,27 @@ def test_decide_packing_auto_follows_the_mean_row_share():
     assert decide_packing("auto", 256 * PACK_AUTO_MAX_ROW_SHARE, 256)[0]
     assert decide_packing("on", 200.0, 256) == (True, "--packing on as given")
     assert decide_packing("off", 60.0, 256)[0] is False
+
+
+def test_decide_packing_auto_on_a_cpu_packs_only_at_the_precisions_measured_faster():
+    for precision in ("fp32", "bf16"):
+        packed, why = decide_packing("auto", 60.0, 256, "cpu", precision)
+        assert packed == (precision in CPU_PACKED_PRECISIONS), why
+        if not packed:
+            assert "--packing on" in why and f"at {precision}" in why
+    assert decide_packing("on", 60.0, 256, "cpu", "fp32")[0]
+
+
+def test_the_cpu_packing_precisions_are_those_bench_packing_measured_faster():
+    """The constant against the newest artifact: the median of each precision's paired catalog rounds."""
+    path = newest_artifacts(RESULTS).get("bench_packing")
+    if path is None:
+        pytest.skip("no bench_packing artifact in benchmarks/results yet")
+    doc = json.loads(path.read_text())
+    if doc.get("gpu"):
+        pytest.skip("the newest bench_packing artifact is from a GPU")
+    assert packing_pays_off(doc["extra"]["ratios"]) == CPU_PACKED_PRECISIONS
+    assert packing_pays_off({"catalog fp32": [0.9, 0.95, 1.0], "catalog bf16": [1.2, 1.3, 1.1]}) == {"bf16"}
 
 
 # ---------------------------------------------------------------------- rows, packed and unpacked

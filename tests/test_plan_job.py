@@ -9,6 +9,7 @@ import pytest
 
 from ecomkit.config import TrainConfig, parse_config
 from ecomkit.models.attention_rule import pick_attention
+from ecomkit.models.bloom import model_length_limit
 from ecomkit.planner.cli import main, read_job
 from ecomkit.planner.job import PLANNER_FIELDS, Cluster, get_field, plan_input_from_config
 
@@ -32,10 +33,12 @@ def test_every_planner_default_is_the_training_default():
     for name in PLANNER_FIELDS:
         assert get_field(job.cfg, name) == get_field(ref, name), name
     inp = plan_input_from_config(job.cfg, job.cluster)
+    planned = model_length_limit(ref.model)      # --seq-len auto is planned at the model's limit (an upper bound)
+    assert ref.seq_len == "auto" and "--seq-len auto: planned at" in job.args.seq_len_note
     assert (inp.attn, inp.loss_chunk_tokens, inp.micro_batch, inp.seq_len, inp.precision, inp.grad_accum,
-            inp.strategy, inp.zero_bucket_elements) == (pick_attention(ref.attn, ref.precision, "cuda", ref.seq_len)[0],
+            inp.strategy, inp.zero_bucket_elements) == (pick_attention(ref.attn, ref.precision, "cuda", planned)[0],
                                                         ref.loss_chunk_tokens, ref.micro_batch_size,
-                                                        ref.seq_len, ref.precision, ref.grad_accum, ref.strategy,
+                                                        planned, ref.precision, ref.grad_accum, ref.strategy,
                                                         ref.zero.bucket_size)
 
 

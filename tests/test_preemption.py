@@ -68,7 +68,7 @@ def test_signal_names_parse_and_bad_ones_are_config_errors():
     assert parse_signal_names("") == []
     cfg = TrainConfig()
     cfg.fault.preempt_signals = "SIGKILL"
-    with pytest.raises(ConfigError, match="preempt_signals"):
+    with pytest.raises(ConfigError, match="--fault-preempt-signals"):
         cfg.validate(1)
     cfg.fault.preempt_signals = "SIGNOPE"
     with pytest.raises(ConfigError, match="SIGNOPE"):

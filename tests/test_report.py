@@ -1,4 +1,4 @@
-"""benchmarks/report.py: README tables rendered from artifacts, and ``--check`` catching a README that drifted."""
+"""benchmarks/report.py: docs tables rendered from artifacts, and ``--check`` catching a page that drifted."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def test_renders_the_newest_artifact_between_the_markers(tmp_path):
     _artifact(tmp_path, "2026-01-01", [{"num_proc": 1, "rows_per_s": 1.0}])
     _artifact(tmp_path, "2026-02-01", [{"num_proc": 1, "rows_per_s": 1234.5}, {"num_proc": 2, "rows_per_s": 2469.0}],
               notes=["speed-up 2 vs 1: 2.00x"])
-    out = report.render_readme(README, tmp_path)
+    out = report.render_blocks(README, tmp_path)
     block = out.split("<!-- report:bench_tok -->\n")[1].split("<!-- /report -->")[0]
     assert "whatever was here before" not in out
     assert "| processes | rows/s |" in block
@@ -78,7 +78,7 @@ def test_renders_the_newest_artifact_between_the_markers(tmp_path):
     assert "No artifact of `bench_never`" in never and not any(ch.isdigit() for ch in never)
     # text outside the markers is untouched
     assert out.startswith("# Project\n\n## Measured results\n\n### Tokenization\n") and out.endswith("## Tests\n")
-    assert report.render_readme(out, tmp_path) == out  # rendering is idempotent
+    assert report.render_blocks(out, tmp_path) == out  # rendering is idempotent
 
 
 def test_same_date_the_file_written_last_wins(tmp_path):
@@ -111,7 +111,7 @@ def test_check_fails_on_a_modified_readme_and_passes_on_a_rendered_one(tmp_path,
     diff = capsys.readouterr().out
     assert "-| 2 | 250 |" in diff and "+| 2 | 190 |" in diff
     assert report.main(args) == 0 and report.main(args + ["--check"]) == 0
-    _artifact(results, "2026-04-01", [{"num_proc": 1, "rows_per_s": 2.0}])   # a newer run, README not re-rendered
+    _artifact(results, "2026-04-01", [{"num_proc": 1, "rows_per_s": 2.0}])   # a newer run, the page not re-rendered
     assert report.main(args + ["--check"]) == 1
 
 
@@ -128,10 +128,10 @@ def test_names_that_are_not_artifacts_are_ignored(tmp_path, name):
 
 @pytest.mark.parametrize("page", report.DOCS, ids=lambda p: p.name)
 def test_the_repository_pages_match_their_artifacts(page):
-    """The check ``make test`` runs: the report blocks of README.md and docs/perf.md equal what the artifacts render."""
+    """The check ``make test`` runs: the report blocks of docs/benchmarks.md and docs/perf.md equal their artifacts."""
     text = page.read_text()
     assert report.BLOCK.search(text), f"{page} has no report block"
-    assert report.render_readme(text) == text, "run: python benchmarks/report.py"
+    assert report.render_blocks(text) == text, "run: python benchmarks/report.py"
 
 
 def test_a_second_run_on_the_same_day_keeps_the_first_artifact(tmp_path):

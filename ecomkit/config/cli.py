@@ -131,6 +131,23 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, defaults: Any, prefi
         groups[section].add_argument(flag, **kw)
 
 
+class FlagParser(argparse.ArgumentParser):
+    """argparse whose usage errors (a mistyped flag, a missing value) are :class:`ConfigError` s.
+
+    Why: argparse prints its usage and exits 2 in every process, so under torchrun a typo in one flag
+    printed N usage blocks before torchrun's own report. As a ConfigError it goes through the scripts'
+    one user-error path (:func:`ecomkit.errors.exit_on_user_error`): reported once, by rank 0, last.
+    """
+
+    def error(self, message: str):  # noqa: D102 (argparse's hook)
+        hint = ""
+        if message.startswith("unrecognized arguments:"):
+            known = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+            close = [difflib.get_close_matches(w.split("=")[0], known, n=1) for w in message.split(":", 1)[1].split()]
+            hint = "".join(f" Did you mean {c[0]}?" for c in close if c)
+        raise ConfigError(f"{self.prog}: {message}.{hint} `{self.prog} --help` lists every flag.")
+
+
 def build_arg_parser(description: str = "", extra: Callable[[argparse.ArgumentParser], None] | None = None,
                      defaults: TrainConfig | None = None, aliases: Mapping[str, str] | None = None
                      ) -> argparse.ArgumentParser:
@@ -142,7 +159,7 @@ def build_arg_parser(description: str = "", extra: Callable[[argparse.ArgumentPa
     Choices are shown, not enforced here: :meth:`TrainConfig.validate` rejects a
     bad value with a message that suggests the closest allowed one.
     """
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = FlagParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     files = parser.add_argument_group("presets and config files")
     files.add_argument("--preset", choices=sorted(CONFIG_PRESETS), default=None,
                        help="start from a named preset instead of this script's defaults")

@@ -138,8 +138,9 @@ class TrainConfig:
                                       #   line), LM documents split into windows (data/lengths.py)
     packing: str = "auto"             # pack rows into full sequences of seq_len tokens, each row attending only
                                       #   to itself (document mask; exact for BLOOM's ALiBi): on | off | auto (on
-                                      #   when the mean training row is at most PACK_MAX_FILL of seq_len, where
-                                      #   bench_packing measured packing faster) (data/packing.py)
+                                      #   when the mean training row fills at most half of seq_len; on a CPU only
+                                      #   at the precisions bench_packing measured it faster: off at fp32, so the
+                                      #   chapters' fp32 comparisons train on the rows they always did)
     micro_batch_size: int = 8         # samples per device per forward/backward (sequences of seq_len when packed)
     grad_accum: int = 1               # micro-steps per optimizer step
     global_batch_size: int = 0        # if > 0: derive grad_accum = this / (micro_batch * world)
@@ -195,7 +196,7 @@ class TrainConfig:
     progress: bool = True             # tqdm bar on rank 0
     log_interval: int = 1             # steps between metrics rows
     report_to: str = "tensorboard"    # also log every metrics row (rank 0) to: tensorboard, wandb, mlflow (a
-                                      #   comma list) or none; tensorboard --logdir <output_dir> (README)
+                                      #   comma list) or none; tensorboard --logdir <output_dir> (docs/guide.md)
     fail_at_step: int = -1            # fault injection: --fail-rank exits abruptly at this step, once
                                       #   (not again after a torchrun restart); for tests and chapter 07
     fail_rank: int = 0                # the rank that --fail-at-step ends

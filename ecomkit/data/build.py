@@ -52,7 +52,7 @@ from ecomkit.data.tasks import CLASSIFICATION_TASKS, KINDS, check_task, labels_f
 from ecomkit.data.stream import column_numpy, label_codes, read_columns
 from ecomkit.data.lengths import CutCounts, LengthStats, choose_seq_len, cut_counts, length_stats, lengths_facts
 from ecomkit.data.tokenize import fit_rows, tokenize_whole
-from ecomkit.data.validate import RECORD_FIELDS, ValidationReport, check_bad_fraction
+from ecomkit.data.validate import RECORD_FIELDS, ValidationReport, check_bad_fraction, unlabeled_warning
 from ecomkit.errors import ConfigError, DataError
 
 SYNTHETIC = "synthetic"
@@ -87,6 +87,8 @@ class BuildReport:
     lengths: dict[str, LengthStats] = field(default_factory=dict)   # "train" / "eval": lengths before any cut
     cuts: dict[str, CutCounts] = field(default_factory=dict)        # "train" / "eval": what fitting cut
     train_label_counts: dict[str, Counter] = field(default_factory=dict)        # target -> training gold labels
+    labels_not_in_data: tuple[str, ...] = ()   # extraction labels asked for (--labels) that no span carries
+    span_labels_in_data: tuple[str, ...] = ()  # the labels the data's spans do carry (when counted)
     _train_spans: object = field(default=None, repr=False, compare=False)       # a Counter, or how to make it
 
     @property
@@ -113,7 +115,10 @@ class BuildReport:
                 "eval_rows_read": self.eval_validation.total if self.eval_validation else None,
                 "spans_outside_labels": dict(self.spans_outside_labels),
                 "train_label_counts": {t: dict(c) for t, c in self.train_label_counts.items()}, "seq_len": self.seq_len,
-                "seq_len_reason": self.seq_len_reason, **lengths_facts(self.lengths, self.cuts)}
+                "seq_len_reason": self.seq_len_reason, **lengths_facts(self.lengths, self.cuts),
+                "labels_not_in_data": list(self.labels_not_in_data),
+                "unlabeled_rows": self.validation.unlabeled,
+                "unlabeled_first": list(self.validation.unlabeled_first)}
 
     def lengths_summary(self) -> str:
         """The data line's lengths part: per split, p50/p95/max before any cut and what fitting cut."""
@@ -124,6 +129,17 @@ class BuildReport:
     def cut_warnings(self) -> list[str]:
         """A line per split whose inputs lost more than half (:meth:`CutCounts.warning`)."""
         return [w for k, c in self.cuts.items() if (w := c.warning(k, self.lengths[k].rows))]
+
+    def warnings(self) -> list[str]:
+        """What the data silently cannot give: labels asked for that never occur, rows with nothing to learn."""
+        out = []
+        if self.labels_not_in_data:
+            found = ", ".join(self.span_labels_in_data) or "none"
+            out.append(f"--labels: {', '.join(self.labels_not_in_data)} never occur in the spans of the data (its "
+                       f"span labels: {found}); the model cannot learn them and their F1 will be 0. Check the "
+                       f"spelling, or leave them out of --labels.")
+        out += [w for v in (self.validation, self.eval_validation) if v is not None and (w := unlabeled_warning(v))]
+        return out
 
     def summary(self) -> str:
         used = self.n_train_records + self.n_eval_records
@@ -193,6 +209,7 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     if extract:                                                   # only data with spans has an extraction label set
         all_labels["extract"] = extract
     outside = {k: n for k, n in (span_counts or {}).items() if k not in extract}
+    never = tuple(k for k in (labels or ()) if not (span_counts or {}).get(k))
     if eval_table is None:
         order = np.random.default_rng(seed).permutation(len(records))
         eval_idx, train_idx = stratified_split(order, _strata(targets[0], all_labels, order), eval_fraction)
@@ -203,36 +220,15 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     if len(train_idx) == 0:
         raise DataError(f"{source}: only {len(records)} usable records, too few to split off an eval set with "
                         f"eval_fraction={eval_fraction}. Provide more rows, or an eval file (--eval-data FILE).")
-    tok = {"labels": all_labels, "prompt_format": prompt_format}
-    # Tokenise the whole table in one sequential pass (cached per table, whatever the seed or length), measure
-    # every split's lengths, choose the sequence length, then fit the rows to it and count what that cut.
-    # Examples are split by their source record: training rows in table order (the sampler shuffles), eval rows
-    # in the random order of the eval records. Reading a table through an indices mapping costs memory per row.
-    whole = tokenize_whole(records, tokenizer, task, num_proc, **tok)
-    eval_whole = tokenize_whole(eval_table, tokenizer, task, num_proc, **tok) if eval_table is not None else None
-    split = lambda table: (_rows_by_record(column_numpy(table, "record"), len(records), eval_idx)  # noqa: E731
-                           if eval_whole is None else (np.arange(len(table)), None))
-    train_rows, eval_rows = split(whole)
-    stats = {"train": length_stats(whole, train_rows),
-             "eval": length_stats(whole, eval_rows) if eval_whole is None else length_stats(eval_whole)}
-    seq_len, why = choose_seq_len(max_length, max(s.row.max for s in stats.values()), length_limit)
-    fitted = fit_rows(whole, seq_len, num_proc)
-    eval_fitted = fit_rows(eval_whole, seq_len, num_proc) if eval_whole is not None else None
-    train_rows, eval_rows = split(fitted)
-    cuts = {"train": cut_counts(fitted, seq_len, train_rows),
-            "eval": cut_counts(fitted, seq_len, eval_rows) if eval_fitted is None else cut_counts(eval_fitted, seq_len)}
-    built = read_columns(whole, ["record", "kind"])
-    kinds = np.bincount(built.column("kind").to_numpy().astype(np.int64), minlength=len(KINDS))   # examples, not windows
+    built = _tokenized_splits(records, eval_table, eval_idx, tokenizer, task, num_proc, max_length, length_limit,
+                              {"labels": all_labels, "prompt_format": prompt_format})
+    train_ds, eval_ds, kinds = built.train, built.eval, built.kinds
     is_train = np.zeros(len(records), dtype=bool)
     is_train[train_idx] = True
-    train_counts = _train_label_counts(built, is_train, codes, all_labels)
-    final = lambda table: table.select_columns([c for c in FINAL_COLUMNS if c in table.column_names])  # noqa: E731
-    if eval_fitted is None:
+    train_counts = _train_label_counts(built.examples, is_train, codes, all_labels)
+    if eval_table is None:
         eval_records, eval_name = records.select(eval_idx), Path(str(source)).name
-        train_ds, eval_ds = final(fitted).select(train_rows), final(fitted).select(eval_rows)
     else:
-        kinds += np.bincount(column_numpy(eval_whole, "kind").astype(np.int64), minlength=len(KINDS))
-        train_ds, eval_ds = final(fitted), final(eval_fitted)
         eval_records, eval_name = eval_table, Path(str(eval_data)).name
     if kinds.sum() == 0:
         raise DataError(f"{source}: no {task} example could be built from {len(records):,} valid records. For task "
@@ -242,12 +238,62 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     report = BuildReport(str(source), validation, len(train_idx), len(eval_idx), len(train_ds), len(eval_ds),
                          all_labels["category"], all_labels, {k: int(n) for k, n in zip(KINDS, kinds) if n},
                          n_valid, max_rows, prompt_format, eval_source=None if eval_data is None else str(eval_data),
-                         eval_validation=eval_validation, spans_outside_labels=outside, seq_len=seq_len,
-                         seq_len_reason=why, lengths=stats, cuts=cuts, train_label_counts=train_counts)
+                         eval_validation=eval_validation, spans_outside_labels=outside, seq_len=built.seq_len,
+                         seq_len_reason=built.why, lengths=built.stats, cuts=built.cuts, train_label_counts=train_counts,
+                         labels_not_in_data=never, span_labels_in_data=tuple(sorted(span_counts or ())))
     if task == "nlu":
         report.eval_examples = _task_examples(eval_records, all_labels, eval_name)
         report._train_spans = lambda: _span_counter(records, train_idx, extract)
     return train_ds, eval_ds, eval_records, report
+
+
+@dataclass
+class _Splits:
+    """The tokenised train and eval sets, fit to ``seq_len``, with what measuring and fitting them found."""
+
+    train: Dataset
+    eval: Dataset
+    seq_len: int
+    why: str                                  # how --seq-len was chosen
+    stats: dict[str, LengthStats]             # per split, before any cut
+    cuts: dict[str, CutCounts]                # per split, what fitting cut
+    kinds: np.ndarray                         # examples built per kind (windows not counted twice)
+    examples: pa.Table                        # every training-table example's record and kind
+
+
+def _tokenized_splits(records: Dataset, eval_table: Dataset | None, eval_idx: np.ndarray, tokenizer, task: str,
+                      num_proc: int, max_length: int | str, length_limit: int, tok: dict) -> _Splits:
+    """Tokenise every table whole, measure each split's lengths, choose ``seq_len``, fit the rows, count the cuts.
+
+    One sequential pass per table (cached per table, whatever the seed or the length). Examples are split by
+    their source record: training rows in table order (the sampler shuffles), eval rows in the random order of
+    the eval records. Reading a table through an indices mapping would cost memory per row.
+    """
+    whole = tokenize_whole(records, tokenizer, task, num_proc, **tok)
+    eval_whole = tokenize_whole(eval_table, tokenizer, task, num_proc, **tok) if eval_table is not None else None
+
+    def split(table: Dataset) -> tuple[np.ndarray, np.ndarray | None]:
+        if eval_whole is not None:    # an eval file: the whole source trains
+            return np.arange(len(table)), None
+        return _rows_by_record(column_numpy(table, "record"), len(records), eval_idx)
+
+    train_rows, eval_rows = split(whole)
+    stats = {"train": length_stats(whole, train_rows),
+             "eval": length_stats(whole, eval_rows) if eval_whole is None else length_stats(eval_whole)}
+    seq_len, why = choose_seq_len(max_length, max(s.row.max for s in stats.values()), length_limit)
+    fitted = fit_rows(whole, seq_len, num_proc)
+    examples = read_columns(whole, ["record", "kind"])
+    kinds = np.bincount(examples.column("kind").to_numpy().astype(np.int64), minlength=len(KINDS))
+    final = fitted.select_columns([c for c in FINAL_COLUMNS if c in fitted.column_names])
+    train_rows, eval_rows = split(fitted)
+    if eval_whole is None:
+        cuts = {"train": cut_counts(fitted, seq_len, train_rows), "eval": cut_counts(fitted, seq_len, eval_rows)}
+        return _Splits(final.select(train_rows), final.select(eval_rows), seq_len, why, stats, cuts, kinds, examples)
+    eval_fitted = fit_rows(eval_whole, seq_len, num_proc)
+    kinds += np.bincount(column_numpy(eval_whole, "kind").astype(np.int64), minlength=len(KINDS))
+    cuts = {"train": cut_counts(fitted, seq_len), "eval": cut_counts(eval_fitted, seq_len)}
+    eval_final = eval_fitted.select_columns([c for c in FINAL_COLUMNS if c in eval_fitted.column_names])
+    return _Splits(final, eval_final, seq_len, why, stats, cuts, kinds, examples)
 
 
 def _rows_by_record(source_record: np.ndarray, n_records: int, eval_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -35,32 +35,33 @@ sequence gives the tag names itself.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 import pyarrow.compute as pc
-from datasets import Dataset, DatasetDict, Features, Value, load_from_disk
+from datasets import Dataset, Features, Value
 
 from ecomkit.data.arrow import cached_table, file_digest, fingerprint
-from ecomkit.data.columns import (describe_columns, found_keys, heads, map_columns, parse_path, path_keys,
+from ecomkit.data.columns import (describe_columns, found_keys, map_columns, parse_path, path_keys,
                                   unmatched_error)
+from ecomkit.data.file_rows import check_json_array, csv_header, csv_rows, json_rows, load_hf_directory
 from ecomkit.data.spans import check_span_end
 from ecomkit.data.stream import map_batches, read_columns
 from ecomkit.data.tasks import check_task
 from ecomkit.data.validate import (
     ALL_FIELDS,
     INSTRUCTION_FIELDS,
+    LEARNABLE_FIELDS,
     RECORD_FIELDS,
     SPAN_KEY_FIELDS,
     TARGET_FIELDS,
     TEXT_FIELDS,
+    UNLABELED_SHOWN,
     RowProblem,
     ValidationIssue,
     ValidationReport,
@@ -78,7 +79,6 @@ RAW_FEATURES = Features({"location": Value("string"), "row": Value("string"), "r
 RECORD_FEATURES = Features({name: Value("float64" if name == "price" else "string") for name in RECORD_FIELDS})
 _ISSUE_COLUMNS = ("_reason", "_field", "_detail", "_location")
 VALIDATED_FEATURES = Features({**RECORD_FEATURES, **{c: Value("string") for c in _ISSUE_COLUMNS}})
-_CSV_FIELD_LIMIT = 1 << 27  # characters per CSV field (the csv module's default, 131,072, refuses long reviews)
 
 
 @dataclass
@@ -117,6 +117,8 @@ def load_records(path: str | os.PathLike, *, column_map: Mapping[str, str] | Non
                             fn_kwargs={"column_map": column_map, "label_map": label_map, "max_chars": max_chars,
                                        "from_file": from_file, "span_end": span_end}, desc="validating rows")
     report = _report(str(path), validated)
+    if task == "nlu":
+        _count_unlabeled(report, validated)
     if strict and report.counts:
         first = min(report.first_issue.values(), key=lambda issue: _row_number(issue.location))
         raise strict_error(str(path), first, {ours: theirs for theirs, ours in column_map.items()})
@@ -168,6 +170,17 @@ def _report(source: str, validated: Dataset) -> ValidationReport:
                              count=int(count))
     report.kept = report.total - sum(report.counts.values())
     return report
+
+
+def _count_unlabeled(report: ValidationReport, validated: Dataset) -> None:
+    """Count the valid rows without anything task nlu learns from, and note where the first of them are."""
+    table = read_columns(validated, ["_reason", "_location", *LEARNABLE_FIELDS])
+    empty = pc.is_null(table.column("_reason"))
+    for name in LEARNABLE_FIELDS:
+        empty = pc.and_(empty, pc.is_null(table.column(name)))
+    rows = np.flatnonzero(empty.to_numpy(zero_copy_only=False))
+    report.unlabeled = int(len(rows))
+    report.unlabeled_first = [table.column("_location")[int(i)].as_py() for i in rows[:UNLABELED_SHOWN]]
 
 
 def _finish(report: ValidationReport) -> None:
@@ -298,13 +311,13 @@ def _raw_table(path: Path, column_map: Mapping[str, str], task: str) -> tuple[Da
         raise _missing_data_error(path)
     suffix = path.suffix.lower()
     if path.is_dir() or suffix == ".arrow":
-        ds = _load_hf_directory(path) if path.is_dir() else Dataset.from_file(str(path))
+        ds = load_hf_directory(path) if path.is_dir() else Dataset.from_file(str(path))
         _check_columns(path, ds.column_names, column_map, task)
         return ds, False
     if suffix in (".jsonl", ".json"):
-        _check_json_array(path)
+        check_json_array(path)
     elif suffix == ".csv":
-        _check_columns(path, _csv_header(path), column_map, task)
+        _check_columns(path, csv_header(path), column_map, task)
     else:
         raise DataError(f"Cannot tell the format of {path} from its extension '{suffix}'. Supported: {SUPPORTED}.")
     digest = fingerprint("raw", file_digest(path), suffix, column_map)
@@ -313,7 +326,7 @@ def _raw_table(path: Path, column_map: Mapping[str, str], task: str) -> tuple[Da
 
 def _raw_batches(path: Path, column_map: Mapping[str, str], batch_rows: int = 10_000) -> Iterator[dict[str, list]]:
     """The file's rows as column batches of the raw table; only one batch is held in memory."""
-    rows = _csv_rows(path, column_map) if path.suffix.lower() == ".csv" else _json_rows(path)
+    rows = csv_rows(path, column_map) if path.suffix.lower() == ".csv" else json_rows(path)
     batch: dict[str, list] = {name: [] for name in RAW_FEATURES}
     for location, row in rows:
         problem = row if isinstance(row, RowProblem) else None
@@ -353,107 +366,3 @@ def _check_columns(path: Path, columns: Iterable[str], column_map: Mapping[str, 
             f"({', '.join(TARGET_FIELDS)}), spans (spans, label, or tokens + ner_tags) or instruction pairs. Map "
             f"one with --column-map '{{\"label\": \"sentiment\"}}' (a nested value by its path: "
             f"'{{\"labels.coarse[0]\": \"category\"}}'), or train with --task lm on the text alone.")
-
-
-# ---------------------------------------------------------------- JSON Lines
-
-def _json_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    with open(path, "rb") as f:
-        head = f.read(64).lstrip(b"\xef\xbb\xbf \t\r\n")
-    if head[:1] == b"[":
-        yield from _json_array_rows(path)
-        return
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue  # blank lines (e.g. a trailing newline) are not rows
-            try:
-                text = line.decode("utf-8-sig" if number == 1 else "utf-8")
-            except UnicodeDecodeError as exc:
-                yield f"line {number}", RowProblem("undecodable_bytes", None, f"byte 0x{line[exc.start]:02x} at "
-                                                   f"column {exc.start + 1} is not valid UTF-8")
-                continue
-            yield f"line {number}", text.strip()
-
-
-def _check_json_array(path: Path) -> None:
-    with open(path, "rb") as f:
-        head = f.read(64).lstrip(b"\xef\xbb\xbf \t\r\n")
-    if head[:1] == b"[":
-        _parse_json_array(path)
-
-
-def _parse_json_array(path: Path) -> list:
-    try:
-        return json.loads(path.read_bytes().decode("utf-8-sig"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"{path} starts like a JSON array but cannot be parsed ({exc}). Fix the file, or "
-                        f"convert it to JSON Lines (one object per line) so bad rows can be skipped one by one.")
-
-
-def _json_array_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    for number, obj in enumerate(_parse_json_array(path), start=1):
-        yield f"item {number}", json.dumps(obj, ensure_ascii=False)
-
-
-# ----------------------------------------------------------------------- CSV
-
-def _open_csv(path: Path):
-    # surrogateescape keeps undecodable bytes as lone surrogates, found per field below,
-    # so one bad line does not make the whole file unreadable; utf-8-sig drops a BOM.
-    csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
-    return io.TextIOWrapper(open(path, "rb"), encoding="utf-8-sig", errors="surrogateescape", newline="")
-
-
-def _csv_header(path: Path) -> list[str]:
-    with _open_csv(path) as f:
-        return next(csv.reader(f), [])
-
-
-def _csv_rows(path: Path, column_map: Mapping[str, str]) -> Iterator[tuple[str, Any]]:
-    read = heads(path_keys(column_map))   # columns a path reads into (their cells hold JSON)
-    with _open_csv(path) as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None:
-            return
-        last_line = reader.line_num
-        for values in reader:
-            location, last_line = f"line {last_line + 1}", reader.line_num
-            if not any(v.strip() for v in values):
-                continue
-            if len(values) != len(header):
-                yield location, RowProblem("malformed_line", None,
-                                           f"{len(values)} columns, the header has {len(header)}")
-                continue
-            yield location, _csv_record(header, values, column_map, read)
-
-
-def _csv_record(header: list[str], values: list[str], column_map: Mapping[str, str],
-                read: set[str] = frozenset()) -> Any:
-    row = {}
-    for column, value in zip(header, values):
-        ours = column_map.get(column, column)
-        if ours not in ALL_FIELDS and column not in read:
-            continue  # other columns are ignored (and may hold anything)
-        if any("\udc80" <= ch <= "\udcff" for ch in value):
-            return RowProblem("undecodable_bytes", ours, f"column '{column}' contains bytes that are not valid UTF-8")
-        row[column] = value  # renamed with the column map during validation, like JSON rows
-    return json.dumps(row, ensure_ascii=False)
-
-
-# --------------------------------------------------------- Hugging Face datasets
-
-def _load_hf_directory(path: Path):
-    try:
-        ds = load_from_disk(str(path))
-    except FileNotFoundError as exc:
-        raise DataError(f"{path} is a directory but not a dataset written by save_to_disk ({exc}). Pass the "
-                        f"directory given to Dataset.save_to_disk, or a .jsonl/.csv file.") from None
-    if isinstance(ds, DatasetDict):
-        if len(ds) != 1:
-            raise DataError(f"{path} holds a DatasetDict with splits {list(ds)}; pass one split's directory, "
-                            f"e.g. {path / next(iter(ds))}.")
-        ds = next(iter(ds.values()))
-    assert isinstance(ds, Dataset)
-    return ds

@@ -40,24 +40,50 @@ import torch
 from torch.utils.data import Dataset as TorchDataset
 
 from ecomkit.config.vocabulary import AUTO
-from ecomkit.data.sampler import epoch_rng
+from ecomkit.data.sampler import check_batch_layout, epoch_rng
 from ecomkit.data.tokenize import IGNORE_INDEX, BatchCounts, predicted_tokens
 from ecomkit.errors import ConfigError
 
 EMPTY: tuple[int, ...] = ()   # a sequence of padding only: fills the last global batch of an epoch
 # --packing auto packs when the mean training row fills at most this share of seq_len (two or more rows per
-# sequence on average). benchmarks/bench_packing.py measures packing against bucketed batches on both sides of it.
+# sequence on average): below it a sequence holds one row and packing has nothing to gain.
 PACK_AUTO_MAX_ROW_SHARE = 0.5
+# On a CPU, the precisions at which packed batches trained faster than bucketed ones on the catalog job, by at
+# least PACKING_MIN_GAIN (median of bench_packing's paired rounds); tests/test_packing.py recomputes it from the
+# newest artifact. Elsewhere packing pays on a CPU only in steps it does not change: a packed sequence's attention
+# covers its whole length, so at fp32 the `tiny` model spends more per token than the bigger steps save.
+CPU_PACKED_PRECISIONS: frozenset[str] = frozenset({"bf16"})
+PACKING_MIN_GAIN = 0.05
 
 
-def decide_packing(requested: str, mean_row: float, seq_len: int) -> tuple[bool, str]:
-    """``(packed, why)`` for ``--packing on|off|auto``, given the mean training row (as fit to ``seq_len``)."""
+def decide_packing(requested: str, mean_row: float, seq_len: int, device_type: str = "cuda",
+                   precision: str = "bf16") -> tuple[bool, str]:
+    """``(packed, why)`` for ``--packing on|off|auto``: the mean training row (as fit) against ``seq_len``.
+
+    ``auto`` packs rows that fill at most :data:`PACK_AUTO_MAX_ROW_SHARE` of ``seq_len``; on a CPU only at the
+    precisions bench_packing measured packing faster at (:data:`CPU_PACKED_PRECISIONS`). On a GPU, where a
+    short step is mostly launch overhead, it packs by the rows' share alone.
+    """
     if requested != AUTO:
         return requested == "on", f"--packing {requested} as given"
     share = mean_row / seq_len if seq_len else 1.0
-    verdict = "on" if share <= PACK_AUTO_MAX_ROW_SHARE else "off"
-    return verdict == "on", (f"auto: {verdict}, the mean training row ({mean_row:.0f} tokens) fills {share:.0%} of "
-                             f"seq_len {seq_len} (packs when <= {PACK_AUTO_MAX_ROW_SHARE:.0%})")
+    rows = f"the mean training row ({mean_row:.0f} tokens) fills {share:.0%} of seq_len {seq_len}"
+    if share > PACK_AUTO_MAX_ROW_SHARE:
+        return False, f"auto: off, {rows} (packs when <= {PACK_AUTO_MAX_ROW_SHARE:.0%})"
+    if device_type == "cpu" and precision not in CPU_PACKED_PRECISIONS:
+        return False, (f"auto: off, {rows}, but on a CPU at {precision} bench_packing measured packed batches no "
+                       f"faster than bucketed ones (packs at {', '.join(sorted(CPU_PACKED_PRECISIONS)) or 'none'}); "
+                       f"--packing on packs anyway")
+    return True, f"auto: on, {rows} (packs when <= {PACK_AUTO_MAX_ROW_SHARE:.0%})"
+
+
+def packing_pays_off(ratios: dict[str, Sequence[float]], min_gain: float = PACKING_MIN_GAIN) -> frozenset[str]:
+    """The precisions whose packed / bucketed real-tokens/s ratios (paired rounds) have a median above ``1 + min_gain``.
+
+    ``ratios``: bench_packing's ``extra["ratios"]``, keyed ``"catalog <precision>"``.
+    """
+    return frozenset(key.split()[1] for key, r in ratios.items()
+                     if key.startswith("catalog ") and r and float(np.median(r)) > 1 + min_gain)
 
 
 def best_fit_decreasing(lengths: Sequence[int], capacity: int, tie_order: np.ndarray | None = None
@@ -72,8 +98,8 @@ def best_fit_decreasing(lengths: Sequence[int], capacity: int, tie_order: np.nda
     lengths = np.asarray(lengths, dtype=np.int64)
     if len(lengths) and (lengths.max() > capacity or lengths.min() < 1):
         worst = int(lengths.max()) if lengths.max() > capacity else int(lengths.min())
-        raise ConfigError(f"cannot pack a row of {worst} tokens into sequences of {capacity}: rows must be fit to "
-                          f"seq_len before packing (data.tokenize.fit_rows).")
+        raise ConfigError(f"cannot pack a row of {worst} tokens into sequences of {capacity} (--seq-len): rows must "
+                          f"be fit to the sequence length before packing (data.tokenize.fit_rows).")
     ties = np.arange(len(lengths)) if tie_order is None else np.asarray(tie_order)
     order = ties[np.argsort(-lengths[ties], kind="stable")]
     bins: list[list[int]] = []
@@ -126,12 +152,7 @@ class PackedBatchSampler:
 
     def __init__(self, lengths: Sequence[int], seq_len: int, micro_batch_size: int, grad_accum: int,
                  num_replicas: int, rank: int, seed: int):
-        for name, value in (("micro_batch_size", micro_batch_size), ("grad_accum", grad_accum),
-                            ("num_replicas", num_replicas)):
-            if value < 1:
-                raise ConfigError(f"{name} must be >= 1, got {value}.")
-        if not 0 <= rank < num_replicas:
-            raise ConfigError(f"rank must be in 0..{num_replicas - 1}, got {rank}.")
+        check_batch_layout(micro_batch_size, grad_accum, num_replicas, rank)
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.seq_len, self.micro_batch_size, self.grad_accum = seq_len, micro_batch_size, grad_accum
         self.num_replicas, self.rank, self.seed = num_replicas, rank, seed
@@ -192,8 +213,8 @@ class PackedBatchSampler:
             if state.get(key) != mine:
                 raise ConfigError(
                     f"Cannot resume the packed batch sampler: the checkpoint has {key}={state.get(key)!r} but this "
-                    f"run has {key}={mine!r}. Resume with the same seed, data, --seq-len, --packing and global batch "
-                    f"size (micro_batch_size x grad_accum x processes), or start a fresh run.")
+                    f"run has {key}={mine!r}. Resume with the same --seed, data, --seq-len, --packing and global batch "
+                    f"size (--micro-batch-size x --grad-accum x processes), or start a fresh run.")
         self.epoch = int(state["epoch"])
         self.consumed = int(state["consumed_global_batches"])
         self._resumed = True
@@ -237,7 +258,7 @@ def packed_collate(sequences: Sequence[dict[str, list]], seq_len: int, pad_id: i
         for doc, (ids, row_labels) in enumerate(zip(columns["input_ids"], rows_labels), start=1):
             end = at + len(ids)
             if end > seq_len:
-                raise ConfigError(f"packed sequence {s} holds {end} tokens, more than seq_len={seq_len}.")
+                raise ConfigError(f"packed sequence {s} holds {end} tokens, more than --seq-len {seq_len}.")
             input_ids[s, at:end] = torch.as_tensor(ids, dtype=torch.long)
             labels[s, at:end] = torch.as_tensor(row_labels, dtype=torch.long)
             labels[s, at] = IGNORE_INDEX          # nothing of this row precedes its first token
@@ -263,5 +284,5 @@ def sequence_counts(sequences: Sequence[dict[str, list]], seq_len: int) -> Batch
                        len(sequences) * seq_len, sum(n * n for n in lengths))
 
 
-__all__ = ["sequence_counts", "PACK_AUTO_MAX_ROW_SHARE", "decide_packing", "EMPTY", "PackedBatchSampler", "RowGroups", "best_fit_decreasing", "fill_rate", "packed_collate",
+__all__ = ["sequence_counts", "CPU_PACKED_PRECISIONS", "PACKING_MIN_GAIN", "PACK_AUTO_MAX_ROW_SHARE", "decide_packing", "packing_pays_off", "EMPTY", "PackedBatchSampler", "RowGroups", "best_fit_decreasing", "fill_rate", "packed_collate",
            "plan_sequences"]

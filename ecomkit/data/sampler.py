@@ -88,6 +88,16 @@ def plan_arrays(lengths: Sequence[int], global_batch_size: int, seed: int, epoch
     return full, order[n_full * global_batch_size:]
 
 
+def check_batch_layout(micro_batch_size: int, grad_accum: int, num_replicas: int, rank: int) -> None:
+    """The sizes a sampler cuts global batches by: each at least 1, and ``rank`` one of the replicas."""
+    for flag, value in (("--micro-batch-size", micro_batch_size), ("--grad-accum", grad_accum),
+                        ("the number of data-parallel processes", num_replicas)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}.")
+    if not 0 <= rank < num_replicas:
+        raise ConfigError(f"rank must be in 0..{num_replicas - 1}, got {rank}.")
+
+
 class DistributedBatchSampler:
     """A DataLoader ``batch_sampler`` yielding this rank's micro-batches of one global plan.
 
@@ -118,12 +128,7 @@ class DistributedBatchSampler:
     def __init__(self, lengths: Sequence[int], micro_batch_size: int, grad_accum: int, num_replicas: int,
                  rank: int, seed: int, bucketed: bool = True, drop_last: bool = True,
                  chunk_batches: int = CHUNK_GLOBAL_BATCHES):
-        for name, value in (("micro_batch_size", micro_batch_size), ("grad_accum", grad_accum),
-                            ("num_replicas", num_replicas)):
-            if value < 1:
-                raise ConfigError(f"{name} must be >= 1, got {value}.")
-        if not 0 <= rank < num_replicas:
-            raise ConfigError(f"rank must be in 0..{num_replicas - 1}, got {rank}.")
+        check_batch_layout(micro_batch_size, grad_accum, num_replicas, rank)
         self.lengths = np.asarray(lengths)   # any integer dtype: int32 from an Arrow table is kept as is
         if self.lengths.dtype.kind not in "iu":
             self.lengths = self.lengths.astype(np.int64)

@@ -120,6 +120,8 @@ class ValidationReport:
     kept: int = 0
     counts: Counter = field(default_factory=Counter)
     first_issue: dict[str, ValidationIssue] = field(default_factory=dict)
+    unlabeled: int = 0                  # valid rows with nothing for task nlu to learn (no target, spans, pair)
+    unlabeled_first: list[str] = field(default_factory=list)   # where the first of them are ("line 7", ...)
 
     @property
     def skipped(self) -> int:
@@ -143,6 +145,22 @@ class ValidationReport:
             where = f"{first.location}" + (f", field '{first.field}'" if first.field else "")
             parts.append(f"{reason} {count:,} (first at {where}: {first.detail})")
         return f"{head}; skipped {self.skipped:,}: " + "; ".join(parts) + "."
+
+
+# What a row needs for task nlu to build an example from it (besides a text): a target, spans or a pair.
+LEARNABLE_FIELDS: tuple[str, ...] = (*TARGET_FIELDS, "spans", "prompt")
+UNLABELED_SHOWN = 5                     # how many rows without a label the report names
+
+
+def unlabeled_warning(report: ValidationReport) -> str | None:
+    """A line naming the first valid rows that give task nlu nothing to learn, or None when there are none."""
+    if not report.unlabeled:
+        return None
+    more = f" and {report.unlabeled - len(report.unlabeled_first):,} more" \
+        if report.unlabeled > len(report.unlabeled_first) else ""
+    return (f"{report.source}: {report.unlabeled:,} of {report.kept:,} valid rows have no label ({', '.join(TARGET_FIELDS)}, "
+            f"spans or an instruction pair), so task nlu builds no example from them: {', '.join(report.unlabeled_first)}"
+            f"{more}. Fill in their labels, or check --column-map if a label column has another name.")
 
 
 def check_bad_fraction(report: ValidationReport, max_bad_fraction: float) -> None:

@@ -208,7 +208,9 @@ def explain_collective_failure(exc: BaseException, timeout_s: float, rank: int |
 def raise_explained(exc: BaseException, timeout_s: float, rank: int | None = None) -> None:
     """Re-raise a collective failure as :class:`CollectiveTimeoutError` with the explanation; others unchanged."""
     if is_collective_failure(exc):
-        raise CollectiveTimeoutError(explain_collective_failure(exc, timeout_s, rank)) from exc
+        err = CollectiveTimeoutError(explain_collective_failure(exc, timeout_s, rank))
+        err.root_cause = not _PEER_GONE_TEXT.search(str(exc))   # a gone peer: that peer's failure is the root cause
+        raise err from exc
     raise exc
 
 

@@ -287,7 +287,8 @@ def measured_device(m: ComputeMeasurement, strategy: str = "ddp") -> GpuSpec:
     """
     fwd_bwd_s, optimizer_s = m.for_strategy(strategy)
     return GpuSpec("cpu-measured", "this CPU (measured)", 2**50, ADAM_BYTES_PER_ELEMENT * m.n_params / optimizer_s,
-                   None, None, m.model_flops / fwd_bwd_s / 1e12)
+                   None, None, m.model_flops / fwd_bwd_s / 1e12,
+                   default_link="")   # no preset: its links are measured too (measured_links), always given
 
 
 def measured_links(fit: LinkFit) -> dict[str, LinkSpec]:

@@ -39,6 +39,7 @@ TWIN_STEPS = 3
 MAX_PROCS = 2               # what this machine runs side by side
 MIB = 2**20
 TIE = 0.02                  # model states within 2 % of each other are the same rank in an ordering
+PLAN_GAP = 0.10             # a twin whose measured model states are more than 10 % off its plan is flagged
 # Fields a twin sets on top of the recommended job (always written on its command line).
 TWIN_FIELDS = ("n_rows", "max_steps", "warmup_steps", "eval_interval", "eval_batches", "output_dir", "progress",
                "save_model", "fault.checkpoint_interval")
@@ -127,6 +128,43 @@ def orders_agree(planned: dict[str, int], measured: dict[str, int]) -> bool:
     return True
 
 
+def plan_gap(twin: dict[str, Any]) -> float | None:
+    """measured / planned − 1 of a twin's model states (None when the script counts none)."""
+    measured, planned = twin.get("measured_bytes"), twin.get("planned_bytes")
+    return measured / planned - 1 if measured and planned else None
+
+
+def ordering_check(planned: dict[str, int], measured: dict[str, int]) -> tuple[bool | None, str]:
+    """(does the measured ordering match the planned one, the sentence that says so).
+
+    None when there is nothing to compare: fewer than two twins measured, or twins whose model states are
+    equal (within :data:`TIE`) in the plan or in the measurement. "Matches" over equal values would say
+    nothing about the planner, so it is not said.
+    """
+    if len(measured) < 2:
+        return None, "not checked: fewer than two twins counted their model states"
+    if len(_order(planned)) == 1:
+        return None, (f"not checked: the plan gives every twin the same model states (within {TIE:.0%}), so "
+                      "the ordering compares equal values")
+    if len(_order(measured)) == 1:
+        return None, (f"not checked: every twin measured the same model states (within {TIE:.0%}) where the plan "
+                      "orders them, so the measurement cannot confirm the planned ordering")
+    agree = orders_agree(planned, measured)
+    return agree, "matches" if agree else "does NOT match"
+
+
+def twin_checks(twins: list[dict[str, Any]]) -> dict[str, Any]:
+    """The twins against their plan: each gap, those more than :data:`PLAN_GAP` off, and the ordering check."""
+    for t in twins:
+        t["plan_gap"] = plan_gap(t)
+    measured = {t["candidate"]: t["measured_bytes"] for t in twins if t.get("measured_bytes")}
+    planned = {t["candidate"]: t["planned_bytes"] for t in twins if t["candidate"] in measured}
+    matches, note = ordering_check(planned, measured)
+    return {"planned_order": _order(planned), "measured_order": _order(measured), "order_matches": matches,
+            "order_note": note, "plan_gap_limit": PLAN_GAP,
+            "off_plan": [t["candidate"] for t in twins if t["plan_gap"] is not None and abs(t["plan_gap"]) > PLAN_GAP]}
+
+
 def verify_report(report: dict[str, Any], top: int = 3, given: set[str] | None = None,
                   root: str | Path | None = None) -> dict[str, Any]:
     """Run the top ``top`` fitting candidates of the full fine-tuning group as twins; the ``verify`` section."""
@@ -135,13 +173,9 @@ def verify_report(report: dict[str, Any], top: int = 3, given: set[str] | None =
     nproc = min(report["cluster"]["gpus"], MAX_PROCS)
     root = Path(root) if root else Path(tempfile.mkdtemp(prefix="ecomkit-twins-"))
     twins = [run_twin(r, nproc, root, given or set()) for r in rows]
-    measured = {t["candidate"]: t["measured_bytes"] for t in twins if t.get("measured_bytes")}
-    planned = {t["candidate"]: t["planned_bytes"] for t in twins if t["candidate"] in measured}
     return {"twin_model": TWIN_MODEL, "nproc": nproc, "backend": "gloo", "steps": TWIN_STEPS, "twins": twins,
-            "output_root": str(root), "all_ok": all(t["ok"] for t in twins) and bool(twins),
-            "planned_order": _order(planned), "measured_order": _order(measured),
-            "order_matches": orders_agree(planned, measured) if len(measured) > 1 else None}
+            "output_root": str(root), "all_ok": all(t["ok"] for t in twins) and bool(twins), **twin_checks(twins)}
 
 
-__all__ = ["twin_config", "run_twin", "verify_report", "orders_agree", "measured_states", "planned_states",
-           "TWIN_MODEL", "TWIN_STEPS"]
+__all__ = ["twin_config", "run_twin", "verify_report", "orders_agree", "ordering_check", "twin_checks", "plan_gap",
+           "measured_states", "planned_states", "PLAN_GAP", "TWIN_MODEL", "TWIN_STEPS"]

@@ -301,8 +301,26 @@ def _load_from_hub(hub_id: str, *, device, dtype, trust_remote_code: bool) -> Pr
     return model.to(device)
 
 
+def model_origin(name_or_path: str) -> dict[str, str]:
+    """Where a run's weights come from: ``{"kind": preset | local | hub, "text": what a user should know}``.
+
+    Why say it: a preset trains from a random init, so a run on ``tiny`` or ``small`` learns the mechanics
+    and the task's surface, never language; a user who wants the task done well needs real weights, and
+    the start-up line and the summary say so where the model is named.
+    """
+    if name_or_path in PRESETS:
+        shape = PRESETS[name_or_path].description.split(":")[0]
+        real = HUB_IDS.get(name_or_path, HUB_IDS["seqgpt-560m"])
+        return {"kind": "preset", "text": f"random-init preset ({shape}), trained from scratch here: it learns the "
+                                          f"mechanics and this data, not language; for a real task give real "
+                                          f"weights: --model {real}, or a local save_pretrained folder"}
+    if is_local_model_dir(name_or_path):
+        return {"kind": "local", "text": f"weights from the folder {Path(name_or_path).resolve()}"}
+    return {"kind": "hub", "text": f"weights from the Hugging Face hub ({name_or_path})"}
+
+
 def describe_presets(vocab_size: int | None = None) -> list[dict[str, Any]]:
-    """One row per preset with its shape and exact Ψ (for notebooks and the README)."""
+    """One row per preset with its shape and exact Ψ (for notebooks and the docs)."""
     rows = []
     for name, p in PRESETS.items():
         rows.append({

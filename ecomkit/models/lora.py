@@ -30,20 +30,54 @@ strategy wraps it. Nothing here knows about parallelism:
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
 from ecomkit.config import TrainConfig
 from ecomkit.errors import EcomkitError
-from ecomkit.models.bloom import build_model
+from ecomkit.models.bloom import build_model, is_local_model_dir
 from ecomkit.models.quant import quantize_target_linears
 
 ADAPTER_NAME = "default"                  # PEFT's name for a model's only adapter
 ADAPTER_INIT_ATTR = "_ecomkit_adapter_init"  # {parameter name: initial value} for a model built on meta
 PEFT_PREFIX = "base_model.model."         # what PeftModel puts before the wrapped model's names
+
+
+@contextlib.contextmanager
+def bitsandbytes_only_for_qlora(cfg: TrainConfig) -> Iterator[None]:
+    """Hide bitsandbytes from peft unless ``--lora-base-bits`` asks for it.
+
+    Why: peft imports bitsandbytes whenever it is installed (``peft.helpers`` at
+    ``import peft``, the LoRA dispatcher at injection), and bitsandbytes' CPU
+    backend then prints a kernel-download warning in every process, for runs
+    that never quantize anything. Within this block ``import bitsandbytes``
+    fails as if it were absent (``sys.modules[name] = None``); peft's cached
+    "is bitsandbytes available" answers are cleared on the way in and out, so a
+    later QLoRA run in the same process finds it again.
+    """
+    hide = cfg.lora_base_bits >= 16 and "bitsandbytes" not in sys.modules
+    if hide:
+        sys.modules["bitsandbytes"] = None   # type: ignore[assignment]
+    try:
+        _clear_peft_bnb_cache()
+        yield
+    finally:
+        if hide and sys.modules.get("bitsandbytes", 0) is None:
+            del sys.modules["bitsandbytes"]
+        _clear_peft_bnb_cache()
+
+
+def _clear_peft_bnb_cache() -> None:
+    from peft import import_utils  # lazy: as in lora_config (importing it does not import bitsandbytes)
+
+    for name in ("is_bnb_available", "is_bnb_4bit_available"):
+        getattr(getattr(import_utils, name, None), "cache_clear", lambda: None)()
 
 
 def split_names(text: str) -> list[str]:
@@ -65,13 +99,14 @@ def apply_peft(model: nn.Module, cfg: TrainConfig) -> nn.Module:
     """Inject LoRA adapters into ``model`` in place and freeze the rest (``cfg.peft == "none"``: unchanged)."""
     if cfg.peft == "none":
         return model
-    from peft import inject_adapter_in_model  # lazy: as in lora_config
-
     on_meta = any(p.is_meta for p in model.parameters())
     if cfg.lora_base_bits < 16:   # QLoRA: the Linears LoRA adapts are stored in 8 or 4 bits (ecomkit.models.quant)
         compute = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
         quantize_target_linears(model, cfg.lora_base_bits, split_names(cfg.lora_target_modules), compute)
-    inject_adapter_in_model(lora_config(cfg), model, adapter_name=ADAPTER_NAME)
+    with bitsandbytes_only_for_qlora(cfg):
+        from peft import inject_adapter_in_model  # lazy: as in lora_config
+
+        inject_adapter_in_model(lora_config(cfg), model, adapter_name=ADAPTER_NAME)
     # Re-initialised from cfg.seed in module order with PEFT's own reset, on meta or not: every rank, and a
     # model built on the meta device, start from the same adapter values.
     values = _seeded_adapter_init(model, cfg.seed, on_meta)
@@ -137,13 +172,34 @@ def trainable_parameter_count(model: nn.Module) -> int:
     return total
 
 
+def lora_facts(cfg: TrainConfig, n_trainable: int, n_params: int) -> dict[str, Any] | None:
+    """What a LoRA run trains, for its start-up line and summary (None for full fine-tuning)."""
+    if cfg.peft == "none":
+        return None
+    return {"r": cfg.lora_r, "alpha": cfg.lora_alpha, "targets": split_names(cfg.lora_target_modules),
+            "modules_to_save": split_names(cfg.lora_modules_to_save), "base_bits": cfg.lora_base_bits,
+            "trainable_params": n_trainable, "params": n_params}
+
+
+def lora_line(facts: dict[str, Any]) -> str:
+    """``LoRA r=8 alpha=16 on query_key_value,dense: 16,384 of 372,800 parameters train (4.4%)``."""
+    base = "" if facts["base_bits"] >= 16 else f", base in {facts['base_bits']} bits"
+    share = facts["trainable_params"] / facts["params"] if facts["params"] else float("nan")
+    return (f"LoRA r={facts['r']} alpha={facts['alpha']:g} on {','.join(facts['targets'])}{base}: "
+            f"{facts['trainable_params']:,} of {facts['params']:,} parameters train ({share:.2%})")
+
+
 # ---------------------------------------------------------------------- saving
 def peft_model_from_state(state: dict[str, torch.Tensor], model_config: Any, cfg: TrainConfig) -> Any:
     """A plain ``PeftModel`` on CPU holding ``state`` (the consolidated weights of an injected model, fp32)."""
-    from peft import get_peft_model  # lazy: as in lora_config
-
     base = build_model(model_config, seed=None)
-    peft_model = get_peft_model(base, lora_config(cfg), adapter_name=ADAPTER_NAME)
+    with bitsandbytes_only_for_qlora(cfg), warnings.catch_warnings():
+        from peft import get_peft_model  # lazy: as in lora_config
+
+        # peft 0.21 reads transformers 5's deprecated `is_gradient_checkpointing` (a FutureWarning per save)
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning)
+        peft_model = get_peft_model(base, lora_config(cfg), adapter_name=ADAPTER_NAME)
+    peft_model.peft_config[ADAPTER_NAME].base_model_name_or_path = base_reference(cfg.model)
     full = {PEFT_PREFIX + k: v.float() for k, v in state.items()}
     missing, unexpected = peft_model.load_state_dict(full, strict=False)
     missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied to the embedding
@@ -151,6 +207,12 @@ def peft_model_from_state(state: dict[str, torch.Tensor], model_config: Any, cfg
         raise EcomkitError(f"Rebuilding the LoRA model from the gathered weights failed: missing {missing[:5]}, "
                            f"unexpected {unexpected[:5]}. The model was not injected with the same LoraConfig.")
     return peft_model
+
+
+def base_reference(model: str) -> str:
+    """What ``adapter_config.json`` records as the base: a local folder as an absolute path (a relative one
+    breaks as soon as the adapter is loaded from another directory), a hub id or a preset name as given."""
+    return str(Path(model).resolve()) if is_local_model_dir(model) else model
 
 
 def save_peft_outputs(state: dict[str, torch.Tensor], model_config: Any, cfg: TrainConfig, out_dir: str | Path,

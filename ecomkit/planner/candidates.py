@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ecomkit.config import MESH_STRATEGIES, StrategyName, TrainConfig
+from ecomkit.models.bloom import HUB_IDS, PRESETS
 from ecomkit.planner.job import PLANNER_FIELDS, Cluster, get_field
 from ecomkit.planner.shapes import ModelShape
 
@@ -154,6 +155,21 @@ def job_flags(cfg: TrainConfig, given: set[str]) -> list[str]:
     return out
 
 
+def checkpoint_note(model: str) -> str | None:
+    """Where the user's checkpoint goes in a launch line built from a preset (None for a folder or hub id).
+
+    Why: the line names the preset the plan was made for (``--model ecomgpt-7b``), and run as printed it
+    trains that shape from a random init; a user fine-tuning the real model must put the checkpoint there.
+    """
+    if model not in PRESETS:
+        return None
+    real = HUB_IDS.get(model)
+    where = (f"--model {real} (or the folder you downloaded it to, e.g. ./models/{real.split('/')[-1]})" if real
+             else "--model <your checkpoint folder or hub id>")
+    return (f"--model {model} above is ecomkit's random-init preset of that shape; to fine-tune your checkpoint, "
+            f"put it there: {where}")
+
+
 def launch_line(cfg: TrainConfig, cluster: Cluster, given: set[str], launcher: str = "torchrun") -> str:
     """``torchrun …`` (or ``deepspeed …`` for ZeRO) that trains ``cfg`` on ``cluster`` with the scripts' flags."""
     script = SCRIPTS[StrategyName(cfg.strategy)]
@@ -170,5 +186,5 @@ def launch_line(cfg: TrainConfig, cluster: Cluster, given: set[str], launcher: s
     return " ".join(shlex.quote(a) if not a.startswith("$") else a for a in [*head, script, *flags])
 
 
-__all__ = ["Candidate", "FULL", "LORA", "lora_candidates", "SCRIPTS", "STRATEGY_FIELDS", "full_candidates", "job_flags", "launch_line",
+__all__ = ["Candidate", "FULL", "LORA", "lora_candidates", "SCRIPTS", "STRATEGY_FIELDS", "full_candidates", "job_flags", "launch_line", "checkpoint_note",
            "set_field"]

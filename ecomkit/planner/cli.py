@@ -37,7 +37,7 @@ from ecomkit.errors import exit_on_user_error
 from ecomkit.hardware import GIB, GPUS, LINKS, NODES
 from ecomkit.planner.job import (CLUSTER_DEFAULTS, PLANNER_FIELDS, Cluster, apply_strategy_switches,
                                  cluster_defaults_used, defaults_used, expand_planner_aliases, given_fields,
-                                 resolve_planned_seq_len,
+                                 planned_seq_len,
                                  lora_plan, plan_job)
 from ecomkit.planner.lora import max_lora_micro_batch
 from ecomkit.planner.memory import max_micro_batch
@@ -54,7 +54,8 @@ def _planner_flags(p: argparse.ArgumentParser) -> None:
     s = argparse.SUPPRESS
     g.add_argument("--gpus", type=int, metavar="N", default=s, help=f"GPUs in all, the world size (default {CLUSTER_DEFAULTS.gpus})")
     g.add_argument("--gpu", default=s, metavar="NAME", help=f"one of {', '.join(GPUS)} (default {CLUSTER_DEFAULTS.gpu})")
-    g.add_argument("--link", default=s, metavar="NAME", help=f"GPU interconnect: {', '.join(LINKS)} (default {CLUSTER_DEFAULTS.link})")
+    g.add_argument("--link", default=s, metavar="NAME", help=f"GPU interconnect: {', '.join(LINKS)} (default: the "
+                   "--gpu's own link, PCIe for cards without NVLink such as rtx4090, NVLink for SXM boards)")
     g.add_argument("--node", default=s, metavar="NAME", help=f"server layout for CPU offload: {', '.join(NODES)} "
                    "(default: the usual system of --gpu)")
     g.add_argument("--nodes", type=int, metavar="N", default=s, help="servers the GPUs are spread over (default 1)")
@@ -112,7 +113,7 @@ def read_job(argv: list[str] | None) -> Job:
     argv = expand_planner_aliases(sys.argv[1:] if argv is None else list(argv))
     ns = build_parser().parse_args(argv)
     cfg = config_from_namespace(ns)
-    ns.seq_len_note = resolve_planned_seq_len(cfg)   # --seq-len auto: the model's limit, said so in the plan
+    ns.seq_len_note = planned_seq_len(cfg)[1]   # --seq-len auto: planned at the model's limit, said so in the plan
     apply_strategy_switches(cfg, ns.plan_checkpointing, ns.plan_offload_optimizer, ns.plan_offload_param)
     config_dests = {d for d in vars(ns) if hasattr(cfg, d.split("__")[0])}
     given = given_fields(config_dests, load_config_file(ns.config) if ns.config else {})
@@ -137,7 +138,8 @@ def run_plan(job: Job) -> dict[str, Any]:
     if lora is not None:
         plan.notes.append("step time below: the time model is full fine-tuning's (LoRA skips the frozen weights' "
                           "gradient matmuls and most gradient communication), so it is an upper bound")
-    time_kw = {"link": job.cluster.link, "efficiency": a.efficiency, "overlap": a.overlap, "node": job.cluster.node}
+    time_kw = {"link": job.cluster.interconnect, "efficiency": a.efficiency, "overlap": a.overlap,
+               "node": job.cluster.node}
     step = predict_step_time(plan.inputs, **time_kw)
     scale = speedups(plan.inputs, [plan.inputs.world_size], **time_kw)[0] if plan.inputs.world_size > 1 else None
     cluster_given = {g.removeprefix("cluster.") for g in job.given if g.startswith("cluster.")}

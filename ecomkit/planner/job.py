@@ -28,6 +28,7 @@ from ecomkit.config import (DEEPSPEED_PLAN_STRATEGIES, MESH_STRATEGIES, PARALLEL
                             resolve_parallel_degrees)
 from ecomkit.errors import ConfigError
 from ecomkit.config.vocabulary import AUTO
+from ecomkit.hardware import default_link
 from ecomkit.models.attention_rule import pick_attention
 from ecomkit.models.bloom import model_length_limit
 from ecomkit.planner.lora import LoraPlan, plan_lora_memory
@@ -41,7 +42,8 @@ class Cluster:
 
     gpus: int = 1
     gpu: str = "a100-80g"
-    link: str = "nvlink-a100"
+    link: str | None = None          # None: the GPU's own default link (ecomkit.hardware, GpuSpec.default_link):
+                                     #   PCIe for a GeForce card, NVLink for an SXM board
     node: str | None = None          # None: the usual system of ``gpu`` (ecomkit.hardware.GPU_DEFAULT_NODE)
     nodes: int = 1
 
@@ -56,6 +58,11 @@ class Cluster:
     @property
     def gpus_per_node(self) -> int:
         return self.gpus // self.nodes
+
+    @property
+    def interconnect(self) -> str:
+        """The link the plan uses: ``link`` when given, else the GPU's default (kept when the GPU is replaced)."""
+        return self.link if self.link is not None else default_link(self.gpu)
 
 
 CLUSTER_DEFAULTS = Cluster()
@@ -181,12 +188,6 @@ def planned_seq_len(cfg: TrainConfig) -> tuple[int, str | None]:
                    f"give --seq-len N for your data's length")
 
 
-def resolve_planned_seq_len(cfg: TrainConfig) -> str | None:
-    """Set ``cfg.seq_len`` to :func:`planned_seq_len`'s length; return its note (None for an explicit length)."""
-    cfg.seq_len, note = planned_seq_len(cfg)
-    return note
-
-
 def plan_input_from_config(cfg: TrainConfig, cluster: Cluster, vocab_size: int | None = None,
                            validate: bool = True) -> PlanInput:
     """The planner's input for the job ``cfg`` runs on ``cluster`` (validated like the scripts validate)."""
@@ -247,9 +248,12 @@ def defaults_used(cfg: TrainConfig, given: set[str]) -> dict[str, Any]:
 
 
 def cluster_defaults_used(cluster: Cluster, given: set[str]) -> dict[str, Any]:
-    return {f.name: getattr(cluster, f.name) for f in dataclasses.fields(Cluster) if f.name not in given}
+    out = {f.name: getattr(cluster, f.name) for f in dataclasses.fields(Cluster) if f.name not in given}
+    if "link" in out and out["link"] is None:
+        out["link"] = f"{cluster.interconnect} (the default of --gpu {cluster.gpu})"
+    return out
 
 
-__all__ = ["planned_seq_len", "resolve_planned_seq_len", "Cluster", "CLUSTER_DEFAULTS", "PLANNER_FIELDS", "lora_plan", "plan_job", "PLANNER_FLAG_ALIASES", "expand_planner_aliases",
+__all__ = ["planned_seq_len", "Cluster", "CLUSTER_DEFAULTS", "PLANNER_FIELDS", "lora_plan", "plan_job", "PLANNER_FLAG_ALIASES", "expand_planner_aliases",
            "apply_strategy_switches", "plan_degrees", "plan_input_from_config", "given_fields", "defaults_used",
            "cluster_defaults_used", "get_field"]

@@ -26,9 +26,9 @@ from typing import Any, Callable
 
 from ecomkit.config import TrainConfig
 from ecomkit.errors import ConfigError
-from ecomkit.hardware import GIB, GPUS
+from ecomkit.hardware import GIB, GPUS, gpu_spec
 from ecomkit.planner.candidates import FULL, LORA, Candidate, full_candidates, launch_line, lora_candidates
-from ecomkit.planner.job import Cluster, plan_degrees, plan_job
+from ecomkit.planner.job import Cluster, plan_degrees, plan_job, planned_seq_len
 from ecomkit.planner.memory import MemoryPlan
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import StepTime, predict_step_time
@@ -117,7 +117,7 @@ def _try(cand: Candidate, base: TrainConfig, cluster: Cluster, gbatch: int, voca
 def recommend(base: TrainConfig, cluster: Cluster, vocab_size: int | None = None,
               time_kw: dict[str, Any] | None = None, groups: bool = True) -> dict[str, list[Choice]]:
     """{group: choices ranked fastest first (fitting ones first)} for the job ``base`` on ``cluster``."""
-    time_kw = {"link": cluster.link, "node": cluster.node, **(time_kw or {})}
+    time_kw = {"link": cluster.interconnect, "node": cluster.node, **(time_kw or {})}
     shape = model_shape(base.model, vocab_size)
     gbatch = global_batch(base, cluster)
     out = {FULL: [_try(c, base, cluster, gbatch, vocab_size, time_kw) for c in full_candidates(cluster, shape)]}
@@ -144,12 +144,27 @@ def why_lost(choice: Choice, best: Choice | None) -> str:
 
 def what_would_fit(base: TrainConfig, cluster: Cluster, vocab_size: int | None = None,
                    time_kw: dict[str, Any] | None = None) -> list[str]:
-    """When nothing fits: the smallest change of each kind that makes something fit (each one re-planned)."""
+    """When nothing fits: the smallest change of each kind that makes something fit (each one re-planned).
+
+    The real blocker first: a GPU without the job's precision (bf16 on a V100) refuses every candidate
+    before memory is asked, so that is named, the job is re-planned at a precision the GPU has, and the
+    other tips are about memory at that precision (not "a bigger GPU" that merely has bf16).
+    """
     tips = []
 
     def fastest(cfg: TrainConfig, cl: Cluster) -> Choice | None:
         return best_choice(recommend(cfg, cl, vocab_size, time_kw, groups=False))
 
+    spec = gpu_spec(cluster.gpu)
+    if not spec.supports(base.precision):
+        wanted, base = base.precision, copy.deepcopy(base)
+        base.precision = next(p for p in ("fp16", "bf16", "fp32") if spec.supports(p))
+        found = fastest(base, cluster)
+        tips.append(f"the precision, not the memory: the {spec.name} has no {wanted} support (no {wanted} tensor "
+                    f"cores), so no setup can run at --precision {wanted}; with --precision {base.precision} "
+                    + (f"{found.candidate.label} fits" if found else "nothing fits either; for that precision:"))
+        if found:
+            return tips
     gbatch = global_batch(base, cluster)
     for n in (2 * cluster.gpus, 4 * cluster.gpus, 8 * cluster.gpus):
         if gbatch % n == 0:
@@ -158,17 +173,17 @@ def what_would_fit(base: TrainConfig, cluster: Cluster, vocab_size: int | None =
             if found:
                 tips.append(f"more GPUs: {n} × {cluster.gpu} fit with {found.candidate.label}")
                 break
-    mine = GPUS[cluster.gpu].memory_bytes if cluster.gpu in GPUS else 0
-    for key, spec in sorted(GPUS.items(), key=lambda kv: kv[1].memory_bytes):
-        if spec.memory_bytes > mine:
+    for key, other in sorted(GPUS.items(), key=lambda kv: kv[1].memory_bytes):
+        if other.memory_bytes > spec.memory_bytes and other.supports(base.precision):
             try:
                 found = fastest(base, replace(cluster, gpu=key))
-            except ConfigError:       # e.g. bf16 on a board without bf16
+            except ConfigError:
                 continue
             if found:
-                tips.append(f"a bigger GPU: {cluster.gpus} × {spec.name} fit with {found.candidate.label}")
+                tips.append(f"a bigger GPU: {cluster.gpus} × {other.name} ({other.memory_bytes / GIB:.0f} GiB) fit "
+                            f"with {found.candidate.label}")
                 break
-    seq = base.seq_len // 2
+    seq = planned_seq_len(base)[0] // 2
     while seq >= 32:
         shorter = copy.deepcopy(base)
         shorter.seq_len = seq
@@ -177,12 +192,14 @@ def what_would_fit(base: TrainConfig, cluster: Cluster, vocab_size: int | None =
             tips.append(f"a shorter sequence: --seq-len {seq} fits with {found.candidate.label}")
             break
         seq //= 2
-    lora = best_choice(recommend(base, cluster, vocab_size, time_kw), LORA) if LORA in EXTRA_GROUPS else None
+    ranked = recommend(base, cluster, vocab_size, time_kw) if LORA in EXTRA_GROUPS else {}
+    lora = best_choice(ranked, LORA) if ranked else None
     if lora is not None:
         tips.append(f"training fewer parameters: LoRA (r={lora.cfg.lora_r}) fits with {lora.candidate.label} "
                     "(its own table above; it trains adapters, not the model)")
-    else:
-        tips.append("LoRA (adapters on a frozen base) does not fit either: its activations are full fine-tuning's")
+    elif ranked.get(LORA):
+        why = ranked[LORA][0].reason or "does not fit"
+        tips.append(f"LoRA (adapters on a frozen base) does not help: {why}")
     return tips or ["nothing the planner searches fits; plan a smaller model"]
 
 
@@ -199,7 +216,7 @@ def choice_row(choice: Choice, best: Choice | None, cluster: Cluster, given: set
     if choice.fits and choice.step is not None and choice.cfg is not None:
         samples = choice.cfg.micro_batch_size * choice.cfg.grad_accum * plan.inputs.dp
         row.update({"step_s": choice.step.total_s,
-                    "tokens_per_s_per_gpu": samples * choice.cfg.seq_len / choice.step.total_s / cluster.gpus,
+                    "tokens_per_s_per_gpu": samples * planned_seq_len(choice.cfg)[0] / choice.step.total_s / cluster.gpus,
                     "launch": launch_line(choice.cfg, cluster, given), "config": choice.cfg.to_dict()})
     return row
 

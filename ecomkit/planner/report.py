@@ -13,8 +13,8 @@ from typing import Any
 from ecomkit.config import StrategyName, TrainConfig
 from ecomkit.hardware import GIB
 from ecomkit.parallel.zero.config import zero_config_for_launch
-from ecomkit.planner.candidates import FULL, launch_line
-from ecomkit.planner.job import Cluster
+from ecomkit.planner.candidates import FULL, checkpoint_note, launch_line
+from ecomkit.planner.job import Cluster, planned_seq_len
 from ecomkit.planner.recommend import GROUP_NOTES, best_choice, choice_row, global_batch, recommend, what_would_fit
 from ecomkit.planner.shapes import model_shape
 
@@ -41,9 +41,10 @@ def recommendation_json(base: TrainConfig, cluster: Cluster, given: set[str], vo
     """The whole recommendation as one object: groups of ranked rows, the pick, its launch lines and DS JSON."""
     ranked = recommend(base, cluster, vocab_size, time_kw)
     out: dict[str, Any] = {"model": base.model, "psi": model_shape(base.model, vocab_size).n_params,
-                           "cluster": {"gpus": cluster.gpus, "gpu": cluster.gpu, "link": cluster.link,
+                           "cluster": {"gpus": cluster.gpus, "gpu": cluster.gpu, "link": cluster.interconnect,
+                                       "link_given": cluster.link is not None,
                                        "node": cluster.node, "nodes": cluster.nodes},
-                           "global_batch": global_batch(base, cluster), "seq_len": base.seq_len,
+                           "global_batch": global_batch(base, cluster), "seq_len": planned_seq_len(base)[0],
                            "precision": base.precision, "groups": {}}
     for group, choices in ranked.items():
         best = best_choice(ranked, group)
@@ -51,6 +52,7 @@ def recommendation_json(base: TrainConfig, cluster: Cluster, given: set[str], vo
         entry: dict[str, Any] = {"rows": rows, "best": rows[0] if best else None, "note": GROUP_NOTES.get(group)}
         if best is not None and best.cfg is not None:
             entry["launch"] = launch_line(best.cfg, cluster, given)
+            entry["launch_note"] = checkpoint_note(best.cfg.model)   # a preset: where the user's checkpoint goes
             if best.cfg.strategy == StrategyName.ZERO:
                 entry["launch_deepspeed"] = launch_line(best.cfg, cluster, given, launcher="deepspeed")
             entry["ds_config"] = ds_config(best.cfg, cluster)
@@ -85,7 +87,8 @@ def render_table(rows: list[dict[str, Any]], top: int) -> list[str]:
 
 def render_recommendation(rep: dict[str, Any], top: int = 8) -> str:
     c = rep["cluster"]
-    lines = [f"{rep['model']} (Ψ = {rep['psi']:,}) on {c['gpus']} × {c['gpu']} ({c['link']}, {c['nodes']} node(s)), "
+    link = c["link"] + ("" if c.get("link_given", True) else f" [the {c['gpu']}'s own; --link sets another]")
+    lines = [f"{rep['model']} (Ψ = {rep['psi']:,}) on {c['gpus']} × {c['gpu']} ({link}, {c['nodes']} node(s)), "
              f"{rep['precision']}, global batch {rep['global_batch']} × {rep['seq_len']} tokens per optimizer step",
              "ranked by predicted time per global batch; memory is the peak per GPU (training step or checkpoint "
              "load), headroom what is left of the GPU", ""]
@@ -100,6 +103,8 @@ def render_recommendation(rep: dict[str, Any], top: int = 8) -> str:
             if entry.get("launch_deepspeed"):
                 lines += ["or with the DeepSpeed launcher:", f"  {entry['launch_deepspeed']}",
                           "its DeepSpeed JSON: add --print-ds-config to this command"]
+            if entry.get("launch_note"):
+                lines.append(f"note: {entry['launch_note']}")
             lines.append("")
     if rep.get("what_would_fit"):
         lines += ["nothing fits. What would:", *[f"  - {t}" for t in rep["what_would_fit"]]]
@@ -111,14 +116,22 @@ def render_recommendation(rep: dict[str, Any], top: int = 8) -> str:
 def verify_lines(v: dict[str, Any]) -> list[str]:
     lines = [f"verified on this machine: scaled-down twins ({v['twin_model']}, {v['nproc']} processes, "
              f"{v['backend']}, {v['steps']} steps)"]
+    limit = v.get("plan_gap_limit", 0.10)
     for t in v["twins"]:
         state = "launched, trained, saved" if t["ok"] else f"FAILED: {t['error']}"
         mem = f"; measured model states per rank {t['measured_mib']} MiB (planned {t['planned_mib']} MiB)" \
             if t.get("measured_mib") else ""
+        gap = t.get("plan_gap")
+        if gap is not None:
+            mem += (f": {abs(gap):.0%} {'above' if gap > 0 else 'below'} the plan, more than {limit:.0%}: "
+                    "OFF PLAN" if abs(gap) > limit else f", within {limit:.0%} of the plan")
         lines.append(f"  {t['candidate']}: {state} (loss {t.get('first_loss', float('nan')):.3f} → "
                      f"{t.get('final_loss', float('nan')):.3f}){mem}")
+    if v.get("off_plan"):
+        lines.append(f"  {len(v['off_plan'])} of {len(v['twins'])} twins are more than {limit:.0%} off their plan "
+                     f"({', '.join(v['off_plan'])}): the planner misses memory these setups hold")
     lines.append(f"  memory ordering of the twins: measured {v['measured_order']} vs planned {v['planned_order']} → "
-                 f"{'matches' if v['order_matches'] else 'does NOT match'}")
+                 f"{v.get('order_note') or ('matches' if v['order_matches'] else 'does NOT match')}")
     return lines
 
 

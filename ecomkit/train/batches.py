@@ -23,17 +23,18 @@ from ecomkit.data.packing import PackedBatchSampler, RowGroups, decide_packing, 
 from ecomkit.data.tokenize import row_counts
 
 
-def resolve_data_settings(cfg: TrainConfig, report, lengths: np.ndarray) -> tuple[bool, str, str]:
+def resolve_data_settings(cfg: TrainConfig, report, lengths: np.ndarray, device_type: str) -> tuple[bool, str, str]:
     """Set ``cfg.seq_len`` and ``cfg.gen_max_new_tokens`` from the data; return (packed, why, budget's why).
 
     ``report``: the data's :class:`~ecomkit.data.build.BuildReport` (its ``seq_len`` is ``--seq-len auto``'s
-    choice); ``lengths``: the training rows as fit. The budget is set for task ``nlu`` only.
+    choice); ``lengths``: the training rows as fit; ``device_type``: where the run trains (``--packing auto``'s
+    CPU rule). The budget is set for task ``nlu`` only.
     """
     cfg.seq_len = report.seq_len
     budget_why = ""
     if cfg.task == "nlu":   # --gen-max-new-tokens auto: the longest training answer + 8
         cfg.gen_max_new_tokens, budget_why = generation_budget(cfg.gen_max_new_tokens, report.lengths["train"])
-    packed, why = decide_packing(cfg.packing, float(lengths.mean()), cfg.seq_len)
+    packed, why = decide_packing(cfg.packing, float(lengths.mean()), cfg.seq_len, device_type, cfg.precision)
     return packed, why, budget_why
 
 
@@ -59,8 +60,8 @@ class Counted:
 def log_data_choices(run) -> None:
     """Rank 0's account of the data: the build summary, cut warnings, and the packing and budget decisions."""
     log.info("data: %s", run.data_report.summary())
-    for warning in run.data_report.cut_warnings():
-        log.warning(warning)
+    for warning in [*run.data_report.cut_warnings(), *run.data_report.warnings()]:
+        log.warning(warning)   # inputs cut by more than half; labels that never occur, rows with no label
     log.info("packing %s", run.packing_reason)
     if run.cfg.task == "nlu":
         log.info("generation budget %d tokens (%s)", run.cfg.gen_max_new_tokens, run.gen_budget_reason)

@@ -18,7 +18,8 @@ decoded examples include that kind:
 
 - classification: ``gen_acc``, ``gen_macro_f1``, ``gen_majority_acc`` (the
   majority-label baseline: each label set's most frequent *training* label,
-  recorded per row as ``majority``), ``gen_acc_margin_points``, ``gen_classify_n``;
+  recorded per row as ``majority``), ``gen_majority_labels`` (the labels that
+  baseline answered), ``gen_acc_margin_points``, ``gen_classify_n``;
 - extraction: ``gen_span_precision``/``recall``/``f1``, ``gen_strict_acc``,
   ``gen_span_f1_per_label``, the dictionary baseline's ``dict_span_precision``/
   ``recall``/``f1`` and ``dict_strict_acc``, ``gen_span_f1_margin_points``,
@@ -170,7 +171,8 @@ def scores_from_rows(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         out.update(gen_acc=got["acc"], gen_macro_f1=got["macro_f1"], gen_classify_n=len(cls))
         if all(r.get("majority") is not None for r in cls):   # the training majority each row records
             base = classification_scores(golds, [r["majority"] for r in cls])
-            out.update(gen_majority_acc=base["acc"], gen_acc_margin_points=margin_points(got["acc"], base["acc"]))
+            out.update(gen_majority_acc=base["acc"], gen_acc_margin_points=margin_points(got["acc"], base["acc"]),
+                       gen_majority_labels=sorted({r["majority"] for r in cls}))   # what that baseline answered
     ext = [r for r in rows if r["kind"] == KIND_EXTRACT]
     if ext:
         golds = [{tuple(s) for s in r["gold"]} for r in ext]

@@ -34,8 +34,8 @@ from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak_flops, mfu_fields
 from ecomkit.metrics import (MetricsWriter, fill_rate_of, peak_memory, slowest_rank_throughput, step_model_flops,
                              time_split)
-from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit
-from ecomkit.models.lora import apply_peft, trainable_parameter_count
+from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit, model_origin
+from ecomkit.models.lora import apply_peft, lora_facts, lora_line, trainable_parameter_count
 from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
 from ecomkit.parallel import build_strategy
 from ecomkit.parallel.mixed import sharded_model_callbacks
@@ -153,7 +153,8 @@ class TrainingRun:
                               "whose values are, or are mapped by --label-map to, positive/neutral/negative).")
         lengths = lengths_array(self.train_ds)
         # --seq-len, --gen-max-new-tokens and --packing auto, decided from the data (train/batches.py)
-        self.packed, self.packing_reason, self.gen_budget_reason = resolve_data_settings(cfg, self.data_report, lengths)
+        self.packed, self.packing_reason, self.gen_budget_reason = resolve_data_settings(
+            cfg, self.data_report, lengths, self.env.device.type)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         multiple = length_multiple(cfg.precision, self.env.device)  # bf16 on CPU: bounded shapes (train/shapes.py)
         self.collate = lambda feats: pad_collate(feats, pad_id, multiple)   # unpacked: evaluation, HF Trainer
@@ -167,7 +168,9 @@ class TrainingRun:
     def startup_banner(self) -> str:
         gb = self.global_batch()
         unit = "packed sequences" if self.packed else "rows"
-        return (f"strategy={self.strategy.name} model={self.cfg.model} params={self.n_params:,} | "
+        lora = lora_facts(self.cfg, self.n_trainable, self.n_params)   # LoRA on: rank, targets, what trains
+        return (f"strategy={self.strategy.name} model={self.cfg.model} ({model_origin(self.cfg.model)['kind']}) "
+                f"params={self.n_params:,} | " + (lora_line(lora) + " | " if lora else "") +
                 f"world_size={self.env.world_size} micro_batch={self.cfg.micro_batch_size} {unit}/device "
                 f"grad_accum={self.grad_accum} global_batch={gb} "
                 f"positions/step<= {gb * self.cfg.seq_len:,} ({gb} × seq_len {self.cfg.seq_len}) | "
@@ -324,6 +327,7 @@ class TrainingRun:
         return {
             "strategy": self.strategy.name, "model": self.cfg.model, "params": self.n_params,
             "trainable_params": self.n_trainable, "peft": self.cfg.peft,
+            "model_origin": model_origin(self.cfg.model), "lora": lora_facts(self.cfg, self.n_trainable, self.n_params),
             "world_size": self.env.world_size, "global_batch": self.global_batch(),
             "data": self.data_report.facts(),
             "grad_accum": self.grad_accum, "steps": self.step,

@@ -9,15 +9,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-
-def in_notebook() -> bool:
-    try:
-        from IPython import get_ipython  # lazy: optional (notebooks extra); absent in plain script installs
-
-        shell = get_ipython()
-        return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
-    except ImportError:
-        return False
+from ecomkit.launch import in_notebook   # one test for "inside a Jupyter kernel", shared with the launcher
 
 
 class LineProgress:
@@ -30,6 +22,8 @@ class LineProgress:
 
     def update(self, n: int = 1) -> None:
         self.n += n
+        if n == 0:   # the loop's update(step) at start: nothing happened yet (a line would read "train 0/60 ")
+            return
         if self.n % self.every == 0 or self.n == self.total:
             post = " ".join(f"{k}={v}" for k, v in self.postfix.items())
             print(f"{self.desc} {self.n}/{self.total} {post}", flush=True)

@@ -1,0 +1,94 @@
+"""Planner defaults that fit the card: each GPU's own link, launch lines that say where a checkpoint goes,
+``--verify`` that flags twins off their plan and says when an ordering compares equal values, and the real
+blocker named when nothing fits."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+
+from ecomkit.config import TrainConfig
+from ecomkit.hardware import GPUS, LINKS
+from ecomkit.measure.plan_twins import PLAN_GAP, twin_checks
+from ecomkit.plan import main as plan_main
+from ecomkit.planner.job import Cluster
+from ecomkit.planner.recommend import what_would_fit
+from ecomkit.planner.report import recommendation_json, render_recommendation, verify_lines
+
+MIB = 2**20
+
+
+def plan_json(*argv: str) -> dict:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        plan_main([*argv, "--json"])
+    return json.loads(out.getvalue())
+
+
+def test_every_gpu_has_its_own_default_link_pcie_for_cards_without_nvlink():
+    assert all(g.default_link in LINKS for g in GPUS.values())
+    for key in ("rtx4090", "l40s", "a10-24g", "a10g", "a100-pcie-40g", "a100-pcie-80g", "h100-pcie", "h100-nvl"):
+        assert GPUS[key].default_link.startswith("pcie"), key
+    for key in ("a100-40g", "a100-80g", "h100-80g", "h200", "h800", "b200", "v100-32g"):
+        assert GPUS[key].default_link.startswith("nvlink"), key
+
+
+def test_rtx4090_without_link_plans_over_pcie_not_a100_nvlink():
+    job = ["--model", "ecomgpt-7b", "--gpus", "4", "--gpu", "rtx4090", "--strategy", "zero", "--zero-stage", "3",
+           "--zero-offload-optimizer", "--precision", "bf16"]
+    default = plan_json(*job)
+    assert default["step_time"] == plan_json(*job, "--link", "pcie4-x16")["step_time"]
+    assert default["step_time"]["total_s"] > plan_json(*job, "--link", "nvlink-a100")["step_time"]["total_s"]
+    assert default["cluster_defaults_used"]["link"] == "pcie4-x16 (the default of --gpu rtx4090)"
+    assert Cluster(gpu="a100-40g").interconnect == "nvlink-a100" and Cluster(gpu="x", link="ib-400g").link == "ib-400g"
+
+
+def test_a_launch_line_built_from_a_preset_says_where_the_checkpoint_goes(tmp_path):
+    cfg = TrainConfig(model="ecomgpt-7b", precision="bf16", seq_len=512)
+    report = recommendation_json(cfg, Cluster(gpus=8, gpu="a100-80g"), set())
+    note = report["groups"][next(iter(report["groups"]))]["launch_note"]
+    assert "--model ecomgpt-7b" in note and "random-init preset" in note and "Alibaba-NLP/EcomGPT-7B-Multilingual" in note
+    lines = render_recommendation(report).splitlines()
+    at = lines.index(f"  {report['launch']}")
+    assert f"note: {note}" in lines[at:at + 5]                      # right under the launch line(s)
+    assert report["cluster"]["link"] == "nvlink-a100" and "[the a100-80g's own" in lines[0]
+
+
+def twin(name: str, measured_mib: float, planned_mib: float) -> dict:
+    return {"candidate": name, "ok": True, "error": "", "first_loss": 8.3, "final_loss": 8.1,
+            "measured_bytes": int(measured_mib * MIB), "planned_bytes": int(planned_mib * MIB),
+            "measured_mib": f"{measured_mib:.2f}", "planned_mib": f"{planned_mib:.2f}"}
+
+
+def test_verify_flags_twins_more_than_10_percent_off_their_plan():
+    twins = [twin("ZeRO-3", 4.08, 3.40), twin("FSDP2", 3.00, 2.95), twin("ZeRO-2", 5.0, 6.0)]
+    checks = twin_checks(twins)
+    assert checks["off_plan"] == ["ZeRO-3", "ZeRO-2"] and PLAN_GAP == 0.10
+    lines = verify_lines({"twin_model": "tiny", "nproc": 2, "backend": "gloo", "steps": 3, "twins": twins, **checks})
+    text = "\n".join(lines)
+    assert "measured model states per rank 4.08 MiB (planned 3.40 MiB): 20% above the plan, more than 10%: OFF PLAN" \
+        in text
+    assert "17% below the plan" in text and "FSDP2" in text and "within 10% of the plan" in text
+    assert "2 of 3 twins are more than 10% off their plan (ZeRO-3, ZeRO-2)" in text
+
+
+def test_verify_says_when_the_ordering_compares_equal_values():
+    same = [twin(n, 4.08, 3.40) for n in ("ZeRO-3", "ZeRO-3 + AC", "ZeRO-3 + offload opt")]
+    checks = twin_checks(same)
+    assert checks["order_matches"] is None and "compares equal values" in checks["order_note"]
+    text = "\n".join(verify_lines({"twin_model": "tiny", "nproc": 2, "backend": "gloo", "steps": 3, "twins": same,
+                                   **checks}))
+    assert "matches" not in text and "compares equal values" in text
+    measured_equal = twin_checks([twin("a", 4.0, 3.0), twin("b", 4.0, 6.0)])
+    assert measured_equal["order_matches"] is None and "cannot confirm" in measured_equal["order_note"]
+    assert twin_checks([twin("a", 3.0, 3.0), twin("b", 6.0, 6.0)])["order_matches"] is True
+
+
+@pytest.mark.parametrize("gpu", ["v100-16g", "v100-32g"])
+def test_nothing_fits_names_the_missing_precision_before_any_bigger_gpu(gpu):
+    tips = what_would_fit(TrainConfig(model="ecomgpt-7b", precision="bf16", seq_len=512), Cluster(gpus=4, gpu=gpu))
+    assert tips[0].startswith("the precision, not the memory") and "no bf16 support" in tips[0], tips
+    assert "--precision fp16" in tips[0] and not any("bigger GPU" in t for t in tips), tips
