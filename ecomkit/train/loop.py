@@ -69,7 +69,7 @@ class TrainingRun:
         self.shard = (env.rank, env.world_size)  # replaced by strategy.data_shard() in build()
         self.replication = 1
         self.stop_flag: Callable[[], bool] = lambda: False  # set by train/preempt.py: this rank was signalled
-        self.stop_agreed = False      # some rank was: every rank stops after this step (see _reduce_counts)
+        self.stop_agreed = False      # some rank was: every rank stops after this step (see _finish_steps)
 
     # ------------------------------------------------------------------ build
     def build(self) -> "TrainingRun":
