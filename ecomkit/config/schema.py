@@ -194,7 +194,9 @@ class TrainConfig:
     num_proc: int = 1                 # tokenisation worker processes
     save_model: bool = True           # save_pretrained (safetensors) + tokenizer at the end
     progress: bool = True             # tqdm bar on rank 0
-    log_interval: int = 1             # steps between metrics rows
+    log_interval: int = 1             # steps between the loop's reads of the device (losses, counts, gradient
+                                      #   norms; written then, a row per step) and of the preemption flag: on a GPU
+                                      #   the steps between read nothing and never wait for it (10 is a good value)
     report_to: str = "tensorboard"    # also log every metrics row (rank 0) to: tensorboard, wandb, mlflow (a
                                       #   comma list) or none; tensorboard --logdir <output_dir> (docs/guide.md)
     fail_at_step: int = -1            # fault injection: --fail-rank exits abruptly at this step, once
