@@ -116,6 +116,12 @@ class TrainConfig:
                                       #   --compile, the first step compiles: leave it out
     loss_chunk_tokens: int = 1024     # LM head + loss this many label positions at a time, no [B,T,vocab]
                                       #   logits kept (0 = full logits); single/ddp/accelerate/fsdp only
+    loss_kernel: str = "auto"         # LM head + cross-entropy: chunked (ecomkit's, --loss-chunk-tokens) | full
+                                      #   (the [B,T,vocab] logits) | liger (liger-kernel's fused linear CE) | cce
+                                      #   (cut-cross-entropy); liger and cce need CUDA (pip install 'ecomkit[gpu]').
+                                      #   auto: chunked on CPU (bench_kernels), on a GPU the kernel gpu_bench
+                                      #   measured fastest there (models/loss.py), chunked while unmeasured;
+                                      #   full when --loss-chunk-tokens 0
     # --- data -------------------------------------------------------------
     task: str = "lm"                  # lm: causal text; nlu: SeqGPT-style instructions (loss on answers)
     data: str = "synthetic"           # "synthetic" or a .jsonl/.csv file or a save_to_disk directory
