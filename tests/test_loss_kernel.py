@@ -78,7 +78,7 @@ def newest_gpu_artifacts(bench: str) -> dict[str, dict]:
     newest: dict[str, dict] = {}
     for path in RESULTS.glob(f"{bench}-*.json"):
         doc = json.loads(path.read_text())
-        gpu = (doc.get("machine") or {}).get("gpu")
+        gpu = doc.get("gpu")
         if not gpu or (doc.get("extra") or {}).get("dry_run"):
             continue
         kind = gpu_kind(gpu)
