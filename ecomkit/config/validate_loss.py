@@ -9,6 +9,7 @@ instead of as a Triton error on the first step.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from typing import Any
 
 from ecomkit.config.vocabulary import LOSS_KERNEL_CHOICES, LOSS_KERNEL_PACKAGES, StrategyName, check_choice
@@ -55,18 +56,22 @@ def check_fused_kernel(cfg: _TrainConfig) -> None:
             f"--loss-kernel {kernel} needs the {pip_name} package, which is not installed. Install the GPU extra "
             f"(pip install 'ecomkit[gpu]', or pip install {pip_name}), or use --loss-kernel auto (ecomkit's "
             "chunked loss unless a GPU measurement picked another).")
-    if not _cuda_available():
+    if _cuda_available() is False:
         raise ConfigError(
             f"--loss-kernel {kernel} runs {pip_name}'s Triton kernels, which need a CUDA GPU, and torch sees none "
             "here (torch.cuda.is_available() is False). Use --loss-kernel chunked, or auto, which picks the "
             "chunked loss on a CPU.")
 
 
-def _cuda_available() -> bool:
-    # torch is imported only when a fused kernel is asked for: ecomkit.config is read without torch (--help)
-    import torch
+def _cuda_available() -> bool | None:
+    """Whether torch sees a CUDA GPU; None in a process that has not imported torch.
 
-    return torch.cuda.is_available()
+    ``ecomkit.config`` imports no torch (``--help``, the planner's parsing stay light). Every process that trains
+    has imported it before it validates (the scripts import the loop first, and the loop validates again once the
+    model is built), so the check runs wherever a device could be used.
+    """
+    torch = sys.modules.get("torch")
+    return None if torch is None else bool(torch.cuda.is_available())
 
 
 __all__ = ["check_loss_kernel", "check_fused_kernel"]

@@ -283,14 +283,14 @@ def liger_loss_sum(head: nn.Module, h: torch.Tensor, y: torch.Tensor) -> torch.T
     Under autocast it runs the head's matmul as autocast would (liger's forward is ``custom_fwd``) and keeps
     fp32 accumulators for fp32 weights.
     """
-    from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+    from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss  # lazy: GPU extra
 
     return LigerFusedLinearCrossEntropyLoss(ignore_index=-100, reduction="sum")(head.weight, h, y, head.bias)
 
 
 def cce_loss_sum(head: nn.Module, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Sum of token losses of rows ``h`` against ``y`` through cut-cross-entropy (``shift=False``: shifted here)."""
-    from cut_cross_entropy import linear_cross_entropy
+    from cut_cross_entropy import linear_cross_entropy  # lazy: optional GPU extra (Triton)
 
     if getattr(head, "bias", None) is not None:
         raise ConfigError("--loss-kernel cce: cut-cross-entropy's linear_cross_entropy takes no bias, and this "
