@@ -122,16 +122,20 @@ def toy_vocab(model: str, params: int | None) -> int | None:
     return round(1000 + (params - p0) * 1000 / (p1 - p0))
 
 
-def plan_fields(inp: Any, gpu: str) -> dict[str, Any]:
-    """The planner's bytes and step time for ``inp`` (a PlanInput): predicted, and split for the efficiency fit."""
+def plan_fields(inp: Any, gpu: str, link: Any = None) -> dict[str, Any]:
+    """The planner's bytes and step time for ``inp`` (a PlanInput): predicted, and split for the efficiency fit.
+
+    ``link``: the GPUs' interconnect (the planner's default for ``gpu`` when None; one GPU sends nothing).
+    """
     from ecomkit.planner.gpu_efficiency import efficiency_for
     from ecomkit.planner.memory import plan_memory
     from ecomkit.planner.step_time import predict_step_time
 
     plan = plan_memory(inp)
     efficiency, _ = efficiency_for(gpu)
-    at_one = predict_step_time(plan.inputs, efficiency=1.0)
-    step = predict_step_time(plan.inputs, efficiency=efficiency)
+    kw = {"link": link} if link is not None else {}
+    at_one = predict_step_time(plan.inputs, efficiency=1.0, **kw)
+    step = predict_step_time(plan.inputs, efficiency=efficiency, **kw)
     context = plan.temporary.get("cuda_context", 0)
     return {"plan_gpu": gpu, "plan_bytes": plan.total - context, "plan_step_s": step.total_s,
             "plan_efficiency": efficiency, "plan_compute_s": at_one.compute_s,
@@ -159,7 +163,10 @@ def planned(row: dict[str, Any], args: list[str], gpu: str) -> dict[str, Any]:
     try:
         job = read_job(flags)
         inp = plan_input_from_config(job.cfg, job.cluster, toy_vocab(row["model"], row.get("params")))
-        fields = plan_fields(inp, gpu)
+        # the cluster's interconnect as the plan command prices it (an attribute named for the GPU's default link
+        # where the planner has one)
+        link = getattr(job.cluster, "interconnect", None) or job.cluster.link
+        fields = plan_fields(inp, gpu, link)
     except Exception as exc:  # noqa: BLE001 - a job the planner cannot plan keeps its measurement
         return {**row, "plan_error": f"{type(exc).__name__}: {exc}"[:300]}
     out = {**row, **fields}
