@@ -287,13 +287,41 @@ def attention_part(st: dict[str, Any], device, impls: list[str], deadline: float
 
 def loss_kernel_part(st: dict[str, Any], device, kernels: list[str], deadline: float) -> list[dict[str, Any]]:
     """The same step under each --loss-kernel (sdpa); the kernel ``--loss-kernel auto`` would take from them."""
-    from ecomkit.models.loss import fastest_loss_kernel
+    from ecomkit.hardware import device_kind
+    from ecomkit.models.loss import GPU_LOSS_KERNEL, fastest_loss_kernel
 
     rows = in_process_part("loss_kernel", [("sdpa", k, st["loss_batch"]) for k in kernels], st, device, deadline)
     if any(r["status"] == "ok" and r["loss_kernel"] == "chunked" for r in rows) and device.type == "cuda":
-        rows.append({"part": "loss_kernel_pick", "status": "ok", "kernel": fastest_loss_kernel(rows),
-                     "case": "fastest within the chunked loss's memory (--loss-kernel auto on this GPU kind)"})
+        kind, pick = device_kind(device), fastest_loss_kernel(rows)
+        now = GPU_LOSS_KERNEL.get(kind)
+        rows.append({"part": "loss_kernel_pick", "status": "ok", "kernel": pick, "gpu_kind": kind,
+                     "case": "fastest within the chunked loss's memory (--loss-kernel auto on this GPU kind)",
+                     "table": f"ecomkit.models.loss.GPU_LOSS_KERNEL[{kind!r}] = {now!r}: "
+                              + ("matches this run" if now == pick else f"differs from this run's {pick!r}; update it "
+                                 "when this artifact is committed")})
     return rows
+
+
+def calibration(rows: list[dict[str, Any]], device, dry_run: bool) -> dict[str, Any] | None:
+    """The planner's GPU efficiency fitted on this run's rows, checked on the rows it was not fitted on."""
+    from ecomkit.hardware import device_kind
+    from ecomkit.planner.gpu_efficiency import GPU_EFFICIENCY, MAX_ERROR, calibrate
+
+    cal = calibrate(rows)
+    if cal is None:
+        return None
+    kind = "dry run (CPU): not a GPU's efficiency" if dry_run else device_kind(device)
+    now = None if dry_run else GPU_EFFICIENCY.get(kind)
+    verdict = (f"kept: the held-out rows within {MAX_ERROR:.0%}" if cal.ok else
+               f"not kept: a held-out row is off by more than {MAX_ERROR:.0%}")
+    line = (f"planner efficiency for {kind}: {cal.efficiency:.3f}, fitted on {cal.fitted_on} rows, worst error "
+            f"{cal.worst_error:.0%} on the {cal.validated_on} others ({verdict})")
+    if not dry_run and cal.ok:
+        line += ("; GPU_EFFICIENCY matches" if now is not None and abs(now - cal.efficiency) <= 1e-3 * cal.efficiency
+                 else f"; ecomkit.planner.gpu_efficiency.GPU_EFFICIENCY[{kind!r}] is {now}: update it when this "
+                      "artifact is committed")
+    return {"gpu_kind": kind, "efficiency": cal.efficiency, "fitted_on": cal.fitted_on,
+            "validated_on": cal.validated_on, "worst_error": cal.worst_error, "ok": cal.ok, "line": line}
 
 
 # ---------------------------------------------------------------------- part 4: head-dim padding
@@ -359,7 +387,7 @@ def _line(r: dict[str, Any]) -> str:
         return (f"  compile: first step {r['first_step_s']:.1f} s, steady {r['steady_step_s']:.3f} s: about "
                 f"{r['compile_s']:.1f} s compiling (goal <= {r['goal_s']:.0f} s) {r['verdict']}")
     if part == "loss_kernel_pick":
-        return f"  fastest within the chunked loss's memory: {r['kernel']}"
+        return f"  fastest within the chunked loss's memory: {r['kernel']} ({r['table']})"
     mfu = f"MFU {r['mfu']:.1%}" if r.get("mfu") is not None else "MFU n/a"
     mem = f", {r['peak_mem_bytes'] / 2**30:.1f} GiB" if r.get("peak_mem_bytes") and part != "strategy" else ""
     fill = f", fill {r['fill_rate']:.0%}" if r.get("fill_rate") is not None else ""
@@ -458,11 +486,14 @@ def main(argv: list[str] | None = None) -> int:
         if r["part"].endswith("_ratio"):
             show(r)
     goal = verdict(rows, on_gpu)
+    cal = calibration(rows, device, not on_gpu)
+    if cal:
+        print(cal["line"], flush=True)
     out = Path(args.out) if args.out else (REPO / "benchmarks" / "results" if on_gpu else REPO / "runs" / "gpu_bench_dryrun")
     scaling = scaling_rows(rows)
     write_artifact("gpu_bench", rows, {"dry_run": not on_gpu, "settings": st, "preflight": pre, "goal": goal,
                                        "cuda": torch.version.cuda, "scaling": scaling, "memory": scaling,
-                                       "budget_s": args.budget_s}, results_dir=out)
+                                       "budget_s": args.budget_s, "calibration": cal}, results_dir=out)
     print(f"MFU goal >= {MFU_GOAL:.0%}: {goal['verdict']}"
           + (f" (best: {goal['best']} {goal['best_mfu']:.1%}, {goal['from']})" if goal.get("best_mfu") is not None else ""))
     return 1 if any(r["status"] in ("error", "timeout") for r in rows) else 0

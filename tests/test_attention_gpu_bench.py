@@ -89,6 +89,8 @@ def test_dry_run_jobs_pair_ecomkit_with_hf_trainer_and_the_planner(dry_run):
     assert (scaling["model"], scaling["strategy"], scaling["gpus"]) == ("tiny", "ddp", 2)
     assert scaling["samples_per_s"] == ddp["samples_per_s"]
     assert doc["extra"]["goal"]["verdict"].startswith("n/a")
+    cal = doc["extra"]["calibration"]         # the planner's efficiency fit runs on the rows, labelled a dry run's
+    assert cal["fitted_on"] + cal["validated_on"] == 12 and cal["gpu_kind"].startswith("dry run")
     # the planner's prediction beside every training row that ran, ecomkit's and HF Trainer's alike
     trained = [r for p in ("attention", "loss_kernel", "long_rows", "packing", "strategy") for r in parts[p]
                if r["status"] == "ok"]
