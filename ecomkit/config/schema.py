@@ -98,8 +98,9 @@ class TrainConfig:
     # --- model ------------------------------------------------------------
     model: str = "tiny"               # preset (tiny, small, seqgpt-560m, ecomgpt-7b), local dir or hub id
     tokenizer: str = "local"          # "local": BPE trained on the catalog; or a dir / hub id
-    attn: str = "auto"                # auto: sdpa, except eager on a CPU at the precision and lengths where it
-                                      #   was measured faster (attention_rule) | sdpa (proven equal to eager) |
+    attn: str = "auto"                # auto: sdpa, except eager at the precision and lengths where bench_attn_rule
+                                      #   measured it faster on this CPU, or on this GPU's kind (attention_rule;
+                                      #   an unmeasured GPU: sdpa, said so) | sdpa (proven equal to eager) |
                                       #   eager | flex (GPU)
     fused_gelu: bool = True           # BLOOM's MLP GELU as one ATen kernel each way (the same tanh approximation;
                                       #   transformers' runs ~20 elementwise kernels, 25 % of a bf16 CPU step);
@@ -116,6 +117,12 @@ class TrainConfig:
                                       #   --compile, the first step compiles: leave it out
     loss_chunk_tokens: int = 1024     # LM head + loss this many label positions at a time, no [B,T,vocab]
                                       #   logits kept (0 = full logits); single/ddp/accelerate/fsdp only
+    loss_kernel: str = "auto"         # LM head + cross-entropy: chunked (ecomkit's, --loss-chunk-tokens) | full
+                                      #   (the [B,T,vocab] logits) | liger (liger-kernel's fused linear CE) | cce
+                                      #   (cut-cross-entropy); liger and cce need CUDA (pip install 'ecomkit[gpu]').
+                                      #   auto: chunked on CPU (bench_kernels), on a GPU the kernel gpu_bench
+                                      #   measured fastest there (models/loss.py), chunked while unmeasured;
+                                      #   full when --loss-chunk-tokens 0
     # --- data -------------------------------------------------------------
     task: str = "lm"                  # lm: causal text; nlu: SeqGPT-style instructions (loss on answers)
     data: str = "synthetic"           # "synthetic" or a .jsonl/.csv file or a save_to_disk directory

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ecomkit.config.validate_lengths import check_generation, check_lengths
+from ecomkit.config.validate_loss import check_loss_kernel
 from ecomkit.config.validate_peft import check_peft
 from ecomkit.config.vocabulary import (ATTN_CHOICES, COMPILE_MODES, CLIP_POLICIES, COMPILE_STRATEGIES, COMPRESSIONS, DDP_ALLREDUCES,
                                        HOOK_STRATEGIES,
@@ -74,6 +75,7 @@ def validate_train_config(cfg: _TrainConfig, world_size: int, n_head: int | None
     check_data_source(cfg)
     check_generation(cfg)
     check_compile(cfg)
+    check_loss_kernel(cfg)
     parse_report_to(cfg.report_to, check_installed=True)
 
 

@@ -8,8 +8,8 @@ written once:
 1. attention (``--attn``; eager too, for its one-pass QKV split): ``models/attention.py``;
 2. the AVX-512 GeLU and loss kernels on a CPU (``--cpu-kernels``): ``models/cpu_kernels.py``;
 3. BLOOM's GeLU as one kernel each way (``--fused-gelu``): ``models/gelu.py``;
-4. the chunked LM-head loss (``--loss-chunk-tokens``), where the strategy runs the whole model in one
-   forward: ``models/loss.py``;
+4. the LM-head loss (``--loss-kernel``: chunked, ``--loss-chunk-tokens`` at a time, or a fused library kernel
+   on CUDA), where the strategy runs the whole model in one forward: ``models/loss.py``;
 5. ``--compile``: one block compiled and reused by every block, the head + loss apart: ``models/compile.py``.
 """
 
@@ -23,7 +23,7 @@ from ecomkit.models.attention import install_attention
 from ecomkit.models.compile import compile_blocks, compiled_head_loss
 from ecomkit.models.cpu_kernels import kernels_for
 from ecomkit.models.gelu import install_fused_gelu
-from ecomkit.models.loss import install_chunked_loss
+from ecomkit.models.loss import FUSED_LOSSES, install_chunked_loss, install_fused_loss
 from ecomkit.train.shapes import length_multiple
 
 
@@ -37,7 +37,11 @@ def install_fast_paths(model: nn.Module, cfg: TrainConfig, device: torch.device,
     install_attention(model, cfg.attn)
     kernels = kernels_for(device, cfg.cpu_kernels)
     install_fused_gelu(model, cfg.fused_gelu, kernels)
-    if cfg.loss_chunk_tokens > 0 and chunked_loss:   # no [B, T, vocab] logits; bf16 on CPU: bounded shapes
+    # --loss-kernel, resolved by train/autoprec.resolve_loss_kernel ("auto" left here: the chunked loss)
+    if chunked_loss and cfg.loss_kernel in FUSED_LOSSES:   # validate() checked the package and the GPU
+        install_fused_loss(model, cfg.loss_kernel)
+    elif chunked_loss and cfg.loss_kernel in ("chunked", "auto") and cfg.loss_chunk_tokens > 0:
+        # no [B, T, vocab] logits; bf16 on CPU: bounded shapes
         install_chunked_loss(model, cfg.loss_chunk_tokens, length_multiple(cfg.precision, device), kernels,
                              compiled_head_loss(cfg.compile_mode) if cfg.compile else None)
     if cfg.compile:

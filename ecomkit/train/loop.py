@@ -41,7 +41,7 @@ from ecomkit.parallel import build_strategy
 from ecomkit.parallel.mixed import sharded_model_callbacks
 from ecomkit.train.clip import ClipPolicy
 
-from ecomkit.train.autoprec import resolve_attention, resolve_precision
+from ecomkit.train.autoprec import resolve_attention, resolve_loss_kernel, resolve_precision
 from ecomkit.train.batches import log_data_choices, resolve_data_settings, training_loader
 from ecomkit.train.fast_paths import install_fast_paths
 from ecomkit.train.gen_eval import evaluator_for_run
@@ -91,6 +91,7 @@ class TrainingRun:
         self.tokenizer = self.build_tokenizer()
         self.build_data()                      # --seq-len, --packing and --gen-max-new-tokens auto: from the data
         resolve_attention(self.cfg, self.env)  # --attn auto: by device, precision and length (attention_rule)
+        resolve_loss_kernel(self.cfg, self.env, self.strategy.supports_chunked_loss)  # --loss-kernel auto
         self.gen_eval = evaluator_for_run(self.cfg, self.data_report)  # evaluation by generation (nlu)
         log_evaluation_scope(self)  # periodic evaluations sample, the final one reads every held-out row
         # The strategy decides how the model is materialised: whole on every rank, or only this rank's part
