@@ -142,5 +142,5 @@ def test_preflight_names_what_is_missing(monkeypatch):
     assert any(m.startswith("no CUDA GPU visible") for m in pre["missing"])
     assert any("deepspeed is not installed: zero3, zero3+lora skipped (pip install deepspeed)" == m for m in pre["missing"])
     st = gpu_bench.settings(gpu_bench.parse_args(["--dry-run"]), on_gpu=False, n_gpus=0)
-    row = gpu_bench.strategy_case("zero3", st, pre, "sdpa", "fp32", timeout_s=1, nproc=2)
+    row = gpu_jobs.strategy_case("zero3", st, pre, "sdpa", "fp32", timeout_s=1, nproc=2)
     assert row["status"] == "skipped" and "pip install deepspeed" in row["reason"]
