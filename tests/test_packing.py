@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from datasets import Dataset
 
+from ecomkit.config import TrainConfig
 from ecomkit.data.packing import (CPU_PACKED_PRECISIONS, EMPTY, PACK_AUTO_MAX_ROW_SHARE, PackedBatchSampler, RowGroups,
                                   best_fit_decreasing, decide_packing, fill_rate, packed_collate, packing_pays_off,
                                   plan_sequences)
@@ -20,6 +22,7 @@ from ecomkit.measure.packing import (loss_and_gradients, packed_batch, packing_a
 from ecomkit.models.attention import attention_mask_for, document_causal_mask, install_attention
 from ecomkit.models.bloom import build_model
 from ecomkit.models.loss import install_chunked_loss
+from ecomkit.train.batches import training_loader
 
 PAD = 3
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -167,6 +170,19 @@ def test_packed_rows_keep_the_unpacked_label_count():
     data = rows(9, prompted=True)
     p, u = packed(data), padded_batch(data, PAD)
     assert int((p["labels"][:, 1:] != -100).sum()) == int((u["labels"][:, 1:] != -100).sum())
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_training_batches_carry_their_host_counted_label_count(packing):
+    """``label_count`` (train/batches.py) is what the chunked loss selects by: it must equal the labels' count."""
+    data = rows(40, prompted=True)
+    cfg = TrainConfig(seq_len=96, micro_batch_size=4)
+    lens = np.array([len(r["input_ids"]) for r in data])
+    _, loader = training_loader(Dataset.from_list(data), lens, cfg, (0, 1), 1, packing, PAD, None)
+    batches = list(loader)
+    assert batches
+    for batch, counts in batches:
+        assert batch["label_count"] == counts.label_tokens == int((batch["labels"][:, 1:] != -100).sum())
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])

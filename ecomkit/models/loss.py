@@ -101,7 +101,7 @@ def count_label_tokens(labels: torch.Tensor) -> int:
 def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.Tensor,
                            chunk_tokens: int, row_multiple: int | None = None,
                            cpu_kernel: bool = False, head_loss: Callable = None,
-                           fused: Callable | None = None) -> torch.Tensor:
+                           fused: Callable | None = None, label_count: int | None = None) -> torch.Tensor:
     """:func:`token_loss_sum` from the last hidden state, never holding the ``[B, T, vocab]`` logits.
 
     Why: at long sequences the LM head's logits, their fp32 log-softmax and
@@ -130,6 +130,11 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     (``models/cpu_kernels.py``) where it applies, one pass each way instead of
     ATen's cast, ``log_softmax``, zero-filled ``nll_loss`` gradient and cast back.
 
+    ``label_count``: how many positions have a label, counted on the host before the batch became tensors
+    (``train/batches.py``). With it the selection has a shape known in advance (``torch.nonzero_static``);
+    without it (evaluation) ``nonzero`` sizes its result from the labels' values, which on a GPU makes the
+    host wait for the device.
+
     ``fused`` (``--loss-kernel liger|cce``): one call of a library's fused
     linear cross-entropy on the labeled rows (:data:`FUSED_LOSSES`), which
     chunks inside its kernels, instead of the chunk loop.
@@ -142,7 +147,7 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     # ``row_multiple`` when T is, so a batch with (nearly) every position labeled still tops up to one.
     flat_h = hidden.reshape(-1, hidden.size(-1))
     flat_y = F.pad(labels[:, 1:], (0, 1), value=-100).reshape(-1)
-    keep = (flat_y != -100).nonzero().squeeze(1)
+    keep = _positions(flat_y != -100, label_count)
     if keep.numel() == 0:  # no label in this micro-batch: a zero that still reaches every parameter
         return F.cross_entropy(head(flat_h[:1]).float(), flat_y[:1].clamp(min=0), reduction="sum") * 0.0
     if row_multiple:
@@ -177,12 +182,19 @@ def _unbacked_rows(head_loss: Callable, head: nn.Module, h: torch.Tensor, y: tor
 chunked_token_loss_sum = torch.compiler.disable(chunked_token_loss_sum, recursive=True)
 
 
+def _positions(flags: torch.Tensor, count: int | None) -> torch.Tensor:
+    """Indices of the true ``flags``: ``count`` of them when the host knows how many (no device sync)."""
+    if count is None:
+        return flags.nonzero().squeeze(1)
+    return torch.nonzero_static(flags, size=count).squeeze(1)
+
+
 def _topped_up(keep: torch.Tensor, flat_y: torch.Tensor, multiple: int) -> torch.Tensor:
     """``keep`` plus the first unlabeled positions, to a multiple of ``multiple`` rows (or every position)."""
     want = min(-(-keep.numel() // multiple) * multiple, flat_y.numel())
     if want == keep.numel():
         return keep
-    unlabeled = (flat_y == -100).nonzero().squeeze(1)[:want - keep.numel()]
+    unlabeled = _positions(flat_y == -100, flat_y.numel() - keep.numel())[:want - keep.numel()]
     return torch.cat([keep, unlabeled])
 
 
@@ -196,14 +208,14 @@ def _head_loss(model: nn.Module) -> Callable:
 
 
 def _forward_with_chunked_loss(self: nn.Module, *args: Any, token_loss_labels: torch.Tensor | None = None,
-                               **kwargs: Any) -> Any:
+                               token_loss_count: int | None = None, **kwargs: Any) -> Any:
     if token_loss_labels is None:
         return type(self).forward(self, *args, **kwargs)
     kwargs.setdefault("use_cache", False)
     hidden = self.transformer(*args, **kwargs)[0]
     loss = chunked_token_loss_sum(hidden, self.lm_head, token_loss_labels, self.ecomkit_loss_chunk,
                                   self.ecomkit_loss_rows, self.ecomkit_loss_kernel, _head_loss(self),
-                                  FUSED_LOSSES.get(self.__dict__.get("ecomkit_fused_loss")))
+                                  FUSED_LOSSES.get(self.__dict__.get("ecomkit_fused_loss")), token_loss_count)
     return CausalLMOutputWithCrossAttentions(loss=loss)
 
 

@@ -118,13 +118,15 @@ class Strategy:
         """Σ token losses of one micro-batch: chunked in the model's forward when installed, else from logits.
 
         A packed batch (``document_ids``) runs under its block-diagonal causal mask, a padded one under its
-        padding mask; the loss is the same per-token sum either way.
+        padding mask; the loss is the same per-token sum either way. A training batch's host-counted
+        ``label_count`` (train/batches.py) lets the chunked loss select the labeled positions without a sync.
         """
         mask = attention_mask_for(batch)   # packed rows: their document mask (models/attention.py)
         if self.raw_model is not None and has_chunked_loss(self.raw_model):
             with self.autocast():
                 return self.model(input_ids=batch["input_ids"], attention_mask=mask,
-                                  token_loss_labels=batch["labels"]).loss
+                                  token_loss_labels=batch["labels"],
+                                  token_loss_count=batch.get("label_count")).loss
         return token_loss_sum(self.forward_logits(batch["input_ids"], mask), batch["labels"])
 
     def forward_backward(self, micro_batches: list[dict], loss_scale: float | torch.Tensor) -> torch.Tensor:
