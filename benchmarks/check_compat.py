@@ -163,7 +163,7 @@ def main() -> None:
     if not args.python:
         return
     rows = [check_environment(p, args.timeout) for p in args.python]
-    sys.path.insert(0, str(REPO / "benchmarks"))
+    sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]   # this working tree's ecomkit, not an installed one
     from common import write_artifact
 
     write_artifact("compat", rows, extra={
