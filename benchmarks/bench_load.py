@@ -196,7 +196,7 @@ def main() -> None:
                   "with --precision bf16: the whole model in bf16 on every rank, then its fp32 adapters",
                   "peak = ru_maxrss after loading and reading every held value once; overhead = ru_maxrss after "
                   "imports and process-group set-up; the planner's load peak "
-                  "(ecomkit.planner.memory.load_peak) counts the tensors a load path holds, not the process"],
+                  "(ecomkit.planner.loading.load_peak) counts the tensors a load path holds, not the process"],
     })
 
 

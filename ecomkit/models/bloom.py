@@ -25,6 +25,7 @@ import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, BloomConfig, BloomForCausalLM, GenerationConfig,
                           PretrainedConfig, PreTrainedModel)
 from transformers.initialization import no_init_weights
+from transformers.integrations import is_deepspeed_zero3_enabled
 
 from ecomkit.errors import ModelNotFoundError
 from ecomkit.models.checkpoint_files import CheckpointReader, freed_memory_returned, has_safetensors, read_into
@@ -225,9 +226,12 @@ def load_model(name_or_path: str, *, vocab_size: int | None = None, device: str 
     """
     if name_or_path in PRESETS:
         return build_model(name_or_path, vocab_size=vocab_size, device=device, seed=seed, dtype=dtype)
-    if is_local_model_dir(name_or_path) and has_safetensors(name_or_path) and not trust_remote_code:
+    if is_local_model_dir(name_or_path) and has_safetensors(name_or_path) and not (
+            trust_remote_code or is_deepspeed_zero3_enabled()):
         return load_local_checkpoint(name_or_path, device=device, dtype=dtype)
-    if is_local_model_dir(name_or_path):   # other formats (pytorch_model.bin), or code shipped with the model
+    # other formats (pytorch_model.bin), code shipped with the model, or HF Trainer's ZeRO-3 (HfDeepSpeedConfig:
+    # from_pretrained builds the model under zero.Init and loads the partitions itself)
+    if is_local_model_dir(name_or_path):
         model = AutoModelForCausalLM.from_pretrained(
             name_or_path, local_files_only=True, dtype=dtype, low_cpu_mem_usage=True,
             trust_remote_code=trust_remote_code)
