@@ -98,6 +98,7 @@ def frozen_base_dtype(cfg: TrainConfig) -> torch.dtype | None:
 def adapters_in_fp32(model: nn.Module) -> None:
     """Make what LoRA trains fp32: PEFT gives new adapters the base layer's dtype, and copies a module it trains
     in full (``modules_to_save``) in the module's own dtype, bf16 on a bf16 base. They train under autocast.
+    A module trained in full thus starts from its weights rounded to bf16, as it would from a bf16 checkpoint.
 
     A model built under ``deepspeed.zero.Init`` is left as PEFT made it: DeepSpeed casts no parameter of
     such a model, and keeps its own fp32 masters of the trainable ones.
