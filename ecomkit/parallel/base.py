@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ContextManager, Iterator
 
 import torch
@@ -30,7 +30,7 @@ from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.models.attention import attention_mask_for
 from ecomkit.models.bloom import ModelSource, count_parameters, load_model
-from ecomkit.models.lora import save_peft_outputs
+from ecomkit.models.lora import frozen_base_dtype, save_peft_outputs
 from ecomkit.models.loss import has_chunked_loss, token_loss_sum
 from ecomkit.models.optim import build_optimizer, build_scheduler, clip_grad_norm
 from ecomkit.models.precision import autocast_context, build_grad_scaler
@@ -71,10 +71,26 @@ class Strategy:
         Called before :meth:`setup`. Strategies that shard parameters override
         it for local checkpoints so that no rank ever holds the whole model
         (ZeRO-3: ``deepspeed.zero.Init``; FSDP2/TP: the meta device, then
-        :meth:`setup` loads each rank's part after sharding).
+        :meth:`setup` loads each rank's part after sharding). The weights are
+        made in :meth:`weight_dtype` unless ``source`` names a dtype.
         """
+        source = self.in_weight_dtype(source)
         return load_model(source.name_or_path, vocab_size=source.vocab_size, device=self.env.device,
                           seed=source.seed, dtype=source.dtype)
+
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype this strategy trains the model's weights in, which the model is loaded straight into.
+
+        torch's strategies (DDP, FSDP2, TP, PP) keep fp32 weights whatever the compute precision (autocast,
+        FSDP2's mixed-precision policy, compute in bf16 from fp32 parameters): a full fine-tune loads fp32.
+        Under LoRA with ``--precision bf16`` the frozen base is held in bf16 (``models/lora.py``), so the
+        model loads in bf16 and never exists in fp32; the adapters, added afterwards, are fp32.
+        """
+        return frozen_base_dtype(self.cfg) or torch.float32
+
+    def in_weight_dtype(self, source: ModelSource) -> ModelSource:
+        """``source`` with its dtype decided: its own when it names one, else :meth:`weight_dtype`."""
+        return source if source.dtype is not None else replace(source, dtype=self.weight_dtype())
 
     def parameter_count(self, model: nn.Module) -> int:
         """Ψ of the model :meth:`build_model` returned (meta tensors count their full size)."""

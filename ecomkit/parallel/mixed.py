@@ -210,7 +210,7 @@ class MixedParallelStrategy(Strategy):
         """
         if self.dims.pp == 1 and self.dims.dp * self.dims.tp > 1 and source.is_local_checkpoint:
             self._checkpoint = CheckpointReader(source.name_or_path)
-            return build_empty_model(source, device="meta")
+            return build_empty_model(self.in_weight_dtype(source), device="meta")
         return super().build_model(source)
 
     def setup(self, model: nn.Module, total_steps: int) -> None:
