@@ -149,6 +149,30 @@ def count_parameters(model: torch.nn.Module, trainable_only: bool = False) -> in
     return total
 
 
+def enable_activation_checkpointing(model: torch.nn.Module, checkpoint_kwargs: dict[str, Any] | None = None) -> None:
+    """Turn on transformers' per-block activation checkpointing, under this transformers version's name for it.
+
+    Why one home: transformers 5.23 renamed ``gradient_checkpointing_enable`` to ``activation_checkpointing_enable``
+    (the old name stays as a deprecated alias until 6); before 5.23 only the old name exists, with the same
+    arguments and the same effect (each block flagged, ``_set_gradient_checkpointing`` installing the function,
+    input gradients on). Every caller goes through here, so the name lives in one place and an environment
+    below the tested floor (transformers 5.23, docs/gpu.md; reachable with ``pip install --no-deps``) still
+    checkpoints. ``checkpoint_kwargs`` go to ``torch.utils.checkpoint.checkpoint`` (None: transformers'
+    default, ``use_reentrant=False``).
+    """
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=checkpoint_kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs)
+
+
+def disable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Undo :func:`enable_activation_checkpointing`, by this transformers version's name."""
+    disable = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
+    disable()
+
+
 def preset_parameter_count(name: str, vocab_size: int | None = None) -> int:
     """Ψ of a preset, computed on the meta device (no memory allocated)."""
     return count_parameters(build_model(name, vocab_size=vocab_size, device="meta"))

@@ -47,7 +47,7 @@ from torch import nn
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, log
 from ecomkit.errors import ConfigError, EcomkitError
-from ecomkit.models.bloom import ModelSource, build_empty_model, count_parameters
+from ecomkit.models.bloom import ModelSource, build_empty_model, count_parameters, enable_activation_checkpointing
 from ecomkit.models.optim import build_optimizer, build_scheduler, param_groups
 from ecomkit.models.precision import DTYPES
 from ecomkit.parallel.base import StepStats, Strategy
@@ -198,7 +198,7 @@ class ZeroStrategy(Strategy):
         import deepspeed  # lazy: heavy optional dependency
 
         deepspeed.checkpointing.configure(None, deepspeed_config=self.ds_config)
-        model.activation_checkpointing_enable()  # input grads on, blocks flagged, torch's function ...
+        enable_activation_checkpointing(model)  # input grads on, blocks flagged, torch's function ...
         model._set_gradient_checkpointing(enable=True,  # ... replaced by DeepSpeed's (same contract)
                                           gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
 
