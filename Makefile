@@ -7,7 +7,8 @@
 # ecomkit's AVX-512 GeLU and loss kernels (--cpu-kernels, ecomkit/models/cpu_kernels.py).
 #
 # TORCH_SPEC pins torch for a reproducible CPU set-up (2.13.0 resolves to a CPU
-# build here). GPU users: see README, "GPU install".
+# build here); pyproject.toml only gives torch a floor, so `pip install -e .` keeps
+# the torch it finds. GPU users: see docs/gpu.md.
 VENV       ?= .venv
 PYTHON     ?= python3
 TORCH_SPEC ?= torch==2.13.0

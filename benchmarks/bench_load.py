@@ -6,7 +6,9 @@ then loaded by 2 processes (gloo, CPU) the way each strategy loads it:
 
 - ``whole``: every rank loads the whole model (DDP, ZeRO-1/2, pipelines): the baseline;
 - ``zero3``: built under ``deepspeed.zero.Init``, rank 0 reads module by module, each rank keeps its partition;
-- ``fsdp``: built on the meta device, sharded by FSDP2, each rank reads tensor by tensor and keeps its shard.
+- ``fsdp``: built on the meta device, sharded by FSDP2, each rank reads tensor by tensor and keeps its shard;
+- ``lora_bf16``: LoRA under DDP with ``--precision bf16``: every rank loads the whole model straight into bf16
+  (its frozen base's dtype), then PEFT adds the fp32 adapters, as the training loop does.
 
 Each rank records its fixed overhead (peak RSS after imports and process-group
 set-up, before loading), its peak RSS after loading and reading every value it
@@ -36,7 +38,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 BOUND_FACTOR = 1.2
-STRATEGIES = ("whole", "zero3", "fsdp")
+STRATEGIES = ("whole", "zero3", "fsdp", "lora_bf16")
 
 
 def peak_rss_bytes() -> int:
@@ -44,19 +46,26 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-PLANNER_STRATEGY = {"whole": "ddp", "zero3": "zero3", "fsdp": "fsdp2"}   # the planner's name of each load path
+PLANNER_STRATEGY = {"whole": "ddp", "zero3": "zero3", "fsdp": "fsdp2", "lora_bf16": "ddp"}   # the planner's names
+TRAIN_STRATEGY = {"whole": "ddp", "zero3": "zero", "fsdp": "fsdp", "lora_bf16": "ddp"}        # --strategy
 
 
 def planned_load_bytes(strategy: str, hidden: int, layers: int, heads: int, vocab: int, nproc: int = 2) -> int:
-    """The planner's load peak per rank for this checkpoint and load path (fp32, CPU: no CUDA context)."""
+    """The planner's "while loading" row per rank for this checkpoint and load path (CPU: no CUDA context).
+
+    fp32 full fine-tuning for ``whole``, ``zero3`` and ``fsdp``; ``lora_bf16`` is the LoRA plan (rank 16,
+    bf16), whose row is what :func:`ecomkit.planner.lora.plan_lora_memory` reports.
+    """
     from ecomkit.models.bloom import preset_config
-    from ecomkit.planner.memory import PlanInput, load_peak
-    from ecomkit.planner.shapes import model_shape
+    from ecomkit.planner.lora import LoraPlan, plan_lora_memory
+    from ecomkit.planner.memory import PlanInput, plan_memory
 
     cfg = preset_config("tiny", vocab_size=vocab, hidden_size=hidden, n_layer=layers, n_head=heads)
-    shape = model_shape(cfg)
+    if strategy == "lora_bf16":
+        inp = PlanInput(model=cfg, world_size=nproc, strategy="ddp", precision="bf16", device="cpu")
+        return plan_lora_memory(inp, LoraPlan(r=16)).load_bytes
     inp = PlanInput(model=cfg, world_size=nproc, strategy=PLANNER_STRATEGY[strategy], precision="fp32", device="cpu")
-    return load_peak(inp, shape, list(shape.params))[0]
+    return plan_memory(inp).load_bytes
 
 
 def write_checkpoint(out_dir: str | Path, hidden: int, layers: int, heads: int, vocab: int,
@@ -85,14 +94,18 @@ def worker(strategy: str, model_dir: str, out_json: str) -> None:
     from ecomkit.dist import distributed_session, gather_objects
     from ecomkit.models.bloom import ModelSource
     from ecomkit.models.checkpoint_files import CheckpointReader
+    from ecomkit.models.lora import apply_peft
     from ecomkit.parallel import build_strategy
     from ecomkit.parallel.zero.env import ensure_deepspeed_env
     from ecomkit.parallel.zero.load import partition_bytes
 
     cfg = TrainConfig()
     cfg.model, cfg.output_dir = model_dir, tempfile.mkdtemp(prefix="ecomkit-load-")
-    cfg.strategy = {"whole": "ddp", "zero3": "zero", "fsdp": "fsdp"}[strategy]
+    cfg.strategy = TRAIN_STRATEGY[strategy]
     cfg.zero.stage, cfg.zero.param_persistence_threshold = 3, 0
+    if strategy == "lora_bf16":
+        cfg.peft, cfg.precision, cfg.lora_r = "lora", "bf16", 16
+        import peft  # noqa: F401  (imported before the overhead is read: apply_peft imports it lazily)
     with distributed_session() as env:
         if strategy == "zero3":
             ensure_deepspeed_env()
@@ -108,6 +121,8 @@ def worker(strategy: str, model_dir: str, out_json: str) -> None:
         model = strat.build_model(ModelSource(model_dir))
         if strategy == "fsdp":
             strat.setup(model, total_steps=1)   # FSDP2 shards on meta, then loads each rank's part, in setup
+        if strategy == "lora_bf16":
+            model = apply_peft(model, cfg)      # the training loop's order: built, then the adapters
         seconds = time.perf_counter() - t0
         # Read every value this rank holds once, as the first training step would: from_pretrained may leave
         # weights as views of mapped files, which count as resident only once touched.
@@ -177,10 +192,11 @@ def main() -> None:
                     "planner's load peak (MiB)", "(peak − overhead) / planner", "load (s)"],
         "settings": vars(args), "model_fp32_mib": size / mib,
         "notes": [f"model {size / mib:,.0f} MiB fp32, 2 processes (gloo, CPU); `whole` is every rank loading the "
-                  "whole model (DDP, ZeRO-1/2, pipelines), shown for contrast",
+                  "whole model (DDP, ZeRO-1/2, pipelines), shown for contrast; `lora_bf16` is LoRA (r 16) under DDP "
+                  "with --precision bf16: the whole model in bf16 on every rank, then its fp32 adapters",
                   "peak = ru_maxrss after loading and reading every held value once; overhead = ru_maxrss after "
                   "imports and process-group set-up; the planner's load peak "
-                  "(ecomkit.planner.memory.load_peak) counts the tensors a load path holds, not the process"],
+                  "(ecomkit.planner.loading.load_peak) counts the tensors a load path holds, not the process"],
     })
 
 

@@ -17,6 +17,7 @@ import contextlib
 import datetime as _dt
 import faulthandler
 import gc
+import hashlib
 import logging
 import os
 import random
@@ -245,6 +246,35 @@ def _all_reduce_float(value: float, env: DistEnv, op: Any) -> float:
     return float(t.item())
 
 
+def collective_device(env: DistEnv) -> torch.device:
+    """Where a collective's tensor must live: the GPU for NCCL, the CPU for gloo."""
+    return env.device if env.backend == "nccl" else torch.device("cpu")
+
+
+def all_reduce_sum_tensor(values: Sequence[torch.Tensor | float], env: DistEnv) -> torch.Tensor:
+    """Element-wise sums over all ranks as a float64 tensor on :func:`collective_device`, never read here.
+
+    Why a tensor: the training step needs some sums (its label tokens, for the loss scale) as numbers the
+    device computes with, not numbers the host waits for; reading them later, at a log interval, is one
+    synchronisation for many steps. ``values`` may mix device tensors (0-d) and host floats.
+    """
+    device = collective_device(env)
+    host = to_device(torch.tensor([0.0 if isinstance(v, torch.Tensor) else float(v) for v in values],
+                                  dtype=torch.float64), device)     # one copy for every host number
+    t = torch.stack([v.detach().reshape(()).to(device, torch.float64) if isinstance(v, torch.Tensor) else host[i]
+                     for i, v in enumerate(values)])
+    if env.distributed:
+        dist.all_reduce(t)
+    return t
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` without making the host wait: pinned and copied asynchronously to a GPU."""
+    if device.type != "cuda" or t.device.type == "cuda":
+        return t.to(device)
+    return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
+
+
 def all_reduce_mean(value: float, env: DistEnv) -> float:
     """Average a Python float over ranks (a no-op for a single process)."""
     return _all_reduce_float(value, env, dist.ReduceOp.SUM) / env.world_size
@@ -281,6 +311,14 @@ def gather_objects(obj: Any, env: DistEnv) -> list[Any]:
     out: list[Any] = [None] * env.world_size
     dist.all_gather_object(out, obj)
     return out
+
+
+def replica_checksums(model: torch.nn.Module, env: DistEnv) -> list[str]:
+    """SHA-256 of every rank's parameters, gathered: replicas must be bit-identical after DDP."""
+    h = hashlib.sha256()
+    for _, p in sorted(model.named_parameters()):
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())  # any dtype, bf16 too
+    return gather_objects(h.hexdigest()[:16], env)
 
 
 def barrier_if_distributed() -> None:

@@ -132,6 +132,23 @@ def find_gpu(name: str) -> GpuSpec | None:
     return GPUS.get(GPU_ALIASES.get(key, key))
 
 
+def gpu_kind(device_name: str) -> str:
+    """The key measurements of one GPU kind are filed under: the table's key (``h200``), else the name lowercased.
+
+    Why: a rule measured on one board (``--attn auto``, ``--loss-kernel auto``) applies to every board of its
+    kind, whatever spelling ``torch.cuda.get_device_name()`` gives, and never to another board.
+    """
+    spec = find_gpu(device_name)
+    return spec.key if spec is not None else str(device_name).strip().lower()
+
+
+def device_kind(device: torch.device) -> str:
+    """``"cpu"`` for a CPU, else :func:`gpu_kind` of the CUDA device's name."""
+    if device.type != "cuda":
+        return device.type
+    return gpu_kind(torch.cuda.get_device_name(device))
+
+
 def gpu_spec(name: str | GpuSpec) -> GpuSpec:
     """Look up a GPU by key, alias or device name; a ConfigError names the known ones (``--gpu``)."""
     if isinstance(name, GpuSpec):
@@ -311,7 +328,7 @@ def mfu_fields(achieved_flops_per_s: float, peak_per_device: float | None, n_dev
     return {"mfu": None, "mfu_note": note} if note else {"mfu": None}
 
 
-__all__ = ["GpuSpec", "GPUS", "GPU_ALIASES", "find_gpu", "gpu_spec", "LinkSpec", "LINKS", "link_spec", "default_link",
+__all__ = ["GpuSpec", "GPUS", "GPU_ALIASES", "find_gpu", "gpu_kind", "device_kind", "gpu_spec", "LinkSpec", "LINKS", "link_spec", "default_link",
            "unknown_gpu_message", "peak_flops_or_reason", "device_mfu_note", "device_peak_flops", "mfu_fields",
            "NodeSpec", "NODES", "GPU_DEFAULT_NODE", "node_spec", "node_cpu_adam_params_per_s",
            "CPU_ADAM_PARAMS_PER_S_PER_CORE", "GIB"]

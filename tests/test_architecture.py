@@ -31,7 +31,8 @@ LAZY_MARK = "# lazy:"
 LAZY_ALLOWED = ("deepspeed", "accelerate", "peft", "bitsandbytes", "pynvml", "ipywidgets", "matplotlib", "IPython",
                 "tqdm.notebook",  # tqdm's ipywidgets-backed bar
                 "torch.utils.tensorboard", "tensorboard", "wandb", "mlflow",  # --report-to sinks and reader (ecomkit.reporting)
-                "trl")  # TRL's SFTTrainer: the packing benchmark's peer (ecomkit.train.hf_trainer)
+                "trl",  # TRL's SFTTrainer: the packing benchmark's peer (ecomkit.train.hf_trainer)
+                "liger_kernel", "cut_cross_entropy")  # --loss-kernel liger|cce: the GPU extra (ecomkit.models.loss)
 
 
 def _lint(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:

@@ -14,7 +14,7 @@ from torch.nn.attention.flex_attention import flex_attention
 
 import ecomkit.models.attention as attention_module
 from ecomkit.errors import ConfigError
-from ecomkit.models.bloom import build_model
+from ecomkit.models.bloom import build_model, enable_activation_checkpointing
 from ecomkit.models.attention import (
     BloomEagerAttention,
     BloomSdpaAttention,
@@ -94,7 +94,7 @@ def loss_and_grads(impl: str | None, mask_side: str, checkpointing: bool = False
         install_attention(model, impl)
     model.train()
     if checkpointing:
-        model.activation_checkpointing_enable({"use_reentrant": False})  # transformers' own, per block
+        enable_activation_checkpointing(model, {"use_reentrant": False})  # transformers' own, per block
         assert model.transformer.h[0].gradient_checkpointing
     ids, mask = padded_batch(96, seed=1)
     if mask_side == "right":

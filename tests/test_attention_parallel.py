@@ -64,7 +64,7 @@ def worker() -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from ecomkit.models.bloom import build_model
+    from ecomkit.models.bloom import build_model, enable_activation_checkpointing
     from ecomkit.models.attention import install_attention
     from ecomkit.parallel.tensor import apply_tensor_parallel
     from ecomkit.models.loss import count_label_tokens
@@ -105,7 +105,7 @@ def worker() -> None:
 
     model = build_model("tiny", vocab_size=VOCAB)
     install_attention(model, "sdpa")
-    model.activation_checkpointing_enable({"use_reentrant": False})
+    enable_activation_checkpointing(model, {"use_reentrant": False})
     for block in model.transformer.h:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)

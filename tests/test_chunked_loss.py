@@ -64,6 +64,18 @@ def test_rows_topped_up_to_a_multiple_give_the_same_loss_and_gradients_in_that_m
     assert rows == [labels.numel()]
 
 
+@pytest.mark.parametrize("row_multiple", [None, 16])
+def test_a_host_counted_label_count_selects_the_same_positions_without_nonzero(row_multiple):
+    """``label_count`` (counted by the collator on the host): ``nonzero_static``, no value-sized result."""
+    h, labels, head = _data()
+    count = int((labels[:, 1:] != -100).sum())
+    ref = chunked_token_loss_sum(h, head, labels, 7, row_multiple=row_multiple)
+    with torch.profiler.profile() as prof:
+        got = chunked_token_loss_sum(h, head, labels, 7, row_multiple=row_multiple, label_count=count)
+    assert "aten::nonzero" not in {e.name for e in prof.events()}
+    assert torch.equal(got, ref)
+
+
 def test_every_position_labeled_still_tops_up_to_whole_tiles():
     """B × (T − 1) labeled positions (8 × 127 = 1016) go to the head as B × T rows (1024): a multiple of 16 when T
     is, since oneDNN's bf16 GEMM runs about 20 % slower on 1016 rows than on 1024. The loss is unchanged."""

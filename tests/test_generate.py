@@ -157,30 +157,6 @@ def test_without_the_kv_cache_the_answers_are_the_same(tok, model):
     assert plain == cached
 
 
-def test_with_compile_no_grad_forwards_run_the_module_before_compile_and_training_forwards_the_compiled_one(
-        tok, model, monkeypatch):
-    """--compile: evaluation and generation (no grad) must not recompile the training graph for a few batches."""
-    s = Strategy(TrainConfig(compile=True), DistEnv())
-    s.setup(model, 10)
-    assert isinstance(s.model, torch._dynamo.eval_frame.OptimizedModule) and s.model._orig_mod is s.eager_model
-    calls: list[bool] = []
-
-    def compiled(**kw):  # stands in for the compiled module: records the call, runs the same weights eagerly
-        calls.append(torch.is_grad_enabled())
-        return s.eager_model(**kw)
-
-    monkeypatch.setattr(s, "model", compiled)
-    ids = torch.tensor([tok(PROMPTS[0], add_special_tokens=False)["input_ids"]])
-    mask = torch.ones_like(ids)
-    with torch.no_grad():
-        evaluated = s.forward_logits(ids, mask)
-    assert calls == []
-    trained = s.forward_logits(ids, mask)
-    assert calls == [True] and torch.equal(trained.detach(), evaluated)
-    s.close()
-    assert s.eager_model is None
-
-
 def test_left_padding_and_prompt_cutting():
     ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0, device="cpu")
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]

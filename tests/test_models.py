@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+import warnings
 
 import pytest
 import torch
 
 from ecomkit.errors import ModelNotFoundError
-from ecomkit.models.bloom import build_model, load_model, preset_parameter_count
+from ecomkit.models.bloom import (build_model, disable_activation_checkpointing, enable_activation_checkpointing,
+                                  load_model, preset_parameter_count)
 from ecomkit.models.gelu import FusedBloomGelu, install_fused_gelu
 from ecomkit.models.optim import adamw_kernel, clip_grad_norm
 
@@ -17,6 +19,15 @@ def test_real_shapes_have_exact_parameter_counts_on_meta():
     # bigscience/bloom-560m and bloom-7b1 report exactly these counts
     assert preset_parameter_count("seqgpt-560m") == 559_214_592
     assert preset_parameter_count("ecomgpt-7b") == 7_069_016_064
+
+
+def test_real_shapes_keep_bloom_s_vocabulary_with_the_catalog_tokenizer():
+    # the local catalog tokenizer has ~4,000 ids: the real shapes stay the models they name ...
+    assert preset_parameter_count("seqgpt-560m", vocab_size=4003) == 559_214_592
+    assert preset_parameter_count("ecomgpt-7b", vocab_size=4003) == 7_069_016_064
+    # ... and grow only for a tokenizer larger than BLOOM's (tokens added); toy presets follow the tokenizer
+    assert preset_parameter_count("seqgpt-560m", vocab_size=250_882) == 559_214_592 + 2 * 1024
+    assert preset_parameter_count("tiny", vocab_size=4003) < preset_parameter_count("tiny", vocab_size=8000)
 
 
 def test_meta_build_allocates_nothing():
@@ -91,3 +102,34 @@ def test_clip_grad_norm_is_torch_s_bit_for_bit(max_norm):
     expected = torch.nn.utils.clip_grad_norm_(ref, max_norm if max_norm > 0 else float("inf"))
     assert torch.equal(clip_grad_norm(ours, max_norm), expected)
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(ours, ref))
+
+
+def test_activation_checkpointing_switch_flags_every_block_under_this_transformers_name():
+    """The installed transformers' switch, without its deprecated alias's warning; off again after."""
+    model = build_model("tiny", vocab_size=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        enable_activation_checkpointing(model, {"use_reentrant": False})
+        assert all(block.gradient_checkpointing for block in model.transformer.h)
+        disable_activation_checkpointing(model)
+    assert not any(block.gradient_checkpointing for block in model.transformer.h)
+
+
+class _BeforeRename:
+    """A transformers < 5.23 model's checkpointing methods: only the ``gradient_checkpointing_*`` names."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None, every_n_layers=1, offload=False):
+        self.calls.append(("enable", gradient_checkpointing_kwargs))
+
+    def gradient_checkpointing_disable(self):
+        self.calls.append(("disable",))
+
+
+def test_activation_checkpointing_switch_falls_back_to_the_name_before_5_23():
+    model = _BeforeRename()
+    enable_activation_checkpointing(model, {"use_reentrant": True})
+    disable_activation_checkpointing(model)
+    assert model.calls == [("enable", {"use_reentrant": True}), ("disable",)]

@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from datasets import Dataset
 
+from ecomkit.config import TrainConfig
 from ecomkit.data.packing import (CPU_PACK_MAX_SEQ_LEN, EMPTY, PACK_AUTO_MAX_ROW_SHARE, PackedBatchSampler, RowGroups,
                                   best_fit_decreasing, cpu_packing_rule, decide_packing, fill_rate, packed_collate,
                                   plan_sequences)
@@ -20,6 +22,7 @@ from ecomkit.measure.packing import (bench_packing_jobs, equal_step_micro_batch,
 from ecomkit.models.attention import attention_mask_for, document_causal_mask, install_attention
 from ecomkit.models.bloom import build_model
 from ecomkit.models.loss import install_chunked_loss
+from ecomkit.train.batches import training_loader
 
 PAD = 3
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -178,6 +181,19 @@ def test_packed_rows_keep_the_unpacked_label_count():
     assert int((p["labels"][:, 1:] != -100).sum()) == int((u["labels"][:, 1:] != -100).sum())
 
 
+@pytest.mark.parametrize("packing", [True, False])
+def test_training_batches_carry_their_host_counted_label_count(packing):
+    """``label_count`` (train/batches.py) is what the chunked loss selects by: it must equal the labels' count."""
+    data = rows(40, prompted=True)
+    cfg = TrainConfig(seq_len=96, micro_batch_size=4)
+    lens = np.array([len(r["input_ids"]) for r in data])
+    _, loader = training_loader(Dataset.from_list(data), lens, cfg, (0, 1), 1, packing, PAD, None)
+    batches = list(loader)
+    assert batches
+    for batch, counts in batches:
+        assert batch["label_count"] == counts.label_tokens == int((batch["labels"][:, 1:] != -100).sum())
+
+
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_changing_one_packed_row_changes_no_other_rows_logits(impl):
     model = build_model("tiny", vocab_size=400)
@@ -212,26 +228,29 @@ def test_compiled_packed_training_does_not_recompile_after_the_first_step():
     """--compile on packed batches: one shape every step, so the graphs of step 1 serve every later step.
 
     The steps differ in how rows are laid out and how many positions are labeled (the chunked loss keeps
-    only those); dynamo's frame counter (the ``eager`` backend: inductor's graphs and guards without its
-    code generation) must not move after the first step. Compiled as the loop compiles (``dynamic=True``).
+    only those); dynamo's frame counters (the ``eager`` backend: inductor's graphs and guards without its
+    code generation) must not move after the first step. Compiled as the loop compiles (models/compile.py:
+    the blocks with static shapes, the head + loss with dynamic row counts).
     """
     from torch._dynamo.testing import CompileCounter
 
+    from ecomkit.models.compile import compile_blocks, compiled_head_loss
+
     torch._dynamo.reset()
-    counter = CompileCounter()
+    blocks, head = CompileCounter(), CompileCounter()
     model = build_model("tiny", vocab_size=400)
     install_attention(model, "sdpa")
-    install_chunked_loss(model, 64)
-    compiled = torch.compile(model, backend=counter, dynamic=True)
+    install_chunked_loss(model, 64, head_loss=compiled_head_loss(backend=head))
+    compile_blocks(model, dynamic=False, backend=blocks)
     frames = []
     for step in range(5):
         batch = packed(rows(12, seed=step, prompted=step % 2 == 1))
         batch = {k: v[:2] for k, v in batch.items()}       # two sequences of 96 every step
-        loss = compiled(input_ids=batch["input_ids"], attention_mask=attention_mask_for(batch),
-                        token_loss_labels=batch["labels"]).loss
+        loss = model(input_ids=batch["input_ids"], attention_mask=attention_mask_for(batch),
+                     token_loss_labels=batch["labels"]).loss
         loss.backward()
-        frames.append(counter.frame_count)
-    assert frames[0] >= 1 and frames == [frames[0]] * 5, frames
+        frames.append((blocks.frame_count, head.frame_count))
+    assert frames == [(1, 1)] * 5, frames
     torch._dynamo.reset()
 
 

@@ -15,7 +15,8 @@ BIG = TrainConfig(model="ecomgpt-7b", precision="bf16", seq_len=512, micro_batch
 
 
 def test_the_chart_has_a_capacity_line_colours_by_fit_and_horizontal_named_bars():
-    report = recommendation_json(BIG, Cluster(4, "rtx4090"), set())
+    # one RTX 4090: among the top 8 candidates some fit and some do not (on 4, with weights loaded in bf16, all fit)
+    report = recommendation_json(BIG, Cluster(1, "rtx4090"), set())
     fig = peak_figure(report)
     ax = fig.axes[0]
     rows = [r for r in next(iter(report["groups"].values()))["rows"][:8] if "peak_bytes" in r]

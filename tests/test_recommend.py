@@ -60,7 +60,7 @@ def test_nothing_fits_says_what_would(capsys):
 
 def test_table_and_launch_line_for_the_guides_cluster(capsys):
     main(["--model", "ecomgpt-7b", "--gpus", "4", "--gpu", "rtx4090", "--link", "pcie4-x16", "--precision", "bf16",
-          "--seq-len", "512", "--micro-batch-size", "4", "--recommend"])
+          "--seq-len", "512", "--micro-batch-size", "4", "--recommend", "--top", "30"])
     out = capsys.readouterr().out
     assert "fastest" in out and "does not fit" in out and "slower by" in out
     line = next(ln.strip() for ln in out.splitlines() if ln.strip().startswith("torchrun "))

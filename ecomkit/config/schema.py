@@ -98,8 +98,9 @@ class TrainConfig:
     # --- model ------------------------------------------------------------
     model: str = "tiny"               # preset (tiny, small, seqgpt-560m, ecomgpt-7b), local dir or hub id
     tokenizer: str = "local"          # "local": BPE trained on the catalog; or a dir / hub id
-    attn: str = "auto"                # auto: sdpa, except eager on a CPU at the precision and lengths where it
-                                      #   was measured faster (attention_rule) | sdpa (proven equal to eager) |
+    attn: str = "auto"                # auto: sdpa, except eager at the precision and lengths where bench_attn_rule
+                                      #   measured it faster on this CPU, or on this GPU's kind (attention_rule;
+                                      #   an unmeasured GPU: sdpa, said so) | sdpa (proven equal to eager) |
                                       #   eager | flex (GPU)
     fused_gelu: bool = True           # BLOOM's MLP GELU as one ATen kernel each way (the same tanh approximation;
                                       #   transformers' runs ~20 elementwise kernels, 25 % of a bf16 CPU step);
@@ -107,13 +108,21 @@ class TrainConfig:
     cpu_kernels: bool = True          # on CPU, BLOOM's GeLU and the LM-head loss through ecomkit's AVX-512 kernels
                                       #   (one pass each way; built once by make install; ATen's kernels where
                                       #   the CPU has no AVX-512 or no compiler) (models/cpu_kernels.py)
-    compile: bool = False             # torch.compile the wrapped model (single process and ddp; the first step
-                                      #   pays the compilation, about a minute for `small` on a 2-core CPU);
-                                      #   evaluation and generation run the same model uncompiled
+    compile: bool = False             # torch.compile one BLOOM block, reused by every block, and the LM head +
+                                      #   loss apart (models/compile.py): compile time does not grow with depth;
+                                      #   evaluation and generation run the same weights uncompiled
+    compile_mode: str = "default"     # torch.compile mode of --compile: default | reduce-overhead (CUDA graphs) |
+                                      #   max-autotune-no-cudagraphs
     untimed_steps: int = 1            # first steps left out of throughput and step-time figures (warm-up); with
-                                      #   --compile, new batch shapes recompile in the first few steps: use 8
+                                      #   --compile, the first step compiles: leave it out
     loss_chunk_tokens: int = 1024     # LM head + loss this many label positions at a time, no [B,T,vocab]
                                       #   logits kept (0 = full logits); single/ddp/accelerate/fsdp only
+    loss_kernel: str = "auto"         # LM head + cross-entropy: chunked (ecomkit's, --loss-chunk-tokens) | full
+                                      #   (the [B,T,vocab] logits) | liger (liger-kernel's fused linear CE) | cce
+                                      #   (cut-cross-entropy); liger and cce need CUDA (pip install 'ecomkit[gpu]').
+                                      #   auto: chunked on CPU (bench_kernels), on a GPU the kernel gpu_bench
+                                      #   measured fastest there (models/loss.py), chunked while unmeasured;
+                                      #   full when --loss-chunk-tokens 0
     # --- data -------------------------------------------------------------
     task: str = "lm"                  # lm: causal text; nlu: SeqGPT-style instructions (loss on answers)
     data: str = "synthetic"           # "synthetic" or a .jsonl/.csv file or a save_to_disk directory
@@ -193,7 +202,9 @@ class TrainConfig:
     num_proc: int = 1                 # tokenisation worker processes
     save_model: bool = True           # save_pretrained (safetensors) + tokenizer at the end
     progress: bool = True             # tqdm bar on rank 0
-    log_interval: int = 1             # steps between metrics rows
+    log_interval: int = 1             # steps between the loop's reads of the device (losses, counts, gradient
+                                      #   norms; written then, a row per step) and of the preemption flag: on a GPU
+                                      #   the steps between read nothing and never wait for it (10 is a good value)
     report_to: str = "tensorboard"    # also log every metrics row (rank 0) to: tensorboard, wandb, mlflow (a
                                       #   comma list) or none; tensorboard --logdir <output_dir> (docs/guide.md)
     fail_at_step: int = -1            # fault injection: --fail-rank exits abruptly at this step, once

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from ecomkit.config.validate_lengths import check_generation, check_lengths
+from ecomkit.config.validate_loss import check_loss_kernel
 from ecomkit.config.validate_peft import check_peft
-from ecomkit.config.vocabulary import (ATTN_CHOICES, CLIP_POLICIES, COMPILE_STRATEGIES, COMPRESSIONS, DDP_ALLREDUCES,
+from ecomkit.config.vocabulary import (ATTN_CHOICES, COMPILE_MODES, CLIP_POLICIES, COMPILE_STRATEGIES, COMPRESSIONS, DDP_ALLREDUCES,
                                        HOOK_STRATEGIES,
                                        MESH_STRATEGIES,
                                        PACKING_CHOICES, PROMPT_FORMATS, SPAN_ENDS,
@@ -48,6 +49,7 @@ def validate_train_config(cfg: _TrainConfig, world_size: int, n_head: int | None
     check_choice("task", cfg.task, TASKS)
     check_choice("clip_policy", cfg.clip_policy, CLIP_POLICIES)
     check_choice("attn", cfg.attn, ATTN_CHOICES)
+    check_choice("compile_mode", cfg.compile_mode, COMPILE_MODES)
     check_choice("compression.method", cfg.compression.method, COMPRESSIONS)
     check_compression(cfg)
     check_ddp_allreduce(cfg)
@@ -73,6 +75,7 @@ def validate_train_config(cfg: _TrainConfig, world_size: int, n_head: int | None
     check_data_source(cfg)
     check_generation(cfg)
     check_compile(cfg)
+    check_loss_kernel(cfg)
     parse_report_to(cfg.report_to, check_installed=True)
 
 

@@ -75,6 +75,15 @@ ZERO_STAGES = (0, 1, 2, 3)
 PROMPT_FORMATS = ("seqgpt", "ecomgpt", "ecomkit")
 SPAN_ENDS = ("exclusive", "inclusive")
 PEFT_METHODS = ("none", "lora")
+# --compile-mode: torch.compile's mode for the compiled blocks and loss (models/compile.py); "default" passes none.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+# --loss-kernel: how the LM head + cross-entropy run (models/loss.py): ecomkit's chunked loss, transformers' full
+# logits, or a fused linear cross-entropy from a maintained library on CUDA; "auto" is decided by measurement.
+LOSS_KERNELS = ("chunked", "full", "liger", "cce")
+LOSS_KERNEL_CHOICES = (*LOSS_KERNELS, "auto")
+# The fused kernels' packages: kernel -> (import name, pip name). Both are Triton kernels, so CUDA only;
+# pyproject's optional extra ``gpu`` installs them.
+LOSS_KERNEL_PACKAGES = {"liger": ("liger_kernel", "liger-kernel"), "cce": ("cut_cross_entropy", "cut-cross-entropy")}
 # --packing: rows packed into full sequences (data/packing.py), or not, or decided from the data's lengths.
 PACKING_CHOICES = ("auto", "on", "off")
 # The word that --seq-len and --gen-max-new-tokens take instead of a number: chosen from the data (data/lengths.py).
@@ -87,6 +96,7 @@ FIELD_CHOICES: dict[str, tuple] = {
     "strategy": STRATEGIES, "zero.stage": ZERO_STAGES, "compression.method": COMPRESSIONS,
     "parallel.pp_schedule": PP_SCHEDULES, "prompt_format": PROMPT_FORMATS, "span_end": SPAN_ENDS,
     "peft": PEFT_METHODS, "ddp_allreduce": DDP_ALLREDUCES, "packing": PACKING_CHOICES,
+    "compile_mode": COMPILE_MODES, "loss_kernel": LOSS_KERNEL_CHOICES,
 }
 
 

@@ -41,7 +41,7 @@ from torch.utils.data import Dataset as TorchDataset
 
 from ecomkit.config.vocabulary import AUTO
 from ecomkit.data.sampler import check_batch_layout, epoch_rng
-from ecomkit.data.tokenize import IGNORE_INDEX
+from ecomkit.data.tokenize import IGNORE_INDEX, BatchCounts, predicted_tokens
 from ecomkit.errors import ConfigError
 
 EMPTY: tuple[int, ...] = ()   # a sequence of padding only: fills the last global batch of an epoch
@@ -282,5 +282,17 @@ def packed_collate(sequences: Sequence[dict[str, list]], seq_len: int, pad_id: i
     return batch
 
 
-__all__ = ["CPU_PACK_MAX_SEQ_LEN", "PACKING_MIN_GAIN", "PACK_AUTO_MAX_ROW_SHARE", "decide_packing", "cpu_packing_rule", "EMPTY", "PackedBatchSampler", "RowGroups", "best_fit_decreasing", "fill_rate", "packed_collate",
+def sequence_counts(sequences: Sequence[dict[str, list]], seq_len: int) -> BatchCounts:
+    """:class:`~ecomkit.data.tokenize.BatchCounts` of the sequences :func:`packed_collate` lays out.
+
+    Each row's first label is dropped as the collator drops it (nothing of the row precedes it).
+    """
+    rows = [(ids, labels) for seq in sequences
+            for ids, labels in zip(seq["input_ids"], seq.get("labels", seq["input_ids"]))]
+    lengths = [len(ids) for ids, _ in rows]
+    return BatchCounts(sum(predicted_tokens(labels) for _, labels in rows), sum(lengths), len(rows),
+                       len(sequences) * seq_len, sum(n * n for n in lengths))
+
+
+__all__ = ["sequence_counts", "CPU_PACK_MAX_SEQ_LEN", "PACKING_MIN_GAIN", "PACK_AUTO_MAX_ROW_SHARE", "decide_packing", "cpu_packing_rule", "EMPTY", "PackedBatchSampler", "RowGroups", "best_fit_decreasing", "fill_rate", "packed_collate",
            "plan_sequences"]

@@ -375,3 +375,34 @@ def pad_collate(features: Sequence[dict], pad_id: int, pad_to_multiple_of: int |
     if "polarity" in features[0]:
         batch["polarity"] = torch.tensor([f["polarity"] for f in features], dtype=torch.long)
     return batch
+
+
+class BatchCounts(NamedTuple):
+    """What one micro-batch holds, counted from its rows on the host (no tensor read, so no device sync).
+
+    ``label_tokens``: positions the loss reads (a label after the causal shift); ``tokens``: real tokens;
+    ``rows``: examples (a packed sequence's documents); ``positions``: the batch's ``B × T``; ``squared``:
+    Σ L² over rows, the attention term of the model FLOPs (``ecomkit.metrics.attention_length``).
+    """
+
+    label_tokens: int
+    tokens: int
+    rows: int
+    positions: int
+    squared: int
+
+
+def predicted_tokens(labels: Sequence[int]) -> int:
+    """Positions of one row whose label the shifted loss reads: every label after the first that is not -100."""
+    return sum(1 for y in labels[1:] if y != IGNORE_INDEX)
+
+
+def row_counts(features: Sequence[dict], pad_to_multiple_of: int | None = None) -> BatchCounts:
+    """:class:`BatchCounts` of the rows :func:`pad_collate` pads into one batch (with the same rounding)."""
+    lengths = [len(f["input_ids"]) for f in features]
+    longest = max(lengths)
+    if pad_to_multiple_of:
+        longest = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
+    labels = sum(predicted_tokens(f.get("labels", f["input_ids"])) for f in features)
+    return BatchCounts(labels, sum(lengths), len(lengths), len(lengths) * longest, sum(n * n for n in lengths))
+

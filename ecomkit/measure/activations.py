@@ -35,6 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ecomkit.dist import timed
+from ecomkit.models.bloom import disable_activation_checkpointing, enable_activation_checkpointing
 from ecomkit.models.loss import token_loss_sum
 from ecomkit.parallel.state_bytes import storage_key
 
@@ -224,23 +225,18 @@ def time_step(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: t
 
 
 def enable_checkpointing(model: torch.nn.Module, reentrant: bool = False) -> None:
-    """``activation_checkpointing_enable`` (transformers 5), or the older ``gradient_checkpointing_enable``.
+    """Per-block activation checkpointing in train mode (:func:`ecomkit.models.bloom.enable_activation_checkpointing`).
 
     ``reentrant=True`` makes the checkpoint save each block's inputs with
     ``save_for_backward``, which :class:`SavedTensorCounter` can see.
     """
-    kwargs = {"use_reentrant": reentrant}
-    enable = getattr(model, "activation_checkpointing_enable", None)
-    if enable is not None:
-        enable(activation_checkpointing_kwargs=kwargs)
-    else:  # pragma: no cover - transformers 4.x
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    enable_activation_checkpointing(model, {"use_reentrant": reentrant})
     model.train()
 
 
 def disable_checkpointing(model: torch.nn.Module) -> None:
-    disable = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
-    disable()
+    """Undo :func:`enable_checkpointing` (the train mode stays)."""
+    disable_activation_checkpointing(model)
 
 
 __all__ = ["SavedTensorCounter", "LiveTensorTracker", "cuda_peak", "StepMemory", "measure_step_memory",

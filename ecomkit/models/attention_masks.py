@@ -13,7 +13,6 @@ from typing import NamedTuple
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
 from transformers.models.bloom import modeling_bloom
-from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
 
 _PLAN_ATTR = "_ecomkit_sdpa_mask_plan"
 
@@ -90,11 +89,37 @@ def document_causal_mask(document_ids: torch.Tensor, dtype: torch.dtype = torch.
     return mask.masked_fill_(~(same & causal), torch.finfo(dtype).min)[:, None]
 
 
-def attention_mask_for(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The mask a training batch hands the model: its document mask when packed, else its padding mask."""
+_KNOWN_PLAN = "_ecomkit_known_plan"   # set on the masks built here: their plan, known without reading them
+
+
+def attention_mask_for(batch: dict) -> torch.Tensor:
+    """The mask a batch hands the model: a 4-D mask whose SDPA plan is known on the host, when it can be.
+
+    - packed rows (``document_ids``): their document mask;
+    - a training batch whose collator said whether it is padded (``has_padding``, a host bool,
+      ``ecomkit.train.batches``): without padding a plain causal mask (SDPA: ``is_causal``, no mask read),
+      with padding the causal mask of its rows, padding as one more "row" (right padding: no query without
+      a key, and no real token sees a padding one);
+    - anything else (evaluation, generation): its padding mask as it is, planned from its values.
+
+    Why: :func:`sdpa_mask_plan` otherwise reads the mask's values to plan, and on a GPU that read makes the
+    host wait for the device in every training step. The masks built here carry their plan.
+    """
     if "document_ids" in batch:
-        return document_causal_mask(batch["document_ids"])
-    return batch["attention_mask"]
+        return _known(document_causal_mask(batch["document_ids"]), causal=False)
+    mask = batch["attention_mask"]
+    if "has_padding" not in batch:
+        return mask
+    if batch["has_padding"]:
+        return _known(document_causal_mask(mask), causal=False)
+    batch_size, t = mask.shape
+    causal = torch.full((t, t), torch.finfo(torch.float32).min, device=mask.device).triu(1)
+    return _known(causal[None, None].expand(batch_size, 1, t, t), causal=True)
+
+
+def _known(mask: torch.Tensor, causal: bool) -> torch.Tensor:
+    setattr(mask, _KNOWN_PLAN, MaskPlan(None, True, False) if causal else MaskPlan(mask, False, False))
+    return mask
 
 
 def alibi_from_mask(attention_mask: torch.Tensor, num_heads: int, dtype: torch.dtype) -> torch.Tensor:
@@ -112,11 +137,22 @@ def alibi_from_mask(attention_mask: torch.Tensor, num_heads: int, dtype: torch.d
         return modeling_bloom.build_alibi_tensor(attention_mask, num_heads, dtype)
     batch, t = attention_mask.shape[0], attention_mask.shape[-1]
     positions = (attention_mask[:, 0] == 0).sum(dim=-1) - 1                      # [batch, T]
-    slopes = _get_alibi_slopes(num_heads, attention_mask.device)
+    slopes = alibi_slopes(num_heads, attention_mask.device)
     alibi = (slopes[..., None] * positions[:, None, :]).reshape(batch * num_heads, 1, t).to(dtype)
-    if not torch.compiler.is_compiling():   # the mask is ecomkit's: no empty rows, never plain causal
-        setattr(alibi, _PLAN_ATTR, (attention_mask, t, MaskPlan(attention_mask, False, False)))
+    known = getattr(attention_mask, _KNOWN_PLAN, None)
+    if known is not None and not torch.compiler.is_compiling():   # planned without reading: attention_mask_for
+        setattr(alibi, _PLAN_ATTR, (attention_mask, t, known))
     return alibi
+
+
+def alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
+    """BLOOM's per-head ALiBi slopes, read off its public ``build_alibi_tensor`` (position 1 of a 2-token row).
+
+    Why not transformers' private ``_get_alibi_slopes``: it appeared only in transformers 5.21, and reading the
+    public function gives the same numbers (slope × 1) in every version.
+    """
+    ones = torch.ones(1, 2, dtype=torch.long, device=device)
+    return modeling_bloom.build_alibi_tensor(ones, num_heads, torch.float32).reshape(num_heads, 2)[:, 1]
 
 
 # ---------------------------------------------------------------------- flex

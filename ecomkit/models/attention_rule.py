@@ -12,7 +12,12 @@ eager stays faster by more than :data:`EAGER_MIN_GAIN`, per precision, is
 artifact with :func:`eager_max_seq`, so the constant cannot drift from the
 measurement.
 
-On GPUs ``auto`` is SDPA.
+On a GPU the same rule is read per GPU kind (:func:`ecomkit.hardware.gpu_kind`) from
+:data:`GPU_EAGER_MAX_SEQ`, which a test recomputes from the newest GPU artifact of
+``bench_attn_rule`` (bf16, the SeqGPT-560M shape, catalog-like padded rows at
+micro-batch 8 and 16; eager must win at every measured micro-batch of a length).
+A GPU kind without such an artifact gets SDPA, and the ``auto`` line says that
+the choice is unmeasured on that GPU.
 """
 
 from __future__ import annotations
@@ -23,47 +28,68 @@ from typing import Any, Iterable
 # Per precision, the longest sequence length at which eager attention trained faster than SDPA on a CPU, in
 # benchmarks/results/bench_attn_rule-*.json (tests/test_attention_rule.py recomputes it from the newest artifact).
 CPU_EAGER_MAX_SEQ: dict[str, int] = {"fp32": 0, "bf16": 256}
+# Per GPU kind (ecomkit.hardware.gpu_kind), per precision, the same crossover measured on that GPU
+# (tests/test_attention_rule.py recomputes it from the newest GPU artifact of bench_attn_rule). Empty while no GPU
+# artifact of this repository exists: auto is sdpa there, and says that this is unmeasured.
+GPU_EAGER_MAX_SEQ: dict[str, dict[str, int]] = {}
 # How much faster eager must be to be picked: SDPA keeps no [batch, heads, T, T] probabilities, so a tie, or a
 # gain within the noise of a shared machine, goes to the smaller one.
 EAGER_MIN_GAIN = 0.05
 
 
 def pick_attention(requested: str, precision: str, device_type: str, seq_len: int,
-                   eager_max_seq: dict[str, int] | None = None) -> tuple[str, str]:
-    """(implementation, why) for ``--attn requested``; anything but ``auto`` is returned as asked."""
+                   eager_max_seq: dict[str, int] | None = None, gpu_kind: str | None = None,
+                   gpu_eager_max_seq: dict[str, dict[str, int]] | None = None) -> tuple[str, str]:
+    """(implementation, why) for ``--attn requested``; anything but ``auto`` is returned as asked.
+
+    ``eager_max_seq``: the CPU limits (default :data:`CPU_EAGER_MAX_SEQ`); ``gpu_kind`` and
+    ``gpu_eager_max_seq``: the CUDA device's kind and the per-kind limits (default :data:`GPU_EAGER_MAX_SEQ`).
+    """
     if requested != "auto":
         return requested, f"--attn {requested} as asked"
-    if device_type != "cpu":
+    if device_type == "cpu":
+        limit = (CPU_EAGER_MAX_SEQ if eager_max_seq is None else eager_max_seq).get(precision, 0)
+        where = "on CPU"
+    elif device_type == "cuda":
+        limits = (GPU_EAGER_MAX_SEQ if gpu_eager_max_seq is None else gpu_eager_max_seq).get(gpu_kind or "")
+        if limits is None:
+            return "sdpa", (f"auto: sdpa, the GPU rule while unmeasured on this GPU ({gpu_kind}): no "
+                            "bench_attn_rule artifact of this repository is from one (python "
+                            "benchmarks/bench_attn_rule.py on it measures where eager is faster)")
+        limit, where = limits.get(precision, 0), f"on {gpu_kind}"
+    else:
         return "sdpa", f"auto: sdpa (fused attention on {device_type}: as fast or faster, and smaller)"
-    limit = (CPU_EAGER_MAX_SEQ if eager_max_seq is None else eager_max_seq).get(precision, 0)
     if seq_len <= limit:
-        return "eager", (f"auto: eager, measured faster than sdpa on CPU at {precision} up to seq {limit} "
+        return "eager", (f"auto: eager, measured faster than sdpa {where} at {precision} up to seq {limit} "
                          f"(bench_attn_rule); this run's --seq-len is {seq_len}")
     return "sdpa", (f"auto: sdpa, since --seq-len {seq_len} is beyond seq {limit}, the longest at which eager was "
-                    f"measured faster on CPU at {precision} (bench_attn_rule; 0 = at no measured length)")
+                    f"measured faster {where} at {precision} (bench_attn_rule; 0 = at no measured length)")
 
 
 def eager_max_seq(rows: Iterable[dict[str, Any]], precision: str = "bf16", min_gain: float = EAGER_MIN_GAIN) -> int:
     """Longest measured ``seq`` up to which eager is faster than SDPA by ``min_gain`` at every measured length.
 
-    Faster: SDPA's median step time over eager's is above ``1 + min_gain``.
-    ``rows``: ``{"precision", "seq", "attn", "step_s"}`` per measurement (repeats allowed: medians are
-    compared). Stops at the first length where SDPA is as fast or faster, so a lucky long length after a
-    loss does not extend the range. 0 when eager loses at the shortest length.
+    Faster: SDPA's median step time over eager's is above ``1 + min_gain``, at every micro-batch measured at
+    that length (``batch``, one per length on a CPU, 8 and 16 on a GPU).
+    ``rows``: ``{"precision", "seq", "attn", "step_s"}`` (and ``batch``) per measurement (repeats allowed:
+    medians are compared). Stops at the first length where SDPA is as fast or faster, so a lucky long length
+    after a loss does not extend the range. 0 when eager loses at the shortest length.
     """
-    times: dict[int, dict[str, list[float]]] = {}
+    times: dict[int, dict[Any, dict[str, list[float]]]] = {}
     for r in rows:
         if r["precision"] == precision:
-            times.setdefault(int(r["seq"]), {}).setdefault(r["attn"], []).append(float(r["step_s"]))
+            per_batch = times.setdefault(int(r["seq"]), {}).setdefault(r.get("batch"), {})
+            per_batch.setdefault(r["attn"], []).append(float(r["step_s"]))
     best = 0
     for seq in sorted(times):
-        per = times[seq]
-        if "eager" not in per or "sdpa" not in per:
-            raise ValueError(f"seq {seq} ({precision}) has no {'eager' if 'eager' not in per else 'sdpa'} rows")
-        if statistics.median(per["sdpa"]) <= (1 + min_gain) * statistics.median(per["eager"]):
+        for per in times[seq].values():
+            if "eager" not in per or "sdpa" not in per:
+                raise ValueError(f"seq {seq} ({precision}) has no {'eager' if 'eager' not in per else 'sdpa'} rows")
+        if any(statistics.median(per["sdpa"]) <= (1 + min_gain) * statistics.median(per["eager"])
+               for per in times[seq].values()):
             break
         best = seq
     return best
 
 
-__all__ = ["CPU_EAGER_MAX_SEQ", "EAGER_MIN_GAIN", "eager_max_seq", "pick_attention"]
+__all__ = ["CPU_EAGER_MAX_SEQ", "EAGER_MIN_GAIN", "GPU_EAGER_MAX_SEQ", "eager_max_seq", "pick_attention"]

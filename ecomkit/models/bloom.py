@@ -22,11 +22,13 @@ from typing import Any
 from urllib.parse import urlparse
 
 import torch
-from transformers import (AutoConfig, AutoModelForCausalLM, BloomConfig, BloomForCausalLM, PretrainedConfig,
-                          PreTrainedModel)
+from transformers import (AutoConfig, AutoModelForCausalLM, BloomConfig, BloomForCausalLM, GenerationConfig,
+                          PretrainedConfig, PreTrainedModel)
 from transformers.initialization import no_init_weights
+from transformers.integrations import is_deepspeed_zero3_enabled
 
 from ecomkit.errors import ModelNotFoundError
+from ecomkit.models.checkpoint_files import CheckpointReader, freed_memory_returned, has_safetensors, read_into
 
 
 @dataclass(frozen=True)
@@ -68,13 +70,19 @@ def _unknown_preset_message(name: str) -> str:
 
 
 def preset_config(name: str, vocab_size: int | None = None, **overrides: Any) -> BloomConfig:
-    """Return the ``BloomConfig`` of a preset; ``vocab_size`` fills in toy presets' vocabulary."""
+    """Return the ``BloomConfig`` of a preset; ``vocab_size`` fills in toy presets' vocabulary.
+
+    ``seqgpt-560m`` and ``ecomgpt-7b`` keep BLOOM's 250,880-token vocabulary with any smaller tokenizer, so
+    they are the models they name (559,214,592 and 7,069,016,064 parameters): half of SeqGPT-560M's FLOPs
+    are its LM head. A larger tokenizer grows it (special tokens added); ``overrides`` set any field.
+    """
     if name not in PRESETS:
         raise ModelNotFoundError(_unknown_preset_message(name))
     p = PRESETS[name]
-    vocab = p.vocab_size if p.vocab_size is not None else (vocab_size or DEFAULT_TOY_VOCAB)
-    if p.vocab_size is not None and vocab_size is not None and vocab_size != p.vocab_size:
-        vocab = vocab_size  # a resized real model (special tokens added)
+    if p.vocab_size is None:   # a toy preset: sized to its tokenizer, so the embedding does not dwarf the blocks
+        vocab = vocab_size or DEFAULT_TOY_VOCAB
+    else:   # a real shape keeps BLOOM's vocabulary whatever tokenizer trains it; it only grows (tokens added)
+        vocab = max(p.vocab_size, vocab_size or 0)
     cfg = BloomConfig(
         vocab_size=vocab,
         hidden_size=p.hidden_size,
@@ -97,21 +105,34 @@ def preset_config(name: str, vocab_size: int | None = None, **overrides: Any) ->
 def build_model(name_or_config: str | BloomConfig, *, vocab_size: int | None = None,
                 device: str | torch.device = "cpu", seed: int | None = 0,
                 dtype: torch.dtype = torch.float32) -> BloomForCausalLM:
-    """Build a randomly initialised BLOOM from a preset or config.
+    """Build a randomly initialised BLOOM from a preset or config, its weights made in ``dtype``.
 
     ``device="meta"`` allocates nothing: use it for parameter counts and for the
     memory planner. Seeding happens here so that every rank (and a 1-process
-    reference run) starts from bit-identical weights.
+    reference run) starts from bit-identical weights. The weights are created
+    in ``dtype`` (a bf16 model never exists in fp32 first); torch's initialisers
+    give the values of the fp32 init rounded to bf16, which a test checks.
     """
     cfg = name_or_config if isinstance(name_or_config, BloomConfig) else preset_config(name_or_config, vocab_size)
     if seed is not None and str(device) != "meta":
         torch.manual_seed(seed)
     ctx = torch.device(device) if str(device) == "meta" else contextlib.nullcontext()
-    with ctx:
+    with ctx, default_dtype(dtype):
         model = BloomForCausalLM(cfg)
     if str(device) != "meta":
-        model = model.to(device=device, dtype=dtype)
+        model = model.to(device=device)
     return model
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Floating-point tensors created inside are ``dtype`` (modules' weights included); restored afterwards."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def count_parameters(model: torch.nn.Module, trainable_only: bool = False) -> int:
@@ -126,6 +147,30 @@ def count_parameters(model: torch.nn.Module, trainable_only: bool = False) -> in
         shape = getattr(getattr(p, "quant_state", None), "shape", None)
         total += int(torch.Size(shape).numel()) if shape is not None else p.numel()
     return total
+
+
+def enable_activation_checkpointing(model: torch.nn.Module, checkpoint_kwargs: dict[str, Any] | None = None) -> None:
+    """Turn on transformers' per-block activation checkpointing, under this transformers version's name for it.
+
+    Why one home: transformers 5.23 renamed ``gradient_checkpointing_enable`` to ``activation_checkpointing_enable``
+    (the old name stays as a deprecated alias until 6); before 5.23 only the old name exists, with the same
+    arguments and the same effect (each block flagged, ``_set_gradient_checkpointing`` installing the function,
+    input gradients on). Every caller goes through here, so the name lives in one place and an environment
+    below the tested floor (transformers 5.23, docs/gpu.md; reachable with ``pip install --no-deps``) still
+    checkpoints. ``checkpoint_kwargs`` go to ``torch.utils.checkpoint.checkpoint`` (None: transformers'
+    default, ``use_reentrant=False``).
+    """
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=checkpoint_kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs)
+
+
+def disable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Undo :func:`enable_activation_checkpointing`, by this transformers version's name."""
+    disable = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
+    disable()
 
 
 def preset_parameter_count(name: str, vocab_size: int | None = None) -> int:
@@ -160,13 +205,15 @@ class ModelSource:
 
     ``name_or_path`` is a preset, a local ``save_pretrained`` directory or a
     hub id (as for :func:`load_model`); ``vocab_size`` sizes a toy preset's
-    embedding; ``seed`` makes random inits identical on every rank.
+    embedding; ``seed`` makes random inits identical on every rank; ``dtype``
+    is the dtype the weights are made in, ``None`` for the one the strategy
+    trains them in (``Strategy.weight_dtype``).
     """
 
     name_or_path: str
     vocab_size: int | None = None
     seed: int | None = 0
-    dtype: torch.dtype = torch.float32
+    dtype: torch.dtype | None = None
 
     @property
     def is_local_checkpoint(self) -> bool:
@@ -182,7 +229,7 @@ def build_empty_model(source: ModelSource, device: str | torch.device = "meta") 
     """
     config = model_config(source.name_or_path, vocab_size=source.vocab_size)
     with no_init_weights(), torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=source.dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=source.dtype or torch.float32)
     model.tie_weights()  # no_init_weights also skips tying; the checkpoint has no separate lm_head for tied models
     return model
 
@@ -193,7 +240,8 @@ def load_model(name_or_path: str, *, vocab_size: int | None = None, device: str 
     """Load a model from a preset name, a local ``save_pretrained`` directory, or a hub id.
 
     - preset → random init from the preset's config (seeded);
-    - local directory → ``from_pretrained`` with ``local_files_only=True``;
+    - local directory of safetensors → :func:`load_local_checkpoint` (one tensor at a time, in ``dtype``);
+      other local formats → ``from_pretrained`` with ``local_files_only=True``;
     - ``org/name`` → ``from_pretrained`` from the hub; offline this fails with a
       message saying how to provide local weights.
 
@@ -202,9 +250,12 @@ def load_model(name_or_path: str, *, vocab_size: int | None = None, device: str 
     """
     if name_or_path in PRESETS:
         return build_model(name_or_path, vocab_size=vocab_size, device=device, seed=seed, dtype=dtype)
+    if is_local_model_dir(name_or_path) and has_safetensors(name_or_path) and not (
+            trust_remote_code or is_deepspeed_zero3_enabled()):
+        return load_local_checkpoint(name_or_path, device=device, dtype=dtype)
+    # other formats (pytorch_model.bin), code shipped with the model, or HF Trainer's ZeRO-3 (HfDeepSpeedConfig:
+    # from_pretrained builds the model under zero.Init and loads the partitions itself)
     if is_local_model_dir(name_or_path):
-        # Weights go straight from the files into a model created on the meta device, in ``dtype``:
-        # transformers 5 always loads that way (it ignores low_cpu_mem_usage); 4.x needs the flag.
         model = AutoModelForCausalLM.from_pretrained(
             name_or_path, local_files_only=True, dtype=dtype, low_cpu_mem_usage=True,
             trust_remote_code=trust_remote_code)
@@ -217,6 +268,29 @@ def load_model(name_or_path: str, *, vocab_size: int | None = None, device: str 
     if "/" not in name_or_path or name_or_path.startswith((".", "/")):
         raise ModelNotFoundError(_unknown_preset_message(name_or_path))
     return _load_from_hub(name_or_path, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+
+
+def load_local_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cpu",
+                          dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A local safetensors checkpoint, whole, in ``dtype`` on ``device``: made empty there, then read one tensor
+    at a time (:class:`~ecomkit.models.checkpoint_files.CheckpointReader`).
+
+    Why not ``from_pretrained``: it maps the files, and every page it reads
+    counts as this process's memory until the files close, so a bf16 load of an
+    fp32 checkpoint holds the fp32 bytes too (measured: 3 bytes per fp32 byte
+    of the model). Here a process holds the model in ``dtype`` plus one tensor
+    as stored, read into host memory and converted there (``bench_load``
+    measures it; the planner's "while loading" row counts it). Like
+    ``from_pretrained``: tied weights tied, the saved generation settings
+    read, evaluation mode.
+    """
+    model = build_empty_model(ModelSource(str(path), dtype=dtype), device=device)
+    with freed_memory_returned():
+        read_into(model, CheckpointReader(path))
+    if (Path(path) / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    model.config.name_or_path = str(path)
+    return model.eval()
 
 
 def model_config(name_or_path: str, *, vocab_size: int | None = None) -> PretrainedConfig:

@@ -155,3 +155,30 @@ class CheckpointReader:
 
     def largest_tensor_bytes(self) -> int:
         return max((e.end - e.start for e in self.entries.values()), default=0)
+
+
+def read_into(model: torch.nn.Module, reader: CheckpointReader) -> None:
+    """Copy every parameter and buffer of ``model`` from ``reader``, one tensor at a time, converted on the host.
+
+    Each tensor is read as stored, converted to the parameter's dtype in host memory and copied into place
+    (a parameter on a GPU receives only its own bytes). A tied parameter is read once. A parameter the
+    checkpoint lacks is an error naming it (a different architecture), not a silent random init.
+    """
+    prefix = getattr(model, "base_model_prefix", "")
+    seen: set[int] = set()
+    missing = []
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            key = reader.resolve(name, prefix)
+            if key is None:
+                if isinstance(tensor, torch.nn.Parameter):
+                    missing.append(name)
+                continue          # a buffer need not be saved (non-persistent: made at construction)
+            tensor.copy_(reader.read(key, dtype=tensor.dtype))
+    if missing:
+        raise ModelNotFoundError(f"The checkpoint has no tensor for {missing[:5]}{' ...' if len(missing) > 5 else ''} "
+                                 f"({len(missing)} in all); it was saved from a different architecture. "
+                                 "Check --model.")

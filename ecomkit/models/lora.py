@@ -24,8 +24,12 @@ strategy wraps it. Nothing here knows about parallelism:
   PEFT's own ``reset_lora_parameters`` (the adapters are tiny), and kept in
   :data:`ADAPTER_INIT_ATTR` for the loader to copy into each rank's shard.
 - **Frozen base in bf16.** With ``--precision bf16`` the frozen weights are
-  cast to bf16 (half their bytes; they get no gradient and no optimizer state),
-  while the adapters and their AdamW states stay fp32.
+  held in bf16 (half their bytes; they get no gradient and no optimizer state),
+  while the adapters and their AdamW states stay fp32. Strategies load the model
+  straight into bf16 (:func:`frozen_base_dtype`, ``Strategy.weight_dtype``), so
+  no rank holds the fp32 model first; PEFT gives new adapters the base layer's
+  dtype (and ``modules_to_save`` copies keep the module's), so they are made fp32
+  again before their seeded initialisation, which gives the values an fp32 base would.
 """
 
 from __future__ import annotations
@@ -107,6 +111,7 @@ def apply_peft(model: nn.Module, cfg: TrainConfig) -> nn.Module:
         from peft import inject_adapter_in_model  # lazy: as in lora_config
 
         inject_adapter_in_model(lora_config(cfg), model, adapter_name=ADAPTER_NAME)
+    adapters_in_fp32(model)
     # Re-initialised from cfg.seed in module order with PEFT's own reset, on meta or not: every rank, and a
     # model built on the meta device, start from the same adapter values.
     values = _seeded_adapter_init(model, cfg.seed, on_meta)
@@ -117,6 +122,28 @@ def apply_peft(model: nn.Module, cfg: TrainConfig) -> nn.Module:
     if cfg.precision == "bf16":
         freeze_base_in_bf16(model)
     return model
+
+
+def frozen_base_dtype(cfg: TrainConfig) -> torch.dtype | None:
+    """bf16 where LoRA holds its frozen base in bf16 (``--precision bf16``; QLoRA: the weights it leaves
+    unquantised, and the ones it quantises are read from bf16), else ``None`` (the strategy's own dtype)."""
+    return torch.bfloat16 if cfg.peft != "none" and cfg.precision == "bf16" else None
+
+
+def adapters_in_fp32(model: nn.Module) -> None:
+    """Make what LoRA trains fp32: PEFT gives new adapters the base layer's dtype, and copies a module it trains
+    in full (``modules_to_save``) in the module's own dtype, bf16 on a bf16 base. They train under autocast.
+    A module trained in full thus starts from its weights rounded to bf16, as it would from a bf16 checkpoint.
+
+    A model built under ``deepspeed.zero.Init`` is left as PEFT made it: DeepSpeed casts no parameter of
+    such a model, and keeps its own fp32 masters of the trainable ones.
+    """
+    if any(hasattr(p, "ds_id") for p in model.parameters()):
+        return
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if is_trainable_name(name) and p.is_floating_point() and p.dtype != torch.float32:
+                p.data = p.data.float()
 
 
 def is_trainable_name(name: str) -> bool:

@@ -25,6 +25,21 @@ around that module's own calls, tensor parallelism shards the head's
 output, and a pipeline's last stage computes its own loss, so those keep the
 full-logits loss.
 
+Which loss (``--loss-kernel``, :func:`pick_loss_kernel`): the chunked loss; the
+full logits (transformers' ``[B, T, vocab]`` head and ``F.cross_entropy``); or a
+fused linear cross-entropy from a maintained library on CUDA, liger-kernel's
+``LigerFusedLinearCrossEntropyLoss`` or cut-cross-entropy's
+``linear_cross_entropy`` (Triton kernels that never hold more than a block of
+logits). The fused ones take the same labeled rows as the chunked loss and sum
+their token losses (``reduction="sum"``, no shift inside the library: the
+labels are shifted here, ``labels[:, 1:]`` padded with -100), so the loss
+convention is the same whichever runs. cut-cross-entropy keeps its default
+gradient filter (entries below ``eps/32`` of the compute dtype are skipped in
+backward): the loss is exact, the gradient is rounded at that level.
+``auto`` is the chunked loss on a CPU and, on a GPU, the kernel
+``benchmarks/gpu_bench.py`` measured fastest there at BLOOM's vocabulary
+(:data:`GPU_LOSS_KERNEL`, recomputed by a test from the newest GPU artifact).
+
 Token-level loss sums (the first half of this module): Token-level loss sums, so the loop can normalise by the *global* token count.
 
 Why sums and not ``model(..., labels=...).loss``: the model's mean is over the
@@ -36,8 +51,10 @@ count makes every split of the same global batch produce the same gradient.
 
 from __future__ import annotations
 
+import functools
+import statistics
 import types
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -45,9 +62,21 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
 
+from ecomkit.config.vocabulary import LOSS_KERNEL_PACKAGES
 from ecomkit.errors import ConfigError
 from ecomkit.models.cpu_kernels import cross_entropy_sum
 
+# Per GPU kind (ecomkit.hardware.gpu_kind), the loss kernel benchmarks/gpu_bench.py measured fastest (its
+# "loss_kernel" rows, BLOOM's 250,880-token vocabulary): :func:`fastest_loss_kernel` of the newest GPU artifact,
+# recomputed by tests/test_loss_kernel.py. Empty while no GPU artifact of this repository has those rows: ``auto``
+# keeps the chunked loss on a GPU and says that the choice is unmeasured there.
+GPU_LOSS_KERNEL: dict[str, str] = {}
+# A kernel replaces the chunked loss only when it is this much faster (a gain within a shared machine's noise goes
+# to the default)...
+LOSS_MIN_GAIN = 0.05
+# ... and its peak memory is at most this much above the chunked loss's (full logits may be fast, but their
+# [B, T, vocab] tensors are what the chunked loss exists to avoid).
+LOSS_MEMORY_SLACK = 0.10
 
 
 
@@ -71,7 +100,8 @@ def count_label_tokens(labels: torch.Tensor) -> int:
 
 def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.Tensor,
                            chunk_tokens: int, row_multiple: int | None = None,
-                           cpu_kernel: bool = False) -> torch.Tensor:
+                           cpu_kernel: bool = False, head_loss: Callable = None,
+                           fused: Callable | None = None, label_count: int | None = None) -> torch.Tensor:
     """:func:`token_loss_sum` from the last hidden state, never holding the ``[B, T, vocab]`` logits.
 
     Why: at long sequences the LM head's logits, their fp32 log-softmax and
@@ -100,6 +130,15 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     (``models/cpu_kernels.py``) where it applies, one pass each way instead of
     ATen's cast, ``log_softmax``, zero-filled ``nll_loss`` gradient and cast back.
 
+    ``label_count``: how many positions have a label, counted on the host before the batch became tensors
+    (``train/batches.py``). With it the selection has a shape known in advance (``torch.nonzero_static``);
+    without it (evaluation) ``nonzero`` sizes its result from the labels' values, which on a GPU makes the
+    host wait for the device.
+
+    ``fused`` (``--loss-kernel liger|cce``): one call of a library's fused
+    linear cross-entropy on the labeled rows (:data:`FUSED_LOSSES`), which
+    chunks inside its kernels, instead of the chunk loop.
+
     Equal to ``token_loss_sum(head(hidden), labels)`` up to the order of the
     floating-point sum (tested). ``head`` is called as a module, so wrappers'
     hooks on it (FSDP2 unsharding, autocast) still run.
@@ -108,19 +147,32 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     # ``row_multiple`` when T is, so a batch with (nearly) every position labeled still tops up to one.
     flat_h = hidden.reshape(-1, hidden.size(-1))
     flat_y = F.pad(labels[:, 1:], (0, 1), value=-100).reshape(-1)
-    keep = (flat_y != -100).nonzero().squeeze(1)
+    keep = _positions(flat_y != -100, label_count)
     if keep.numel() == 0:  # no label in this micro-batch: a zero that still reaches every parameter
         return F.cross_entropy(head(flat_h[:1]).float(), flat_y[:1].clamp(min=0), reduction="sum") * 0.0
     if row_multiple:
         keep = _topped_up(keep, flat_y, row_multiple)
     h, y = flat_h.index_select(0, keep), flat_y.index_select(0, keep)
+    if fused is not None:
+        return fused(head, h, y)
+    if head_loss is None or not torch.is_grad_enabled():   # without grad (evaluation) uncompiled, as the blocks
+        head_loss = head_loss_sum
+    else:   # compiled (--compile): any row count, 1 included, is one graph (no size-1 specialisation)
+        head_loss = functools.partial(_unbacked_rows, head_loss)
     if y.numel() <= chunk_tokens:
-        return _head_loss_sum(head, h, y, cpu_kernel)
+        return head_loss(head, h, y, cpu_kernel)
     total = h.new_zeros((), dtype=torch.float32)
     for start in range(0, y.numel(), chunk_tokens):
         part = slice(start, start + chunk_tokens)
-        total = total + checkpoint(_head_loss_sum, head, h[part], y[part], cpu_kernel, use_reentrant=False)
+        total = total + checkpoint(head_loss, head, h[part], y[part], cpu_kernel, use_reentrant=False)
     return total
+
+
+def _unbacked_rows(head_loss: Callable, head: nn.Module, h: torch.Tensor, y: torch.Tensor, cpu_kernel: bool
+                   ) -> torch.Tensor:
+    torch._dynamo.decorators.mark_unbacked(h, 0)
+    torch._dynamo.decorators.mark_unbacked(y, 0)
+    return head_loss(head, h, y, cpu_kernel)
 
 
 # Under torch.compile (--compile) the label selection runs eagerly: its row count (the labeled positions) changes
@@ -130,35 +182,49 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
 chunked_token_loss_sum = torch.compiler.disable(chunked_token_loss_sum, recursive=True)
 
 
+def _positions(flags: torch.Tensor, count: int | None) -> torch.Tensor:
+    """Indices of the true ``flags``: ``count`` of them when the host knows how many (no device sync)."""
+    if count is None:
+        return flags.nonzero().squeeze(1)
+    return torch.nonzero_static(flags, size=count).squeeze(1)
+
+
 def _topped_up(keep: torch.Tensor, flat_y: torch.Tensor, multiple: int) -> torch.Tensor:
     """``keep`` plus the first unlabeled positions, to a multiple of ``multiple`` rows (or every position)."""
     want = min(-(-keep.numel() // multiple) * multiple, flat_y.numel())
     if want == keep.numel():
         return keep
-    unlabeled = (flat_y == -100).nonzero().squeeze(1)[:want - keep.numel()]
+    unlabeled = _positions(flat_y == -100, flat_y.numel() - keep.numel())[:want - keep.numel()]
     return torch.cat([keep, unlabeled])
 
 
-def _head_loss_sum(head: torch.nn.Module, h: torch.Tensor, y: torch.Tensor, cpu_kernel: bool = False) -> torch.Tensor:
+def head_loss_sum(head: torch.nn.Module, h: torch.Tensor, y: torch.Tensor, cpu_kernel: bool = False) -> torch.Tensor:
     return cross_entropy_sum(head(h), y, cpu_kernel)
 
 
+def _head_loss(model: nn.Module) -> Callable:
+    """The head + loss function of an installed chunked loss: compiled with ``--compile`` (models/compile.py)."""
+    return model.__dict__.get("ecomkit_head_loss") or head_loss_sum
+
+
 def _forward_with_chunked_loss(self: nn.Module, *args: Any, token_loss_labels: torch.Tensor | None = None,
-                               **kwargs: Any) -> Any:
+                               token_loss_count: int | None = None, **kwargs: Any) -> Any:
     if token_loss_labels is None:
         return type(self).forward(self, *args, **kwargs)
     kwargs.setdefault("use_cache", False)
     hidden = self.transformer(*args, **kwargs)[0]
     loss = chunked_token_loss_sum(hidden, self.lm_head, token_loss_labels, self.ecomkit_loss_chunk,
-                                  self.ecomkit_loss_rows, self.ecomkit_loss_kernel)
+                                  self.ecomkit_loss_rows, self.ecomkit_loss_kernel, _head_loss(self),
+                                  FUSED_LOSSES.get(self.__dict__.get("ecomkit_fused_loss")), token_loss_count)
     return CausalLMOutputWithCrossAttentions(loss=loss)
 
 
 def install_chunked_loss(model: nn.Module, chunk_tokens: int, row_multiple: int | None = None,
-                         cpu_kernel: bool = False) -> None:
+                         cpu_kernel: bool = False, head_loss: Callable | None = None) -> None:
     """Make ``model(..., token_loss_labels=labels).loss`` the chunked token-loss sum; call before wrapping.
 
-    ``row_multiple`` and ``cpu_kernel``: see :func:`chunked_token_loss_sum` (None: exactly the labeled positions).
+    ``row_multiple`` and ``cpu_kernel``: see :func:`chunked_token_loss_sum` (None: exactly the labeled positions);
+    ``head_loss``: the head + loss function of a chunk (``--compile``: the compiled one, models/compile.py).
     """
     if chunk_tokens < 1:
         raise ConfigError(f"loss_chunk_tokens={chunk_tokens}: give a positive number of positions per chunk, "
@@ -169,16 +235,133 @@ def install_chunked_loss(model: nn.Module, chunk_tokens: int, row_multiple: int 
     model.ecomkit_loss_chunk = int(chunk_tokens)
     model.ecomkit_loss_rows = row_multiple
     model.ecomkit_loss_kernel = cpu_kernel
+    if head_loss is not None:
+        model.ecomkit_head_loss = head_loss
     model.forward = types.MethodType(_forward_with_chunked_loss, model)
 
 
+def install_fused_loss(model: nn.Module, kernel: str) -> None:
+    """Make ``model(..., token_loss_labels=labels).loss`` the token-loss sum through ``kernel`` (liger | cce).
+
+    The same installed forward as the chunked loss (the same label selection, the same sum); only the head +
+    cross-entropy of the labeled rows is the library's. ``TrainConfig.validate()`` has checked that the
+    package is installed and a CUDA GPU is present.
+    """
+    if kernel not in FUSED_LOSSES:
+        raise ConfigError(f"--loss-kernel {kernel}: not a fused kernel; choose one of {', '.join(FUSED_LOSSES)}.")
+    install_chunked_loss(model, 1 << 30)   # one "chunk": the library chunks inside its kernels
+    model.ecomkit_fused_loss = kernel
+
+
 def remove_chunked_loss(model: nn.Module) -> None:
-    """Undo :func:`install_chunked_loss` (a no-op when it was not installed)."""
+    """Undo :func:`install_chunked_loss` or :func:`install_fused_loss` (a no-op when neither was installed)."""
+    model.__dict__.pop("ecomkit_fused_loss", None)
     model.__dict__.pop("forward", None)
     model.__dict__.pop("ecomkit_loss_chunk", None)
     model.__dict__.pop("ecomkit_loss_rows", None)
     model.__dict__.pop("ecomkit_loss_kernel", None)
+    model.__dict__.pop("ecomkit_head_loss", None)
 
 
 def has_chunked_loss(model: nn.Module) -> bool:
+    """Whether the model's forward takes ``token_loss_labels`` (the chunked loss, or a fused one)."""
     return "ecomkit_loss_chunk" in model.__dict__
+
+
+def installed_loss_kernel(model: nn.Module) -> str:
+    """The loss kernel the model's forward runs: liger | cce | chunked, or full (nothing installed)."""
+    return model.__dict__.get("ecomkit_fused_loss") or ("chunked" if has_chunked_loss(model) else "full")
+
+
+# ---------------------------------------------------------------------- fused linear cross-entropy (CUDA)
+def _autocast_operands(h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h`` and ``weight`` in the dtype autocast would multiply them in (cut-cross-entropy computes in ``h``'s).
+
+    Under bf16 autocast the final LayerNorm's output is fp32 and the weights are fp32 masters; the head's matmul
+    would run in bf16, so the kernel's does too. The casts are differentiable: gradients return in fp32.
+    """
+    device = h.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        return h.to(dtype), weight.to(dtype)
+    return h, weight.to(h.dtype)
+
+
+def liger_loss_sum(head: nn.Module, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Sum of token losses of rows ``h`` (``[N, hidden]``) against ``y`` (``[N]``) through liger-kernel.
+
+    ``LigerFusedLinearCrossEntropyLoss(reduction="sum")(weight, input, target, bias)``: its input is already
+    flat and shifted (as liger's own transformers integration passes it), so rows and labels are ecomkit's.
+    Under autocast it runs the head's matmul as autocast would (liger's forward is ``custom_fwd``) and keeps
+    fp32 accumulators for fp32 weights.
+    """
+    from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss  # lazy: GPU extra
+
+    return LigerFusedLinearCrossEntropyLoss(ignore_index=-100, reduction="sum")(head.weight, h, y, head.bias)
+
+
+def cce_loss_sum(head: nn.Module, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Sum of token losses of rows ``h`` against ``y`` through cut-cross-entropy (``shift=False``: shifted here)."""
+    from cut_cross_entropy import linear_cross_entropy  # lazy: optional GPU extra (Triton)
+
+    if getattr(head, "bias", None) is not None:
+        raise ConfigError("--loss-kernel cce: cut-cross-entropy's linear_cross_entropy takes no bias, and this "
+                          "model's LM head has one. Use --loss-kernel liger or chunked.")
+    e, c = _autocast_operands(h, head.weight)
+    return linear_cross_entropy(e, c, y, ignore_index=-100, reduction="sum", shift=False).float()
+
+
+FUSED_LOSSES: dict[str, Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "liger": liger_loss_sum, "cce": cce_loss_sum}
+assert set(FUSED_LOSSES) == set(LOSS_KERNEL_PACKAGES)
+
+
+# ---------------------------------------------------------------------- --loss-kernel auto
+def pick_loss_kernel(requested: str, device_type: str, gpu_kind: str | None = None, chunk_tokens: int = 1024,
+                     measured: dict[str, str] | None = None, installed: Callable[[str], bool] | None = None
+                     ) -> tuple[str, str]:
+    """(kernel, why) for ``--loss-kernel requested``; anything but ``auto`` is returned as asked.
+
+    ``gpu_kind``: :func:`ecomkit.hardware.gpu_kind` of the device; ``measured``: kind -> kernel
+    (default :data:`GPU_LOSS_KERNEL`); ``installed(kernel)``: whether a fused kernel's package imports here.
+    """
+    if requested != "auto":
+        return requested, f"--loss-kernel {requested} as asked"
+    if chunk_tokens == 0:
+        return "full", "auto: full logits, since --loss-chunk-tokens 0 asks for them"
+    if device_type != "cuda":
+        return "chunked", (f"auto: chunked, ecomkit's loss on {device_type} (no [B, T, vocab] logits; its CPU "
+                           "cross-entropy kernel measured in bench_kernels; liger and cce need CUDA)")
+    table = GPU_LOSS_KERNEL if measured is None else measured
+    pick = table.get(gpu_kind or "")
+    if pick is None:
+        return "chunked", (f"auto: chunked; unmeasured on this GPU ({gpu_kind}): no gpu_bench artifact of this "
+                           "repository has loss-kernel rows for it yet (python benchmarks/gpu_bench.py --parts "
+                           "loss_kernel measures chunked, full, liger and cce)")
+    if pick in FUSED_LOSSES and installed is not None and not installed(pick):
+        return "chunked", (f"auto: chunked; {pick} was measured fastest on {gpu_kind} but its package "
+                           f"{LOSS_KERNEL_PACKAGES[pick][1]} is not installed here (pip install 'ecomkit[gpu]')")
+    return pick, f"auto: {pick}, measured fastest on {gpu_kind} at BLOOM's vocabulary (gpu_bench loss-kernel rows)"
+
+
+def fastest_loss_kernel(rows: Iterable[dict[str, Any]], min_gain: float = LOSS_MIN_GAIN,
+                        memory_slack: float = LOSS_MEMORY_SLACK) -> str:
+    """The kernel ``auto`` takes from one GPU's measurements: the fastest within the chunked loss's memory.
+
+    ``rows``: ``{"kernel", "status", "step_s", "peak_mem_bytes"}`` per measurement (repeats: medians). A kernel
+    is eligible when its peak memory is at most ``1 + memory_slack`` times the chunked loss's; the fastest
+    eligible one is taken when it beats the chunked loss by more than ``min_gain``, else the chunked loss.
+    """
+    times: dict[str, list[float]] = {}
+    peaks: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("status") == "ok":
+            times.setdefault(r["kernel"], []).append(float(r["step_s"]))
+            peaks.setdefault(r["kernel"], []).append(float(r["peak_mem_bytes"]))
+    if "chunked" not in times:
+        raise ValueError("no measured chunked-loss row: the kernels are compared with it")
+    step = {k: statistics.median(v) for k, v in times.items()}
+    peak = {k: statistics.median(v) for k, v in peaks.items()}
+    eligible = [k for k in step if peak[k] <= (1 + memory_slack) * peak["chunked"]]
+    best = min(eligible, key=step.__getitem__)
+    return best if step["chunked"] > (1 + min_gain) * step[best] else "chunked"

@@ -45,16 +45,17 @@ def adamw_kernel(groups: list[dict]) -> dict[str, bool]:
 
 
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """``torch.nn.utils.clip_grad_norm_`` (``max_norm <= 0``: only measure), without its multiply by 1.0.
+    """``torch.nn.utils.clip_grad_norm_`` (``max_norm <= 0``: only measure), never reading the norm on the host.
 
-    Why: torch scales every gradient by ``min(1, max_norm / (norm + 1e-6))`` even when that is 1.0, a full
-    read-and-write pass over the gradients (``benchmarks/bench_kernels.py`` times both). Skipping an exact
-    multiply by 1.0 changes no bit; when the norm is above ``max_norm`` the same scale is applied by torch's own
-    ``clip_grads_with_norm_``. The returned total norm is the one torch computes (``get_total_norm``).
+    Why: reading it (``float(norm)``) makes the host wait for the backward pass on a GPU, so the optimizer's
+    kernels are not queued while the GPU works. The scale ``min(1, max_norm / (norm + 1e-6))`` is applied on
+    the device whatever it is; below ``max_norm`` that is a multiply by exactly 1.0, which changes no bit but
+    costs one pass over the gradients (``benchmarks/bench_kernels.py`` timed it: a few ms on ``small``). The
+    returned total norm is the one torch computes (``get_total_norm``), as a tensor.
     """
     grads = [p.grad for p in params if p.grad is not None]
     norm = torch.nn.utils.get_total_norm(grads, 2.0)
-    if max_norm > 0 and float(norm) + 1e-6 > max_norm:
+    if max_norm > 0 and grads:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return norm
 

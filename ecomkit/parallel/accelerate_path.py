@@ -60,7 +60,7 @@ class AccelerateStrategy(Strategy):
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepStats(grad_norm=float(norm), skipped=bool(getattr(self.optimizer, "step_was_skipped", False)))
+        return StepStats(grad_norm=norm, skipped=bool(getattr(self.optimizer, "step_was_skipped", False)))
 
     def save_pretrained(self, out_dir: str, tokenizer=None) -> None:
         self.accelerator.wait_for_everyone()

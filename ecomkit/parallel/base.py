@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ContextManager, Iterator
 
 import torch
@@ -30,7 +30,7 @@ from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.models.attention import attention_mask_for
 from ecomkit.models.bloom import ModelSource, count_parameters, load_model
-from ecomkit.models.lora import save_peft_outputs
+from ecomkit.models.lora import frozen_base_dtype, save_peft_outputs
 from ecomkit.models.loss import has_chunked_loss, token_loss_sum
 from ecomkit.models.optim import build_optimizer, build_scheduler, clip_grad_norm
 from ecomkit.models.precision import autocast_context, build_grad_scaler
@@ -42,7 +42,7 @@ from ecomkit.parallel.state_bytes import model_state_bytes
 class StepStats:
     """What a strategy reports about one optimizer step (merged into the metrics row)."""
 
-    grad_norm: float
+    grad_norm: float | torch.Tensor  # a tensor where the strategy kept it on the device (read at the log interval)
     skipped: bool = False            # fp16 overflow: the step was skipped by the loss scaler
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. bytes_sent by a compression hook
 
@@ -60,7 +60,6 @@ class Strategy:
         self.cfg, self.env = cfg, env
         self.model: nn.Module | None = None       # what the loop calls forward on
         self.raw_model: nn.Module | None = None   # the unwrapped transformers model
-        self.eager_model: nn.Module | None = None  # self.model before torch.compile (--compile): no-grad forwards
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
         self.scaler: Any = None                   # fp16 dynamic loss scaler
@@ -72,10 +71,26 @@ class Strategy:
         Called before :meth:`setup`. Strategies that shard parameters override
         it for local checkpoints so that no rank ever holds the whole model
         (ZeRO-3: ``deepspeed.zero.Init``; FSDP2/TP: the meta device, then
-        :meth:`setup` loads each rank's part after sharding).
+        :meth:`setup` loads each rank's part after sharding). The weights are
+        made in :meth:`weight_dtype` unless ``source`` names a dtype.
         """
+        source = self.in_weight_dtype(source)
         return load_model(source.name_or_path, vocab_size=source.vocab_size, device=self.env.device,
                           seed=source.seed, dtype=source.dtype)
+
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype this strategy trains the model's weights in, which the model is loaded straight into.
+
+        torch's strategies (DDP, FSDP2, TP, PP) keep fp32 weights whatever the compute precision (autocast,
+        FSDP2's mixed-precision policy, compute in bf16 from fp32 parameters): a full fine-tune loads fp32.
+        Under LoRA with ``--precision bf16`` the frozen base is held in bf16 (``models/lora.py``), so the
+        model loads in bf16 and never exists in fp32; the adapters, added afterwards, are fp32.
+        """
+        return frozen_base_dtype(self.cfg) or torch.float32
+
+    def in_weight_dtype(self, source: ModelSource) -> ModelSource:
+        """``source`` with its dtype decided: its own when it names one, else :meth:`weight_dtype`."""
+        return source if source.dtype is not None else replace(source, dtype=self.weight_dtype())
 
     def parameter_count(self, model: nn.Module) -> int:
         """Ψ of the model :meth:`build_model` returned (meta tensors count their full size)."""
@@ -84,8 +99,7 @@ class Strategy:
     def setup(self, model: nn.Module, total_steps: int) -> None:
         """Wrap ``model`` and build optimizer + scheduler. Subclasses usually override ``wrap``."""
         self.raw_model = model
-        self.eager_model = self.wrap(model)
-        self.model = compile_wrapped(self.eager_model, self.cfg.compile)
+        self.model = self.wrap(model)   # --compile compiled its blocks before (models/compile.py), not the wrapper
         self.optimizer = build_optimizer(self.model, self.cfg)
         self.scheduler = build_scheduler(self.optimizer, self.cfg, total_steps)
         self.scaler = build_grad_scaler(self.cfg.precision, self.env.device)
@@ -112,31 +126,27 @@ class Strategy:
         return autocast_context(self.cfg.precision, self.env.device)
 
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Logits of one batch. Without grad (evaluation, generation) the module before ``torch.compile`` runs.
-
-        Why: a ``no_grad`` forward fails the compiled training graph's grad-mode guard, and torch.compile would
-        then recompile the whole model for a few evaluation batches (measured: about 45 s for ``tiny`` on a
-        2-core CPU, where the eager batches take well under a second). Same weights, same wrapper.
-        """
-        model = self.model if torch.is_grad_enabled() or self.eager_model is None else self.eager_model
+        """Logits of one batch (evaluation and generation run compiled blocks uncompiled: models/compile.py)."""
         with self.autocast():
-            return model(input_ids=input_ids, attention_mask=attention_mask).logits
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
 
     def forward_loss_sum(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Σ token losses of one micro-batch: chunked in the model's forward when installed, else from logits.
 
         A packed batch (``document_ids``) runs under its block-diagonal causal mask, a padded one under its
-        padding mask; the loss is the same per-token sum either way.
+        padding mask; the loss is the same per-token sum either way. A training batch's host-counted
+        ``label_count`` (train/batches.py) lets the chunked loss select the labeled positions without a sync.
         """
         mask = attention_mask_for(batch)   # packed rows: their document mask (models/attention.py)
         if self.raw_model is not None and has_chunked_loss(self.raw_model):
             with self.autocast():
                 return self.model(input_ids=batch["input_ids"], attention_mask=mask,
-                                  token_loss_labels=batch["labels"]).loss
+                                  token_loss_labels=batch["labels"],
+                                  token_loss_count=batch.get("label_count")).loss
         return token_loss_sum(self.forward_logits(batch["input_ids"], mask), batch["labels"])
 
-    def forward_backward(self, micro_batches: list[dict], loss_scale: float) -> float:
-        """Whole-step forward+backward for strategies that own the schedule (pipelines); returns the token-loss sum."""
+    def forward_backward(self, micro_batches: list[dict], loss_scale: float | torch.Tensor) -> torch.Tensor:
+        """Whole-step forward+backward for strategies that own the schedule (pipelines); the token-loss sum."""
         raise NotImplementedError(f"strategy {self.name} does not own forward/backward")
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -162,7 +172,7 @@ class Strategy:
             self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepStats(grad_norm=float(norm), skipped=skipped)
+        return StepStats(grad_norm=norm, skipped=skipped)
 
     def current_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
@@ -199,18 +209,7 @@ class Strategy:
 
     def close(self) -> None:
         """Drop references so gloo threads die before the process group (trap 1)."""
-        self.model = self.raw_model = self.eager_model = self.optimizer = self.scheduler = None
-
-
-def compile_wrapped(model: nn.Module, enabled: bool) -> nn.Module:
-    """``--compile``: the wrapped model through ``torch.compile``, after the wrapper, so DDP's buckets split the graph.
-
-    ``dynamic=True`` from the first step: batches of a bucketed sampler come in many
-    lengths, and the default (static first, dynamic on the first new shape) would
-    pay a second compilation inside the measured steps. ``validate()`` allows it
-    only for the strategies in ``COMPILE_STRATEGIES``.
-    """
-    return torch.compile(model, dynamic=True) if enabled else model
+        self.model = self.raw_model = self.optimizer = self.scheduler = None
 
 
 @contextlib.contextmanager

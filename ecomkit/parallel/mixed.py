@@ -43,6 +43,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.experimental import implicit_replication
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, gather_objects
@@ -123,24 +124,30 @@ def total_grad_norm(grads: Sequence[torch.Tensor], extra_group: Any = None) -> t
     for g in grads:
         key = (id(g.device_mesh), tuple(g.placements)) if isinstance(g, DTensor) else None
         groups[key].append(g)
-    total_sq = torch.zeros((), dtype=torch.float64)
+    squares = []
     for members in groups.values():
         norm = torch.nn.utils.get_total_norm(members, 2.0, foreach=False)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
-        total_sq += norm.detach().to("cpu", torch.float64) ** 2
+        squares.append(norm.detach().to(torch.float64) ** 2)   # on the gradients' device: no host read
+    total_sq = torch.stack(squares).sum() if squares else torch.zeros((), dtype=torch.float64)
     if extra_group is not None:
         dist.all_reduce(total_sq, group=extra_group)
     return total_sq.sqrt()
 
 
 def clip_gradients_(grads: Sequence[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
-    """Scale gradients like ``torch.nn.utils.clip_grad_norm_``: by ``min(1, max_norm / (norm + 1e-6))``."""
-    if max_norm <= 0:
+    """Scale gradients like ``torch.nn.utils.clip_grad_norm_``: by ``min(1, max_norm / (norm + 1e-6))``.
+
+    The scale stays a tensor, so the host never waits for the norm (``models/optim.py`` says why); DTensor
+    gradients multiply by it as by a replicated scalar.
+    """
+    if max_norm <= 0 or not grads:
         return
-    coef = min(1.0, max_norm / (float(total_norm) + 1e-6))
-    for g in grads:
-        g.mul_(coef)
+    coef = torch.clamp(max_norm / (total_norm.detach() + 1e-6), max=1.0)
+    with implicit_replication():
+        for g in grads:
+            g.mul_(coef.to(g.device, g.dtype))
 
 
 # ---------------------------------------------------------------------- layout report
@@ -203,7 +210,7 @@ class MixedParallelStrategy(Strategy):
         """
         if self.dims.pp == 1 and self.dims.dp * self.dims.tp > 1 and source.is_local_checkpoint:
             self._checkpoint = CheckpointReader(source.name_or_path)
-            return build_empty_model(source, device="meta")
+            return build_empty_model(self.in_weight_dtype(source), device="meta")
         return super().build_model(source)
 
     def setup(self, model: nn.Module, total_steps: int) -> None:
@@ -274,8 +281,9 @@ class MixedParallelStrategy(Strategy):
             logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
         return logits[:, :t] if pad else logits
 
-    def forward_backward(self, micro_batches: Sequence[dict[str, torch.Tensor]], loss_scale: float) -> float:
-        """Pipeline only: the whole step through the GPipe/1F1B schedule; returns the token-loss sum."""
+    def forward_backward(self, micro_batches: Sequence[dict[str, torch.Tensor]],
+                         loss_scale: float | torch.Tensor) -> torch.Tensor:
+        """Pipeline only: the whole step through the GPipe/1F1B schedule; returns the token-loss sum (a tensor)."""
         if self.pipeline is None:
             raise EcomkitError("forward_backward is the pipeline-parallel step; this run has pp=1.")
         with self._counting(), self.autocast():
@@ -299,7 +307,7 @@ class MixedParallelStrategy(Strategy):
         extra: dict[str, Any] = {}
         if self.counter is not None:
             extra.update(self.counter.pop_stats().as_dict())
-        return StepStats(grad_norm=float(norm), extra=extra)
+        return StepStats(grad_norm=norm, extra=extra)
 
     # ------------------------------------------------------------ reports
     def _rename(self) -> Any:

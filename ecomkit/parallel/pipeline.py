@@ -56,7 +56,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from ecomkit.errors import ConfigError
+from ecomkit.errors import ConfigError, EcomkitError
 from ecomkit.models.attention import attention_mask_for
 from ecomkit.models.loss import token_loss_sum
 
@@ -130,7 +130,12 @@ class BloomPipelineStage(nn.Module):
 
 
 def pad_to_length(batch: dict[str, torch.Tensor], length: int, pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Right-pad ``input_ids``/``attention_mask``/``labels`` to ``length`` (mask 0, label -100)."""
+    """Right-pad ``input_ids``/``attention_mask``/``labels`` to ``length`` (mask 0, label -100).
+
+    A training batch that says whether it is padded (``has_padding``) says so after the padding too, so its
+    mask is built the same way (4-D, ``models.attention_masks.attention_mask_for``) whatever its own length:
+    the schedule sends the mask between stages in buffers shaped at the first step.
+    """
     t = batch["input_ids"].shape[1]
     if t > length:
         raise ConfigError(f"a batch has {t} tokens but the pipeline was built for --seq-len {length}.")
@@ -138,7 +143,10 @@ def pad_to_length(batch: dict[str, torch.Tensor], length: int, pad_id: int = 0) 
         return batch
     pad = length - t
     fill = {"input_ids": pad_id, "attention_mask": 0, "labels": -100, "document_ids": 0}
-    return {k: torch.nn.functional.pad(batch[k], (0, pad), value=fill[k]) for k in fill if k in batch}
+    out = {k: torch.nn.functional.pad(batch[k], (0, pad), value=fill[k]) for k in fill if k in batch}
+    if "has_padding" in batch:
+        out["has_padding"] = True
+    return out
 
 
 class PipelineRunner:
@@ -167,8 +175,9 @@ class PipelineRunner:
         self._token_sums.append(tok_sum.detach())
         return tok_sum * self._scale
 
-    def train_step(self, micro_batches: Sequence[dict[str, torch.Tensor]], loss_scale: float) -> float:
-        """Forward + backward of one optimizer step's micro-batches; returns their token-loss sum.
+    def train_step(self, micro_batches: Sequence[dict[str, torch.Tensor]],
+                   loss_scale: float | torch.Tensor) -> torch.Tensor:
+        """Forward + backward of one optimizer step's micro-batches; returns their token-loss sum (a tensor).
 
         The step's micro-batches are concatenated and cut into
         ``n_microbatches`` pipeline micro-batches. Every stage returns the same
@@ -179,6 +188,7 @@ class PipelineRunner:
         ids = torch.cat([b["input_ids"] for b in padded]).to(self.device)
         # packed rows: each stage gets the document mask (models/attention.py) in place of the padding mask
         mask = torch.cat([attention_mask_for(b) for b in padded]).to(self.device)
+        self._check_mask_layout(mask)
         labels = torch.cat([b["labels"] for b in padded]).to(self.device)
         if ids.shape[0] % self.n_microbatches:
             raise ConfigError(
@@ -198,7 +208,16 @@ class PipelineRunner:
         total = total.to(torch.float64)
         dist.broadcast(total, src=self.pp_ranks[-1], group=self.pp_group)
         self.sync_gradients()
-        return float(total)
+        return total
+
+    def _check_mask_layout(self, mask: torch.Tensor) -> None:
+        """The mask every step sends must have the first step's shape and dtype (the stages' receive buffers)."""
+        layout = (tuple(mask.shape), mask.dtype)
+        first = self.__dict__.setdefault("_mask_layout", layout)
+        if layout != first:
+            raise EcomkitError(f"pipeline step mask {layout} differs from the first step's {first}: the next stage "
+                               "would read it into a buffer of the first shape. This is a bug in ecomkit; please "
+                               "report it with the command line.")
 
     def sync_gradients(self) -> None:
         """Tied embedding/head gradients summed between first and last stage; then averaged over dp replicas."""

@@ -39,6 +39,7 @@ from ecomkit.planner.job import (CLUSTER_DEFAULTS, PLANNER_FIELDS, Cluster, appl
                                  cluster_defaults_used, defaults_used, expand_planner_aliases, given_fields,
                                  planned_seq_len,
                                  lora_plan, plan_job)
+from ecomkit.planner.gpu_efficiency import efficiency_for
 from ecomkit.planner.lora import max_lora_micro_batch
 from ecomkit.planner.memory import max_micro_batch
 from ecomkit.planner.model_states import render_zero_stage_table, zero_stage_table
@@ -63,7 +64,9 @@ def _planner_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--n-params", type=float, metavar="PSI", default=None,
                    help="plan model states for this many parameters (Ψ) by ZeRO stage: the ZeRO paper's table")
     g.add_argument("--zero-table", action="store_true", help="also print model states by ZeRO stage for --model")
-    g.add_argument("--efficiency", type=float, metavar="X", default=DEFAULT_EFFICIENCY, help="fraction of peak FLOP/s reached")
+    g.add_argument("--efficiency", type=float, metavar="X", default=None,
+                   help="fraction of peak FLOP/s reached (default: the one fitted on this repository's GPU artifacts "
+                        f"for --gpu, else {DEFAULT_EFFICIENCY}, an assumption that makes GPU times optimistic)")
     g.add_argument("--overlap", type=float, metavar="X", default=DEFAULT_OVERLAP, help="fraction of backward that hides comm")
     g.add_argument("--recommend", action="store_true",
                    help="search every strategy ecomkit trains for the fastest that fits the same global batch")
@@ -138,15 +141,25 @@ def run_plan(job: Job) -> dict[str, Any]:
     if lora is not None:
         plan.notes.append("step time below: the time model is full fine-tuning's (LoRA skips the frozen weights' "
                           "gradient matmuls and most gradient communication), so it is an upper bound")
-    time_kw = {"link": job.cluster.interconnect, "efficiency": a.efficiency, "overlap": a.overlap,
+    efficiency, note = plan_efficiency(job)
+    if note:
+        plan.notes.append(note)
+    time_kw = {"link": job.cluster.interconnect, "efficiency": efficiency, "overlap": a.overlap,
                "node": job.cluster.node}
     step = predict_step_time(plan.inputs, **time_kw)
     scale = speedups(plan.inputs, [plan.inputs.world_size], **time_kw)[0] if plan.inputs.world_size > 1 else None
     cluster_given = {g.removeprefix("cluster.") for g in job.given if g.startswith("cluster.")}
     most = max_micro_batch(plan.inputs) if lora is None else max_lora_micro_batch(plan.inputs, lora)
-    return {"plan": plan, "max_micro_batch": most, "step": step, "speedup": scale,
+    return {"plan": plan, "max_micro_batch": most, "step": step, "speedup": scale, "efficiency": efficiency,
             "defaults": defaults_used(job.cfg, config_given(job)), "preset": a.preset,
             "cluster_defaults": cluster_defaults_used(job.cluster, cluster_given)}
+
+
+def plan_efficiency(job: Job) -> tuple[float, str | None]:
+    """``--efficiency`` as given, else the GPU's fitted one (or the default, with why it is optimistic)."""
+    if job.args.efficiency is not None:
+        return job.args.efficiency, None
+    return efficiency_for(job.cluster.gpu)
 
 
 def defaults_line(result: dict[str, Any]) -> str:
@@ -187,6 +200,7 @@ def to_json(result: dict[str, Any]) -> dict[str, Any]:
             "total_bytes": plan.total, "cpu_bytes": plan.cpu_bytes, "gpu": plan.gpu.name,
             "gpu_bytes": plan.gpu.memory_bytes, "fits": plan.fits, "max_micro_batch": result["max_micro_batch"],
             "step_time": {**asdict(step), "total_s": step.total_s}, "speedup": result["speedup"],
+            "efficiency": result["efficiency"], "notes": list(plan.notes),
             "total_gib": plan.total / GIB, "load_bytes": plan.load_bytes, "peak_bytes": plan.peak,
             "defaults_used": result["defaults"], "cluster_defaults_used": result["cluster_defaults"]}
 
@@ -212,8 +226,10 @@ def main(argv: list[str] | None = None, verify: Callable[..., Any] | None = None
         if not a.json:
             print(text + "\n")
     if a.recommend or a.verify:
-        time_kw = {"efficiency": a.efficiency, "overlap": a.overlap}
+        efficiency, note = plan_efficiency(job)
+        time_kw = {"efficiency": efficiency, "overlap": a.overlap}
         report = recommendation_json(job.cfg, job.cluster, config_given(job), job.vocab_size, time_kw)
+        report["efficiency_note"] = note
         if a.print_ds_config:
             print(json.dumps(report["ds_config"], indent=2) if report.get("ds_config") else
                   "the recommended setup is not a DeepSpeed ZeRO job: no DeepSpeed JSON")

@@ -27,9 +27,10 @@ from ecomkit.config import (DEEPSPEED_PLAN_STRATEGIES, MESH_STRATEGIES, PARALLEL
                             PLAN_STRATEGY_ALIASES, STRATEGIES, StrategyName, TrainConfig, plan_strategy_name,
                             resolve_parallel_degrees)
 from ecomkit.errors import ConfigError
-from ecomkit.config.vocabulary import AUTO
-from ecomkit.hardware import default_link
+from ecomkit.config.vocabulary import AUTO, LOSS_KERNEL_PACKAGES
+from ecomkit.hardware import default_link, gpu_kind
 from ecomkit.models.attention_rule import pick_attention
+from ecomkit.models.loss import pick_loss_kernel
 from ecomkit.models.bloom import model_length_limit
 from ecomkit.planner.lora import LoraPlan, plan_lora_memory
 from ecomkit.planner.memory import MemoryPlan, PlanInput, plan_memory
@@ -73,7 +74,7 @@ PLANNER_FIELDS = ("model", "strategy", "zero.stage", "zero.offload_optimizer", "
                   "zero.activation_checkpointing", "zero.bucket_size", "parallel.dp", "parallel.tp", "parallel.pp",
                   "parallel.pp_microbatches", "parallel.fsdp_cpu_offload", "parallel.activation_checkpointing",
                   "precision", "micro_batch_size", "seq_len", "grad_accum", "global_batch_size", "attn",
-                  "loss_chunk_tokens", "peft", "lora_r", "lora_target_modules")
+                  "loss_chunk_tokens", "loss_kernel", "peft", "lora_r", "lora_target_modules")
 
 # Old planner flags → the derived training flags (plain renames; strategy-dependent ones are extra flags).
 PLANNER_FLAG_ALIASES = {"--micro-batch": "--micro-batch-size", **PARALLEL_FLAG_ALIASES}
@@ -196,7 +197,10 @@ def plan_input_from_config(cfg: TrainConfig, cluster: Cluster, vocab_size: int |
     if validate:
         # QLoRA's base bits are planned by planner.lora's own rules (any GPU strategy but ZeRO-3); whether this
         # machine can *train* them (bitsandbytes installed, ddp) is not the plan's question, so it is left out.
-        replace(cfg, lora_base_bits=16).validate(world_size=cluster.gpus, n_head=shape.n_head, n_layer=shape.n_layer)
+        # The fused losses' package and GPU (--loss-kernel liger|cce) are this machine's question, not the plan's.
+        fused = cfg.loss_kernel in LOSS_KERNEL_PACKAGES
+        replace(cfg, lora_base_bits=16, loss_kernel=AUTO if fused else cfg.loss_kernel).validate(
+            world_size=cluster.gpus, n_head=shape.n_head, n_layer=shape.n_layer)
     strategy, dp, tp, pp = plan_degrees(cfg, cluster.gpus)
     seq_len = planned_seq_len(cfg)[0]
     zero = cfg.strategy == StrategyName.ZERO
@@ -208,12 +212,26 @@ def plan_input_from_config(cfg: TrainConfig, cluster: Cluster, vocab_size: int |
     return PlanInput(model=cfg.model, world_size=cluster.gpus, strategy=strategy, tp=tp, pp=pp,
                      precision=cfg.precision, micro_batch=cfg.micro_batch_size, seq_len=seq_len,
                      activation_checkpointing=checkpointing,
-                     attn=pick_attention(cfg.attn, cfg.precision, "cuda", seq_len)[0],  # the planner plans GPUs
+                     attn=pick_attention(cfg.attn, cfg.precision, "cuda", seq_len,   # the planner plans GPUs
+                                         gpu_kind=gpu_kind(cluster.gpu))[0],
                      offload_optimizer=zero and cfg.zero.offload_optimizer, offload_param=offload_param,
                      gpu=cluster.gpu, grad_accum=cfg.resolve_grad_accum(dp),
                      pp_microbatches=cfg.parallel.pp_microbatches if pp > 1 else 0,
                      zero_bucket_elements=cfg.zero.bucket_size, vocab_size=vocab_size,
-                     loss_chunk_tokens=cfg.loss_chunk_tokens)
+                     loss_chunk_tokens=planned_loss_chunk(cfg, cluster))
+
+
+def planned_loss_chunk(cfg: TrainConfig, cluster: Cluster) -> int:
+    """The planner's ``loss_chunk_tokens`` for ``--loss-kernel``: 0 for the full logits, else the chunk.
+
+    liger and cce are planned with the chunked loss's bound: liger keeps at most about ``rows × hidden`` logits
+    at a time and cut-cross-entropy none, both less than ``--loss-chunk-tokens × vocab``, so the plan is an upper
+    bound for them.
+    """
+    kernel = pick_loss_kernel(cfg.loss_kernel, "cuda", gpu_kind(cluster.gpu), cfg.loss_chunk_tokens)[0]
+    if kernel == "full":
+        return 0
+    return cfg.loss_chunk_tokens or 1024
 
 
 def lora_plan(cfg: TrainConfig, base_bits: int = 16) -> LoraPlan | None:
@@ -256,4 +274,4 @@ def cluster_defaults_used(cluster: Cluster, given: set[str]) -> dict[str, Any]:
 
 __all__ = ["planned_seq_len", "Cluster", "CLUSTER_DEFAULTS", "PLANNER_FIELDS", "lora_plan", "plan_job", "PLANNER_FLAG_ALIASES", "expand_planner_aliases",
            "apply_strategy_switches", "plan_degrees", "plan_input_from_config", "given_fields", "defaults_used",
-           "cluster_defaults_used", "get_field"]
+           "cluster_defaults_used", "get_field", "planned_loss_chunk"]

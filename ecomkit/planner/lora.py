@@ -7,6 +7,9 @@ LoRA path, ``ecomkit.models.lora``, measurably holds):
   it in bf16 under ``--precision bf16`` (``freeze_base_in_bf16``), else fp32; DeepSpeed keeps it in
   its training dtype, partitioned under ZeRO-3 like any parameter; FSDP2 shards it. QLoRA stores it
   in 8 or 4 bits (bitsandbytes' LLM.int8 and NF4 layouts; :data:`QUANT_BYTES_PER_PARAM`).
+- **loading**: the model loads straight into the frozen base's 16-bit dtype (``Strategy.weight_dtype``),
+  so the "while loading" row counts 2 bytes per weight under bf16, not fp32's 4
+  (:func:`lora_load_weight_bytes`; QLoRA quantises after loading, so it loads the same bytes).
 - **adapters** (``lora_A`` [r, in] and ``lora_B`` [out, r] per adapted Linear): what full fine-tuning
   holds for every parameter, for these only (torch: fp32 weight, gradient and two Adam moments;
   DeepSpeed: training-dtype weight and gradient, fp32 master and moments, partitioned as ZeRO does).
@@ -26,6 +29,7 @@ from typing import Any
 from ecomkit.config import DEEPSPEED_PLAN_STRATEGIES
 from ecomkit.config.schema import BLOOM_LORA_TARGETS
 from ecomkit.errors import ConfigError
+from ecomkit.planner.loading import load_peak
 from ecomkit.planner.memory import MemoryPlan, PlanInput, plan_memory
 from ecomkit.planner.shapes import (ModelShape, ParamInfo, deepspeed_partition, fsdp2_shard, local_params,
                                     model_shape, zero3_partition)
@@ -83,6 +87,14 @@ def base_bytes_per_param(inp: PlanInput, lora: LoraPlan) -> float:
     """Bytes per frozen base element as the implementation stores it."""
     if lora.base_bits < 16:
         return QUANT_BYTES_PER_PARAM[lora.base_bits]
+    if inp.strategy in DEEPSPEED_PLAN_STRATEGIES:
+        return 4 if inp.precision == "fp32" else 2
+    return 2 if inp.precision == "bf16" else 4
+
+
+def lora_load_weight_bytes(inp: PlanInput) -> int:
+    """Bytes per weight while a LoRA run loads its model: the training dtype under DeepSpeed; torch strategies
+    the frozen base's dtype (bf16 under ``--precision bf16``, else fp32), which QLoRA quantises only after."""
     if inp.strategy in DEEPSPEED_PLAN_STRATEGIES:
         return 4 if inp.precision == "fp32" else 2
     return 2 if inp.precision == "bf16" else 4
@@ -161,8 +173,10 @@ def plan_lora_memory(inp: PlanInput, lora: LoraPlan, shape: ModelShape | None = 
     if lora.base_bits < 16:
         notes.append(f"QLoRA: the base's adapted Linears stored in {lora.base_bits} bits by bitsandbytes (the "
                      "layout's bytes per weight, not measured; ecomkit trains it under ddp, ecomkit.models.quant)")
+    loading, path = load_peak(inp, shape, base, lora_load_weight_bytes(inp))
+    notes = [f"loading the checkpoint: {path}" if n.startswith("loading the checkpoint:") else n for n in notes]
     return replace(full, params=worst["params"], grads=worst["grads"], optimizer=worst["optimizer"],
-                   temporary=temporary, cpu_bytes=worst["cpu"], notes=notes)
+                   temporary=temporary, cpu_bytes=worst["cpu"], notes=notes, load_bytes=loading, load_path=path)
 
 
 def _lora_comm_buffers(inp: PlanInput, shape: ModelShape, adapters: list[ParamInfo], full_comm: int,

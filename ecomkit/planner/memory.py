@@ -41,13 +41,11 @@ from ecomkit.errors import ConfigError
 from ecomkit.hardware import GIB, GpuSpec, gpu_spec
 from ecomkit.parallel.pipeline import stage_layer_ranges
 from ecomkit.planner.activations import activation_bytes, activation_dtypes, layer_activation_bytes
+from ecomkit.planner.loading import CUDA_CONTEXT_BYTES, load_peak
 from ecomkit.planner.shapes import (ModelShape, ParamInfo, deepspeed_partition, fsdp2_shard, local_params,
                                     model_shape, zero3_partition)
 
 ATTNS = ("eager", "sdpa")
-# CUDA context + cuBLAS/cuDNN workspaces + NCCL buffers: ~0.5-1 GiB per process on A100/H100 with
-# recent CUDA (what nvidia-smi shows for an idle process that initialised CUDA). Not measured here.
-CUDA_CONTEXT_BYTES = int(0.75 * GIB)
 # DeepSpeed's documentation: with overlap_comm, ZeRO-1/2 use up to 4.5 × reduce_bucket_size elements of buffers.
 DEEPSPEED_OVERLAP_BUCKET_FACTOR = 4.5
 
@@ -244,32 +242,6 @@ def _comm_buffers(inp: PlanInput, shape: ModelShape, params: list[ParamInfo]) ->
     return 0
 
 
-# ---------------------------------------------------------------------- loading the checkpoint
-def load_peak(inp: PlanInput, shape: ModelShape, params: list[ParamInfo]) -> tuple[int, str]:
-    """Device bytes per rank while a checkpoint is loaded, by the load path ecomkit takes for the strategy.
-
-    - ZeRO-3 (``deepspeed.zero.Init``, then module by module): this rank's partition in the training
-      dtype (0 with parameter offload) plus the largest module's gathered parameters (BLOOM: the embedding);
-    - FSDP2 / TP without a pipeline (meta device, then each rank's part, one fp32 tensor at a time): the
-      rank's fp32 shard (0 with CPU offload) plus the largest tensor read whole and its local piece;
-    - DDP, ZeRO-1/2 and pipelines: the whole fp32 model on every rank, then
-      the strategy (ZeRO-1/2 keep whole parameters anyway; a pipeline cuts a built model).
-    Plus the CUDA context, as in training.
-    """
-    context = CUDA_CONTEXT_BYTES if inp.device == "cuda" else 0
-    psi = shape.n_params
-    if inp.strategy == "zero3":
-        w = 4 if inp.precision == "fp32" else 2
-        part = 0 if inp.offload_param else w * zero3_partition(params, inp.dp)
-        return context + part + w * shape.largest_leaf, "deepspeed.zero.Init: partition + one gathered module"
-    if inp.strategy in ("fsdp2", "tp") and inp.pp == 1 and inp.world_size > 1:
-        local = 0 if inp.offload_param else 4 * fsdp2_shard(params, inp.dp, 0)
-        largest = 4 * shape.largest_leaf
-        return (context + local + largest + largest // inp.world_size,
-                "meta device, then each rank's shard, one tensor at a time")
-    return context + 4 * psi, "the whole fp32 model on every rank, then the strategy"
-
-
 # ---------------------------------------------------------------------- the plan
 @dataclass
 class MemoryPlan:
@@ -285,7 +257,7 @@ class MemoryPlan:
     cpu_bytes: int
     gpu: GpuSpec
     notes: list[str] = field(default_factory=list)
-    load_bytes: int = 0               # device bytes per rank while the checkpoint is loaded (:func:`load_peak`)
+    load_bytes: int = 0               # device bytes per rank while the model is loaded (planner/loading.py)
     load_path: str = ""
 
     @property

@@ -91,7 +91,8 @@ def render_recommendation(rep: dict[str, Any], top: int = 8) -> str:
     lines = [f"{rep['model']} (Ψ = {rep['psi']:,}) on {c['gpus']} × {c['gpu']} ({link}, {c['nodes']} node(s)), "
              f"{rep['precision']}, global batch {rep['global_batch']} × {rep['seq_len']} tokens per optimizer step",
              "ranked by predicted time per global batch; memory is the peak per GPU (training step or checkpoint "
-             "load), headroom what is left of the GPU", ""]
+             "load), headroom what is left of the GPU",
+             *([f"note: {rep['efficiency_note']}"] if rep.get("efficiency_note") else []), ""]
     for group, entry in rep["groups"].items():
         lines += [f"[{group}]", *([f"note: {entry['note']}"] if entry.get("note") else []),
                   *render_table(entry["rows"], top), ""]

