@@ -14,7 +14,7 @@ import torch
 from ecomkit.errors import ConfigError
 from ecomkit.models.bloom import build_model
 from ecomkit.models.loss import has_chunked_loss, install_chunked_loss, remove_chunked_loss
-from ecomkit.models.loss import chunked_token_loss_sum, token_loss_sum
+from ecomkit.models.loss import chunked_token_loss_sum, head_rows, token_loss_sum
 
 VOCAB = 300
 
@@ -154,3 +154,15 @@ def test_clear_errors(tiny):
         install_chunked_loss(tiny, 0)
     with pytest.raises(ConfigError, match="BLOOM-style"):
         install_chunked_loss(torch.nn.Linear(2, 2), 8)
+
+
+def test_head_rows_overshoot_at_most_an_eighth_and_leave_a_few_counts_per_doubling():
+    """The head's row counts under bf16 on CPU: never fewer than the labels, at most 12.5 % (or one multiple) more,
+    a multiple of 16 unless capped at every position, and few distinct counts (each a oneDNN primitive kept)."""
+    positions = 4 * 1088
+    counts = {head_rows(n, 16, positions) for n in range(1, positions + 1)}
+    for n in range(1, positions + 1):
+        rows = head_rows(n, 16, positions)
+        assert n <= rows <= positions and (rows == positions or rows % 16 == 0)
+        assert rows - n < 16 or rows - n <= n / 8, (n, rows)
+    assert len(counts) <= 8 * (positions.bit_length() - 3), len(counts)     # multiples of 16 alone: 272

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,7 @@ from ecomkit.errors import ConfigError
 from ecomkit.launch import newest_artifacts
 from ecomkit.measure.packing import (bench_packing_jobs, equal_step_micro_batch, loss_and_gradients, packed_batch,
                                      packing_agreement, padded_batch, random_rows, row_isolation, seed_spread)
-from ecomkit.models.attention import attention_mask_for, document_causal_mask, install_attention
+from ecomkit.models.attention import alibi_from_mask, attention_mask_for, document_causal_mask, install_attention
 from ecomkit.models.bloom import build_model
 from ecomkit.models.loss import install_chunked_loss
 from ecomkit.train.batches import training_loader
@@ -262,3 +264,22 @@ def test_seed_spread_and_the_equal_step_micro_batch():
         seed_spread([1.0], [1.0, 1.1])
     assert equal_step_micro_batch(8, 85, 237) == 3 and equal_step_micro_batch(8, 13, 59) == 2
     assert equal_step_micro_batch(8, 10, 400) == 1
+
+
+@pytest.mark.parametrize("batch", [
+    {"document_ids": torch.tensor([[0, 0, 1, 1, 1, -1]])},                                       # packed
+    {"attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]), "has_padding": True},         # padded
+    {"attention_mask": torch.ones(2, 4, dtype=torch.long), "has_padding": False},               # plain causal
+], ids=["packed", "padded", "causal"])
+def test_a_training_mask_and_its_plan_are_freed_without_the_garbage_collector(batch):
+    """A [B, 1, T, T] mask a step built is gone when the step drops it, not when the collector next runs
+    (a mask whose plan referred to the mask itself lived on: RSS rose ~19 MiB a step, test_bf16_memory.py)."""
+    gc.disable()
+    try:
+        mask = attention_mask_for(batch)
+        alibi = alibi_from_mask(mask, 4, torch.float32)
+        freed = weakref.ref(mask)
+        del mask, alibi
+        assert freed() is None
+    finally:
+        gc.enable()

@@ -118,7 +118,13 @@ def attention_mask_for(batch: dict) -> torch.Tensor:
 
 
 def _known(mask: torch.Tensor, causal: bool) -> torch.Tensor:
-    setattr(mask, _KNOWN_PLAN, MaskPlan(None, True, False) if causal else MaskPlan(mask, False, False))
+    """Mark ``mask`` with its plan: only whether it is plain causal, never a reference to the mask itself.
+
+    A mask holding a plan that holds the mask is a reference cycle: each step's ``[B, 1, T, T]`` mask would then
+    live until the garbage collector happens to run, and peak RSS rose step after step on packed bf16 rows
+    (tests/test_bf16_memory.py; tests/test_packing.py checks the masks are freed without the collector).
+    """
+    setattr(mask, _KNOWN_PLAN, causal)
     return mask
 
 
@@ -139,9 +145,10 @@ def alibi_from_mask(attention_mask: torch.Tensor, num_heads: int, dtype: torch.d
     positions = (attention_mask[:, 0] == 0).sum(dim=-1) - 1                      # [batch, T]
     slopes = alibi_slopes(num_heads, attention_mask.device)
     alibi = (slopes[..., None] * positions[:, None, :]).reshape(batch * num_heads, 1, t).to(dtype)
-    known = getattr(attention_mask, _KNOWN_PLAN, None)
-    if known is not None and not torch.compiler.is_compiling():   # planned without reading: attention_mask_for
-        setattr(alibi, _PLAN_ATTR, (attention_mask, t, known))
+    causal = getattr(attention_mask, _KNOWN_PLAN, None)
+    if causal is not None and not torch.compiler.is_compiling():   # planned without reading: attention_mask_for
+        plan = MaskPlan(None, True, False) if causal else MaskPlan(attention_mask, False, False)
+        setattr(alibi, _PLAN_ATTR, (attention_mask, t, plan))
     return alibi
 
 

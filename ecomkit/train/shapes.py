@@ -8,8 +8,10 @@ preset (~20 MB on ``small``), without bound, while fp32 plateaued. Rounding
 the padded length up to a multiple of 16 leaves at most ``seq_len / 16``
 shapes, and the growth stops (docs/perf.md, "bf16 on CPU: memory", has the
 measurements and the candidates ruled out). The chunked loss rounds the LM
-head's row count (the labeled positions) to the same multiple, for the same
-reason (``ecomkit.models.loss.chunked_token_loss_sum``).
+head's row count (the labeled positions) up for the same reason, to a multiple
+of 16 and of an eighth of the count's power of two
+(``ecomkit.models.loss.head_rows``): packed sequences' label counts spread too
+widely for multiples of 16 alone.
 
 The cost is padding: at most 15 positions per batch, which the throughput
 figures count as padding, not as tokens. fp32 on CPU and every GPU run keep
