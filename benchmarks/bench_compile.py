@@ -29,12 +29,13 @@ import os
 import statistics
 import tempfile
 from typing import Any
+from unittest import mock
 
-from common import write_artifact
+from common import rotation, write_artifact
 from gpu_jobs import measured, run_script
 
-CASES = {"plain": [], "compile": ["--compile"],
-         "compile max-autotune-no-cudagraphs": ["--compile", "--compile-mode", "max-autotune-no-cudagraphs"]}
+CASES = {"plain": None, "compile": "default",      # case -> its --compile-mode (None: no --compile)
+         "compile max-autotune-no-cudagraphs": "max-autotune-no-cudagraphs"}
 COLUMNS = ["model", "case", "round", "first_step_s", "compile_s", "step_time_s", "tokens_per_s", "final_loss"]
 HEADERS = ["model", "case", "round", "first step (s)", "compiling (s)", "steady step (s)", "real tokens/s",
            "final loss"]
@@ -50,11 +51,12 @@ def run_args(model: str, steps: int, untimed: int, rows: int) -> list[str]:
 
 def one_run(model: str, case: str, args: list[str]) -> dict[str, Any]:
     """One script run with a cold inductor cache; the row with its first step, steady step and tokens/s."""
-    row = {"model": model, "case": case, "compile_mode": case.split(" ", 1)[1] if " " in case else
-           ("default" if case == "compile" else None)}
-    with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache     # gpu_jobs' launch passes os.environ on
-        done = run_script(row, 1, "02_data_parallel.py", [*args, *CASES[case]], TIMEOUT_S)
+    mode = CASES[case]
+    row = {"model": model, "case": case, "compile_mode": mode}
+    flags = [] if mode is None else ["--compile", "--compile-mode", mode]
+    with tempfile.TemporaryDirectory(prefix="inductor-") as cache, \
+            mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}):   # gpu_jobs' launch passes it on
+        done = run_script(row, 1, "02_data_parallel.py", [*args, *flags], TIMEOUT_S)
     if done["status"] != "ok":
         return done
     r = measured(done)
@@ -88,12 +90,11 @@ def main() -> None:
     parser.add_argument("--untimed", type=int, default=10, help="first steps left out of the steady figures")
     parser.add_argument("--rows", type=int, default=2000, help="catalog rows")
     args = parser.parse_args()
-    names = list(CASES)
     rows: list[dict[str, Any]] = []
     for model in args.models:
         run = run_args(model, args.steps, args.untimed, args.rows)
         for rnd in range(args.repeats):
-            for case in names[rnd % len(names):] + names[:rnd % len(names)]:
+            for case in rotation(list(CASES), rnd):
                 row = {**one_run(model, case, run), "round": rnd}
                 rows.append(row)
                 if row["status"] == "ok":

@@ -57,6 +57,12 @@ def run_summary(script: str, args: Sequence[str], nproc: int = 1, threads: int =
     return json.loads((out / "summary.json").read_text())
 
 
+def rotation(names: Sequence[str], r: int) -> list[str]:
+    """``names`` in round ``r``'s order: starting one later each round (see :func:`rotating_rounds`)."""
+    names = list(names)
+    return names[r % len(names):] + names[:r % len(names)]
+
+
 def rotating_rounds(jobs: dict[str, tuple[str, Sequence[str], int]], repeats: int,
                     after_round: Callable[[dict[str, list[dict]]], None] | None = None,
                     describe: Callable[[dict], str] = lambda s: f"{s['samples_per_s']:.1f} samples/s"
@@ -71,7 +77,7 @@ def rotating_rounds(jobs: dict[str, tuple[str, Sequence[str], int]], repeats: in
     names = list(jobs)
     runs: dict[str, list[dict]] = {k: [] for k in names}
     for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in rotation(names, r):
             script, args, nproc = jobs[name]
             runs[name].append(run_summary(script, args, nproc=nproc))
             print(f"  round {r + 1}/{repeats}: {name}: {describe(runs[name][-1])}", flush=True)

@@ -78,11 +78,19 @@ def test_run_torchrun_raises_the_user_error_alone(tmp_path):
     assert "ChildFailedError" not in text and "Traceback" not in text and text.count("line 12") == 1
 
 
+def _as_rank(monkeypatch, rank: int, error_file: Path | None = None) -> None:
+    """This process as ``rank`` of 2 under torchrun, with its agent's error file or without one."""
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    if error_file is None:
+        monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    else:
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+
+
 def test_rank_0_writes_the_error_into_torchruns_error_file_instead_of_printing(tmp_path, monkeypatch, capsys):
     error_file = tmp_path / "error.json"
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    _as_rank(monkeypatch, 0, error_file)
     with pytest.raises(SystemExit) as exit_info:
         report_user_error(DataError("a.csv, line 3: bad"))
     assert exit_info.value.code == errors.USER_ERROR_EXIT == 2
@@ -99,9 +107,7 @@ def test_rank_0_writes_the_error_into_torchruns_error_file_instead_of_printing(t
 def test_another_rank_waits_for_rank_0_and_reports_only_an_error_of_its_own(monkeypatch, capsys):
     waited = []
     monkeypatch.setattr(errors.time, "sleep", waited.append)
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    _as_rank(monkeypatch, 1)
     with pytest.raises(SystemExit):
         report_user_error(ConfigError("only rank 1 saw this"))
     assert waited == [errors.PEER_GRACE_S]
@@ -124,9 +130,7 @@ def test_an_error_caused_by_a_gone_peer_never_becomes_torchruns_root_cause(tmp_p
     from ecomkit.faults.known_errors import CollectiveTimeoutError, raise_explained
 
     error_file = tmp_path / "error.json"
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    _as_rank(monkeypatch, 0, error_file)
     with pytest.raises(CollectiveTimeoutError) as info:
         raise_explained(RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:29500"), 10.0, 0)
     with pytest.raises(SystemExit):
