@@ -47,3 +47,12 @@ def test_every_relative_link_of_the_readme_and_docs_resolves():
             if "://" not in target and not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(REPO)} → {target}")
     assert not broken, broken
+
+
+def test_the_readme_says_its_commands_need_the_venv_before_the_first_one():
+    """Issue 49 item 10: `torchrun` and `python -m ecomkit…` only run with `.venv/bin` on PATH (or activated)."""
+    text = README.read_text(encoding="utf-8")
+    first_command = min(text.index(f"\n{cmd}") for cmd in ("torchrun ", "python -m ecomkit"))
+    said = text.find("source .venv/bin/activate")
+    assert 0 <= said < first_command, "say how to activate .venv before the first torchrun / python -m ecomkit line"
+    assert '.venv/bin:$PATH' in text[:first_command] and ".venv/bin/torchrun" in text[:first_command]
