@@ -16,7 +16,7 @@ from ecomkit.measure.plan_twins import PLAN_GAP, twin_checks
 from ecomkit.plan import main as plan_main
 from ecomkit.planner.job import Cluster
 from ecomkit.planner.recommend import what_would_fit
-from ecomkit.planner.report import recommendation_json, render_recommendation, verify_lines
+from ecomkit.planner.report import recommendation_json, render_recommendation, verify_advice, verify_lines
 
 MIB = 2**20
 
@@ -73,6 +73,30 @@ def test_verify_flags_twins_more_than_10_percent_off_their_plan():
         in text
     assert "17% below the plan" in text and "FSDP2" in text and "within 10% of the plan" in text
     assert "2 of 3 twins are more than 10% off their plan (ZeRO-3, ZeRO-2)" in text
+
+
+def test_verify_says_what_off_plan_twins_mean_for_the_verdicts_above_them():
+    """Issue 49 item 8: "2 of 3 twins OFF PLAN" came with no advice. Now: which figure is off and which way, whether
+    each fit verdict still holds at that gap, that the ranking by time is not what twins test, and what to do."""
+    twins = [twin("ZeRO-3", 4.08, 3.40), twin("FSDP2", 3.00, 2.95), twin("ZeRO-2", 5.0, 6.0)]
+    checks = twin_checks(twins)
+    gib = 2**30
+    rows = [{"candidate": "ZeRO-3", "peak_bytes": 70 * gib, "gpu_bytes": 80 * gib},     # +20 %: 84 GiB > 80
+            {"candidate": "FSDP2", "peak_bytes": 20 * gib, "gpu_bytes": 80 * gib},
+            {"candidate": "ZeRO-2", "peak_bytes": 50 * gib, "gpu_bytes": 80 * gib}]
+    v = {"twin_model": "tiny", "nproc": 2, "backend": "gloo", "steps": 3, "twins": twins, **checks}
+    text = "\n".join(verify_lines(v, rows))
+    assert "not its step times, so the ranking by predicted time is neither confirmed nor refuted" in text
+    assert "ZeRO-3: its model states measured 20% above the plan, so its peak above is optimistic" in text
+    assert "(84.0 GiB, an upper bound) it does NOT fit the 80.0 GiB GPU: the verdict may not hold" in text
+    assert "ZeRO-2: its model states measured 17% below the plan, so its peak above is conservative" in text
+    assert "what to do: where a verdict may not hold, take the next row whose headroom covers the gap" in text
+    assert "FSDP2: its model states" not in text                            # within its plan: nothing to say
+    rows[0]["peak_bytes"] = 60 * gib                                         # 72 GiB at +20 %: still fits
+    assert "it still fits the 80.0 GiB GPU: the verdict stands" in "\n".join(verify_advice(v, rows))
+    assert "headroom covers 20% of its peak" in "\n".join(verify_lines(v))   # without the table (notebook 06)
+    within = [twin("ZeRO-3", 3.41, 3.40), twin("FSDP2", 2.72, 2.72)]
+    assert verify_advice({"twins": within, **twin_checks(within)}) == []
 
 
 def test_verify_says_when_the_ordering_compares_equal_values():

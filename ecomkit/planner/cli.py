@@ -43,6 +43,7 @@ from ecomkit.planner.gpu_efficiency import efficiency_for
 from ecomkit.planner.lora import max_lora_micro_batch
 from ecomkit.planner.memory import max_micro_batch
 from ecomkit.planner.model_states import render_zero_stage_table, zero_stage_table
+from ecomkit.planner.recommend import STEP_TIE
 from ecomkit.planner.report import ds_config, recommendation_json, render_recommendation
 from ecomkit.planner.shapes import model_shape, shape_for_n_params
 from ecomkit.planner.step_time import DEFAULT_EFFICIENCY, DEFAULT_OVERLAP, predict_step_time, speedups
@@ -69,10 +70,15 @@ def _planner_flags(p: argparse.ArgumentParser) -> None:
                         f"for --gpu, else {DEFAULT_EFFICIENCY}, an assumption that makes GPU times optimistic)")
     g.add_argument("--overlap", type=float, metavar="X", default=DEFAULT_OVERLAP, help="fraction of backward that hides comm")
     g.add_argument("--recommend", action="store_true",
-                   help="search every strategy ecomkit trains for the fastest that fits the same global batch")
+                   help="search every strategy ecomkit trains for the fastest that fits the same global batch; "
+                        f"step times within {STEP_TIE * 100:.0f}%% of the fastest are a tie, which goes to the simpler "
+                        "layout (DDP, ZeRO-1/2, ZeRO-3/FSDP2, TP/PP; offload and checkpointing add), then the "
+                        "smaller peak memory")
     g.add_argument("--top", type=int, metavar="N", default=8, help="with --recommend: rows of the table")
     g.add_argument("--verify", action="store_true",
-                   help="with --recommend: train the top candidates scaled down on this machine (2 CPU processes)")
+                   help="with --recommend: train the top candidates scaled down on this machine (2 CPU processes) "
+                        "and compare their model states with the plan; a twin OFF PLAN comes with what it means "
+                        "for the verdicts above it and what to do")
     g.add_argument("--verify-top", type=int, metavar="N", default=3, help="with --verify: how many candidates")
     g.add_argument("--verify-dir", default=None, metavar="PATH",
                    help="with --verify: where the twins write their runs (default: a new temporary directory)")

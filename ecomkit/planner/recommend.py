@@ -9,7 +9,14 @@ For each :class:`~ecomkit.planner.candidates.Candidate` on the cluster:
    including the checkpoint load), and the gradient accumulation makes up the
    rest, so every candidate does the same training per optimizer step;
 3. the candidate is **ranked** by the predicted time of that optimizer step,
-   i.e. per global batch (:func:`~ecomkit.planner.step_time.predict_step_time`).
+   i.e. per global batch (:func:`~ecomkit.planner.step_time.predict_step_time`);
+4. a **tie** (step times within :data:`STEP_TIE` of the fastest) goes to the
+   simpler layout (:func:`layout_complexity`: DDP before ZeRO-1/2, before the
+   sharded ZeRO-3/FSDP2, before TP/PP; offload and activation checkpointing
+   add to it), then to the smaller peak memory. Why: the time model rests on
+   an assumed efficiency and overlap, so a 1 % difference says nothing, while
+   a simpler layout has fewer collectives to stall and a smaller one more
+   headroom for what the plan does not count.
 
 Candidates that the config validation refuses (``TrainConfig.validate``), whose
 data-parallel degree does not divide the global batch, or that do not fit at
@@ -24,7 +31,7 @@ import copy
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from ecomkit.config import TrainConfig
+from ecomkit.config import StrategyName, TrainConfig
 from ecomkit.errors import ConfigError
 from ecomkit.hardware import GIB, GPUS, gpu_spec
 from ecomkit.planner.candidates import FULL, LORA, Candidate, full_candidates, launch_line, lora_candidates
@@ -39,6 +46,9 @@ EXTRA_GROUPS: dict[str, Callable[..., list[Candidate]]] = {LORA: lora_candidates
 GROUP_NOTES = {LORA: "predicted times are full fine-tuning's time model, an upper bound for LoRA (no weight "
                      "gradients for the frozen base, only the adapters' gradients sent); memory is LoRA's "
                      "(ecomkit.planner.lora)"}
+# Step times within this share of the fastest fitting candidate are a tie (see the module docstring): the
+# predicted times rest on an assumed FLOP/s efficiency and comm overlap, whose error is larger than 2 %.
+STEP_TIE = 0.02
 
 
 @dataclass
@@ -50,6 +60,7 @@ class Choice:
     plan: MemoryPlan | None = None
     step: StepTime | None = None
     reason: str = ""                 # why it cannot run ("does not fit: ...", "not allowed: ...")
+    tied: int = 0                    # fitting candidates within STEP_TIE of the fastest (set by rank_choices)
 
     @property
     def fits(self) -> bool:
@@ -64,6 +75,37 @@ def global_batch(cfg: TrainConfig, cluster: Cluster) -> int:
     """Samples per optimizer step of the job as given."""
     _, dp, _, _ = plan_degrees(cfg, cluster.gpus)
     return cfg.global_batch_size if cfg.global_batch_size > 0 else cfg.micro_batch_size * cfg.grad_accum * dp
+
+
+def layout_complexity(cfg: TrainConfig) -> int:
+    """How much machinery a layout adds over plain DDP (0); a tie in step time goes to the lowest.
+
+    ZeRO-N adds N (what it shards: optimizer states, gradients, parameters); FSDP2 shards what ZeRO-3 does
+    (3); a model split across GPUs 4 (TP or PP), 5 (both); each CPU offload 2 (host
+    memory, PCIe traffic, CPU Adam); activation checkpointing 1 (a second forward).
+    """
+    strategy, par, zero = StrategyName(cfg.strategy), cfg.parallel, cfg.zero
+    score = {StrategyName.DDP: 0, StrategyName.ZERO: zero.stage, StrategyName.FSDP: 3}.get(strategy, 0)
+    if strategy in (StrategyName.TP, StrategyName.PP, StrategyName.MIXED):
+        score = max(4, 3 + (par.tp > 1) + (par.pp > 1))
+    if strategy == StrategyName.ZERO:
+        score += 2 * zero.offload_optimizer + 2 * zero.offload_param + zero.activation_checkpointing
+    else:
+        score += 2 * par.fsdp_cpu_offload + par.activation_checkpointing
+    return score
+
+
+def rank_choices(choices: list[Choice]) -> list[Choice]:
+    """Fitting first, fastest first; the ties with the fastest (:data:`STEP_TIE`) simplest, then smallest, first."""
+    ranked = sorted(choices, key=lambda ch: (not ch.fits, ch.step_s, ch.plan.peak if ch.plan else float("inf")))
+    if not ranked or not ranked[0].fits:
+        return ranked
+    limit = ranked[0].step_s * (1 + STEP_TIE)
+    tied = [ch for ch in ranked if ch.fits and ch.step_s <= limit]
+    tied.sort(key=lambda ch: (layout_complexity(ch.cfg), ch.plan.peak, ch.step_s))
+    for ch in tied:
+        ch.tied = len(tied)
+    return tied + ranked[len(tied):]
 
 
 def _divisors_desc(k: int) -> list[int]:
@@ -123,9 +165,7 @@ def recommend(base: TrainConfig, cluster: Cluster, vocab_size: int | None = None
     out = {FULL: [_try(c, base, cluster, gbatch, vocab_size, time_kw) for c in full_candidates(cluster, shape)]}
     for name, make in (EXTRA_GROUPS.items() if groups else ()):
         out[name] = [_try(c, base, cluster, gbatch, vocab_size, time_kw) for c in make(cluster, shape)]
-    for name in out:
-        out[name].sort(key=lambda ch: (not ch.fits, ch.step_s, ch.plan.peak if ch.plan else float("inf")))
-    return out
+    return {name: rank_choices(choices) for name, choices in out.items()}
 
 
 def best_choice(ranked: dict[str, list[Choice]], group: str = FULL) -> Choice | None:
@@ -137,7 +177,14 @@ def why_lost(choice: Choice, best: Choice | None) -> str:
     if not choice.fits:
         return choice.reason or "does not fit"
     if best is None or choice is best:
+        if choice.tied > 1:
+            return (f"chosen: the simplest, then smallest, of the {choice.tied} within {STEP_TIE:.0%} of the "
+                    "fastest step (a tie)")
         return "fastest"
+    if choice.tied > 1:
+        simpler = layout_complexity(best.cfg) < layout_complexity(choice.cfg)
+        return (f"a tie (within {STEP_TIE:.0%} of the fastest step): {best.candidate.label} is "
+                + ("simpler" if simpler else f"smaller ({best.plan.peak / GIB:.1f} GiB peak)"))
     slower = choice.step_s / best.step_s - 1
     return f"slower by {slower:.0%} (+{choice.step_s - best.step_s:.2f} s per global batch)"
 
@@ -221,5 +268,5 @@ def choice_row(choice: Choice, best: Choice | None, cluster: Cluster, given: set
     return row
 
 
-__all__ = ["Choice", "EXTRA_GROUPS", "GROUP_NOTES", "global_batch", "recommend", "best_choice", "why_lost", "what_would_fit",
+__all__ = ["Choice", "EXTRA_GROUPS", "GROUP_NOTES", "STEP_TIE", "layout_complexity", "rank_choices", "global_batch", "recommend", "best_choice", "why_lost", "what_would_fit",
            "choice_row"]

@@ -110,11 +110,13 @@ def render_recommendation(rep: dict[str, Any], top: int = 8) -> str:
     if rep.get("what_would_fit"):
         lines += ["nothing fits. What would:", *[f"  - {t}" for t in rep["what_would_fit"]]]
     if rep.get("verify"):
-        lines += ["", *verify_lines(rep["verify"])]
+        rows = next(iter(rep["groups"].values()))["rows"] if rep.get("groups") else None
+        lines += ["", *verify_lines(rep["verify"], rows)]
     return "\n".join(lines).rstrip()
 
 
-def verify_lines(v: dict[str, Any]) -> list[str]:
+def verify_lines(v: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> list[str]:
+    """The twins' report; with the table's ``rows``, what an OFF PLAN twin means for the verdicts above it."""
     lines = [f"verified on this machine: scaled-down twins ({v['twin_model']}, {v['nproc']} processes, "
              f"{v['backend']}, {v['steps']} steps)"]
     limit = v.get("plan_gap_limit", 0.10)
@@ -130,10 +132,54 @@ def verify_lines(v: dict[str, Any]) -> list[str]:
                      f"{t.get('final_loss', float('nan')):.3f}){mem}")
     if v.get("off_plan"):
         lines.append(f"  {len(v['off_plan'])} of {len(v['twins'])} twins are more than {limit:.0%} off their plan "
-                     f"({', '.join(v['off_plan'])}): the planner misses memory these setups hold")
+                     f"({', '.join(v['off_plan'])}); what that means is below")
     lines.append(f"  memory ordering of the twins: measured {v['measured_order']} vs planned {v['planned_order']} → "
                  f"{v.get('order_note') or ('matches' if v['order_matches'] else 'does NOT match')}")
+    return lines + verify_advice(v, rows)
+
+
+def _off_plan_verdict(twin: dict[str, Any], row: dict[str, Any] | None, limit: float) -> str:
+    """One twin more than ``limit`` off its plan: which figure, which way, and whether its fit verdict stands."""
+    gap, name = twin["plan_gap"], twin["candidate"]
+    if gap < 0:
+        return (f"  - {name}: its model states measured {-gap:.0%} below the plan, so its peak above is "
+                "conservative (the plan over-counts): the verdict stands.")
+    head = f"  - {name}: its model states measured {gap:.0%} above the plan, so its peak above is optimistic"
+    if not row or "peak_bytes" not in row:
+        return head + f": check that its headroom covers {gap:.0%} of its peak."
+    worst = row["peak_bytes"] * (1 + gap)          # the gap applied to the whole peak: an upper bound
+    stands = worst <= row["gpu_bytes"]
+    return (head + f"; at +{gap:.0%} on its whole peak ({worst / GIB:.1f} GiB, an upper bound) it "
+            + (f"still fits the {row['gpu_bytes'] / GIB:.1f} GiB GPU: the verdict stands." if stands else
+               f"does NOT fit the {row['gpu_bytes'] / GIB:.1f} GiB GPU: the verdict may not hold."))
+
+
+def verify_advice(v: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> list[str]:
+    """What OFF PLAN twins and a mismatched ordering mean for the table: figure, direction, ranking, what to do.
+
+    Nothing when every twin is within its plan and the ordering is not contradicted. The twins test the
+    table's memory column (model states on a scaled-down model), never its step times, so the ranking by
+    time neither gains nor loses from them; only ties that went to the smaller peak depend on memory.
+    """
+    limit = v.get("plan_gap_limit", 0.10)
+    off = [t for t in v["twins"] if t.get("plan_gap") is not None and abs(t["plan_gap"]) > limit]
+    mismatch = v.get("order_matches") is False
+    if not off and not mismatch:
+        return []
+    by_name = {r["candidate"]: r for r in rows or []}
+    lines = ["  what this means for the table above: the twins check its memory column (the model states per "
+             "GPU), not its step times, so the ranking by predicted time is neither confirmed nor refuted here.",
+             *[_off_plan_verdict(t, by_name.get(t["candidate"]), limit) for t in off]]
+    if mismatch:
+        lines.append("  - the measured memory ordering differs from the planned one: a tie above that went to the "
+                     "smaller peak may go the other way (a tie's simpler layout does not depend on it).")
+    if any(t["plan_gap"] > 0 for t in off) or mismatch:
+        lines.append("  what to do: where a verdict may not hold, take the next row whose headroom covers the gap, "
+                     "or run the launch line for a few steps (--max-steps 5) on one real node and read its "
+                     "memory.json / parallel_layout.json; the twins' own commands are in --json "
+                     "(verify.twins[].command).")
     return lines
 
 
-__all__ = ["ds_config", "recommendation_json", "render_recommendation", "render_table", "verify_lines"]
+__all__ = ["ds_config", "recommendation_json", "render_recommendation", "render_table", "verify_advice",
+           "verify_lines"]
