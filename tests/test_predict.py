@@ -92,16 +92,47 @@ def test_predict_remembers_the_task_labels_length_and_budget_the_run_saved(saved
     longer = generate_texts(single(model), tok, prompts, DistEnv(), DecodeSettings(max_new_tokens=9))[0]
     main(["--model", str(out), "--gen-max-new-tokens", "9", "--seq-len", str(1 << 20), *TEXTS])
     assert [json.loads(line)["generated"] for line in capsys.readouterr().out.splitlines()] == longer
-    # a model that learned two classification label sets: predict names them, with the flag to pick one
+    # a model that learned two classification label sets: the Python API names them, with the flag to pick one
     write_task_file(out, prompt_format="seqgpt", task="nlu", labels={"category": ("a", "b"), "sentiment": ("x", "y")},
                     kinds=["category", "sentiment"])
-    with pytest.raises(SystemExit):
-        main(["--model", str(out), TEXTS[0]])
-    assert "learned 2 classify label sets" in capsys.readouterr().err
     with pytest.raises(DataError, match=r"category: --labels a,b; sentiment: --labels x,y"):
         normalise_row({"text": "a"}, None, (), "command line", Recorded(read_task_file(out), str(out)))
     main(["--model", str(out), "--labels", "x,y", TEXTS[0]])
     assert json.loads(capsys.readouterr().out)["label"] in ("x", "y", None)
+
+
+def test_predict_answers_every_target_a_model_learned_one_line_each(saved, tmp_path, capsys):
+    """Issue 49 item 7: ``--model runs/mine/final "…"`` on a model that learned category and sentiment exited
+    asking for --labels; it answers both, one line per target (and per text), each prompt with that target's
+    labels. --task keeps one kind; --labels asks one set; a row's own labels are one question."""
+    import shutil
+
+    from ecomkit.data.formats import write_task_file
+    from ecomkit.train.predict import answer_rows
+
+    src, model, tok = saved
+    out = tmp_path / "final"
+    shutil.copytree(src, out)
+    write_task_file(out, prompt_format="seqgpt", task="nlu", kinds=["category", "sentiment", "extract"],
+                    labels={"category": ("手机", "服装"), "sentiment": ("正面", "负面"), "extract": ("品牌",)},
+                    gen_max_new_tokens=4)
+    main(["--model", str(out), *TEXTS[:2]])
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(p["text"], p["target"]) for p in printed] == [(t, g) for t in TEXTS[:2]
+                                                           for g in ("category", "sentiment", "extract")]
+    assert all(("label" in p) == (p["target"] != "extract") and ("spans" in p) == (p["target"] == "extract")
+               for p in printed)
+    recorded = Recorded(read_task_file(out), str(out))
+    asked = answer_rows({"text": "a"}, None, (), "x", recorded)
+    assert [(r["task"], r["labels"]) for r in asked] == [("classify", ("手机", "服装")), ("classify", ("正面", "负面")),
+                                                         ("extract", ("品牌",))]
+    assert [r["target"] for r in answer_rows({"text": "a"}, "classify", (), "x", recorded)] == ["category", "sentiment"]
+    assert answer_rows({"text": "a", "task": "extract"}, None, (), "x", recorded)[0]["labels"] == ("品牌",)
+    assert len(answer_rows({"text": "a"}, "classify", ("正面", "负面"), "x", recorded)) == 1
+    with pytest.raises(DataError, match="no task"):
+        answer_rows({"text": "a", "task": "summarise"}, None, (), "x", recorded)
+    with pytest.raises(DataError, match="string field 'text'"):
+        answer_rows({"txt": "a"}, None, (), "x", recorded)
 
 
 def test_input_errors_name_the_place_and_the_fix(saved, tmp_path):
@@ -122,3 +153,33 @@ def test_confusion_counts_put_unreadable_answers_in_their_own_column():
     names, counts = confusion_counts(["a", "b", "b"], ["a", None, "c"])
     assert names == ["a", "b", "c", "(none)"]
     assert counts == [[1, 0, 0, 0], [0, 0, 1, 1], [0, 0, 0, 0], [0, 0, 0, 0]]
+
+
+@pytest.mark.slow
+def test_a_model_trained_on_a_review_file_answers_category_and_sentiment_by_default(tmp_path):
+    """Issue 49 item 7 end to end: the README's review command (cat,label,review with its --column-map and
+    --label-map), trained a few steps, then its predict line as printed: one answer per target, no --labels."""
+    from ecomkit.config import parse_config
+    from ecomkit.train.loop import run_training
+
+    cats, words = ["手机", "服装", "食品"], {"手机": "屏幕 电池 信号", "服装": "面料 尺码 做工", "食品": "口感 新鲜 包装"}
+    lines = ["cat,label,review"] + [f"{cats[i % 3]},{i % 2},{words[cats[i % 3]]} {'很好' if i % 2 else '太差'} {i}"
+                                    for i in range(120)]
+    data = tmp_path / "reviews.csv"
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cfg, _ = parse_config(["--task", "nlu", "--data", str(data), "--model", "tiny", "--column-map",
+                           '{"cat": "category", "label": "sentiment"}', "--label-map",
+                           '{"sentiment": {"0": "negative", "1": "positive"}}', "--max-steps", "2",
+                           "--eval-interval", "0", "--final-eval-samples", "4", "--no-progress", "--report-to", "none",
+                           "--output-dir", str(tmp_path / "run")])
+    run_training(cfg)
+    proc = subprocess.run([sys.executable, "-m", "ecomkit.predict", "--model", str(tmp_path / "run" / "final"),
+                           "华为 Mate 60 屏幕 很好"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [p["target"] for p in printed] == ["category", "sentiment"], printed
+    learned = read_task_file(tmp_path / "run" / "final")["labels"]
+    assert sorted(learned["category"]) == sorted(cats) and set(learned["sentiment"]) >= {"negative", "positive"}
+    assert all(p["label"] is None or p["label"] in learned[p["target"]] for p in printed)
+    readme = (REPO / "README.md").read_text(encoding="utf-8")   # the line run above, and what it answers
+    assert 'python -m ecomkit.predict --model runs/mine/final "' in readme and "every target the model learned" in readme

@@ -16,8 +16,10 @@ default, the KV cache on).
 the model learned one kind, classification or extraction), its label set (when
 it learned one per kind), the sequence length prompts are cut to (``--seq-len``)
 and the answer budget (``--gen-max-new-tokens``). Flags override each. A model
-that learned several label sets (category and sentiment) needs ``--labels``;
-the error lists them.
+that learned several targets (category and sentiment, or classification and
+extraction) answers **every one** of them for a text given without
+``--labels``: one output line per target, each with its ``target``;
+``--task`` keeps the targets of one kind, ``--labels`` asks one set.
 
 Each ``--input`` row is ``{"text": ...}``, optionally with its own ``"task"``
 (classify/extract) and ``"labels"`` (a list, or a comma-separated string);
@@ -147,14 +149,19 @@ class Predictor:
         return out
 
 
+def check_text(row: Any, where: str) -> None:
+    """An input row is a dict with a string ``text``; else a clear error naming ``where``."""
+    if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+        raise DataError(f"{where}: a row needs a string field 'text', got {str(row)[:80]!r}.")
+
+
 def normalise_row(row: dict[str, Any], task: str | None, labels: tuple[str, ...], where: str,
                   recorded: Recorded | None = None) -> dict[str, Any]:
     """One input row with its task and labels resolved; a clear error naming ``where`` when one is missing.
 
     Order: the row's own ``task``/``labels``, then ``--task``/``--labels``, then what the run recorded.
     """
-    if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-        raise DataError(f"{where}: a row needs a string field 'text', got {str(row)[:80]!r}.")
+    check_text(row, where)
     recorded = recorded or Recorded(None)
     kind = TASK_ALIASES.get(str(row.get("task") or task or recorded.task or "").lower())
     if kind is None:
@@ -163,6 +170,27 @@ def normalise_row(row: dict[str, Any], task: str | None, labels: tuple[str, ...]
         raise DataError(f"{where}: no task{why}; give --task classify|extract or a 'task' field in the row.")
     row_labels = split_labels(row.get("labels")) or labels or recorded.labels(kind, where)
     return {**row, "task": check_kind(kind), "labels": row_labels}
+
+
+def answer_rows(row: dict[str, Any], task: str | None, labels: tuple[str, ...], where: str,
+                recorded: Recorded | None = None) -> list[dict[str, Any]]:
+    """The questions one input row asks: one per target the model learned when no labels are given, else one.
+
+    Why: a model trained on a review file learned category and sentiment; asked about a text without
+    ``--labels`` it answers both (each row carries its ``target``), rather than stopping to ask which.
+    A row's own ``task`` or ``--task`` keeps the targets of that kind.
+    """
+    check_text(row, where)
+    recorded = recorded or Recorded(None)
+    if split_labels(row.get("labels")) or labels:
+        return [normalise_row(row, task, labels, where, recorded)]
+    asked = row.get("task") or task
+    kind = TASK_ALIASES.get(str(asked).lower()) if asked else None
+    targets = [(k, target, label_set) for k, sets in recorded.label_sets.items() if kind in (None, k)
+               for target, label_set in sets.items()]
+    if len(targets) < 2 or (asked and kind is None):   # one question, or an unknown task: normalise_row says so
+        return [normalise_row(row, task, labels, where, recorded)]
+    return [{**row, "task": check_kind(k), "labels": label_set, "target": target} for k, target, label_set in targets]
 
 
 def read_rows(path: str, task: str | None, labels: tuple[str, ...],
@@ -176,7 +204,7 @@ def read_rows(path: str, task: str | None, labels: tuple[str, ...],
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}, line {n}: not JSON ({e.msg}).") from None
-            rows.append(normalise_row(row, task, labels, f"{path}, line {n}", recorded))
+            rows += answer_rows(row, task, labels, f"{path}, line {n}", recorded)
     return rows
 
 
@@ -185,10 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("texts", nargs="*", help="texts to answer (or --input FILE)")
     p.add_argument("--model", required=True, help="a saved model directory (a run's <output-dir>/final)")
-    p.add_argument("--task", help="classify | extract (rows of --input may carry their own 'task'); default: the "
-                                  "kind the model learned, when it learned one")
-    p.add_argument("--labels", help="the label set, comma-separated, in prompt order, e.g. 品牌,颜色; default: the "
-                                    "set the model learned for the task, when it learned one")
+    p.add_argument("--task", help="classify | extract (rows of --input may carry their own 'task'); default: "
+                                  "every kind the model learned")
+    p.add_argument("--labels", help="the label set, comma-separated, in prompt order, e.g. 品牌,颜色; default: "
+                                    "every set the model learned (one answer line per target, e.g. category and "
+                                    "sentiment)")
     p.add_argument("--input", help="a .jsonl file of rows {'text': ...} (optionally 'task', 'labels')")
     p.add_argument("--output", help="write one JSON answer per row here (default: print them)")
     p.add_argument("--prompt-format", choices=PROMPT_FORMATS, help="default: the format the model was trained with")
@@ -211,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
         raise EcomkitError("Give either texts on the command line or --input FILE (not both, not neither).")
     recorded = Recorded(read_task_file(args.model) if Path(args.model).is_dir() else None, args.model)
     rows = (read_rows(args.input, args.task, labels, recorded) if args.input
-            else [normalise_row({"text": t}, args.task, labels, "command line", recorded) for t in args.texts])
+            else [r for t in args.texts for r in answer_rows({"text": t}, args.task, labels, "command line", recorded)])
     settings = DecodeSettings(max_new_tokens=args.max_new_tokens or recorded.gen_max_new_tokens or DEFAULT_NEW_TOKENS,
                               num_beams=args.num_beams, batch_size=args.batch_size,
                               max_length=args.max_length or recorded.seq_len or NO_CUT)
@@ -227,5 +256,5 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{len(answers)} answers written to {args.output}", file=sys.stderr)
         return
     for a in answers:
-        shown = {k: a[k] for k in ("text", "label", "spans", "generated") if k in a}
+        shown = {k: a[k] for k in ("text", "target", "label", "spans", "generated") if k in a}
         print(json.dumps({**shown, **({"at_budget": True} if a["at_budget"] else {})}, ensure_ascii=False))
