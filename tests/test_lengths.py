@@ -12,7 +12,8 @@ from ecomkit.config import parse_config
 from ecomkit.data import build_datasets, write_jsonl
 from ecomkit.dist import log
 from ecomkit.data.formats import build_prompt
-from ecomkit.data.lengths import (GEN_BUDGET_MARGIN, CutCounts, LengthStats, choose_seq_len, generation_budget)
+from ecomkit.data.lengths import (GEN_BUDGET_MARGIN, CutCounts, LengthStats, choose_seq_len, generation_budget,
+                                  limit_warning, reached_limit)
 from ecomkit.data.tokenize import IGNORE_INDEX, PromptIds, cut_prompt, fit_prompt_answer, lm_windows
 from ecomkit.errors import ConfigError
 from ecomkit.models.tokenizer import get_tokenizer
@@ -158,3 +159,65 @@ def test_an_extraction_file_trains_with_default_flags_and_no_input_cut(tmp_path,
     assert all(c["rows_cut"] == 0 and c["input_tokens_dropped"] == 0 for c in data["cuts"].values())
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("data: "))   # rank 0's line
     assert f"seq_len {summary['seq_len']} (auto" in line and "tokens p50/p95/max: row" in line and "nothing cut" in line
+
+
+# ---------------------------------------------------------------------- --seq-len auto at the model's limit
+def test_auto_at_the_limit_says_so_and_gives_the_real_options_not_seq_len_auto():
+    """Issue 49 item 5: auto stopped at the model's limit, cut 31 rows, and the warning advised --seq-len auto."""
+    assert not reached_limit("auto", 2000, 2048) and not reached_limit(128, 5000, 2048)
+    assert reached_limit("auto", 2049, 2048)
+    assert choose_seq_len("auto", 1990, 2000) == (2000, "auto: the model's limit 2000, which holds every row "
+                                                        "(longest 1990)")
+    cuts = {"train": CutCounts(2048, rows_cut=31, tokens_dropped=900, input_tokens_dropped=900,
+                               inputs_over_half_cut=2), "eval": CutCounts(2048, rows_cut=3)}
+    stats = {"train": LengthStats(rows=59_000), "eval": LengthStats(rows=3_100)}
+    line = limit_warning(2048, cuts, stats)
+    assert line.startswith("--seq-len auto reached the model's limit 2048: 31 of 59,000 train rows and 3 of 3,100 "
+                           "eval rows are longer and were cut at the end of their input text (2 of them lost more "
+                           "than half of their input), the head kept (instruction, label list, answer cue)")
+    assert "cannot be split into LM-style windows" in line and "--seq-len N above 2048" in line
+    assert "config.json seq_length" in line and "--seq-len auto (the default)" not in line
+    assert limit_warning(2048, {"train": CutCounts(2048), "eval": CutCounts(2048)}, stats) is None
+
+
+def review_rows(n: int = 80, long_every: int = 10) -> list[dict]:
+    """Reviews with a category and a sentiment; every ``long_every``-th one far longer than the rest."""
+    cats = ["手机", "服装", "食品"]
+    return [{"category": cats[i % 3], "sentiment": "positive" if i % 2 else "negative",
+             "review": f"{cats[i % 3]} 第{i}条 " + FILLER * (8 if i % long_every == 0 else 1)} for i in range(n)]
+
+
+def test_a_model_with_a_low_limit_cuts_long_reviews_and_says_what_to_do(tmp_path, tok, caplog):
+    """A saved model whose config allows 128 tokens (--model <folder>): --seq-len auto stops there, the long
+    reviews are cut at the end of their input and counted per split, and the one warning line says what happened
+    and the real options, instead of advising the --seq-len auto that was in use."""
+    from ecomkit.models.bloom import build_model, model_length_limit
+
+    model_dir = tmp_path / "low-limit"
+    model = build_model("tiny", vocab_size=len(tok), seed=0)
+    model.config.seq_length = 128
+    model.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    assert model_length_limit(str(model_dir)) == 128
+    path = write_jsonl(review_rows(), tmp_path / "reviews.jsonl")
+    cfg, _ = parse_config(["--task", "nlu", "--data", str(path), "--model", str(model_dir), "--max-steps", "1",
+                           "--eval-interval", "0", "--final-eval-samples", "2", "--gen-eval-samples", "0",
+                           "--no-save-model", "--no-progress", "--report-to", "none", "--output-dir",
+                           str(tmp_path / "run")])
+    log.addHandler(caplog.handler)
+    try:
+        summary = run_training(cfg)
+    finally:
+        log.removeHandler(caplog.handler)
+    data = summary["data"]
+    assert summary["seq_len"] == 128 and data["seq_len_at_limit"] is True
+    assert data["seq_len_reason"].startswith("auto reached the model's limit 128; the longest row has")
+    cut = {k: c["rows_cut"] for k, c in data["cuts"].items()}
+    assert 0 < cut["train"] < data["lengths"]["train"]["rows"]     # only the long reviews
+    messages = [r.getMessage() for r in caplog.records]
+    warned = [m for m in messages if m.startswith("--seq-len auto reached the model's limit 128")]
+    assert len(set(warned)) == 1, messages   # one line (the handler may see a record twice)
+    split_counts = " and ".join(f"{n:,} of {data['lengths'][k]['rows']:,} {k} rows" for k, n in cut.items() if n)
+    assert f"128: {split_counts} are longer and were cut at the end of their input text" in warned[0]
+    assert "--seq-len N above 128" in warned[0]
+    assert not any("--seq-len auto (the default) fits every row" in m for m in messages)

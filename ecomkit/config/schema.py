@@ -140,9 +140,9 @@ class TrainConfig:
     span_end: str = "exclusive"       # end offsets of span lists: exclusive (Python slicing) or inclusive
     bucketed: bool = True             # length-bucketed batches (less padding) when rows are not packed
     seq_len: int | str = "auto"       # tokens per sequence. auto: the smallest multiple of 64 that holds every row
-                                      #   of both splits (up to the model's limit), so nothing is cut; N: rows
-                                      #   longer than N are cut at the end of their input (counted in the data
-                                      #   line), LM documents split into windows (data/lengths.py)
+                                      #   of both splits, up to the model's limit (nothing cut below it); N, or
+                                      #   the limit: longer rows are cut at the end of their input (counted in
+                                      #   the data line), LM documents split into windows (data/lengths.py)
     packing: str = "auto"             # pack rows into full sequences of seq_len tokens, each row attending only
                                       #   to itself (document mask; exact for BLOOM's ALiBi): on | off | auto (on
                                       #   when the mean training row fills at most half of seq_len; on a CPU only

@@ -50,7 +50,8 @@ from ecomkit.data.loaders import RECORD_FEATURES, load_records
 from ecomkit.data.spans import spans_json
 from ecomkit.data.tasks import CLASSIFICATION_TASKS, KINDS, check_task, labels_from_values, record_task_examples
 from ecomkit.data.stream import column_numpy, label_codes, read_columns
-from ecomkit.data.lengths import CutCounts, LengthStats, choose_seq_len, cut_counts, length_stats, lengths_facts
+from ecomkit.data.lengths import (CutCounts, LengthStats, choose_seq_len, cut_counts, length_stats, lengths_facts,
+                                  limit_warning, reached_limit)
 from ecomkit.data.tokenize import fit_rows, tokenize_whole
 from ecomkit.data.validate import RECORD_FIELDS, ValidationReport, check_bad_fraction, unlabeled_warning
 from ecomkit.errors import ConfigError, DataError
@@ -84,6 +85,7 @@ class BuildReport:
     eval_validation: ValidationReport | None = None
     seq_len: int = 0                   # the sequence length the rows were fit to (--seq-len, or chosen by auto)
     seq_len_reason: str = ""
+    seq_len_at_limit: bool = False     # --seq-len auto stopped at the model's limit, with rows longer than it
     lengths: dict[str, LengthStats] = field(default_factory=dict)   # "train" / "eval": lengths before any cut
     cuts: dict[str, CutCounts] = field(default_factory=dict)        # "train" / "eval": what fitting cut
     train_label_counts: dict[str, Counter] = field(default_factory=dict)        # target -> training gold labels
@@ -115,7 +117,8 @@ class BuildReport:
                 "eval_rows_read": self.eval_validation.total if self.eval_validation else None,
                 "spans_outside_labels": dict(self.spans_outside_labels),
                 "train_label_counts": {t: dict(c) for t, c in self.train_label_counts.items()}, "seq_len": self.seq_len,
-                "seq_len_reason": self.seq_len_reason, **lengths_facts(self.lengths, self.cuts),
+                "seq_len_reason": self.seq_len_reason, "seq_len_at_limit": self.seq_len_at_limit,
+                **lengths_facts(self.lengths, self.cuts),
                 "labels_not_in_data": list(self.labels_not_in_data),
                 "unlabeled_rows": self.validation.unlabeled,
                 "unlabeled_first": list(self.validation.unlabeled_first)}
@@ -127,7 +130,10 @@ class BuildReport:
         return f"seq_len {self.seq_len} ({self.seq_len_reason}). {splits}."
 
     def cut_warnings(self) -> list[str]:
-        """A line per split whose inputs lost more than half (:meth:`CutCounts.warning`)."""
+        """A line per split whose inputs lost more than half (:meth:`CutCounts.warning`); when ``--seq-len auto``
+        reached the model's limit, one line instead that says so and gives the real options."""
+        if self.seq_len_at_limit:
+            return [w] if (w := limit_warning(self.seq_len, self.cuts, self.lengths)) else []
         return [w for k, c in self.cuts.items() if (w := c.warning(k, self.lengths[k].rows))]
 
     def warnings(self) -> list[str]:
@@ -239,7 +245,8 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
                          all_labels["category"], all_labels, {k: int(n) for k, n in zip(KINDS, kinds) if n},
                          n_valid, max_rows, prompt_format, eval_source=None if eval_data is None else str(eval_data),
                          eval_validation=eval_validation, spans_outside_labels=outside, seq_len=built.seq_len,
-                         seq_len_reason=built.why, lengths=built.stats, cuts=built.cuts, train_label_counts=train_counts,
+                         seq_len_reason=built.why, seq_len_at_limit=built.at_limit, lengths=built.stats,
+                         cuts=built.cuts, train_label_counts=train_counts,
                          labels_not_in_data=never, span_labels_in_data=tuple(sorted(span_counts or ())))
     if task == "nlu":
         report.eval_examples = _task_examples(eval_records, all_labels, eval_name)
@@ -259,6 +266,7 @@ class _Splits:
     cuts: dict[str, CutCounts]                # per split, what fitting cut
     kinds: np.ndarray                         # examples built per kind (windows not counted twice)
     examples: pa.Table                        # every training-table example's record and kind
+    at_limit: bool = False                    # --seq-len auto stopped at the model's limit, rows longer than it
 
 
 def _tokenized_splits(records: Dataset, eval_table: Dataset | None, eval_idx: np.ndarray, tokenizer, task: str,
@@ -280,7 +288,9 @@ def _tokenized_splits(records: Dataset, eval_table: Dataset | None, eval_idx: np
     train_rows, eval_rows = split(whole)
     stats = {"train": length_stats(whole, train_rows),
              "eval": length_stats(whole, eval_rows) if eval_whole is None else length_stats(eval_whole)}
-    seq_len, why = choose_seq_len(max_length, max(s.row.max for s in stats.values()), length_limit)
+    longest = max(s.row.max for s in stats.values())
+    seq_len, why = choose_seq_len(max_length, longest, length_limit)
+    at_limit = reached_limit(max_length, longest, length_limit)
     fitted = fit_rows(whole, seq_len, num_proc)
     examples = read_columns(whole, ["record", "kind"])
     kinds = np.bincount(examples.column("kind").to_numpy().astype(np.int64), minlength=len(KINDS))
@@ -288,12 +298,13 @@ def _tokenized_splits(records: Dataset, eval_table: Dataset | None, eval_idx: np
     train_rows, eval_rows = split(fitted)
     if eval_whole is None:
         cuts = {"train": cut_counts(fitted, seq_len, train_rows), "eval": cut_counts(fitted, seq_len, eval_rows)}
-        return _Splits(final.select(train_rows), final.select(eval_rows), seq_len, why, stats, cuts, kinds, examples)
+        return _Splits(final.select(train_rows), final.select(eval_rows), seq_len, why, stats, cuts, kinds, examples,
+                       at_limit)
     eval_fitted = fit_rows(eval_whole, seq_len, num_proc)
     kinds += np.bincount(column_numpy(eval_whole, "kind").astype(np.int64), minlength=len(KINDS))
     cuts = {"train": cut_counts(fitted, seq_len), "eval": cut_counts(eval_fitted, seq_len)}
     eval_final = eval_fitted.select_columns([c for c in FINAL_COLUMNS if c in eval_fitted.column_names])
-    return _Splits(final, eval_final, seq_len, why, stats, cuts, kinds, examples)
+    return _Splits(final, eval_final, seq_len, why, stats, cuts, kinds, examples, at_limit)
 
 
 def _rows_by_record(source_record: np.ndarray, n_records: int, eval_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

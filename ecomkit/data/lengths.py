@@ -11,6 +11,10 @@ the chosen length (:func:`~ecomkit.data.tokenize.fit_rows`).
 - ``--seq-len auto`` (the default) is the smallest multiple of
   :data:`SEQ_LEN_MULTIPLE` that holds every row of both splits, up to the
   model's limit (:func:`choose_seq_len`); nothing is cut below the limit.
+  Rows longer than the limit are cut and counted, and one line says so with
+  the real options (:func:`limit_warning`): a prompted row cannot be split
+  into LM windows (its answer belongs to the whole text), so its head is
+  kept; only a larger ``--seq-len`` keeps it whole.
 - An explicit ``--seq-len N`` wins. Every row that does not fit is counted
   per split (:func:`cut_counts`): rows cut, tokens dropped, and inputs that
   lost more than half of their tokens, which get one warning line naming
@@ -105,8 +109,15 @@ def choose_seq_len(requested: int | str, longest_row: int, limit: int) -> tuple[
     fit = max(MIN_MAX_LENGTH, -(-longest_row // SEQ_LEN_MULTIPLE) * SEQ_LEN_MULTIPLE)
     if fit <= limit:
         return fit, f"auto: the smallest multiple of {SEQ_LEN_MULTIPLE} that holds every row (longest {longest_row})"
-    return limit, (f"auto: the model's limit {limit}; the longest row has {longest_row} tokens, so longer rows are "
-                   f"cut or, for LM documents, split into windows")
+    if longest_row <= limit:
+        return limit, f"auto: the model's limit {limit}, which holds every row (longest {longest_row})"
+    return limit, (f"auto reached the model's limit {limit}; the longest row has {longest_row} tokens, so longer "
+                   f"rows are cut or, for LM documents, split into windows")
+
+
+def reached_limit(requested: int | str, longest_row: int, limit: int) -> bool:
+    """Whether ``--seq-len auto`` stopped at the model's limit with rows longer than it."""
+    return requested == AUTO and choose_seq_len(requested, longest_row, limit)[0] < longest_row
 
 
 def generation_budget(requested: int | str, train: LengthStats) -> tuple[int, str]:
@@ -156,6 +167,24 @@ class CutCounts:
                 f"--seq-len {self.seq_len}. --seq-len auto (the default) fits every row; or give a larger --seq-len.")
 
 
+def limit_warning(seq_len: int, cuts: dict[str, "CutCounts"], stats: dict[str, LengthStats]) -> str | None:
+    """One line when ``--seq-len auto`` reached the model's limit and rows were cut: how many per split, how,
+    and the real options (the over-half warning's advice, ``--seq-len auto``, was already in use)."""
+    cut = {k: c for k, c in cuts.items() if c.rows_cut}
+    if not cut:
+        return None
+    counts = " and ".join(f"{c.rows_cut:,} of {stats[k].rows:,} {k} rows" for k, c in cut.items())
+    half = sum(c.inputs_over_half_cut for c in cut.values())
+    lost = f" ({half:,} of them lost more than half of their input)" if half else ""
+    return (f"--seq-len auto reached the model's limit {seq_len}: {counts} are longer and were cut at the end of "
+            f"their input text{lost}, the head kept (instruction, label list, answer cue); every cut is counted "
+            f"in summary.json (data.cuts). A prompted row (classification, extraction, instruction) cannot be split "
+            f"into LM-style windows (its answer belongs to the whole text), so its head is kept and counted. To keep them whole, give a larger "
+            f"limit where the model allows one: --seq-len N above {seq_len} (BLOOM's ALiBi has no position table, "
+            f"so longer rows run, at lengths the model was not trained on, with memory growing with N); a saved "
+            f"model's limit is its config.json seq_length.")
+
+
 def cut_counts(fitted: Dataset, seq_len: int, rows: np.ndarray | None = None) -> CutCounts:
     """:class:`CutCounts` of a :func:`~ecomkit.data.tokenize.fit_rows` table (or of its ``rows``)."""
     if not set(CUT_COLUMNS) <= set(fitted.column_names):   # every row fit: fit_rows returned the table as it was
@@ -177,4 +206,4 @@ def lengths_facts(stats: dict[str, LengthStats], cuts: dict[str, CutCounts]) -> 
 
 
 __all__ = ["AUTO", "GEN_BUDGET_MARGIN", "SEQ_LEN_MULTIPLE", "CutCounts", "LengthStats", "Spread", "choose_seq_len",
-           "cut_counts", "generation_budget", "length_stats", "lengths_facts"]
+           "cut_counts", "generation_budget", "length_stats", "lengths_facts", "limit_warning", "reached_limit"]
