@@ -7,7 +7,7 @@
 #
 # Why a wrapper and not just `deepspeed scripts/03_zero3.py`:
 # - without GPUs the launcher counts zero devices and starts ONE process unless
-#   it is given --num_gpus N (shared CPU notes, trap 4);
+#   it is given --num_gpus N;
 # - the launcher process itself imports DeepSpeed, so DS_ACCELERATOR=cpu must be
 #   in its environment before it starts (ecomkit's ZeRO strategy sets it in the
 #   workers, too late for the launcher);

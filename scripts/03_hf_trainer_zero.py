@@ -7,7 +7,7 @@ What is new compared with scripts/02_hf_trainer.py: `TrainingArguments(deepspeed
 gets the config ecomkit generates from the same flags (no "auto" placeholders
 for Trainer to fill in), also saved as <output-dir>/ds_config.json. On CPU,
 Trainer needs `use_cpu=True` under torchrun (ecomkit.train.hf_trainer sets it),
-or it sees a world size of 1 (shared CPU notes, trap 5).
+or it sees a world size of 1.
 
 With `--trainer-ds-config ds.json` Trainer gets a JSON file instead, such as
 the "auto" form that `scripts/03_zero3.py --print-ds-config --ds-for-trainer`

@@ -22,7 +22,7 @@ stages, with the bubble (idle) fraction ``(p-1)/(m+p-1)`` for both:
   and one backward. At most ``p`` micro-batches are in flight per stage, so
   activation memory no longer grows with ``m``.
 
-**Tied embeddings (shared CPU notes, trap 8).** BLOOM ties the LM head to the
+**Tied embeddings.** BLOOM ties the LM head to the
 word embeddings. Split across stages, the one tensor becomes two copies: the
 embedding on stage 0, the head on the last stage. Each copy only sees the
 gradient of its own use, so trained independently they drift apart after the

@@ -27,8 +27,8 @@ the ``tests/test_tensor_parallel.py`` check compares against the unsplit model.)
 
 **ALiBi.** The slopes depend on the head index, and BloomModel builds the
 bias ``[batch·H, 1, T]`` for all heads before the blocks run. A forward
-pre-hook on each ``self_attention`` keeps this rank's heads (the shared CPU
-notes, trap 7: overriding ``build_alibi_tensor`` is not enough, BLOOM skips it
+pre-hook on each ``self_attention`` keeps this rank's heads (overriding
+``build_alibi_tensor`` is not enough, BLOOM skips it
 when there is no attention mask). The fused attention in
 ``ecomkit.models.attention`` (``--attn sdpa``) reads ``num_heads`` and
 ``alibi`` from the module and its arguments, so it follows both changes.
