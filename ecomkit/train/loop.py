@@ -38,6 +38,7 @@ from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_le
 from ecomkit.models.lora import apply_peft, lora_facts, lora_line, trainable_parameter_count
 from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
 from ecomkit.parallel import build_strategy
+from ecomkit.parallel.base import StepStats
 from ecomkit.parallel.mixed import sharded_model_callbacks
 from ecomkit.train.clip import ClipPolicy
 
@@ -252,48 +253,77 @@ class TrainingRun:
                     ) -> tuple[dict[str, Any], StepTensors]:
         """One optimizer step, with no read of the device: its host row, and its device values for later.
 
-        ``started`` is when fetching ``micro`` began (data time counts in the step). The loss scale's global
-        label-token count is all-reduced as a device tensor, the losses summed on the device, the gradient norm
-        kept as the strategy returns it; :meth:`_finish_steps` reads them all at the log interval.
+        It reads as chapter 02 teaches DDP: for each micro-batch, forward and loss, then backward (DDP
+        all-reduces the gradient buckets during it, except under ``no_sync`` on accumulation micro-steps), then
+        clip and step. The rest sits in named helpers: moving the batches and the loss scale
+        (:meth:`_step_inputs`), the pipeline branch (:meth:`_pipeline_forward_backward`), the clip policy
+        (:meth:`_clip_value`) and the timings (:meth:`_step_row`). ``started`` is when fetching ``micro`` began
+        (data time counts in the step); :meth:`_finish_steps` reads the device values at the log interval.
         """
-        env, strategy = self.env, self.strategy
+        strategy = self.strategy
         t0 = time.perf_counter() if started is None else started
-        counts = [sum(x) for x in zip(*(c for _, c in micro))]   # label tokens, tokens, rows, positions, Σ L²
-        micro = [{k: to_device(v, env.device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
-                 for b, _ in micro]
-        # Summed over all ranks, counts include each batch once per rank that saw it (TP/PP replicas see the
-        # same batch); the loss scale world/label_tokens = shards/N stays exact.
-        label_tokens = all_reduce_sum_tensor([float(counts[0])], self.env)[0]
-        scale = (env.world_size / label_tokens).to(torch.float32)
+        batches, counts, label_tokens, scale = self._step_inputs(micro)
         t_data = time.perf_counter() - t0
-        loss_sum, times = None, []
-        for b in micro:
-            self.clip.observe(b)
-        if strategy.owns_forward_backward:  # pipelines run the whole step through their schedule
-            tm = time.perf_counter()
-            loss_sum = strategy.forward_backward(micro, scale)
-            times.append(time.perf_counter() - tm)
-        for i, b in enumerate(micro if not strategy.owns_forward_backward else []):
-            tm = time.perf_counter()
-            with strategy.micro_step_context(is_last=i == len(micro) - 1):
-                tok_sum = strategy.forward_loss_sum(b)
-                strategy.backward(tok_sum * scale)
-            loss_sum = tok_sum.detach() if loss_sum is None else loss_sum + tok_sum.detach()
-            times.append(time.perf_counter() - tm)
-        clip_value = self.clip.value()
+        if strategy.owns_forward_backward:   # pipelines run the whole step through their schedule (chapter 04)
+            loss_sum, times = self._pipeline_forward_backward(batches, scale)
+        else:
+            loss_sum, times = None, []
+            for i, batch in enumerate(batches):
+                tm = time.perf_counter()
+                # DDP: no_sync() on every micro-step but the last, so gradients accumulate locally
+                with strategy.micro_step_context(is_last=i == len(batches) - 1):
+                    tok_sum = strategy.forward_loss_sum(batch)   # forward, loss summed over label tokens
+                    strategy.backward(tok_sum * scale)           # backward; DDP all-reduces each full bucket
+                loss_sum = tok_sum.detach() if loss_sum is None else loss_sum + tok_sum.detach()
+                times.append(time.perf_counter() - tm)
+        clip_value = self._clip_value(batches)
         tc = time.perf_counter()
-        stats = strategy.clip_and_step(clip_value)
-        t_opt = time.perf_counter() - tc
+        stats = strategy.clip_and_step(clip_value)   # clip the global gradient norm, then the optimizer step
+        row = self._step_row(clip_value, stats, t0, t_data, times, time.perf_counter() - tc)
+        return row, StepTensors(loss_sum, label_tokens, stats.grad_norm, stats.skipped, counts[1:])
+
+    def _step_inputs(self, micro: list[tuple[dict, BatchCounts]]
+                     ) -> tuple[list[dict], list[int], torch.Tensor, torch.Tensor]:
+        """The step's batches on the device, their counts, the global label-token count and the loss scale.
+
+        Each micro-batch's loss is a sum over its label tokens, scaled by world size / global label tokens:
+        DDP's gradient *average* is then the gradient of the global batch's mean loss, for any number of
+        processes or accumulation steps. Summed over all ranks, counts include each batch once per rank that
+        saw it (TP/PP replicas see the same batch); the scale world/label_tokens = shards/N stays exact.
+        """
+        env = self.env
+        counts = [sum(x) for x in zip(*(c for _, c in micro))]   # label tokens, tokens, rows, positions, Σ L²
+        batches = [{k: to_device(v, env.device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
+                   for b, _ in micro]
+        label_tokens = all_reduce_sum_tensor([float(counts[0])], env)[0]   # a device tensor: no host read
+        return batches, counts, label_tokens, (env.world_size / label_tokens).to(torch.float32)
+
+    def _pipeline_forward_backward(self, batches: list[dict], scale: torch.Tensor
+                                   ) -> tuple[torch.Tensor, list[float]]:
+        """A pipeline strategy's whole step (its schedule, e.g. 1F1B): the loss sum and its one timing."""
+        tm = time.perf_counter()
+        loss_sum = self.strategy.forward_backward(batches, scale)
+        return loss_sum, [time.perf_counter() - tm]
+
+    def _clip_value(self, batches: list[dict]) -> float:
+        """The clip policy's max gradient norm for this step (fixed, or the sentiment rule of chapter 02)."""
+        for batch in batches:
+            self.clip.observe(batch)
+        return self.clip.value()
+
+    def _step_row(self, clip_value: float, stats: StepStats, t0: float, t_data: float, times: list[float],
+                  t_opt: float) -> dict[str, Any]:
+        """The step's host row: timings, learning rate, clip value, peak memory and the strategy's extras."""
         step_time = time.perf_counter() - t0
-        mem, mem_kind = peak_memory(env.device)
-        row: dict[str, Any] = {
-            "type": "train", "step": self.step + 1, "epoch": self.epoch, "lr": strategy.current_lr(),
+        mem, mem_kind = peak_memory(self.env.device)
+        return {
+            "type": "train", "step": self.step + 1, "epoch": self.epoch, "lr": self.strategy.current_lr(),
             "clip": clip_value, "step_time_s": step_time, "data_s": t_data, "fwd_bwd_s": sum(times), "optim_s": t_opt,
             # exposed communication, measurable with accumulation: the synced micro-step minus a no_sync one
-            "comm_exposed_s": (times[-1] - sum(times[:-1]) / (len(times) - 1)) if len(times) > 1 and env.distributed else None,
+            "comm_exposed_s": (times[-1] - sum(times[:-1]) / (len(times) - 1))
+            if len(times) > 1 and self.env.distributed else None,
             "peak_mem_bytes": mem, "mem_kind": mem_kind, **stats.extra,
         }
-        return row, StepTensors(loss_sum, label_tokens, stats.grad_norm, stats.skipped, counts[1:])
 
     def _finish_steps(self, steps: list[tuple[dict[str, Any], StepTensors]], flops_tok: Callable[[float], float],
                       peak: float | None) -> None:
