@@ -150,3 +150,27 @@ def test_ch06_refers_to_chapter_03s_bytes_per_parameter_table() -> None:
 def test_ch07_keeps_the_live_rank_kill() -> None:
     code = "\n".join(c for _, c in lessons.code_cells(lessons.load(CH07)))
     assert "--fail-at-step" in code and "max_restarts=1" in code and "resume.identical()" in code
+
+
+def test_ch05_diagram_is_redrawn_by_code_and_shown_from_markdown(tmp_path) -> None:
+    """The committed PNG is what ``python -m ecomkit.plots.diagrams_compression`` draws, and chapter 05 shows it."""
+    from matplotlib.image import imread
+
+    from ecomkit.plots import diagrams_compression as dc
+
+    committed = lessons.NOTEBOOKS / "figures" / dc.TOPK_FIGURE
+    assert f"figures/{dc.TOPK_FIGURE}" in lessons.shown_images(lessons.load(CH05))
+    (fresh,) = dc.redraw(tmp_path)
+    assert imread(fresh).shape == imread(committed).shape
+    assert abs(fresh.stat().st_size / committed.stat().st_size - 1) < 0.1      # same picture, not another one
+
+
+def test_ch05_diagram_numbers_come_from_the_librarys_selection() -> None:
+    """Every step sends k = ceil(25 % of 12) entries, the largest of gradient + residual, and keeps the rest."""
+    from ecomkit.plots.diagrams_compression import topk_steps
+
+    for row in topk_steps():
+        acc, sent = row["accumulated"], set(row["sent"])
+        assert len(sent) == 3 and row["sent_bytes"] == 24 and row["dense_bytes"] == 48
+        assert min(abs(acc[i]) for i in sent) >= max(abs(acc[i]) for i in range(len(acc)) if i not in sent)
+        assert all(row["residual"][i] == (0.0 if i in sent else acc[i]) for i in range(len(acc)))
