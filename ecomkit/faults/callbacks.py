@@ -109,7 +109,8 @@ class CheckpointCallback:
         self.interval = effective_checkpoint_interval(self.cfg, run.total_steps)
         group = None
         if env.distributed:
-            # Its own gloo group: DCP's background collectives never meet the training ones (trap 9).
+            # Its own gloo group: on the default one, async_save's background gather interleaves with the
+            # training collectives and deadlocks.
             group = dist.new_group(backend="gloo", timeout=_dt.timedelta(seconds=self.cfg.timeout_s))
         self.writer = CheckpointWriter(self.root, self.cfg.fault.keep_last, self.cfg.fault.async_checkpoint,
                                        group, env.rank)

@@ -22,7 +22,7 @@ that runs torch.save" (which builds a shell string, cannot see the model of
 the parent process and races with the next save): DCP copies the state to CPU
 memory synchronously, then writes it from a background thread that talks over
 its *own* gloo group (on the default group its collectives interleave with the
-training ones and deadlock; shared CPU notes, trap 9). The future is waited on
+training ones and deadlock). The future is waited on
 before the next save and before exit.
 
 Loading goes through :mod:`ecomkit.faults.safe_load`, so a crafted checkpoint

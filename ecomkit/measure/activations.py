@@ -14,7 +14,7 @@ Why three instruments:
   ``TorchDispatchMode``) and drops it when the storage is freed, so it gives the
   bytes alive at any moment and the peak: on CPU, the analogue of CUDA's
   ``max_memory_allocated``. ``tracemalloc`` does not see tensor memory and RSS
-  mixes in the Python runtime (CPU notes, trap 13); this sees tensors only.
+  mixes in the Python runtime; this sees tensors only.
 - :func:`cuda_peak` wraps ``torch.cuda.reset_peak_memory_stats`` /
   ``max_memory_allocated`` for the same step on a GPU.
 

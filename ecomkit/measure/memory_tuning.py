@@ -140,7 +140,7 @@ def save_on_cpu_experiment(config, batch: int, seq: int, device: str | None = No
     next block, so the forward cannot continue). On a GPU it lowers
     ``max_memory_allocated`` by the saved activations, at the cost of two
     copies over PCIe per step. On a CPU it changes nothing: the tensors are
-    already in host memory (CPU notes, trap 12), so the CPU row only shows
+    already in host memory, so the CPU row only shows
     that the saved bytes and the peak stay the same.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")

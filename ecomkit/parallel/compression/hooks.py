@@ -56,7 +56,7 @@ def bf16_hook_any_backend(process_group, bucket: dist.GradBucket) -> torch.futur
     """torch's ``bf16_compress_hook`` under another name.
 
     DDP refuses a hook *named* ``bf16_compress_hook`` unless CUDA + NCCL >= 2.10
-    are present (shared CPU notes, trap 2), although gloo reduces bf16 fine.
+    are present, although gloo reduces bf16 fine.
     Calling it from a function with a different name passes that check and
     runs exactly the same code.
     """
