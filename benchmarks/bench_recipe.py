@@ -3,14 +3,14 @@
 For each real-shaped file (review files ``cat,label,review`` of a few sizes, from
 ``ecomkit.data.toy_tasks.review_file_rows``; catalog titles with their category, the demo's shape), one run
 of the README's review command with its defaults (the ``tiny`` preset, 2 processes) except the length:
-``--epochs`` up to ``--max-epochs``, with a held-out evaluation every ``--eval-every`` of an epoch. Each
+``--epochs`` up to ``--max-epochs``, with a held-out evaluation every ``--eval-steps`` steps. Each
 evaluation scores every target by its candidates (accuracy beside the training-majority baseline). Per
 file the row says after how many epochs every target first reached 90 % of its best margin over the
 baseline (``epochs_to_learn``); the rule's ``NLU_FILE_EPOCHS`` is the largest of them, rounded up. The
 rows also give the run's step time beside the start-up estimate (``ESTIMATE_PEAK_SHARE``).
 
     python benchmarks/bench_recipe.py                 # about 20 minutes on 2 CPU cores
-    python benchmarks/bench_recipe.py --sizes 1500 --max-epochs 4   # a quick look
+    python benchmarks/bench_recipe.py --sizes 1000 --titles 0 --max-epochs 4   # a quick look
 """
 
 from __future__ import annotations
@@ -62,21 +62,16 @@ def epochs_to_learn(points: list[dict]) -> float | None:
 
 
 def run_file(name: str, data: Path, maps: list[str], args, work: Path) -> dict:
-    """One run of the defaults on ``data`` for ``--max-epochs``, evaluated every ``--eval-every`` of an epoch."""
+    """One run of the defaults on ``data`` for ``--max-epochs``, evaluated every ``--eval-steps`` steps."""
     out = work / name
-    probe = run_summary("02_data_parallel.py", ["--task", "nlu", "--data", str(data), *maps, "--max-steps", "2",
-                                                "--eval-interval", "0", "--gen-eval-samples", "0",
-                                                "--no-save-model", "--report-to", "none"],
-                        nproc=2, out_dir=str(work / f"{name}-probe"))
-    spe = probe["steps_per_epoch"]
-    every = max(1, round(args.eval_every * spe))
     t0 = time.perf_counter()
     s = run_summary("02_data_parallel.py", ["--task", "nlu", "--data", str(data), *maps,
-                                            "--epochs", str(args.max_epochs), "--eval-interval", str(every),
+                                            "--epochs", str(args.max_epochs), "--eval-interval", str(args.eval_steps),
                                             "--eval-nlu-samples", "1000", "--gen-eval-samples", "0",
                                             "--no-save-model", "--report-to", "none"], nproc=2, out_dir=str(out))
+    spe = s["steps_per_epoch"]
     points = curve(out, spe)
-    est = (probe.get("recipe") or {}).get("step_time_estimate_s", {}).get("value")
+    est = (s.get("recipe") or {}).get("step_time_estimate_s", {}).get("value")
     return {"file": name, "train_examples": s["data"].get("train_records"), "steps_per_epoch": spe,
             "steps": s["steps"], "epochs_to_learn": epochs_to_learn(points),
             **{f"final_{t}": s.get(f"acc_{t}") for t in TARGETS}, **{f"majority_{t}": s.get(f"majority_{t}")
@@ -90,7 +85,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1500, 3000], help="rows of each review file")
     ap.add_argument("--titles", type=int, default=2000, help="rows of the catalog-titles file (0: none)")
     ap.add_argument("--max-epochs", type=float, default=8.0)
-    ap.add_argument("--eval-every", type=float, default=0.5, help="epochs between evaluations")
+    ap.add_argument("--eval-steps", type=int, default=30, help="steps between evaluations")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-recipe-"))
     files = [(f"reviews-{n}", write_review_file(work / f"reviews-{n}.csv", n, seed=n), REVIEW_MAPS) for n in args.sizes]
@@ -114,7 +109,7 @@ def main() -> None:
     print(json.dumps(verdict, indent=1))
     write_artifact("recipe", rows, extra={"settings": vars(args), "columns": columns, "verdict": verdict, "notes": [
         "README review command's defaults (tiny preset, 2 processes × 1 thread, precision auto) except --epochs; "
-        f"evaluation by candidate scoring on every held-out record every {args.eval_every:g} epoch",
+        f"evaluation by candidate scoring on every held-out record every {args.eval_steps} steps",
         f"epochs_to_learn: the first evaluation where every target reached {LEARNED_SHARE:.0%} of its best margin "
         "over the training-majority baseline"]})
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 
 import pytest
 from conftest import run_script
@@ -113,11 +112,13 @@ def test_a_saved_folder_gets_fine_tuning_defaults(saved_folder, tmp_path, peft, 
     assert f"lr {lr:g} (real weights" in line
 
 
-def test_the_demo_and_the_command_it_suggests_train_at_the_same_precision(tmp_path):
-    """Issue 49 item 3: the demo ran at ``precision auto`` while the command it printed trained at fp32."""
-    from ecomkit.train.demo import demo_config, next_command
-    data = tmp_path / "mine.csv"
-    data.write_text("title,category\n华为 手机,手机\n", encoding="utf-8")
-    words = shlex.split(next_command(demo_config()).replace("YOUR_FILE.csv", str(data)))
-    suggested, _ = parse_config(words[words.index("scripts/02_data_parallel.py") + 1:])
-    assert suggested.precision == demo_config().precision == "auto"
+
+def test_nlu_on_a_file_trains_a_global_batch_of_32_unless_a_flag_says_otherwise():
+    from ecomkit.config.recipe import NLU_FILE_GLOBAL_BATCH, resolve_global_batch
+    chosen = resolve_global_batch(0, 1, 8, 2, "nlu", True)
+    assert (chosen.value, chosen.given) == (NLU_FILE_GLOBAL_BATCH, False) == (32, False)
+    assert resolve_global_batch(0, 1, 8, 2, "lm", True).value == 16          # the mechanics: micro × ranks
+    assert resolve_global_batch(0, 1, 8, 2, "nlu", False).value == 16        # the synthetic catalog too
+    assert resolve_global_batch(0, 1, 12, 2, "nlu", True).value == 24        # 24 does not divide 32: said so
+    assert resolve_global_batch(64, 1, 8, 2, "nlu", True).given
+    assert resolve_global_batch(0, 3, 8, 2, "nlu", True).value == 48

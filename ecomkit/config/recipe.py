@@ -31,6 +31,7 @@ from ecomkit.config.vocabulary import AUTO
 MECHANICS = {"lr": 3e-3, "warmup_steps": 10, "max_steps": 60, "eval_interval": 20}
 LORA_LR = 2e-4                 # real weights + LoRA (peers: 1e-4 .. 3e-4)
 WARMUP_SHARE = 0.05            # real weights: linear warm-up over this share of the run's steps
+NLU_FILE_GLOBAL_BATCH = 32    # --task nlu on a user's file: rows per step (bench_recipe; 16 left one target unlearned)
 NLU_FILE_EPOCHS = 6.0          # --task nlu on a user's file: passes over its training examples (bench_recipe)
 NLU_FILE_MIN_STEPS = 300       # ... but at least this many steps: a small file still needs them (the demo's 300)
 NLU_FILE_MAX_MINUTES = 15.0    # ... and at most this long by the start-up estimate (fewer epochs then, said so)
@@ -154,6 +155,25 @@ def resolve_warmup(given: int | str, total_steps: int, facts: RecipeFacts) -> Re
                        False)
 
 
+def resolve_global_batch(global_batch_size: int, grad_accum: int, micro_batch_size: int, dp: int, task: str,
+                         user_data: bool) -> RecipeValue:
+    """The global batch: ``--global-batch-size`` or ``--grad-accum`` when given (not 0 / not 1), else
+    ``micro × dp`` (the mechanics), except ``--task nlu`` on a data file: ``NLU_FILE_GLOBAL_BATCH`` rows,
+    by gradient accumulation, where ``micro × dp`` divides it (else ``micro × dp``, said so)."""
+    per_step = micro_batch_size * dp
+    if global_batch_size > 0:
+        return RecipeValue(global_batch_size, "--global-batch-size given", True)
+    if grad_accum != 1:
+        return RecipeValue(per_step * grad_accum, "--grad-accum given", True)
+    if not (task == "nlu" and user_data):
+        return RecipeValue(per_step, "micro-batch × data-parallel ranks; --global-batch-size sets it", False)
+    if per_step >= NLU_FILE_GLOBAL_BATCH or NLU_FILE_GLOBAL_BATCH % per_step:
+        return RecipeValue(per_step, f"micro-batch × ranks ({per_step}) does not divide the {NLU_FILE_GLOBAL_BATCH} "
+                                     "that --task nlu on a file trains at; --global-batch-size sets it", False)
+    return RecipeValue(NLU_FILE_GLOBAL_BATCH, f"--task nlu on a data file, by {NLU_FILE_GLOBAL_BATCH // per_step} "
+                                              "accumulated micro-batches; --global-batch-size sets it", False)
+
+
 def resolve_eval_interval(given: int | str, steps: RecipeValue, facts: RecipeFacts) -> RecipeValue:
     """``--eval-interval``: the user's, else every ``MECHANICS`` 20 steps, or once an epoch on a run whose
     length the epochs rule chose (evaluating every 20 steps of a thousand-step run cost more than its training)."""
@@ -193,6 +213,6 @@ def mechanics_value(name: str, value: Any) -> Any:
     return MECHANICS[name] if value == AUTO else value
 
 
-__all__ = ["ESTIMATE_KEY", "ESTIMATE_PEAK_SHARE", "LORA_LR", "MECHANICS", "NLU_FILE_EPOCHS", "NLU_FILE_MAX_MINUTES", "NLU_FILE_MIN_STEPS", "Recipe",
+__all__ = ["ESTIMATE_KEY", "ESTIMATE_PEAK_SHARE", "LORA_LR", "MECHANICS", "NLU_FILE_EPOCHS", "NLU_FILE_GLOBAL_BATCH", "NLU_FILE_MAX_MINUTES", "NLU_FILE_MIN_STEPS", "Recipe",
            "RecipeFacts", "RecipeValue", "WARMUP_SHARE", "apply_recipe", "full_finetune_lr", "mechanics_value",
-           "resolve_eval_interval", "resolve_lr", "resolve_recipe", "resolve_run_length", "resolve_warmup", "what_is_trained"]
+           "resolve_eval_interval", "resolve_global_batch", "resolve_lr", "resolve_recipe", "resolve_run_length", "resolve_warmup", "what_is_trained"]

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ecomkit.config import TrainConfig
-from ecomkit.config.recipe import Recipe, RecipeValue
+from ecomkit.config.recipe import Recipe, RecipeValue, resolve_global_batch
 from ecomkit.data import build_datasets, lengths_array, pad_collate
 from ecomkit.data.tokenize import BatchCounts
 from ecomkit.data.formats import parse_labels, write_task_file
@@ -91,6 +91,12 @@ class TrainingRun:
         self.strategy = build_strategy(self.cfg, self.env)
         self.shard = self.strategy.data_shard()                  # (index, count): dp coordinate for TP/PP
         self.replication = self.env.world_size // self.shard[1]  # ranks that see the same batch
+        # the global batch: 32 rows by accumulation for --task nlu on a data file (config/recipe.py)
+        self.batch_choice = resolve_global_batch(self.cfg.global_batch_size, self.cfg.grad_accum,
+                                                 self.cfg.micro_batch_size, self.shard[1], self.cfg.task,
+                                                 self.cfg.data != "synthetic")
+        if not self.batch_choice.given and self.batch_choice.value != self.cfg.micro_batch_size * self.shard[1]:
+            self.cfg.global_batch_size = self.batch_choice.value
         self.grad_accum = self.cfg.resolve_grad_accum(self.shard[1])
         self.tokenizer = self.build_tokenizer()
         self.build_data()                      # --seq-len, --packing and --gen-max-new-tokens auto: from the data
@@ -131,7 +137,9 @@ class TrainingRun:
                               self.model_config.hidden_size, self.env.device, self.cfg.precision)
         est = gather_objects(est, self.env)[0]   # rank 0's timing for all: every rank must run as many steps
         facts = run_facts(self.cfg, self.n_params, len(self.train_ds), spe, est)
-        return resolve_run_recipe(self.cfg, facts, precision)
+        recipe = resolve_run_recipe(self.cfg, facts, precision)
+        recipe.values["global_batch"] = self.batch_choice
+        return recipe
 
     def _resuming(self) -> bool:
         return any(getattr(cb, "resuming", False) for cb in self.callbacks)
