@@ -16,7 +16,8 @@ import pytest
 from conftest import run_script
 
 from ecomkit.config import TrainConfig, parse_config
-from ecomkit.config.recipe import (LORA_LR, MECHANICS, NLU_FILE_EPOCHS, NLU_FILE_MIN_STEPS, WARMUP_SHARE,
+from ecomkit.config.recipe import (LORA_LR, MECHANICS, NLU_FILE_EPOCHS, NLU_FILE_MIN_STEPS, PRESET_NLU_FILE_LR,
+                                   WARMUP_SHARE,
                                    RecipeFacts, apply_recipe, full_finetune_lr, resolve_recipe)
 from ecomkit.errors import ConfigError
 
@@ -66,10 +67,14 @@ def test_nlu_on_a_file_trains_epochs_with_a_floor_and_a_time_bound():
     assert big.values["eval_interval"].value == 250   # once an epoch, not every 20 steps
     small = resolve_recipe("auto", "auto", "auto", 0.0, _facts(task="nlu", user_data=True, spe=10))
     assert small.values["max_steps"].value == NLU_FILE_MIN_STEPS
-    slow = resolve_recipe("auto", "auto", "auto", 0.0, _facts(task="nlu", user_data=True, spe=5000, est=2.0))
-    assert slow.values["max_steps"].value == 450 and "cut to about 15 min" in slow.values["max_steps"].reason
+    slow = resolve_recipe("auto", "auto", "auto", 0.0, _facts(task="nlu", user_data=True, spe=5000, est=0.5))
+    assert slow.values["max_steps"].value == 15 * 60 / 0.5 and "cut to about 15 min" in slow.values["max_steps"].reason
+    slower = resolve_recipe("auto", "auto", "auto", 0.0, _facts(task="nlu", user_data=True, spe=5000, est=5.0))
+    assert slower.values["max_steps"].value == NLU_FILE_MIN_STEPS   # the floor holds
+    assert big.values["lr"].value == PRESET_NLU_FILE_LR == 5e-3   # a preset on a user's NLU file
     synthetic = resolve_recipe("auto", "auto", "auto", 0.0, _facts(task="nlu"))
     assert synthetic.values["max_steps"].value == 60   # the chapters' synthetic runs keep the mechanics
+    assert synthetic.values["lr"].value == MECHANICS["lr"]
 
 
 def test_flags_parse_numbers_and_auto_and_refuse_the_rest():

@@ -176,7 +176,7 @@ def review_file_rows(n: int, seed: int = 0) -> list[dict]:
             spec = f"{attr}{rng.choice(values)}，" if rng.random() < REVIEW_NOISE["spec"] else ""
             body.insert(rng.randint(0, len(body)), spec)
             named = f"{brand}{rng.choice(products[shown])}"
-        if shown and rng.random() < REVIEW_NOISE["product_first"]:   # "这款… 太棒了!" or "太棒了! 买的这款…"
+        if shown and rng.random() < REVIEW_NOISE["product_first"]:   # "这款…太棒了!" or "太棒了!买的这款…"
             text = f"这款{named}{opener}" + "".join(body) + closer
         else:
             product = f"买的这款{named}，" if shown else ""
