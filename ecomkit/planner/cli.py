@@ -35,7 +35,7 @@ from ecomkit.config import TrainConfig, build_arg_parser, load_config_file
 from ecomkit.config.cli import config_from_namespace
 from ecomkit.errors import exit_on_user_error
 from ecomkit.hardware import GIB, GPUS, LINKS, NODES
-from ecomkit.planner.job import (CLUSTER_DEFAULTS, PLANNER_FIELDS, Cluster, apply_strategy_switches, planned_precision,
+from ecomkit.planner.job import (CLUSTER_DEFAULTS, PLANNER_FIELDS, Cluster, apply_strategy_switches,
                                  cluster_defaults_used, defaults_used, expand_planner_aliases, given_fields,
                                  planned_seq_len,
                                  lora_plan, plan_job)
@@ -121,7 +121,6 @@ def read_job(argv: list[str] | None) -> Job:
     config_dests = {d for d in vars(ns) if hasattr(cfg, d.split("__")[0])}
     given = given_fields(config_dests, load_config_file(ns.config) if ns.config else {})
     cluster = Cluster(**{k: getattr(ns, k) for k in CLUSTER_FLAGS if hasattr(ns, k)}).validate()
-    cfg.precision = planned_precision(cfg.precision, cluster)   # --precision auto: what a run on these GPUs picks
     cluster_given = {k for k in CLUSTER_FLAGS if hasattr(ns, k)}
     if ns.print_config:
         print(json.dumps(cfg.to_dict(), indent=2, ensure_ascii=False))
