@@ -127,3 +127,4 @@ def test_nlu_on_a_file_trains_a_global_batch_of_32_unless_a_flag_says_otherwise(
     assert resolve_global_batch(0, 1, 12, 2, "nlu", True).value == 24        # 24 does not divide 32: said so
     assert resolve_global_batch(64, 1, 8, 2, "nlu", True).given
     assert resolve_global_batch(0, 3, 8, 2, "nlu", True).value == 48
+    assert resolve_global_batch(0, 1, 8, 2, "nlu", True, length_auto=False).value == 16   # --max-steps given

@@ -158,16 +158,18 @@ def resolve_warmup(given: int | str, total_steps: int, facts: RecipeFacts) -> Re
 
 
 def resolve_global_batch(global_batch_size: int, grad_accum: int, micro_batch_size: int, dp: int, task: str,
-                         user_data: bool) -> RecipeValue:
+                         user_data: bool, length_auto: bool = True) -> RecipeValue:
     """The global batch: ``--global-batch-size`` or ``--grad-accum`` when given (not 0 / not 1), else
-    ``micro × dp`` (the mechanics), except ``--task nlu`` on a data file: ``NLU_FILE_GLOBAL_BATCH`` rows,
-    by gradient accumulation, where ``micro × dp`` divides it (else ``micro × dp``, said so)."""
+    ``micro × dp`` (the mechanics), except ``--task nlu`` on a data file whose length the recipe chooses
+    (``length_auto``: no ``--max-steps``/``--epochs``): ``NLU_FILE_GLOBAL_BATCH`` rows, by gradient
+    accumulation, where ``micro × dp`` divides it (else ``micro × dp``, said so). A run that sets its
+    length keeps its batch too, so the chapters' and tests' explicit runs train what they always did."""
     per_step = micro_batch_size * dp
     if global_batch_size > 0:
         return RecipeValue(global_batch_size, "--global-batch-size given", True)
     if grad_accum != 1:
         return RecipeValue(per_step * grad_accum, "--grad-accum given", True)
-    if not (task == "nlu" and user_data):
+    if not (task == "nlu" and user_data and length_auto):
         return RecipeValue(per_step, "micro-batch × data-parallel ranks; --global-batch-size sets it", False)
     if per_step >= NLU_FILE_GLOBAL_BATCH or NLU_FILE_GLOBAL_BATCH % per_step:
         return RecipeValue(per_step, f"micro-batch × ranks ({per_step}) does not divide the {NLU_FILE_GLOBAL_BATCH} "

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from ecomkit.config import TrainConfig
 from ecomkit.config.recipe import Recipe, RecipeValue, resolve_global_batch
+from ecomkit.config.vocabulary import AUTO
 from ecomkit.data import build_datasets, lengths_array, pad_collate
 from ecomkit.data.tokenize import BatchCounts
 from ecomkit.data.formats import parse_labels, write_task_file
@@ -94,7 +95,8 @@ class TrainingRun:
         # the global batch: 32 rows by accumulation for --task nlu on a data file (config/recipe.py)
         self.batch_choice = resolve_global_batch(self.cfg.global_batch_size, self.cfg.grad_accum,
                                                  self.cfg.micro_batch_size, self.shard[1], self.cfg.task,
-                                                 self.cfg.data != "synthetic")
+                                                 self.cfg.data != "synthetic",
+                                                 length_auto=self.cfg.max_steps == AUTO and not self.cfg.epochs)
         if not self.batch_choice.given and self.batch_choice.value != self.cfg.micro_batch_size * self.shard[1]:
             self.cfg.global_batch_size = self.batch_choice.value
         self.grad_accum = self.cfg.resolve_grad_accum(self.shard[1])
