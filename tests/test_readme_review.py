@@ -58,6 +58,6 @@ def test_the_readme_review_command_clears_every_baseline_with_its_defaults(tmp_p
                "sentiment": (s["acc_sentiment"], s["majority_sentiment"]),
                "generated labels": (s["gen_acc"], s["gen_majority_acc"])}
     failed = {name: f for name, f in figures.items() if not f[0] > f[1]}
-    assert not failed, f"below or at the baseline (accuracy, baseline): {failed}; recipe {s['recipe']}"
+    assert not failed, f"below or at the baseline (accuracy, baseline): {failed}; recipe {s.get('recipe')}"
     assert s["recipe"]["max_steps"]["given"] is False and "epochs" in s["recipe"]["max_steps"]["reason"]
     assert wall < 900, f"{wall:.0f} s"
