@@ -150,8 +150,7 @@ def resolve_warmup(given: int | str, total_steps: int, facts: RecipeFacts) -> Re
     if given != AUTO:
         return RecipeValue(int(given), "--warmup-steps given", True)
     if not facts.real_weights:
-        return RecipeValue(min(MECHANICS["warmup_steps"], total_steps), "random-init preset; --warmup-steps sets it",
-                           False)
+        return RecipeValue(MECHANICS["warmup_steps"], "random-init preset; --warmup-steps sets it", False)
     steps = max(1, round(WARMUP_SHARE * total_steps))
     return RecipeValue(steps, f"{WARMUP_SHARE:.0%} of {total_steps:,} steps for real weights; --warmup-steps sets it",
                        False)
