@@ -24,6 +24,7 @@ def script_defaults() -> TrainConfig:
     """Tiny BLOOM, causal LM on the catalog, a short run; LoRA's usual rank-16 adapters at lr 1e-2."""
     cfg = TrainConfig(n_rows=800, seq_len=64, max_steps=20, eval_interval=0, eval_batches=2, warmup_steps=3,
                       lr=1e-2, output_dir="runs/03_lora", lora_r=16, lora_alpha=32.0)
+    cfg.precision = "fp32"   # chapter 03 compares LoRA under ZeRO with LoRA under DDP value for value
     return cfg
 
 

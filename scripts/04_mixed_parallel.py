@@ -37,6 +37,7 @@ from ecomkit.train import run_training
 def chapter_defaults() -> TrainConfig:
     cfg = TrainConfig()
     cfg.strategy, cfg.output_dir, cfg.max_steps = "mixed", "runs/mixed", 20
+    cfg.precision = "fp32"   # chapter 04 asserts every (dp, tp, pp) layout equal to one process's losses
     return cfg
 
 

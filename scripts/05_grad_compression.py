@@ -25,7 +25,7 @@ With one process there is no DDP: compression does nothing and says so.
 import argparse
 from pathlib import Path
 
-from ecomkit.config import parse_config
+from ecomkit.config import TrainConfig, parse_config
 from ecomkit.dist import read_torchrun_env
 from ecomkit.errors import exit_on_user_error
 from ecomkit.measure.compression import train_methods
@@ -45,9 +45,15 @@ def extra_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--async-steps", type=int, default=5, help="steps of the guide's async all-reduce (0: skip)")
 
 
+def chapter_defaults() -> TrainConfig:
+    """TrainConfig's defaults at fp32: chapter 05 compares each hook's run with plain all-reduce, step for step,
+    and a bf16 autocast would put its own rounding beside the compression's."""
+    return TrainConfig(precision="fp32")
+
+
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
-    cfg, ns = parse_config(argv, description=__doc__, extra=extra_flags)
+    cfg, ns = parse_config(argv, description=__doc__, defaults=chapter_defaults(), extra=extra_flags)
     if ns.mode == "overlap":
         out = Path(cfg.output_dir) / "overlap.json"
         run_overlap_study(cfg, parse_bucket_sizes(ns.overlap_bucket_mb), ns.overlap_repeats, ns.async_steps, out)

@@ -37,7 +37,7 @@ def test_the_fit_recovers_alpha_and_bandwidth_of_its_own_ring_formula(kind, form
 
 
 def _inputs():
-    cfg = TrainConfig(model="small", seq_len=32, micro_batch_size=4, grad_accum=2)
+    cfg = TrainConfig(model="small", precision="fp32", seq_len=32, micro_batch_size=4, grad_accum=2)
     model_config = preset_config("small", vocab_size=4003)
     psi = model_shape(model_config).n_params
     flops = 4 * 32 * flops_per_token(psi, model_config.n_layer, model_config.hidden_size, 32)

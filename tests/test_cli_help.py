@@ -65,7 +65,8 @@ def test_metavars_are_readable_and_show_the_choices():
     by_flag = {a.option_strings[0]: a for a in _config_actions(parser)}
     assert by_flag["--zero-stage"].metavar == "{0,1,2,3}"
     assert by_flag["--strategy"].metavar == "{ddp,accelerate,zero,fsdp,tp,pp,mixed}"
-    assert by_flag["--max-steps"].metavar == "N" and by_flag["--lr"].metavar == "X"
+    assert by_flag["--max-steps"].metavar == "{N,auto}" and by_flag["--lr"].metavar == "{X,auto}"
+    assert by_flag["--micro-batch-size"].metavar == "N" and by_flag["--weight-decay"].metavar == "X"
     assert by_flag["--column-map"].metavar == "JSON" and by_flag["--output-dir"].metavar == "PATH"
     assert "choices: fp32, bf16, fp16" in by_flag["--precision"].help
     parser.prog = "02_data_parallel.py"  # under pytest, argv[0] is pytest's __main__.py
@@ -124,7 +125,8 @@ def test_ddp_script_help_and_run_print_nothing_from_deepspeed(tmp_path):
     assert helped.returncode == 0, helped.stderr[-2000:]
     for title in SECTIONS:
         assert f"\n{title}" in helped.stdout, title
-    assert "--zero-stage {0,1,2,3}" in helped.stdout and "peak learning rate (AdamW); default: 0.003" in helped.stdout
+    assert "--zero-stage {0,1,2,3}" in helped.stdout and "--lr {X,auto}" in helped.stdout
+    assert "peak learning rate (AdamW). auto: by what is trained" in helped.stdout
     code = ("import runpy, sys; sys.argv = [sys.argv[1], *sys.argv[2:]]; "
             "runpy.run_path(sys.argv[0], run_name='__main__'); "
             "print('DS_MODULE_LOADED', 'deepspeed' in sys.modules)")

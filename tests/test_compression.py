@@ -25,7 +25,7 @@ from ecomkit.parallel.compression.specs import parse_method_spec, parse_methods
 from ecomkit.parallel.compression.topk import (densify, error_feedback_step, pack_message, select_topk,
                                                topk_count, unpack_message)
 
-COMMON = ["--model", "tiny", "--n-rows", "300", "--seq-len", "32", "--eval-interval", "0", "--eval-batches", "1",
+COMMON = ["--precision", "fp32", "--model", "tiny", "--n-rows", "300", "--seq-len", "32", "--eval-interval", "0", "--eval-batches", "1",
           "--warmup-steps", "1", "--no-progress", "--no-save-model", "--bucket-cap-mb", "0.25"]
 
 

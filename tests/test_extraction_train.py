@@ -89,7 +89,7 @@ class Run:
 
 
 def worker(data_dir: str, out_dir: str) -> None:
-    run_sweep(TrainConfig(output_dir=out_dir), [Run(label, Path(data_dir)) for label in RUNS])
+    run_sweep(TrainConfig(output_dir=out_dir, precision="fp32"), [Run(label, Path(data_dir)) for label in RUNS])
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from ecomkit.dist import DistEnv
 from ecomkit.faults.diagnose import compare_resumed_run, diagnose, losses_by_step
 from ecomkit.reporting import read_tensorboard_scalars
 
-COMMON = ["--max-steps", "8", "--n-rows", "300", "--seq-len", "64", "--eval-interval", "0", "--eval-batches", "1", "--no-progress",
+COMMON = ["--precision", "fp32", "--max-steps", "8", "--n-rows", "300", "--seq-len", "64", "--eval-interval", "0", "--eval-batches", "1", "--no-progress",
           "--no-save-model"]
 
 

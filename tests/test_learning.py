@@ -66,7 +66,7 @@ class Settings:
 
 
 def worker(out_dir: str) -> None:
-    base = TrainConfig(output_dir=out_dir, save_model=False, progress=False)
+    base = TrainConfig(output_dir=out_dir, save_model=False, progress=False, precision="fp32")   # lm-bf16 differs by it
     run_sweep(base, [Settings("lm"), Settings("lm-bf16", {"precision": "bf16", "packing": "off"}), Settings("nlu", NLU)])
 
 

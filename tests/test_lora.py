@@ -40,7 +40,7 @@ from ecomkit.train.loop import tokenizer_cache_dir
 LORA = ["ddp:lora16", "accelerate:lora16", "zero2:lora16", "zero2+opt:lora16", "zero3:lora16", "zero3+opt:lora16",
         "fsdp:lora16"]
 VARIANTS = ["ddp:full", *LORA]
-COMMON = ["--n-rows", "300", "--seq-len", "64", "--max-steps", "12", "--eval-interval", "12", "--eval-batches", "2",
+COMMON = ["--precision", "fp32", "--n-rows", "300", "--seq-len", "64", "--max-steps", "12", "--eval-interval", "12", "--eval-batches", "2",
           "--warmup-steps", "2", "--micro-batch-size", "4", "--no-progress"]
 LOGIT_ATOL = 1e-5
 
@@ -137,7 +137,7 @@ def test_saved_adapter_and_merged_model_give_the_in_memory_logits(sweep, base_di
 
 
 # ---------------------------------------------------------------------- the chapter scripts, and a killed rank
-SCRIPT_RUN = ["--peft", "lora", "--max-steps", "8", "--n-rows", "300", "--seq-len", "64", "--eval-interval", "8",
+SCRIPT_RUN = ["--precision", "fp32", "--peft", "lora", "--max-steps", "8", "--n-rows", "300", "--seq-len", "64", "--eval-interval", "8",
               "--eval-batches", "2", "--warmup-steps", "2", "--lr", "1e-2", "--no-progress"]
 
 

@@ -37,7 +37,7 @@ from ecomkit.data.toy_tasks import write_base_task, write_colour_task
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
-COMMON = ["--task", "nlu", "--model", "tiny", "--seq-len", "64", "--micro-batch-size", "16", "--warmup-steps", "20",
+COMMON = ["--precision", "fp32", "--task", "nlu", "--model", "tiny", "--seq-len", "64", "--micro-batch-size", "16", "--warmup-steps", "20",
           "--eval-batches", "2", "--eval-nlu-samples", "16", "--gen-eval-samples", "96", "--gen-max-new-tokens",
           "12", "--gen-batch-size", "12", "--final-eval-samples", "96", "--no-progress"]   # final = step 0's 96
 BASE = ["--max-steps", "800", "--lr", "6e-3", "--eval-interval", "0", "--gen-eval-samples", "0"]

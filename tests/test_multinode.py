@@ -39,7 +39,7 @@ from ecomkit.dist import check_multinode_restarts, free_port
 from ecomkit.errors import EcomkitError
 from ecomkit.faults.known_errors import explain_error
 
-COMMON = ["--model", "tiny", "--n-rows", "300", "--seq-len", "64", "--eval-interval", "0", "--eval-batches", "1",
+COMMON = ["--precision", "fp32", "--model", "tiny", "--n-rows", "300", "--seq-len", "64", "--eval-interval", "0", "--eval-batches", "1",
           "--warmup-steps", "2", "--no-progress"]
 DDP = COMMON + ["--max-steps", "8", "--no-save-model"]
 FSDP = COMMON + ["--max-steps", "4", "--dp", "2", "--micro-batch-size", "4"]

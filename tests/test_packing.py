@@ -187,7 +187,7 @@ def test_packed_rows_keep_the_unpacked_label_count():
 def test_training_batches_carry_their_host_counted_label_count(packing):
     """``label_count`` (train/batches.py) is what the chunked loss selects by: it must equal the labels' count."""
     data = rows(40, prompted=True)
-    cfg = TrainConfig(seq_len=96, micro_batch_size=4)
+    cfg = TrainConfig(seq_len=96, micro_batch_size=4, precision="fp32")
     lens = np.array([len(r["input_ids"]) for r in data])
     _, loader = training_loader(Dataset.from_list(data), lens, cfg, (0, 1), 1, packing, PAD, None)
     batches = list(loader)

@@ -11,7 +11,7 @@ from ecomkit.config import TrainConfig, parse_config
 from ecomkit.models.attention_rule import pick_attention
 from ecomkit.models.bloom import model_length_limit
 from ecomkit.planner.cli import main, read_job
-from ecomkit.planner.job import PLANNER_FIELDS, Cluster, get_field, plan_input_from_config
+from ecomkit.planner.job import PLANNER_FIELDS, Cluster, get_field, plan_input_from_config, planned_precision
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCEPTANCE = ["--model", "ecomgpt-7b", "--gpus", "4", "--gpu", "rtx4090", "--strategy", "zero", "--zero-stage", "3",
@@ -35,10 +35,12 @@ def test_every_planner_default_is_the_training_default():
     inp = plan_input_from_config(job.cfg, job.cluster)
     planned = model_length_limit(ref.model)      # --seq-len auto is planned at the model's limit (an upper bound)
     assert ref.seq_len == "auto" and "--seq-len auto: planned at" in job.args.seq_len_note
+    precision = planned_precision(ref.precision, job.cluster)   # --precision auto: as a run on the GPU resolves it
+    assert ref.precision == "auto" and precision == "bf16"        # the default GPU has bf16
     assert (inp.attn, inp.loss_chunk_tokens, inp.micro_batch, inp.seq_len, inp.precision, inp.grad_accum,
-            inp.strategy, inp.zero_bucket_elements) == (pick_attention(ref.attn, ref.precision, "cuda", planned)[0],
+            inp.strategy, inp.zero_bucket_elements) == (pick_attention(ref.attn, precision, "cuda", planned)[0],
                                                         ref.loss_chunk_tokens, ref.micro_batch_size,
-                                                        planned, ref.precision, ref.grad_accum, ref.strategy,
+                                                        planned, precision, ref.grad_accum, ref.strategy,
                                                         ref.zero.bucket_size)
 
 

@@ -19,7 +19,7 @@ from ecomkit.dist import DistEnv
 from ecomkit.errors import ConfigError
 from ecomkit.parallel.shm_allreduce import check_shm_allreduce, segment_name
 
-COMMON = ["--model", "tiny", "--n-rows", "300", "--seq-len", "32", "--eval-interval", "0", "--eval-batches", "1",
+COMMON = ["--precision", "fp32", "--model", "tiny", "--n-rows", "300", "--seq-len", "32", "--eval-interval", "0", "--eval-batches", "1",
           "--warmup-steps", "1", "--no-progress", "--no-save-model", "--bucket-cap-mb", "0.25", "--max-steps", "6",
           "--precision", "fp32"]
 

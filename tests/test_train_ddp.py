@@ -12,7 +12,7 @@ from conftest import main_in_process, run_script
 from ecomkit.config import TrainConfig
 from ecomkit.errors import ConfigError
 
-COMMON = ["--model", "tiny", "--n-rows", "600", "--seq-len", "64", "--max-steps", "5", "--eval-interval", "0",
+COMMON = ["--precision", "fp32", "--model", "tiny", "--n-rows", "600", "--seq-len", "64", "--max-steps", "5", "--eval-interval", "0",
           "--eval-batches", "1", "--warmup-steps", "2", "--no-progress"]
 
 

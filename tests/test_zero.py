@@ -29,7 +29,7 @@ from ecomkit.planner.zero_formulas import (SEQGPT_GUIDE_TABLE, check_guide_table
 
 
 def zero_cfg(**zero) -> TrainConfig:
-    cfg = TrainConfig(strategy="zero", micro_batch_size=4, grad_accum=2, max_grad_norm=0.5)
+    cfg = TrainConfig(strategy="zero", precision="fp32", micro_batch_size=4, grad_accum=2, max_grad_norm=0.5)
     for k, v in zero.items():
         setattr(cfg.zero, k, v)
     return cfg

@@ -6,7 +6,9 @@
 - :mod:`~ecomkit.config.schema`: :class:`TrainConfig` and its parts, and the named presets;
 - :mod:`~ecomkit.config.validate`: every check, run by :meth:`TrainConfig.validate`
   before any process group exists;
-- :mod:`~ecomkit.config.cli`: flags derived from the fields, ``--config`` files, :func:`parse_config`.
+- :mod:`~ecomkit.config.cli`: flags derived from the fields, ``--config`` files, :func:`parse_config`;
+- :mod:`~ecomkit.config.recipe`: the ``auto`` lr, warm-up, length, batch and evaluation interval, chosen by what
+  is trained and on what data (resolved by the training loop, printed with their reasons).
 """
 
 from ecomkit.config.cli import (PARALLEL_FLAG_ALIASES, apply_overrides, build_arg_parser, expand_aliases,

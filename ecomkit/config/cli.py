@@ -40,7 +40,7 @@ def _dest(prefix: str, name: str) -> str:
 def _base_type(tp: Any) -> Any:
     """Strip ``X | None`` to ``X``; ``int | str`` (a number or a word such as ``auto``) stays as it is."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
-    if set(args) == {int, str}:
+    if set(args) in ({int, str}, {float, str}):
         return tp
     return args[0] if args and typing.get_origin(tp) in (typing.Union, types.UnionType) else tp
 
@@ -53,8 +53,20 @@ def _number_or_word(text: str) -> int | str:
         return text
 
 
+def _real_or_word(text: str) -> float | str:
+    """``--lr 2e-5`` -> 2e-05, ``--lr auto`` -> "auto" (validate() says which words a field takes)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def _is_number_or_word(tp: Any) -> bool:
-    return set(typing.get_args(tp)) - {type(None)} == {int, str}
+    return set(typing.get_args(tp)) - {type(None)} in ({int, str}, {float, str})
+
+
+def _word_parser(tp: Any) -> Callable[[str], Any]:
+    return _real_or_word if float in typing.get_args(tp) else _number_or_word
 
 
 def _parse_dict(text: str) -> dict[str, str]:
@@ -82,7 +94,7 @@ def _metavar(name: str, tp: Any, choices: tuple | None) -> str:
     if tp is str and (name.endswith(("_dir", "_from", "_config")) or name in ("data", "model", "tokenizer")):
         return "PATH"
     if _is_number_or_word(tp):
-        return "{N,auto}"
+        return "{X,auto}" if float in typing.get_args(tp) else "{N,auto}"
     return {int: "N", float: "X", str: "TEXT"}.get(tp, "VALUE")
 
 
@@ -123,7 +135,7 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, defaults: Any, prefi
         if tp is bool:
             kw["action"] = argparse.BooleanOptionalAction
         elif _is_number_or_word(tp):
-            kw["type"] = _number_or_word
+            kw["type"] = _word_parser(tp)
             kw["metavar"] = _metavar(f.name, tp, choices)
         else:
             kw["type"] = _parse_dict if typing.get_origin(tp) is dict or tp is dict else tp

@@ -153,20 +153,24 @@ class TrainConfig:
     grad_accum: int = 1               # micro-steps per optimizer step
     global_batch_size: int = 0        # if > 0: derive grad_accum = this / (micro_batch * world)
     # --- optimisation -----------------------------------------------------
-    lr: float = 3e-3                  # peak learning rate (AdamW)
+    lr: float | str = "auto"          # peak learning rate (AdamW). auto: by what is trained (config/recipe.py):
+                                      #   3e-3 for a random-init preset, 2e-5 for real weights fully
+                                      #   fine-tuned, 2e-4 for real weights with LoRA
     min_lr_ratio: float = 0.1         # cosine decays to lr * this
-    warmup_steps: int = 10            # linear warm-up
+    warmup_steps: int | str = "auto"  # linear warm-up steps. auto: 10 for a preset, 5 % of the steps for real weights
     weight_decay: float = 0.01        # AdamW decoupled weight decay (none on biases, LayerNorms, embeddings)
     beta1: float = 0.9                # AdamW first-moment decay
     beta2: float = 0.95               # AdamW second-moment decay
     max_grad_norm: float = 1.0        # 0 disables clipping
     clip_policy: str = "fixed"        # fixed | sentiment (the EcomGPT guide's adaptive clipping)
-    precision: str = "fp32"           # fp32 | bf16 | fp16 | auto (fp16: dynamic loss scaling; auto: bf16 where the
-                                      #   device multiplies faster in it, measured on CPU, else fp32). fp32 stays the
-                                      #   default: chapters 02-05 assert 1 vs N processes equal to 1e-4 or bit-level
-    max_steps: int = 60               # optimizer steps; 0 = use epochs
-    epochs: float = 0.0               # used when max_steps == 0
-    eval_interval: int = 20           # steps between evaluations, from step 0; 0 = only at the end
+    precision: str = "auto"           # fp32 | bf16 | fp16 | auto (fp16: dynamic loss scaling; auto: bf16 where the
+                                      #   device multiplies faster in it, measured on CPU, else fp32). The chapters
+                                      #   that assert 1 vs N processes equal (02-05) pin fp32 in their scripts
+    max_steps: int | str = "auto"     # optimizer steps; 0 = use --epochs. auto: 60 (the mechanics), except --task nlu
+                                      #   on a data file: epochs of its rows, bounded by a time estimate (recipe.py)
+    epochs: float = 0.0               # passes over the training data; used when --max-steps is 0 or auto
+    eval_interval: int | str = "auto" # steps between evaluations, from step 0; 0 = only at the end. auto: 20, or
+                                      #   once an epoch where --task nlu on a data file trains epochs (recipe.py)
     eval_batches: int = 8             # micro-batches per periodic evaluation (per rank); the final one reads all
     eval_nlu_samples: int = 64        # records scored per target by a periodic NLU accuracy evaluation
     gen_eval_samples: int = 32        # held-out classify/extract examples decoded per periodic evaluation
@@ -278,6 +282,7 @@ def preset_zero3_tiny() -> TrainConfig:
     cfg.strategy = "zero"
     cfg.zero.stage = 3
     cfg.max_steps = 20
+    cfg.precision = "fp32"   # chapter 03 asserts each ZeRO stage equal to DDP (1e-4): no autocast rounding between
     cfg.output_dir = "runs/zero3"
     return cfg
 

@@ -22,7 +22,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from ecomkit.config.validate_lengths import check_generation, check_lengths
+from ecomkit.config.validate_lengths import check_generation, check_lengths, number_or_auto
 from ecomkit.config.validate_loss import check_loss_kernel
 from ecomkit.config.validate_peft import check_peft
 from ecomkit.config.vocabulary import (ATTN_CHOICES, COMPILE_MODES, CLIP_POLICIES, COMPILE_STRATEGIES, COMPRESSIONS, DDP_ALLREDUCES,
@@ -30,7 +30,7 @@ from ecomkit.config.vocabulary import (ATTN_CHOICES, COMPILE_MODES, CLIP_POLICIE
                                        MESH_STRATEGIES,
                                        PACKING_CHOICES, PROMPT_FORMATS, SPAN_ENDS,
                                        PP_SCHEDULES, PRECISION_CHOICES, REPORT_TARGETS, STRATEGIES,
-                                       STRATEGIES_WITHOUT_DCP, TASKS, StrategyName, check_choice, flag_of)
+                                       STRATEGIES_WITHOUT_DCP, TASKS, AUTO, StrategyName, check_choice, flag_of)
 from ecomkit.errors import ConfigError
 
 # The configs are checked by field name: schema.py imports this module (TrainConfig.validate), so this module
@@ -56,11 +56,12 @@ def validate_train_config(cfg: _TrainConfig, world_size: int, n_head: int | None
     check_peft(cfg, world_size)
     check_choice("packing", cfg.packing, PACKING_CHOICES)
     check_lengths(cfg)
-    for name in ("lr", "micro_batch_size", "grad_accum", "n_rows", "eval_batches"):
+    check_recipe_words(cfg)
+    for name in ("micro_batch_size", "grad_accum", "n_rows", "eval_batches"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{flag_of(name)} {getattr(cfg, name)}: must be > 0.")
-    for name in ("loss_chunk_tokens", "weight_decay", "max_grad_norm", "warmup_steps", "max_steps", "epochs",
-                 "eval_interval", "untimed_steps", "final_eval_samples"):
+    for name in ("loss_chunk_tokens", "weight_decay", "max_grad_norm", "epochs", "untimed_steps",
+                 "final_eval_samples"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{flag_of(name)} {getattr(cfg, name)}: must be >= 0.")
     if cfg.max_steps == 0 and cfg.epochs <= 0:
@@ -102,6 +103,16 @@ def check_compression(cfg: _TrainConfig) -> None:
             f"--compression-method {comp.method} needs DDP communication hooks, and strategy '{cfg.strategy}' has "
             "none: ZeRO and FSDP reduce-scatter gradients in their own code, and tp/pp/mixed/accelerate do not "
             "expose DDP's hook. Use --strategy ddp with compression, or --compression-method none.")
+
+
+def check_recipe_words(cfg: _TrainConfig) -> None:
+    """``--lr``, ``--warmup-steps``, ``--max-steps``, ``--eval-interval``: a number in range or ``auto``
+    (resolved by config/recipe.py)."""
+    if cfg.lr != AUTO and (isinstance(cfg.lr, (bool, str)) or cfg.lr <= 0):
+        raise ConfigError(f"--lr {cfg.lr}: must be > 0 (a number), or 'auto'.")
+    number_or_auto("warmup_steps", cfg.warmup_steps, 0)
+    number_or_auto("max_steps", cfg.max_steps, 0)
+    number_or_auto("eval_interval", cfg.eval_interval, 0)
 
 
 def check_ddp_allreduce(cfg: _TrainConfig) -> None:

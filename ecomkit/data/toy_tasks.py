@@ -24,11 +24,13 @@ same rows, and a 2-block model reaches F1 1.0 on it in 300-400 steps at batch 32
 learning test can afford on two CPU cores.
 
 Also here: :func:`category_rows`, catalog titles with their category, the file ``make demo`` writes and
-trains on (``ecomkit.train.demo``).
+trains on (``ecomkit.train.demo``); :func:`review_file_rows`, Chinese reviews in the ``cat,label,review``
+shape of public review sets, with ten categories and noise (the README's review command).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import random
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from ecomkit.data.catalog import generate_catalog
+from ecomkit.data.catalog_pools import BODY, CATEGORY_TABLE, CLOSERS, OPENERS
 
 COLOURS: tuple[str, ...] = ("红色", "黑色", "白色", "蓝色", "绿色", "灰色", "粉色", "紫色", "黄色", "棕色")
 PRODUCTS: tuple[str, ...] = ("连衣裙", "外套", "衬衫", "卫衣", "运动鞋", "背包", "帽子", "围巾")
@@ -131,4 +134,64 @@ def write_category_task(path: str | Path, n: int = 2000, seed: int = 0) -> Path:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in category_rows(n, seed)), encoding="utf-8")
     os.replace(tmp, path)
+    return path
+
+
+# Category shares of review_file_rows: ten categories, the largest near 0.16 (a real review file's spread).
+REVIEW_CATEGORY_SHARES: tuple[float, ...] = (0.16, 0.14, 0.12, 0.11, 0.10, 0.09, 0.08, 0.07, 0.07, 0.06)
+REVIEW_NOISE = {"no_product": 0.15, "other_product": 0.10, "neutral_opener": 0.20, "flipped_label": 0.08,
+                "product_first": 0.6, "brand": 0.4, "spec": 0.5}   # shares of named products at the start,
+#                                                                      with their brand, with one of their specs
+
+
+def review_file_rows(n: int, seed: int = 0) -> list[dict]:
+    """``n`` Chinese product reviews in the common public shape ``cat,label,review`` (label 1 positive, 0 negative).
+
+    For the README's review command and its acceptance test: ten categories (shares
+    ``REVIEW_CATEGORY_SHARES``, the largest 0.16), sentiment about 50/50. The words carry both targets, with
+    noise (``REVIEW_NOISE``), so neither is trivial: a review names one of its category's products, or none,
+    or another category's, at its start or after its opener, some with their brand or a spec of theirs
+    (``容量256GB``); it opens with a polar phrase of its label or with a neutral one; its body mixes
+    its label's sentences with plain observations; and a few labels are flipped, as raters disagree.
+    """
+    rng = random.Random(seed)
+    cats = [row[0] for row in CATEGORY_TABLE]
+    products = {row[0]: [zh for zh, _ in row[4]] for row in CATEGORY_TABLE}
+    brands = {row[0]: [b for b in row[3] if not b.isascii()] for row in CATEGORY_TABLE}
+    specs = {row[0]: row[5] for row in CATEGORY_TABLE}
+    rows = []
+    for _ in range(n):
+        cat = rng.choices(cats, weights=REVIEW_CATEGORY_SHARES)[0]
+        positive = rng.random() < 0.5
+        label = "positive" if positive else "negative"
+        u = rng.random()
+        shown = (cat if u >= REVIEW_NOISE["no_product"] + REVIEW_NOISE["other_product"]
+                 else rng.choice([c for c in cats if c != cat]) if u >= REVIEW_NOISE["no_product"] else None)
+        opener_key = ("neutral" if rng.random() < REVIEW_NOISE["neutral_opener"] else label, "zh")
+        body = rng.sample(BODY[(label, "zh")] + BODY[("neutral", "zh")], rng.randint(0, 3))
+        opener, closer = rng.choice(OPENERS[opener_key]), rng.choice(CLOSERS[(label, "zh")])
+        if shown:   # the product, often with its brand, and one of its specs ("容量256GB"), as reviews name them
+            brand = rng.choice(brands[shown]) if rng.random() < REVIEW_NOISE["brand"] else ""
+            attr, values = rng.choice(specs[shown])
+            spec = f"{attr}{rng.choice(values)}，" if rng.random() < REVIEW_NOISE["spec"] else ""
+            body.insert(rng.randint(0, len(body)), spec)
+            named = f"{brand}{rng.choice(products[shown])}"
+        if shown and rng.random() < REVIEW_NOISE["product_first"]:   # "这款…太棒了!" or "太棒了!买的这款…"
+            text = f"这款{named}{opener}" + "".join(body) + closer
+        else:
+            product = f"买的这款{named}，" if shown else ""
+            text = opener + product + "".join(body) + closer
+        flipped = rng.random() < REVIEW_NOISE["flipped_label"]
+        rows.append({"cat": cat, "label": int(positive != flipped), "review": text})
+    return rows
+
+
+def write_review_file(path: str | Path, n: int = 3000, seed: int = 0) -> Path:
+    """:func:`review_file_rows` as a CSV file (``cat,label,review``) at ``path``; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["cat", "label", "review"])
+        writer.writeheader()
+        writer.writerows(review_file_rows(n, seed))
     return path

@@ -367,9 +367,11 @@ class MeasureInputsCallback:
 
 
 def calibration_defaults() -> TrainConfig:
-    """Chapter 06's calibration runs: small BLOOM, seq 32, micro-batch 4, no padding, six steps."""
+    """Chapter 06's calibration runs: small BLOOM, seq 32, micro-batch 4, no padding, six steps, at fp32 (the
+    precision the time model's committed calibrations were measured at; ``--precision`` changes it)."""
     return TrainConfig(model="small", seq_len=32, micro_batch_size=4, max_steps=6, eval_interval=0, eval_batches=1,
-                       n_rows=300, save_model=False, progress=False, lr=1e-3, output_dir="runs/06/calibrate")
+                       n_rows=300, save_model=False, progress=False, lr=1e-3, output_dir="runs/06/calibrate",
+                       precision="fp32")
 
 
 def run_calibration(cfg: TrainConfig, strategies: Sequence[str] = CALIBRATION_STRATEGIES,

@@ -44,6 +44,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ecomkit.config import TrainConfig
+from ecomkit.config.recipe import mechanics_value
 from ecomkit.dist import DistEnv, distributed_session, log, timed
 from ecomkit.errors import ConfigError, EcomkitError
 from ecomkit.models.bloom import load_model
@@ -170,7 +171,7 @@ def naive_async_allreduce(cfg: TrainConfig, env: DistEnv, steps: int, wait: bool
     optimizer read before communication had finished.
     """
     model = load_model(cfg.model, vocab_size=SYNTHETIC_VOCAB, device=env.device, seed=cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=mechanics_value("lr", cfg.lr))
     stale_shares = []
     for step in range(steps):
         batch = synthetic_batch(cfg.micro_batch_size, cfg.seq_len, cfg.seed + 1000 * step + env.rank)

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ecomkit.config import TrainConfig
+from ecomkit.config.recipe import mechanics_value
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -25,7 +26,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     groups = param_groups(model, cfg.weight_decay)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, **adamw_kernel(groups))
+    # a run resolved --lr auto already (train/run_recipe.py); a model trained by hand gets the mechanics' lr
+    return torch.optim.AdamW(groups, lr=mechanics_value("lr", cfg.lr), betas=(cfg.beta1, cfg.beta2), eps=1e-8,
+                             **adamw_kernel(groups))
 
 
 def adamw_kernel(groups: list[dict]) -> dict[str, bool]:
@@ -62,10 +65,11 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
 
 def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
     """Multiplier of the peak lr at ``step``: linear warm-up, then cosine to ``min_lr_ratio``."""
-    if cfg.warmup_steps and step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    span = max(1, total_steps - cfg.warmup_steps)
-    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    warmup = mechanics_value("warmup_steps", cfg.warmup_steps)
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    span = max(1, total_steps - warmup)
+    progress = min(1.0, (step - warmup) / span)
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 

@@ -28,7 +28,7 @@ from ecomkit.config import (DEEPSPEED_PLAN_STRATEGIES, MESH_STRATEGIES, PARALLEL
                             resolve_parallel_degrees)
 from ecomkit.errors import ConfigError
 from ecomkit.config.vocabulary import AUTO, LOSS_KERNEL_PACKAGES
-from ecomkit.hardware import default_link, gpu_kind
+from ecomkit.hardware import default_link, gpu_kind, gpu_spec
 from ecomkit.models.attention_rule import pick_attention
 from ecomkit.models.loss import pick_loss_kernel
 from ecomkit.models.bloom import model_length_limit
@@ -189,10 +189,19 @@ def planned_seq_len(cfg: TrainConfig) -> tuple[int, str | None]:
                    f"give --seq-len N for your data's length")
 
 
+def planned_precision(precision: str, cluster: Cluster) -> str:
+    """``--precision auto`` as a run on ``cluster``'s GPUs resolves it (envcheck.matmul.choose_precision on
+    CUDA): bf16 where the GPU has it, else fp32; any other value as given."""
+    if precision != AUTO:
+        return precision
+    return "bf16" if gpu_spec(cluster.gpu).supports("bf16") else "fp32"
+
+
 def plan_input_from_config(cfg: TrainConfig, cluster: Cluster, vocab_size: int | None = None,
                            validate: bool = True) -> PlanInput:
     """The planner's input for the job ``cfg`` runs on ``cluster`` (validated like the scripts validate)."""
     cluster.validate()
+    cfg = replace(cfg, precision=planned_precision(cfg.precision, cluster))
     shape = model_shape(cfg.model, vocab_size)
     if validate:
         # QLoRA's base bits are planned by planner.lora's own rules (any GPU strategy but ZeRO-3); whether this

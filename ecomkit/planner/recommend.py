@@ -28,6 +28,7 @@ bigger GPU, a shorter sequence, or training fewer parameters (LoRA).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -35,7 +36,7 @@ from ecomkit.config import StrategyName, TrainConfig
 from ecomkit.errors import ConfigError
 from ecomkit.hardware import GIB, GPUS, gpu_spec
 from ecomkit.planner.candidates import FULL, LORA, Candidate, full_candidates, launch_line, lora_candidates
-from ecomkit.planner.job import Cluster, plan_degrees, plan_job, planned_seq_len
+from ecomkit.planner.job import Cluster, plan_degrees, plan_job, planned_precision, planned_seq_len
 from ecomkit.planner.memory import MemoryPlan
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import StepTime, predict_step_time
@@ -162,6 +163,7 @@ def recommend(base: TrainConfig, cluster: Cluster, vocab_size: int | None = None
               time_kw: dict[str, Any] | None = None, groups: bool = True) -> dict[str, list[Choice]]:
     """{group: choices ranked fastest first (fitting ones first)} for the job ``base`` on ``cluster``."""
     time_kw = {"link": cluster.interconnect, "node": cluster.node, **(time_kw or {})}
+    base = dataclasses.replace(base, precision=planned_precision(base.precision, cluster))   # auto: as a run would
     shape = model_shape(base.model, vocab_size)
     gbatch = global_batch(base, cluster)
     out = {FULL: [_try(c, base, cluster, gbatch, vocab_size, time_kw) for c in full_candidates(cluster, shape)]}
@@ -205,6 +207,7 @@ def what_would_fit(base: TrainConfig, cluster: Cluster, vocab_size: int | None =
         return best_choice(recommend(cfg, cl, vocab_size, time_kw, groups=False))
 
     spec = gpu_spec(cluster.gpu)
+    base = dataclasses.replace(base, precision=planned_precision(base.precision, cluster))
     if not spec.supports(base.precision):
         wanted, base = base.precision, copy.deepcopy(base)
         base.precision = next(p for p in ("fp16", "bf16", "fp32") if spec.supports(p))

@@ -23,10 +23,12 @@ import torch
 import torch.distributed as dist
 
 from ecomkit.config import TrainConfig
+from ecomkit.config.recipe import Recipe, RecipeValue, resolve_global_batch
+from ecomkit.config.vocabulary import AUTO
 from ecomkit.data import build_datasets, lengths_array, pad_collate
 from ecomkit.data.tokenize import BatchCounts
 from ecomkit.data.formats import parse_labels, write_task_file
-from ecomkit.dist import (DistEnv, all_reduce_sum_tensor, distributed_session, log, replica_checksums,
+from ecomkit.dist import (DistEnv, all_reduce_sum_tensor, distributed_session, gather_objects, log, replica_checksums,
                           restart_attempt, to_device)
 from ecomkit.envcheck.matmul import roofline_fields, roofline_summary, run_peak
 from ecomkit.errors import ConfigError
@@ -49,6 +51,8 @@ from ecomkit.train.gen_eval import evaluator_for_run
 from ecomkit.train.held_out import evaluate_held_out, log_evaluation_scope
 from ecomkit.train.preempt import add_preemption_callbacks
 from ecomkit.train.progress import make_progress
+from ecomkit.train.run_recipe import (estimate_step_s, precision_value, recipe_summary, resolve_run_recipe,
+                                      run_facts)
 from ecomkit.train.shapes import length_multiple
 from ecomkit.train.step_values import StepTensors, read_scalars
 
@@ -84,10 +88,18 @@ class TrainingRun:
     def _build(self) -> "TrainingRun":
         # The same checks as parse_config and run_training, for runs started inside a session (sweeps, notebooks).
         self.cfg.validate(self.env.world_size)
-        resolve_precision(self.cfg, self.env)  # --precision auto: bf16 where the device multiplies faster in it
+        precision_given, reasons = self.cfg.precision, {}
+        resolve_precision(self.cfg, self.env, reasons)  # --precision auto: bf16 where the device multiplies faster
         self.strategy = build_strategy(self.cfg, self.env)
         self.shard = self.strategy.data_shard()                  # (index, count): dp coordinate for TP/PP
         self.replication = self.env.world_size // self.shard[1]  # ranks that see the same batch
+        # the global batch: 32 rows by accumulation for --task nlu on a data file (config/recipe.py)
+        self.batch_choice = resolve_global_batch(self.cfg.global_batch_size, self.cfg.grad_accum,
+                                                 self.cfg.micro_batch_size, self.shard[1], self.cfg.task,
+                                                 self.cfg.data != "synthetic",
+                                                 length_auto=self.cfg.max_steps == AUTO and not self.cfg.epochs)
+        if not self.batch_choice.given and self.batch_choice.value != self.cfg.micro_batch_size * self.shard[1]:
+            self.cfg.global_batch_size = self.batch_choice.value
         self.grad_accum = self.cfg.resolve_grad_accum(self.shard[1])
         self.tokenizer = self.build_tokenizer()
         self.build_data()                      # --seq-len, --packing and --gen-max-new-tokens auto: from the data
@@ -106,6 +118,9 @@ class TrainingRun:
         self.n_params = self.strategy.parameter_count(model)
         self.n_trainable = trainable_parameter_count(model)
         self.model_config = model.config
+        # --lr, --warmup-steps and --max-steps auto: by what is trained and the data (config/recipe.py)
+        self.recipe = self.resolve_recipe(precision_value(precision_given, self.cfg.precision,
+                                                          reasons.get("precision")))
         if self.cfg.max_steps > 0:
             self.total_steps = self.cfg.max_steps
         else:
@@ -115,6 +130,19 @@ class TrainingRun:
         self.metrics = MetricsWriter(self.out_dir, self.env.is_main, append=self._resuming(),
                                      report_to=self.cfg.report_to, hparams=self.cfg.to_dict())  # --report-to
         return self
+
+    def resolve_recipe(self, precision: RecipeValue) -> Recipe:
+        """The recipe's ``auto`` values resolved in ``self.cfg`` from the model, the data and a step-time estimate."""
+        lengths = lengths_array(self.train_ds)
+        spe = self.sampler.steps_per_epoch
+        est = estimate_step_s(float(lengths.sum()) / max(1, spe), float(lengths.mean()) if len(lengths) else 0.0,
+                              self.env.world_size, self.n_params, self.model_config.n_layer,
+                              self.model_config.hidden_size, self.env.device, self.cfg.precision)
+        est = gather_objects(est, self.env)[0]   # rank 0's timing for all: every rank must run as many steps
+        facts = run_facts(self.cfg, self.n_params, len(self.train_ds), spe, est)
+        recipe = resolve_run_recipe(self.cfg, facts, precision)
+        recipe.values["global_batch"] = self.batch_choice
+        return recipe
 
     def _resuming(self) -> bool:
         return any(getattr(cb, "resuming", False) for cb in self.callbacks)
@@ -176,7 +204,8 @@ class TrainingRun:
                 f"world_size={self.env.world_size} micro_batch={self.cfg.micro_batch_size} {unit}/device "
                 f"grad_accum={self.grad_accum} global_batch={gb} "
                 f"positions/step<= {gb * self.cfg.seq_len:,} ({gb} × seq_len {self.cfg.seq_len}) | "
-                f"steps={self.total_steps} precision={self.cfg.precision} backend={self.env.backend}")
+                f"steps={self.total_steps} precision={self.cfg.precision} backend={self.env.backend}\n"
+                f"recipe: {self.recipe.line()}")
 
     def _micro_batches(self) -> Iterator[list[dict]]:
         """Yield the micro-batches of one optimizer step, crossing epoch boundaries as needed."""
@@ -358,7 +387,8 @@ class TrainingRun:
         return {
             "strategy": self.strategy.name, "model": self.cfg.model, "params": self.n_params,
             "trainable_params": self.n_trainable, "peft": self.cfg.peft,
-            "model_origin": model_origin(self.cfg.model), "lora": lora_facts(self.cfg, self.n_trainable, self.n_params),
+            "model_origin": model_origin(self.cfg.model), "recipe": recipe_summary(getattr(self, "recipe", None)),
+            "lora": lora_facts(self.cfg, self.n_trainable, self.n_params),
             "world_size": self.env.world_size, "global_batch": self.global_batch(),
             "data": self.data_report.facts(),
             "grad_accum": self.grad_accum, "steps": self.step,

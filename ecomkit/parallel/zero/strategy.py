@@ -45,6 +45,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ecomkit.config import TrainConfig
+from ecomkit.config.recipe import mechanics_value
 from ecomkit.dist import DistEnv, log
 from ecomkit.errors import ConfigError, EcomkitError
 from ecomkit.models.bloom import ModelSource, build_empty_model, count_parameters, enable_activation_checkpointing
@@ -69,7 +70,7 @@ def _cpu_adam_or_none(groups: list[dict], cfg: TrainConfig) -> tuple[torch.optim
         ensure_deepspeed_env()
         from deepspeed.ops.adam import DeepSpeedCPUAdam  # lazy: heavy optional dependency (and a JIT build)
 
-        return DeepSpeedCPUAdam(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8,
+        return DeepSpeedCPUAdam(groups, lr=mechanics_value("lr", cfg.lr), betas=(cfg.beta1, cfg.beta2), eps=1e-8,
                                 weight_decay=cfg.weight_decay, adamw_mode=True), ""
     except Exception as exc:  # a compiler missing, a failed build, an unsupported CPU: all mean "cannot use it"
         return None, build_error_summary(exc)

@@ -1,0 +1,222 @@
+"""Defaults chosen by what is trained: ``--lr``, ``--warmup-steps``, the run length and how often it evaluates.
+
+Why one home: a learning rate that suits a random-init preset (3e-3) wipes out what real weights know, and
+60 steps that exercise the mechanics see about a thousand rows of a user's file. What a run should use
+depends on what is trained (a preset or real weights, full fine-tuning or LoRA) and on the data (a user's
+file and how many rows it has), so the rules live here, as pure functions of those facts, and every
+resolved value carries its reason and whether the user gave it. The training loop prints them on the
+start-up line and writes them to ``summary.json`` (``recipe``).
+
+The numbers:
+
+- random-init presets keep the mechanics defaults the chapters were written with: lr 3e-3 after 10 warm-up
+  steps, 60 steps (``MECHANICS``);
+- ``--task nlu`` on a user's file (any model): epochs of its examples (``NLU_FILE_EPOCHS``, at least
+  ``NLU_FILE_MIN_STEPS``) at a global batch of ``NLU_FILE_GLOBAL_BATCH``, evaluated once an epoch, and for a
+  preset lr ``PRESET_NLU_FILE_LR`` (the demo's batch and lr); the floor measured with them by
+  ``benchmarks/bench_recipe.py`` on review-shaped files and catalog titles (the category target of a review
+  file leaves its baseline only after several hundred steps), the epochs Hugging Face Trainer's default 3;
+- real weights, full fine-tuning: 2e-5 (:func:`full_finetune_lr`), inside the range used for 0.5-7 B models
+  (1e-5 to 5e-5; Hugging Face Trainer's default is 5e-5, TRL's SFTTrainer's 2e-5), with a linear warm-up over
+  ``WARMUP_SHARE`` of the steps;
+- real weights, LoRA: 2e-4 (peers use 1e-4 to 3e-4: the adapters start at zero and are few, so they need a
+  larger step than the full weights).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ecomkit.config.vocabulary import AUTO
+
+# What a random-init preset trains with: the chapters' mechanics defaults (lr, warm-up steps, steps).
+MECHANICS = {"lr": 3e-3, "warmup_steps": 10, "max_steps": 60, "eval_interval": 20}
+PRESET_NLU_FILE_LR = 5e-3      # a random-init preset on a user's NLU file: the demo's lr (ecomkit.train.demo)
+LORA_LR = 2e-4                 # real weights + LoRA (peers: 1e-4 .. 3e-4)
+WARMUP_SHARE = 0.05            # real weights: linear warm-up over this share of the run's steps
+NLU_FILE_GLOBAL_BATCH = 32    # --task nlu on a user's file: rows per step (the demo's 16 × 2 ranks)
+NLU_FILE_EPOCHS = 3.0          # --task nlu on a user's file: passes over its examples (HF Trainer's default) ...
+NLU_FILE_MIN_STEPS = 600       # ... but at least this many steps: bench_recipe's review files of 1,000 and 2,000
+                               #   rows cleared the category baseline by 400-450 steps and still gained at 600
+NLU_FILE_MAX_MINUTES = 15.0    # ... and at most this long by the start-up estimate (fewer epochs then, said so)
+# The share of the device's peak (the measured GEMM on a CPU) that the step-time estimate assumes a run
+# reaches, per device class. bench_recipe's artifact (recipe-2026-12-05-cpu2): at 0.05 the estimate was 2.0 to
+# 2.7 times the measured step of its three runs, so 0.10 keeps it at or above every one of them. No GPU entry:
+# none was measured, so on a GPU the start-up line gives no time estimate and the length is not cut by one.
+ESTIMATE_PEAK_SHARE: dict[str, float] = {"cpu": 0.10}
+ESTIMATE_KEY = "step_time_estimate_s"   # the recipe's entry for the estimate (summary.json; not a flag)
+
+
+def full_finetune_lr(n_params: int | None) -> float:
+    """The learning rate for fully fine-tuning real weights of ``n_params`` parameters.
+
+    One function so that a measurement can make it depend on the size: today 2e-5 for every size, TRL's
+    SFT default and the middle of the 1e-5 .. 5e-5 range used for 0.5-7 B models.
+    """
+    return 2e-5
+
+
+@dataclass(frozen=True)
+class RecipeFacts:
+    """What the defaults depend on: the model, the adapters, the task and the data, as the run knows them."""
+
+    model_kind: str             # preset | local | hub (ecomkit.models.bloom.model_origin)
+    n_params: int | None        # the model's parameter count (None before it is known)
+    peft: str                   # none | lora
+    task: str                   # lm | nlu
+    user_data: bool             # a file or folder given with --data, not the synthetic catalog
+    train_examples: int         # training examples (rows of the task) in one epoch
+    steps_per_epoch: int        # optimizer steps that read every training example once
+    est_step_s: float | None = None   # the start-up estimate of one step's wall time (None: unknown)
+
+    @property
+    def real_weights(self) -> bool:
+        return self.model_kind != "preset"
+
+
+@dataclass
+class RecipeValue:
+    """One resolved value: what it is, why, and whether the user's flag gave it."""
+
+    value: Any
+    reason: str
+    given: bool
+
+
+@dataclass
+class Recipe:
+    """The resolved ``lr``, ``warmup_steps``, ``max_steps`` (and ``epochs``, ``precision`` where known)."""
+
+    values: dict[str, RecipeValue] = field(default_factory=dict)
+
+    def line(self) -> str:
+        """``lr 2e-05 (real weights, full fine-tuning; --lr sets it) | ...`` for the start-up line."""
+        return " | ".join(f"{name} {_show(v.value)} ({v.reason})" for name, v in self.values.items()
+                          if name != ESTIMATE_KEY)   # the estimate is in the length's reason already
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {name: asdict(v) for name, v in self.values.items()}
+
+
+def _show(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def resolve_lr(given: float | str, facts: RecipeFacts) -> RecipeValue:
+    """``--lr``: the user's value, else by what is trained."""
+    if given != AUTO:
+        return RecipeValue(float(given), "--lr given", True)
+    if not facts.real_weights and facts.task == "nlu" and facts.user_data:
+        return RecipeValue(PRESET_NLU_FILE_LR, "random-init preset on an NLU data file; --lr sets it", False)
+    if not facts.real_weights:
+        return RecipeValue(MECHANICS["lr"], "random-init preset; --lr sets it", False)
+    if facts.peft != "none":
+        return RecipeValue(LORA_LR, "real weights, LoRA: peers use 1e-4..3e-4; --lr sets it", False)
+    return RecipeValue(full_finetune_lr(facts.n_params),
+                       "real weights, full fine-tuning: peers use 1e-5..5e-5; --lr sets it", False)
+
+
+def resolve_run_length(max_steps: int | str, epochs: float, facts: RecipeFacts) -> tuple[RecipeValue, float]:
+    """``--max-steps`` (and the epochs it stands for): the user's steps or epochs, else by task and data.
+
+    Returns the steps and the epochs they cover (0 when unknown). ``--task nlu`` on a user's file trains
+    ``NLU_FILE_EPOCHS`` passes, at least ``NLU_FILE_MIN_STEPS`` steps, fewer passes when the start-up
+    estimate passes ``NLU_FILE_MAX_MINUTES`` (said in the reason); every other run keeps the mechanics' 60.
+    """
+    spe = max(1, facts.steps_per_epoch)
+    if max_steps != AUTO and int(max_steps) > 0:
+        return RecipeValue(int(max_steps), "--max-steps given", True), int(max_steps) / spe
+    if epochs > 0:
+        steps = max(1, math.ceil(epochs * spe))
+        return RecipeValue(steps, f"--epochs {epochs:g} × {spe:,} steps per epoch", True), epochs
+    if not (facts.task == "nlu" and facts.user_data):
+        steps = MECHANICS["max_steps"]
+        return RecipeValue(steps, "the mechanics default; --max-steps or --epochs sets it", False), steps / spe
+    steps = max(NLU_FILE_MIN_STEPS, math.ceil(NLU_FILE_EPOCHS * spe))
+    why = (f"{NLU_FILE_EPOCHS:g} epochs of {facts.train_examples:,} examples ({spe:,} steps each), at least "
+           f"{NLU_FILE_MIN_STEPS}")
+    if facts.est_step_s:
+        cap = max(NLU_FILE_MIN_STEPS, int(NLU_FILE_MAX_MINUTES * 60 / facts.est_step_s))
+        if steps > cap:
+            steps, why = cap, f"{why}, cut to about {NLU_FILE_MAX_MINUTES:g} min by the estimate"
+        why += f"; about {steps * facts.est_step_s / 60:.1f} min at an estimated {facts.est_step_s:.2f} s/step"
+    return RecipeValue(steps, why + "; --max-steps or --epochs sets it", False), steps / spe
+
+
+def resolve_warmup(given: int | str, total_steps: int, facts: RecipeFacts) -> RecipeValue:
+    """``--warmup-steps``: the user's, else 10 for a preset, else ``WARMUP_SHARE`` of the steps for real weights."""
+    if given != AUTO:
+        return RecipeValue(int(given), "--warmup-steps given", True)
+    if not facts.real_weights:
+        return RecipeValue(MECHANICS["warmup_steps"], "random-init preset; --warmup-steps sets it", False)
+    steps = max(1, round(WARMUP_SHARE * total_steps))
+    return RecipeValue(steps, f"{WARMUP_SHARE:.0%} of {total_steps:,} steps for real weights; --warmup-steps sets it",
+                       False)
+
+
+def resolve_global_batch(global_batch_size: int, grad_accum: int, micro_batch_size: int, dp: int, task: str,
+                         user_data: bool, length_auto: bool = True) -> RecipeValue:
+    """The global batch: ``--global-batch-size`` or ``--grad-accum`` when given (not 0 / not 1), else
+    ``micro × dp`` (the mechanics), except ``--task nlu`` on a data file whose length the recipe chooses
+    (``length_auto``: no ``--max-steps``/``--epochs``): ``NLU_FILE_GLOBAL_BATCH`` rows, by gradient
+    accumulation, where ``micro × dp`` divides it (else ``micro × dp``, said so). A run that sets its
+    length keeps its batch too, so the chapters' and tests' explicit runs train what they always did."""
+    per_step = micro_batch_size * dp
+    if global_batch_size > 0:
+        return RecipeValue(global_batch_size, "--global-batch-size given", True)
+    if grad_accum != 1:
+        return RecipeValue(per_step * grad_accum, "--grad-accum given", True)
+    if not (task == "nlu" and user_data and length_auto):
+        return RecipeValue(per_step, "micro-batch × data-parallel ranks; --global-batch-size sets it", False)
+    if per_step >= NLU_FILE_GLOBAL_BATCH or NLU_FILE_GLOBAL_BATCH % per_step:
+        return RecipeValue(per_step, f"micro-batch × ranks ({per_step}) does not divide the {NLU_FILE_GLOBAL_BATCH} "
+                                     "that --task nlu on a file trains at; --global-batch-size sets it", False)
+    return RecipeValue(NLU_FILE_GLOBAL_BATCH, f"--task nlu on a data file, by {NLU_FILE_GLOBAL_BATCH // per_step} "
+                                              "accumulated micro-batches; --global-batch-size sets it", False)
+
+
+def resolve_eval_interval(given: int | str, steps: RecipeValue, facts: RecipeFacts) -> RecipeValue:
+    """``--eval-interval``: the user's, else every ``MECHANICS`` 20 steps, or once an epoch on a run whose
+    length the epochs rule chose (evaluating every 20 steps of a thousand-step run cost more than its training)."""
+    if given != AUTO:
+        return RecipeValue(int(given), "--eval-interval given", True)
+    if steps.given or not (facts.task == "nlu" and facts.user_data):
+        return RecipeValue(MECHANICS["eval_interval"], "the mechanics default; --eval-interval sets it", False)
+    every = max(MECHANICS["eval_interval"], facts.steps_per_epoch)
+    return RecipeValue(every, "about once an epoch; --eval-interval sets it", False)
+
+
+def resolve_recipe(lr: float | str, warmup_steps: int | str, max_steps: int | str, epochs: float,
+                   facts: RecipeFacts, eval_interval: int | str = AUTO) -> Recipe:
+    """Every value of the recipe from the flags as given (``auto`` or a number) and the run's facts."""
+    steps, covered = resolve_run_length(max_steps, epochs, facts)
+    recipe = Recipe({"lr": resolve_lr(lr, facts), "warmup_steps": resolve_warmup(warmup_steps, steps.value, facts),
+                     "max_steps": steps, "eval_interval": resolve_eval_interval(eval_interval, steps, facts)})
+    if covered:
+        recipe.values["epochs"] = RecipeValue(round(covered, 2), "passes over the training examples", steps.given)
+    return recipe
+
+
+def apply_recipe(cfg: Any, facts: RecipeFacts) -> Recipe:
+    """Resolve ``cfg``'s ``auto`` values in place (``lr``, ``warmup_steps``, ``max_steps``, ``eval_interval``).
+
+    ``cfg`` is a :class:`~ecomkit.config.schema.TrainConfig` (not imported: schema imports this module's
+    words). A resolved ``max_steps`` always wins over ``epochs``, so the run length is one number.
+    """
+    recipe = resolve_recipe(cfg.lr, cfg.warmup_steps, cfg.max_steps, cfg.epochs, facts, cfg.eval_interval)
+    for name in ("lr", "warmup_steps", "max_steps", "eval_interval"):
+        setattr(cfg, name, recipe.values[name].value)
+    return recipe
+
+
+def mechanics_value(name: str, value: Any) -> Any:
+    """``value``, or the mechanics default where it is still ``auto`` (code that builds an optimizer by hand)."""
+    return MECHANICS[name] if value == AUTO else value
+
+
+__all__ = ["ESTIMATE_KEY", "ESTIMATE_PEAK_SHARE", "LORA_LR", "MECHANICS", "NLU_FILE_EPOCHS", "NLU_FILE_GLOBAL_BATCH",
+           "NLU_FILE_MAX_MINUTES", "NLU_FILE_MIN_STEPS", "PRESET_NLU_FILE_LR", "Recipe", "RecipeFacts", "RecipeValue",
+           "WARMUP_SHARE", "apply_recipe", "full_finetune_lr", "mechanics_value", "resolve_eval_interval",
+           "resolve_global_batch", "resolve_lr", "resolve_recipe", "resolve_run_length", "resolve_warmup"]
