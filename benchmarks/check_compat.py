@@ -16,6 +16,11 @@ The smoke set (:data:`CHECKS`): import ecomkit's training stack; a 2-process DDP
 ``scripts/02_data_parallel.py`` with packing on and off; a LoRA run (bf16: the frozen base loads in bf16);
 the attention and packing unit tests. Each environment also answers, by ``pip install --dry-run`` (nothing
 is installed), whether ``pip install -e .`` would keep its torch: the point of floors over a pin.
+
+Speed notes (:data:`NOTES`) are measured in each environment too, and recorded, but never fail it: a
+version that runs a path slower still trains correctly, so it is no reason to raise a floor (and replace a
+user's torch). Today: how many graphs ``--compile`` makes of a packed step, per step (blocks, head + loss);
+``ecomkit/models/compile.py`` warns at run time where the head + loss is two graphs.
 """
 
 from __future__ import annotations
@@ -48,6 +53,12 @@ CHECKS: list[tuple[str, list[str]]] = [
                                       "-p", "no:cacheprovider"]),
 ]
 
+# Speed notes: (name, command printing one JSON value as its last line), recorded per environment, never failed
+NOTES: list[tuple[str, list[str]]] = [
+    ("packed_step_graphs", ["-c", "import json; from ecomkit.measure.compile_graphs import packed_step_graphs; "
+                                  "print(json.dumps(packed_step_graphs(3)))"]),
+]
+
 
 def project_dependencies() -> list[str]:
     """pyproject.toml's dependencies, as written."""
@@ -71,8 +82,8 @@ def versions(python: str) -> dict[str, str]:
     return json.loads(subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
-def run_check(python: str, name: str, argv: list[str], scratch: Path, timeout: int) -> dict:
-    """Run one check in the working tree with ``python``; its own HOME and cache, so no JIT build is shared."""
+def _run(python: str, name: str, argv: list[str], scratch: Path, timeout: int) -> tuple[dict, str]:
+    """Run one command in the working tree with ``python``; its own HOME and cache, so no JIT build is shared."""
     out = scratch / name
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HOME": str(scratch / "home"),
            "ECOMKIT_CACHE": str(scratch / "cache"), "TMPDIR": str(scratch)}
@@ -80,14 +91,26 @@ def run_check(python: str, name: str, argv: list[str], scratch: Path, timeout: i
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-        rc, text = proc.returncode, proc.stdout + proc.stderr
+        rc, stdout, text = proc.returncode, proc.stdout, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
-        rc, text = "timeout", f"{exc.stdout or ''}{exc.stderr or ''}"
-    row = {"check": name, "passed": rc == 0, "returncode": rc, "seconds": round(time.perf_counter() - t0, 1),
+        rc, stdout, text = "timeout", "", f"{exc.stdout or ''}{exc.stderr or ''}"
+    row = {"passed": rc == 0, "returncode": rc, "seconds": round(time.perf_counter() - t0, 1),
            "command": " ".join(["python", *cmd[1:]]).replace(str(scratch), "<scratch>")}
     if rc != 0:
         row["output_tail"] = text[-TAIL:] if isinstance(text, str) else str(text)[-TAIL:]
-    return row
+    return row, stdout if isinstance(stdout, str) else ""
+
+
+def run_check(python: str, name: str, argv: list[str], scratch: Path, timeout: int) -> dict:
+    """One check of the smoke set: passed when its command exits 0."""
+    return {"check": name, **_run(python, name, argv, scratch, timeout)[0]}
+
+
+def run_note(python: str, name: str, argv: list[str], scratch: Path, timeout: int) -> dict:
+    """One speed note: the JSON value its command printed last (None, with the output's end, if it failed)."""
+    row, stdout = _run(python, name, argv, scratch, timeout)
+    lines = stdout.strip().splitlines()
+    return {"note": name, "value": json.loads(lines[-1]) if row["passed"] and lines else None, **row}
 
 
 def install_keeps_torch(python: str) -> dict:
@@ -112,6 +135,9 @@ def check_environment(python: str, timeout: int) -> dict:
             result = run_check(python, name, argv, Path(scratch), timeout)
             row["checks"].append(result)
             print(f"   {'ok  ' if result['passed'] else 'FAIL'} {name} ({result['seconds']} s)", flush=True)
+        row["speed_notes"] = [run_note(python, name, argv, Path(scratch), timeout) for name, argv in NOTES]
+        for note in row["speed_notes"]:
+            print(f"   note {note['note']}: {note['value']} ({note['seconds']} s)", flush=True)
     row["all_passed"] = all(c["passed"] for c in row["checks"])
     row["pip_install_e"] = install_keeps_torch(python)
     print(f"   pip install -e . keeps torch: {row['pip_install_e'].get('keeps_torch')}", flush=True)
@@ -167,7 +193,7 @@ def main() -> None:
     from common import write_artifact
 
     write_artifact("compat", rows, extra={
-        "checks": [name for name, _ in CHECKS], "floors": floors(rows),
+        "checks": [name for name, _ in CHECKS], "speed_notes": [name for name, _ in NOTES], "floors": floors(rows),
         "notes": ["one row per environment: its torch and transformers (and peft, accelerate, deepspeed, datasets, "
                   "tokenizers) as installed, each check's return code and time; the checks run this commit's "
                   "working tree with that environment's interpreter",
@@ -175,7 +201,10 @@ def main() -> None:
                   "pip_install_e: `pip install --dry-run -e .` in that environment; keeps_torch = torch is not in "
                   "what pip would install",
                   "floors: per package, the lowest version that passed with no failure at or above it (transformers on "
-                  "the newest torch checked, torch with transformers at or above that floor)"],
+                  "the newest torch checked, torch with transformers at or above that floor)",
+                  "speed_notes: measured per environment, never part of all_passed (a slower path is not a failure); "
+                  "packed_step_graphs = [block graphs, head + loss graphs] compiled so far after each of 3 packed "
+                  "training steps (ecomkit/measure/compile_graphs.py); null where the command failed"],
     }, results_dir=args.results_dir)
 
 
