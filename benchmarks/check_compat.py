@@ -11,6 +11,10 @@ of versions each, and writes what ran and what passed to ``benchmarks/results/co
     python benchmarks/check_compat.py --make-venv /tmp/compat/t2.11-tf5.17 --torch 2.11.0 --transformers 5.17.0
     # the smoke set in each environment, every row into one artifact
     python benchmarks/check_compat.py --python /tmp/compat/t2.11-tf5.17/bin/python --python ...
+    # or side by side: each run writes its rows, one more run joins them (and any --python) into the artifact
+    python benchmarks/check_compat.py --python A/bin/python --rows-out /tmp/compat/rows-a.json &
+    python benchmarks/check_compat.py --python B/bin/python --rows-out /tmp/compat/rows-b.json; wait
+    python benchmarks/check_compat.py --rows-in /tmp/compat/rows-a.json --rows-in /tmp/compat/rows-b.json
 
 The smoke set (:data:`CHECKS`): import ecomkit's training stack; a 2-process DDP run of 3 steps through
 ``scripts/02_data_parallel.py`` with packing on and off; a LoRA run (bf16: the frozen base loads in bf16);
@@ -179,6 +183,10 @@ def main() -> None:
     parser.add_argument("--python", action="append", default=[], help="an environment's interpreter to check")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per check")
     parser.add_argument("--results-dir", help="where the artifact goes (default benchmarks/results)")
+    parser.add_argument("--rows-out", type=Path, help="write this run's rows to this file instead of an artifact "
+                        "(environments checked by runs side by side; join them with --rows-in)")
+    parser.add_argument("--rows-in", type=Path, action="append", default=[],
+                        help="rows a --rows-out run wrote at this commit, joined (first) into this run's artifact")
     args = parser.parse_args()
     if args.make_venv:
         if not (args.torch and args.transformers):
@@ -186,13 +194,25 @@ def main() -> None:
         if args.make_venv.resolve().is_relative_to(REPO):
             parser.error("--make-venv: put scratch environments outside the repository (e.g. under /tmp)")
         print(make_venv(args.make_venv, args.torch, args.transformers, args.find_links))
-    if not args.python:
+    if not (args.python or args.rows_in):
         return
     rows = [check_environment(p, args.timeout) for p in args.python]
     sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]   # this working tree's ecomkit, not an installed one
-    from common import write_artifact
+    from common import machine_facts, write_artifact
 
+    facts = machine_facts()
+    if args.rows_out:
+        args.rows_out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "commit": facts["commit"],
+                                             "dirty": facts["dirty"], "rows": rows}, indent=1))
+        return
+    parts = [json.loads(path.read_text()) for path in args.rows_in]
+    for path, part in zip(args.rows_in, parts):
+        if (part["commit"], part["dirty"]) != (facts["commit"], False):
+            parser.error(f"--rows-in {path}: its rows ran at commit {part['commit']} (dirty: {part['dirty']}), not at "
+                         f"this clean commit {facts['commit']}: check those environments again here")
+    rows = [r for part in parts for r in part["rows"]] + rows
     write_artifact("compat", rows, extra={
+        "partial_runs": [part["command"] for part in parts],
         "checks": [name for name, _ in CHECKS], "speed_notes": [name for name, _ in NOTES], "floors": floors(rows),
         "notes": ["one row per environment: its torch and transformers (and peft, accelerate, deepspeed, datasets, "
                   "tokenizers) as installed, each check's return code and time; the checks run this commit's "
@@ -202,6 +222,7 @@ def main() -> None:
                   "what pip would install",
                   "floors: per package, the lowest version that passed with no failure at or above it (transformers on "
                   "the newest torch checked, torch with transformers at or above that floor)",
+                  "partial_runs: the --rows-out runs (side by side, at this commit) whose rows come first",
                   "speed_notes: measured per environment, never part of all_passed (a slower path is not a failure); "
                   "packed_step_graphs = [block graphs, head + loss graphs] compiled so far after each of 3 packed "
                   "training steps (ecomkit/measure/compile_graphs.py); null where the command failed"],
