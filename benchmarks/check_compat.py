@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,6 +149,12 @@ def check_environment(python: str, timeout: int) -> dict:
     return row
 
 
+def same_checked_code(commit: str) -> bool:
+    """Whether the code the checks run (ecomkit, the scripts, the unit tests they run) is as it was at ``commit``."""
+    paths = ["ecomkit", "scripts", "tests/conftest.py", "tests/test_attention.py", "tests/test_packing.py"]
+    return subprocess.run(["git", "diff", "--quiet", commit, "HEAD", "--", *paths], cwd=REPO).returncode == 0
+
+
 def release(version: str) -> tuple[int, ...]:
     """``2.13.0+cpu`` → (2, 13, 0)."""
     return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
@@ -186,7 +193,8 @@ def main() -> None:
     parser.add_argument("--rows-out", type=Path, help="write this run's rows to this file instead of an artifact "
                         "(environments checked by runs side by side; join them with --rows-in)")
     parser.add_argument("--rows-in", type=Path, action="append", default=[],
-                        help="rows a --rows-out run wrote at this commit, joined (first) into this run's artifact")
+                        help="rows a --rows-out run wrote (its checked code as at this commit), joined first into "
+                        "this run's artifact; pip's answer is asked again here")
     args = parser.parse_args()
     if args.make_venv:
         if not (args.torch and args.transformers):
@@ -207,12 +215,15 @@ def main() -> None:
         return
     parts = [json.loads(path.read_text()) for path in args.rows_in]
     for path, part in zip(args.rows_in, parts):
-        if (part["commit"], part["dirty"]) != (facts["commit"], False):
-            parser.error(f"--rows-in {path}: its rows ran at commit {part['commit']} (dirty: {part['dirty']}), not at "
-                         f"this clean commit {facts['commit']}: check those environments again here")
+        if part["dirty"] or facts["dirty"] or not same_checked_code(part["commit"]):
+            parser.error(f"--rows-in {path}: its rows ran at commit {part['commit']} (dirty: {part['dirty']}); "
+                         "the code the checks run must be as at this commit and both trees clean: check them again")
     rows = [r for part in parts for r in part["rows"]] + rows
+    with ThreadPoolExecutor(4) as pool:        # pip's answer depends on this commit's pyproject.toml: ask it again
+        for row, answer in zip(rows, pool.map(install_keeps_torch, [r["python"] for r in rows])):
+            row["pip_install_e"] = answer
     write_artifact("compat", rows, extra={
-        "partial_runs": [part["command"] for part in parts],
+        "partial_runs": [{"command": part["command"], "commit": part["commit"]} for part in parts],
         "checks": [name for name, _ in CHECKS], "speed_notes": [name for name, _ in NOTES], "floors": floors(rows),
         "notes": ["one row per environment: its torch and transformers (and peft, accelerate, deepspeed, datasets, "
                   "tokenizers) as installed, each check's return code and time; the checks run this commit's "
@@ -222,7 +233,9 @@ def main() -> None:
                   "what pip would install",
                   "floors: per package, the lowest version that passed with no failure at or above it (transformers on "
                   "the newest torch checked, torch with transformers at or above that floor)",
-                  "partial_runs: the --rows-out runs (side by side, at this commit) whose rows come first",
+                  "partial_runs: the --rows-out runs (side by side) whose rows come first, each at a commit whose "
+                  "checked code (ecomkit, scripts, the unit tests the checks run) is this commit's; pip_install_e is "
+                  "asked again here for every row, since it depends on this commit's pyproject.toml",
                   "speed_notes: measured per environment, never part of all_passed (a slower path is not a failure); "
                   "packed_step_graphs = [block graphs, head + loss graphs] compiled so far after each of 3 packed "
                   "training steps (ecomkit/measure/compile_graphs.py); null where the command failed"],
