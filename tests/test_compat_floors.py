@@ -50,3 +50,46 @@ def test_the_floors_are_the_measured_ones():
     for r in at_or_above:
         assert r["all_passed"] and [c["check"] for c in r["checks"]] == art["extra"]["checks"], r["versions"]
         assert r["pip_install_e"]["keeps_torch"], r["versions"]               # pip install -e . keeps torch
+
+
+def test_speed_notes_are_recorded_apart_and_the_compile_note_matches_the_library():
+    """A slower torch is a speed note, not a failed check; the runtime warning's version is the measured one.
+
+    ``models/compile.py`` warns where torch compiles the packed head + loss as two graphs
+    (:data:`HEAD_LOSS_ONE_GRAPH_TORCH`); every environment of the artifact that counted the graphs must agree
+    with it, with environments measured on both sides of that version, and no recompilation after step 1.
+    """
+    from ecomkit.models.compile import HEAD_LOSS_ONE_GRAPH_TORCH, head_loss_graphs, torch_release
+
+    art = _newest_artifact()
+    assert art["extra"]["speed_notes"] == ["packed_step_graphs"]
+    sides = set()
+    for r in art["rows"]:
+        assert [c["check"] for c in r["checks"]] == art["extra"]["checks"], r["versions"]
+        assert r["all_passed"] == all(c["passed"] for c in r["checks"]), r["versions"]   # notes are not checks
+        counts = {n["note"]: n["value"] for n in r["speed_notes"]}["packed_step_graphs"]
+        if counts is None:                 # ecomkit did not import there: its checks failed and say why
+            assert not r["all_passed"], r["versions"]
+            continue
+        torch_version = r["versions"]["torch"]
+        assert counts == [[1, head_loss_graphs(torch_version)]] * len(counts), (torch_version, counts)
+        sides.add(torch_release(torch_version) >= HEAD_LOSS_ONE_GRAPH_TORCH)
+    assert sides == {True, False}, "the graph count was not measured on both sides of the version it names"
+
+
+def test_the_install_paragraphs_name_the_floors_and_the_newest_artifact():
+    deps = _dependencies()
+    floors = {pkg: deps[pkg].split(">=")[1].split(",")[0] for pkg in ("torch", "transformers")}
+    readme, gpu = (REPO / "README.md").read_text(), (REPO / "docs" / "gpu.md").read_text()
+    assert f"torch >= {floors['torch']} and transformers >= {floors['transformers']} are floors" in readme
+    assert f"`torch>={floors['torch']}`" in gpu and f"`transformers>={floors['transformers']},<6`" in gpu
+    newest = max(RESULTS.glob("compat-*.json"), key=lambda p: json.loads(p.read_text())["time_utc"])
+    assert f"benchmarks/results/{newest.name}" in gpu
+    art = _newest_artifact()
+    table = {tuple(cells[:2]): cells[2] for cells in (
+        [c.strip() for c in line.strip("|").split("|")] for line in gpu.splitlines() if line.startswith("| 2."))}
+    assert len(table) == len(art["rows"])
+    for r in art["rows"]:               # every environment of the artifact is a row of docs/gpu.md's table
+        torch_v = r["versions"]["torch"].split("+")[0] + (" (CPU)" if "+cpu" in r["versions"]["torch"] else "")
+        smoke = table[(torch_v, r["versions"]["transformers"])]
+        assert smoke.startswith("passed" if r["all_passed"] else "failed"), (torch_v, smoke)

@@ -155,10 +155,9 @@ def enable_activation_checkpointing(model: torch.nn.Module, checkpoint_kwargs: d
     Why one home: transformers 5.23 renamed ``gradient_checkpointing_enable`` to ``activation_checkpointing_enable``
     (the old name stays as a deprecated alias until 6); before 5.23 only the old name exists, with the same
     arguments and the same effect (each block flagged, ``_set_gradient_checkpointing`` installing the function,
-    input gradients on). Every caller goes through here, so the name lives in one place and an environment
-    below the tested floor (transformers 5.23, docs/gpu.md; reachable with ``pip install --no-deps``) still
-    checkpoints. ``checkpoint_kwargs`` go to ``torch.utils.checkpoint.checkpoint`` (None: transformers'
-    default, ``use_reentrant=False``).
+    input gradients on). Every caller goes through here, so the name lives in one place and transformers
+    5.20.2 to 5.22 (at or above the measured floor, docs/gpu.md) still checkpoint. ``checkpoint_kwargs`` go to
+    ``torch.utils.checkpoint.checkpoint`` (None: transformers' default, ``use_reentrant=False``).
     """
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:

@@ -16,10 +16,17 @@ head and the loss (``models/loss.py``) are compiled as their own function, with
 dynamic sizes, since the number of labeled positions changes every step.
 Model code is untouched: the block class, parameters and ``state_dict`` keys are
 the same, so DDP and the checkpoints see the model they always saw.
+
+Older torch: before 2.12, dynamo compiles the head + loss as two graphs, not one
+(benchmarks/check_compat.py records the count per torch in its artifact). The
+step is as correct, with less of it fused, so ``--compile`` says so once per
+process (rank 0) rather than refusing: :func:`note_head_loss_graphs`.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import types
 from typing import Any, Callable
 
@@ -28,8 +35,45 @@ from torch import nn
 from transformers.models.bloom.modeling_bloom import BloomBlock
 
 from ecomkit.config.vocabulary import COMPILE_MODES
+from ecomkit.dist import read_torchrun_env
 from ecomkit.models.loss import head_loss_sum
 
+log = logging.getLogger("ecomkit")
+
+# The first torch that compiles the head + loss as one graph; earlier releases make two of it (measured per
+# torch by benchmarks/check_compat.py; tests/test_compat_floors.py holds this to its newest artifact).
+HEAD_LOSS_ONE_GRAPH_TORCH = (2, 12)
+_noted: set[str] = set()
+
+
+def torch_release(version: str | None = None) -> tuple[int, int]:
+    """``2.11.0+cu128`` → (2, 11); this process's torch when ``version`` is None."""
+    major, minor = re.findall(r"\d+", (version or torch.__version__).split("+")[0])[:2]
+    return int(major), int(minor)
+
+
+def head_loss_graphs(version: str | None = None) -> int:
+    """How many graphs ``torch.compile`` makes of the head + loss on this torch: 1, or 2 before 2.12."""
+    return 1 if torch_release(version) >= HEAD_LOSS_ONE_GRAPH_TORCH else 2
+
+
+def note_head_loss_graphs(version: str | None = None) -> bool:
+    """Warn once per process, on rank 0, where this torch compiles the head + loss as two graphs; True if it did.
+
+    Why a note and not a refusal: the two graphs compute the same loss (the smoke set's DDP, LoRA and packing
+    checks pass on such a torch); only the fusion across their boundary is lost, which costs speed.
+    """
+    version = version or torch.__version__
+    if head_loss_graphs(version) == 1 or version in _noted:
+        return False
+    _noted.add(version)
+    if read_torchrun_env()[0] != 0:
+        return False
+    wanted = ".".join(map(str, HEAD_LOSS_ONE_GRAPH_TORCH))
+    log.warning(f"--compile on torch {version}: the LM head and loss compile as two graphs (one from torch {wanted}), "
+                f"so less of each step is fused and it runs slower than it could; the results are the same. "
+                f"For the full speed-up, install torch>={wanted} (docs/gpu.md).")
+    return True
 
 
 def compiled(fn: Callable, mode: str = "default", dynamic: bool | None = None, **kw: Any) -> Callable:
@@ -61,7 +105,9 @@ def compile_blocks(model: nn.Module, mode: str = "default", dynamic: bool | None
 
 def compiled_head_loss(mode: str = "default", **kw: Any) -> Callable:
     """The chunked loss's head + loss function compiled with dynamic sizes (its row count changes every step)."""
+    note_head_loss_graphs()
     return compiled(head_loss_sum, mode, dynamic=True, **kw)
 
 
-__all__ = ["COMPILE_MODES", "compile_blocks", "compiled", "compiled_head_loss"]
+__all__ = ["COMPILE_MODES", "HEAD_LOSS_ONE_GRAPH_TORCH", "compile_blocks", "compiled", "compiled_head_loss",
+           "head_loss_graphs", "note_head_loss_graphs", "torch_release"]
