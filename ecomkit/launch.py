@@ -2,7 +2,7 @@
 
 Why not ``!torchrun ...`` in a cell: a failing shell command does not fail the
 cell, so nbmake (and a reader skimming) sees a green notebook with a crashed
-job (shared CPU notes, trap 10). :func:`run_torchrun` streams the output line by
+job. :func:`run_torchrun` streams the output line by
 line as it arrives, so the cell shows progress, and raises
 :class:`~ecomkit.errors.EcomkitError` with the tail of the output when the job
 fails. Metrics files the scripts write are read back with :func:`read_json`

@@ -61,7 +61,7 @@ def file_weight(item) -> int:
 
 @pytest.fixture(autouse=True)
 def _hermetic_tmp(tmp_path, monkeypatch):
-    """torchrun writes torchelastic_* folders under TMPDIR (CPU notes, trap 14)."""
+    """torchrun writes torchelastic_* folders under TMPDIR."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
 
 

@@ -208,7 +208,7 @@ class Strategy:
         return model_state_bytes(self.model, self.optimizer)
 
     def close(self) -> None:
-        """Drop references so gloo threads die before the process group (trap 1)."""
+        """Drop references so gloo threads die before the process group (gloo otherwise crashes or hangs at exit now and then)."""
         self.model = self.raw_model = self.optimizer = self.scheduler = None
 
 

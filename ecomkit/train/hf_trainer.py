@@ -17,7 +17,7 @@ slowest rank's steady wall time (:func:`ecomkit.metrics.throughput_summary`).
 
 CPU trap: under torchrun on a machine without GPUs, ``TrainingArguments``
 must get ``use_cpu=True``, otherwise Trainer believes the world size is 1 and
-trains independent copies (see the shared CPU notes, trap 5).
+trains independent copies.
 """
 
 from __future__ import annotations
