@@ -18,34 +18,26 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
-from common import print_table, run_summary, write_artifact
+from common import REPO, bench_env, print_table, run_summary, write_artifact
 
 from ecomkit.measure import transfer as T
 
 NPROC = 2
 
 
-def evaluate_lm(model: Path, out: Path, sizes: T.Sizes) -> dict:
-    """``scripts/08_tasks.py --evaluate-only --task lm`` on the pretraining run's held-out split."""
-    run_summary_or_eval(T.lm_eval_args(model, out, sizes))
-    return json.loads((out / "evaluation.json").read_text())
-
-
-def run_summary_or_eval(args: list[str]) -> None:
-    """Run the evaluation script; it writes evaluation.json, not summary.json, so run_summary's read is skipped."""
-    import subprocess  # noqa: PLC0415 - benchmark-local helper, not an ecomkit-internal import
-    import sys  # noqa: PLC0415
-
-    from common import REPO, bench_env  # noqa: PLC0415
-
+def evaluate_lm(pages: Path, model: Path, out: Path, sizes: T.Sizes) -> dict:
+    """``scripts/08_tasks.py --evaluate-only --task lm`` on the pretraining run's held-out split (evaluation.json)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(NPROC),
-           str(REPO / "scripts" / "08_tasks.py"), *args]
+           str(REPO / "scripts" / "08_tasks.py"), *T.lm_eval_args(pages, model, out, sizes)]
     proc = subprocess.run(cmd, cwd=REPO, env=bench_env(), capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads((out / "evaluation.json").read_text())
 
 
 def main() -> None:
@@ -60,17 +52,18 @@ def main() -> None:
                                 finetune_steps=args.finetune_steps)
     work = Path(tempfile.mkdtemp(prefix="ecomkit-transfer-"))
     reviews = T.write_reviews(work / "reviews.csv", sizes.review_rows)
-    pre = run_summary("02_data_parallel.py", T.pretrain_args(work / "pretrain", sizes), nproc=NPROC,
+    pages = T.write_pages(work / "pages.jsonl", sizes.pretrain_rows)
+    pre = run_summary("02_data_parallel.py", T.pretrain_args(pages, work / "pretrain", sizes), nproc=NPROC,
                       out_dir=str(work / "pretrain"))
     print(f"pretrained {sizes.model}: {sizes.pretrain_steps} steps, final loss {pre['final_loss']:.3f}", flush=True)
-    pretrained_loss = evaluate_lm(work / "pretrain" / "final", work / "pretrain-lm", sizes)["eval_loss"]
+    pretrained_loss = pre["eval_loss"]   # its final evaluation reads the held-out split lm_eval_args reads
     rows = []
     for seed in args.seeds:
         for lr in args.lrs:
             out = work / f"ft-{lr:g}-{seed}"
             summary = run_summary("02_data_parallel.py", T.finetune_args(reviews, work / "pretrain" / "final", lr,
                                   out, sizes, seed=seed), nproc=NPROC, out_dir=str(out))
-            a = T.arm(f"fine-tuned {lr:g}", lr, True, summary, evaluate_lm(out / "final", out / "lm", sizes))
+            a = T.arm(f"fine-tuned {lr:g}", lr, True, summary, evaluate_lm(pages, out / "final", out / "lm", sizes))
             rows += [{**r, "seed": seed} for r in T.arms_table([a], pretrained_loss)]
             print(f"done: lr {lr:g} seed {seed}: mean acc {a.mean_accuracy:.3f}, "
                   f"LM loss rise {T.loss_rise(a, pretrained_loss):+.1%}", flush=True)
@@ -80,11 +73,16 @@ def main() -> None:
         rows += [{**r, "seed": seed} for r in T.arms_table([T.arm("from scratch", T.SCRATCH_LR, False, summary)],
                                                           pretrained_loss)]
         print(f"done: from scratch seed {seed}", flush=True)
-    print_table(rows, ["arm", "seed", "lr", "acc_category", "majority_category", "acc_sentiment", "majority_sentiment",
-                       "mean_acc", "lm_loss", "lm_loss_rise"])
-    write_artifact("bench_transfer", rows, extra={"sizes": dataclasses.asdict(sizes), "processes": NPROC,
-                                             "pretrained_lm_loss": pretrained_loss,
-                                             "pretrain_final_loss": pre["final_loss"]})
+    columns = ["arm", "seed", "lr", "acc_category", "majority_category", "acc_sentiment", "majority_sentiment",
+               "mean_acc", "lm_loss", "lm_loss_rise"]
+    print_table(rows, columns)
+    notes = [f"model `{sizes.model}`, pretrained {sizes.pretrain_steps} steps on {sizes.pretrain_rows} product pages "
+             f"(held-out LM loss {pretrained_loss:.3f}); every arm {sizes.finetune_steps} steps of global batch "
+             f"{sizes.micro_batch_size * NPROC} on {sizes.review_rows} review rows, {NPROC} processes"]
+    write_artifact("bench_transfer", rows, extra={"columns": columns, "notes": notes,
+                                                  "sizes": dataclasses.asdict(sizes), "processes": NPROC,
+                                                  "pretrained_lm_loss": pretrained_loss,
+                                                  "pretrain_final_loss": pre["final_loss"]})
 
 
 if __name__ == "__main__":

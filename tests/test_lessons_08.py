@@ -84,6 +84,6 @@ def test_transfer_section_measures_and_asserts_the_comparison():
     code = "\n".join(src for i, src in lessons.code_cells(nb) if i > head)
     for needed in ("pretrain_args(", "finetune_args(", "lm_eval_args(", "plot_transfer(", "run_torchrun("):
         assert needed in code, needed
-    assert re.search(r"assert tuned\.accuracy\[t\] > scratch\.accuracy\[t\]", code)
-    assert re.search(r"assert loss_rise\(tuned, .*\) <= FORGET_BOUND", code)
-    assert re.search(r"assert loss_rise\(hot, .*\) > loss_rise\(tuned", code)
+    assert re.search(r"assert tuned\.mean_accuracy > scratch\.mean_accuracy", code)
+    assert re.search(r"kept, lost = \(forgotten_share\(a, .*\) for a in \(tuned, hot\)\)", code)
+    assert re.search(r"assert kept <= FORGET_BOUND", code) and re.search(r"assert lost > kept", code)

@@ -135,12 +135,15 @@ def write_category_task(path: str | Path, n: int = 2000, seed: int = 0) -> Path:
 
 
 def product_page_rows(n: int, seed: int = 0) -> list[dict]:
-    """``n`` product pages as plain text (``{"text": ...}``): category breadcrumb, title, price, spec and review.
+    """``n`` product pages as plain text (``{"text": ...}``): category breadcrumb, title, price, spec, and the
+    review under its rating badge (the catalog's sentiment word).
 
     The pretraining text of chapter 08's transfer section (``ecomkit.measure.transfer``): the kind of text a
     pretrained model has read, where a product's words appear beside its category, as on a shop's product
-    page. A model pretrained on it knows which products go with which category before it is ever asked to
-    classify; a model trained from scratch must learn that from the labelled rows alone.
+    page, and a review's words beside its rating. A model pretrained on it knows which products go with which
+    category, and which reviews with which rating, before it is ever asked to classify in a prompt; a model
+    trained from scratch must learn both from the labelled rows alone.
     """
-    return [{"text": f"类目:{r['category']} 商品:{r['title']} 价格:{r['price']:.2f} 规格:{r['spec']} 评论:{r['review']}"}
+    return [{"text": f"类目:{r['category']} 商品:{r['title']} 价格:{r['price']:.2f} 规格:{r['spec']} "
+                     f"评论({r['sentiment']}):{r['review']}"}
             for r in generate_catalog(n, seed)]

@@ -6,14 +6,21 @@ the model knew before is kept. Neither can be checked on the real weights on a C
 pretrained model here and measures both:
 
 1. **pretrain** the preset on one text distribution: product pages written from the catalog (``--task lm``;
-   category breadcrumb, title, price, spec, review: :func:`ecomkit.data.toy_tasks.product_page_rows`), saved
+   category breadcrumb, title, price, spec, review under its rating: :func:`ecomkit.data.toy_tasks.product_page_rows`), saved
    as a ``from_pretrained`` folder (``<out>/final``);
 2. **fine-tune** that folder on another task: category and sentiment of reviews in the README's review-file
    shape (``cat,label,review``, other catalog rows), ``--task nlu``, at a fine-tuning learning rate and at
    the random-init preset's 3e-3; and the same task **from scratch** (the preset, its own lr 3e-3) for the
    same number of steps;
 3. **what it kept**: each fine-tuned folder's LM loss on the pretraining run's held-out text (the same 5 %
-   split, read by ``scripts/08_tasks.py --evaluate-only --task lm``), beside the pretrained folder's own.
+   split, read by ``scripts/08_tasks.py --evaluate-only --task lm``), beside the pretrained folder's own, as
+   :func:`forgotten_share`: the share of the pretraining's loss drop that fine-tuning undid.
+
+What the measurement found at :data:`TEST_SIZES` (tiny, 300 pretraining steps, 200 fine-tuning steps of global
+batch 16): the pretrained folder learns *category* (which the pages name beside each product) where scratch is
+half-way, and scratch learns *sentiment* where the pretrained folder, at these steps, stays at the majority
+label; over both targets the pretrained folder is ahead. A full fine-tuning of a 2-block model on one narrow task
+overwrites much of its LM (the table in docs/benchmarks.md); the lr sets how much.
 
 The runs are scripts launched by the caller (a test, ``benchmarks/bench_transfer.py``, chapter 08); this
 module gives their arguments and reads their summaries, so the three measure the same thing.
@@ -44,10 +51,10 @@ class Sizes:
     """The sizes of one transfer measurement (the test's are smaller than the benchmark's)."""
 
     model: str = MODEL             # the preset that is pretrained, and that the scratch arm starts from
-    pretrain_steps: int = 60
+    pretrain_steps: int = 300
     pretrain_rows: int = 2000      # product pages of pretraining text (5 % held out)
     review_rows: int = 1000        # rows of the review file (5 % held out, stratified)
-    finetune_steps: int = 30
+    finetune_steps: int = 200
     seq_len_lm: int = 64
     seq_len_nlu: int = 96
     micro_batch_size: int = 8      # per process; the callers launch 2 processes (global batch 16)
@@ -56,8 +63,15 @@ class Sizes:
 
 # What the chapter and the test run: minutes on 2 CPU cores (the benchmark sweeps larger ones).
 TEST_SIZES = Sizes(model="tiny")
-FINETUNE_LR = 1e-3         # PLACEHOLDER: set from benchmarks/bench_transfer.py
-FORGET_BOUND = 0.10        # PLACEHOLDER: set from benchmarks/bench_transfer.py
+# Measured at TEST_SIZES (benchmarks/bench_transfer.py, docs/benchmarks.md): the pretrained tiny preset learned
+# nothing in 200 steps at 1e-4 (both targets at the majority baseline) and category perfectly at 1e-3. The peers'
+# 2e-5 for a pretrained 560 M / 7 B model is no value for a 2-block preset: the lr is the model's, so measured.
+FINETUNE_LR = 1e-3
+# The bound on forgotten_share: at FINETUNE_LR the run undid 0.45 of what pretraining taught the held-out pages,
+# at the preset's 3e-3 0.89 (same data, seed and steps; the runs repeat exactly on one machine). 0.6 sits
+# between, with room for another platform's arithmetic, and says what is asserted: most of what pretraining
+# taught (over 40 %) survives the fine-tuning lr; a model back near its untrained loss does not pass.
+FORGET_BOUND = 0.6
 
 
 def write_reviews(path: str | Path, n_rows: int, seed: int = REVIEW_SEED) -> Path:
@@ -137,7 +151,21 @@ def loss_rise(arm_: Arm, pretrained_loss: float) -> float:
     return arm_.lm_loss / pretrained_loss - 1.0
 
 
-def arms_table(arms: Sequence[Arm], pretrained_loss: float | None) -> list[dict[str, Any]]:
+def forgotten_share(arm_: Arm, pretrained_loss: float, untrained_loss: float) -> float:
+    """The share of what pretraining taught that fine-tuning undid, on the held-out pretraining text.
+
+    ``(loss after fine-tuning - pretrained loss) / (untrained loss - pretrained loss)``: 0 = kept everything,
+    1 = back to a model that never read the text. ``untrained_loss`` is the pretraining run's first loss (the
+    random-init preset on that text, about ln(vocabulary)). Why a share and not a plain rise: the rise a model
+    can afford is measured against what it learned, and a share reads the same for any preset and text.
+    """
+    if arm_.lm_loss is None:
+        raise ValueError(f"{arm_.label}: no LM loss measured")
+    return (arm_.lm_loss - pretrained_loss) / (untrained_loss - pretrained_loss)
+
+
+def arms_table(arms: Sequence[Arm], pretrained_loss: float | None,
+               untrained_loss: float | None = None) -> list[dict[str, Any]]:
     """One row per arm, for a printed table, a data frame or an artifact."""
     rows = []
     for a in arms:
@@ -146,7 +174,9 @@ def arms_table(arms: Sequence[Arm], pretrained_loss: float | None) -> list[dict[
             row[f"acc_{t}"], row[f"majority_{t}"] = a.accuracy[t], a.majority[t]
         row["mean_acc"] = a.mean_accuracy
         row["lm_loss"] = a.lm_loss
-        row["lm_loss_rise"] = (loss_rise(a, pretrained_loss) if a.lm_loss is not None and pretrained_loss
-                               else None)
+        measured = a.lm_loss is not None and pretrained_loss is not None
+        row["lm_loss_rise"] = loss_rise(a, pretrained_loss) if measured else None
+        row["forgotten_share"] = (forgotten_share(a, pretrained_loss, untrained_loss)
+                                  if measured and untrained_loss is not None else None)
         rows.append(row)
     return rows
