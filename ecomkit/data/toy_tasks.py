@@ -195,3 +195,18 @@ def write_review_file(path: str | Path, n: int = 3000, seed: int = 0) -> Path:
         writer.writeheader()
         writer.writerows(review_file_rows(n, seed))
     return path
+
+
+def product_page_rows(n: int, seed: int = 0) -> list[dict]:
+    """``n`` product pages as plain text (``{"text": ...}``): category breadcrumb, title, price, spec, and the
+    review under its rating badge (the catalog's sentiment word).
+
+    The pretraining text of chapter 08's transfer section (``ecomkit.measure.transfer``): the kind of text a
+    pretrained model has read, where a product's words appear beside its category, as on a shop's product
+    page, and a review's words beside its rating. A model pretrained on it knows which products go with which
+    category, and which reviews with which rating, before it is ever asked to classify in a prompt; a model
+    trained from scratch must learn both from the labelled rows alone.
+    """
+    return [{"text": f"类目:{r['category']} 商品:{r['title']} 价格:{r['price']:.2f} 规格:{r['spec']} "
+                     f"评论({r['sentiment']}):{r['review']}"}
+            for r in generate_catalog(n, seed)]
