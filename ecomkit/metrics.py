@@ -106,6 +106,8 @@ def print_run_summary(summary: dict[str, Any]) -> None:
           f"{summary['eval_loss']:.4f}{examples_note(summary)}\n"
         + classification_lines(summary)
         + generation_lines(summary)
+        + methods_line(summary)
+        + not_learned_line(summary)
         + throughput_lines(summary)
         + f"peak memory     {format_bytes(summary['peak_mem_bytes'])} per rank\n"
         f"outputs         {summary['output_dir']} (metrics.jsonl, summary.json"
@@ -137,6 +139,61 @@ def examples_note(summary: dict[str, Any]) -> str:
     return f" ({n:,} held-out examples)" if n is not None else ""
 
 
+# Which method made each headline figure of an evaluation (item: figures that disagree must say why). Candidate
+# scoring never decodes: it ranks the candidate labels by their mean log-probability after the prompt, so an
+# untrained model still picks one of them; generation decodes an answer and scores what it parses, so an answer
+# that is no label scores 0. The two can disagree on the same questions; each figure names its method.
+CANDIDATE_SCORING = "candidate scoring"
+GENERATED_EXACT = "generation, exact match"
+GENERATED_SPANS = "generation, span F1"
+METHOD_OF_PREFIX = (("acc_", CANDIDATE_SCORING), ("macro_f1_", CANDIDATE_SCORING),
+                    ("gen_acc", GENERATED_EXACT), ("gen_macro_f1", GENERATED_EXACT),
+                    ("gen_span_", GENERATED_SPANS), ("gen_strict_acc", GENERATED_SPANS))
+
+
+def eval_methods(row: dict[str, Any]) -> dict[str, str]:
+    """``{figure: method}`` for the scores in an evaluation row (recorded in eval rows and ``summary.json``)."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            method = next((m for prefix, m in METHOD_OF_PREFIX if key.startswith(prefix)), None)
+            if method is not None and not key.endswith("_margin_points"):
+                out[key] = method
+    return out
+
+
+def methods_line(summary: dict[str, Any]) -> str:
+    """One line saying how the two methods differ, when a summary holds figures from both."""
+    methods = set((summary.get("eval_methods") or eval_methods(summary)).values())
+    if CANDIDATE_SCORING not in methods or not methods - {CANDIDATE_SCORING}:
+        return ""
+    return ("methods         candidate scoring ranks the candidate labels by mean log-probability after the prompt "
+            "(no decoding, always one of them); generation decodes an answer and scores the label or spans "
+            "parsed from it (an answer that names no label is wrong)\n")
+
+
+def budget_advice(at_budget: int, total: int, max_new_tokens: int, longest_answer: int | None) -> str:
+    """The line for answers that ran to the generation budget, with the lever that follows the cause.
+
+    ``longest_answer``: the longest training answer in tokens, EOS included (None: unknown). A budget that
+    holds it means the model has not learned to end its answers: training is the lever, not the budget.
+    """
+    head = (f"{at_budget} of {total} generated answers stopped at the budget of {max_new_tokens} new tokens "
+            "without ending")
+    if longest_answer and max_new_tokens >= longest_answer:
+        return (f"{head}: the budget holds the longest training answer ({longest_answer} tokens), so the model has "
+                "not learned to end its answers yet; train longer (more steps or epochs), a larger "
+                "--gen-max-new-tokens will not help")
+    return f"{head} (they may be cut short); raise it with --gen-max-new-tokens N"
+
+
+def not_learned_line(summary: dict[str, Any]) -> str:
+    """The one line of a run whose model does not clear a baseline: what missed, the likely reason, the retry
+    (``summary["baseline"]``, from ``ecomkit.train.outcome.baseline_outcome``)."""
+    verdict = summary.get("baseline") or {}
+    return verdict["line"] + "\n" if verdict.get("cleared") is False else ""
+
+
 def classification_lines(summary: dict[str, Any]) -> str:
     """One line per classification target: accuracy, macro-F1, the majority baseline and the margin over it.
 
@@ -148,7 +205,7 @@ def classification_lines(summary: dict[str, Any]) -> str:
     lines = ""
     for key in [k for k in summary if k.startswith("acc_")]:
         target, acc = key[4:], summary[key]
-        line = f"eval {target:<11}accuracy {acc:.3f}"
+        line = f"eval {target:<11}accuracy {acc:.3f} by {CANDIDATE_SCORING}"
         if summary.get(f"macro_f1_{target}") is not None:
             line += f", macro-F1 {summary[f'macro_f1_{target}']:.3f}"
         if summary.get(f"majority_{target}") is not None:
@@ -172,7 +229,8 @@ def generation_lines(summary: dict[str, Any]) -> str:
     """
     lines = ""
     if summary.get("gen_acc") is not None:
-        line = f"generated labels accuracy {summary['gen_acc']:.3f}, macro-F1 {summary['gen_macro_f1']:.3f}"
+        line = (f"generated labels accuracy {summary['gen_acc']:.3f} by {GENERATED_EXACT}, "
+                f"macro-F1 {summary['gen_macro_f1']:.3f}")
         if summary.get("gen_majority_acc") is not None:
             margin = summary["gen_acc_margin_points"]
             line += (f"; training-majority baseline {summary['gen_majority_acc']:.3f}, margin {margin:+.1f} points "
@@ -183,7 +241,8 @@ def generation_lines(summary: dict[str, Any]) -> str:
     if summary.get("gen_span_f1") is not None:
         margin = summary["gen_span_f1_margin_points"]
         per = ", ".join(f"{k} {v:.2f}" for k, v in summary.get("gen_span_f1_per_label", {}).items())
-        lines += (f"generated spans  micro-F1 {summary['gen_span_f1']:.3f} (P {summary['gen_span_precision']:.3f}, "
+        lines += (f"generated spans  micro-F1 {summary['gen_span_f1']:.3f} by {GENERATED_SPANS} "
+                  f"(P {summary['gen_span_precision']:.3f}, "
                   f"R {summary['gen_span_recall']:.3f}), strict {summary['gen_strict_acc']:.3f}; dictionary "
                   f"baseline F1 {summary['dict_span_f1']:.3f}, margin {margin:+.1f} points "
                   f"({'clears' if margin > 0 else 'does NOT clear'} it; {summary['gen_extract_n']} examples)\n"
@@ -197,9 +256,9 @@ def generation_lines(summary: dict[str, Any]) -> str:
                   f"in answers, {summary.get('gen_invalid_text', 0)} answers with invalid text (U+FFFD), "
                   f"{summary.get('gen_spans_not_in_input', 0)} predicted spans not in their input\n")
     if summary.get("gen_at_budget"):
-        lines += (f"budget           {summary['gen_at_budget']} of {summary['gen_decoded']} answers stopped at "
-                  f"{summary.get('gen_max_new_tokens')} new tokens without ending (maybe cut short): raise it with "
-                  f"--gen-max-new-tokens N\n")
+        lines += "budget           " + budget_advice(summary["gen_at_budget"], summary["gen_decoded"],
+                                                     summary.get("gen_max_new_tokens"),
+                                                     summary.get("gen_longest_train_answer")) + "\n"
     return lines
 
 
@@ -209,7 +268,7 @@ def print_evaluation(result: dict[str, Any]) -> None:
         return
     print(f"\n=== evaluation of {result['model']} ({result['strategy']} × {result['world_size']}) ===\n"
           f"eval loss       {result['eval_loss']:.4f}{examples_note(result)}\n" + classification_lines(result)
-          + generation_lines(result),
+          + generation_lines(result) + methods_line(result),
           flush=True)
 
 

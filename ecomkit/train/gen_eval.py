@@ -50,6 +50,7 @@ from ecomkit.data.formats import KIND_CLASSIFY, KIND_EXTRACT, Span, TaskExample,
 from ecomkit.config import TrainConfig
 from ecomkit.data.tasks import CLASSIFICATION_TASKS
 from ecomkit.dist import DistEnv, gather_objects, log
+from ecomkit.metrics import budget_advice
 from ecomkit.train.evaluate import shard_range
 from ecomkit.train.generate import DecodeSettings, decode_mode, decode_prompts
 from ecomkit.train.task_metrics import (SpanDictionary, classification_scores, extraction_scores, invalid_text,
@@ -70,13 +71,14 @@ class GenerationEvaluator:
     n_samples: int                      # how many of ``examples`` a periodic evaluation decodes (0: none)
     majorities: dict[tuple[str, ...], str] = dataclasses.field(default_factory=dict)  # label set -> training majority
     final_samples: int = 0              # how many the final evaluation decodes (0: every example)
+    longest_answer: int = 0             # the longest training answer in tokens, EOS included (0: unknown)
 
     @classmethod
     def build(cls, examples: Sequence[TaskExample], train_spans: Iterable[Span], fmt: str,
               settings: DecodeSettings, n_samples: int, majorities: Mapping[tuple[str, ...], str] | None = None,
-              final_samples: int = 0) -> "GenerationEvaluator":
+              final_samples: int = 0, longest_answer: int = 0) -> "GenerationEvaluator":
         return cls(list(examples), SpanDictionary.from_spans(train_spans), fmt, settings, n_samples,
-                   dict(majorities or {}), final_samples)
+                   dict(majorities or {}), final_samples, longest_answer)
 
     def decoded_examples(self, final: bool = False) -> list[TaskExample]:
         """What one evaluation decodes: a periodic one ``n_samples``, the final one every example (or
@@ -112,10 +114,10 @@ class GenerationEvaluator:
                     "gen_max_new_tokens": self.settings.max_new_tokens,
                     "gen_prompts_cut": sum(c for _, c, _ in by_shard.values()),
                     "gen_decode_s": wall, "gen_examples_per_s": len(rows) / wall if wall > 0 else float("nan"),
-                    "gen_decode_mode": decode_mode(strategy)})
+                    "gen_decode_mode": decode_mode(strategy), "gen_longest_train_answer": self.longest_answer or None})
         if out["gen_at_budget"] and env.is_main:   # a warning for the figures the run ends with
             (log.warning if final else log.info)(
-                budget_line(out["gen_at_budget"], len(rows), self.settings.max_new_tokens, BUDGET_FLAG))
+                budget_advice(out["gen_at_budget"], len(rows), self.settings.max_new_tokens, self.longest_answer))
         if predictions_path is not None and env.is_main:
             write_predictions(predictions_path, rows)
         return out
@@ -226,5 +228,7 @@ def evaluator_for_run(cfg: TrainConfig, report: Any) -> GenerationEvaluator | No
                               batch_size=cfg.gen_batch_size, use_cache=cfg.gen_use_cache, max_length=cfg.seq_len)
     majorities = training_majorities({t: report.labels[t] for t in CLASSIFICATION_TASKS if report.labels.get(t)},
                                      report.train_label_counts)
+    train_lengths = report.lengths.get("train")
     return GenerationEvaluator.build(examples, report.train_spans, report.prompt_format, settings,
-                                     cfg.gen_eval_samples, majorities, cfg.final_eval_samples)
+                                     cfg.gen_eval_samples, majorities, cfg.final_eval_samples,
+                                     train_lengths.longest_answer if train_lengths is not None else 0)

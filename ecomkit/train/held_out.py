@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping
 from ecomkit.config import TrainConfig
 from ecomkit.data.tasks import CLASSIFICATION_TASKS, can_classify
 from ecomkit.dist import log
+from ecomkit.metrics import eval_methods
 from ecomkit.train.evaluate import evaluate_nlu_accuracy, held_out_loss
 from ecomkit.train.gen_eval import PREDICTIONS_FILE
 
@@ -45,6 +46,7 @@ def evaluate_held_out(run: Any, final: bool = False) -> dict[str, Any]:
     if run.gen_eval is not None:
         out.update(run.gen_eval(run.strategy, run.tokenizer, env, run.shard,
                                 run.out_dir / PREDICTIONS_FILE if final else None, cfg.progress, final=final))
+    out["eval_methods"] = eval_methods(out)   # which method made each figure: candidate scoring or generation
     return out
 
 

@@ -46,6 +46,7 @@ from ecomkit.train.batches import log_data_choices, resolve_data_settings, train
 from ecomkit.train.fast_paths import install_fast_paths
 from ecomkit.train.gen_eval import evaluator_for_run
 from ecomkit.train.held_out import evaluate_held_out, log_evaluation_scope
+from ecomkit.train.outcome import baseline_outcome, launch_command
 from ecomkit.train.preempt import add_preemption_callbacks
 from ecomkit.train.progress import make_progress
 from ecomkit.train.shapes import length_multiple
@@ -234,6 +235,7 @@ class TrainingRun:
         final_eval = self.evaluate(final=True)
         self.metrics.write({"type": "eval", "step": self.step, **final_eval})
         summary = self._summary(final_eval, time.perf_counter() - start_time)
+        summary["baseline"] = baseline_outcome(summary, launch_command())   # not cleared: why, and the retry
         if getattr(self.strategy, "replicated", False):
             summary["replica_checksums"] = replica_checksums(self.strategy.raw_model, self.env)
         for cb in self.callbacks:
