@@ -110,7 +110,8 @@ def print_run_summary(summary: dict[str, Any]) -> None:
         + not_learned_line(summary)
         + throughput_lines(summary)
         + f"peak memory     {format_bytes(summary['peak_mem_bytes'])} per rank\n"
-        f"outputs         {summary['output_dir']} (metrics.jsonl, summary.json"
+        + checkpoint_line(summary)
+        + f"outputs         {summary['output_dir']} (metrics.jsonl, summary.json"
         + (f", model in {summary['model_dir']}" if summary.get("model_dir") else "") + ")\n",
         flush=True,
     )
@@ -185,6 +186,17 @@ def budget_advice(at_budget: int, total: int, max_new_tokens: int, longest_answe
                 "not learned to end its answers yet; train longer (more steps or epochs), a larger "
                 "--gen-max-new-tokens will not help")
     return f"{head} (they may be cut short); raise it with --gen-max-new-tokens N"
+
+
+def checkpoint_line(summary: dict[str, Any]) -> str:
+    """Which weights the run kept (and evaluated above): the best evaluation's or the last step's, and why
+    (``summary["final_checkpoint"]``, from ``ecomkit.train.best``)."""
+    kept = summary.get("final_checkpoint")
+    if not kept:
+        return ""
+    value = f", {kept['metric']} {kept['value']:.4f} on the periodic sample" if kept.get("value") is not None else ""
+    which = "the best evaluation's" if kept["kept"] == "best" else "the last step's"
+    return f"kept weights    {which}, step {kept['step']}{value}: {kept['reason']}\n"
 
 
 def not_learned_line(summary: dict[str, Any]) -> str:

@@ -87,8 +87,11 @@ class GenerationEvaluator:
         return list(self.examples[:limit])
 
     def __call__(self, strategy, tokenizer, env: DistEnv, shard: tuple[int, int],
-                 predictions_path: Path | None = None, progress: bool = False, final: bool = False) -> dict[str, Any]:
-        """Every rank calls it (decoding and the gather are collectives); returns the row's ``gen_*`` fields."""
+                 predictions_path: Path | None = None, progress: bool = False, final: bool = False,
+                 bar: Any = None) -> dict[str, Any]:
+        """Every rank calls it (decoding and the gather are collectives); returns the row's ``gen_*`` fields.
+
+        ``bar``: a progress bar this rank's examples advance (the final evaluation's one bar)."""
         chosen = self.decoded_examples(final)
         if not chosen:
             return {}
@@ -99,7 +102,7 @@ class GenerationEvaluator:
         per_shard = -(-len(chosen) // count)
         n_batches = -(-per_shard // self.settings.batch_size)
         t0 = time.perf_counter()
-        decoded = decode_prompts(strategy, tokenizer, prompts, env, self.settings, n_batches, progress)
+        decoded = decode_prompts(strategy, tokenizer, prompts, env, self.settings, n_batches, progress, bar)
         elapsed = time.perf_counter() - t0
         parts = gather_objects((index, decoded.texts, decoded.cut, decoded.at_budget, elapsed), env)
         by_shard = {}
