@@ -46,6 +46,11 @@ def test_the_last_weights_stay_when_they_are_best_or_nothing_was_compared():
         model.weight.fill_(7.0)
     kept = best.finish(40, last_value=1.0)
     assert kept["kept"] == "last" and kept["step"] == 40 and torch.equal(model.weight, torch.full((2, 2), 7.0))
+    close = BestWeights(model, None)
+    close.observe(10, {"eval_loss": 1.995})
+    kept = close.finish(40, last_value=2.0)    # lower by 0.25 %: within the sample's noise, the last stays
+    assert kept["kept"] == "last" and "lower by more than 1%" in kept["reason"]
+    assert torch.equal(model.weight, torch.full((2, 2), 7.0))
     none = BestWeights(None, why_last(0, "ddp", True)).finish(40, None)
     assert none["kept"] == "last" and none["reason"].startswith("no periodic evaluation")
     assert "the last step's, step 40: no periodic evaluation" in checkpoint_line({"final_checkpoint": none})

@@ -11,7 +11,8 @@ next than an accuracy over a few dozen records.
 **How.** At each periodic evaluation (``--eval-interval``, step 0 included), a loss lower than any before it
 copies the trainable parameters to host memory, replacing the previous copy: one copy at any time (under LoRA
 only the adapters). At the end the last weights are evaluated on the same sample; when an earlier copy is
-better it is put back, so the final evaluation, ``summary.json`` and ``final/`` all describe the same weights.
+better by more than :data:`CLEAR_MARGIN` it is put back, so the final evaluation, ``summary.json`` and
+``final/`` all describe the same weights.
 
 **When the last weights are kept.** Without periodic evaluations there is nothing to compare. Strategies whose
 module does not hold the weights they save keep the last step as well: ZeRO saves the optimizer's fp32 master
@@ -29,6 +30,11 @@ import torch
 from ecomkit.train.evaluate import held_out_loss
 
 METRIC = "eval_loss"
+# An earlier copy replaces the last weights only when its loss is lower by more than this share: a difference
+# within 1 % of the loss on a sample of held-out rows is within that sample's noise, and the last weights have
+# seen the most data. It also keeps runs that should match (1 vs N processes, whose samples differ in size) from
+# keeping different steps over a difference in the last digits.
+CLEAR_MARGIN = 0.01
 # Strategies whose module parameters are the whole model on every rank and are what final/ is saved from.
 COPYABLE = ("single", "ddp")
 
@@ -82,10 +88,11 @@ class BestWeights:
             return {"kept": "last", "step": last_step, "metric": METRIC,
                     "reason": self.reason or "no periodic evaluation measured a held-out loss"}
         block = {"metric": METRIC, "evaluations": self.evaluations + 1, "last_step": last_step, "last_value": last_value}
-        if last_value is not None and not math.isnan(last_value) and last_value <= self.value:
+        if last_value is not None and not math.isnan(last_value) and self.value >= last_value * (1 - CLEAR_MARGIN):
             self.copy = None
             return {"kept": "last", "step": last_step, "value": last_value, **block,
-                    "reason": "the last step's held-out loss is the lowest of the run's evaluations"}
+                    "reason": f"no earlier evaluation's held-out loss is lower by more than {CLEAR_MARGIN:.0%} "
+                              f"(best: step {self.step}, {self.value:.4f})"}
         self.restore()
         self.copy = None
         return {"kept": "best", "step": self.step, "value": self.value, **block,
