@@ -144,7 +144,8 @@ def greedy_without_cache(strategy, ids: torch.Tensor, mask: torch.Tensor, max_ne
     for _ in range(max_new_tokens):
         if not any_rank_running(bool(running.any()), env, sync):
             break
-        logits = strategy.forward_logits(ids, mask)[:, -1].float()
+        last = torch.tensor([ids.shape[1] - 1], device=ids.device)   # the head at the last position only
+        logits = strategy.forward_logits(ids, mask, last)[:, -1].float()
         nxt = torch.where(running, logits.argmax(dim=-1), torch.full_like(running, pad_id, dtype=torch.long))
         new.append(nxt)
         ids = torch.cat([ids, nxt[:, None]], dim=1)
