@@ -90,6 +90,7 @@ def test_budget_advice_follows_the_cause():
     short = budget_advice(3, 400, 4, longest_answer=12)
     assert short.endswith("raise it with --gen-max-new-tokens N") and "not learned" not in short
     summary = {"gen_acc": 0.0, "gen_macro_f1": 0.0, "gen_classify_n": 4, "gen_decoded": 4, "gen_held_out": 4,
-               "gen_examples_per_s": 1.0, "gen_decode_mode": "generate", "gen_prompts_cut": 0, "gen_unknown_labels": 0, "gen_at_budget": 4,
+               "gen_examples_per_s": 1.0, "gen_decode_mode": "generate", "gen_prompts_cut": 0,
+               "gen_unknown_labels": 0, "gen_at_budget": 4,
                "gen_max_new_tokens": 11, "gen_longest_train_answer": 3}
     assert "raise it" not in generation_lines(summary) and "train longer" in generation_lines(summary)

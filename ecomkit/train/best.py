@@ -87,7 +87,8 @@ class BestWeights:
         if self.reason is not None or self.copy is None:
             return {"kept": "last", "step": last_step, "metric": METRIC,
                     "reason": self.reason or "no periodic evaluation measured a held-out loss"}
-        block = {"metric": METRIC, "evaluations": self.evaluations + 1, "last_step": last_step, "last_value": last_value}
+        block = {"metric": METRIC, "evaluations": self.evaluations + 1, "last_step": last_step,
+                 "last_value": last_value}
         if last_value is not None and not math.isnan(last_value) and self.value >= last_value * (1 - CLEAR_MARGIN):
             self.copy = None
             return {"kept": "last", "step": last_step, "value": last_value, **block,
