@@ -80,6 +80,8 @@ def test_a_summary_that_misses_its_baseline_says_so_in_one_line_with_the_reason_
     assert line.rstrip().endswith("Try: torchrun --nproc_per_node 2 s.py --data r.csv --max-steps 0 --epochs 3")
     cleared = baseline_outcome({"acc_category": 0.4, "majority_category": 0.159}, ["python", "s.py"])
     assert cleared == {"cleared": True} and not_learned_line({"baseline": cleared}) == ""
+    lm = baseline_outcome({"eval_loss": 3.0, "steps": 10, "config": {"lr": 3e-3}}, ["python", "s.py"])
+    assert lm == {"cleared": None} and not_learned_line({"baseline": lm}) == ""   # an LM run has no baseline
 
 
 def test_budget_advice_follows_the_cause():

@@ -52,6 +52,12 @@ def missed_baselines(summary: Mapping[str, Any]) -> list[str]:
     return missed
 
 
+def has_baselines(summary: Mapping[str, Any]) -> bool:
+    """Whether the summary holds a figure with a baseline to clear."""
+    return (any(k.startswith("majority_") and not k.startswith("majority_label_") for k in summary)
+            or summary.get("gen_acc_margin_points") is not None or summary.get("gen_span_f1_margin_points") is not None)
+
+
 def likely_reasons(steps: int, steps_per_epoch: float, lr: float, model_kind: str,
                    recommended_lr: float | None = None, peft: str = "none") -> list[Reason]:
     """Why a run likely stayed at its baseline, most likely first (empty: nothing the run can point to).
@@ -111,7 +117,10 @@ def launch_command(argv: Sequence[str] | None = None, environ: Mapping[str, str]
 
 def baseline_outcome(summary: Mapping[str, Any], command: Sequence[str],
                      recommended_lr: float | None = None) -> dict[str, Any]:
-    """The summary's ``baseline`` block: ``cleared``, and when not, what missed, why, and the command to retry."""
+    """The summary's ``baseline`` block: ``cleared`` (None: no figure has a baseline), and when not, what missed,
+    why, and the command to retry."""
+    if not has_baselines(summary):
+        return {"cleared": None}   # nothing to clear: an LM run, or no classification or extraction figure
     missed = missed_baselines(summary)
     if not missed:
         return {"cleared": True}
