@@ -110,7 +110,7 @@ def print_run_summary(summary: dict[str, Any]) -> None:
         + not_learned_line(summary)
         + throughput_lines(summary)
         + f"peak memory     {format_bytes(summary['peak_mem_bytes'])} per rank\n"
-        + checkpoint_line(summary)
+        + (summary.get("final_checkpoint") or {}).get("line", "")
         + f"outputs         {summary['output_dir']} (metrics.jsonl, summary.json"
         + (f", model in {summary['model_dir']}" if summary.get("model_dir") else "") + ")\n",
         flush=True,
@@ -152,51 +152,14 @@ METHOD_OF_PREFIX = (("acc_", CANDIDATE_SCORING), ("macro_f1_", CANDIDATE_SCORING
                     ("gen_span_", GENERATED_SPANS), ("gen_strict_acc", GENERATED_SPANS))
 
 
-def eval_methods(row: dict[str, Any]) -> dict[str, str]:
-    """``{figure: method}`` for the scores in an evaluation row (recorded in eval rows and ``summary.json``)."""
-    out = {}
-    for key, value in row.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            method = next((m for prefix, m in METHOD_OF_PREFIX if key.startswith(prefix)), None)
-            if method is not None and not key.endswith("_margin_points"):
-                out[key] = method
-    return out
-
-
 def methods_line(summary: dict[str, Any]) -> str:
     """One line saying how the two methods differ, when a summary holds figures from both."""
-    methods = set((summary.get("eval_methods") or eval_methods(summary)).values())
+    methods = set((summary.get("eval_methods") or {}).values())
     if CANDIDATE_SCORING not in methods or not methods - {CANDIDATE_SCORING}:
         return ""
     return ("methods         candidate scoring ranks the candidate labels by mean log-probability after the prompt "
             "(no decoding, always one of them); generation decodes an answer and scores the label or spans "
             "parsed from it (an answer that names no label is wrong)\n")
-
-
-def budget_advice(at_budget: int, total: int, max_new_tokens: int, longest_answer: int | None) -> str:
-    """The line for answers that ran to the generation budget, with the lever that follows the cause.
-
-    ``longest_answer``: the longest training answer in tokens, EOS included (None: unknown). A budget that
-    holds it means the model has not learned to end its answers: training is the lever, not the budget.
-    """
-    head = (f"{at_budget} of {total} generated answers stopped at the budget of {max_new_tokens} new tokens "
-            "without ending")
-    if longest_answer and max_new_tokens >= longest_answer:
-        return (f"{head}: the budget holds the longest training answer ({longest_answer} tokens), so the model has "
-                "not learned to end its answers yet; train longer (more steps or epochs), a larger "
-                "--gen-max-new-tokens will not help")
-    return f"{head} (they may be cut short); raise it with --gen-max-new-tokens N"
-
-
-def checkpoint_line(summary: dict[str, Any]) -> str:
-    """Which weights the run kept (and evaluated above): the best evaluation's or the last step's, and why
-    (``summary["final_checkpoint"]``, from ``ecomkit.train.best``)."""
-    kept = summary.get("final_checkpoint")
-    if not kept:
-        return ""
-    value = f", {kept['metric']} {kept['value']:.4f} on the periodic sample" if kept.get("value") is not None else ""
-    which = "the best evaluation's" if kept["kept"] == "best" else "the last step's"
-    return f"kept weights    {which}, step {kept['step']}{value}: {kept['reason']}\n"
 
 
 def not_learned_line(summary: dict[str, Any]) -> str:
@@ -267,10 +230,11 @@ def generation_lines(summary: dict[str, Any]) -> str:
                   f"{summary['gen_prompts_cut']} prompts cut to fit, {summary['gen_unknown_labels']} unknown labels "
                   f"in answers, {summary.get('gen_invalid_text', 0)} answers with invalid text (U+FFFD), "
                   f"{summary.get('gen_spans_not_in_input', 0)} predicted spans not in their input\n")
-    if summary.get("gen_at_budget"):
-        lines += "budget           " + budget_advice(summary["gen_at_budget"], summary["gen_decoded"],
-                                                     summary.get("gen_max_new_tokens"),
-                                                     summary.get("gen_longest_train_answer")) + "\n"
+    if summary.get("gen_at_budget"):   # the advice that follows the cause, when known (gen_eval.budget_advice)
+        lines += "budget           " + (summary.get("gen_budget_advice") or (
+            f"{summary['gen_at_budget']} of {summary['gen_decoded']} answers stopped at "
+            f"{summary.get('gen_max_new_tokens')} new tokens without ending (maybe cut short): raise it with "
+            f"--gen-max-new-tokens N")) + "\n"
     return lines
 
 

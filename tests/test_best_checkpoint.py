@@ -8,7 +8,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ecomkit.metrics import checkpoint_line
 from ecomkit.train.best import BestWeights, why_last
 
 
@@ -34,8 +33,7 @@ def test_one_copy_of_the_trainable_parameters_at_the_lowest_loss_is_put_back_whe
     kept = best.finish(30, last_value=2.7)
     assert kept["kept"] == "best" and kept["step"] == 10 and kept["value"] == 2.0 and kept["last_value"] == 2.7
     assert torch.equal(model[0].weight, torch.ones(3, 3)) and best.copy is None   # put back, copy released
-    line = checkpoint_line({"final_checkpoint": kept})
-    assert line.startswith("kept weights    the best evaluation's, step 10, eval_loss 2.0000 on the periodic sample")
+    assert kept["line"].startswith("kept weights    the best evaluation's, step 10, eval_loss 2.0000 on the periodic sample")
 
 
 def test_the_last_weights_stay_when_they_are_best_or_nothing_was_compared():
@@ -53,7 +51,7 @@ def test_the_last_weights_stay_when_they_are_best_or_nothing_was_compared():
     assert torch.equal(model.weight, torch.full((2, 2), 7.0))
     none = BestWeights(None, why_last(0, "ddp", True)).finish(40, None)
     assert none["kept"] == "last" and none["reason"].startswith("no periodic evaluation")
-    assert "the last step's, step 40: no periodic evaluation" in checkpoint_line({"final_checkpoint": none})
+    assert "the last step's, step 40: no periodic evaluation" in none["line"]
 
 
 @pytest.mark.slow

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import shlex
 
-from ecomkit.metrics import budget_advice, classification_lines, eval_methods, generation_lines, methods_line, \
-    not_learned_line
+from ecomkit.metrics import classification_lines, generation_lines, methods_line, not_learned_line
+from ecomkit.train.gen_eval import budget_advice
+from ecomkit.train.held_out import eval_methods
 from ecomkit.train.outcome import baseline_outcome, launch_command, likely_reasons, missed_baselines, retry_command
 
 # The issue's run: candidate scoring at the majority baseline, generated labels below theirs.
@@ -29,8 +30,9 @@ def test_every_figure_names_its_method_in_the_row_and_the_printed_lines():
     assert "eval category   accuracy 0.159 by candidate scoring" in classification_lines(ISSUE_SUMMARY)
     assert "generated labels accuracy 0.000 by generation, exact match" in generation_lines(ISSUE_SUMMARY)
     # both methods in one summary: one line says how they differ, so 0.159 and 0.000 no longer disagree unlabelled
-    assert "candidate scoring ranks the candidate labels" in methods_line(ISSUE_SUMMARY)
-    assert methods_line({"acc_category": 0.5}) == ""
+    both = {**ISSUE_SUMMARY, "eval_methods": eval_methods(ISSUE_SUMMARY)}
+    assert "candidate scoring ranks the candidate labels" in methods_line(both)
+    assert methods_line({"acc_category": 0.5, "eval_methods": {"acc_category": "candidate scoring"}}) == ""
 
 
 def test_the_figures_that_miss_their_baseline_are_named_with_their_method():
@@ -93,6 +95,6 @@ def test_budget_advice_follows_the_cause():
     assert short.endswith("raise it with --gen-max-new-tokens N") and "not learned" not in short
     summary = {"gen_acc": 0.0, "gen_macro_f1": 0.0, "gen_classify_n": 4, "gen_decoded": 4, "gen_held_out": 4,
                "gen_examples_per_s": 1.0, "gen_decode_mode": "generate", "gen_prompts_cut": 0,
-               "gen_unknown_labels": 0, "gen_at_budget": 4,
-               "gen_max_new_tokens": 11, "gen_longest_train_answer": 3}
+               "gen_unknown_labels": 0, "gen_at_budget": 4, "gen_max_new_tokens": 11,
+               "gen_budget_advice": budget_advice(4, 4, 11, longest_answer=3)}
     assert "raise it" not in generation_lines(summary) and "train longer" in generation_lines(summary)

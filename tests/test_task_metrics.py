@@ -100,8 +100,8 @@ def test_answers_that_stopped_at_the_budget_are_counted_with_the_flag_that_raise
     assert s["gen_at_budget"] == 1
     s.update(gen_decoded=3, gen_examples_per_s=1.0, gen_decode_mode="generate", gen_prompts_cut=0,
              gen_max_new_tokens=4)
-    assert ("1 of 3 generated answers stopped at the budget of 4 new tokens without ending (they may be cut short); "
-            "raise it with --gen-max-new-tokens N") in generation_lines(s)
+    assert ("1 of 3 answers stopped at 4 new tokens without ending (maybe cut short): raise it with "
+            "--gen-max-new-tokens N") in generation_lines(s)
 
 
 def test_dictionary_baseline_most_frequent_label_longest_match_first_and_only_asked_labels():

@@ -64,16 +64,17 @@ class BestWeights:
         reason = why_last(run.cfg.eval_interval, run.strategy.name, getattr(run.strategy, "replicated", False))
         return cls(run.strategy.raw_model if reason is None else None, reason)
 
-    def observe(self, step: int, row: dict[str, Any]) -> None:
-        """A periodic evaluation's row: keep a copy when its loss is the lowest so far."""
+    def observe(self, step: int, row: dict[str, Any]) -> dict[str, Any]:
+        """A periodic evaluation's row: keep a copy when its loss is the lowest so far; returns the row."""
         value = row.get(METRIC)
         if self.reason is not None or value is None or math.isnan(value):
-            return
+            return row
         self.evaluations += 1
         if value < self.value:
             self.step, self.value = step, float(value)
             self.copy = {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()
                          if p.requires_grad}
+        return row
 
     @torch.no_grad()
     def restore(self) -> None:
@@ -82,6 +83,11 @@ class BestWeights:
             params[name].copy_(saved.to(params[name].device))
 
     def finish(self, last_step: int, last_value: float | None) -> dict[str, Any]:
+        """:meth:`decide`, with the summary's printed ``line``."""
+        block = self.decide(last_step, last_value)
+        return {**block, "line": checkpoint_line(block)}
+
+    def decide(self, last_step: int, last_value: float | None) -> dict[str, Any]:
         """Put the best copy back when it beats the last weights (``last_value``: their loss on the same sample);
         return the summary's ``final_checkpoint`` block."""
         if self.reason is not None or self.copy is None:
@@ -98,6 +104,13 @@ class BestWeights:
         self.copy = None
         return {"kept": "best", "step": self.step, "value": self.value, **block,
                 "reason": f"its held-out loss is lower than the last step's ({last_value:.4f})"}
+
+
+def checkpoint_line(kept: dict[str, Any]) -> str:
+    """The summary's line: which weights the run kept (and evaluated), at which step, and why."""
+    value = f", {kept['metric']} {kept['value']:.4f} on the periodic sample" if kept.get("value") is not None else ""
+    which = "the best evaluation's" if kept["kept"] == "best" else "the last step's"
+    return f"kept weights    {which}, step {kept['step']}{value}: {kept['reason']}\n"
 
 
 def keep_best_or_last(run: Any, best: BestWeights) -> dict[str, Any]:

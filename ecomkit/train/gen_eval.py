@@ -50,7 +50,6 @@ from ecomkit.data.formats import KIND_CLASSIFY, KIND_EXTRACT, Span, TaskExample,
 from ecomkit.config import TrainConfig
 from ecomkit.data.tasks import CLASSIFICATION_TASKS
 from ecomkit.dist import DistEnv, gather_objects, log
-from ecomkit.metrics import budget_advice
 from ecomkit.train.evaluate import shard_range
 from ecomkit.train.generate import DecodeSettings, decode_mode, decode_prompts
 from ecomkit.train.task_metrics import (SpanDictionary, classification_scores, extraction_scores, invalid_text,
@@ -118,12 +117,29 @@ class GenerationEvaluator:
                     "gen_prompts_cut": sum(c for _, c, _ in by_shard.values()),
                     "gen_decode_s": wall, "gen_examples_per_s": len(rows) / wall if wall > 0 else float("nan"),
                     "gen_decode_mode": decode_mode(strategy), "gen_longest_train_answer": self.longest_answer or None})
-        if out["gen_at_budget"] and env.is_main:   # a warning for the figures the run ends with
-            (log.warning if final else log.info)(
-                budget_advice(out["gen_at_budget"], len(rows), self.settings.max_new_tokens, self.longest_answer))
+        if out["gen_at_budget"]:   # the advice that follows the cause: train longer, or raise the budget
+            out["gen_budget_advice"] = budget_advice(out["gen_at_budget"], len(rows), self.settings.max_new_tokens,
+                                                     self.longest_answer)
+            if env.is_main:   # a warning for the figures the run ends with
+                (log.warning if final else log.info)(out["gen_budget_advice"])
         if predictions_path is not None and env.is_main:
             write_predictions(predictions_path, rows)
         return out
+
+
+def budget_advice(at_budget: int, total: int, max_new_tokens: int, longest_answer: int | None) -> str:
+    """The line for answers that ran to the generation budget, with the lever that follows the cause.
+
+    ``longest_answer``: the longest training answer in tokens, EOS included (None: unknown). A budget that
+    holds it means the model has not learned to end its answers: training is the lever, not the budget.
+    """
+    head = (f"{at_budget} of {total} generated answers stopped at the budget of {max_new_tokens} new tokens "
+            "without ending")
+    if longest_answer and max_new_tokens >= longest_answer:
+        return (f"{head}: the budget holds the longest training answer ({longest_answer} tokens), so the model has "
+                "not learned to end its answers yet; train longer (more steps or epochs), a larger "
+                "--gen-max-new-tokens will not help")
+    return f"{head} (they may be cut short); raise it with --gen-max-new-tokens N"
 
 
 def budget_line(at_budget: int, total: int, max_new_tokens: int, flag: str) -> str:

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping
 from ecomkit.config import TrainConfig
 from ecomkit.data.tasks import CLASSIFICATION_TASKS, can_classify
 from ecomkit.dist import log
-from ecomkit.metrics import eval_methods
+from ecomkit.metrics import METHOD_OF_PREFIX
 from ecomkit.train.evaluate import evaluate_nlu_accuracy, held_out_loss, shard_range
 from ecomkit.train.gen_eval import PREDICTIONS_FILE
 from ecomkit.train.progress import make_progress
@@ -59,6 +59,17 @@ def evaluate_held_out(run: Any, final: bool = False) -> dict[str, Any]:
         if bar is not None:
             bar.close()
     out["eval_methods"] = eval_methods(out)   # which method made each figure: candidate scoring or generation
+    return out
+
+
+def eval_methods(row: dict[str, Any]) -> dict[str, str]:
+    """``{figure: method}`` for the scores in an evaluation row (recorded in eval rows and ``summary.json``)."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            method = next((m for prefix, m in METHOD_OF_PREFIX if key.startswith(prefix)), None)
+            if method is not None and not key.endswith("_margin_points"):
+                out[key] = method
     return out
 
 

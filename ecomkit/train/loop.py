@@ -40,7 +40,6 @@ from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
 from ecomkit.parallel import build_strategy
 from ecomkit.parallel.mixed import sharded_model_callbacks
 from ecomkit.train.clip import ClipPolicy
-
 from ecomkit.train.autoprec import resolve_attention, resolve_loss_kernel, resolve_precision
 from ecomkit.train.batches import log_data_choices, resolve_data_settings, training_loader
 from ecomkit.train.best import BestWeights, keep_best_or_last
@@ -210,9 +209,7 @@ class TrainingRun:
         batches = self._micro_batches()
         best = BestWeights.for_run(self)   # final/ keeps the best evaluated weights, or says why the last
         if cfg.eval_interval and self.step == 0:  # evaluations at steps 0, k, 2k, ...: the untrained reference
-            first = {"type": "eval", "step": 0, **self.evaluate()}
-            self.metrics.write(first)
-            best.observe(0, first)
+            self.metrics.write(best.observe(0, {"type": "eval", "step": 0, **self.evaluate()}))
         start_time = time.perf_counter()
         pending: list[tuple[dict[str, Any], StepTensors]] = []   # steps whose device values are not read yet
         while self.step < self.total_steps:
@@ -226,8 +223,7 @@ class TrainingRun:
                 # the log interval's one read of the device: losses, counts and norms of its steps, and the stop flag
                 self._finish_steps(pending, flops_tok, peak)
                 if eval_due:
-                    row.update(self.evaluate())
-                    best.observe(self.step, row)
+                    row.update(best.observe(self.step, self.evaluate()))
                 for done, _ in pending:
                     self.history.append(done)
                     self.metrics.write(done)
@@ -241,8 +237,7 @@ class TrainingRun:
         final_eval = self.evaluate(final=True)
         self.metrics.write({"type": "eval", "step": self.step, **final_eval})
         summary = self._summary(final_eval, time.perf_counter() - start_time)
-        summary["final_checkpoint"] = kept
-        summary["baseline"] = baseline_outcome(summary, launch_command())   # not cleared: why, and the retry
+        summary.update(final_checkpoint=kept, baseline=baseline_outcome(summary, launch_command()))  # why, retry
         if getattr(self.strategy, "replicated", False):
             summary["replica_checksums"] = replica_checksums(self.strategy.raw_model, self.env)
         for cb in self.callbacks:
