@@ -140,7 +140,7 @@ def examples_note(summary: dict[str, Any]) -> str:
     return f" ({n:,} held-out examples)" if n is not None else ""
 
 
-# Which method made each headline figure of an evaluation (item: figures that disagree must say why). Candidate
+# Which method made each headline figure of an evaluation (figures that disagree must say why). Candidate
 # scoring never decodes: it ranks the candidate labels by their mean log-probability after the prompt, so an
 # untrained model still picks one of them; generation decodes an answer and scores what it parses, so an answer
 # that is no label scores 0. The two can disagree on the same questions; each figure names its method.

@@ -9,7 +9,7 @@ training rows alone. :func:`likely_reasons` decides from the summary's numbers o
 tested); :func:`baseline_outcome` turns it into one line and a ``baseline`` block for ``summary.json``.
 
 Advice follows the cause: an untrained model's answers run to the generation budget because it has not learned
-to end them, and raising ``--gen-max-new-tokens`` does not help it (:func:`ecomkit.metrics.budget_advice`).
+to end them, and raising ``--gen-max-new-tokens`` does not help it (:func:`ecomkit.train.gen_eval.budget_advice`).
 """
 
 from __future__ import annotations
