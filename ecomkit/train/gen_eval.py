@@ -26,7 +26,8 @@ decoded examples include that kind:
   ``gen_extract_n``;
 - both: ``gen_decoded``, ``gen_prompts_cut``, ``gen_unknown_labels``,
   ``gen_at_budget`` (answers that used every new token allowed without ending:
-  maybe cut short, ``--gen-max-new-tokens`` raises the budget),
+  maybe cut short), ``gen_budget_advice`` (then: the lever that follows the cause, :func:`budget_advice`:
+  train longer when the budget holds ``gen_longest_train_answer``, else raise ``--gen-max-new-tokens``),
   ``gen_invalid_text`` (answers holding U+FFFD, a byte-level piece cut inside a
   character), ``gen_spans_not_in_input`` (predicted spans that are not
   substrings of the input), ``gen_decode_s``, ``gen_examples_per_s`` (all
