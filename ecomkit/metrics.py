@@ -106,9 +106,12 @@ def print_run_summary(summary: dict[str, Any]) -> None:
           f"{summary['eval_loss']:.4f}{examples_note(summary)}\n"
         + classification_lines(summary)
         + generation_lines(summary)
+        + methods_line(summary)
+        + not_learned_line(summary)
         + throughput_lines(summary)
         + f"peak memory     {format_bytes(summary['peak_mem_bytes'])} per rank\n"
-        f"outputs         {summary['output_dir']} (metrics.jsonl, summary.json"
+        + (summary.get("final_checkpoint") or {}).get("line", "")
+        + f"outputs         {summary['output_dir']} (metrics.jsonl, summary.json"
         + (f", model in {summary['model_dir']}" if summary.get("model_dir") else "") + ")\n",
         flush=True,
     )
@@ -137,6 +140,35 @@ def examples_note(summary: dict[str, Any]) -> str:
     return f" ({n:,} held-out examples)" if n is not None else ""
 
 
+# Which method made each headline figure of an evaluation (figures that disagree must say why). Candidate
+# scoring never decodes: it ranks the candidate labels by their mean log-probability after the prompt, so an
+# untrained model still picks one of them; generation decodes an answer and scores what it parses, so an answer
+# that is no label scores 0. The two can disagree on the same questions; each figure names its method.
+CANDIDATE_SCORING = "candidate scoring"
+GENERATED_EXACT = "generation, exact match"
+GENERATED_SPANS = "generation, span F1"
+METHOD_OF_PREFIX = (("acc_", CANDIDATE_SCORING), ("macro_f1_", CANDIDATE_SCORING),
+                    ("gen_acc", GENERATED_EXACT), ("gen_macro_f1", GENERATED_EXACT),
+                    ("gen_span_", GENERATED_SPANS), ("gen_strict_acc", GENERATED_SPANS))
+
+
+def methods_line(summary: dict[str, Any]) -> str:
+    """One line saying how the two methods differ, when a summary holds figures from both."""
+    methods = set((summary.get("eval_methods") or {}).values())
+    if CANDIDATE_SCORING not in methods or not methods - {CANDIDATE_SCORING}:
+        return ""
+    return ("methods         candidate scoring ranks the candidate labels by mean log-probability after the prompt "
+            "(no decoding, always one of them); generation decodes an answer and scores the label or spans "
+            "parsed from it (an answer that names no label is wrong)\n")
+
+
+def not_learned_line(summary: dict[str, Any]) -> str:
+    """The one line of a run whose model does not clear a baseline: what missed, the likely reason, the retry
+    (``summary["baseline"]``, from ``ecomkit.train.outcome.baseline_outcome``)."""
+    verdict = summary.get("baseline") or {}
+    return verdict["line"] + "\n" if verdict.get("cleared") is False else ""
+
+
 def classification_lines(summary: dict[str, Any]) -> str:
     """One line per classification target: accuracy, macro-F1, the majority baseline and the margin over it.
 
@@ -148,7 +180,7 @@ def classification_lines(summary: dict[str, Any]) -> str:
     lines = ""
     for key in [k for k in summary if k.startswith("acc_")]:
         target, acc = key[4:], summary[key]
-        line = f"eval {target:<11}accuracy {acc:.3f}"
+        line = f"eval {target:<11}accuracy {acc:.3f} by {CANDIDATE_SCORING}"
         if summary.get(f"macro_f1_{target}") is not None:
             line += f", macro-F1 {summary[f'macro_f1_{target}']:.3f}"
         if summary.get(f"majority_{target}") is not None:
@@ -172,7 +204,8 @@ def generation_lines(summary: dict[str, Any]) -> str:
     """
     lines = ""
     if summary.get("gen_acc") is not None:
-        line = f"generated labels accuracy {summary['gen_acc']:.3f}, macro-F1 {summary['gen_macro_f1']:.3f}"
+        line = (f"generated labels accuracy {summary['gen_acc']:.3f} by {GENERATED_EXACT}, "
+                f"macro-F1 {summary['gen_macro_f1']:.3f}")
         if summary.get("gen_majority_acc") is not None:
             margin = summary["gen_acc_margin_points"]
             line += (f"; training-majority baseline {summary['gen_majority_acc']:.3f}, margin {margin:+.1f} points "
@@ -183,7 +216,8 @@ def generation_lines(summary: dict[str, Any]) -> str:
     if summary.get("gen_span_f1") is not None:
         margin = summary["gen_span_f1_margin_points"]
         per = ", ".join(f"{k} {v:.2f}" for k, v in summary.get("gen_span_f1_per_label", {}).items())
-        lines += (f"generated spans  micro-F1 {summary['gen_span_f1']:.3f} (P {summary['gen_span_precision']:.3f}, "
+        lines += (f"generated spans  micro-F1 {summary['gen_span_f1']:.3f} by {GENERATED_SPANS} "
+                  f"(P {summary['gen_span_precision']:.3f}, "
                   f"R {summary['gen_span_recall']:.3f}), strict {summary['gen_strict_acc']:.3f}; dictionary "
                   f"baseline F1 {summary['dict_span_f1']:.3f}, margin {margin:+.1f} points "
                   f"({'clears' if margin > 0 else 'does NOT clear'} it; {summary['gen_extract_n']} examples)\n"
@@ -196,10 +230,11 @@ def generation_lines(summary: dict[str, Any]) -> str:
                   f"{summary['gen_prompts_cut']} prompts cut to fit, {summary['gen_unknown_labels']} unknown labels "
                   f"in answers, {summary.get('gen_invalid_text', 0)} answers with invalid text (U+FFFD), "
                   f"{summary.get('gen_spans_not_in_input', 0)} predicted spans not in their input\n")
-    if summary.get("gen_at_budget"):
-        lines += (f"budget           {summary['gen_at_budget']} of {summary['gen_decoded']} answers stopped at "
-                  f"{summary.get('gen_max_new_tokens')} new tokens without ending (maybe cut short): raise it with "
-                  f"--gen-max-new-tokens N\n")
+    if summary.get("gen_at_budget"):   # the advice that follows the cause, when known (gen_eval.budget_advice)
+        lines += "budget           " + (summary.get("gen_budget_advice") or (
+            f"{summary['gen_at_budget']} of {summary['gen_decoded']} answers stopped at "
+            f"{summary.get('gen_max_new_tokens')} new tokens without ending (maybe cut short): raise it with "
+            f"--gen-max-new-tokens N")) + "\n"
     return lines
 
 
@@ -209,7 +244,7 @@ def print_evaluation(result: dict[str, Any]) -> None:
         return
     print(f"\n=== evaluation of {result['model']} ({result['strategy']} × {result['world_size']}) ===\n"
           f"eval loss       {result['eval_loss']:.4f}{examples_note(result)}\n" + classification_lines(result)
-          + generation_lines(result),
+          + generation_lines(result) + methods_line(result),
           flush=True)
 
 

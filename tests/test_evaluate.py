@@ -34,8 +34,9 @@ class ModelStrategy:
     def __init__(self, model: torch.nn.Module):
         self.model = model
 
-    def forward_logits(self, input_ids, attention_mask):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+    def forward_logits(self, input_ids, attention_mask, positions=None):
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+        return logits if positions is None else logits[:, positions]
 
 
 class FavouringStrategy:
@@ -51,13 +52,13 @@ class FavouringStrategy:
         self.vocab, self.favoured, self.noise = vocab, sorted(favoured), noise
         self.gen = torch.Generator().manual_seed(seed)
 
-    def forward_logits(self, input_ids, attention_mask):
+    def forward_logits(self, input_ids, attention_mask, positions=None):
         logits = torch.zeros(*input_ids.shape, self.vocab)
         if self.noise:
             tail = logits[:, -6:]
             tail += self.noise * torch.randn(*tail.shape, generator=self.gen)
         logits[..., self.favoured] += 8.0
-        return logits
+        return logits if positions is None else logits[:, positions]
 
 
 @pytest.fixture(scope="module")
@@ -209,10 +210,10 @@ class CountingStrategy(FavouringStrategy):
         super().__init__(vocab, set())
         self.forwards, self.first_tokens = 0, []
 
-    def forward_logits(self, input_ids, attention_mask):
+    def forward_logits(self, input_ids, attention_mask, positions=None):
         self.forwards += 1
         self.first_tokens += input_ids[:, 0].tolist()
-        return super().forward_logits(input_ids, attention_mask)
+        return super().forward_logits(input_ids, attention_mask, positions)
 
 
 @pytest.fixture

@@ -52,6 +52,7 @@ count makes every split of the same global batch produce the same gradient.
 from __future__ import annotations
 
 import functools
+import inspect
 import statistics
 import types
 from typing import Any, Callable, Iterable
@@ -232,6 +233,25 @@ def _forward_with_chunked_loss(self: nn.Module, *args: Any, token_loss_labels: t
     return CausalLMOutputWithCrossAttentions(loss=loss)
 
 
+def _with_signature_of(forward: Callable) -> Callable:
+    """:func:`_forward_with_chunked_loss` under ``forward``'s signature plus the two token-loss keywords.
+
+    Why: ``generate()`` reads the model's forward signature. Without ``logits_to_keep`` in it, it computed the
+    LM head over every prompt position at prefill (B × T × vocab, most of a CPU evaluation's decoding time) and
+    refused the keyword when given.
+    """
+    def installed(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return _forward_with_chunked_loss(self, *args, **kwargs)
+
+    sig = inspect.signature(forward)
+    var_kw = [p for p in sig.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+    plain = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)
+             for name in ("token_loss_labels", "token_loss_count")]
+    installed.__signature__ = sig.replace(parameters=[*plain, *extra, *var_kw])
+    return installed
+
+
 def install_chunked_loss(model: nn.Module, chunk_tokens: int, row_multiple: int | None = None,
                          cpu_kernel: bool = False, head_loss: Callable | None = None) -> None:
     """Make ``model(..., token_loss_labels=labels).loss`` the chunked token-loss sum; call before wrapping.
@@ -250,7 +270,7 @@ def install_chunked_loss(model: nn.Module, chunk_tokens: int, row_multiple: int 
     model.ecomkit_loss_kernel = cpu_kernel
     if head_loss is not None:
         model.ecomkit_head_loss = head_loss
-    model.forward = types.MethodType(_forward_with_chunked_loss, model)
+    model.forward = types.MethodType(_with_signature_of(type(model).forward), model)
 
 
 def install_fused_loss(model: nn.Module, kernel: str) -> None:

@@ -125,10 +125,18 @@ class Strategy:
         """Autocast for bf16/fp16 where the device supports it; fp32 runs without it."""
         return autocast_context(self.cfg.precision, self.env.device)
 
-    def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Logits of one batch (evaluation and generation run compiled blocks uncompiled: models/compile.py)."""
+    def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of one batch (evaluation and generation run compiled blocks uncompiled: models/compile.py).
+
+        ``positions`` (1-D, the same for every row): only those positions' logits, ``[B, len(positions), V]``.
+        Why: evaluation reads the logits of a few answer positions per row, and the LM head over every prompt
+        position (B × T × vocab) was most of the final evaluation's time (transformers' ``logits_to_keep``).
+        """
         with self.autocast():
-            return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+            if positions is None:
+                return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions).logits
 
     def forward_loss_sum(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Σ token losses of one micro-batch: chunked in the model's forward when installed, else from logits.

@@ -263,7 +263,14 @@ class MixedParallelStrategy(Strategy):
         stack.enter_context(self._counting())
         return stack
 
-    def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of one batch; ``positions``: only those (selected after the head here: TP and PP gather or
+        broadcast whole sequences before it)."""
+        logits = self._all_logits(input_ids, attention_mask)
+        return logits if positions is None else logits[:, positions]
+
+    def _all_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         if self.pipeline is not None:
             if torch.is_grad_enabled() and self.model.training:
                 raise EcomkitError(_NEEDS_LOOP_HOOK)

@@ -52,12 +52,14 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from ecomkit.data.tasks import (CATEGORY_LABELS, CLASSIFICATION_TASKS, SENTIMENT_LABELS, build_classification_example,
                                 can_classify)
-from ecomkit.data.tokenize import IGNORE_INDEX, encode_prompt_answer
-from ecomkit.dist import DistEnv
-from ecomkit.models.loss import count_label_tokens, token_loss_sum
+from ecomkit.data.tokenize import IGNORE_INDEX, encode_prompt_answer, encode_prompt_texts, fit_prompt_answer
+from ecomkit.data import lengths_array
+from ecomkit.dist import DistEnv, all_reduce_max
+from ecomkit.models.loss import count_label_tokens
 from ecomkit.train.task_metrics import majority_label
 
 # No truncation unless the caller gives the training sequence length.
@@ -93,37 +95,69 @@ def evaluate_loss(strategy, eval_ds, collate, env: DistEnv, micro_batch_size: in
 
 @torch.no_grad()
 def held_out_loss(strategy, eval_ds, collate, env: DistEnv, micro_batch_size: int, n_batches: int | None,
-                  shard: tuple[int, int] | None = None, max_examples: int | None = None) -> dict[str, float]:
+                  shard: tuple[int, int] | None = None, max_examples: int | None = None,
+                  bar: Any = None) -> dict[str, float]:
     """``eval_loss`` (global token mean), and the ``eval_loss_examples`` and ``eval_loss_tokens`` it rests on.
 
     ``n_batches``: micro-batches per data shard (a sample: the first ``n_batches × micro_batch_size ×
     shards`` examples), or None for every example (or the first ``max_examples``).
     ``shard`` = (index, count) from ``strategy.data_shard()``;
     ranks of one shard (TP/PP) evaluate the same slice, and since numerator and denominator are both
-    summed over all ranks the replication cancels out.
+    summed over all ranks the replication cancels out. ``bar``: a progress bar this rank's rows advance.
     """
     idx, n_shards = shard or (env.rank, env.world_size)
     n = min(len(eval_ds), max_examples or len(eval_ds)) if n_batches is None else min(
         len(eval_ds), n_batches * micro_batch_size * n_shards)
     start, end = shard_range(n, idx, n_shards)
+    order = by_length(eval_ds, start, end)                 # similar lengths share a batch: less padding
     steps = -(-(-(-n // n_shards)) // micro_batch_size)   # batches of the largest share: every rank runs them
     sums = [0.0, 0.0, 0.0]                                 # loss, label tokens, examples
     model = strategy.model
     was_training = model.training
     model.eval()
     for step in range(steps):
-        rows = list(range(start + step * micro_batch_size, min(start + (step + 1) * micro_batch_size, end)))
+        rows = order[step * micro_batch_size:(step + 1) * micro_batch_size]
         batch = collate([eval_ds[j] for j in (rows or [0])])   # a share one short repeats a row, not counted
         batch = {k: v.to(env.device) for k, v in batch.items()}
-        logits = strategy.forward_logits(batch["input_ids"], batch["attention_mask"])
+        positions = answer_positions(batch["labels"])
+        logits = strategy.forward_logits(batch["input_ids"], batch["attention_mask"], positions)
         if rows:
-            sums = [sums[0] + float(token_loss_sum(logits, batch["labels"])),
+            sums = [sums[0] + float(kept_loss_sum(logits, batch["labels"], positions)),
                     sums[1] + count_label_tokens(batch["labels"]), sums[2] + len(rows)]
+            if bar is not None:
+                bar.update(len(rows))
     model.train(was_training)
     total_loss, total_tokens, examples = all_reduce_sums(sums, env)
     replication = env.world_size // n_shards   # TP/PP ranks of one shard evaluate the same rows
     return {"eval_loss": total_loss / max(total_tokens, 1.0), "eval_loss_examples": round(examples / replication),
             "eval_loss_tokens": round(total_tokens / replication)}
+
+
+def by_length(eval_ds, start: int, end: int) -> list[int]:
+    """Rows ``start..end-1`` shortest first (the ``length`` column of a tokenized table, else each row's ids)."""
+    if "length" in getattr(eval_ds, "column_names", ()):
+        lengths = lengths_array(eval_ds)[start:end].tolist()
+    else:
+        lengths = [len(eval_ds[j]["input_ids"]) for j in range(start, end)]
+    return [start + i for i in sorted(range(end - start), key=lengths.__getitem__)]
+
+
+def answer_positions(labels: torch.Tensor) -> torch.Tensor:
+    """The positions whose logits predict a label (``t`` where ``labels[:, t + 1]`` is set), over every row.
+
+    Only these positions' logits are computed (``Strategy.forward_logits(..., positions)``): for NLU rows
+    the answer and its EOS, a few of each row's positions. Never empty (a batch without labels keeps 0).
+    """
+    cols = (labels[:, 1:] != IGNORE_INDEX).any(0).nonzero().flatten()
+    return cols if len(cols) else torch.zeros(1, dtype=torch.long, device=labels.device)
+
+
+def kept_loss_sum(logits: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Σ next-token losses from the logits of ``positions`` only (``[B, len(positions), V]``): as
+    :func:`ecomkit.models.loss.token_loss_sum` on the full logits, which reads no other position."""
+    targets = labels[:, positions + 1]
+    return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
+                           ignore_index=IGNORE_INDEX, reduction="sum")
 
 
 @dataclass(frozen=True)
@@ -139,12 +173,37 @@ class CandidateScore:
         return self.log_prob / self.n_tokens
 
 
-def _candidate_batch(tokenizer, prompt: str, candidates: Sequence[str], max_length: int | None,
-                     device) -> tuple[dict, torch.Tensor]:
-    """prompt + candidate + EOS per candidate, as in training, right-padded; labels mark the scored tokens."""
-    rows = [encode_prompt_answer(tokenizer, prompt, cand, max_length or _NO_TRUNCATION) for cand in candidates]
+Rows = list[tuple[list[int], list[int]]]   # one example's candidates: (ids, labels) each, as in training
+
+
+def encode_candidates(tokenizer, prompt: str, candidates: Sequence[str], max_length: int | None = None) -> Rows:
+    """prompt + candidate + EOS per candidate, as in training; labels mark the scored tokens."""
+    return [encode_prompt_answer(tokenizer, prompt, cand, max_length or _NO_TRUNCATION) for cand in candidates]
+
+
+def encode_examples(tokenizer, examples: Sequence[Any], max_length: int | None = None) -> list[Rows]:
+    """:func:`encode_candidates` for many examples at once: the prompts tokenised in one batch, each distinct
+    candidate once (the same ids and labels; a tokenizer without EOS gets :func:`encode_candidates`' error)."""
+    if tokenizer.eos_token_id is None:
+        return [encode_candidates(tokenizer, ex.prompt, ex.candidates, max_length) for ex in examples]
+    prompts = encode_prompt_texts(tokenizer, [ex.prompt for ex in examples])
+    answers: dict[str, list[int]] = {}
+    out = []
+    for ex, prompt in zip(examples, prompts):
+        rows = []
+        for cand in ex.candidates:
+            if cand not in answers:
+                answers[cand] = tokenizer(cand, add_special_tokens=False)["input_ids"]
+            ids, labels, _ = fit_prompt_answer(prompt, answers[cand], tokenizer.eos_token_id,
+                                               max_length or _NO_TRUNCATION)
+            rows.append((ids, labels))
+        out.append(rows)
+    return out
+
+
+def _candidate_batch(rows: Rows, pad: int, device) -> tuple[dict, torch.Tensor]:
+    """The rows right-padded into one batch; labels mark the scored tokens."""
     width = max(len(ids) for ids, _ in rows)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
@@ -156,26 +215,66 @@ def _candidate_batch(tokenizer, prompt: str, candidates: Sequence[str], max_leng
 
 
 @torch.no_grad()
+def score_encoded(strategy, encoded: Sequence[Rows], pad: int, device) -> list[list[CandidateScore]]:
+    """Every candidate of several examples in one padded forward: one list of scores per example.
+
+    Right padding leaves every real position's logits unchanged (causal attention never looks ahead), so each
+    row scores as if it were alone; only the answer positions' logits are computed (:func:`answer_positions`).
+    """
+    flat = [row for rows in encoded for row in rows]
+    batch, labels = _candidate_batch(flat, pad, device)
+    positions = answer_positions(labels)
+    logits = strategy.forward_logits(batch["input_ids"], batch["attention_mask"], positions)
+    # the token at position t + 1 is predicted by the logits at position t; only scored positions get a softmax
+    targets = labels[:, positions + 1]
+    scored = targets != IGNORE_INDEX
+    logp = torch.log_softmax(logits[scored].float(), dim=-1)                    # [n_scored, vocab]
+    token_logp = logp.gather(-1, targets[scored][:, None]).squeeze(-1)
+    sums = torch.zeros(len(flat), dtype=torch.float64, device=token_logp.device)
+    sums.index_add_(0, scored.nonzero()[:, 0], token_logp.double())
+    counts = scored.sum(1).tolist()
+    scores = [CandidateScore(float(v), int(c)) for v, c in zip(sums.tolist(), counts)]
+    out, at = [], 0
+    for rows in encoded:
+        out.append(scores[at:at + len(rows)])
+        at += len(rows)
+    return out
+
+
+@torch.no_grad()
 def candidate_log_probs(strategy, tokenizer, prompt: str, candidates: Sequence[str], device,
                         max_length: int | None = None) -> list[CandidateScore]:
     """Σ log-probability of each candidate's answer tokens and EOS after ``prompt``, in one padded forward.
 
-    Right padding leaves every real position's logits unchanged (causal
-    attention never looks ahead), so each row scores as if it were alone.
-    ``max_length``: the training sequence length, so a long prompt is cut the
-    way training cut it.
+    ``max_length``: the training sequence length, so a long prompt is cut the way training cut it.
     """
-    batch, labels = _candidate_batch(tokenizer, prompt, candidates, max_length, device)
-    logits = strategy.forward_logits(batch["input_ids"], batch["attention_mask"])
-    # the token at position t is predicted by the logits at position t-1; only scored positions get a softmax
-    targets = labels[:, 1:]
-    scored = targets != IGNORE_INDEX
-    logp = torch.log_softmax(logits[:, :-1][scored].float(), dim=-1)            # [n_scored, vocab]
-    token_logp = logp.gather(-1, targets[scored][:, None]).squeeze(-1)
-    row_of = scored.nonzero()[:, 0]
-    sums = torch.zeros(len(candidates), dtype=torch.float64, device=token_logp.device)
-    sums.index_add_(0, row_of, token_logp.double())
-    return [CandidateScore(float(sums[i]), int(scored[i].sum())) for i in range(len(candidates))]
+    encoded = encode_candidates(tokenizer, prompt, candidates, max_length)
+    return score_encoded(strategy, [encoded], pad_id_of(tokenizer), device)[0]
+
+
+def pad_id_of(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
+def plan_groups(sizes: Sequence[tuple[int, int]], budget: int | None) -> list[list[int]]:
+    """Examples grouped for one forward each: ``sizes`` = (rows, longest row) per example; a group's padded
+    positions (its rows × its longest row) stay within ``budget`` (None: one example per forward).
+
+    Shortest first, so a group's rows are of similar length and padding stays small; an example larger than
+    the budget forms a group alone.
+    """
+    order = sorted(range(len(sizes)), key=lambda i: sizes[i][1])
+    groups: list[list[int]] = []
+    rows = width = 0
+    for i in order:
+        n, w = sizes[i]
+        if groups and budget is not None and (rows + n) * max(width, w) <= budget:
+            groups[-1].append(i)
+            rows, width = rows + n, max(width, w)
+        else:
+            groups.append([i])
+            rows, width = n, w
+    return groups
 
 
 def best_candidate(scores: Sequence[CandidateScore]) -> int:
@@ -240,7 +339,8 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Iterable[dict[str, Any]]
                           shard: tuple[int, int] | None = None, max_length: int | None = None,
                           labels: Mapping[str, Sequence[str]] | None = None,
                           prompt_format: str = "ecomkit",
-                          train_label_counts: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, Any]:
+                          train_label_counts: Mapping[str, Mapping[str, int]] | None = None,
+                          batch_positions: int | None = None, bar: Any = None) -> dict[str, Any]:
     """Accuracy, macro-F1 and majority-class baseline per classification target, on held-out records.
 
     Per target ``t`` in ``category``/``sentiment``: ``acc_t``, ``macro_f1_t``,
@@ -259,6 +359,9 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Iterable[dict[str, Any]]
     the fewest records scored for a target. ``prompt_format``: the layout the
     model was trained with (``TrainConfig.prompt_format``,
     :func:`ecomkit.data.formats.build_prompt`), so candidates are scored after the prompt it knows.
+    ``batch_positions``: several records' candidates share one forward, up to this many padded positions
+    (:func:`plan_groups`; the run gives its micro-batch's, ``micro_batch_size × seq_len``); None: one record
+    per forward. ``bar``: a progress bar this rank's records advance.
     """
     idx, n_shards = shard or (env.rank, env.world_size)
     candidates = {"category": tuple(category_labels or CATEGORY_LABELS), "sentiment": SENTIMENT_LABELS,
@@ -277,11 +380,22 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Iterable[dict[str, Any]]
     model.eval()
     confusion = {t: [[0.0] * len(candidates[t]) for _ in candidates[t]] for t in mine}
     for task, recs in mine.items():
-        for i in range(rounds[task]):   # a share one short scores its last record again, not counted
-            ex = build_classification_example(recs[min(i, len(recs) - 1)], task, candidates[task], prompt_format)
-            pred = score_candidates(strategy, tokenizer, ex.prompt, ex.candidates, env.device, max_length)
-            if i < len(recs):
-                confusion[task][ex.correct_index][pred] += 1.0
+        examples = [build_classification_example(r, task, candidates[task], prompt_format) for r in recs]
+        encoded = encode_examples(tokenizer, examples, max_length)
+        groups = plan_groups([(len(rows), max(len(ids) for ids, _ in rows)) for rows in encoded], batch_positions)
+        if batch_positions is None:   # one record per forward: every rank runs the largest share's count
+            n_forwards = rounds[task]
+        else:                         # grouped by length: the most groups any rank has (one collective)
+            n_forwards = int(all_reduce_max(float(len(groups)), env)) if env.distributed else len(groups)
+        for i in range(n_forwards):   # a rank with fewer groups scores its last group again, not counted
+            group = groups[min(i, len(groups) - 1)]
+            scores = score_encoded(strategy, [encoded[j] for j in group], pad_id_of(tokenizer), env.device)
+            if i >= len(groups):
+                continue
+            for j, cand_scores in zip(group, scores):
+                confusion[task][examples[j].correct_index][best_candidate(cand_scores)] += 1.0
+            if bar is not None:
+                bar.update(len(group))
     model.train(was_training)
     flat = [c for t in mine for row in confusion[t] for c in row]
     sums = all_reduce_sums(flat, env)

@@ -26,7 +26,8 @@ decoded examples include that kind:
   ``gen_extract_n``;
 - both: ``gen_decoded``, ``gen_prompts_cut``, ``gen_unknown_labels``,
   ``gen_at_budget`` (answers that used every new token allowed without ending:
-  maybe cut short, ``--gen-max-new-tokens`` raises the budget),
+  maybe cut short), ``gen_budget_advice`` (then: the lever that follows the cause, :func:`budget_advice`:
+  train longer when the budget holds ``gen_longest_train_answer``, else raise ``--gen-max-new-tokens``),
   ``gen_invalid_text`` (answers holding U+FFFD, a byte-level piece cut inside a
   character), ``gen_spans_not_in_input`` (predicted spans that are not
   substrings of the input), ``gen_decode_s``, ``gen_examples_per_s`` (all
@@ -70,13 +71,14 @@ class GenerationEvaluator:
     n_samples: int                      # how many of ``examples`` a periodic evaluation decodes (0: none)
     majorities: dict[tuple[str, ...], str] = dataclasses.field(default_factory=dict)  # label set -> training majority
     final_samples: int = 0              # how many the final evaluation decodes (0: every example)
+    longest_answer: int = 0             # the longest training answer in tokens, EOS included (0: unknown)
 
     @classmethod
     def build(cls, examples: Sequence[TaskExample], train_spans: Iterable[Span], fmt: str,
               settings: DecodeSettings, n_samples: int, majorities: Mapping[tuple[str, ...], str] | None = None,
-              final_samples: int = 0) -> "GenerationEvaluator":
+              final_samples: int = 0, longest_answer: int = 0) -> "GenerationEvaluator":
         return cls(list(examples), SpanDictionary.from_spans(train_spans), fmt, settings, n_samples,
-                   dict(majorities or {}), final_samples)
+                   dict(majorities or {}), final_samples, longest_answer)
 
     def decoded_examples(self, final: bool = False) -> list[TaskExample]:
         """What one evaluation decodes: a periodic one ``n_samples``, the final one every example (or
@@ -85,8 +87,11 @@ class GenerationEvaluator:
         return list(self.examples[:limit])
 
     def __call__(self, strategy, tokenizer, env: DistEnv, shard: tuple[int, int],
-                 predictions_path: Path | None = None, progress: bool = False, final: bool = False) -> dict[str, Any]:
-        """Every rank calls it (decoding and the gather are collectives); returns the row's ``gen_*`` fields."""
+                 predictions_path: Path | None = None, progress: bool = False, final: bool = False,
+                 bar: Any = None) -> dict[str, Any]:
+        """Every rank calls it (decoding and the gather are collectives); returns the row's ``gen_*`` fields.
+
+        ``bar``: a progress bar this rank's examples advance (the final evaluation's one bar)."""
         chosen = self.decoded_examples(final)
         if not chosen:
             return {}
@@ -97,7 +102,7 @@ class GenerationEvaluator:
         per_shard = -(-len(chosen) // count)
         n_batches = -(-per_shard // self.settings.batch_size)
         t0 = time.perf_counter()
-        decoded = decode_prompts(strategy, tokenizer, prompts, env, self.settings, n_batches, progress)
+        decoded = decode_prompts(strategy, tokenizer, prompts, env, self.settings, n_batches, progress, bar)
         elapsed = time.perf_counter() - t0
         parts = gather_objects((index, decoded.texts, decoded.cut, decoded.at_budget, elapsed), env)
         by_shard = {}
@@ -112,13 +117,30 @@ class GenerationEvaluator:
                     "gen_max_new_tokens": self.settings.max_new_tokens,
                     "gen_prompts_cut": sum(c for _, c, _ in by_shard.values()),
                     "gen_decode_s": wall, "gen_examples_per_s": len(rows) / wall if wall > 0 else float("nan"),
-                    "gen_decode_mode": decode_mode(strategy)})
-        if out["gen_at_budget"] and env.is_main:   # a warning for the figures the run ends with
-            (log.warning if final else log.info)(
-                budget_line(out["gen_at_budget"], len(rows), self.settings.max_new_tokens, BUDGET_FLAG))
+                    "gen_decode_mode": decode_mode(strategy), "gen_longest_train_answer": self.longest_answer or None})
+        if out["gen_at_budget"]:   # the advice that follows the cause: train longer, or raise the budget
+            out["gen_budget_advice"] = budget_advice(out["gen_at_budget"], len(rows), self.settings.max_new_tokens,
+                                                     self.longest_answer)
+            if env.is_main:   # a warning for the figures the run ends with
+                (log.warning if final else log.info)(out["gen_budget_advice"])
         if predictions_path is not None and env.is_main:
             write_predictions(predictions_path, rows)
         return out
+
+
+def budget_advice(at_budget: int, total: int, max_new_tokens: int, longest_answer: int | None) -> str:
+    """The line for answers that ran to the generation budget, with the lever that follows the cause.
+
+    ``longest_answer``: the longest training answer in tokens, EOS included (None: unknown). A budget that
+    holds it means the model has not learned to end its answers: training is the lever, not the budget.
+    """
+    head = (f"{at_budget} of {total} generated answers stopped at the budget of {max_new_tokens} new tokens "
+            "without ending")
+    if longest_answer and max_new_tokens >= longest_answer:
+        return (f"{head}: the budget holds the longest training answer ({longest_answer} tokens), so the model has "
+                "not learned to end its answers yet; train longer (more steps or epochs), a larger "
+                "--gen-max-new-tokens will not help")
+    return f"{head} (they may be cut short); raise it with --gen-max-new-tokens N"
 
 
 def budget_line(at_budget: int, total: int, max_new_tokens: int, flag: str) -> str:
@@ -226,5 +248,7 @@ def evaluator_for_run(cfg: TrainConfig, report: Any) -> GenerationEvaluator | No
                               batch_size=cfg.gen_batch_size, use_cache=cfg.gen_use_cache, max_length=cfg.seq_len)
     majorities = training_majorities({t: report.labels[t] for t in CLASSIFICATION_TASKS if report.labels.get(t)},
                                      report.train_label_counts)
+    train_lengths = report.lengths.get("train")
     return GenerationEvaluator.build(examples, report.train_spans, report.prompt_format, settings,
-                                     cfg.gen_eval_samples, majorities, cfg.final_eval_samples)
+                                     cfg.gen_eval_samples, majorities, cfg.final_eval_samples,
+                                     train_lengths.longest_answer if train_lengths is not None else 0)

@@ -41,7 +41,7 @@ mixed layouts sync too.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -144,7 +144,8 @@ def greedy_without_cache(strategy, ids: torch.Tensor, mask: torch.Tensor, max_ne
     for _ in range(max_new_tokens):
         if not any_rank_running(bool(running.any()), env, sync):
             break
-        logits = strategy.forward_logits(ids, mask)[:, -1].float()
+        last = torch.tensor([ids.shape[1] - 1], device=ids.device)   # the head at the last position only
+        logits = strategy.forward_logits(ids, mask, last)[:, -1].float()
         nxt = torch.where(running, logits.argmax(dim=-1), torch.full_like(running, pad_id, dtype=torch.long))
         new.append(nxt)
         ids = torch.cat([ids, nxt[:, None]], dim=1)
@@ -198,16 +199,20 @@ def generate_texts(strategy, tokenizer, prompts: Sequence[str], env: DistEnv, se
 
 
 def decode_prompts(strategy, tokenizer, prompts: Sequence[str], env: DistEnv, settings: DecodeSettings,
-                   n_batches: int | None = None, progress: bool = False) -> Decoded:
+                   n_batches: int | None = None, progress: bool = False, bar: Any = None) -> Decoded:
     """This rank's prompts decoded: texts without the prompt, prompts cut to fit, answers that hit the budget.
 
     ``n_batches``: how many batches every rank runs (the same on all ranks
     under a synced strategy; the caller gives equal shares). A rank with fewer
     prompts than ``n_batches × batch_size`` runs its last batches on a repeated
     prompt and drops their output, so the collective counts still match.
+    Prompts are decoded shortest first (less left padding in each batch) and returned in their own order.
+    ``bar``: a progress bar the prompts advance (the final evaluation's); else ``progress`` makes a
+    "decode" bar of batches.
     """
     eos, pad = eos_and_pad(tokenizer)
     rows, cut = encode_prompts(tokenizer, prompts, settings)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
     bs = settings.batch_size
     n_batches = n_batches if n_batches is not None else -(-len(rows) // bs)
     sync = needs_sync(strategy, env)
@@ -215,20 +220,23 @@ def decode_prompts(strategy, tokenizer, prompts: Sequence[str], env: DistEnv, se
     was_training = model.training
     model.eval()
     strategy.raw_model.eval()
-    bar = make_progress(n_batches, progress and env.is_main, desc="decode")
-    texts: list[str] = []
-    at_budget: list[bool] = []
+    own_bar = make_progress(n_batches, progress and env.is_main and bar is None, desc="decode")
+    texts: list[str] = [""] * len(rows)
+    at_budget: list[bool] = [False] * len(rows)
     try:
         for b in range(n_batches):
-            chunk = rows[b * bs:(b + 1) * bs]
-            batch = chunk or rows[:1] or [[eos]]  # an empty share still takes part in the collectives
+            chunk = order[b * bs:(b + 1) * bs]
+            batch = [rows[i] for i in chunk] or rows[:1] or [[eos]]  # an empty share still takes part in collectives
             ids, mask = left_pad(batch, pad, env.device)
             new = decode_batch(strategy, ids, mask, settings, eos, pad, env, sync)[:len(chunk)]
-            texts.extend(tokenizer.decode(r, skip_special_tokens=True) for r in new)
-            at_budget.extend(stopped_at_budget(r, eos, settings.max_new_tokens) for r in new)
-            bar.update(1)
+            for i, r in zip(chunk, new):
+                texts[i] = tokenizer.decode(r, skip_special_tokens=True)
+                at_budget[i] = stopped_at_budget(r, eos, settings.max_new_tokens)
+            own_bar.update(1)
+            if bar is not None and chunk:
+                bar.update(len(chunk))
     finally:
-        bar.close()
+        own_bar.close()
         model.train(was_training)
         strategy.raw_model.train(was_training)
     return Decoded(texts, cut, at_budget)

@@ -203,9 +203,12 @@ class _EvalModel:
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig, env: DistEnv):
         self.model, self.cfg, self.env = model, cfg, env
 
-    def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       positions: torch.Tensor | None = None) -> torch.Tensor:
+        """As ``Strategy.forward_logits``: ``positions`` keeps only those positions' logits."""
+        keep = {} if positions is None else {"logits_to_keep": positions}
         with autocast_context(self.cfg.precision, self.env.device):
-            return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, **keep).logits
 
 
 def _trl():

@@ -43,12 +43,13 @@ from ecomkit.parallel import build_strategy
 from ecomkit.parallel.base import StepStats
 from ecomkit.parallel.mixed import sharded_model_callbacks
 from ecomkit.train.clip import ClipPolicy
-
 from ecomkit.train.autoprec import resolve_attention, resolve_loss_kernel, resolve_precision
 from ecomkit.train.batches import log_data_choices, resolve_data_settings, training_loader
+from ecomkit.train.best import BestWeights, keep_best_or_last
 from ecomkit.train.fast_paths import install_fast_paths
 from ecomkit.train.gen_eval import evaluator_for_run
 from ecomkit.train.held_out import evaluate_held_out, log_evaluation_scope
+from ecomkit.train.outcome import baseline_outcome, launch_command
 from ecomkit.train.preempt import add_preemption_callbacks
 from ecomkit.train.progress import make_progress
 from ecomkit.train.run_recipe import (estimate_step_s, precision_value, recipe_summary, resolve_run_recipe,
@@ -236,8 +237,9 @@ class TrainingRun:
         bar = make_progress(self.total_steps, cfg.progress and env.is_main)
         bar.update(self.step)
         batches = self._micro_batches()
+        best = BestWeights.for_run(self)   # final/ keeps the best evaluated weights, or says why the last
         if cfg.eval_interval and self.step == 0:  # evaluations at steps 0, k, 2k, ...: the untrained reference
-            self.metrics.write({"type": "eval", "step": 0, **self.evaluate()})
+            self.metrics.write(best.observe(0, {"type": "eval", "step": 0, **self.evaluate()}))
         start_time = time.perf_counter()
         pending: list[tuple[dict[str, Any], StepTensors]] = []   # steps whose device values are not read yet
         while self.step < self.total_steps:
@@ -251,7 +253,7 @@ class TrainingRun:
                 # the log interval's one read of the device: losses, counts and norms of its steps, and the stop flag
                 self._finish_steps(pending, flops_tok, peak)
                 if eval_due:
-                    row.update(self.evaluate())
+                    row.update(best.observe(self.step, self.evaluate()))
                 for done, _ in pending:
                     self.history.append(done)
                     self.metrics.write(done)
@@ -261,9 +263,11 @@ class TrainingRun:
             for cb in self.callbacks:
                 getattr(cb, "on_step_end", lambda run, r: None)(self, row)
         bar.close()
+        kept = keep_best_or_last(self, best)   # the best copy is put back when it beats the last weights
         final_eval = self.evaluate(final=True)
         self.metrics.write({"type": "eval", "step": self.step, **final_eval})
         summary = self._summary(final_eval, time.perf_counter() - start_time)
+        summary.update(final_checkpoint=kept, baseline=baseline_outcome(summary, launch_command()))  # why, retry
         if getattr(self.strategy, "replicated", False):
             summary["replica_checksums"] = replica_checksums(self.strategy.raw_model, self.env)
         for cb in self.callbacks:
