@@ -1,7 +1,7 @@
 """Defaults chosen by what is trained (ecomkit/config/recipe.py): the rules, and a saved folder's run.
 
 - a random-init preset keeps the mechanics (lr 3e-3, 10 warm-up steps, 60 steps);
-- real weights get fine-tuning defaults: lr 2e-5 fully fine-tuned, 2e-4 with LoRA, warm-up a share of the steps;
+- real weights get fine-tuning defaults: lr by size fully fine-tuned (2e-5 at 560 M), 2e-4 with LoRA, warm-up a share of the steps;
 - ``--task nlu`` on a user's file trains epochs, at least a floor of steps, cut by the time estimate;
 - every value a flag gives wins and is marked given;
 - a ``save_pretrained`` folder passed as ``--model`` runs with those defaults, read back from ``summary.json``.
@@ -98,14 +98,18 @@ def saved_folder(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("peft,lr", [("none", 2e-5), ("lora", 2e-4)])
-def test_a_saved_folder_gets_fine_tuning_defaults(saved_folder, tmp_path, peft, lr):
+@pytest.mark.parametrize("peft", ["none", "lora"])
+def test_a_saved_folder_gets_fine_tuning_defaults(saved_folder, tmp_path, peft):
     out = tmp_path / "run"
     proc = run_script("02_data_parallel.py", ["--model", str(saved_folder), "--peft", peft, "--task", "nlu",
                                        "--n-rows", "200", "--max-steps", "4", "--eval-interval", "0",
                                        "--gen-eval-samples", "0", "--no-save-model", "--no-progress",
                                        "--report-to", "none", "--output-dir", str(out)])
-    recipe = json.loads((out / "summary.json").read_text())["recipe"]
+    summary = json.loads((out / "summary.json").read_text())
+    recipe = summary["recipe"]
+    # full fine-tuning: the lr for the folder's size (1e-3 for this 2-block model, 2e-5 at SeqGPT-560M's); LoRA: 2e-4
+    lr = full_finetune_lr(summary["params"]) if peft == "none" else 2e-4
+    assert lr == (1e-3 if peft == "none" else 2e-4)
     assert recipe["lr"] == {"value": lr, "reason": recipe["lr"]["reason"], "given": False}
     assert "real weights" in recipe["lr"]["reason"]
     assert recipe["warmup_steps"]["value"] == 1 and "5% of 4 steps" in recipe["warmup_steps"]["reason"]
@@ -128,3 +132,19 @@ def test_nlu_on_a_file_trains_a_global_batch_of_32_unless_a_flag_says_otherwise(
     assert resolve_global_batch(64, 1, 8, 2, "nlu", True).given
     assert resolve_global_batch(0, 3, 8, 2, "nlu", True).value == 48
     assert resolve_global_batch(0, 1, 8, 2, "nlu", True, length_auto=False).value == 16   # --max-steps given
+
+
+def test_full_fine_tuning_lr_falls_with_size_between_the_measured_and_the_peers_anchors():
+    from ecomkit.config.recipe import FULL_FT_ANCHORS, FULL_FT_LR_RANGE
+    from ecomkit.measure.transfer import FINETUNE_LR
+    from ecomkit.models.bloom import preset_parameter_count
+    from ecomkit.models.tokenizer import get_tokenizer
+    from ecomkit.train.loop import tokenizer_cache_dir
+    sizes = [10_000, 356_416, 14_700_000, 559_214_592, 7_069_016_064, 10**12]
+    lrs = [full_finetune_lr(n) for n in sizes]
+    assert lrs == sorted(lrs, reverse=True)                                     # larger models, smaller steps
+    assert all(FULL_FT_LR_RANGE[0] <= lr <= FULL_FT_LR_RANGE[1] for lr in lrs)
+    assert [full_finetune_lr(n) for n, _ in FULL_FT_ANCHORS] == [lr for _, lr in FULL_FT_ANCHORS]
+    assert full_finetune_lr(7_069_016_064) == 1e-5 and full_finetune_lr(None) == 2e-5
+    # the transfer measurement (chapter 08, tests/test_transfer.py) fine-tunes tiny at what the recipe gives it
+    assert full_finetune_lr(preset_parameter_count("tiny", len(get_tokenizer("local", tokenizer_cache_dir())))) == FINETUNE_LR == FULL_FT_ANCHORS[0][1]

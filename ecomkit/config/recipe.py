@@ -16,9 +16,10 @@ The numbers:
   preset lr ``PRESET_NLU_FILE_LR`` (the demo's batch and lr); the floor measured with them by
   ``benchmarks/bench_recipe.py`` on review-shaped files and catalog titles (the category target of a review
   file leaves its baseline only after several hundred steps), the epochs Hugging Face Trainer's default 3;
-- real weights, full fine-tuning: 2e-5 (:func:`full_finetune_lr`), inside the range used for 0.5-7 B models
-  (1e-5 to 5e-5; Hugging Face Trainer's default is 5e-5, TRL's SFTTrainer's 2e-5), with a linear warm-up over
-  ``WARMUP_SHARE`` of the steps;
+- real weights, full fine-tuning: by size (:func:`full_finetune_lr`): 2e-5 for SeqGPT-560M and 1e-5 for
+  EcomGPT-7B, the range used for 0.5-7 B models (1e-5 to 5e-5; Hugging Face Trainer's default is 5e-5, TRL's
+  SFTTrainer's 2e-5), and larger for the small models this machine can pretrain (1e-3 for ``tiny``, measured by
+  ``benchmarks/bench_transfer.py``), with a linear warm-up over ``WARMUP_SHARE`` of the steps;
 - real weights, LoRA: 2e-4 (peers use 1e-4 to 3e-4: the adapters start at zero and are few, so they need a
   larger step than the full weights).
 """
@@ -41,6 +42,12 @@ NLU_FILE_EPOCHS = 3.0          # --task nlu on a user's file: passes over its ex
 NLU_FILE_MIN_STEPS = 600       # ... but at least this many steps: bench_recipe's review files of 1,000 and 2,000
                                #   rows cleared the category baseline by 400-450 steps and still gained at 600
 NLU_FILE_MAX_MINUTES = 15.0    # ... and at most this long by the start-up estimate (fewer epochs then, said so)
+# Full fine-tuning's lr by size (full_finetune_lr): (parameters, lr) at two ends. The small end is measured:
+# benchmarks/bench_transfer.py (bench_transfer-2026-12-05-cpu2) fine-tuned a pretrained tiny folder (356,416
+# parameters) at 1e-4 .. 3e-3, and 1e-3 was the lowest lr that learned the task. The large end is the peers':
+# 2e-5 for SeqGPT-560M's 559,214,592 (TRL's SFT default; HF Trainer's 5e-5 is the top of the range used).
+FULL_FT_ANCHORS: tuple[tuple[int, float], tuple[int, float]] = ((356_416, 1e-3), (559_214_592, 2e-5))
+FULL_FT_LR_RANGE = (1e-5, 1e-3)   # peers fine-tune 7 B models at 1e-5; above 1e-3 is a from-scratch rate
 # The share of the device's peak (the measured GEMM on a CPU) that the step-time estimate assumes a run
 # reaches, per device class. bench_recipe's artifact (recipe-2026-12-05-cpu2): at 0.05 the estimate was 2.0 to
 # 2.7 times the measured step of its three runs, so 0.10 keeps it at or above every one of them. No GPU entry:
@@ -52,10 +59,20 @@ ESTIMATE_KEY = "step_time_estimate_s"   # the recipe's entry for the estimate (s
 def full_finetune_lr(n_params: int | None) -> float:
     """The learning rate for fully fine-tuning real weights of ``n_params`` parameters.
 
-    One function so that a measurement can make it depend on the size: today 2e-5 for every size, TRL's
-    SFT default and the middle of the 1e-5 .. 5e-5 range used for 0.5-7 B models.
+    Why it depends on the size: the peers' 2e-5 is a value for 0.5-7 B models, and on a 2-block model it learns
+    nothing (bench_transfer: the pretrained ``tiny`` folder stayed at its baselines after 200 steps at 1e-4 and
+    learned category at 1e-3). Larger models take smaller steps, so the lr falls log-linearly with the
+    parameter count between two anchors, :data:`FULL_FT_ANCHORS` (one measured here, one the peers'), kept
+    within [1e-5, 1e-3], and rounded to one significant digit so that the start-up line reads cleanly:
+    SeqGPT-560M 2e-5, EcomGPT-7B 1e-5 (the peers' value for 7 B), ``tiny`` 1e-3, ``small`` 1e-4.
+    Unknown size: 2e-5.
     """
-    return 2e-5
+    if not n_params:
+        return FULL_FT_ANCHORS[1][1]
+    (n_small, lr_small), (n_large, lr_large) = FULL_FT_ANCHORS
+    slope = math.log(lr_large / lr_small) / math.log(n_large / n_small)
+    lr = min(FULL_FT_LR_RANGE[1], max(FULL_FT_LR_RANGE[0], lr_small * (n_params / n_small) ** slope))
+    return float(f"{lr:.0e}")
 
 
 @dataclass(frozen=True)
@@ -115,7 +132,8 @@ def resolve_lr(given: float | str, facts: RecipeFacts) -> RecipeValue:
     if facts.peft != "none":
         return RecipeValue(LORA_LR, "real weights, LoRA: peers use 1e-4..3e-4; --lr sets it", False)
     return RecipeValue(full_finetune_lr(facts.n_params),
-                       "real weights, full fine-tuning: peers use 1e-5..5e-5; --lr sets it", False)
+                       f"real weights, full fine-tuning of {facts.n_params or 0:,} parameters: by size, 2e-5 at 560 M "
+                       "(config/recipe.py); --lr sets it", False)
 
 
 def resolve_run_length(max_steps: int | str, epochs: float, facts: RecipeFacts) -> tuple[RecipeValue, float]:

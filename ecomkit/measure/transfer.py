@@ -67,7 +67,7 @@ TEST_SIZES = Sizes(model="tiny")
 # Measured at TEST_SIZES (benchmarks/bench_transfer.py, docs/benchmarks.md): the pretrained tiny preset learned
 # nothing in 200 steps at 1e-4 (both targets at the majority baseline) and category perfectly at 1e-3. The peers'
 # 2e-5 for a pretrained 560 M / 7 B model is no value for a 2-block preset: the lr is the model's, so measured.
-FINETUNE_LR = 1e-3
+FINETUNE_LR = 1e-3   # = config.recipe.full_finetune_lr for tiny (its small anchor; tests/test_recipe.py holds them equal)
 # The bound on forgotten_share: at FINETUNE_LR the run undid 0.45 of what pretraining taught the held-out pages,
 # at the preset's 3e-3 0.89 (the artifact's LM losses 4.43 and 7.55 against the pretrained 1.21 and the
 # pretraining's first loss 8.31; same data, seed and steps, and the runs repeated exactly on this machine). 0.6
@@ -87,7 +87,10 @@ def write_pages(path: str | Path, n_rows: int, seed: int = PRETRAIN_SEED) -> Pat
 
 
 def common_args(sizes: Sizes) -> list[str]:
-    return ["--micro-batch-size", str(sizes.micro_batch_size), "--eval-interval", "0", "--no-progress"]
+    """Flags every run shares. fp32: the artifact's runs were measured at fp32, and the arms must differ by their
+    starting weights and lr alone (``--precision auto`` would pick by device)."""
+    return ["--micro-batch-size", str(sizes.micro_batch_size), "--eval-interval", "0", "--no-progress",
+            "--precision", "fp32"]
 
 
 def pretrain_args(pages: str | Path, out: str | Path, sizes: Sizes) -> list[str]:

@@ -91,7 +91,7 @@ def ring_bytes_sent(n: int = RING_WORLD_SIZE, numel: int = RING_NUMEL, itemsize:
 def draw_ring_allreduce(n: int = RING_WORLD_SIZE, numel: int = RING_NUMEL):
     """One panel per state: ranks as rows, chunks as columns, shade = share of ranks summed in; arrows = sends."""
     plt = _plt()
-    from matplotlib.patches import FancyArrowPatch, Rectangle  # lazy, as pyplot: plotting only
+    from matplotlib.patches import FancyArrowPatch, Rectangle  # lazy: plotting only, as pyplot
 
     states, schedule = ring_contributions(n), ring_schedule(n)
     sizes = ring_chunk_bytes(n, numel)

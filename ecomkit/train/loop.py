@@ -23,22 +23,21 @@ import torch
 import torch.distributed as dist
 
 from ecomkit.config import TrainConfig
-from ecomkit.config.recipe import Recipe, RecipeValue, resolve_global_batch
+from ecomkit.config.recipe import resolve_global_batch
 from ecomkit.config.vocabulary import AUTO
 from ecomkit.data import build_datasets, lengths_array, pad_collate
 from ecomkit.data.tokenize import BatchCounts
-from ecomkit.data.formats import parse_labels, write_task_file
-from ecomkit.dist import (DistEnv, all_reduce_sum_tensor, distributed_session, gather_objects, log, replica_checksums,
+from ecomkit.data.formats import parse_labels
+from ecomkit.dist import (DistEnv, all_reduce_sum_tensor, distributed_session, log, replica_checksums,
                           restart_attempt, to_device)
-from ecomkit.envcheck.matmul import roofline_fields, roofline_summary, run_peak
+from ecomkit.envcheck.matmul import roofline_fields, run_peak
 from ecomkit.errors import ConfigError
 from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak_flops, mfu_fields
-from ecomkit.metrics import (MetricsWriter, fill_rate_of, peak_memory, slowest_rank_throughput, step_model_flops,
-                             time_split)
-from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit, model_origin
-from ecomkit.models.lora import apply_peft, lora_facts, lora_line, trainable_parameter_count
-from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
+from ecomkit.metrics import MetricsWriter, peak_memory, step_model_flops
+from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit
+from ecomkit.models.lora import apply_peft, trainable_parameter_count
+from ecomkit.models.tokenizer import get_tokenizer
 from ecomkit.parallel import build_strategy
 from ecomkit.parallel.base import StepStats
 from ecomkit.parallel.mixed import sharded_model_callbacks
@@ -52,8 +51,8 @@ from ecomkit.train.held_out import evaluate_held_out, log_evaluation_scope
 from ecomkit.train.outcome import baseline_outcome, launch_command
 from ecomkit.train.preempt import add_preemption_callbacks
 from ecomkit.train.progress import make_progress
-from ecomkit.train.run_recipe import (estimate_step_s, precision_value, recipe_summary, resolve_run_recipe,
-                                      run_facts)
+from ecomkit.train.run_recipe import precision_value
+from ecomkit.train.run_report import resolve_recipe, run_summary, save_run, startup_banner
 from ecomkit.train.shapes import length_multiple
 from ecomkit.train.step_values import StepTensors, read_scalars
 
@@ -120,8 +119,8 @@ class TrainingRun:
         self.n_trainable = trainable_parameter_count(model)
         self.model_config = model.config
         # --lr, --warmup-steps and --max-steps auto: by what is trained and the data (config/recipe.py)
-        self.recipe = self.resolve_recipe(precision_value(precision_given, self.cfg.precision,
-                                                          reasons.get("precision")))
+        self.recipe, self.recommended_lr = resolve_recipe(self, precision_value(precision_given, self.cfg.precision,
+                                                                                reasons.get("precision")))
         if self.cfg.max_steps > 0:
             self.total_steps = self.cfg.max_steps
         else:
@@ -131,19 +130,6 @@ class TrainingRun:
         self.metrics = MetricsWriter(self.out_dir, self.env.is_main, append=self._resuming(),
                                      report_to=self.cfg.report_to, hparams=self.cfg.to_dict())  # --report-to
         return self
-
-    def resolve_recipe(self, precision: RecipeValue) -> Recipe:
-        """The recipe's ``auto`` values resolved in ``self.cfg`` from the model, the data and a step-time estimate."""
-        lengths = lengths_array(self.train_ds)
-        spe = self.sampler.steps_per_epoch
-        est = estimate_step_s(float(lengths.sum()) / max(1, spe), float(lengths.mean()) if len(lengths) else 0.0,
-                              self.env.world_size, self.n_params, self.model_config.n_layer,
-                              self.model_config.hidden_size, self.env.device, self.cfg.precision)
-        est = gather_objects(est, self.env)[0]   # rank 0's timing for all: every rank must run as many steps
-        facts = run_facts(self.cfg, self.n_params, len(self.train_ds), spe, est)
-        recipe = resolve_run_recipe(self.cfg, facts, precision)
-        recipe.values["global_batch"] = self.batch_choice
-        return recipe
 
     def _resuming(self) -> bool:
         return any(getattr(cb, "resuming", False) for cb in self.callbacks)
@@ -196,18 +182,6 @@ class TrainingRun:
     def global_batch(self) -> int:
         return self.cfg.micro_batch_size * self.grad_accum * self.shard[1]
 
-    def startup_banner(self) -> str:
-        gb = self.global_batch()
-        unit = "packed sequences" if self.packed else "rows"
-        lora = lora_facts(self.cfg, self.n_trainable, self.n_params)   # LoRA on: rank, targets, what trains
-        return (f"strategy={self.strategy.name} model={self.cfg.model} ({model_origin(self.cfg.model)['kind']}) "
-                f"params={self.n_params:,} | " + (lora_line(lora) + " | " if lora else "") +
-                f"world_size={self.env.world_size} micro_batch={self.cfg.micro_batch_size} {unit}/device "
-                f"grad_accum={self.grad_accum} global_batch={gb} "
-                f"positions/step<= {gb * self.cfg.seq_len:,} ({gb} × seq_len {self.cfg.seq_len}) | "
-                f"steps={self.total_steps} precision={self.cfg.precision} backend={self.env.backend}\n"
-                f"recipe: {self.recipe.line()}")
-
     def _micro_batches(self) -> Iterator[list[dict]]:
         """Yield the micro-batches of one optimizer step, crossing epoch boundaries as needed."""
         while True:
@@ -225,7 +199,7 @@ class TrainingRun:
         for cb in self.callbacks:
             getattr(cb, "on_train_start", lambda run: None)(self)
         if env.is_main:
-            log.info(self.startup_banner())
+            log.info(startup_banner(self))
             log_data_choices(self)   # lengths, cuts, --seq-len, --packing and the generation budget, and why
         # FLOPs per token given the batch's attention length (metrics.attention_length: real tokens, not cfg.seq_len)
         flops_tok = functools.partial(flops_per_token, self.n_params, self.model_config.n_layer,
@@ -266,8 +240,9 @@ class TrainingRun:
         kept = keep_best_or_last(self, best)   # the best copy is put back when it beats the last weights
         final_eval = self.evaluate(final=True)
         self.metrics.write({"type": "eval", "step": self.step, **final_eval})
-        summary = self._summary(final_eval, time.perf_counter() - start_time)
-        summary.update(final_checkpoint=kept, baseline=baseline_outcome(summary, launch_command()))  # why, retry
+        summary = run_summary(self, final_eval, time.perf_counter() - start_time)
+        summary.update(final_checkpoint=kept,   # why a run missed its baseline, and the command to retry
+                       baseline=baseline_outcome(summary, launch_command(), self.recommended_lr))
         if getattr(self.strategy, "replicated", False):
             summary["replica_checksums"] = replica_checksums(self.strategy.raw_model, self.env)
         for cb in self.callbacks:
@@ -384,45 +359,6 @@ class TrainingRun:
         held-out row, + predictions.jsonl; train/held_out.py)."""
         return evaluate_held_out(self, final)
 
-    def _summary(self, final_eval: dict[str, float], wall: float) -> dict[str, Any]:
-        train_rows = [r for r in self.history if r.get("type") == "train"]
-        # Totals over the steady phase, at the slowest rank's pace (a collective: every rank gets here).
-        throughput = slowest_rank_throughput(train_rows, self.env, self.cfg.untimed_steps)
-        return {
-            "strategy": self.strategy.name, "model": self.cfg.model, "params": self.n_params,
-            "trainable_params": self.n_trainable, "peft": self.cfg.peft,
-            "model_origin": model_origin(self.cfg.model), "recipe": recipe_summary(getattr(self, "recipe", None)),
-            "lora": lora_facts(self.cfg, self.n_trainable, self.n_params),
-            "world_size": self.env.world_size, "global_batch": self.global_batch(),
-            "data": self.data_report.facts(),
-            "grad_accum": self.grad_accum, "steps": self.step,
-            "seq_len": self.cfg.seq_len, "packing": self.packed, "fill_rate": fill_rate_of(train_rows),
-            "steps_per_epoch": self.sampler.steps_per_epoch,
-            "first_loss": train_rows[0]["loss"] if train_rows else None,
-            "final_loss": train_rows[-1]["loss"] if train_rows else None,
-            **final_eval,
-            **throughput, "time_split": time_split(train_rows, self.cfg.untimed_steps),
-            **roofline_summary(train_rows[self.cfg.untimed_steps:], throughput["steady_wall_s"], *self.roofline,
-                               self.env.world_size, self.env.device),
-            "peak_mem_bytes": max((r["peak_mem_bytes"] for r in train_rows), default=0),
-            "wall_s": wall, "output_dir": str(self.out_dir.resolve()),
-            "model_dir": str((self.out_dir / "final").resolve()) if self.cfg.save_model else None,
-            "config": self.cfg.to_dict(),
-        }
-
-    def save(self) -> None:
-        if self.cfg.save_model:
-            match_tokenizer(self.strategy.raw_model, self.tokenizer)  # the tokenizer's pad/bos/eos, use_cache on
-            if self.cfg.peft != "none":  # <out>/adapter (PEFT format) and <out>/final (merged)
-                self.strategy.save_peft(str(self.out_dir), self.tokenizer)
-            else:
-                self.strategy.save_pretrained(str(self.out_dir / "final"), self.tokenizer)
-            if self.env.is_main:   # the prompt format and labels it learned, for evaluation and ecomkit.predict
-                write_task_file(self.out_dir / "final", prompt_format=self.cfg.prompt_format, task=self.cfg.task,
-                                labels=self.data_report.labels, kinds=list(self.data_report.examples_per_kind),
-                                seq_len=int(self.cfg.seq_len),   # as the data resolved them (auto)
-                                gen_max_new_tokens=self.cfg.gen_max_new_tokens if self.cfg.task == "nlu" else None)
-
     def close(self) -> None:
         if getattr(self, "metrics", None) is not None:   # None when build() failed before the writer
             self.metrics.close()
@@ -445,7 +381,7 @@ def train_in_session(cfg: TrainConfig, env: DistEnv, callbacks: Iterable[Any] = 
         summary = run.fit()
         if extra_summary is not None:
             summary.update(extra_summary(run))
-        run.save()
+        save_run(run)
         if env.is_main:
             cfg.save(run.out_dir / "config.json")
         run.metrics.finish(summary)
