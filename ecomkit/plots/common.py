@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import argparse
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
 
 
 def _plt():
@@ -66,3 +68,15 @@ def plot_throughput_bars(values: Mapping[str, float], ylabel: str = "samples/s",
     ax.set_title(title)
     ax.margins(y=0.25)
     return fig or ax.figure
+
+
+# Where the chapters' diagrams live: committed PNGs that notebooks show from markdown (ecomkit/plots/diagrams_*.py).
+FIGURES = Path(__file__).resolve().parents[2] / "notebooks" / "figures"
+
+
+def redraw_main(description: str, draw_all: Callable[[Path], list[Path]], argv: list[str] | None = None) -> None:
+    """``python -m ecomkit.plots.diagrams_<topic> [--out-dir DIR]``: redraw a chapter's diagrams, print their paths."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out-dir", type=Path, default=FIGURES, help="folder for the PNG files")
+    for path in draw_all(parser.parse_args(argv).out_dir):
+        print(path)

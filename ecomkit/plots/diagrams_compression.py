@@ -10,16 +10,14 @@ Redraw with ``python -m ecomkit.plots.diagrams_compression`` (writes ``notebooks
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ecomkit.parallel.compression.topk import error_feedback_step
-from ecomkit.plots.common import _plt
+from ecomkit.plots.common import FIGURES, _plt, redraw_main
 
-FIGURES = Path(__file__).resolve().parents[2] / "notebooks" / "figures"
 TOPK_FIGURE = "topk_error_feedback.png"
 N_ENTRIES, RATIO, STEPS, SEED = 12, 0.25, 3, 5
 SENT, KEPT, EMPTY, NEW = "#e8743b", "#d9d9d9", "white", "#f2f2f2"
@@ -84,10 +82,7 @@ def redraw(folder: Path = FIGURES) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Redraw chapter 05's diagrams into notebooks/figures/.")
-    parser.add_argument("--out", type=Path, default=FIGURES, help="folder to write the PNG files into")
-    for path in redraw(parser.parse_args(argv).out):
-        print(path)
+    redraw_main("Redraw chapter 05's diagrams into notebooks/figures/.", redraw, argv)
 
 
 if __name__ == "__main__":

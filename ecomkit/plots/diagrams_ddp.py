@@ -11,7 +11,6 @@ Redraw the committed PNGs (``notebooks/figures/``) with ``python -m ecomkit.plot
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +18,8 @@ import torch
 import torch.distributed as dist
 
 from ecomkit.models.bloom import build_model
-from ecomkit.plots.common import _plt
+from ecomkit.plots.common import FIGURES, _plt, redraw_main
 
-FIGURES = Path(__file__).resolve().parents[2] / "notebooks" / "figures"
 RING_WORLD_SIZE = 3           # chapter 01's hand-written ring runs on 3 processes: n = 2 would hide the ring
 RING_NUMEL = 3 * 4096         # its message: 12,288 float32 values (48 KiB) per rank
 OVERLAP_CASES = (("tiny", 25.0), ("small", 25.0), ("small", 4.0))   # (preset, bucket_cap_mb) rows of the figure
@@ -242,11 +240,7 @@ def draw_all(out_dir: Path = FIGURES, dpi: int = 110) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Redraw chapters 01-02's diagrams (ring all-reduce, DDP buckets).")
-    parser.add_argument("--out-dir", type=Path, default=FIGURES, help="folder for the PNG files")
-    args = parser.parse_args(argv)
-    for path in draw_all(args.out_dir):
-        print(path)
+    redraw_main("Redraw chapters 01-02's diagrams (ring all-reduce, DDP buckets).", draw_all, argv)
 
 
 if __name__ == "__main__":

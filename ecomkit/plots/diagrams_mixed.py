@@ -8,14 +8,12 @@ chapter runs (``PIPELINE``), so the bubble in the picture is the bubble of the r
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 from ecomkit.parallel.tensor import tensor_parallel_shapes
-from ecomkit.plots.common import _plt
+from ecomkit.plots.common import FIGURES, _plt, redraw_main
 
-FIGURES = Path(__file__).resolve().parents[2] / "notebooks" / "figures"
 TP_FIGURE = "tp_split.png"
 PIPELINE_FIGURE = "pipeline_schedules.png"
 PIPELINE = {"stages": 2, "microbatches": 4}   # chapter 04's PP run: --pp 2 --parallel-pp-microbatches 4
@@ -169,11 +167,8 @@ def draw_all(out_dir: Path = FIGURES) -> list[Path]:
     return paths
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Redraw chapter 04's tensor-parallel and pipeline diagrams.")
-    parser.add_argument("--out-dir", type=Path, default=FIGURES, help="folder for the PNG files")
-    for path in draw_all(parser.parse_args().out_dir):
-        print(path)
+def main(argv: list[str] | None = None) -> None:
+    redraw_main("Redraw chapter 04's tensor-parallel and pipeline diagrams.", draw_all, argv)
 
 
 if __name__ == "__main__":

@@ -8,15 +8,13 @@ formulas the chapter asserts. Redraw with ``python -m ecomkit.plots.diagrams_zer
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 from ecomkit.models.bloom import preset_parameter_count
-from ecomkit.plots.common import _plt
+from ecomkit.plots.common import FIGURES, _plt, redraw_main
 from ecomkit.planner.zero_formulas import formula_bytes
 
-FIGURES = Path(__file__).resolve().parents[2] / "notebooks" / "figures"
 ZERO_FIGURE = "zero_partitioning.png"
 # mixed-precision Adam, bytes per parameter: bf16 weight, bf16 gradient, fp32 master + momentum + variance
 SEGMENTS = (("params", 2, "#4C72B0", 3), ("grads", 2, "#DD8452", 2), ("optimizer", 12, "#55A868", 1))
@@ -86,11 +84,8 @@ def draw_all(out_dir: Path = FIGURES) -> list[Path]:
     return [path]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Redraw chapter 03's ZeRO partitioning diagram.")
-    parser.add_argument("--out-dir", type=Path, default=FIGURES, help="folder for the PNG files")
-    for path in draw_all(parser.parse_args().out_dir):
-        print(path)
+def main(argv: list[str] | None = None) -> None:
+    redraw_main("Redraw chapter 03's ZeRO partitioning diagram.", draw_all, argv)
 
 
 if __name__ == "__main__":
