@@ -67,7 +67,7 @@ def varied_model(vocab: int) -> torch.nn.Module:
 
 
 def single(model) -> Strategy:
-    s = Strategy(TrainConfig(), DistEnv())
+    s = Strategy(TrainConfig(precision="fp32"), DistEnv())
     s.setup(model, 10)
     return s
 
@@ -104,7 +104,7 @@ def worker() -> None:
     layouts = {"ddp": {}, "zero3": {"strategy": "zero"}, "fsdp": {"strategy": "fsdp"}, "tp": {"strategy": "tp"},
                "tp_sp": {"strategy": "tp"}, "pp": {"strategy": "pp"}}
     for name, kw in layouts.items():
-        cfg = TrainConfig(**{"strategy": "ddp", **kw})
+        cfg = TrainConfig(**{"strategy": "ddp", "precision": "fp32", **kw})   # exact comparisons: fp32
         if name == "zero3":
             cfg.zero.stage, cfg.zero.param_persistence_threshold = 3, 0
         if name == "tp_sp":

@@ -52,11 +52,11 @@ def test_cpu_bf16_units_reads_x86_flags_and_arm_features():
 
 
 def test_explicit_bf16_on_a_cpu_without_bf16_units_is_kept_and_warned(monkeypatch, caplog):
-    monkeypatch.setattr("ecomkit.train.autoprec.cpu_bf16_units", lambda: False)
+    monkeypatch.setattr("ecomkit.envcheck.matmul.cpu_bf16_units", lambda: False)
     with caplog.at_level("WARNING"):
         assert resolve_precision(TrainConfig(precision="bf16"), DistEnv()) == "bf16"
     assert "without bf16 matmul units" in caplog.text
-    monkeypatch.setattr("ecomkit.train.autoprec.cpu_bf16_units", lambda: True)
+    monkeypatch.setattr("ecomkit.envcheck.matmul.cpu_bf16_units", lambda: True)
     caplog.clear()
     with caplog.at_level("WARNING"):
         resolve_precision(TrainConfig(precision="bf16"), DistEnv())
@@ -74,7 +74,7 @@ def test_auto_picks_fp32_when_the_probe_says_bf16_is_not_faster():
 def test_resolve_replaces_auto_and_leaves_explicit_precisions(monkeypatch):
     cfg = TrainConfig(precision="auto")
     cfg.validate(1)                      # auto is a valid choice
-    monkeypatch.setattr("ecomkit.train.autoprec.choose_precision", lambda device: ("fp32", "mocked"))
+    monkeypatch.setattr("ecomkit.envcheck.matmul.choose_precision", lambda device: ("fp32", "mocked"))
     assert resolve_precision(cfg, DistEnv()) == "fp32" and cfg.precision == "fp32"
     cfg = TrainConfig(precision="bf16")
     assert resolve_precision(cfg, DistEnv()) == "bf16"

@@ -78,6 +78,7 @@ def test_signal_names_parse_and_bad_ones_are_config_errors():
 def test_handler_records_signals_and_keeps_the_stack_dump(capfd):
     import faulthandler
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)  # as dist installs it
+    before = signal.getsignal(signal.SIGTERM)   # what restore() must put back (SIG_DFL in a fresh process)
     sigs = PreemptionSignals([signal.SIGUSR1, signal.SIGTERM], rank=3)
     try:
         assert sigs.install()
@@ -92,7 +93,7 @@ def test_handler_records_signals_and_keeps_the_stack_dump(capfd):
         assert sigs.received == ["SIGUSR1", "SIGTERM", "SIGTERM"]
         assert "[rank 3] SIGTERM received again while the checkpoint is written: ignored" in capfd.readouterr().err
         sigs.restore()
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) is before
         assert faulthandler.unregister(signal.SIGUSR1)   # the C-level dump for hung ranks is back
         faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
     finally:

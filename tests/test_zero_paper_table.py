@@ -23,7 +23,7 @@ def test_cli_n_params_json(capsys):
     main(["--n-params", "7.5e9", "--gpus", "64", "--precision", "bf16", "--json"])   # the paper: mixed precision
     rows = json.loads(capsys.readouterr().out)
     assert [round(r["total_gb"], 1) for r in rows] == list(PAPER_GB.values())
-    main(["--n-params", "7.5e9", "--gpus", "64"])          # training's default fp32: DeepSpeed's 4+4+12 bytes
+    main(["--n-params", "7.5e9", "--gpus", "64", "--precision", "fp32"])   # fp32: DeepSpeed's 4+4+12 bytes
     text = capsys.readouterr().out
     assert "fp32" in text and "20Ψ/N" in text
 

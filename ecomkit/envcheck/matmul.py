@@ -34,9 +34,11 @@ import functools
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from ecomkit.dist import DistEnv, gather_objects, log
 from ecomkit.hardware import device_peak_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -168,6 +170,33 @@ def choose_precision(device: torch.device, rates: dict[str, float] | None = None
     return "fp32", f"{measured} < {AUTO_BF16_MIN_SPEEDUP}x: this CPU does not multiply faster in bf16"
 
 
+
+
+def resolve_precision(cfg: Any, env: DistEnv, reasons: dict[str, str] | None = None) -> str:
+    """Replace ``cfg.precision == "auto"`` by the precision picked on rank 0's device; return the precision.
+
+    Called by the training loop and HF Trainer's path first (with ``reasons``), and by
+    ``ecomkit.parallel.build_strategy`` for a strategy built on its own, so that no strategy meets ``auto``.
+
+    An explicit ``bf16`` on a CPU without bf16 matmul units is kept (numerics can be studied anywhere) but
+    warned about, since the run will be far slower than fp32 there. ``reasons``: gets ``"precision"``, why
+    ``auto`` picked what it did (for the start-up line's recipe).
+    """
+    if cfg.precision == "bf16" and env.device.type == "cpu" and env.is_main and cpu_bf16_units() is False:
+        log.warning("--precision bf16 on a CPU without bf16 matmul units (%s): its GEMMs run converted, many "
+                    "times slower than fp32; --precision auto picks fp32 here", NO_BF16_UNITS)
+    if cfg.precision != "auto":
+        return cfg.precision
+    picked, why = choose_precision(env.device) if env.is_main else (None, None)
+    picked, why = gather_objects((picked, why), env)[0]
+    if env.is_main:
+        log.info("precision auto -> %s: %s", picked, why)
+    if reasons is not None:
+        reasons["precision"] = why
+    cfg.precision = picked
+    return picked
+
+
 __all__ = ["AUTO_BF16_MIN_SPEEDUP", "GEMM_SIZE", "NO_BF16_UNITS", "PEAK_SIZES", "X86_BF16_FLAGS", "choose_precision",
            "cpu_bf16_units", "matmul_flops", "matmul_peak", "measured_cpu_peak", "peak_table", "roofline_fields",
-           "roofline_summary", "run_peak"]
+           "resolve_precision", "roofline_summary", "run_peak"]

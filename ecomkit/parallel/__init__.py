@@ -24,6 +24,7 @@ from typing import Callable
 
 from ecomkit.config import StrategyName, TrainConfig
 from ecomkit.dist import DistEnv
+from ecomkit.envcheck.matmul import resolve_precision
 from ecomkit.parallel.accelerate_path import AccelerateStrategy
 from ecomkit.parallel.base import Strategy
 from ecomkit.parallel.ddp import DDPStrategy
@@ -44,7 +45,10 @@ STRATEGY_FACTORIES: dict[StrategyName, StrategyFactory] = {
 
 
 def build_strategy(cfg: TrainConfig, env: DistEnv) -> Strategy:
-    """The strategy named by ``cfg.strategy``; ``cfg`` has passed ``TrainConfig.validate`` (name, compression)."""
+    """The strategy named by ``cfg.strategy``; ``cfg`` has passed ``TrainConfig.validate`` (name, compression).
+
+    ``--precision auto`` is resolved first (a no-op when the run already did): a strategy casts by a dtype."""
+    resolve_precision(cfg, env)
     return STRATEGY_FACTORIES[StrategyName(cfg.strategy)](cfg, env)
 
 

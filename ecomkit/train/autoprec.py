@@ -11,33 +11,11 @@ import importlib.util
 
 from ecomkit.config import TrainConfig
 from ecomkit.config.vocabulary import LOSS_KERNEL_PACKAGES
-from ecomkit.dist import DistEnv, gather_objects, log
-from ecomkit.envcheck.matmul import NO_BF16_UNITS, choose_precision, cpu_bf16_units
+from ecomkit.dist import DistEnv, log
+from ecomkit.envcheck.matmul import resolve_precision   # re-exported: the loop's and HF Trainer's name for it
 from ecomkit.hardware import device_kind
 from ecomkit.models.attention_rule import pick_attention
 from ecomkit.models.loss import pick_loss_kernel
-
-
-def resolve_precision(cfg: TrainConfig, env: DistEnv, reasons: dict[str, str] | None = None) -> str:
-    """Replace ``cfg.precision == "auto"`` by the precision picked on rank 0's device; return the precision.
-
-    An explicit ``bf16`` on a CPU without bf16 matmul units is kept (numerics can be studied anywhere) but
-    warned about, since the run will be far slower than fp32 there. ``reasons``: gets ``"precision"``, why
-    ``auto`` picked what it did (for the start-up line's recipe).
-    """
-    if cfg.precision == "bf16" and env.device.type == "cpu" and env.is_main and cpu_bf16_units() is False:
-        log.warning("--precision bf16 on a CPU without bf16 matmul units (%s): its GEMMs run converted, many "
-                    "times slower than fp32; --precision auto picks fp32 here", NO_BF16_UNITS)
-    if cfg.precision != "auto":
-        return cfg.precision
-    picked, why = choose_precision(env.device) if env.is_main else (None, None)
-    picked, why = gather_objects((picked, why), env)[0]
-    if env.is_main:
-        log.info("precision auto -> %s: %s", picked, why)
-    if reasons is not None:
-        reasons["precision"] = why
-    cfg.precision = picked
-    return picked
 
 
 def resolve_attention(cfg: TrainConfig, env: DistEnv) -> str:
