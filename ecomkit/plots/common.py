@@ -74,6 +74,22 @@ def plot_throughput_bars(values: Mapping[str, float], ylabel: str = "samples/s",
 FIGURES = Path(__file__).resolve().parents[2] / "notebooks" / "figures"
 
 
+def save_figures(out_dir: Path, draws: Mapping[str, Callable[[], object]], dpi: int = 100,
+                 **savefig: object) -> list[Path]:
+    """Draw each figure (``{file name: draw()}``), write it as ``out_dir/name`` and close it; the files written.
+
+    One figure at a time, closed after writing, so that redrawing every chapter's diagrams holds one in memory."""
+    plt = _plt()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, draw in draws.items():
+        fig = draw()
+        fig.savefig(out_dir / name, dpi=dpi, **savefig)
+        plt.close(fig)
+        written.append(out_dir / name)
+    return written
+
+
 def redraw_main(description: str, draw_all: Callable[[Path], list[Path]], argv: list[str] | None = None) -> None:
     """``python -m ecomkit.plots.diagrams_<topic> [--out-dir DIR]``: redraw a chapter's diagrams, print their paths."""
     parser = argparse.ArgumentParser(description=description)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ecomkit.parallel.compression.topk import error_feedback_step
-from ecomkit.plots.common import FIGURES, _plt, redraw_main
+from ecomkit.plots.common import FIGURES, _plt, redraw_main, save_figures
 
 TOPK_FIGURE = "topk_error_feedback.png"
 N_ENTRIES, RATIO, STEPS, SEED = 12, 0.25, 3, 5
@@ -73,12 +73,7 @@ def draw_topk_error_feedback(rows: list[dict[str, Any]] | None = None):
 
 def redraw(folder: Path = FIGURES) -> list[Path]:
     """Write every diagram of this module into ``folder``; returns the files written."""
-    folder.mkdir(parents=True, exist_ok=True)
-    fig = draw_topk_error_feedback()
-    path = folder / TOPK_FIGURE
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    _plt().close(fig)
-    return [path]
+    return save_figures(folder, {TOPK_FIGURE: draw_topk_error_feedback}, dpi=110, metadata={"Software": None})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ecomkit.models.bloom import build_model
-from ecomkit.plots.common import FIGURES, _plt, redraw_main
+from ecomkit.plots.common import FIGURES, _plt, redraw_main, save_figures
 
 RING_WORLD_SIZE = 3           # chapter 01's hand-written ring runs on 3 processes: n = 2 would hide the ring
 RING_NUMEL = 3 * 4096         # its message: 12,288 float32 values (48 KiB) per rank
@@ -228,15 +228,7 @@ DIAGRAMS = {"ring_allreduce.png": draw_ring_allreduce, "ddp_bucket_overlap.png":
 
 def draw_all(out_dir: Path = FIGURES, dpi: int = 110) -> list[Path]:
     """Draw every diagram of chapters 01-02 into ``out_dir``; returns the files written."""
-    plt = _plt()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, draw in DIAGRAMS.items():
-        fig = draw()
-        fig.savefig(out_dir / name, dpi=dpi)
-        plt.close(fig)
-        written.append(out_dir / name)
-    return written
+    return save_figures(out_dir, DIAGRAMS, dpi=dpi)
 
 
 def main(argv: list[str] | None = None) -> None:

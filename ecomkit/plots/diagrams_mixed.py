@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ecomkit.parallel.tensor import tensor_parallel_shapes
-from ecomkit.plots.common import FIGURES, _plt, redraw_main
+from ecomkit.plots.common import FIGURES, _plt, redraw_main, save_figures
 
 TP_FIGURE = "tp_split.png"
 PIPELINE_FIGURE = "pipeline_schedules.png"
@@ -155,16 +155,9 @@ def draw_tp_split(hidden: int, tp: int):
 
 def draw_all(out_dir: Path = FIGURES) -> list[Path]:
     """Redraw chapter 04's diagrams into ``out_dir``; return the files written."""
-    plt = _plt()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    figures = {TP_FIGURE: draw_tp_split(TP["hidden"], TP["tp"]),
-               PIPELINE_FIGURE: draw_pipeline_schedules(PIPELINE["stages"], PIPELINE["microbatches"])}
-    paths = []
-    for name, fig in figures.items():
-        fig.savefig(out_dir / name, dpi=100)
-        plt.close(fig)
-        paths.append(out_dir / name)
-    return paths
+    return save_figures(out_dir, {TP_FIGURE: lambda: draw_tp_split(TP["hidden"], TP["tp"]),
+                                  PIPELINE_FIGURE: lambda: draw_pipeline_schedules(PIPELINE["stages"],
+                                                                                   PIPELINE["microbatches"])})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ecomkit.models.bloom import preset_parameter_count
-from ecomkit.plots.common import FIGURES, _plt, redraw_main
+from ecomkit.plots.common import FIGURES, _plt, redraw_main, save_figures
 from ecomkit.planner.zero_formulas import formula_bytes
 
 ZERO_FIGURE = "zero_partitioning.png"
@@ -76,12 +76,7 @@ def draw_zero_partitioning(q: dict[str, Any]):
 
 def draw_all(out_dir: Path = FIGURES) -> list[Path]:
     """Redraw chapter 03's diagrams into ``out_dir``; return the files written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / ZERO_FIGURE
-    fig = draw_zero_partitioning(zero_partition_quantities())
-    fig.savefig(path, dpi=100)
-    _plt().close(fig)
-    return [path]
+    return save_figures(out_dir, {ZERO_FIGURE: lambda: draw_zero_partitioning(zero_partition_quantities())})
 
 
 def main(argv: list[str] | None = None) -> None:
