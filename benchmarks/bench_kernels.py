@@ -58,7 +58,7 @@ from ecomkit.models.loss import chunked_token_loss_sum, install_chunked_loss
 from ecomkit.models.optim import adamw_kernel, clip_grad_norm, param_groups
 from ecomkit.models.tokenizer import get_tokenizer
 from ecomkit.parallel.shm_allreduce import load_shm_op
-from ecomkit.train.shapes import length_multiple
+from ecomkit.models.precision import length_multiple
 
 
 def timed(fn: Callable[[], None]) -> float:

@@ -7,7 +7,7 @@ of the README's review command with its defaults (the ``tiny`` preset, 2 process
 evaluation scores every target by its candidates (accuracy beside the training-majority baseline). Per
 file the row says after how many steps (and epochs) every target first reached 90 % of its best margin over
 the baseline (``steps_to_learn``); the rule's floor ``NLU_FILE_MIN_STEPS`` must cover the largest. The rows
-also give the run's step time beside the start-up estimate (``ESTIMATE_PEAK_SHARE``).
+also give the run's measured step time, which ``--max-train-minutes`` holds a run's length against.
 
     python benchmarks/bench_recipe.py --sizes 2000 1000 --titles 1000 --steps 600 --eval-steps 50   # the artifact
     python benchmarks/bench_recipe.py --sizes 1000 --titles 0 --steps 300   # a quick look
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from common import print_table, run_summary, write_artifact
 
-from ecomkit.config.recipe import ESTIMATE_PEAK_SHARE, NLU_FILE_EPOCHS, NLU_FILE_MIN_STEPS
+from ecomkit.config.recipe import NLU_FILE_EPOCHS, NLU_FILE_MIN_STEPS
 from ecomkit.data.toy_tasks import write_category_task, write_review_file
 
 REVIEW_MAPS = ["--column-map", '{"cat": "category", "label": "sentiment"}',
@@ -71,14 +71,13 @@ def run_file(name: str, data: Path, maps: list[str], args, work: Path) -> dict:
                                             "--no-save-model", "--report-to", "none"], nproc=2, out_dir=str(out))
     spe = s["steps_per_epoch"]
     points = curve(out, spe)
-    est = (s.get("recipe") or {}).get("step_time_estimate_s", {}).get("value")
     return {"file": name, "train_examples": s["data"].get("train_records"), "steps_per_epoch": spe,
             "steps": s["steps"], "epochs_to_learn": epochs_to_learn(points),
             "steps_to_learn": round(epochs_to_learn(points) * spe) if epochs_to_learn(points) else None,
             "lr": s["config"]["lr"], "global_batch": s["global_batch"],
             **{f"final_{t}": s.get(f"acc_{t}") for t in TARGETS}, **{f"majority_{t}": s.get(f"majority_{t}")
                                                                       for t in TARGETS},
-            "step_s": s["step_time_s"], "estimate_step_s": est, "peak_share": s.get("peak_share"),
+            "step_s": s["step_time_s"],
             "precision": s["config"]["precision"], "wall_s": time.perf_counter() - t0, "curve": points}
 
 
@@ -100,16 +99,12 @@ def main() -> None:
         rows.append(run_file(name, data, maps, args, work))
     learned = [r["steps_to_learn"] for r in rows]
     needed = max(learned) if learned and None not in learned else None
-    shares = [r["peak_share"] for r in rows if r["peak_share"]]
-    ratio = [r["estimate_step_s"] / r["step_s"] for r in rows if r["estimate_step_s"] and r["step_s"]]
     columns = ["file", "lr", "global_batch", "train_examples", "steps_per_epoch", "steps_to_learn", "epochs_to_learn",
                "final_category", "majority_category",
-               "final_sentiment", "majority_sentiment", "step_s", "estimate_step_s", "wall_s"]
+               "final_sentiment", "majority_sentiment", "step_s", "wall_s"]
     print_table(rows, columns)
     verdict = {"steps_needed": needed, "rule_min_steps": NLU_FILE_MIN_STEPS, "rule_epochs": NLU_FILE_EPOCHS,
-               "rule_covers_every_file": needed is not None and NLU_FILE_MIN_STEPS >= needed,
-               "estimate_over_measured_step": ratio, "estimate_peak_share": ESTIMATE_PEAK_SHARE["cpu"],
-               "measured_peak_shares": shares}
+               "rule_covers_every_file": needed is not None and NLU_FILE_MIN_STEPS >= needed}
     print(json.dumps(verdict, indent=1))
     write_artifact("recipe", rows, extra={"settings": vars(args), "columns": columns, "verdict": verdict, "notes": [
         "README review command's defaults (tiny preset, 2 processes × 1 thread, precision auto) except --max-steps; "

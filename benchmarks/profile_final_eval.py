@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-import ecomkit.train.held_out as held_out
+import ecomkit.train.loop as held_out   # the run's evaluation calls live in the loop
 from ecomkit.config import TrainConfig
 from ecomkit.data.catalog import review_rows
 from ecomkit.dist import DistEnv

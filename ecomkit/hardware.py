@@ -1,6 +1,6 @@
 """The one hardware table: GPU peak FLOP/s per dtype, memory, HBM bandwidth, and interconnect presets.
 
-Why one table: MFU (``ecomkit.train.loop``), the memory planner and the time
+Why one table: MFU (``ecomkit.train.loop``, looked up once per run), the memory planner and the time
 model (``ecomkit.planner``) must agree on what a GPU is. A figure that lives in
 two places drifts, and a peak matched by substring is wrong ("H100 PCIe"
 would get the SXM peak, 30 % too high). So:
@@ -297,38 +297,35 @@ def peak_flops_or_reason(device_name: str, precision: str) -> tuple[float | None
     return spec.peak_flops(precision), None
 
 
-def device_mfu_note(device: torch.device, precision: str) -> str | None:
-    """Why ``device`` has no MFU (unknown GPU, dtype without tensor cores); None on a CPU or a known GPU."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return None
-    return peak_flops_or_reason(torch.cuda.get_device_name(device), precision)[1]
-
-
 def device_peak_flops(device: torch.device, precision: str) -> float | None:
-    """Peak FLOP/s of one device for ``precision``; ``None`` on a CPU or for a GPU the table does not know.
+    """Peak FLOP/s of one device for ``precision`` (:func:`device_peak`'s peak)."""
+    return device_peak(device, precision)[0]
 
-    The reason for a ``None`` on a GPU is logged once per reason (not once per
-    step); :func:`mfu_fields` puts it in the metrics row where MFU would be.
+
+def device_peak(device: torch.device, precision: str) -> tuple[float | None, str | None]:
+    """(peak FLOP/s of one device, why MFU is not reported): looked up once per run, never per step.
+
+    A CPU has no table peak and no note; a GPU the table does not know (or a dtype it has no tensor cores
+    for) gets None and the reason, logged once per reason.
     """
     if device.type != "cuda" or not torch.cuda.is_available():
-        return None
+        return None, None
     peak, reason = peak_flops_or_reason(torch.cuda.get_device_name(device), precision)
     if reason is not None and reason not in _REPORTED:
         _REPORTED.add(reason)
         log.warning(reason)
-    return peak
+    return peak, reason
 
 
 def mfu_fields(achieved_flops_per_s: float, peak_per_device: float | None, n_devices: int,
-               device: torch.device, precision: str) -> dict[str, float | str | None]:
-    """``{"mfu": fraction}``, or ``{"mfu": None, "mfu_note": why}`` on a GPU without a known peak (none on CPU)."""
+               note: str | None = None) -> dict[str, float | str | None]:
+    """``{"mfu": fraction}`` over ``n_devices`` peaks, or ``{"mfu": None}`` with ``note`` (why) where one is given."""
     if peak_per_device:
         return {"mfu": achieved_flops_per_s / (peak_per_device * n_devices)}
-    note = device_mfu_note(device, precision)
     return {"mfu": None, "mfu_note": note} if note else {"mfu": None}
 
 
 __all__ = ["GpuSpec", "GPUS", "GPU_ALIASES", "find_gpu", "gpu_kind", "device_kind", "gpu_spec", "LinkSpec", "LINKS", "link_spec", "default_link",
-           "unknown_gpu_message", "peak_flops_or_reason", "device_mfu_note", "device_peak_flops", "mfu_fields",
+           "unknown_gpu_message", "peak_flops_or_reason", "device_peak", "device_peak_flops", "mfu_fields",
            "NodeSpec", "NODES", "GPU_DEFAULT_NODE", "node_spec", "node_cpu_adam_params_per_s",
            "CPU_ADAM_PARAMS_PER_S_PER_CORE", "GIB"]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ecomkit.errors import DataError, EcomkitError, user_error_from_agent_file
+from ecomkit.reporting import in_notebook
 
 TAIL_LINES = 40
 
@@ -61,17 +62,6 @@ def _resolve_script(script: str | Path, root: Path) -> Path:
         raise EcomkitError(f"script {path} does not exist. Pass a path relative to the repository root {root}, "
                            "e.g. 'scripts/01_env_check.py'.")
     return path
-
-
-def in_notebook() -> bool:
-    """True inside a Jupyter kernel (where a display can be updated in place), False in a terminal or script."""
-    try:
-        from IPython import get_ipython  # lazy: optional (notebooks extra); absent in plain script installs
-
-        shell = get_ipython()
-        return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
-    except ImportError:
-        return False
 
 
 PROGRESS_LINE = re.compile(r"^\s*(train|decode|eval)\s+\d+/\d+")   # what the scripts' progress bars print

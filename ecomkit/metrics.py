@@ -299,36 +299,26 @@ def throughput_lines(summary: dict[str, Any]) -> str:
                  f"{summary['step_time_p90_s'] * 1000:.0f} ms p90\n")
     else:
         line += f"step time       {summary['step_time_s'] * 1000:.0f} ms mean\n"
-    return line + roofline_line(summary)
+    return line + flops_line(summary)
 
 
-def roofline_line(summary: dict[str, Any]) -> str:
-    """Model FLOP/s and its share of the peak: MFU (GPU, hardware table) or the measured CPU GEMM's share."""
-    flops, peak = summary.get("model_flops_per_s"), summary.get("peak_flops")
-    if flops is None or not peak:
+def flops_line(summary: dict[str, Any]) -> str:
+    """Model FLOP/s, and MFU where the device has a table peak (a GPU the hardware table knows)."""
+    flops = summary.get("model_flops_per_s")
+    if not flops:
         return ""
-    share, label = ((summary["mfu"], "MFU") if summary.get("mfu") is not None
-                    else (summary.get("peak_share"), "of the measured matmul peak"))
-    line = (f"model FLOP/s    {flops / 1e9:,.1f} GFLOP/s = {share:.1%} {label} "
-            f"({peak / 1e9:,.1f} GFLOP/s per device, {summary.get('peak_source')})\n")
-    if share is not None and share > 1:   # never an unexplained share above the peak
-        line += ("                above 100 %: the run's matrix products ran faster than the peak timed at start-up "
-                 "(the machine was busier then, or the run's shapes suit the kernels better than the timed "
-                 "GEMMs); read the share as a ratio to that timing, not as a bound\n")
-    return line
+    mfu = summary.get("mfu")
+    share = (f" = {mfu:.1%} MFU ({summary['peak_flops'] / 1e12:,.0f} TFLOP/s per device, hardware table)"
+             if mfu is not None else f" ({summary['mfu_note']})" if summary.get("mfu_note") else "")
+    return f"model FLOP/s    {flops / 1e9:,.1f} GFLOP/s{share}\n"
 
 
 def step_model_flops(tokens: float, squared_lengths: float, predicted: float, flops_per_token_at,
                      head_flops: float) -> float:
     """The model FLOPs of one step: every real token through the blocks, the LM head only where the loss reads it.
 
-    ``flops_per_token_at(T)``: 6Ψ + attention at length T (``models.bloom.flops_per_token``), which counts
-    the LM head's 6·V·h for every token. ``predicted``: positions whose next token is a label (the only ones
-    whose logits the loss needs: a fine-tuning step with prompt masking computes the head on those alone,
-    ``models/loss.py``); ``head_flops``: 6·V·h. Counting the head at the prompt positions as well credited
-    the run with work it does not do: on the synthetic nlu data 7.5 % of positions are labelled and the head
-    is 14 % of ``small``'s 6Ψ, so 12 % of the FLOPs credited were never computed, and with a single 1024²
-    GEMM's median as the peak (``envcheck/matmul.py``) a run's share reached 97-101 %.
+    ``flops_per_token_at(T)``: 6Ψ + attention at length T (``models.bloom.flops_per_token``, the head's 6·V·h for
+    every token); ``predicted``: positions whose logits the loss reads; ``head_flops``: 6·V·h (docs/perf.md).
     """
     return tokens * flops_per_token_at(attention_length(tokens, squared_lengths)) - max(
         tokens - predicted, 0.0) * head_flops
@@ -346,18 +336,10 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 def throughput_summary(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
                        slowest_rank_steady_s: float | None = None) -> dict[str, Any]:
-    """Throughput of the steady phase: total samples (tokens) divided by total wall time.
+    """Throughput of the steady phase: total samples (tokens) over total wall time, after ``warmup_steps`` rows.
 
-    Why not the mean of per-step rates: with length-bucketed batches the step
-    times are uneven, and the mean of ``samples / step_time`` weights a short
-    fast step as much as a long slow one, so it overstates throughput (by 19-25 %
-    on the chapter 02 runs). Dividing totals gives the rate a user's epoch
-    actually runs at. The first ``warmup_steps`` rows (allocator warm-up,
-    kernel selection) are left out when enough rows remain.
-
-    ``slowest_rank_steady_s``: the steady-phase wall time of the slowest rank
-    (an ``all_reduce(MAX)`` done by the caller); with several ranks the job runs
-    at that rank's pace, so the rates are computed from it when given.
+    Why totals: with length-bucketed batches a mean of per-step rates overstated it by 19-25 %. With several
+    ranks, ``slowest_rank_steady_s`` (an ``all_reduce(MAX)`` by the caller) sets the pace.
     """
     steady = train_rows[warmup_steps:] if len(train_rows) > warmup_steps else list(train_rows)
     times = [float(r["step_time_s"]) for r in steady]
@@ -409,3 +391,4 @@ def slowest_rank_throughput(own_rows: list[dict[str, Any]], env: DistEnv, warmup
     own_wall = throughput_summary(own_rows, warmup_steps)["steady_wall_s"]
     slowest = all_reduce_max(own_wall, env) if env.distributed else None
     return throughput_summary(own_rows if rows is None else rows, warmup_steps, slowest)
+

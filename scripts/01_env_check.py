@@ -28,7 +28,8 @@ import argparse
 import sys
 
 from ecomkit.dist import distributed_session
-from ecomkit.envcheck import run_env_check, size_range
+from ecomkit.envcheck.collectives import size_range
+from ecomkit.envcheck.run import run_env_check
 from ecomkit.launch import write_json
 from ecomkit.errors import ConfigError, exit_on_user_error
 

@@ -6,7 +6,7 @@
 - No function-level import of an ecomkit module (an upward arrow in disguise).
   Function-level imports are kept only for heavy optional third-party packages,
   each with a ``# lazy:`` comment giving its reason.
-- At most 10 modules directly under ``ecomkit/``; no module over about 400 lines.
+- At most 10 modules directly under ``ecomkit/``; no module over about 400 lines (the training loop: 700).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ PACKAGE = ROOT / "ecomkit"
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 MAX_TOP_LEVEL_MODULES = 10
 MAX_MODULE_LINES = 420   # "about 400": a docstring's worth of slack, not a second module
+# The training loop reads as one file, top to bottom (torchtitan's train.py): build, step, evaluation, report.
+LONGER_MODULES = {"ecomkit/train/loop.py": 700}
 LAZY_MARK = "# lazy:"
 # Heavy or optional third-party packages that may be imported inside a function (with a reason).
 LAZY_ALLOWED = ("deepspeed", "accelerate", "peft", "bitsandbytes", "pynvml", "ipywidgets", "matplotlib", "IPython",
@@ -123,9 +125,9 @@ def test_top_level_is_small():
 
 
 def test_no_module_is_too_long():
-    long = {str(p.relative_to(ROOT)): n for p in _modules()
-            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
-    assert not long, f"split these modules (more than {MAX_MODULE_LINES} lines): {long}"
+    lines = {str(p.relative_to(ROOT)): len(p.read_text(encoding="utf-8").splitlines()) for p in _modules()}
+    long = {name: n for name, n in lines.items() if n > LONGER_MODULES.get(name, MAX_MODULE_LINES)}
+    assert not long, f"split these modules (more than {MAX_MODULE_LINES} lines, {LONGER_MODULES}): {long}"
 
 
 def test_checks_catch_what_they_look_for(tmp_path):

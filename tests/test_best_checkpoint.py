@@ -1,4 +1,4 @@
-"""The weights a run keeps in ``final/`` (``ecomkit.train.best``): the best evaluation's, or the last step's and why."""
+"""The weights a run keeps in ``final/`` (``ecomkit.train.outcome``): the best evaluation's, or the last step's and why."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ecomkit.train.best import BestWeights, why_last
+from ecomkit.train.outcome import BestWeights, why_last
 
 
 def test_why_the_last_weights_are_kept():

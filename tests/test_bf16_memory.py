@@ -1,4 +1,4 @@
-"""bf16 on CPU plateaus in memory on varied lengths (train/shapes.py; docs/perf.md "bf16 on CPU: memory").
+"""bf16 on CPU plateaus in memory on varied lengths (models/precision.py; docs/perf.md "bf16 on CPU: memory").
 
 One fresh process (its peak RSS is this run's alone) trains the tiny preset
 under bf16 autocast for 150 steps on the instruction task, whose
@@ -26,7 +26,7 @@ import torch
 from ecomkit.config import TrainConfig
 from ecomkit.data import write_jsonl
 from ecomkit.data.catalog import instruction_rows
-from ecomkit.train.shapes import length_multiple
+from ecomkit.models.precision import length_multiple
 
 PLATEAU = 1.15   # bucketed: peak RSS at step 150 ≤ 1.15 × at step 50
 PACKED_PLATEAU = 1.10   # packed: peak RSS at step 120 ≤ 1.10 × at step 40

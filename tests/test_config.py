@@ -123,10 +123,10 @@ def test_strategy_vocabulary_round_trips_through_the_planner_names():
         parse_plan_strategy("zero4")
 
 
-def test_every_strategy_name_has_a_typed_factory_and_ddp_does_not_load_deepspeed():
+def test_every_strategy_name_has_a_registered_strategy_and_ddp_does_not_load_deepspeed():
     """The registry covers the whole vocabulary, and importing it (a DDP run) never imports DeepSpeed."""
-    code = ("import sys; from ecomkit.config import StrategyName; from ecomkit.parallel import STRATEGY_FACTORIES; "
-            "import ecomkit.train; assert set(STRATEGY_FACTORIES) == set(StrategyName), STRATEGY_FACTORIES; "
+    code = ("import sys; from ecomkit.config import StrategyName; from ecomkit.parallel import STRATEGIES; "
+            "import ecomkit.train; assert set(STRATEGIES) == set(StrategyName), STRATEGIES; "
             "assert 'deepspeed' not in sys.modules, 'deepspeed imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

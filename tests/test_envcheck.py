@@ -11,18 +11,11 @@ import torch
 from conftest import load_module, run_script
 
 from ecomkit.dist import DistEnv
-from ecomkit.envcheck import (
-    bus_bandwidth,
-    check_all_reduce,
-    format_bandwidth,
-    lint_env,
-    measure_local_copy_bandwidth,
-    parse_size,
-    probe_machine,
-    run_env_check,
-    size_range,
-    system_report,
-)
+from ecomkit.envcheck.collectives import (bus_bandwidth, check_all_reduce, format_bandwidth,
+                                          measure_local_copy_bandwidth, parse_size, size_range)
+from ecomkit.envcheck.lint import lint_env, probe_machine
+from ecomkit.envcheck.run import run_env_check
+from ecomkit.envcheck.system import system_report
 from ecomkit.envcheck.lint import _has_infiniband
 from ecomkit.errors import ConfigError
 

@@ -261,12 +261,12 @@ def test_the_run_says_once_what_each_evaluation_reads_and_when_nlu_sampling_has_
     """Issue #43 item 2: the final evaluation reads every held-out row (said at start-up), and on extraction-only
     data --eval-nlu-samples acts on nothing: the run says so once instead of ignoring the flag silently."""
     from ecomkit.config import TrainConfig
-    from ecomkit.train.held_out import evaluation_scope
+    from ecomkit.train.loop import evaluation_scope
 
     cfg = TrainConfig(task="nlu")
     extraction_only = [{"text": "华为 手机", "spans": '[["品牌", 0, 2, "华为"]]'}] * 3
     lines = evaluation_scope(cfg, 1343, extraction_only, {"extract": ("品牌",)})
-    assert "the final one reads every held-out row (1,343 held-out examples" in lines[0]
+    assert "final: every held-out row (1,343 examples" in lines[0]
     assert len(lines) == 2 and "--eval-nlu-samples has no effect" in lines[1]
     labelled = [{"title": "华为 手机", "category": "手机"}]
     assert len(evaluation_scope(cfg, 1, labelled, {"category": ("手机", "服饰")})) == 1

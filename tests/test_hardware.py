@@ -9,8 +9,8 @@ import torch
 
 from ecomkit import hardware
 from ecomkit.errors import ConfigError
-from ecomkit.hardware import (GPU_ALIASES, GPUS, LINKS, device_peak_flops, find_gpu, gpu_spec, link_spec, mfu_fields,
-                              peak_flops_or_reason, unknown_gpu_message)
+from ecomkit.hardware import (GPU_ALIASES, GPUS, LINKS, device_peak, device_peak_flops, find_gpu, gpu_spec, link_spec,
+                              mfu_fields, peak_flops_or_reason, unknown_gpu_message)
 from ecomkit.hardware import GPU_DEFAULT_NODE, NODES, node_cpu_adam_params_per_s, node_spec
 from ecomkit.models.bloom import flops_per_token
 from ecomkit.planner.memory import plan_memory
@@ -70,16 +70,18 @@ def test_mfu_of_an_unknown_gpu_is_none_with_the_message_logged_once(fake_gpu, ca
         peaks = [device_peak_flops(device, "bf16") for _ in range(3)]
     assert peaks == [None, None, None]
     assert [r.getMessage() for r in caplog.records] == [unknown_gpu_message(UNKNOWN)]
-    assert mfu_fields(1e12, None, 2, device, "bf16") == {"mfu": None, "mfu_note": unknown_gpu_message(UNKNOWN)}
+    peak, note = device_peak(device, "bf16")
+    assert mfu_fields(1e12, peak, 2, note) == {"mfu": None, "mfu_note": unknown_gpu_message(UNKNOWN)}
 
 
 def test_mfu_of_a_known_gpu_and_of_a_cpu(fake_gpu):
     assert device_peak_flops(torch.device("cpu"), "bf16") is None
-    assert mfu_fields(1e12, None, 1, torch.device("cpu"), "bf16") == {"mfu": None}   # no note: a CPU has no peak
+    assert device_peak(torch.device("cpu"), "bf16") == (None, None)
+    assert mfu_fields(1e12, None, 1) == {"mfu": None}   # no note: a CPU has no peak
     device = fake_gpu("NVIDIA H100 PCIe")
     peak = device_peak_flops(device, "bf16")
     assert peak == 756e12
-    assert mfu_fields(0.5 * 2 * peak, peak, 2, device, "bf16") == {"mfu": pytest.approx(0.5)}
+    assert mfu_fields(0.5 * 2 * peak, peak, 2) == {"mfu": pytest.approx(0.5)}
 
 
 @pytest.mark.parametrize("key", list(GPUS))

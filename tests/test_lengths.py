@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import json
 import os
 from pathlib import Path
@@ -157,8 +159,10 @@ def test_an_extraction_file_trains_with_default_flags_and_no_input_cut(tmp_path,
     assert data["lengths"]["train"]["prompt"]["max"] >= 200 and summary["seq_len"] >= 256
     assert data["seq_len_reason"].startswith("auto: the smallest multiple of 64 that holds every row")
     assert all(c["rows_cut"] == 0 and c["input_tokens_dropped"] == 0 for c in data["cuts"].values())
-    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("data: "))   # rank 0's line
-    assert f"seq_len {summary['seq_len']} (auto" in line and "tokens p50/p95/max: row" in line and "nothing cut" in line
+    report = next(r.getMessage() for r in caplog.records if "***** Running training *****" in r.getMessage())
+    assert re.search(rf"\n  seq_len +{summary['seq_len']} +auto: holds every row", report), report   # rank 0's
+    lengths = next(line for line in report.splitlines() if line.startswith("  lengths "))
+    assert "tokens p50/p95/max: row" in lengths and "nothing cut" in lengths, lengths
 
 
 # ---------------------------------------------------------------------- --seq-len auto at the model's limit

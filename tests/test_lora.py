@@ -171,11 +171,11 @@ def test_02_data_parallel_trains_lora_and_beats_the_base(ddp_lora):
 
 
 @pytest.mark.dist
-def test_the_start_up_line_and_the_summary_say_lora_is_on_and_what_trains(ddp_lora):
+def test_the_start_up_report_and_the_summary_say_lora_is_on_and_what_trains(ddp_lora):
     printed, s = (ddp_lora / "printed.txt").read_text(), summary(ddp_lora)
     what = f"{s['trainable_params']:,} of {s['params']:,} parameters train"
-    banner = next(line for line in printed.splitlines() if "strategy=ddp" in line)
-    assert f"LoRA r={s['config']['lora_r']}" in banner and "query_key_value" in banner and what in banner, banner
+    banner = next(line for line in printed.splitlines() if line.startswith("  LoRA "))   # the start-up report's
+    assert f"r={s['config']['lora_r']}, " in banner and "query_key_value" in banner and what in banner, banner
     summary_line = next(line for line in printed.splitlines() if line.startswith("LoRA  "))
     assert "on: r=" in summary_line and "dense_4h_to_h" in summary_line and what in summary_line, summary_line
     assert s["lora"]["targets"] == s["config"]["lora_target_modules"].split(",") and s["lora"]["base_bits"] == 16

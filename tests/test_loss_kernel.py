@@ -28,7 +28,7 @@ from ecomkit.models import loss as loss_mod
 from ecomkit.models.bloom import build_model
 from ecomkit.models.loss import (GPU_LOSS_KERNEL, chunked_token_loss_sum, fastest_loss_kernel, install_fused_loss,
                                  installed_loss_kernel, pick_loss_kernel, remove_chunked_loss, token_loss_sum)
-from ecomkit.train.autoprec import resolve_loss_kernel
+from ecomkit.train.resolve import loss_kernel_choice
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 VOCAB = 300
@@ -98,13 +98,12 @@ def test_gpu_table_is_the_committed_measurement_or_empty():
         assert kernel == "chunked" and "unmeasured on this GPU" in why
 
 
-def test_a_run_resolves_auto_once_with_its_reason(caplog):
+def test_a_run_resolves_auto_once_with_its_reason():
     cfg = TrainConfig()
-    with caplog.at_level("INFO", logger="ecomkit"):
-        assert resolve_loss_kernel(cfg, DistEnv(), in_forward=True) == "chunked"
-    assert cfg.loss_kernel == "chunked" and "loss kernel chunked (auto: chunked" in caplog.text
-    cfg = TrainConfig(strategy="zero")
-    assert resolve_loss_kernel(cfg, DistEnv(), in_forward=False) == "full"
+    choice = loss_kernel_choice(cfg, "cpu", "cpu")   # train/resolve.py: the run's one resolution of it
+    assert choice.value == "chunked" and choice.why.startswith("auto: chunked") and cfg.loss_kernel == "auto"
+    zero = loss_kernel_choice(TrainConfig(strategy="zero"), "cpu", "cpu")
+    assert zero.value == "full" and "outside the forward" in zero.why
 
 
 # ---------------------------------------------------------------------- the refusals

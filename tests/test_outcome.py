@@ -10,7 +10,7 @@ import shlex
 
 from ecomkit.metrics import classification_lines, generation_lines, methods_line, not_learned_line
 from ecomkit.train.gen_eval import budget_advice
-from ecomkit.train.held_out import eval_methods
+from ecomkit.train.loop import eval_methods
 from ecomkit.train.outcome import baseline_outcome, launch_command, likely_reasons, missed_baselines, retry_command
 
 # The run: candidate scoring at the majority baseline, generated labels below theirs.

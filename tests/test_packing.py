@@ -26,7 +26,7 @@ from ecomkit.models.attention import alibi_from_mask, attention_mask_for, docume
 from ecomkit.models.bloom import build_model
 from ecomkit.models.compile import head_loss_graphs
 from ecomkit.models.loss import install_chunked_loss
-from ecomkit.train.batches import training_loader
+from ecomkit.train.loop import training_loader
 
 PAD = 3
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -187,7 +187,7 @@ def test_packed_rows_keep_the_unpacked_label_count():
 
 @pytest.mark.parametrize("packing", [True, False])
 def test_training_batches_carry_their_host_counted_label_count(packing):
-    """``label_count`` (train/batches.py) is what the chunked loss selects by: it must equal the labels' count."""
+    """``label_count`` (train/loop.py's Counted) is what the chunked loss selects by: it must equal the labels' count."""
     data = rows(40, prompted=True)
     cfg = TrainConfig(seq_len=96, micro_batch_size=4, precision="fp32")
     lens = np.array([len(r["input_ids"]) for r in data])

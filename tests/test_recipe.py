@@ -2,7 +2,7 @@
 
 - a random-init preset keeps the mechanics (lr 3e-3, 10 warm-up steps, 60 steps);
 - real weights get fine-tuning defaults: lr by size fully fine-tuned (2e-5 at 560 M), 2e-4 with LoRA, warm-up a share of the steps;
-- ``--task nlu`` on a user's file trains epochs, at least a floor of steps, cut by the time estimate;
+- ``--task nlu`` on a user's file trains epochs, at least a floor of steps (tests/test_resolve.py: the time cap);
 - every value a flag gives wins and is marked given;
 - a ``save_pretrained`` folder passed as ``--model`` runs with those defaults, read back from ``summary.json``.
 """
@@ -17,15 +17,14 @@ from conftest import run_script
 
 from ecomkit.config import TrainConfig, parse_config
 from ecomkit.config.recipe import (LORA_LR, MECHANICS, NLU_FILE_EPOCHS, NLU_FILE_MIN_STEPS, PRESET_NLU_FILE_LR,
-                                   WARMUP_SHARE,
-                                   RecipeFacts, apply_recipe, full_finetune_lr, resolve_recipe)
+                                   WARMUP_SHARE, RecipeFacts, full_finetune_lr, resolve_recipe)
 from ecomkit.errors import ConfigError
 
 
 def _facts(kind: str = "preset", peft: str = "none", task: str = "lm", user_data: bool = False,
-           examples: int = 4000, spe: int = 250, est: float | None = None) -> RecipeFacts:
+           examples: int = 4000, spe: int = 250) -> RecipeFacts:
     return RecipeFacts(model_kind=kind, n_params=560_000_000, peft=peft, task=task, user_data=user_data,
-                       train_examples=examples, steps_per_epoch=spe, est_step_s=est)
+                       train_examples=examples, steps_per_epoch=spe)
 
 
 def _values(recipe) -> dict:
@@ -35,9 +34,9 @@ def _values(recipe) -> dict:
 def test_defaults_are_auto_and_a_preset_keeps_the_mechanics():
     cfg = TrainConfig()
     assert (cfg.lr, cfg.warmup_steps, cfg.max_steps, cfg.eval_interval, cfg.precision) == ("auto",) * 5
-    recipe = apply_recipe(cfg, _facts())
-    assert (cfg.lr, cfg.warmup_steps, cfg.max_steps, cfg.eval_interval) == tuple(MECHANICS[k] for k in (
-        "lr", "warmup_steps", "max_steps", "eval_interval")) == (3e-3, 10, 60, 20)
+    recipe = resolve_recipe(cfg.lr, cfg.warmup_steps, cfg.max_steps, cfg.epochs, _facts(), cfg.eval_interval)
+    assert tuple(_values(recipe)[k] for k in ("lr", "warmup_steps", "max_steps", "eval_interval")) == tuple(
+        MECHANICS[k] for k in ("lr", "warmup_steps", "max_steps", "eval_interval")) == (3e-3, 10, 60, 20)
     assert not any(v.given for v in recipe.values.values())
     assert "random-init preset" in recipe.line() and "--lr sets it" in recipe.line()
 
@@ -61,16 +60,14 @@ def test_flags_win_and_are_marked_given():
     assert by_epochs.values["max_steps"].value == 500 and by_epochs.values["max_steps"].given
 
 
-def test_nlu_on_a_file_trains_epochs_with_a_floor_and_a_time_bound():
+def test_nlu_on_a_file_trains_epochs_with_a_floor():
     big = resolve_recipe("auto", "auto", "auto", 0.0, _facts(task="nlu", user_data=True, spe=250))
     assert big.values["max_steps"].value == NLU_FILE_EPOCHS * 250 and "epochs" in big.values["max_steps"].reason
     assert big.values["eval_interval"].value == 250   # once an epoch, not every 20 steps
     small = resolve_recipe("auto", "auto", "auto", 0.0, _facts(task="nlu", user_data=True, spe=10))
     assert small.values["max_steps"].value == NLU_FILE_MIN_STEPS
-    slow = resolve_recipe("auto", "auto", "auto", 0.0, _facts(task="nlu", user_data=True, spe=5000, est=0.5))
-    assert slow.values["max_steps"].value == 15 * 60 / 0.5 and "cut to about 15 min" in slow.values["max_steps"].reason
-    slower = resolve_recipe("auto", "auto", "auto", 0.0, _facts(task="nlu", user_data=True, spe=5000, est=5.0))
-    assert slower.values["max_steps"].value == NLU_FILE_MIN_STEPS   # the floor holds
+    long = resolve_recipe("auto", "auto", "auto", 0.0, _facts(task="nlu", user_data=True, spe=5000))
+    assert long.values["max_steps"].value == NLU_FILE_EPOCHS * 5000   # no estimate at start-up: measured steps cap it
     assert big.values["lr"].value == PRESET_NLU_FILE_LR == 5e-3   # a preset on a user's NLU file
     synthetic = resolve_recipe("auto", "auto", "auto", 0.0, _facts(task="nlu"))
     assert synthetic.values["max_steps"].value == 60   # the chapters' synthetic runs keep the mechanics
@@ -115,10 +112,11 @@ def test_a_saved_folder_gets_fine_tuning_defaults(saved_folder, tmp_path, peft):
     assert recipe["warmup_steps"]["value"] == 1 and "5% of 4 steps" in recipe["warmup_steps"]["reason"]
     assert recipe["max_steps"] == {"value": 4, "reason": "--max-steps given", "given": True}
     assert recipe["precision"]["value"] in ("fp32", "bf16") and not recipe["precision"]["given"]
-    # the start-up line says which precision and why (issue 49 item 3), and the real-weights lr
-    line = re.search(r"recipe: .*", proc.stdout + proc.stderr).group(0)
-    assert re.search(rf"precision {recipe['precision']['value']} \(auto: .+; --precision sets it\)", line), line
-    assert f"lr {lr:g} (real weights" in line
+    # the start-up report says which precision and why (issue 49 item 3), and the real-weights lr
+    assert re.fullmatch(r"auto: .+; --precision sets it", recipe["precision"]["reason"]), recipe["precision"]
+    report = proc.stdout + proc.stderr
+    assert re.search(rf"\n  precision +{recipe['precision']['value']} +auto: ", report), report
+    assert re.search(rf"\n  lr +{lr:g} +auto: real weights", report), report
 
 
 

@@ -4,15 +4,15 @@ Why one home: a learning rate that suits a random-init preset (3e-3) wipes out w
 60 steps that exercise the mechanics see about a thousand rows of a user's file. What a run should use
 depends on what is trained (a preset or real weights, full fine-tuning or LoRA) and on the data (a user's
 file and how many rows it has), so the rules live here, as pure functions of those facts, and every
-resolved value carries its reason and whether the user gave it. The training loop prints them on the
-start-up line and writes them to ``summary.json`` (``recipe``).
+resolved value carries its reason and whether the user gave it. ``ecomkit.train.resolve`` applies them once
+per run; the start-up report prints them and ``summary.json`` keeps them (``recipe``).
 
 The numbers:
 
 - random-init presets keep the mechanics defaults the chapters were written with: lr 3e-3 after 10 warm-up
   steps, 60 steps (``MECHANICS``);
 - ``--task nlu`` on a user's file (any model): epochs of its examples (``NLU_FILE_EPOCHS``, at least
-  ``NLU_FILE_MIN_STEPS``) at a global batch of ``NLU_FILE_GLOBAL_BATCH``, evaluated once an epoch, and for a
+  ``NLU_FILE_MIN_STEPS``, shortened to ``--max-train-minutes`` by the measured steps) at a global batch of ``NLU_FILE_GLOBAL_BATCH``, evaluated once an epoch, and for a
   preset lr ``PRESET_NLU_FILE_LR`` (the demo's batch and lr); the floor measured with them by
   ``benchmarks/bench_recipe.py`` on review-shaped files and catalog titles (the category target of a review
   file leaves its baseline only after several hundred steps), the epochs Hugging Face Trainer's default 3;
@@ -41,19 +41,15 @@ NLU_FILE_GLOBAL_BATCH = 32    # --task nlu on a user's file: rows per step (the 
 NLU_FILE_EPOCHS = 3.0          # --task nlu on a user's file: passes over its examples (HF Trainer's default) ...
 NLU_FILE_MIN_STEPS = 600       # ... but at least this many steps: bench_recipe's review files of 1,000 and 2,000
                                #   rows cleared the category baseline by 400-450 steps and still gained at 600
-NLU_FILE_MAX_MINUTES = 15.0    # ... and at most this long by the start-up estimate (fewer epochs then, said so)
+# Steps past the untimed ones after which a run the epochs rule sized is held against --max-train-minutes: a
+# few dozen measured steps, where a start-up estimate from a timed GEMM was 3.5 times too short (docs/perf.md).
+LENGTH_CHECK_STEPS = 32
 # Full fine-tuning's lr by size (full_finetune_lr): (parameters, lr) at two ends. The small end is measured:
 # benchmarks/bench_transfer.py (bench_transfer-2026-12-05-cpu2) fine-tuned a pretrained tiny folder (356,416
 # parameters) at 1e-4 .. 3e-3, and 1e-3 was the lowest lr that learned the task. The large end is the peers':
 # 2e-5 for SeqGPT-560M's 559,214,592 (TRL's SFT default; HF Trainer's 5e-5 is the top of the range used).
 FULL_FT_ANCHORS: tuple[tuple[int, float], tuple[int, float]] = ((356_416, 1e-3), (559_214_592, 2e-5))
 FULL_FT_LR_RANGE = (1e-5, 1e-3)   # peers fine-tune 7 B models at 1e-5; above 1e-3 is a from-scratch rate
-# The share of the device's peak (the measured GEMM on a CPU) that the step-time estimate assumes a run
-# reaches, per device class. bench_recipe's artifact (recipe-2026-12-05-cpu2): at 0.05 the estimate was 2.0 to
-# 2.7 times the measured step of its three runs, so 0.10 keeps it at or above every one of them. No GPU entry:
-# none was measured, so on a GPU the start-up line gives no time estimate and the length is not cut by one.
-ESTIMATE_PEAK_SHARE: dict[str, float] = {"cpu": 0.10}
-ESTIMATE_KEY = "step_time_estimate_s"   # the recipe's entry for the estimate (summary.json; not a flag)
 
 
 def full_finetune_lr(n_params: int | None) -> float:
@@ -86,7 +82,6 @@ class RecipeFacts:
     user_data: bool             # a file or folder given with --data, not the synthetic catalog
     train_examples: int         # training examples (rows of the task) in one epoch
     steps_per_epoch: int        # optimizer steps that read every training example once
-    est_step_s: float | None = None   # the start-up estimate of one step's wall time (None: unknown)
 
     @property
     def real_weights(self) -> bool:
@@ -109,9 +104,8 @@ class Recipe:
     values: dict[str, RecipeValue] = field(default_factory=dict)
 
     def line(self) -> str:
-        """``lr 2e-05 (real weights, full fine-tuning; --lr sets it) | ...`` for the start-up line."""
-        return " | ".join(f"{name} {_show(v.value)} ({v.reason})" for name, v in self.values.items()
-                          if name != ESTIMATE_KEY)   # the estimate is in the length's reason already
+        """``lr 2e-05 (real weights, full fine-tuning; --lr sets it) | ...``: every value with its reason."""
+        return " | ".join(f"{name} {_show(v.value)} ({v.reason})" for name, v in self.values.items())
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {name: asdict(v) for name, v in self.values.items()}
@@ -140,8 +134,8 @@ def resolve_run_length(max_steps: int | str, epochs: float, facts: RecipeFacts) 
     """``--max-steps`` (and the epochs it stands for): the user's steps or epochs, else by task and data.
 
     Returns the steps and the epochs they cover (0 when unknown). ``--task nlu`` on a user's file trains
-    ``NLU_FILE_EPOCHS`` passes, at least ``NLU_FILE_MIN_STEPS`` steps, fewer passes when the start-up
-    estimate passes ``NLU_FILE_MAX_MINUTES`` (said in the reason); every other run keeps the mechanics' 60.
+    ``NLU_FILE_EPOCHS`` passes, at least ``NLU_FILE_MIN_STEPS`` steps (:func:`capped_length` may shorten it
+    once steps are measured); every other run keeps the mechanics' 60.
     """
     spe = max(1, facts.steps_per_epoch)
     if max_steps != AUTO and int(max_steps) > 0:
@@ -149,18 +143,34 @@ def resolve_run_length(max_steps: int | str, epochs: float, facts: RecipeFacts) 
     if epochs > 0:
         steps = max(1, math.ceil(epochs * spe))
         return RecipeValue(steps, f"--epochs {epochs:g} × {spe:,} steps per epoch", True), epochs
-    if not (facts.task == "nlu" and facts.user_data):
+    if not length_by_epochs(facts):
         steps = MECHANICS["max_steps"]
         return RecipeValue(steps, "the mechanics default; --max-steps or --epochs sets it", False), steps / spe
     steps = max(NLU_FILE_MIN_STEPS, math.ceil(NLU_FILE_EPOCHS * spe))
     why = (f"{NLU_FILE_EPOCHS:g} epochs of {facts.train_examples:,} examples ({spe:,} steps each), at least "
-           f"{NLU_FILE_MIN_STEPS}")
-    if facts.est_step_s:
-        cap = max(NLU_FILE_MIN_STEPS, int(NLU_FILE_MAX_MINUTES * 60 / facts.est_step_s))
-        if steps > cap:
-            steps, why = cap, f"{why}, cut to about {NLU_FILE_MAX_MINUTES:g} min by the estimate"
-        why += f"; about {steps * facts.est_step_s / 60:.1f} min at an estimated {facts.est_step_s:.2f} s/step"
-    return RecipeValue(steps, why + "; --max-steps or --epochs sets it", False), steps / spe
+           f"{NLU_FILE_MIN_STEPS}; --max-steps or --epochs sets it")
+    return RecipeValue(steps, why, False), steps / spe
+
+
+def length_by_epochs(facts: RecipeFacts) -> bool:
+    """Whether ``auto`` trains epochs of the data (``--task nlu`` on a user's file), not the mechanics' steps."""
+    return facts.task == "nlu" and facts.user_data
+
+
+def capped_length(total_steps: int, done: int, elapsed_s: float, step_s: float, max_minutes: float,
+                  min_steps: int | None = None) -> int | None:
+    """The shorter length of a run that would pass ``max_minutes`` at its measured pace, or None when it fits.
+
+    ``done`` steps took ``elapsed_s``; the rest would take ``step_s`` each. The new length keeps the whole run
+    within ``max_minutes``, but never below ``min_steps`` (the floor the epochs rule measured; None:
+    :data:`NLU_FILE_MIN_STEPS`) nor below the steps done. ``max_minutes <= 0``: no cap.
+    """
+    if max_minutes <= 0 or step_s <= 0:
+        return None
+    min_steps = NLU_FILE_MIN_STEPS if min_steps is None else min_steps
+    fits = done + int(max(0.0, max_minutes * 60 - elapsed_s) / step_s)
+    length = max(min_steps, done, fits)
+    return length if length < total_steps else None
 
 
 def resolve_warmup(given: int | str, total_steps: int, facts: RecipeFacts) -> RecipeValue:
@@ -200,7 +210,7 @@ def resolve_eval_interval(given: int | str, steps: RecipeValue, facts: RecipeFac
     length the epochs rule chose (evaluating every 20 steps of a thousand-step run cost more than its training)."""
     if given != AUTO:
         return RecipeValue(int(given), "--eval-interval given", True)
-    if steps.given or not (facts.task == "nlu" and facts.user_data):
+    if steps.given or not length_by_epochs(facts):
         return RecipeValue(MECHANICS["eval_interval"], "the mechanics default; --eval-interval sets it", False)
     every = max(MECHANICS["eval_interval"], facts.steps_per_epoch)
     return RecipeValue(every, "about once an epoch; --eval-interval sets it", False)
@@ -217,24 +227,12 @@ def resolve_recipe(lr: float | str, warmup_steps: int | str, max_steps: int | st
     return recipe
 
 
-def apply_recipe(cfg: Any, facts: RecipeFacts) -> Recipe:
-    """Resolve ``cfg``'s ``auto`` values in place (``lr``, ``warmup_steps``, ``max_steps``, ``eval_interval``).
-
-    ``cfg`` is a :class:`~ecomkit.config.schema.TrainConfig` (not imported: schema imports this module's
-    words). A resolved ``max_steps`` always wins over ``epochs``, so the run length is one number.
-    """
-    recipe = resolve_recipe(cfg.lr, cfg.warmup_steps, cfg.max_steps, cfg.epochs, facts, cfg.eval_interval)
-    for name in ("lr", "warmup_steps", "max_steps", "eval_interval"):
-        setattr(cfg, name, recipe.values[name].value)
-    return recipe
-
-
 def mechanics_value(name: str, value: Any) -> Any:
     """``value``, or the mechanics default where it is still ``auto`` (code that builds an optimizer by hand)."""
     return MECHANICS[name] if value == AUTO else value
 
 
-__all__ = ["ESTIMATE_KEY", "ESTIMATE_PEAK_SHARE", "LORA_LR", "MECHANICS", "NLU_FILE_EPOCHS", "NLU_FILE_GLOBAL_BATCH",
-           "NLU_FILE_MAX_MINUTES", "NLU_FILE_MIN_STEPS", "PRESET_NLU_FILE_LR", "Recipe", "RecipeFacts", "RecipeValue",
-           "WARMUP_SHARE", "apply_recipe", "full_finetune_lr", "mechanics_value", "resolve_eval_interval",
+__all__ = ["LENGTH_CHECK_STEPS", "LORA_LR", "MECHANICS", "NLU_FILE_EPOCHS", "NLU_FILE_GLOBAL_BATCH",
+           "NLU_FILE_MIN_STEPS", "PRESET_NLU_FILE_LR", "Recipe", "RecipeFacts", "RecipeValue", "WARMUP_SHARE",
+           "capped_length", "full_finetune_lr", "length_by_epochs", "mechanics_value", "resolve_eval_interval",
            "resolve_global_batch", "resolve_lr", "resolve_recipe", "resolve_run_length", "resolve_warmup"]

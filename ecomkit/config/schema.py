@@ -11,6 +11,7 @@ and change a few fields (torchtitan's convention), never ``exec``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -25,8 +26,29 @@ from ecomkit.errors import ConfigError
 BLOOM_LORA_TARGETS = "query_key_value,dense,dense_h_to_4h,dense_4h_to_h"
 
 
+class Sealable:
+    """A config whose sealed copy refuses every write: a run resolves its ``auto`` values once, then only reads."""
+
+    _sealed = False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._sealed:
+            raise dataclasses.FrozenInstanceError(
+                f"cannot assign {type(self).__name__}.{name}: a run's resolved configuration is frozen "
+                "(ecomkit.train.resolve resolves it once); change the flags before the run starts")
+        object.__setattr__(self, name, value)
+
+    def sealed(self) -> "Sealable":
+        """A deep copy that refuses writes, its sub-configs too."""
+        out = copy.deepcopy(self)
+        for obj in [out, *(getattr(out, f.name) for f in dataclasses.fields(out))]:
+            if isinstance(obj, Sealable):
+                object.__setattr__(obj, "_sealed", True)
+        return out
+
+
 @dataclass
-class ZeroConfig:
+class ZeroConfig(Sealable):
     """DeepSpeed ZeRO options (chapter 03); used when ``strategy == "zero"``."""
 
     stage: int = 3                    # 1: optimizer states, 2: + gradients, 3: + parameters
@@ -45,7 +67,7 @@ class ZeroConfig:
 
 
 @dataclass
-class CompressionConfig:
+class CompressionConfig(Sealable):
     """Gradient compression as a DDP communication hook (chapter 05)."""
 
     method: str = "none"              # none | fp16 | bf16 | powersgd | topk | topk_naive
@@ -57,7 +79,7 @@ class CompressionConfig:
 
 
 @dataclass
-class ParallelConfig:
+class ParallelConfig(Sealable):
     """Mixed-parallel degrees and FSDP2 options (chapter 04)."""
 
     dp: int = -1                      # FSDP2 degree; -1: whatever is left (world / (tp·pp))
@@ -74,7 +96,7 @@ class ParallelConfig:
 
 
 @dataclass
-class FaultConfig:
+class FaultConfig(Sealable):
     """Checkpointing, hang diagnosis and health checks (chapter 07; see ecomkit.faults.checkpoint, ecomkit.faults.health)."""
 
     checkpoint_interval: int = -1     # steps between checkpoints; 0 = off; -1 = auto: on (every ~5% of the
@@ -92,7 +114,7 @@ class FaultConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Sealable):
     """Everything one training run needs. Defaults: a 2-process CPU run that finishes in ~1 minute."""
 
     # --- model ------------------------------------------------------------
@@ -169,6 +191,8 @@ class TrainConfig:
     max_steps: int | str = "auto"     # optimizer steps; 0 = use --epochs. auto: 60 (the mechanics), except --task nlu
                                       #   on a data file: epochs of its rows, bounded by a time estimate (recipe.py)
     epochs: float = 0.0               # passes over the training data; used when --max-steps is 0 or auto
+    max_train_minutes: float = 15.0   # a run whose length auto chose (--task nlu on a data file) is shortened,
+                                      #   schedule too, when its measured steps say it would train longer; 0 = no cap
     eval_interval: int | str = "auto" # steps between evaluations, from step 0; 0 = only at the end. auto: 20, or
                                       #   once an epoch where --task nlu on a data file trains epochs (recipe.py)
     eval_batches: int = 8             # micro-batches per periodic evaluation (per rank); the final one reads all
@@ -206,6 +230,7 @@ class TrainConfig:
     num_proc: int = 1                 # tokenisation worker processes
     save_model: bool = True           # save_pretrained (safetensors) + tokenizer at the end
     progress: bool = True             # tqdm bar on rank 0
+    verbose: bool = False             # the start-up report with every setting's full reason (summary.json has them)
     log_interval: int = 1             # steps between the loop's reads of the device (losses, counts, gradient
                                       #   norms; written then, a row per step) and of the preemption flag: on a GPU
                                       #   the steps between read nothing and never wait for it (10 is a good value)

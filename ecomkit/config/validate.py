@@ -61,7 +61,7 @@ def validate_train_config(cfg: _TrainConfig, world_size: int, n_head: int | None
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{flag_of(name)} {getattr(cfg, name)}: must be > 0.")
     for name in ("loss_chunk_tokens", "weight_decay", "max_grad_norm", "epochs", "untimed_steps",
-                 "final_eval_samples"):
+                 "final_eval_samples", "max_train_minutes"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{flag_of(name)} {getattr(cfg, name)}: must be >= 0.")
     if cfg.max_steps == 0 and cfg.epochs <= 0:

@@ -41,10 +41,7 @@ def check_fused_kernel(cfg: _TrainConfig) -> None:
     """``liger`` / ``cce``: a strategy that runs the head in the model's forward, the package, and a CUDA GPU."""
     kernel = cfg.loss_kernel
     module, pip_name = LOSS_KERNEL_PACKAGES[kernel]
-    why_not = _NO_FORWARD_LOSS.get(cfg.strategy)
-    if why_not is None and cfg.strategy in (StrategyName.FSDP, StrategyName.MIXED) and (
-            cfg.parallel.tp > 1 or cfg.parallel.pp > 1):
-        why_not = f"with --parallel-tp {cfg.parallel.tp} --parallel-pp {cfg.parallel.pp} the head is sharded or staged"
+    why_not = forward_loss_unsupported(cfg)
     if why_not:
         raise ConfigError(
             f"--loss-kernel {kernel} cannot run with --strategy {cfg.strategy}: a fused linear cross-entropy takes "
@@ -63,6 +60,16 @@ def check_fused_kernel(cfg: _TrainConfig) -> None:
             "chunked loss on a CPU.")
 
 
+def forward_loss_unsupported(cfg: _TrainConfig) -> str | None:
+    """Why ``cfg``'s strategy cannot run a loss inside the model's forward, or None where it can (the rule
+    ``--loss-kernel auto`` and ``Strategy.supports_chunked_loss`` follow; tests/test_run_imports.py holds them equal)."""
+    why_not = _NO_FORWARD_LOSS.get(cfg.strategy)
+    if why_not is None and cfg.strategy in (StrategyName.FSDP, StrategyName.MIXED) and (
+            cfg.parallel.tp > 1 or cfg.parallel.pp > 1):
+        why_not = f"with --parallel-tp {cfg.parallel.tp} --parallel-pp {cfg.parallel.pp} the head is sharded or staged"
+    return why_not
+
+
 def _cuda_available() -> bool | None:
     """Whether torch sees a CUDA GPU; None in a process that has not imported torch.
 
@@ -74,4 +81,4 @@ def _cuda_available() -> bool | None:
     return None if torch is None else bool(torch.cuda.is_available())
 
 
-__all__ = ["check_loss_kernel", "check_fused_kernel"]
+__all__ = ["check_fused_kernel", "check_loss_kernel", "forward_loss_unsupported"]

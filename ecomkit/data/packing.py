@@ -39,44 +39,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset as TorchDataset
 
-from ecomkit.config.vocabulary import AUTO
+from ecomkit.data.lengths import CPU_PACK_MAX_SEQ_LEN, PACK_AUTO_MAX_ROW_SHARE, decide_packing  # noqa: F401 (kept)
 from ecomkit.data.sampler import check_batch_layout, epoch_rng
 from ecomkit.data.tokenize import IGNORE_INDEX, BatchCounts, predicted_tokens
 from ecomkit.errors import ConfigError
 
 EMPTY: tuple[int, ...] = ()   # a sequence of padding only: fills the last global batch of an epoch
-# --packing auto packs when the mean training row fills at most this share of seq_len (two or more rows per
-# sequence on average): below it a sequence holds one row and packing has nothing to gain.
-PACK_AUTO_MAX_ROW_SHARE = 0.5
-# On a CPU, per precision, the longest seq_len up to which packed batches trained faster than bucketed ones by at
-# least PACKING_MIN_GAIN (median of bench_packing's paired rounds); tests/test_packing.py recomputes it from the
-# newest artifact. A packed sequence's attention covers its whole length, so the longer the sequence the more a
-# token costs: on `tiny`, fp32 lost at 256 (the catalog) and bf16 lost at 1152 (the instruction file), while bf16
-# at 256 won, its bucketed batches meeting a new shape (a new oneDNN primitive) almost every step.
-CPU_PACK_MAX_SEQ_LEN: dict[str, int] = {"bf16": 256}
-PACKING_MIN_GAIN = 0.05
-
-
-def decide_packing(requested: str, mean_row: float, seq_len: int, device_type: str = "cuda",
-                   precision: str = "bf16") -> tuple[bool, str]:
-    """``(packed, why)`` for ``--packing on|off|auto``: the mean training row (as fit) against ``seq_len``.
-
-    ``auto`` packs rows that fill at most :data:`PACK_AUTO_MAX_ROW_SHARE` of ``seq_len``; on a CPU only at the
-    precisions and sequence lengths bench_packing measured packing faster at (:data:`CPU_PACK_MAX_SEQ_LEN`).
-    On a GPU, where a short step is mostly launch overhead, it packs by the rows' share alone.
-    """
-    if requested != AUTO:
-        return requested == "on", f"--packing {requested} as given"
-    share = mean_row / seq_len if seq_len else 1.0
-    rows = f"the mean training row ({mean_row:.0f} tokens) fills {share:.0%} of seq_len {seq_len}"
-    if share > PACK_AUTO_MAX_ROW_SHARE:
-        return False, f"auto: off, {rows} (packs when <= {PACK_AUTO_MAX_ROW_SHARE:.0%})"
-    if device_type == "cpu" and seq_len > CPU_PACK_MAX_SEQ_LEN.get(precision, 0):
-        measured = ", ".join(f"{p} up to seq_len {n}" for p, n in sorted(CPU_PACK_MAX_SEQ_LEN.items())) or "none"
-        return False, (f"auto: off, {rows}, but on a CPU at {precision} and seq_len {seq_len} bench_packing measured "
-                       f"packed batches no faster than bucketed ones (packs at {measured}); "
-                       f"--packing on packs anyway")
-    return True, f"auto: on, {rows} (packs when <= {PACK_AUTO_MAX_ROW_SHARE:.0%})"
+PACKING_MIN_GAIN = 0.05   # cpu_packing_rule: a length packs on a CPU when packed batches were this much faster
 
 
 def cpu_packing_rule(measured: Sequence[tuple[str, int, Sequence[float]]], min_gain: float = PACKING_MIN_GAIN

@@ -1,4 +1,4 @@
-"""This machine's own matmul peak, measured: the roofline every run is held against, and ``--precision auto``.
+"""This machine's own matmul peak, measured: chapter 01's roofline, the benchmarks' CPU peak, ``--precision auto``.
 
 Why measure: a CPU has no data-sheet figure that torch reaches, and whether
 it multiplies faster in bf16 depends on the core (AVX-512 BF16 / AMX run a
@@ -13,9 +13,8 @@ neither: on a 2-core AVX2 EPYC a 512² GEMM ran at 101 GFLOP/s against 1024²'s
 89 (it stays in cache), and a model of hidden 512 multiplies such shapes, so
 a run's share of "the peak" came out at 97-101 %. Each size is timed
 :data:`GEMM_REPS` times and its fastest repetition kept (other work on the
-machine only ever slows a repetition down), over :data:`PEAK_SIZES`. A share
-can still pass 100 % (the machine was busier while the peak was timed than
-during the run); the printed line then says so (``ecomkit.metrics.roofline_line``). On a GPU the peak comes from
+machine only ever slows a repetition down), over :data:`PEAK_SIZES`. A training run times no GEMM for a
+figure: only ``--precision auto`` on a CPU with bf16 units asks, to decide. On a GPU the peak comes from
 the hardware table (``ecomkit.hardware``, "MFU"); :func:`matmul_flops` also
 runs there, for chapter 01 to show the two side by side.
 
@@ -34,11 +33,9 @@ import functools
 import statistics
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from ecomkit.dist import DistEnv, gather_objects, log
 from ecomkit.hardware import device_peak_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -85,31 +82,6 @@ def _cpu_peak(precision: str, threads: int) -> tuple[float, int]:
 def measured_cpu_peak(precision: str) -> float:
     """The CPU GEMM peak for ``precision`` at this process's thread count (:func:`matmul_peak`, once per process)."""
     return _cpu_peak(precision, torch.get_num_threads())[0]
-
-
-def run_peak(device: torch.device, precision: str) -> tuple[float | None, str]:
-    """(peak FLOP/s of one device, its source): the hardware table on GPU, the measured GEMM peak on CPU."""
-    if device.type == "cpu":
-        peak, size = _cpu_peak(precision, torch.get_num_threads())
-        return peak, (f"measured {precision} GEMM, fastest of {'/'.join(map(str, PEAK_SIZES))}² ({size}²), "
-                      f"{torch.get_num_threads()} thread(s)")
-    return device_peak_flops(device, precision), "hardware table"
-
-
-def roofline_fields(achieved_flops_per_s: float, peak: float | None, source: str, n_devices: int,
-                    device: torch.device) -> dict[str, float | str | None]:
-    """Model FLOP/s and its share of the peak: ``mfu`` on GPU, ``peak_share`` (of the measured GEMM) on CPU."""
-    share = achieved_flops_per_s / (peak * n_devices) if peak else None
-    key = "peak_share" if device.type == "cpu" else "mfu"
-    return {"model_flops_per_s": achieved_flops_per_s, key: share, "peak_flops": peak, "peak_source": source}
-
-
-def roofline_summary(steady_rows: list[dict], steady_wall_s: float, peak: float | None, source: str,
-                     n_devices: int, device: torch.device) -> dict[str, float | str | None]:
-    """:func:`roofline_fields` for a whole run: the steady steps' model FLOPs over their wall time (totals)."""
-    flops = sum(r.get("model_flops_per_s", 0.0) * r["step_time_s"] for r in steady_rows)
-    return roofline_fields(flops / steady_wall_s if steady_wall_s > 0 else float("nan"), peak, source, n_devices,
-                           device)
 
 
 def peak_table(device: torch.device | str = "cpu", precisions: tuple[str, ...] = ("fp32", "bf16")) -> list[dict]:
@@ -170,33 +142,5 @@ def choose_precision(device: torch.device, rates: dict[str, float] | None = None
     return "fp32", f"{measured} < {AUTO_BF16_MIN_SPEEDUP}x: this CPU does not multiply faster in bf16"
 
 
-
-
-def resolve_precision(cfg: Any, env: DistEnv, reasons: dict[str, str] | None = None) -> str:
-    """Replace ``cfg.precision == "auto"`` by the precision picked on rank 0's device; return the precision.
-
-    Called by the training loop and HF Trainer's path first (with ``reasons``), and by
-    ``ecomkit.parallel.build_strategy`` for a strategy built on its own, so that no strategy meets ``auto``.
-
-    An explicit ``bf16`` on a CPU without bf16 matmul units is kept (numerics can be studied anywhere) but
-    warned about, since the run will be far slower than fp32 there. ``reasons``: gets ``"precision"``, why
-    ``auto`` picked what it did (for the start-up line's recipe).
-    """
-    if cfg.precision == "bf16" and env.device.type == "cpu" and env.is_main and cpu_bf16_units() is False:
-        log.warning("--precision bf16 on a CPU without bf16 matmul units (%s): its GEMMs run converted, many "
-                    "times slower than fp32; --precision auto picks fp32 here", NO_BF16_UNITS)
-    if cfg.precision != "auto":
-        return cfg.precision
-    picked, why = choose_precision(env.device) if env.is_main else (None, None)
-    picked, why = gather_objects((picked, why), env)[0]
-    if env.is_main:
-        log.info("precision auto -> %s: %s", picked, why)
-    if reasons is not None:
-        reasons["precision"] = why
-    cfg.precision = picked
-    return picked
-
-
 __all__ = ["AUTO_BF16_MIN_SPEEDUP", "GEMM_SIZE", "NO_BF16_UNITS", "PEAK_SIZES", "X86_BF16_FLAGS", "choose_precision",
-           "cpu_bf16_units", "matmul_flops", "matmul_peak", "measured_cpu_peak", "peak_table", "roofline_fields",
-           "resolve_precision", "roofline_summary", "run_peak"]
+           "cpu_bf16_units", "matmul_flops", "matmul_peak", "measured_cpu_peak", "peak_table"]

@@ -97,7 +97,7 @@ def attention_mask_for(batch: dict) -> torch.Tensor:
 
     - packed rows (``document_ids``): their document mask;
     - a training batch whose collator said whether it is padded (``has_padding``, a host bool,
-      ``ecomkit.train.batches``): without padding a plain causal mask (SDPA: ``is_causal``, no mask read),
+      ``ecomkit.train.loop.Counted``): without padding a plain causal mask (SDPA: ``is_causal``, no mask read),
       with padding the causal mask of its rows, padding as one more "row" (right padding: no query without
       a key, and no real token sees a padding one);
     - anything else (evaluation, generation): its padding mask as it is, planned from its values.

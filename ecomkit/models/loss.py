@@ -115,7 +115,7 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     extra head matmul per chunk in backward; when everything fits in one
     chunk nothing is recomputed.
 
-    ``row_multiple`` (bf16/fp16 autocast on CPU, ``train/shapes.py``): the
+    ``row_multiple`` (bf16/fp16 autocast on CPU, ``models/precision.py``): the
     kept positions are topped up with unlabeled ones (label -100, so they add
     exactly 0 and no gradient) to a multiple of it. Why: the number of labeled
     positions changes almost every step, and each new row count is a new

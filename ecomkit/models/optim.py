@@ -65,13 +65,34 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
 
 def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
     """Multiplier of the peak lr at ``step``: linear warm-up, then cosine to ``min_lr_ratio``."""
-    warmup = mechanics_value("warmup_steps", cfg.warmup_steps)
-    if warmup and step < warmup:
-        return (step + 1) / warmup
-    span = max(1, total_steps - warmup)
-    progress = min(1.0, (step - warmup) / span)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return WarmupCosine(mechanics_value("warmup_steps", cfg.warmup_steps), total_steps, cfg.min_lr_ratio)(step)
+
+
+class WarmupCosine:
+    """The lr multiplier of a step: linear warm-up, then cosine to ``min_lr_ratio`` at ``total_steps``.
+
+    An object, not a lambda, so a run shortened once its steps are measured moves the cosine's end
+    (:func:`set_schedule_length`) and a checkpoint keeps the length (``LambdaLR.state_dict`` saves it).
+    """
+
+    def __init__(self, warmup: int, total_steps: int, min_lr_ratio: float):
+        self.warmup, self.total_steps, self.min_lr_ratio = int(warmup), int(total_steps), float(min_lr_ratio)
+
+    def __call__(self, step: int) -> float:
+        if self.warmup and step < self.warmup:
+            return (step + 1) / self.warmup
+        progress = min(1.0, (step - self.warmup) / max(1, self.total_steps - self.warmup))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, cfg, total_steps))
+    schedule = WarmupCosine(mechanics_value("warmup_steps", cfg.warmup_steps), total_steps, cfg.min_lr_ratio)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def set_schedule_length(scheduler: object, total_steps: int) -> None:
+    """Move the cosine's end of ``scheduler`` (ours, or Accelerate's wrapper around ours) to ``total_steps``."""
+    while not hasattr(scheduler, "lr_lambdas"):
+        scheduler = scheduler.scheduler   # accelerate's AcceleratedScheduler keeps ours as .scheduler
+    for schedule in scheduler.lr_lambdas:
+        schedule.total_steps = int(total_steps)

@@ -1,4 +1,4 @@
-"""Parallelism strategies, one module each, found by :data:`STRATEGY_FACTORIES` and built by :func:`build_strategy`.
+"""Parallelism strategies found by name: a run imports only the strategy (and the DDP hooks) its config asks for.
 
 ====================  ===========================================  =========
 ``cfg.strategy``      module                                        chapter
@@ -10,46 +10,77 @@
 compression hooks     :mod:`ecomkit.parallel.compression.hooks`     05
 ====================  ===========================================  =========
 
-Why a typed registry: a factory per :class:`~ecomkit.config.StrategyName` is
-checked by the type checker and by ``lint-imports``, where a "module:Class"
-string is only found wrong at run time. The strategy modules are imported
-here at module level; the heavy optional packages (DeepSpeed, Accelerate) are
-imported by those modules only inside the functions that need them, so a
-plain DDP run never loads them.
+Why by name (torchtitan's registry): a DDP run that imported every strategy loaded ZeRO, FSDP2, TP and the
+pipeline too. ``lint-imports`` cannot see these imports; ``tests/test_run_imports.py`` resolves every entry
+and checks that each sits on this floor.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from ecomkit.config import StrategyName, TrainConfig
 from ecomkit.dist import DistEnv
-from ecomkit.envcheck.matmul import resolve_precision
-from ecomkit.parallel.accelerate_path import AccelerateStrategy
-from ecomkit.parallel.base import Strategy
-from ecomkit.parallel.ddp import DDPStrategy
-from ecomkit.parallel.mixed import MixedParallelStrategy
-from ecomkit.parallel.zero.strategy import ZeroStrategy
 
-StrategyFactory = Callable[[TrainConfig, DistEnv], Strategy]
 
-STRATEGY_FACTORIES: dict[StrategyName, StrategyFactory] = {
-    StrategyName.DDP: DDPStrategy,
-    StrategyName.ACCELERATE: AccelerateStrategy,
-    StrategyName.ZERO: ZeroStrategy,
-    StrategyName.FSDP: MixedParallelStrategy,
-    StrategyName.TP: MixedParallelStrategy,
-    StrategyName.PP: MixedParallelStrategy,
-    StrategyName.MIXED: MixedParallelStrategy,
+@dataclass(frozen=True)
+class StrategySpec:
+    """Where a strategy lives: ``module:name`` of its class, and of what it adds to a run (or None)."""
+
+    factory: str                           # the Strategy class, built with (resolved cfg, env)
+    run_callbacks: str | None = None       # cfg -> callbacks the strategy adds to a run (FSDP2's --dcp-dir save)
+    checkpoint_callback: str | None = None  # the callback a preemption saves and resumes through, where not DCP's
+
+
+_MIXED = StrategySpec("ecomkit.parallel.mixed:MixedParallelStrategy",
+                      run_callbacks="ecomkit.parallel.mixed:sharded_model_callbacks")
+STRATEGIES: dict[StrategyName, StrategySpec] = {
+    StrategyName.DDP: StrategySpec("ecomkit.parallel.ddp:DDPStrategy"),
+    StrategyName.ACCELERATE: StrategySpec("ecomkit.parallel.accelerate_path:AccelerateStrategy"),
+    StrategyName.ZERO: StrategySpec("ecomkit.parallel.zero.strategy:ZeroStrategy",
+                                    checkpoint_callback="ecomkit.parallel.zero.checkpoint:ZeroCheckpointCallback"),
+    StrategyName.FSDP: _MIXED, StrategyName.TP: _MIXED, StrategyName.PP: _MIXED, StrategyName.MIXED: _MIXED,
 }
+# DDP's gradient all-reduce, replaced by a communication hook: --compression-method (05), --ddp-allreduce shm.
+DDP_HOOKS: dict[str, str] = {
+    "compression": "ecomkit.parallel.compression.hooks:register_compression",
+    "shm": "ecomkit.parallel.shm_allreduce:register_shm_allreduce",
+    "shm_release": "ecomkit.parallel.shm_allreduce:release_shm_segment",
+}
+# Model parts a strategy uses only under LoRA: peft's adapters, and QLoRA's quantized base.
+LORA = "ecomkit.models.lora"
+QUANT = "ecomkit.models.quant"
 
 
-def build_strategy(cfg: TrainConfig, env: DistEnv) -> Strategy:
-    """The strategy named by ``cfg.strategy``; ``cfg`` has passed ``TrainConfig.validate`` (name, compression).
+def find(target: str) -> Any:
+    """The object ``module:name`` names, importing its module now (the one place a run imports by name).
 
-    ``--precision auto`` is resolved first (a no-op when the run already did): a strategy casts by a dtype."""
-    resolve_precision(cfg, env)
-    return STRATEGY_FACTORIES[StrategyName(cfg.strategy)](cfg, env)
+    Through the ``import`` statement's own machinery (``__import__``), not ``importlib.import_module``, whose
+    imports ``python -X importtime`` does not report: a run's measured modules include these.
+    """
+    module, _, name = target.partition(":")
+    return getattr(__import__(module, fromlist=[name]), name)
 
 
-__all__ = ["STRATEGY_FACTORIES", "Strategy", "StrategyFactory", "build_strategy"]
+def strategy_spec(name: str) -> StrategySpec:
+    return STRATEGIES[StrategyName(name)]
+
+
+def build_strategy(cfg: TrainConfig, env: DistEnv) -> Any:   # a parallel.base.Strategy (base imports this module)
+    """The strategy ``cfg.strategy`` names, built on a config whose ``auto`` values are resolved (a strategy casts
+    by a dtype: ``--precision auto`` must be decided before, ``ecomkit.train.resolve``)."""
+    if cfg.precision == "auto":
+        raise ValueError("build_strategy needs a resolved precision; resolve the config first "
+                         "(ecomkit.train.resolve.precision_choice, or TrainingRun.build)")
+    return find(strategy_spec(cfg.strategy).factory)(cfg, env)
+
+
+def strategy_callbacks(cfg: TrainConfig) -> list[Any]:
+    """What ``cfg.strategy`` adds to a run's callbacks (FSDP2/TP's ``--dcp-dir`` save); most add nothing."""
+    spec = strategy_spec(cfg.strategy)
+    return list(find(spec.run_callbacks)(cfg)) if spec.run_callbacks else []
+
+
+__all__ = ["DDP_HOOKS", "LORA", "QUANT", "STRATEGIES", "StrategySpec", "build_strategy", "find", "strategy_callbacks",
+           "strategy_spec"]

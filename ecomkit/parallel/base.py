@@ -30,11 +30,10 @@ from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.models.attention import attention_mask_for
 from ecomkit.models.bloom import ModelSource, count_parameters, load_model
-from ecomkit.models.lora import frozen_base_dtype, save_peft_outputs
 from ecomkit.models.loss import has_chunked_loss, token_loss_sum
 from ecomkit.models.optim import build_optimizer, build_scheduler, clip_grad_norm
 from ecomkit.models.precision import autocast_context, build_grad_scaler
-from ecomkit.models.quant import dequantized_state_dict, has_quantized_base
+from ecomkit.parallel import LORA, QUANT, find
 from ecomkit.parallel.state_bytes import model_state_bytes
 
 
@@ -86,7 +85,9 @@ class Strategy:
         Under LoRA with ``--precision bf16`` the frozen base is held in bf16 (``models/lora.py``), so the
         model loads in bf16 and never exists in fp32; the adapters, added afterwards, are fp32.
         """
-        return frozen_base_dtype(self.cfg) or torch.float32
+        if self.cfg.peft == "none":
+            return torch.float32
+        return find(f"{LORA}:frozen_base_dtype")(self.cfg) or torch.float32   # LoRA's module, only under LoRA
 
     def in_weight_dtype(self, source: ModelSource) -> ModelSource:
         """``source`` with its dtype decided: its own when it names one, else :meth:`weight_dtype`."""
@@ -143,7 +144,7 @@ class Strategy:
 
         A packed batch (``document_ids``) runs under its block-diagonal causal mask, a padded one under its
         padding mask; the loss is the same per-token sum either way. A training batch's host-counted
-        ``label_count`` (train/batches.py) lets the chunked loss select the labeled positions without a sync.
+        ``label_count`` (train/loop.py's ``Counted``) lets the chunked loss select the labeled positions without a sync.
         """
         mask = attention_mask_for(batch)   # packed rows: their document mask (models/attention.py)
         if self.raw_model is not None and has_chunked_loss(self.raw_model):
@@ -198,8 +199,8 @@ class Strategy:
         """The whole model's weights on rank 0 (a collective for sharding strategies; they override it)."""
         if not self.env.is_main:
             return None
-        if has_quantized_base(self.raw_model):   # QLoRA: the weights it computes with, dequantized
-            return dequantized_state_dict(self.raw_model)
+        if self.cfg.peft != "none" and find(f"{QUANT}:has_quantized_base")(self.raw_model):
+            return find(f"{QUANT}:dequantized_state_dict")(self.raw_model)   # QLoRA: the weights it computes with
         return {k: v.detach().float().cpu() for k, v in self.raw_model.state_dict().items()}
 
     def save_peft(self, out_dir: str, tokenizer: Any | None = None) -> None:
@@ -207,7 +208,7 @@ class Strategy:
         state = self.full_state_dict()
         if self.env.is_main:
             with deepspeed_probe_skipped():
-                save_peft_outputs(state, self.raw_model.config, self.cfg, out_dir, tokenizer)
+                find(f"{LORA}:save_peft_outputs")(state, self.raw_model.config, self.cfg, out_dir, tokenizer)
         if self.env.distributed:
             torch.distributed.barrier()
 

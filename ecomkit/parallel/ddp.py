@@ -12,16 +12,18 @@ are reduced once per optimizer step.
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
+from typing import TYPE_CHECKING, ContextManager
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
+from ecomkit.parallel import DDP_HOOKS, find
 from ecomkit.parallel.base import StepStats, Strategy
-from ecomkit.parallel.compression.hooks import CompressionHook, InactiveCompression, register_compression
-from ecomkit.parallel.shm_allreduce import register_shm_allreduce, release_shm_segment
+
+if TYPE_CHECKING:
+    from ecomkit.parallel.compression.hooks import CompressionHook, InactiveCompression
 
 
 def apply_ddp(model: nn.Module, env: DistEnv, bucket_cap_mb: float = 25.0,
@@ -47,15 +49,16 @@ class DDPStrategy(Strategy):
 
     def __init__(self, cfg: TrainConfig, env: DistEnv):
         super().__init__(cfg, env)
-        self.comm_hook: CompressionHook | InactiveCompression | None = None  # set when a compression method is configured
+        self.comm_hook: "CompressionHook | InactiveCompression | None" = None  # set when a compression method is configured
         self.shm_segment: str | None = None  # --ddp-allreduce shm: this rank's /dev/shm segment, removed in close()
 
     def wrap(self, model: nn.Module) -> nn.Module:
         wrapped = apply_ddp(model, self.env, self.cfg.bucket_cap_mb, self.cfg.gradient_as_bucket_view)
+        # each hook's module is imported only by the runs that ask for it (ecomkit.parallel.DDP_HOOKS)
         if self.cfg.compression.method != "none":
-            self.comm_hook = register_compression(wrapped, self.cfg.compression, self.env)
+            self.comm_hook = find(DDP_HOOKS["compression"])(wrapped, self.cfg.compression, self.env)
         if self.cfg.ddp_allreduce == "shm" and isinstance(wrapped, DDP):  # one process: nothing to reduce
-            self.shm_segment = register_shm_allreduce(wrapped, self.env)
+            self.shm_segment = find(DDP_HOOKS["shm"])(wrapped, self.env)
         return wrapped
 
     def micro_step_context(self, is_last: bool) -> ContextManager:
@@ -70,6 +73,7 @@ class DDPStrategy(Strategy):
         return stats
 
     def close(self) -> None:
-        release_shm_segment(self.shm_segment)
+        if self.shm_segment is not None:
+            find(DDP_HOOKS["shm_release"])(self.shm_segment)
         self.shm_segment = None
         super().close()

@@ -1,10 +1,8 @@
 """Evaluation: held-out loss, and NLU accuracy by scoring each candidate label.
 
-Every rank evaluates a contiguous, disjoint share (:func:`shard_range`: sizes
-differ by at most one, nothing dropped) and the sums are all-reduced. Every
-rank runs the same number of forwards: with sharded strategies (ZeRO-3, FSDP)
-every forward is a collective. A rank whose share is one short runs one more
-forward on a row it already has and leaves it out of the sums.
+Every rank evaluates a contiguous, disjoint share (:func:`shard_range`), and the sums are all-reduced. Every
+rank runs the same number of forwards (under ZeRO-3 and FSDP each is a collective): a rank whose share is one
+short repeats a row and leaves it out of the sums.
 
 How much is evaluated: a periodic evaluation reads a sample (``eval_batches``
 micro-batches per rank for the loss, ``eval_nlu_samples`` records per target);
@@ -23,18 +21,11 @@ the **mean log-probability per scored token** (answer tokens and that EOS):
 ``(1 / (n + 1)) · Σ log p(token | everything before it)``. Ties go to the
 lowest candidate index.
 
-Why the mean and not the sum: the sum adds one negative term per token, so
-a model that has not learned yet (near-uniform predictions, each token
-≈ -log V) prefers the candidate with the fewest tokens, whatever the input.
-With the local tokenizer one category label is 4 tokens and the other nine
-are 2, so before training the sum rule all but never predicts that category,
-and accuracy can end *below* chance.
-Under the mean, a model with uniform predictions gives every candidate the
-same score, so a label's length cannot decide the answer; once the model has
-learned, the correct answer's tokens are all likely and it wins under either
-rule. The EOS is scored because the model was trained to emit it: it tells
-whether the answer ends there, so a candidate that is a prefix of another is
-not favoured by stopping early.
+Why the mean and not the sum: the sum adds one negative term per token, so a model that has not learned yet
+prefers the candidate with the fewest tokens whatever the input (one category label is 4 tokens of the local
+tokenizer and nine are 2, so before training the sum rule all but never predicted it). Under the mean, uniform
+predictions give every candidate the same score. The EOS is scored because the model was trained to emit it,
+so a candidate that is a prefix of another is not favoured by stopping early.
 
 Alongside the accuracy, :func:`evaluate_nlu_accuracy` returns the macro-F1 and
 the **majority-class baseline**: the share of the scored records whose correct
@@ -60,7 +51,6 @@ from ecomkit.data.tokenize import IGNORE_INDEX, encode_prompt_answer, encode_pro
 from ecomkit.data import lengths_array
 from ecomkit.dist import DistEnv, all_reduce_max
 from ecomkit.models.loss import count_label_tokens
-from ecomkit.train.task_metrics import majority_label
 
 # No truncation unless the caller gives the training sequence length.
 _NO_TRUNCATION = 1 << 30
@@ -294,10 +284,22 @@ def score_candidates(strategy, tokenizer, prompt: str, candidates: Sequence[str]
     return best_candidate(candidate_log_probs(strategy, tokenizer, prompt, candidates, device, max_length))
 
 
+def majority_label(labels: Sequence[str], train_counts: Mapping[str, int]) -> str:
+    """The majority-label baseline's one answer for a label set: its most frequent *training* label.
+
+    ``train_counts``: how often each label is the gold label of a training example with this label set.
+    Ties, and a label set no training example has, go to prompt order (the first label).
+    """
+    if not labels:
+        raise ValueError("a label set without labels has no majority")
+    labels = list(labels)
+    return max(labels, key=lambda lab: (train_counts.get(lab, 0), -labels.index(lab)))
+
+
 def majority_share(label_counts: Sequence[float], majority: int) -> float:
     """The majority-class baseline: the share of the scored records whose label is ``majority`` (its index).
 
-    ``majority``: the *training* split's most frequent label (``task_metrics.majority_label``), the one
+    ``majority``: the *training* split's most frequent label (:func:`majority_label`), the one
     answer a model that ignores its input would learn; always answering it scores this share.
     """
     total = sum(label_counts)

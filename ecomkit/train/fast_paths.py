@@ -24,7 +24,7 @@ from ecomkit.models.compile import compile_blocks, compiled_head_loss
 from ecomkit.models.cpu_kernels import kernels_for
 from ecomkit.models.gelu import install_fused_gelu
 from ecomkit.models.loss import FUSED_LOSSES, install_chunked_loss, install_fused_loss
-from ecomkit.train.shapes import length_multiple
+from ecomkit.models.precision import length_multiple
 
 
 def install_fast_paths(model: nn.Module, cfg: TrainConfig, device: torch.device, chunked_loss: bool,

@@ -36,8 +36,6 @@ from ecomkit.metrics import MetricsWriter, peak_memory, slowest_rank_throughput,
 from ecomkit.models.bloom import count_parameters, load_model
 from ecomkit.models.precision import autocast_context
 from ecomkit.parallel.zero.env import ensure_deepspeed_env
-from ecomkit.train.autoprec import resolve_precision
-from ecomkit.train.run_recipe import precision_value, recipe_summary, resolve_run_recipe, run_facts
 from ecomkit.train.evaluate import evaluate_loss
 from ecomkit.train.loop import TrainingRun, validate_before_launch
 
@@ -252,15 +250,9 @@ def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | str | None = None,
     validate_before_launch(cfg)
     with distributed_session(timeout_s=cfg.timeout_s, seed=cfg.seed) as env:
         run = TrainingRun(cfg, env)
-        precision_given, reasons = cfg.precision, {}
-        resolve_precision(cfg, env, reasons)  # --precision auto: the loop's choice, before the collate uses it
-        run.tokenizer = run.build_tokenizer()
-        run.build_data()
-        # --lr, --warmup-steps, --max-steps auto: the loop's rules (no step-time estimate on this path)
-        recipe = resolve_run_recipe(cfg, run_facts(cfg, None, len(run.train_ds), run.sampler.steps_per_epoch, None),
-                                    precision_value(precision_given, cfg.precision, reasons.get("precision")))
+        cfg = run.resolve().cfg   # the loop's facts and rules: precision, data, batch, lr, length (train/resolve.py)
         if env.is_main:
-            log.info("recipe: %s", recipe.line())
+            log.info("resolved: %s", " | ".join(f"{name} {value} ({why})" for name, value, why in run.resolved.rows()))
         # Arguments first: with a ZeRO-3 config they activate DeepSpeed's HF integration (HfDeepSpeedConfig), so
         # from_pretrained of a local checkpoint builds the model under deepspeed.zero.Init (partitioned at once).
         args = _arguments(cfg, env, run.grad_accum, deepspeed, sampling, trl_packing)
@@ -282,7 +274,7 @@ def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | str | None = None,
             "strategy": "hf-trainer" + ("+deepspeed" if deepspeed else "") + ("+trl-packing" if trl_packing else ""),
             "sampling": "trl-packing (bfd)" if trl_packing else sampling, "eval_loss": eval_loss,
             "steps_per_epoch": len(trainer.get_train_dataloader()) // max(1, run.grad_accum),
-            "model": cfg.model, "recipe": recipe_summary(recipe), "params": count_parameters(model), "world_size": env.world_size,
+            "model": cfg.model, "recipe": run.resolved.to_dict(), "params": count_parameters(model), "world_size": env.world_size,
             "global_batch": run.global_batch(), "steps": trainer.state.global_step,
             "seq_len": cfg.seq_len, "peak_mem_bytes": peak_memory(env.device)[0],   # as ecomkit's summary has them
             "first_loss": rows[0].get("loss") if rows else None, "final_loss": rows[-1].get("loss") if rows else None,

@@ -1,60 +1,55 @@
 """The one training loop every chapter reuses; only the strategy changes.
 
-Read it top to bottom like nanoGPT's ``train.py``: set-up, data, model,
-strategy, loop, eval, save. What differs between DDP, ZeRO, FSDP2, TP, PP and
-Accelerate lives in ``ecomkit.parallel`` behind :class:`~ecomkit.parallel.base.Strategy`.
-
-Callbacks (objects with any of ``on_train_start(run)``, ``on_step_end(run, row)``,
-``on_train_end(run, summary)``) add checkpointing, health monitoring and
-fault handling without touching the loop.
+Read it top to bottom like torchtitan's ``train.py``: the build (facts, resolved configuration, strategy, model,
+batches), the loop and its step, the evaluations, the report. What differs between DDP, ZeRO, FSDP2, TP, PP and
+Accelerate lives behind :class:`~ecomkit.parallel.base.Strategy`, found by name. Callbacks (``on_train_start(run)``,
+``on_step_end(run, row)``, ``on_train_end(run, summary)``) add checkpoints, health checks and fault handling.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import datasets
 import torch
 import torch.distributed as dist
+from torch.utils.data import DataLoader
 
-from ecomkit.config import TrainConfig
-from ecomkit.config.recipe import resolve_global_batch
-from ecomkit.config.vocabulary import AUTO
-from ecomkit.data import build_datasets, lengths_array, pad_collate
-from ecomkit.data.tokenize import BatchCounts
-from ecomkit.data.formats import parse_labels
-from ecomkit.dist import (DistEnv, all_reduce_sum_tensor, distributed_session, log, replica_checksums,
-                          restart_attempt, to_device)
-from ecomkit.envcheck.matmul import roofline_fields, run_peak
+from ecomkit.config import TrainConfig, data_parallel_size
+from ecomkit.config.recipe import LENGTH_CHECK_STEPS, capped_length
+from ecomkit.data import DistributedBatchSampler, build_datasets, lengths_array, pad_collate
+from ecomkit.data.formats import parse_labels, write_task_file
+from ecomkit.data.tasks import CLASSIFICATION_TASKS, can_classify
+from ecomkit.data.tokenize import BatchCounts, row_counts
+from ecomkit.dist import (DistEnv, all_reduce_max, all_reduce_mean, all_reduce_sum_tensor, distributed_session, log,
+                          replica_checksums, restart_attempt, to_device)
 from ecomkit.errors import ConfigError
 from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
-from ecomkit.hardware import device_peak_flops, mfu_fields
-from ecomkit.metrics import MetricsWriter, peak_memory, step_model_flops
-from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit
-from ecomkit.models.lora import apply_peft, trainable_parameter_count
-from ecomkit.models.tokenizer import get_tokenizer
-from ecomkit.parallel import build_strategy
+from ecomkit.hardware import device_peak, mfu_fields
+from ecomkit.metrics import (METHOD_OF_PREFIX, MetricsWriter, fill_rate_of, peak_memory, slowest_rank_throughput,
+                             step_model_flops, time_split)
+from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit, model_origin
+from ecomkit.models.optim import set_schedule_length
+from ecomkit.models.precision import length_multiple
+from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
+from ecomkit.parallel import LORA, build_strategy, find, strategy_callbacks
 from ecomkit.parallel.base import StepStats
-from ecomkit.parallel.mixed import sharded_model_callbacks
-from ecomkit.train.clip import ClipPolicy
-from ecomkit.train.autoprec import resolve_attention, resolve_loss_kernel, resolve_precision
-from ecomkit.train.batches import log_data_choices, resolve_data_settings, training_loader
-from ecomkit.train.best import BestWeights, keep_best_or_last
+from ecomkit.reporting import make_progress
+from ecomkit.train.evaluate import evaluate_nlu_accuracy, held_out_loss, shard_range
 from ecomkit.train.fast_paths import install_fast_paths
-from ecomkit.train.gen_eval import evaluator_for_run
-from ecomkit.train.held_out import evaluate_held_out, log_evaluation_scope
-from ecomkit.train.outcome import baseline_outcome, launch_command
+from ecomkit.train.outcome import BestWeights, baseline_outcome, keep_best_or_last, launch_command
 from ecomkit.train.preempt import add_preemption_callbacks
-from ecomkit.train.progress import make_progress
-from ecomkit.train.run_recipe import precision_value
-from ecomkit.train.run_report import resolve_recipe, run_summary, save_run, startup_banner
-from ecomkit.train.shapes import length_multiple
-from ecomkit.train.step_values import StepTensors, read_scalars
+from ecomkit.train.resolve import ModelFacts, ResolvedConfig, RunFacts, precision_choice, resolve_run
+
+# What a run imports only when its config uses it (ecomkit.parallel.find, as for its strategy and LoRA).
+PACKING = "ecomkit.data.packing"        # --packing on, or auto's pick
+GENERATION = "ecomkit.train.gen_eval"   # --task nlu: scores by generation
+SUMMED = ("loss_sum", *BatchCounts._fields[1:], "stop")   # the columns of a log interval's one all-reduce
 
 
 def tokenizer_cache_dir() -> Path:
@@ -65,16 +60,15 @@ class TrainingRun:
     """State of one run. Attributes are public so callbacks (checkpointing) can read and restore them."""
 
     def __init__(self, cfg: TrainConfig, env: DistEnv, callbacks: Sequence[Any] = ()):
-        self.cfg, self.env, self.callbacks = cfg, env, list(callbacks)
-        self.grad_accum = cfg.resolve_grad_accum(env.world_size)
+        self.flags, self.env, self.callbacks = cfg, env, list(callbacks)   # the flags are read, never written
+        self.cfg = cfg                # replaced by the resolved configuration in build()
         self.step = 0                 # optimizer steps completed
         self.epoch = 0
         self.history: list[dict[str, Any]] = []
         self.out_dir = Path(cfg.output_dir)
-        self.shard = (env.rank, env.world_size)  # replaced by strategy.data_shard() in build()
-        self.replication = 1
         self.stop_flag: Callable[[], bool] = lambda: False  # set by train/preempt.py: this rank was signalled
         self.stop_agreed = False      # some rank was: every rank stops after this step (see _finish_steps)
+        self.length_cut: dict[str, Any] | None = None   # --max-train-minutes shortened the run (summary.json)
 
     # ------------------------------------------------------------------ build
     def build(self) -> "TrainingRun":
@@ -86,50 +80,49 @@ class TrainingRun:
             raise
 
     def _build(self) -> "TrainingRun":
-        # The same checks as parse_config and run_training, for runs started inside a session (sweeps, notebooks).
-        self.cfg.validate(self.env.world_size)
-        precision_given, reasons = self.cfg.precision, {}
-        resolve_precision(self.cfg, self.env, reasons)  # --precision auto: bf16 where the device multiplies faster
-        self.strategy = build_strategy(self.cfg, self.env)
+        cfg, env = self.resolve().cfg, self.env
+        self.strategy = build_strategy(cfg, env)
         self.shard = self.strategy.data_shard()                  # (index, count): dp coordinate for TP/PP
-        self.replication = self.env.world_size // self.shard[1]  # ranks that see the same batch
-        # the global batch: 32 rows by accumulation for --task nlu on a data file (config/recipe.py)
-        self.batch_choice = resolve_global_batch(self.cfg.global_batch_size, self.cfg.grad_accum,
-                                                 self.cfg.micro_batch_size, self.shard[1], self.cfg.task,
-                                                 self.cfg.data != "synthetic",
-                                                 length_auto=self.cfg.max_steps == AUTO and not self.cfg.epochs)
-        if not self.batch_choice.given and self.batch_choice.value != self.cfg.micro_batch_size * self.shard[1]:
-            self.cfg.global_batch_size = self.batch_choice.value
-        self.grad_accum = self.cfg.resolve_grad_accum(self.shard[1])
-        self.tokenizer = self.build_tokenizer()
-        self.build_data()                      # --seq-len, --packing and --gen-max-new-tokens auto: from the data
-        resolve_attention(self.cfg, self.env)  # --attn auto: by device, precision and length (attention_rule)
-        resolve_loss_kernel(self.cfg, self.env, self.strategy.supports_chunked_loss)  # --loss-kernel auto
-        self.gen_eval = evaluator_for_run(self.cfg, self.data_report)  # evaluation by generation (nlu)
-        log_evaluation_scope(self)  # periodic evaluations sample, the final one reads every held-out row
+        self.replication = env.world_size // self.shard[1]       # ranks that see the same batch
+        self.sampler, self.loader = self.training_loader(self.shard)
+        self.gen_eval = (find(f"{GENERATION}:evaluator_for_run")(cfg, self.data_report)
+                         if cfg.task == "nlu" and cfg.gen_eval_samples else None)
         # The strategy decides how the model is materialised: whole on every rank, or only this rank's part
-        # of a local checkpoint (ZeRO-3 under deepspeed.zero.Init, FSDP2/TP on the meta device, loaded in setup).
-        model = self.strategy.build_model(ModelSource(self.cfg.model, vocab_size=len(self.tokenizer), seed=self.cfg.seed))
-        # A model loaded from a directory or the hub is only known now: tp must divide its heads, pp its blocks.
-        self.cfg.validate(self.env.world_size, n_head=model.config.n_head, n_layer=model.config.n_layer)
-        model = apply_peft(model, self.cfg)  # LoRA (peft): after the model is built, before the strategy wraps it
+        # (ZeRO-3 under deepspeed.zero.Init, FSDP2/TP on the meta device, loaded in setup).
+        built = self.strategy.build_model(ModelSource(cfg.model, vocab_size=len(self.tokenizer), seed=cfg.seed))
+        if cfg.peft != "none":   # LoRA (peft): after the model is built, before the strategy wraps it
+            built = find(f"{LORA}:apply_peft")(built, cfg)
         # attention, fused GeLU and loss kernels, the chunked loss, --compile: in that order (train/fast_paths.py)
-        install_fast_paths(model, self.cfg, self.env.device, self.strategy.supports_chunked_loss, self.packed)
-        self.n_params = self.strategy.parameter_count(model)
-        self.n_trainable = trainable_parameter_count(model)
-        self.model_config = model.config
-        # --lr, --warmup-steps and --max-steps auto: by what is trained and the data (config/recipe.py)
-        self.recipe, self.recommended_lr = resolve_recipe(self, precision_value(precision_given, self.cfg.precision,
-                                                                                reasons.get("precision")))
-        if self.cfg.max_steps > 0:
-            self.total_steps = self.cfg.max_steps
-        else:
-            self.total_steps = max(1, math.ceil(self.cfg.epochs * self.sampler.steps_per_epoch))
-        self.strategy.setup(model, self.total_steps)
-        self.clip = ClipPolicy(self.cfg.clip_policy, self.cfg.max_grad_norm, self.env)
-        self.metrics = MetricsWriter(self.out_dir, self.env.is_main, append=self._resuming(),
-                                     report_to=self.cfg.report_to, hparams=self.cfg.to_dict())  # --report-to
+        install_fast_paths(built, cfg, env.device, self.strategy.supports_chunked_loss, self.packed)
+        self.n_params = self.strategy.parameter_count(built)
+        self.n_trainable = (find(f"{LORA}:trainable_parameter_count")(built) if cfg.peft != "none"
+                            else self.n_params)
+        self.model_config = built.config
+        self.strategy.setup(built, self.total_steps)
+        self.clip = ClipPolicy(cfg.clip_policy, cfg.max_grad_norm, env)
+        self.peak, self.mfu_note = device_peak(env.device, cfg.precision)   # the hardware table, once
+        self.metrics = MetricsWriter(self.out_dir, env.is_main, append=self._resuming(),
+                                     report_to=cfg.report_to, hparams=cfg.to_dict())  # --report-to
         return self
+
+    def resolve(self) -> ResolvedConfig:
+        """The run's facts (the device's precision, the model's shape, the data) and every ``auto`` resolved from
+        them once (train/resolve.py); ``self.cfg`` is the sealed result. Public for HF Trainer's path."""
+        flags, env = self.flags, self.env
+        flags.validate(env.world_size)   # as parse_config does, for runs started inside a session (sweeps)
+        self.tokenizer = self.build_tokenizer()
+        model = ModelFacts.of(flags.model, len(self.tokenizer))   # its config, on the meta device
+        flags.validate(env.world_size, n_head=model.n_head, n_layer=model.n_layer)   # tp divides heads, pp blocks
+        precision = precision_choice(flags.precision, env)
+        self.build_data()
+        self.resolved = resolve_run(flags, RunFacts(env, precision, model, self.data_report,
+                                                    float(self.lengths.mean()), len(self.train_ds),
+                                                    self._steps_per_epoch))
+        self.cfg = self.resolved.cfg
+        self.grad_accum, self.packed, self.total_steps = (self.resolved.grad_accum, self.resolved.packed,
+                                                          self.cfg.max_steps)
+        self.shard = (env.rank, self.resolved.dp)   # replaced by the strategy's (its dp coordinate for TP/PP)
+        return self.resolved
 
     def _resuming(self) -> bool:
         return any(getattr(cb, "resuming", False) for cb in self.callbacks)
@@ -139,18 +132,17 @@ class TrainingRun:
         cache = tokenizer_cache_dir()
         if self.env.distributed and not self.env.is_main:
             dist.barrier()
-            return get_tokenizer(self.cfg.tokenizer, cache)
-        tok = get_tokenizer(self.cfg.tokenizer, cache)
+            return get_tokenizer(self.flags.tokenizer, cache)
+        tok = get_tokenizer(self.flags.tokenizer, cache)
         if self.env.distributed:
             dist.barrier()
         return tok
 
     def build_data(self) -> None:
-        """Datasets, sampler and loader; public because HF Trainer (ecomkit.train.hf_trainer) trains on the same data."""
+        """The tokenized sets, on rank 0 first (it writes the Arrow cache); public for HF Trainer's path."""
         datasets.disable_progress_bars()  # progress bars only add noise to logs
-        cfg = self.cfg
+        cfg = self.flags
         limit = model_length_limit(cfg.model)   # every rank: an unknown --model fails here, each with its message
-        # Rank 0 loads, validates and tokenises into the Arrow cache; the others then map the same tables.
         # The barrier is in `finally`: if rank 0 fails (bad data), the others fail the same way, not hang.
         if self.env.distributed and not self.env.is_main:
             dist.barrier()
@@ -168,25 +160,39 @@ class TrainingRun:
         if cfg.clip_policy == "sentiment" and "polarity" not in self.train_ds.column_names:
             raise ConfigError("--clip-policy sentiment needs sentiment labels in the data (a 'sentiment' column "
                               "whose values are, or are mapped by --label-map to, positive/neutral/negative).")
-        lengths = lengths_array(self.train_ds)
-        # --seq-len, --gen-max-new-tokens and --packing auto, decided from the data (train/batches.py)
-        self.packed, self.packing_reason, self.gen_budget_reason = resolve_data_settings(
-            cfg, self.data_report, lengths, self.env.device.type)
-        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        multiple = length_multiple(cfg.precision, self.env.device)  # bf16 on CPU: bounded shapes (train/shapes.py)
-        self.collate = lambda feats: pad_collate(feats, pad_id, multiple)   # unpacked: evaluation, HF Trainer
-        self.sampler, self.loader = training_loader(self.train_ds, lengths, cfg, self.shard, self.grad_accum,
-                                                    self.packed, pad_id, multiple, self.env.device.type == "cuda")
+        self.lengths = lengths_array(self.train_ds)
 
-    # ------------------------------------------------------------------ loop
+    # ------------------------------------------------------------------ batches
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    def collate(self, features):
+        """Unpadded rows into one padded batch (evaluation, HF Trainer); bf16 on CPU: bounded shapes."""
+        return pad_collate(features, self.pad_id(), length_multiple(self.cfg.precision, self.env.device))
+
+    def _steps_per_epoch(self, packed: bool, grad_accum: int) -> int:
+        """Optimizer steps in one pass over the training rows, for a layout the resolver considers."""
+        dp = data_parallel_size(self.flags, self.env.world_size)
+        if packed:
+            return find(f"{PACKING}:PackedBatchSampler")(self.lengths, self.data_report.seq_len,
+                                                         self.flags.micro_batch_size, grad_accum, dp, 0,
+                                                         self.flags.seed).steps_per_epoch
+        return DistributedBatchSampler(self.lengths, self.flags.micro_batch_size, grad_accum, dp, 0,
+                                       self.flags.seed, bucketed=self.flags.bucketed).steps_per_epoch
+
+    def training_loader(self, shard: tuple[int, int]) -> tuple[Any, DataLoader]:
+        return training_loader(self.train_ds, self.lengths, self.cfg, shard, self.grad_accum, self.packed,
+                               self.pad_id(), length_multiple(self.cfg.precision, self.env.device),
+                               self.env.device.type == "cuda")
+
     def global_batch(self) -> int:
-        return self.cfg.micro_batch_size * self.grad_accum * self.shard[1]
+        return self.resolved.global_batch
 
-    def _micro_batches(self) -> Iterator[list[dict]]:
+    def _micro_batches(self) -> Iterator[list[tuple[dict, BatchCounts]]]:
         """Yield the micro-batches of one optimizer step, crossing epoch boundaries as needed."""
         while True:
             self.sampler.set_epoch(self.epoch)
-            group: list[dict] = []
+            group: list[tuple[dict, BatchCounts]] = []
             for batch in self.loader:
                 group.append(batch)
                 if len(group) == self.grad_accum:
@@ -194,21 +200,19 @@ class TrainingRun:
                     group = []
             self.epoch += 1
 
+    # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
         cfg, env = self.cfg, self.env
         for cb in self.callbacks:
             getattr(cb, "on_train_start", lambda run: None)(self)
         if env.is_main:
-            log.info(startup_banner(self))
-            log_data_choices(self)   # lengths, cuts, --seq-len, --packing and the generation budget, and why
-        # FLOPs per token given the batch's attention length (metrics.attention_length: real tokens, not cfg.seq_len)
+            log.info(self.startup_report())
+        # FLOPs per token given the batch's attention length (metrics.attention_length: real tokens, not seq_len)
         flops_tok = functools.partial(flops_per_token, self.n_params, self.model_config.n_layer,
                                       self.model_config.hidden_size)
         # the LM head's 6·V·h per position, counted only where the loss reads it (metrics.step_model_flops)
         self.head_flops = 6.0 * self.model_config.vocab_size * self.model_config.hidden_size
-        peak = device_peak_flops(env.device, cfg.precision)
-        self.roofline = run_peak(env.device, cfg.precision)  # (peak FLOP/s, source): measured GEMM on CPU
-        bar = make_progress(self.total_steps, cfg.progress and env.is_main)
+        bar = make_progress(self.total_steps, cfg.progress and env.is_main, eta=True)
         bar.update(self.step)
         batches = self._micro_batches()
         best = BestWeights.for_run(self)   # final/ keeps the best evaluated weights, or says why the last
@@ -222,10 +226,12 @@ class TrainingRun:
             row, tensors = self._train_step(next(batches), fetch_start)
             pending.append((row, tensors))
             self.step += 1
+            if self.step == cfg.untimed_steps + LENGTH_CHECK_STEPS:
+                self._check_length(start_time, pending, bar)   # --max-train-minutes, on measured steps
             eval_due = bool(cfg.eval_interval) and self.step % cfg.eval_interval == 0 and self.step < self.total_steps
             if eval_due or self.step % cfg.log_interval == 0 or self.step == self.total_steps:
                 # the log interval's one read of the device: losses, counts and norms of its steps, and the stop flag
-                self._finish_steps(pending, flops_tok, peak)
+                self._finish_steps(pending, flops_tok)
                 if eval_due:
                     row.update(best.observe(self.step, self.evaluate()))
                 for done, _ in pending:
@@ -237,17 +243,7 @@ class TrainingRun:
             for cb in self.callbacks:
                 getattr(cb, "on_step_end", lambda run, r: None)(self, row)
         bar.close()
-        kept = keep_best_or_last(self, best)   # the best copy is put back when it beats the last weights
-        final_eval = self.evaluate(final=True)
-        self.metrics.write({"type": "eval", "step": self.step, **final_eval})
-        summary = run_summary(self, final_eval, time.perf_counter() - start_time)
-        summary.update(final_checkpoint=kept,   # why a run missed its baseline, and the command to retry
-                       baseline=baseline_outcome(summary, launch_command(), self.recommended_lr))
-        if getattr(self.strategy, "replicated", False):
-            summary["replica_checksums"] = replica_checksums(self.strategy.raw_model, self.env)
-        for cb in self.callbacks:
-            getattr(cb, "on_train_end", lambda run, s: None)(self, summary)
-        return summary
+        return self._finish_training(best, time.perf_counter() - start_time)
 
     def _maybe_inject_fault(self) -> None:
         """``--fail-at-step K --fail-rank R``: rank R dies at step K, once (not after a torchrun restart)."""
@@ -258,22 +254,20 @@ class TrainingRun:
             os._exit(13)
 
     def _train_step(self, micro: list[tuple[dict, BatchCounts]], started: float | None = None
-                    ) -> tuple[dict[str, Any], StepTensors]:
+                    ) -> tuple[dict[str, Any], "StepTensors"]:
         """One optimizer step, with no read of the device: its host row, and its device values for later.
 
-        It reads as chapter 02 teaches DDP: for each micro-batch, forward and loss, then backward (DDP
-        all-reduces the gradient buckets during it, except under ``no_sync`` on accumulation micro-steps), then
-        clip and step. The rest sits in named helpers: moving the batches and the loss scale
-        (:meth:`_step_inputs`), the pipeline branch (:meth:`_pipeline_forward_backward`), the clip policy
-        (:meth:`_clip_value`) and the timings (:meth:`_step_row`). ``started`` is when fetching ``micro`` began
-        (data time counts in the step); :meth:`_finish_steps` reads the device values at the log interval.
+        As chapter 02 teaches DDP: per micro-batch forward, loss, backward (DDP all-reduces its buckets, except under
+        ``no_sync``), then clip and step. ``started``: when fetching ``micro`` began (data time counts in the step).
         """
         strategy = self.strategy
         t0 = time.perf_counter() if started is None else started
         batches, counts, label_tokens, scale = self._step_inputs(micro)
         t_data = time.perf_counter() - t0
         if strategy.owns_forward_backward:   # pipelines run the whole step through their schedule (chapter 04)
-            loss_sum, times = self._pipeline_forward_backward(batches, scale)
+            tm = time.perf_counter()
+            loss_sum = strategy.forward_backward(batches, scale)
+            times = [time.perf_counter() - tm]
         else:
             loss_sum, times = None, []
             for i, batch in enumerate(batches):
@@ -284,7 +278,9 @@ class TrainingRun:
                     strategy.backward(tok_sum * scale)           # backward; DDP all-reduces each full bucket
                 loss_sum = tok_sum.detach() if loss_sum is None else loss_sum + tok_sum.detach()
                 times.append(time.perf_counter() - tm)
-        clip_value = self._clip_value(batches)
+        for batch in batches:
+            self.clip.observe(batch)
+        clip_value = self.clip.value()   # fixed, or the sentiment rule of chapter 02
         tc = time.perf_counter()
         stats = strategy.clip_and_step(clip_value)   # clip the global gradient norm, then the optimizer step
         row = self._step_row(clip_value, stats, t0, t_data, times, time.perf_counter() - tc)
@@ -294,10 +290,8 @@ class TrainingRun:
                      ) -> tuple[list[dict], list[int], torch.Tensor, torch.Tensor]:
         """The step's batches on the device, their counts, the global label-token count and the loss scale.
 
-        Each micro-batch's loss is a sum over its label tokens, scaled by world size / global label tokens:
-        DDP's gradient *average* is then the gradient of the global batch's mean loss, for any number of
-        processes or accumulation steps. Summed over all ranks, counts include each batch once per rank that
-        saw it (TP/PP replicas see the same batch); the scale world/label_tokens = shards/N stays exact.
+        A micro-batch's loss is a sum over its label tokens times world size / global label tokens, so DDP's gradient
+        *average* is the gradient of the global mean loss for any processes or accumulation (TP/PP replicas alike).
         """
         env = self.env
         counts = [sum(x) for x in zip(*(c for _, c in micro))]   # label tokens, tokens, rows, positions, Σ L²
@@ -305,19 +299,6 @@ class TrainingRun:
                    for b, _ in micro]
         label_tokens = all_reduce_sum_tensor([float(counts[0])], env)[0]   # a device tensor: no host read
         return batches, counts, label_tokens, (env.world_size / label_tokens).to(torch.float32)
-
-    def _pipeline_forward_backward(self, batches: list[dict], scale: torch.Tensor
-                                   ) -> tuple[torch.Tensor, list[float]]:
-        """A pipeline strategy's whole step (its schedule, e.g. 1F1B): the loss sum and its one timing."""
-        tm = time.perf_counter()
-        loss_sum = self.strategy.forward_backward(batches, scale)
-        return loss_sum, [time.perf_counter() - tm]
-
-    def _clip_value(self, batches: list[dict]) -> float:
-        """The clip policy's max gradient norm for this step (fixed, or the sentiment rule of chapter 02)."""
-        for batch in batches:
-            self.clip.observe(batch)
-        return self.clip.value()
 
     def _step_row(self, clip_value: float, stats: StepStats, t0: float, t_data: float, times: list[float],
                   t_opt: float) -> dict[str, Any]:
@@ -333,31 +314,190 @@ class TrainingRun:
             "peak_mem_bytes": mem, "mem_kind": mem_kind, **stats.extra,
         }
 
-    def _finish_steps(self, steps: list[tuple[dict[str, Any], StepTensors]], flops_tok: Callable[[float], float],
-                      peak: float | None) -> None:
-        """Complete the rows of the log interval's steps: one all-reduce of their losses and counts with the
-        preemption flag, and one read of the device for all of them."""
-        env, n = self.env, len(steps)
-        values = [t.loss_sum for _, t in steps] + [float(c) for _, t in steps for c in t.counts]
-        *sums, stops = all_reduce_sum_tensor([*values, float(self.stop_flag())], env).tolist()
-        self.stop_agreed = self.stop_agreed or stops > 0
+    def _finish_steps(self, steps: list[tuple[dict[str, Any], "StepTensors"]], flops_tok: Callable[[float], float]
+                      ) -> None:
+        """Complete the rows of the log interval's steps: one all-reduce of a table with a row per step and the
+        columns :data:`SUMMED` (losses, counts, the preemption flag), and one read of the device for them all."""
+        env = self.env
+        table = [[t.loss_sum, *map(float, t.counts), float(self.stop_flag())] for _, t in steps]
+        flat = all_reduce_sum_tensor([v for r in table for v in r], env).reshape(len(steps), len(SUMMED)).tolist()
+        sums = [dict(zip(SUMMED, r)) for r in flat]
+        self.stop_agreed = self.stop_agreed or any(s["stop"] > 0 for s in sums)
         labels, norms = read_scalars([t.label_tokens for _, t in steps]), read_scalars([t.grad_norm for _, t in steps])
-        for k, (row, tensors) in enumerate(steps):
-            input_tokens, samples, padded, squared = (x / self.replication for x in sums[n + 4 * k:n + 4 * k + 4])
-            predicted = labels[k] / self.replication   # positions whose logits the loss reads
+        for (row, tensors), s, label_count, norm in zip(steps, sums, labels, norms):
+            tokens, samples, positions, squared = (s[k] / self.replication for k in SUMMED[1:5])
+            predicted = label_count / self.replication   # positions whose logits the loss reads
             step_time = row["step_time_s"]
-            model_flops = step_model_flops(input_tokens, squared, predicted, flops_tok, self.head_flops) / step_time
-            row.update({"loss": sums[k] / labels[k], "grad_norm": norms[k], "skipped": bool(tensors.skipped),
-                        "tokens": int(input_tokens), "samples": int(samples), "padded_tokens": int(padded),
-                        "tokens_per_s": input_tokens / step_time, "samples_per_s": samples / step_time,
-                        **mfu_fields(model_flops, peak, env.world_size, env.device, self.cfg.precision),
-                        **roofline_fields(model_flops, *self.roofline, env.world_size, env.device)})
+            model_flops = step_model_flops(tokens, squared, predicted, flops_tok, self.head_flops) / step_time
+            row.update({"loss": s["loss_sum"] / label_count, "grad_norm": norm, "skipped": bool(tensors.skipped),
+                        "tokens": int(tokens), "samples": int(samples), "padded_tokens": int(positions),
+                        "tokens_per_s": tokens / step_time, "samples_per_s": samples / step_time,
+                        "model_flops_per_s": model_flops,
+                        **mfu_fields(model_flops, self.peak, env.world_size, self.mfu_note)})   # MFU, once
 
-    # ------------------------------------------------------------------ eval & end
+    def _check_length(self, start_time: float, pending: list[tuple[dict[str, Any], Any]], bar: Any) -> None:
+        """A run auto sized from the data, held against ``--max-train-minutes`` at its measured pace (the slowest
+        rank's): shortened, its lr schedule too, when it would run longer; said in the log and summary.json."""
+        cfg = self.cfg
+        if not (self.resolved.length_by_epochs and cfg.max_train_minutes > 0):
+            return
+        times = [r["step_time_s"] for r in [*self.history, *(row for row, _ in pending)][cfg.untimed_steps:]]
+        step_s = all_reduce_max(sum(times) / len(times), self.env)
+        elapsed = all_reduce_max(time.perf_counter() - start_time, self.env)
+        length = capped_length(self.total_steps, self.step, elapsed, step_s, cfg.max_train_minutes)
+        if length is None:
+            return
+        self.length_cut = {"planned_steps": self.total_steps, "steps": length, "measured_step_s": round(step_s, 4),
+                           "max_train_minutes": cfg.max_train_minutes, "after_steps": self.step}
+        set_schedule_length(self.strategy.scheduler, length)   # the cosine now ends at the new last step
+        self.total_steps = bar.total = length
+        if hasattr(bar, "refresh"):
+            bar.refresh()
+        if self.env.is_main:
+            log.warning("run shortened to %d of its %d steps (%.2f epochs): at the measured %.3f s/step it would "
+                        "pass --max-train-minutes %g; its lr schedule ends there too (--max-steps or --epochs sets "
+                        "the length)", length, self.length_cut["planned_steps"],
+                        length / max(1, self.resolved.steps_per_epoch), step_s, cfg.max_train_minutes)
+
+    # ------------------------------------------------------------------ evaluation
     def evaluate(self, final: bool = False) -> dict[str, Any]:
-        """Held-out loss, candidate-scoring accuracy and, for nlu, scores by generation (``final``: every
-        held-out row, + predictions.jsonl; train/held_out.py)."""
-        return evaluate_held_out(self, final)
+        """Held-out loss, candidate-scoring accuracy and, for nlu, scores by generation (``final``: every held-out
+        row, + predictions.jsonl; a periodic evaluation reads the same sample each time). Every rank calls it."""
+        cfg, env = self.cfg, self.env
+        cap = cfg.final_eval_samples or None
+        bar = self._final_evaluation_bar(cap) if final else None
+        positions = cfg.micro_batch_size * cfg.seq_len   # candidate scoring: several records per forward
+        try:
+            out: dict[str, Any] = held_out_loss(self.strategy, self.eval_ds, self.collate, env, cfg.micro_batch_size,
+                                                None if final else cfg.eval_batches, self.shard, max_examples=cap,
+                                                bar=bar)
+            if cfg.task == "nlu" and len(self.eval_records):
+                out.update(evaluate_nlu_accuracy(self.strategy, self.tokenizer, self.eval_records, env,
+                                                 cap if final else cfg.eval_nlu_samples, shard=self.shard,
+                                                 max_length=cfg.seq_len, labels=self.data_report.labels,
+                                                 prompt_format=cfg.prompt_format,
+                                                 train_label_counts=self.data_report.train_label_counts,
+                                                 batch_positions=positions, bar=bar))
+            if self.gen_eval is not None:
+                predictions = self.out_dir / find(f"{GENERATION}:PREDICTIONS_FILE") if final else None
+                out.update(self.gen_eval(self.strategy, self.tokenizer, env, self.shard, predictions, False,
+                                         final=final, bar=bar))
+        finally:
+            if bar is not None:
+                bar.close()
+        out["eval_methods"] = eval_methods(out)   # which method made each figure: candidate scoring or generation
+        return out
+
+    def _final_evaluation_bar(self, cap: int | None) -> Any:
+        """One bar over the whole final evaluation on rank 0, in this rank's held-out examples, with an ETA."""
+        enabled = bool(self.cfg.progress) and self.env.is_main
+        total = 0
+        if enabled:
+            index, count = self.shard
+            total = shard_size(min(len(self.eval_ds), cap or len(self.eval_ds)), index, count)
+            if self.cfg.task == "nlu" and len(self.eval_records):
+                for target in scored_targets(self.eval_records, self.data_report.labels):
+                    usable = sum(1 for r in self.eval_records if can_classify(r, target))
+                    total += shard_size(min(usable, cap or usable), index, count)
+            if self.gen_eval is not None:
+                total += shard_size(len(self.gen_eval.decoded_examples(final=True)), index, count)
+        return make_progress(total, enabled, desc="eval", eta=True)
+
+    # ------------------------------------------------------------------ after training
+    def _finish_training(self, best: BestWeights, wall: float) -> dict[str, Any]:
+        """The weights kept, the final evaluation over every held-out row, the summary (train/outcome.py)."""
+        kept = keep_best_or_last(self, best)   # the best copy is put back when it beats the last weights
+        final_eval = self.evaluate(final=True)
+        self.metrics.write({"type": "eval", "step": self.step, **final_eval})
+        summary = self.summary(final_eval, wall)
+        summary.update(final_checkpoint=kept,   # why a run missed its baseline, and the command to retry
+                       baseline=baseline_outcome(summary, launch_command(), self.resolved.recommended_lr))
+        if getattr(self.strategy, "replicated", False):
+            summary["replica_checksums"] = replica_checksums(self.strategy.raw_model, self.env)
+        for cb in self.callbacks:
+            getattr(cb, "on_train_end", lambda run, s: None)(self, summary)
+        return summary
+
+    def startup_report(self) -> str:
+        """HF Trainer's "Running training" block, one aligned line per setting: value and a few words of why."""
+        cfg, env, report = self.cfg, self.env, self.data_report
+        origin = model_origin(cfg.model)
+        backend = f"{env.backend}, " if env.distributed else ""
+        rows = [("strategy", f"{self.strategy.name} × {env.world_size} process(es), {backend}{env.device.type}", ""),
+                ("model", f"{cfg.model}: {self.n_params:,} parameters", origin["text"] if cfg.verbose
+                 else "random-init preset" if origin["kind"] == "preset" else f"real weights ({origin['kind']})"),
+                ("data", f"{report.validation.kept:,} of {report.validation.total:,} rows of "
+                         f"{Path(report.source).name} → {report.n_train_examples:,} train / "
+                         f"{report.n_eval_examples:,} eval examples", "")]
+        lora = self.lora_facts()
+        if lora:
+            rows.append(("LoRA", f"r={lora['r']}, {lora['trainable_params']:,} of {lora['params']:,} parameters "
+                                 f"train", f"targets {','.join(lora['targets'])}"))
+        cut = "; ".join(f"{k}: {c.text()}" for k, c in report.cuts.items() if c.text() != "nothing cut")
+        rows.append(("lengths", f"train: {report.lengths['train'].text()}; {cut or 'nothing cut'}", ""))
+        rows += self.resolved.rows(cfg.verbose)
+        scope = evaluation_scope(cfg, len(self.eval_ds), self.eval_records, report.labels)
+        rows.append(("evaluation", scope[0], ""))
+        width = max(len(name) for name, _, _ in rows) + 2
+        value_width = max((len(v) for _, v, w in rows if w and len(v) < 40), default=0) + 2
+        lines = ["***** Running training *****"]
+        for name, value, why in rows:
+            value = f"{value:<{value_width}}" if why else value
+            lines.append(f"  {name:<{width}}{value}{'  ' if why and not value.endswith('  ') else ''}{why}".rstrip())
+        lines += [f"  note: {w}" for w in scope[1:]]
+        if cfg.verbose:
+            lines.append(f"  data in full: {report.summary()}")
+        for warning in [*report.cut_warnings(), *report.warnings()]:
+            log.warning(warning)   # inputs cut by more than half; labels that never occur, rows with no label
+        return "\n".join(lines)
+
+    def lora_facts(self) -> dict[str, Any] | None:
+        """What a LoRA run trains (rank, targets, trainable share); None for full fine-tuning."""
+        if self.cfg.peft == "none":
+            return None
+        return find(f"{LORA}:lora_facts")(self.cfg, self.n_trainable, self.n_params)
+
+    def summary(self, final_eval: dict[str, float], wall: float) -> dict[str, Any]:
+        """``summary.json``: what ran, what it measured (steady-phase totals at the slowest rank's pace), its config."""
+        cfg, env = self.cfg, self.env
+        train_rows = [r for r in self.history if r.get("type") == "train"]
+        throughput = slowest_rank_throughput(train_rows, env, cfg.untimed_steps)   # a collective: every rank
+        steady = train_rows[cfg.untimed_steps:]
+        flops = (sum(r["model_flops_per_s"] * r["step_time_s"] for r in steady) / throughput["steady_wall_s"]
+                 if throughput["steady_wall_s"] > 0 else float("nan"))
+        return {
+            "strategy": self.strategy.name, "model": cfg.model, "params": self.n_params,
+            "trainable_params": self.n_trainable, "peft": cfg.peft, "model_origin": model_origin(cfg.model),
+            "recipe": self.resolved.to_dict(), "length_cut": self.length_cut,
+            "lora": self.lora_facts(),
+            "world_size": env.world_size, "global_batch": self.global_batch(), "data": self.data_report.facts(),
+            "grad_accum": self.grad_accum, "steps": self.step, "seq_len": cfg.seq_len, "packing": self.packed,
+            "fill_rate": fill_rate_of(train_rows), "steps_per_epoch": self.sampler.steps_per_epoch,
+            "first_loss": train_rows[0]["loss"] if train_rows else None,
+            "final_loss": train_rows[-1]["loss"] if train_rows else None,
+            **final_eval, **throughput, "time_split": time_split(train_rows, cfg.untimed_steps),
+            "model_flops_per_s": flops, **mfu_fields(flops, self.peak, env.world_size, self.mfu_note),
+            "peak_flops": self.peak, "peak_mem_bytes": max((r["peak_mem_bytes"] for r in train_rows), default=0),
+            "wall_s": wall, "output_dir": str(self.out_dir.resolve()),
+            "model_dir": str((self.out_dir / "final").resolve()) if cfg.save_model else None,
+            "config": cfg.to_dict(),
+        }
+
+    def save(self) -> None:
+        """``final/`` (``save_pretrained``; with LoRA also ``adapter/``) and the task file ecomkit.predict reads."""
+        cfg, strategy = self.cfg, self.strategy
+        if not cfg.save_model:
+            return
+        match_tokenizer(strategy.raw_model, self.tokenizer)  # the tokenizer's pad/bos/eos, use_cache on
+        if cfg.peft != "none":  # <out>/adapter (PEFT format) and <out>/final (merged)
+            strategy.save_peft(str(self.out_dir), self.tokenizer)
+        else:
+            strategy.save_pretrained(str(self.out_dir / "final"), self.tokenizer)
+        if self.env.is_main:   # the prompt format and labels it learned, for evaluation and ecomkit.predict
+            report = self.data_report
+            write_task_file(self.out_dir / "final", prompt_format=cfg.prompt_format, task=cfg.task,
+                            labels=report.labels, kinds=list(report.examples_per_kind), seq_len=int(cfg.seq_len),
+                            gen_max_new_tokens=cfg.gen_max_new_tokens if cfg.task == "nlu" else None)
 
     def close(self) -> None:
         if getattr(self, "metrics", None) is not None:   # None when build() failed before the writer
@@ -368,22 +508,170 @@ class TrainingRun:
         self.loader = None
 
 
+# ---------------------------------------------------------------------- the step's parts
+@dataclass
+class StepTensors:
+    """One step's values not yet read: device tensors, or numbers a strategy already had on the host.
+
+    Why: ``float(t)`` of a CUDA tensor makes the host wait for the GPU; the log interval reads them all at once."""
+
+    loss_sum: torch.Tensor | float      # this rank's token-loss sum (all-reduced at the read)
+    label_tokens: torch.Tensor | float  # the global batch's label tokens (already all-reduced: the loss scale's)
+    grad_norm: torch.Tensor | float     # the global gradient norm, as the strategy computed it
+    skipped: Any                         # fp16: the loss scaler skipped the step
+    counts: Sequence[int]                # this rank's tokens, rows, positions, Σ L² (host numbers)
+
+
+def read_scalars(values: Sequence[torch.Tensor | float]) -> list[float]:
+    """Python floats of 0-d tensors and numbers, reading the device once (one stack, one ``tolist``)."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return [float(v) for v in values]
+    device = tensors[0].device
+    read = iter(torch.stack([v.detach().reshape(()).to(device, torch.float64) for v in tensors]).tolist())
+    return [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
+
+
+class Counted:
+    """A collate function that also counts its batch on the host: ``(batch, BatchCounts)``.
+
+    Why: counted from the rows, the step's counts (loss scale, throughput, MFU), whether it has padding (the
+    mask plan) and how many positions its loss reads (the chunked loss's selection) cost no device read.
+    """
+
+    def __init__(self, collate: Callable, count: Callable):
+        self.collate, self.count = collate, count
+
+    def __call__(self, features):
+        batch, counts = self.collate(features), self.count(features)
+        if "document_ids" not in batch:   # whether the rows were padded: the model's mask plan, known without a read
+            batch["has_padding"] = counts.tokens < counts.positions
+        batch["label_count"] = counts.label_tokens
+        return batch, counts
+
+
+class ClipPolicy:
+    """The max gradient norm of each step: fixed, or the EcomGPT guide's sentiment rule (``--clip-policy``).
+
+    The guide clips at ``0.5 + 0.5 · min(s, 2)``, ``s`` the batch's "sentiment polarity strength": here 2 × the
+    share of polar samples in the *global* batch, so every rank clips alike; chapter 02 measures it.
+    """
+
+    def __init__(self, policy: str, max_grad_norm: float, env: DistEnv):
+        self.policy, self.max_grad_norm, self.env = policy, max_grad_norm, env
+        self._polar: list[torch.Tensor] = []
+
+    def observe(self, batch: dict) -> None:
+        """Record a micro-batch's polarity (only needed by the sentiment policy)."""
+        if self.policy == "sentiment":
+            self._polar.append(batch["polarity"])
+
+    def value(self) -> float:
+        if self.policy == "fixed":
+            return self.max_grad_norm
+        local = sentiment_strength(torch.cat(self._polar)) if self._polar else 0.0
+        self._polar.clear()
+        return sentiment_clip_value(all_reduce_mean(local, self.env))   # equal rank slices: the global mean
+
+
+def sentiment_strength(polarity: torch.Tensor) -> float:
+    """2 × fraction of samples with non-zero polarity (+1 positive, -1 negative, 0 neutral)."""
+    if polarity.numel() == 0:
+        return 0.0
+    return 2.0 * float((polarity != 0).float().mean())
+
+
+def sentiment_clip_value(strength: float) -> float:
+    """The guide's rule: 0.5 + 0.5 · min(strength, 2)."""
+    return 0.5 + 0.5 * min(strength, 2.0)
+
+
+def clip_values_per_global_batch(polarity: torch.Tensor, rank_batches: Sequence[Iterable[Sequence[int]]]
+                                 ) -> list[float]:
+    """The rule's clip value for every optimizer step of an epoch, from each rank's batch sampler (index lists),
+    so a notebook can show what the rule would set without training."""
+    return [sentiment_clip_value(sentiment_strength(polarity[[i for batch in step for i in batch]]))
+            for step in zip(*rank_batches)]
+
+
+def training_loader(train_ds, lengths, cfg: TrainConfig, shard: tuple[int, int], grad_accum: int, packed: bool,
+                    pad_id: int, multiple: int | None, pin_memory: bool = False) -> tuple[Any, DataLoader]:
+    """``(sampler, loader)`` of this rank's micro-batches, each ``(batch, counts)`` (:class:`Counted`): packed
+    sequences of ``cfg.seq_len`` tokens, or bucketed rows padded to a ``multiple``; ``shard``: (index, count)."""
+    if packed:   # one shape every step: micro_batch_size sequences of exactly seq_len tokens
+        sampler = find(f"{PACKING}:PackedBatchSampler")(lengths, cfg.seq_len, cfg.micro_batch_size, grad_accum,
+                                                        num_replicas=shard[1], rank=shard[0], seed=cfg.seed)
+        collate = Counted(functools.partial(find(f"{PACKING}:packed_collate"), seq_len=cfg.seq_len, pad_id=pad_id),
+                          functools.partial(find(f"{PACKING}:sequence_counts"), seq_len=cfg.seq_len))
+        return sampler, DataLoader(find(f"{PACKING}:RowGroups")(train_ds), batch_sampler=sampler, collate_fn=collate,
+                                   pin_memory=pin_memory)
+    sampler = DistributedBatchSampler(lengths, micro_batch_size=cfg.micro_batch_size, grad_accum=grad_accum,
+                                      num_replicas=shard[1], rank=shard[0], seed=cfg.seed, bucketed=cfg.bucketed)
+    collate = Counted(functools.partial(pad_collate, pad_id=pad_id, pad_to_multiple_of=multiple),
+                      functools.partial(row_counts, pad_to_multiple_of=multiple))
+    return sampler, DataLoader(train_ds, batch_sampler=sampler, collate_fn=collate, pin_memory=pin_memory)
+
+
+# ---------------------------------------------------------------------- what an evaluation reads
+def eval_methods(row: dict[str, Any]) -> dict[str, str]:
+    """``{figure: method}`` for the scores in an evaluation row (recorded in eval rows and ``summary.json``)."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            method = next((m for prefix, m in METHOD_OF_PREFIX if key.startswith(prefix)), None)
+            if method is not None and not key.endswith("_margin_points"):
+                out[key] = method
+    return out
+
+
+def shard_size(n: int, index: int, count: int) -> int:
+    start, end = shard_range(n, index, count)
+    return end - start
+
+
+def scored_targets(records: Iterable[dict[str, Any]], labels: dict[str, Any]) -> list[str]:
+    """The classification targets candidate scoring can score: two or more labels, and a held-out record for it."""
+    wanted = [t for t in CLASSIFICATION_TASKS if len(labels.get(t) or ()) >= 2]
+    found: set[str] = set()
+    for record in records:
+        found.update(t for t in wanted if t not in found and can_classify(record, t))
+        if len(found) == len(wanted):
+            break
+    return [t for t in wanted if t in found]
+
+
+def evaluation_scope(cfg: TrainConfig, n_examples: int, records: Iterable[dict[str, Any]],
+                     labels: dict[str, Any]) -> list[str]:
+    """What the periodic evaluations (the same sample each time) and the final one (every held-out row) read.
+
+    Why say it: a figure on 32 of 1,343 rows is not one to quote; the start-up report shows this line."""
+    final = f"the first {cfg.final_eval_samples:,} of each" if cfg.final_eval_samples else "every held-out row"
+    lines = [f"periodic: up to {cfg.eval_batches} micro-batches per rank for the loss"
+             + (f", {cfg.eval_nlu_samples} records per target" if cfg.task == "nlu" else "")
+             + f"; final: {final} ({n_examples:,} examples; --final-eval-samples caps it)"]
+    if cfg.task == "nlu" and not scored_targets(records, labels):
+        lines.append("no held-out record has a classification label (category or sentiment with two or more "
+                     "labels), so candidate scoring does not run and --eval-nlu-samples has no effect; "
+                     "extraction is scored by generation (--gen-eval-samples)")
+    return lines
+
+
+# ---------------------------------------------------------------------- entry points
 def train_in_session(cfg: TrainConfig, env: DistEnv, callbacks: Iterable[Any] = (),
                      extra_summary: Any = None) -> dict[str, Any]:
     """Build, train, evaluate and save one run inside an existing process group.
 
-    ``extra_summary(run) -> dict`` may add fields to the summary before it is
-    written (chapter 05 adds byte totals). Several runs can share one process
-    group this way (chapter 05 trains a dozen methods in one torchrun launch).
+    ``extra_summary(run) -> dict`` may add fields to the summary before it is written (chapter 05 adds byte
+    totals). Several runs can share one process group this way (chapter 05 trains a dozen in one launch).
     """
     run = TrainingRun(cfg, env, list(callbacks)).build()
     try:
         summary = run.fit()
         if extra_summary is not None:
             summary.update(extra_summary(run))
-        save_run(run)
+        run.save()
         if env.is_main:
-            cfg.save(run.out_dir / "config.json")
+            run.cfg.save(run.out_dir / "config.json")
         run.metrics.finish(summary)
     finally:
         run.close()
@@ -393,17 +681,13 @@ def train_in_session(cfg: TrainConfig, env: DistEnv, callbacks: Iterable[Any] = 
 
 def run_callbacks(cfg: TrainConfig, callbacks: Iterable[Any] = ()) -> list[Any]:
     """``callbacks`` plus the ones the config asks for: ``--dcp-dir`` (04), checkpoints, health, preemption (07)."""
-    out = add_fault_tolerance_callbacks(cfg, [*callbacks, *sharded_model_callbacks(cfg)])
+    out = add_fault_tolerance_callbacks(cfg, [*callbacks, *strategy_callbacks(cfg)])
     return add_preemption_callbacks(cfg, out)
 
 
 def validate_before_launch(cfg: TrainConfig) -> None:
-    """``cfg.validate`` for ``$WORLD_SIZE`` processes, with the preset's shape when the model is a preset.
-
-    Runs before the process group exists, so "tp=3 does not divide the 4
-    heads of model 'tiny'" costs no start-up; a model from a directory or the
-    hub is checked by :meth:`TrainingRun.build` once it is loaded.
-    """
+    """``cfg.validate`` for ``$WORLD_SIZE`` processes, with the preset's shape when the model is a preset, before
+    the process group exists (a model from a directory or the hub is checked by :meth:`TrainingRun.build`)."""
     preset = PRESETS.get(cfg.model)
     cfg.validate(n_head=preset.n_head if preset else None, n_layer=preset.n_layer if preset else None)
 

@@ -34,7 +34,7 @@ from ecomkit.faults.callbacks import CheckpointCallback
 from ecomkit.faults.checkpoint import checkpoint_root, is_complete
 from ecomkit.faults.preempt import (PREEMPTED_EXIT_CODE, PreemptionSignals, clear_record, parse_signals, read_record,
                                     write_record)
-from ecomkit.parallel.zero.checkpoint import ZeroCheckpointCallback
+from ecomkit.parallel import find, strategy_spec
 
 
 def preemption_root(cfg: TrainConfig) -> Path:
@@ -47,8 +47,7 @@ def preemption_root(cfg: TrainConfig) -> Path:
 class PreemptionCallback:
     """Stop at the agreed step, checkpoint it, exit 75; on a rerun, report the resumed preemption."""
 
-    def __init__(self, cfg: TrainConfig, checkpoint: CheckpointCallback | ZeroCheckpointCallback,
-                 record: dict[str, Any]):
+    def __init__(self, cfg: TrainConfig, checkpoint: Any, record: dict[str, Any]):
         self.cfg, self.checkpoint, self.root = cfg, checkpoint, preemption_root(cfg)
         self.record = record              # the preemption this run resumes from ({} for none)
         self.signals: PreemptionSignals | None = None
@@ -93,7 +92,7 @@ class PreemptionCallback:
         """This step's checkpoint through the strategy's own checkpoint code, and the seconds of a periodic
         save of this very step that already wrote it (it is not written twice)."""
         cb = self.checkpoint
-        if isinstance(cb, ZeroCheckpointCallback):
+        if not isinstance(cb, CheckpointCallback):   # ZeRO: DeepSpeed's own sharded checkpoint
             tag = f"step{run.step}"
             if not cb.saved or cb.saved[-1] != tag:
                 client = {"step": run.step, "epoch": run.epoch, "sampler": run.sampler.state_dict()}
@@ -133,10 +132,12 @@ def add_preemption_callbacks(cfg: TrainConfig, callbacks: Iterable[Any]) -> list
         return out  # pipeline stages: no checkpoint to write, the signal ends the run as before
     root = preemption_root(cfg)
     record = read_record(root) if cfg.fault.resume else {}
-    if cfg.strategy == StrategyName.ZERO:
-        cb = next((c for c in out if isinstance(c, ZeroCheckpointCallback)), None)
+    own = strategy_spec(cfg.strategy).checkpoint_callback
+    if own is not None:   # ZeRO's own callback (ecomkit.parallel.STRATEGIES), imported only by ZeRO runs
+        own = find(own)
+        cb = next((c for c in out if isinstance(c, own)), None)
         if cb is None:
-            cb = ZeroCheckpointCallback(root, 0, None)
+            cb = own(root, 0, None)
             out.append(cb)
         if record and Path(record["checkpoint"]).is_dir():
             cb.resume_from, cb.resuming = record["checkpoint"], True

@@ -46,6 +46,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
+from ecomkit.train.evaluate import majority_label
+
 Span = tuple[str, str]  # (label, surface text): what extraction is scored on
 
 
@@ -90,18 +92,6 @@ def classification_scores(golds: Sequence[str], preds: Sequence[str | None]) -> 
         scores.append(f1(tp, sum(p == label for p in preds), sum(g == label for g in golds)))
     return {"acc": correct / n if n else float("nan"),
             "macro_f1": sum(scores) / len(scores) if scores else float("nan"), "n": n}
-
-
-def majority_label(labels: Sequence[str], train_counts: Mapping[str, int]) -> str:
-    """The majority-label baseline's one answer for a label set: its most frequent *training* label.
-
-    ``train_counts``: how often each label is the gold label of a training example with this label set.
-    Ties, and a label set no training example has, go to prompt order (the first label).
-    """
-    if not labels:
-        raise ValueError("a label set without labels has no majority")
-    labels = list(labels)
-    return max(labels, key=lambda lab: (train_counts.get(lab, 0), -labels.index(lab)))
 
 
 def training_majorities(label_sets: Mapping[str, Sequence[str]],
