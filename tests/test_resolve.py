@@ -71,6 +71,8 @@ def test_every_resolved_setting_keeps_its_reason_and_the_report_a_line_each(buil
         assert sum(line.split()[0] == label or line.startswith(f"  {label} ") for line in report[1:]) == 1, label
     precision = next(line for line in report if line.startswith("  precision "))
     assert re.fullmatch(rf"  precision +{run.cfg.precision} +(given|auto: .{{3,60}})", precision), precision
+    verbose = {name: why for name, _, why in run.resolved.rows(verbose=True)}   # --verbose: the full reasons
+    assert verbose["packing"] == recipe["packing"]["reason"] and verbose["steps"] == "--max-steps given"
 
 
 def test_no_loop_or_strategy_module_writes_to_a_config():

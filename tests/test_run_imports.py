@@ -27,10 +27,12 @@ from ecomkit.train import loop
 SCRIPT = REPO / "scripts" / "02_data_parallel.py"
 QUICK = ["--max-steps", "3", "--eval-interval", "0", "--final-eval-samples", "8", "--no-save-model",
          "--no-progress", "--report-to", "none"]
-# Issue 55's bound for a DDP run, and what this branch reached (the rest: the prose pass of item 7, the user-data
-# modules the catalog still loads through data/build.py, and the fault-tolerance modules preemption loads).
+# Issue 55's bound for a DDP run, and a ceiling a little above what it measured when the strategies, hooks and
+# optional parts were first found by name (69 modules, 14,157 lines). Still loaded: the user-data modules the
+# catalog reaches through data/build.py, the fault-tolerance modules default-on preemption loads, and the prose
+# that issue 55 item 7 shortens.
 TARGET_MODULES, TARGET_LINES = 45, 8_000
-REACHED_MODULES, REACHED_LINES = 70, 14_300
+REACHED_MODULES, REACHED_LINES = 72, 14_600
 NEVER_IN_TRAINING = ("ecomkit.planner", "ecomkit.measure", "ecomkit.claims", "ecomkit.plots", "ecomkit.envcheck.lint",
                      "ecomkit.envcheck.run", "ecomkit.envcheck.system", "ecomkit.envcheck.collectives",
                      "ecomkit.faults.diagnose", "ecomkit.faults.reproduce", "ecomkit.faults.known_errors")

@@ -24,6 +24,7 @@ from ecomkit.config.recipe import (AUTO, RecipeFacts, RecipeValue, length_by_epo
                                    resolve_recipe)
 from ecomkit.config.validate_loss import forward_loss_unsupported
 from ecomkit.config.vocabulary import LOSS_KERNEL_PACKAGES
+from ecomkit.data.build import BuildReport
 from ecomkit.data.lengths import GEN_BUDGET_MARGIN, PACK_AUTO_MAX_ROW_SHARE, decide_packing, generation_budget
 from ecomkit.dist import DistEnv, gather_objects, log
 from ecomkit.envcheck.matmul import NO_BF16_UNITS, choose_precision, cpu_bf16_units
@@ -34,7 +35,7 @@ from ecomkit.models.bloom import (ModelSource, build_empty_model, count_paramete
                                   model_length_limit, model_origin)
 from ecomkit.models.loss import pick_loss_kernel
 
-WHY_WIDTH = 56   # the start-up report's reasons are cut to this many characters (the full ones: --verbose)
+WHY_WIDTH = 64   # the start-up report's reasons are cut to this many characters (the full ones: --verbose)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class RunFacts:
     env: DistEnv
     precision: Choice                               # rank 0's answer, the same on every rank (precision_choice)
     model: ModelFacts
-    data: Any                                       # the data's BuildReport: seq_len, lengths, labels
+    data: BuildReport                               # seq_len (auto's pick), lengths, labels
     mean_row: float                                 # the mean training row as fit, in tokens
     train_examples: int
     steps_per_epoch: Callable[[bool, int], int]     # (packed, grad_accum) -> optimizer steps in one epoch
@@ -225,7 +226,7 @@ def _global_batch_field(flags: TrainConfig, batch: RecipeValue, dp: int) -> int:
     return flags.global_batch_size
 
 
-def _seq_len_why(flag: Any, data: Any) -> str:
+def _seq_len_why(flag: Any, data: BuildReport) -> str:
     if flag != AUTO:
         return "given"
     if data.seq_len_at_limit:
