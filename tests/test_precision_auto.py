@@ -76,8 +76,9 @@ def test_auto_is_resolved_with_its_reason_and_explicit_precisions_are_kept(monke
     TrainConfig(precision="auto").validate(1)                      # auto is a valid choice
     monkeypatch.setattr("ecomkit.train.resolve.choose_precision", lambda device: ("fp32", "mocked"))
     auto = precision_choice("auto", DistEnv())
-    assert (auto.value, auto.given) == ("fp32", False) and auto.to_dict()["reason"] == "auto: mocked; --precision sets it"
-    assert precision_choice("bf16", DistEnv()).to_dict() == {"value": "bf16", "reason": "--precision given", "given": True}
+    assert (auto.value, auto.given, auto.to_dict()["reason"]) == ("fp32", False, "auto: mocked; --precision sets it")
+    given = precision_choice("bf16", DistEnv()).to_dict()
+    assert given == {"value": "bf16", "reason": "--precision given", "given": True}
     with pytest.raises(ConfigError, match="precision"):
         TrainConfig(precision="bf17").validate(1)
 
@@ -86,7 +87,8 @@ def test_model_flops_print_with_mfu_only_where_a_table_peak_exists():
     assert flops_line({"model_flops_per_s": 20e9, "mfu": None}) == "model FLOP/s    20.0 GFLOP/s\n"
     gpu = flops_line({"model_flops_per_s": 50e12, "mfu": 0.5, "peak_flops": 100e12})
     assert "50.0% MFU" in gpu and "hardware table" in gpu
-    assert "unknown GPU" in flops_line({"model_flops_per_s": 5e12, "mfu": None, "mfu_note": "MFU not reported: unknown GPU 'x'"})
+    unknown = {"model_flops_per_s": 5e12, "mfu": None, "mfu_note": "MFU not reported: unknown GPU 'x'"}
+    assert "unknown GPU" in flops_line(unknown)
     assert matmul_flops("fp32", n=64, reps=1) > 0
 
 

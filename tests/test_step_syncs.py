@@ -1,4 +1,4 @@
-"""No host read of a tensor in a training step between log intervals (``--log-interval``; train/step_values.py).
+"""No host read of a tensor in a training step between log intervals (``--log-interval``; train/loop.py's StepTensors).
 
 A read (``.item()``, ``float(t)``, ``.tolist()``) of a CUDA tensor makes the host wait for the GPU, so the next
 step's kernels are not queued in time. On this CPU the same reads show in the profiler as ``aten::item`` (and

@@ -132,7 +132,7 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     ATen's cast, ``log_softmax``, zero-filled ``nll_loss`` gradient and cast back.
 
     ``label_count``: how many positions have a label, counted on the host before the batch became tensors
-    (``train/batches.py``). With it the selection has a shape known in advance (``torch.nonzero_static``);
+    (``train/loop.py``'s ``Counted``). With it the selection has a shape known in advance (``torch.nonzero_static``);
     without it (evaluation) ``nonzero`` sizes its result from the labels' values, which on a GPU makes the
     host wait for the device.
 

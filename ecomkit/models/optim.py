@@ -26,7 +26,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     groups = param_groups(model, cfg.weight_decay)
-    # a run resolved --lr auto already (train/run_recipe.py); a model trained by hand gets the mechanics' lr
+    # a run resolved --lr auto already (train/resolve.py); a model trained by hand gets the mechanics' lr
     return torch.optim.AdamW(groups, lr=mechanics_value("lr", cfg.lr), betas=(cfg.beta1, cfg.beta2), eps=1e-8,
                              **adamw_kernel(groups))
 

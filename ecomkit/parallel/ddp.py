@@ -49,7 +49,7 @@ class DDPStrategy(Strategy):
 
     def __init__(self, cfg: TrainConfig, env: DistEnv):
         super().__init__(cfg, env)
-        self.comm_hook: "CompressionHook | InactiveCompression | None" = None  # set when a compression method is configured
+        self.comm_hook: "CompressionHook | InactiveCompression | None" = None  # set when compression is configured
         self.shm_segment: str | None = None  # --ddp-allreduce shm: this rank's /dev/shm segment, removed in close()
 
     def wrap(self, model: nn.Module) -> nn.Module:

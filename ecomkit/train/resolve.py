@@ -1,4 +1,4 @@
-"""Every ``auto`` of a run resolved once, from the flags and the facts: a frozen configuration, each value with its reason.
+"""Every ``auto`` of a run resolved once, from the flags and the facts: a frozen configuration, each value and why.
 
 Why one place: a run's ``auto`` settings depend on each other (packing on the precision, the loss on the
 strategy, the length on the batch), and resolving them in place across six modules made their order a hidden
