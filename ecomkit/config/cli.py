@@ -26,7 +26,7 @@ import yaml
 from ecomkit.config.field_help import field_docs
 from ecomkit.config.schema import CONFIG_PRESETS, TrainConfig
 from ecomkit.config.vocabulary import FIELD_CHOICES
-from ecomkit.errors import ConfigError
+from ecomkit.errors import ConfigError, did_you_mean
 
 
 def _flag(prefix: str, name: str) -> str:
@@ -204,9 +204,7 @@ def _nested_names() -> set[str]:
 def _set_known(obj: Any, name: str, value: Any, where: str) -> None:
     names = [f.name for f in dataclasses.fields(obj)]
     if name not in names:
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"{where}unknown config key '{name}'.{hint} Valid keys: {', '.join(names)}.")
+        raise ConfigError(f"{where}unknown config key '{name}'.{did_you_mean(name, names)} Valid keys: {', '.join(names)}.")
     setattr(obj, name, value)
 
 

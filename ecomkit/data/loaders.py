@@ -69,7 +69,7 @@ from ecomkit.data.validate import (
     strict_error,
     validate_row,
 )
-from ecomkit.errors import ConfigError, DataError
+from ecomkit.errors import ConfigError, DataError, did_you_mean
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +197,8 @@ def _check_column_map(column_map: Mapping[str, str] | None) -> dict[str, str]:
     column_map = dict(column_map or {})
     unknown = {theirs: ours for theirs, ours in column_map.items() if ours not in ALL_FIELDS}
     if unknown:
-        raise ConfigError(f"--column-map {unknown} maps to unknown fields; map your columns to one of "
+        hints = "".join(did_you_mean(ours, ALL_FIELDS) for ours in unknown.values())
+        raise ConfigError(f"--column-map {unknown} maps to unknown fields.{hints} Map your columns to one of "
                           f"{list(ALL_FIELDS)}, e.g. --column-map '{{\"product_name\": \"title\"}}'.")
     path_keys(column_map)   # a malformed path is an error now, not a key that never matches
     return column_map
