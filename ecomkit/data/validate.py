@@ -283,7 +283,7 @@ def _label(name: str, text: str, label_map: Mapping[str, Mapping[str, str]]) -> 
             keys = ", ".join(repr(k) for k in list(label_map[name])[:8])
             hint = did_you_mean(text, label_map[name], cutoff=LABEL_CUTOFF)
             raise RowProblem("unmapped_label", name, f"{name} value {text!r} is not in label_map['{name}'] "
-                                                     f"(its keys: {keys}).{hint}")
+                                                     f"(its keys: {keys})" + (f".{hint}" if hint else ""))
         text = label_map[name][text]
     if "\n" in text or len(text) > MAX_LABEL_CHARS:
         raise RowProblem("invalid_label", name, f"{name} label {text[:40]!r}... spans lines or has {len(text):,} "
