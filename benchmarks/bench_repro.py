@@ -97,7 +97,10 @@ def main() -> None:
         and r["same_command_weights_identical"],
         "one_vs_two_bit_identical": r["one_vs_two_bit_identical_steps"] == r["same_command_steps"]} for r in rows}
     print(json.dumps(verdict, indent=1))
-    write_artifact("bench_repro", rows, extra={"settings": vars(args), "columns": columns, "verdict": verdict,
+    headers = ["setup", "precision", "same command: identical steps", "of steps", "same weights",
+               "same command: max rel. loss diff", "1 vs 2 processes: identical steps", "1 vs 2: max rel. loss diff"]
+    write_artifact("bench_repro", rows, extra={"settings": vars(args), "columns": columns, "headers": headers,
+                                               "verdict": verdict,
                                                "notes": [
         "DDP, 2 processes × 1 thread, gloo; --seed 0 and --precision pinned; the 1-process run accumulates two "
         "micro-batches for the same global batch (--global-batch-size); losses and gradient norms from metrics.jsonl, weights from final/*.safetensors"]})
