@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO
 
 from ecomkit.launch import newest_artifacts
-from ecomkit.measure.budget import budget_share_floor, learned_points, margin_points
+from ecomkit.measure.budget import advice_share, recovery_rate
 from ecomkit.metrics import generation_lines
 from ecomkit.train.gen_eval import BUDGET_ADVICE_SHARE, budget_advice, budget_line
 
@@ -31,17 +31,18 @@ def test_no_advice_for_a_share_trained_models_leave():
     assert "budget " not in lines and "train longer" not in lines and "1 answers stopped at the budget" in lines
 
 
-def test_the_share_floor_is_the_largest_share_left_once_a_run_has_learned():
-    def point(step, acc, at):
-        return {"step": step, "gen_acc": acc, "gen_majority_acc": 0.5, "gen_at_budget": at, "gen_decoded": 100}
+def test_the_advice_share_is_a_point_over_the_largest_rate_at_which_freed_answers_were_regained():
+    def at(budget, at_budget, score):
+        return {"budget": budget, "at_budget": at_budget, "decoded": 200, "score": score}
 
-    learning = [point(0, 0.0, 100), point(50, 0.5, 40), point(100, 0.92, 3), point(150, 0.95, 1)]
-    assert margin_points(learning[2]) == pytest.approx(42.0)
-    assert [p["step"] for p in learned_points(learning)] == [100, 150]      # 90 % of the best margin, 45 points
-    never = [point(0, 0.1, 100), point(50, 0.4, 90)]                         # never above its baseline
-    assert learned_points(never) == [] and budget_share_floor([learning, never]) == 0.03
-    with pytest.raises(ValueError, match="no run learned"):
-        budget_share_floor([never])
+    # 100 answers cut at budget 1 (50 %), 20 at budget 3 (10 %), none at 8; the figure regained 40 and 10 points
+    sweep = [at(1, 100, 40.0), at(3, 20, 70.0), at(8, 0, 80.0)]
+    assert recovery_rate(sweep) == pytest.approx((40.0 + 10.0) / (50.0 + 10.0))
+    assert recovery_rate([at(4, 0, 50.0), at(8, 0, 50.0)]) is None            # no budget cut an answer
+    slower = [at(2, 20, 75.0), at(8, 0, 80.0)]                                 # 5 points for 10: rate 0.5
+    assert advice_share([sweep, slower]) == pytest.approx(1.0 / (100 * 50.0 / 60.0))   # the largest rate
+    with pytest.raises(ValueError, match="no budget"):
+        advice_share([[at(4, 0, 50.0), at(8, 0, 50.0)]])
 
 
 def test_the_advice_share_is_what_bench_budget_measured():
@@ -49,7 +50,7 @@ def test_the_advice_share_is_what_bench_budget_measured():
     if path is None:
         pytest.skip("no bench_budget artifact in benchmarks/results yet")
     doc = json.loads(path.read_text())
-    assert budget_share_floor([r["curve"] for r in doc["rows"]]) == BUDGET_ADVICE_SHARE
+    assert advice_share([r["sweep"] for r in doc["rows"]]) == pytest.approx(BUDGET_ADVICE_SHARE, rel=1e-12)
 
 
 def test_the_step_0_evaluation_gives_no_advice_on_the_answers_ends(tmp_path):

@@ -59,9 +59,9 @@ from ecomkit.train.task_metrics import (SpanDictionary, classification_scores, e
 
 PREDICTIONS_FILE = "predictions.jsonl"
 BUDGET_FLAG = "--gen-max-new-tokens"
-# The share of answers at the budget above which a run advises (train longer, or raise the budget): the largest
-# share that runs which had learned their task still left, measured by benchmarks/bench_budget.py
-# (ecomkit/measure/budget.py; tests/test_budget_advice.py holds it to the newest artifact).
+# The share of answers at the budget above which a run advises (train longer, or raise the budget): below it,
+# freeing every one of them moves no figure by a point at the rate bench_budget measured (ecomkit/measure/budget.py;
+# tests/test_budget_advice.py holds it to the newest artifact).
 BUDGET_ADVICE_SHARE = 0.05
 
 
