@@ -69,7 +69,8 @@ def _word_parser(tp: Any) -> Callable[[str], Any]:
     return _real_or_word if float in typing.get_args(tp) else _number_or_word
 
 
-def _parse_dict(text: str) -> dict[str, str]:
+def parse_json_object(text: str) -> dict[str, str]:
+    """A flag's JSON object (``--column-map``, ``--label-map``), or argparse's error for anything else."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
@@ -138,7 +139,7 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, defaults: Any, prefi
             kw["type"] = _word_parser(tp)
             kw["metavar"] = _metavar(f.name, tp, choices)
         else:
-            kw["type"] = _parse_dict if typing.get_origin(tp) is dict or tp is dict else tp
+            kw["type"] = parse_json_object if typing.get_origin(tp) is dict or tp is dict else tp
             kw["metavar"] = _metavar(f.name, tp, choices)
         groups[section].add_argument(flag, **kw)
 

@@ -109,7 +109,9 @@ def row_items(row: ReadRow, task: str | None, labels: tuple[str, ...], recorded:
         return [Item(row, error=f"{issue.detail} [{issue.reason}]" + (f", field '{issue.field}'" if issue.field
                                                                       else ""))]
     own = {k: (row.raw or {}).get(k) for k in ("task", "labels") if k not in mapped}
-    asked = split_labels(own["labels"] if isinstance(own.get("labels"), (str, list)) else None) or labels
+    listed = own.get("labels")
+    own_labels = isinstance(listed, str) or (isinstance(listed, list) and all(isinstance(v, str) for v in listed))
+    asked = split_labels(listed if own_labels else None) or labels
     asked_task = own["task"] if isinstance(own.get("task"), str) else task
     kind = TASK_ALIASES.get(asked_task.lower()) if asked_task else None
     if asked_task and kind is None:

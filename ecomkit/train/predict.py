@@ -53,6 +53,7 @@ from typing import Any, Sequence
 import torch
 
 from ecomkit.config import TrainConfig
+from ecomkit.config.cli import parse_json_object
 from ecomkit.config.field_help import field_docs
 from ecomkit.config.vocabulary import SPAN_ENDS
 from ecomkit.data.columns import heads
@@ -184,16 +185,6 @@ def read_input(args: argparse.Namespace, recorded: Recorded) -> RowsRead:
                      optional_keys=optional)
 
 
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        raise argparse.ArgumentTypeError(f"expected JSON such as '{{\"review\": \"text\"}}', got {text!r}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ecomkit.predict", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -211,8 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="PATH", help=f"write every answer row here, by extension: {', '.join(ROW_FORMATS)} "
                                                     f"(default: print them); the scores go beside it, "
                                                     f"<name>.scores.json")
-    p.add_argument("--column-map", type=_json_object, metavar="JSON", help=docs["column_map"].help + run)
-    p.add_argument("--label-map", type=_json_object, metavar="JSON", help=docs["label_map"].help + run)
+    p.add_argument("--column-map", type=parse_json_object, metavar="JSON", help=docs["column_map"].help + run)
+    p.add_argument("--label-map", type=parse_json_object, metavar="JSON", help=docs["label_map"].help + run)
     p.add_argument("--span-end", choices=SPAN_ENDS, help=docs["span_end"].help + run)
     p.add_argument("--prompt-format", choices=PROMPT_FORMATS, help="default: the format the model was trained with")
     p.add_argument("--gen-max-new-tokens", "--max-new-tokens", dest="max_new_tokens", type=int, default=None, metavar="N",
