@@ -1,5 +1,5 @@
 """Warnings that fit the moment (issue 56 item 4): no advice about the answers' ends before any training step,
-and none for a share of answers at the budget that trained models leave anyway (measured by bench_budget)."""
+and none for a share of answers at the budget too small to move a figure by a point (measured by bench_budget)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ecomkit.train.gen_eval import BUDGET_ADVICE_SHARE, budget_advice, budget_li
 RESULTS = REPO / "benchmarks" / "results"
 
 
-def test_no_advice_for_a_share_trained_models_leave():
+def test_no_advice_for_a_share_that_cannot_move_a_figure_by_a_point():
     """The issue's run: 1 answer in 6,278 at the budget got "train longer" in the closing summary."""
     assert budget_advice(1, 6278, 11, longest_answer=3) is None
     assert budget_advice(393, 400, 11, longest_answer=3).endswith("a larger --gen-max-new-tokens will not help")
@@ -50,7 +50,7 @@ def test_the_advice_share_is_what_bench_budget_measured():
     if path is None:
         pytest.skip("no bench_budget artifact in benchmarks/results yet")
     doc = json.loads(path.read_text())
-    assert advice_share([r["sweep"] for r in doc["rows"]]) == pytest.approx(BUDGET_ADVICE_SHARE, rel=1e-12)
+    assert advice_share([r["sweep"] for r in doc["rows"]]) == pytest.approx(BUDGET_ADVICE_SHARE, abs=5e-4)
 
 
 def test_the_step_0_evaluation_gives_no_advice_on_the_answers_ends(tmp_path):
