@@ -227,21 +227,30 @@ def review_model(saved, tmp_path, baselines: bool = True):
     return out
 
 
-@pytest.mark.parametrize("suffix", [".csv", ".jsonl", "_dir"])
+def write_rows_as(rows: list[dict], path: Path, suffix: str) -> Path:
+    """``rows`` in each format --data reads: CSV, JSON Lines, a JSON array, a save_to_disk folder, one .arrow file."""
+    from ecomkit.data import write_csv, write_hf_dataset, write_jsonl
+
+    if suffix == ".json":
+        path.write_text(json.dumps(rows, ensure_ascii=False), encoding="utf-8")
+        return path
+    if suffix == ".arrow":
+        return next(write_hf_dataset(rows, path.with_suffix("")).glob("*.arrow"))
+    return {".csv": write_csv, ".jsonl": write_jsonl, "_dir": write_hf_dataset}[suffix](rows, path)
+
+
+@pytest.mark.parametrize("suffix,first", [(".csv", "line 2"), (".jsonl", "line 1"), (".json", "item 1"),
+                                          ("_dir", "row 1"), (".arrow", "row 1")])
 def test_predict_reads_a_file_as_its_run_read_it_and_names_every_row_it_cannot_answer(saved, tmp_path, suffix,
-                                                                                        capsys):
+                                                                                        first, capsys):
     """Issue 56 item 3: on main ``--input`` read JSON Lines with a 'text' field only, knew no column map, and
     stopped at the first row it could not read. Now the run's maps apply, every row is in the output (those it
     cannot answer with their line and why), and the labels the rows carry are scored against the run's baseline."""
-    from ecomkit.data import write_csv, write_hf_dataset, write_jsonl
-
     model = review_model(saved, tmp_path)
-    writer = {".csv": write_csv, ".jsonl": write_jsonl, "_dir": write_hf_dataset}[suffix]
-    data = writer(REVIEW_ROWS, tmp_path / f"reviews{suffix}")
+    data = write_rows_as(REVIEW_ROWS, tmp_path / f"reviews{suffix}", suffix)
     main(["--model", str(model), "--input", str(data), "--output", str(tmp_path / "answers.jsonl")])
     err = capsys.readouterr().err
     answers = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text(encoding="utf-8").splitlines()]
-    first = "row 1" if suffix == "_dir" else "line 2" if suffix == ".csv" else "line 1"
     assert answers[0]["location"] == first and answers[0]["input"]["id"] == "a" and answers[0]["text"] == "屏幕 电池 很好"
     assert [(a["input"]["id"], a.get("target")) for a in answers] == [
         (r["id"], t) for r in REVIEW_ROWS[:5] for t in ("category", "sentiment")] + [("f", None)]
