@@ -7,10 +7,9 @@ the dataclasses all need these lists without needing each other.
 
 from __future__ import annotations
 
-import difflib
 from enum import Enum
 
-from ecomkit.errors import ConfigError
+from ecomkit.errors import ConfigError, did_you_mean
 
 
 class StrategyName(str, Enum):
@@ -18,7 +17,7 @@ class StrategyName(str, Enum):
 
     A ``str`` enum, so ``StrategyName.ZERO == "zero"`` and configs, JSON files
     and flags keep plain strings. The planner, the loop, the strategy registry
-    (``ecomkit.parallel.STRATEGY_FACTORIES``) and the sweeps all use it; the
+    (``ecomkit.parallel.STRATEGIES``) and the sweeps all use it; the
     planner's stage-specific names ("zero2", "fsdp2") are spelled by
     :func:`plan_strategy_name` and read back by :func:`parse_plan_strategy`.
     """
@@ -111,8 +110,7 @@ def flag_of(name: str) -> str:
 def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     """Raise "Unknown <name> '<value>' (--flag). Choose one of: ... Did you mean ...?" unless ``value`` is allowed."""
     if value not in allowed:
-        close = difflib.get_close_matches(str(value), allowed, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
+        hint = did_you_mean(value, allowed)
         flag = f" ({flag_of(name)})" if " " not in name else ""   # "planner strategy" is not a config field
         raise ConfigError(f"Unknown {name} '{value}'{flag}. Choose one of: {', '.join(allowed)}.{hint}")
 

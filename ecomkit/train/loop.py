@@ -101,8 +101,9 @@ class TrainingRun:
         self.strategy.setup(built, self.total_steps)
         self.clip = ClipPolicy(cfg.clip_policy, cfg.max_grad_norm, env)
         self.peak, self.mfu_note = device_peak(env.device, cfg.precision)   # the hardware table, once
-        self.metrics = MetricsWriter(self.out_dir, env.is_main, append=self._resuming(),
-                                     report_to=cfg.report_to, hparams=cfg.to_dict())  # --report-to
+        resuming = any(getattr(cb, "resuming", False) for cb in self.callbacks)   # appends to metrics.jsonl
+        self.metrics = MetricsWriter(self.out_dir, env.is_main, append=resuming, report_to=cfg.report_to,
+                                     hparams=cfg.to_dict())  # --report-to
         return self
 
     def resolve(self) -> ResolvedConfig:
@@ -123,9 +124,6 @@ class TrainingRun:
                                                           self.cfg.max_steps)
         self.shard = (env.rank, self.resolved.dp)   # replaced by the strategy's (its dp coordinate for TP/PP)
         return self.resolved
-
-    def _resuming(self) -> bool:
-        return any(getattr(cb, "resuming", False) for cb in self.callbacks)
 
     def build_tokenizer(self):
         """Rank 0 trains/loads first (it may write the cache); the others load after a barrier."""
@@ -351,8 +349,7 @@ class TrainingRun:
                            "max_train_minutes": cfg.max_train_minutes, "after_steps": self.step}
         set_schedule_length(self.strategy.scheduler, length)   # the cosine now ends at the new last step
         self.total_steps = bar.total = length
-        if hasattr(bar, "refresh"):
-            bar.refresh()
+        bar.refresh()
         if self.env.is_main:
             log.warning("run shortened to %d of its %d steps (%.2f epochs): at the measured %.3f s/step it would "
                         "pass --max-train-minutes %g; its lr schedule ends there too (--max-steps or --epochs sets "
@@ -381,7 +378,7 @@ class TrainingRun:
             if self.gen_eval is not None:
                 predictions = self.out_dir / find(f"{GENERATION}:PREDICTIONS_FILE") if final else None
                 out.update(self.gen_eval(self.strategy, self.tokenizer, env, self.shard, predictions, False,
-                                         final=final, bar=bar))
+                                         final=final, bar=bar, untrained=self.step == 0 and not final))
         finally:
             if bar is not None:
                 bar.close()
@@ -497,7 +494,10 @@ class TrainingRun:
             report = self.data_report
             write_task_file(self.out_dir / "final", prompt_format=cfg.prompt_format, task=cfg.task,
                             labels=report.labels, kinds=list(report.examples_per_kind), seq_len=int(cfg.seq_len),
-                            gen_max_new_tokens=cfg.gen_max_new_tokens if cfg.task == "nlu" else None)
+                            gen_max_new_tokens=cfg.gen_max_new_tokens if cfg.task == "nlu" else None,
+                            reading={k: getattr(cfg, k) for k in ("column_map", "label_map", "span_end")},
+                            train_label_counts=report.train_label_counts,
+                            train_spans=report.train_spans if cfg.task == "nlu" else None)
 
     def close(self) -> None:
         if getattr(self, "metrics", None) is not None:   # None when build() failed before the writer
@@ -553,9 +553,8 @@ class Counted:
 class ClipPolicy:
     """The max gradient norm of each step: fixed, or the EcomGPT guide's sentiment rule (``--clip-policy``).
 
-    The guide clips at ``0.5 + 0.5 · min(s, 2)``, ``s`` the batch's "sentiment polarity strength": here 2 × the
-    share of polar samples in the *global* batch, so every rank clips alike; chapter 02 measures it.
-    """
+    The guide's ``0.5 + 0.5 · min(s, 2)``, ``s`` 2 × the share of polar samples in the *global* batch (alike on
+    every rank); chapter 02 measures it."""
 
     def __init__(self, policy: str, max_grad_norm: float, env: DistEnv):
         self.policy, self.max_grad_norm, self.env = policy, max_grad_norm, env
