@@ -202,8 +202,8 @@ def gemm_profile(model_name: str, vocab: int, steps: int) -> dict:
     """``model_name``'s bf16 training step (``step_case``) under torch.profiler: its GEMMs, at what rate, and AdamW.
 
     Why: a GEMM timed alone keeps its operands in cache; inside a step they come from the ops before it. The
-    planner's FLOPs (what bench_precision's share of the peak counts) are these products, so their FLOPs over the GEMMs' time plus
-    the optimizer's (memory-bound) update bound the share of the peak a step can reach.
+    planner's FLOPs (what bench_precision's share of the peak counts) are these products, so their FLOPs over the
+    GEMMs' time plus the optimizer's (memory-bound) update bound the share of the peak a step can reach.
     """
     run = step_case(model_name, vocab, False, optimizer=True)
     for _ in range(3):
