@@ -17,10 +17,10 @@ import pytest
 from ecomkit.data.formats import build_prompt, parse_answer
 from ecomkit.dist import DistEnv
 from ecomkit.errors import DataError
-from ecomkit.plots.tasks import confusion_counts
 from ecomkit.train.generate import DecodeSettings, generate_texts
 from ecomkit.data.formats import read_task_file
 from ecomkit.train.predict import Predictor, Recorded, main, normalise_row, recorded_prompt_format, split_labels
+from ecomlab.plots.tasks import confusion_counts
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_generate import single, tokenizer, varied_model  # noqa: E402
