@@ -22,7 +22,7 @@ ARTIFACT = re.compile(  # <bench>-<yyyy-mm-dd>-<machine>.json, written by benchm
 
 
 def results_dir(given: str | Path | None = None) -> Path:
-    """The folder of benchmark artifacts: ``given`` (``--results``), else ``$ECOMKIT_RESULTS``, else the repository's."""
+    """The artifacts' folder: ``given`` (``--results``), else ``$ECOMKIT_RESULTS``, else the repository's."""
     if given is not None:
         path, source = Path(given), "--results"
     elif os.environ.get(RESULTS_ENV):

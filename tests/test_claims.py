@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-import ecomlab.claims as claims
 from ecomkit.errors import USER_ERROR_EXIT, ConfigError
-from ecomkit.planner.comparisons import ECOMGPT_SETUP, SEQGPT_SETUP
 from ecomlab import artifacts
 from ecomlab.artifacts import REPO, REPO_RESULTS, RESULTS_ENV, results_dir
-from ecomlab.claims.__main__ import main as claims_main
+import ecomlab.claims as claims
 from ecomlab.claims import ch02, ch03, ch05, ch06, ch06_memory, verdicts
+from ecomlab.claims.__main__ import main as claims_main
 from ecomlab.claims.evidence import Evidence, load_evidence
+from ecomlab.claims.planner_comparisons import ECOMGPT_SETUP, SEQGPT_SETUP
 from ecomlab.claims.render import counts_table, render_readme, stale
 from ecomlab.claims.rules import amp_finding, memory_finding, padding_finding, speedup_finding, topk_cut_finding
 from ecomlab.claims.verdicts import (CPU_ANALOGUE, IMPLAUSIBLE, NEEDS_GPU, NOT_MEASURABLE, REFUTED, REPRODUCED,

@@ -49,10 +49,10 @@ EMPTY: tuple[int, ...] = ()   # a sequence of padding only: fills the last globa
 # sequence on average): below it a sequence holds one row and packing has nothing to gain.
 PACK_AUTO_MAX_ROW_SHARE = 0.5
 # On a CPU, per precision, the longest seq_len up to which packed batches trained faster than bucketed ones by at
-# least ecomlab.derive.packing.PACKING_MIN_GAIN (median of bench_packing's paired rounds); tests/test_packing.py
-# recomputes it from the newest artifact. A packed sequence's attention covers its whole length, so the longer the sequence the more a
-# token costs: on `tiny`, fp32 lost at 256 (the catalog) and bf16 lost at 1152 (the instruction file), while bf16
-# at 256 won, its bucketed batches meeting a new shape (a new oneDNN primitive) almost every step.
+# least 5 % (median of bench_packing's paired rounds; ecomlab.derive.packing); tests/test_packing.py recomputes it
+# from the newest artifact. A packed sequence's attention covers its whole length, so the longer the sequence the
+# more a token costs: on `tiny`, fp32 lost at 256 (the catalog) and bf16 lost at 1152 (the instruction file), while
+# bf16 at 256 won, its bucketed batches meeting a new shape (a new oneDNN primitive) almost every step.
 CPU_PACK_MAX_SEQ_LEN: dict[str, int] = {"bf16": 256}
 
 

@@ -9,7 +9,7 @@ master partition (a clone, 4 bytes) besides the 8 bytes of Adam moments.
 
 Chapter 03 puts these beside what each rank really holds
 (:mod:`ecomlab.measure.zero`); chapter 06 beside the planner
-(:mod:`ecomkit.planner.comparisons`).
+(:mod:`ecomlab.claims.planner_comparisons`).
 """
 
 from __future__ import annotations

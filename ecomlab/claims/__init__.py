@@ -35,7 +35,7 @@ def decide(claim: Claim, evidence: Evidence) -> dict[str, Any]:
 
 
 def ledger_rows(results_dir: str | Path | None = None, evidence: Evidence | None = None) -> list[dict[str, Any]]:
-    """Every claim, decided now from ``evidence`` (default: the artifacts of :func:`load_evidence` ``(results_dir)``)."""
+    """Every claim, decided now from ``evidence`` (default: :func:`load_evidence` of ``results_dir``)."""
     ev = evidence if evidence is not None else load_evidence(results_dir)
     return [decide(c, ev) for c in LEDGER]
 

@@ -9,13 +9,13 @@ from tokenizers.pre_tokenizers import ByteLevel
 from ecomkit.hardware import link_spec
 from ecomkit.models.bloom import preset_parameter_count
 from ecomkit.models.tokenizer import ECOM_SPECIAL_TOKENS
-from ecomkit.planner.comparisons import SEQGPT_SETUP
 from ecomkit.planner.memory import PlanInput
-from ecomkit.train.comparisons import CLASSIFICATION_METRICS, ClippingReport, compare_clip_policies
 from ecomlab.claims.claim import Claim
 from ecomlab.claims.evidence import Evidence
+from ecomlab.claims.planner_comparisons import SEQGPT_SETUP
 from ecomlab.claims.rules import memory_finding, speedup_finding
 from ecomlab.claims.verdicts import Finding, agrees, at_most, holds, undefined, wrong_recipe
+from ecomlab.measure.run_comparisons import CLASSIFICATION_METRICS, ClippingReport, compare_clip_policies
 
 SEQGPT_EPOCH_MIN = (87.0, 31.0)   # SeqGPT guide, section 3.3: minutes per epoch on 1 and 4 RTX 4090
 
@@ -85,7 +85,7 @@ def clipping_findings(rows: list[dict] | None, source: str) -> Finding:
 
     Reproduced on CPU when sentiment-adaptive clipping is better than fixed
     clipping beyond the seed spread on any metric
-    (:func:`ecomkit.train.comparisons.compare_clip_policies`), refuted otherwise.
+    (:func:`ecomlab.measure.run_comparisons.compare_clip_policies`), refuted otherwise.
     """
     if not rows:
         return undefined("no bench_clipping artifact: run python benchmarks/bench_clipping.py", evidence="–",
@@ -95,7 +95,7 @@ def clipping_findings(rows: list[dict] | None, source: str) -> Finding:
             for p in ("fixed", "sentiment")}
     comps = [compare_clip_policies(arms["fixed"], arms["sentiment"], m) for m in (*CLASSIFICATION_METRICS, "eval_loss")]
     better = [c.metric for c in comps if "better" in c.verdict]
-    return holds(bool(better), source=source + ", ecomkit.train.comparisons.compare_clip_policies",
+    return holds(bool(better), source=source + ", ecomlab.measure.run_comparisons.compare_clip_policies",
                  evidence="; ".join(f"{c.metric} Δ {c.difference:+.3f} (seed spread {c.spread:.3f})" for c in comps),
                  why_true=f"adaptive clipping is better on {', '.join(better)}",
                  why_false="no metric differs beyond the seed spread over "

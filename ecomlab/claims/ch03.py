@@ -6,11 +6,11 @@ from dataclasses import replace
 
 from ecomkit.hardware import gpu_spec
 from ecomkit.models.bloom import preset_parameter_count
-from ecomkit.planner.comparisons import ECOMGPT_SETUP
 from ecomkit.planner.memory import PlanInput
 from ecomkit.planner.zero_formulas import GB, PLAUSIBLE_WITHIN_GB, check_guide_table, formula_bytes
 from ecomlab.claims.claim import Claim
 from ecomlab.claims.evidence import Evidence
+from ecomlab.claims.planner_comparisons import ECOMGPT_SETUP
 from ecomlab.claims.rules import memory_finding
 from ecomlab.claims.verdicts import Finding, at_least, at_most
 

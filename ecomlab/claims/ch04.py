@@ -6,13 +6,13 @@ import itertools
 
 from ecomkit.hardware import gpu_spec
 from ecomkit.models.bloom import preset_parameter_count
-from ecomkit.planner.comparisons import ASSUMPTION_BAND
 from ecomkit.planner.memory import PlanInput
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import predict_step_time
 from ecomkit.planner.zero_formulas import GB, formula_bytes
 from ecomlab.claims.claim import Claim
 from ecomlab.claims.evidence import Evidence
+from ecomlab.claims.planner_comparisons import ASSUMPTION_BAND
 from ecomlab.claims.verdicts import Finding, at_most, consistent_with, holds, wrong_recipe
 
 

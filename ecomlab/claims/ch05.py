@@ -10,10 +10,10 @@ import torch
 from ecomkit.hardware import link_spec
 from ecomkit.models.bloom import preset_parameter_count
 from ecomkit.parallel.compression.topk import select_topk, topk_count
-from ecomkit.planner.comparisons import ASSUMPTION_BAND, ECOMGPT_SETUP
 from ecomkit.planner.step_time import all_reduce_s, predict_step_time
 from ecomlab.claims.claim import Claim
 from ecomlab.claims.evidence import Evidence
+from ecomlab.claims.planner_comparisons import ASSUMPTION_BAND, ECOMGPT_SETUP
 from ecomlab.claims.rules import TIME_MODEL, topk_cut_finding
 from ecomlab.claims.verdicts import Finding, agrees, at_most, consistent_with, holds, undefined
 from ecomlab.measure.compression import expected_byte_ratio

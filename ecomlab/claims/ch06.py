@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
-from ecomkit.planner.comparisons import ASSUMPTION_BAND, ECOMGPT_SETUP
 from ecomkit.planner.memory import max_micro_batch
 from ecomkit.planner.step_time import predict_step_time
 from ecomlab.claims.claim import Claim
 from ecomlab.claims.evidence import Evidence
+from ecomlab.claims.planner_comparisons import ASSUMPTION_BAND, ECOMGPT_SETUP
 from ecomlab.claims.rules import TIME_MODEL, speedup_finding
 from ecomlab.claims.verdicts import Finding, at_most, consistent_with, undefined
 

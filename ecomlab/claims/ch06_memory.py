@@ -6,12 +6,13 @@ import itertools
 from dataclasses import replace
 
 from ecomkit.hardware import link_spec, node_spec
-from ecomkit.planner.comparisons import ASSUMPTION_BAND, ECOMGPT_SETUP, SEQGPT_SETUP, oom_recipe_summary, oom_recipes
 from ecomkit.planner.memory import max_micro_batch, model_state_bytes_per_rank, plan_memory
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import predict_step_time
 from ecomlab.claims.claim import Claim
 from ecomlab.claims.evidence import Evidence
+from ecomlab.claims.planner_comparisons import (ASSUMPTION_BAND, ECOMGPT_SETUP, SEQGPT_SETUP, oom_recipe_summary,
+                                                oom_recipes)
 from ecomlab.claims.rules import MEMORY_TOLERANCE, TIME_MODEL, amp_finding, padding_finding
 from ecomlab.claims.verdicts import Finding, at_most, consistent_with, holds, model_band
 
@@ -119,7 +120,7 @@ def _batch_rule(ev: Evidence) -> Finding:
     oom = oom_recipe_summary(oom_recipes())
     by_t = oom["max_micro_batch_by_seq_len"]
     return holds(all(b == oom["rule_batch"] for b in by_t.values()), on_cpu=False,
-                 source="ecomkit.planner.comparisons.oom_recipe_summary",
+                 source="ecomlab.claims.planner_comparisons.oom_recipe_summary",
                  evidence=f"rule: {oom['rule_batch']} on 24 GB; largest micro-batch by T: "
                           + ", ".join(f"T={t}: {b}" for t, b in by_t.items()),
                  why_true="the rule matches the planner at every T",

@@ -12,10 +12,10 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from ecomkit.hardware import LinkSpec, gpu_spec
-from ecomkit.planner.comparisons import ASSUMPTION_BAND
 from ecomkit.planner.memory import PlanInput, plan_memory
 from ecomkit.planner.step_time import speedups
 from ecomlab.claims.evidence import Evidence, gpu_speedup, gpu_value
+from ecomlab.claims.planner_comparisons import ASSUMPTION_BAND
 from ecomlab.claims.verdicts import Finding, agrees, at_most, consistent_with, holds, model_band, undefined
 from ecomlab.measure.compression import expected_byte_ratio
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ecomkit.planner.comparisons import speedup_verdict
+from ecomlab.claims.planner_comparisons import speedup_verdict
 
 REPRODUCED = "reproduced"
 CPU_ANALOGUE = "reproduced (CPU analogue)"
