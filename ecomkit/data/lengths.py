@@ -209,7 +209,7 @@ def lengths_facts(stats: dict[str, LengthStats], cuts: dict[str, CutCounts]) -> 
 # sequence on average): below it a sequence holds one row and packing has nothing to gain.
 PACK_AUTO_MAX_ROW_SHARE = 0.5
 # On a CPU, per precision, the longest seq_len up to which packed batches trained faster than bucketed ones by
-# at least packing.PACKING_MIN_GAIN (median of bench_packing's paired rounds); tests/test_packing.py recomputes
+# at least 5 % (median of bench_packing's paired rounds; ecomlab.derive.packing); tests/test_packing.py recomputes
 # it from the newest artifact. A packed sequence's attention covers its whole length, so the longer the
 # sequence the more a token costs: on `tiny`, fp32 lost at 256 (the catalog) and bf16 lost at 1152 (the
 # instruction file), while bf16 at 256 won, its bucketed batches meeting a new shape (a new oneDNN primitive)

@@ -45,24 +45,6 @@ from ecomkit.data.tokenize import IGNORE_INDEX, BatchCounts, predicted_tokens
 from ecomkit.errors import ConfigError
 
 EMPTY: tuple[int, ...] = ()   # a sequence of padding only: fills the last global batch of an epoch
-PACKING_MIN_GAIN = 0.05   # cpu_packing_rule: a length packs on a CPU when packed batches were this much faster
-
-
-def cpu_packing_rule(measured: Sequence[tuple[str, int, Sequence[float]]], min_gain: float = PACKING_MIN_GAIN
-                     ) -> dict[str, int]:
-    """Precision -> the longest seq_len up to which every measured job at that precision packed faster.
-
-    ``measured``: ``(precision, seq_len, packed / bucketed real-tokens/s ratios of the paired rounds)`` per job;
-    faster means a median above ``1 + min_gain``. A precision whose shortest job was not faster is left out.
-    """
-    out: dict[str, int] = {}
-    for precision in sorted({p for p, _, _ in measured}):
-        jobs = sorted((seq, float(np.median(r))) for p, seq, r in measured if p == precision and len(r))
-        for seq, ratio in jobs:
-            if ratio <= 1 + min_gain:
-                break
-            out[precision] = seq
-    return out
 
 
 def best_fit_decreasing(lengths: Sequence[int], capacity: int, tie_order: np.ndarray | None = None
@@ -263,5 +245,5 @@ def sequence_counts(sequences: Sequence[dict[str, list]], seq_len: int) -> Batch
                        len(sequences) * seq_len, sum(n * n for n in lengths))
 
 
-__all__ = ["sequence_counts", "CPU_PACK_MAX_SEQ_LEN", "PACKING_MIN_GAIN", "PACK_AUTO_MAX_ROW_SHARE", "decide_packing", "cpu_packing_rule", "EMPTY", "PackedBatchSampler", "RowGroups", "best_fit_decreasing", "fill_rate", "packed_collate",
+__all__ = ["sequence_counts", "CPU_PACK_MAX_SEQ_LEN", "PACK_AUTO_MAX_ROW_SHARE", "decide_packing", "EMPTY", "PackedBatchSampler", "RowGroups", "best_fit_decreasing", "fill_rate", "packed_collate",
            "plan_sequences"]

@@ -37,7 +37,7 @@ def install_fast_paths(model: nn.Module, cfg: TrainConfig, device: torch.device,
     install_attention(model, cfg.attn)
     kernels = kernels_for(device, cfg.cpu_kernels)
     install_fused_gelu(model, cfg.fused_gelu, kernels)
-    # --loss-kernel, resolved by train/autoprec.resolve_loss_kernel ("auto" left here: the chunked loss)
+    # --loss-kernel, resolved by train/resolve.loss_kernel_choice ("auto" left here: the chunked loss)
     if chunked_loss and cfg.loss_kernel in FUSED_LOSSES:   # validate() checked the package and the GPU
         install_fused_loss(model, cfg.loss_kernel)
     elif chunked_loss and cfg.loss_kernel in ("chunked", "auto") and cfg.loss_chunk_tokens > 0:
