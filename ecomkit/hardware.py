@@ -1,25 +1,8 @@
 """The one hardware table: GPU peak FLOP/s per dtype, memory, HBM bandwidth, and interconnect presets.
 
-Why one table: MFU (``ecomkit.train.loop``, looked up once per run), the memory planner and the time
-model (``ecomkit.planner``) must agree on what a GPU is. A figure that lives in
-two places drifts, and a peak matched by substring is wrong ("H100 PCIe"
-would get the SXM peak, 30 % too high). So:
-
-- every GPU has one row (:data:`GPUS`), with the source of its figures;
-- names match **exactly**, case-insensitively, against a key (``a100-40g``)
-  or an explicit alias (:data:`GPU_ALIASES`), which includes the string
-  ``torch.cuda.get_device_name()`` returns on that board;
-- a GPU that is not in the table gets no peak and the message
-  "MFU not reported: unknown GPU 'X'; add it to ecomkit/hardware.py",
-  never another board's peak;
-- a precision a board has no tensor cores for (bf16 on a V100) has no peak:
-  the planner refuses it instead of quietly using the fp16 figure.
-
-Peaks are **dense** (no 2:4 sparsity: the data sheets print the sparse figure
-first, twice as large). ``fp32`` is the non-tensor FP32 rate, which is what
-torch runs fp32 matmuls at by default (TF32 off). Memory is what
-``torch.cuda.get_device_properties().total_memory`` reports (approximately:
-a little under the marketing GB).
+Why one table: MFU, the planner and the time model must agree on what a GPU is. Names match exactly (a key
+or an alias such as ``torch.cuda.get_device_name()``'s string); an unknown GPU or a precision without tensor
+cores gets no peak, never another board's. Peaks are dense; ``fp32`` is the non-tensor rate (TF32 off).
 """
 
 from __future__ import annotations

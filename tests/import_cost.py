@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -24,6 +25,7 @@ class ImportCost:
 
     modules: frozenset[str]
     lines: int
+    lab: frozenset[str] = frozenset()   # the modules of ``ecomlab`` it imported (a training run: none)
 
     def loaded(self, prefix: str) -> list[str]:
         """The modules at or under ``prefix`` (``ecomkit.parallel.zero``: the package and its modules)."""
@@ -48,10 +50,15 @@ def module_file(name: str, root: Path = REPO) -> Path:
     return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
-def cost(modules: Iterable[str], root: Path = REPO) -> ImportCost:
+def cost(modules: Iterable[str], root: Path = REPO, lab: Iterable[str] = ()) -> ImportCost:
     modules = frozenset(modules)
     lines = sum(len(module_file(m, root).read_text(encoding="utf-8").splitlines()) for m in modules)
-    return ImportCost(modules, lines)
+    return ImportCost(modules, lines, frozenset(lab))
+
+
+def report_cost(report: str) -> ImportCost:
+    """The ecomkit cost of one ``-X importtime`` report, with the ``ecomlab`` modules it names."""
+    return cost(imported_modules(report), lab=imported_modules(report, "ecomlab"))
 
 
 def run_script(script: str | Path, args: Sequence[str], nproc: int = 0, env: Mapping[str, str] | None = None,
@@ -60,7 +67,7 @@ def run_script(script: str | Path, args: Sequence[str], nproc: int = 0, env: Map
     cost (one entry per process). Raises with the output when the run fails."""
     env = {**os.environ, **(env or {})}
     if nproc:
-        logs = Path(workdir or env.get("TMPDIR", "/tmp")) / "importtime-logs"
+        logs = (Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="importtime-"))) / "importtime-logs"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
                "--log-dir", str(logs), "--redirects", "2", "--no-python",
                sys.executable, "-X", "importtime", str(script), *args]
@@ -71,9 +78,9 @@ def run_script(script: str | Path, args: Sequence[str], nproc: int = 0, env: Map
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n"
                              f"--- stderr\n{proc.stderr[-5000:]}")
     if not nproc:
-        return [cost(imported_modules(proc.stderr))]
+        return [report_cost(proc.stderr)]
     reports = sorted(logs.rglob("stderr.log"), key=lambda p: int(p.parent.name))   # .../attempt_0/<rank>/stderr.log
-    return [cost(imported_modules(p.read_text(encoding="utf-8", errors="replace"))) for p in reports]
+    return [report_cost(p.read_text(encoding="utf-8", errors="replace")) for p in reports]
 
 
 def python_import(module: str, env: Mapping[str, str] | None = None) -> ImportCost:
@@ -82,7 +89,7 @@ def python_import(module: str, env: Mapping[str, str] | None = None) -> ImportCo
                           env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise AssertionError(proc.stderr[-3000:])
-    return cost(imported_modules(proc.stderr))
+    return report_cost(proc.stderr)
 
 
 if __name__ == "__main__":   # python tests/import_cost.py [--nproc N] SCRIPT ARGS...: print what each rank loaded

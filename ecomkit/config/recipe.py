@@ -1,27 +1,9 @@
 """Defaults chosen by what is trained: ``--lr``, ``--warmup-steps``, the run length and how often it evaluates.
 
-Why one home: a learning rate that suits a random-init preset (3e-3) wipes out what real weights know, and
-60 steps that exercise the mechanics see about a thousand rows of a user's file. What a run should use
-depends on what is trained (a preset or real weights, full fine-tuning or LoRA) and on the data (a user's
-file and how many rows it has), so the rules live here, as pure functions of those facts, and every
-resolved value carries its reason and whether the user gave it. ``ecomkit.train.resolve`` applies them once
-per run; the start-up report prints them and ``summary.json`` keeps them (``recipe``).
-
-The numbers:
-
-- random-init presets keep the mechanics defaults the chapters were written with: lr 3e-3 after 10 warm-up
-  steps, 60 steps (``MECHANICS``);
-- ``--task nlu`` on a user's file (any model): epochs of its examples (``NLU_FILE_EPOCHS``, at least
-  ``NLU_FILE_MIN_STEPS``, shortened to ``--max-train-minutes`` by the measured steps) at a global batch of ``NLU_FILE_GLOBAL_BATCH``, evaluated once an epoch, and for a
-  preset lr ``PRESET_NLU_FILE_LR`` (the demo's batch and lr); the floor measured with them by
-  ``benchmarks/bench_recipe.py`` on review-shaped files and catalog titles (the category target of a review
-  file leaves its baseline only after several hundred steps), the epochs Hugging Face Trainer's default 3;
-- real weights, full fine-tuning: by size (:func:`full_finetune_lr`): 2e-5 for SeqGPT-560M and 1e-5 for
-  EcomGPT-7B, the range used for 0.5-7 B models (1e-5 to 5e-5; Hugging Face Trainer's default is 5e-5, TRL's
-  SFTTrainer's 2e-5), and larger for the small models this machine can pretrain (1e-3 for ``tiny``, measured by
-  ``benchmarks/bench_transfer.py``), with a linear warm-up over ``WARMUP_SHARE`` of the steps;
-- real weights, LoRA: 2e-4 (peers use 1e-4 to 3e-4: the adapters start at zero and are few, so they need a
-  larger step than the full weights).
+Why one home: an lr that suits a random-init preset (3e-3) wipes out what real weights know, and the 60 steps
+that exercise the mechanics see a thousand rows of a user's file. The rules are pure functions of what is
+trained (preset or real weights, full or LoRA) and of the data; each value keeps its reason and whether the
+user gave it (``ecomkit.train.resolve`` applies them once; ``summary.json``'s ``recipe`` keeps them).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ uninterrupted run would have given.
 from __future__ import annotations
 
 import datetime as _dt
+import importlib
 import math
 import time
 from pathlib import Path
@@ -39,7 +40,6 @@ from ecomkit.faults.checkpoint import (
     remove_stale_temp_dirs,
     restore_rng_state,
 )
-from ecomkit.faults.health import HealthMonitor
 
 AUTO_MAX_INTERVAL = 100  # steps: the longest automatic interval, however long the run
 
@@ -197,6 +197,9 @@ class CheckpointCallback:
                      path, run.step, run.epoch, ts["sampler"]["consumed_global_batches"], self.restore_s)
 
 
+HEALTH = "ecomkit.faults.health"   # HealthMonitor's module, imported when --health-interval or --hang-dump-s asks
+
+
 def add_fault_tolerance_callbacks(cfg: TrainConfig, callbacks: Iterable[Any] = ()) -> list[Any]:
     """``callbacks`` plus chapter 07's: checkpoints (when requested) and the health monitor (when on).
 
@@ -205,9 +208,10 @@ def add_fault_tolerance_callbacks(cfg: TrainConfig, callbacks: Iterable[Any] = (
     out = list(callbacks)
     if checkpoints_requested(cfg) and not any(isinstance(c, CheckpointCallback) for c in out):
         out.append(CheckpointCallback(cfg))
-    if (cfg.fault.health_interval > 0 or cfg.fault.hang_dump_s > 0) and not any(
-            isinstance(c, HealthMonitor) for c in out):
-        out.append(HealthMonitor(cfg))
+    if cfg.fault.health_interval > 0 or cfg.fault.hang_dump_s > 0:
+        monitor = importlib.import_module(HEALTH).HealthMonitor   # found by name: a run without it never loads it
+        if not any(isinstance(c, monitor) for c in out):
+            out.append(monitor(cfg))
     return out
 
 

@@ -1,39 +1,9 @@
-"""Evaluation: held-out loss, and NLU accuracy by scoring each candidate label.
+"""Evaluation: held-out loss, and NLU accuracy by scoring each candidate label after the prompt.
 
-Every rank evaluates a contiguous, disjoint share (:func:`shard_range`), and the sums are all-reduced. Every
-rank runs the same number of forwards (under ZeRO-3 and FSDP each is a collective): a rank whose share is one
-short repeats a row and leaves it out of the sums.
-
-How much is evaluated: a periodic evaluation reads a sample (``eval_batches``
-micro-batches per rank for the loss, ``eval_nlu_samples`` records per target);
-the final one reads every held-out row unless ``final_eval_samples`` caps it,
-so the figures a user quotes rest on the whole eval file. Each figure says how
-many rows it rests on (``eval_loss_examples``, ``scored_<target>``).
-
-Accuracy is computed the way SeqGPT-style models are used for
-classification: score every candidate label after the prompt and predict the
-best one. No generation, no string matching.
-
-**The scoring rule.** A candidate is laid out exactly as in training
-(:func:`ecomkit.data.tokenize.encode_prompt_answer`: prompt, answer tokens,
-then the EOS the model was trained to emit after an answer), and its score is
-the **mean log-probability per scored token** (answer tokens and that EOS):
-``(1 / (n + 1)) · Σ log p(token | everything before it)``. Ties go to the
-lowest candidate index.
-
-Why the mean and not the sum: the sum adds one negative term per token, so a model that has not learned yet
-prefers the candidate with the fewest tokens whatever the input (one category label is 4 tokens of the local
-tokenizer and nine are 2, so before training the sum rule all but never predicted it). Under the mean, uniform
-predictions give every candidate the same score. The EOS is scored because the model was trained to emit it,
-so a candidate that is a prefix of another is not favoured by stopping early.
-
-Alongside the accuracy, :func:`evaluate_nlu_accuracy` returns the macro-F1 and
-the **majority-class baseline**: the share of the scored records whose correct
-label is the *training* split's most frequent label (``majority_label_<target>``),
-which a model that always answers it reaches. An accuracy means something only
-above it. The baseline comes from training labels, as a model's answers do: the
-most frequent label of the records being scored would be a baseline that has
-seen the answers.
+Why scoring, not generation: a candidate laid out as in training (prompt, answer, EOS) scored by its mean
+log-probability per token has no string matching and no length bias (the sum favours the shortest label).
+Every rank evaluates a disjoint share (:func:`shard_range`) with the same number of forwards (collectives under
+ZeRO-3/FSDP); each figure names the rows it rests on, beside the training split's majority-class baseline.
 """
 
 from __future__ import annotations
@@ -345,25 +315,11 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Iterable[dict[str, Any]]
                           batch_positions: int | None = None, bar: Any = None) -> dict[str, Any]:
     """Accuracy, macro-F1 and majority-class baseline per classification target, on held-out records.
 
-    Per target ``t`` in ``category``/``sentiment``: ``acc_t``, ``macro_f1_t``,
-    ``majority_t`` (the share of scored records whose label is the training
-    majority ``majority_label_t``, which a model that ignores its input reaches;
-    only with ``train_label_counts``, ``BuildReport.train_label_counts``) and
-    ``scored_t``. Each target is scored on up to ``n_samples`` records (None:
-    every one) that carry its label and an input to read (``can_classify``), so
-    a file with only sentiment labels is still scored on sentiment; a target
-    with fewer than two candidate labels is skipped. The records are shared out
-    by :func:`shard_range` and every rank runs the same number of forwards
-    (sharded strategies need the same number of collectives on every rank).
-    ``labels``: the candidates per target (``BuildReport.labels``);
-    ``category_labels`` sets the category candidates alone. ``max_length``: the
-    training sequence length (prompts are cut as in training). ``nlu_scored`` is
-    the fewest records scored for a target. ``prompt_format``: the layout the
-    model was trained with (``TrainConfig.prompt_format``,
-    :func:`ecomkit.data.formats.build_prompt`), so candidates are scored after the prompt it knows.
-    ``batch_positions``: several records' candidates share one forward, up to this many padded positions
-    (:func:`plan_groups`; the run gives its micro-batch's, ``micro_batch_size × seq_len``); None: one record
-    per forward. ``bar``: a progress bar this rank's records advance.
+    Per target ``t``: ``acc_t``, ``macro_f1_t``, ``majority_t`` (the share whose label is the training majority
+    ``majority_label_t``, with ``train_label_counts``) and ``scored_t``, on up to ``n_samples`` records that
+    carry its label (:func:`can_classify`); a target with fewer than two candidates is skipped. ``labels``: the
+    candidates per target; ``max_length``/``prompt_format``: as in training. ``batch_positions``: padded
+    positions per forward (:func:`plan_groups`); None: one record per forward. ``bar``: a progress bar.
     """
     idx, n_shards = shard or (env.rank, env.world_size)
     candidates = {"category": tuple(category_labels or CATEGORY_LABELS), "sentiment": SENTIMENT_LABELS,

@@ -1,15 +1,8 @@
 """What a run keeps and concludes after training: the weights in ``final/``, and whether the model learned.
 
-- **The weights kept.** A run's last step is not always its best (an lr too high for real weights, training
-  past the turn of the held-out loss), so :class:`BestWeights` keeps one host copy of the trainable parameters
-  at the lowest held-out loss of the periodic evaluations (the same sample each time) and puts it back at the
-  end when it beats the last weights by more than :data:`CLEAR_MARGIN`. Strategies whose module does not hold
-  whole weights (ZeRO's fp32 master, a shard per rank) keep the last step; the summary says which case applied.
-- **The baseline verdict.** "does NOT clear it" alone leaves a user guessing: :func:`baseline_outcome` says
-  which figures missed, the likely reason from the summary's numbers (:func:`likely_reasons`: too few passes,
-  an lr far from the model kind's, a random-init preset), and the user's own command with the flags that
-  address it. An untrained model's answers run to the generation budget because it has not learned to end
-  them, so raising ``--gen-max-new-tokens`` does not help it (``ecomkit.train.gen_eval.budget_advice``).
+Why after the loop, in one place: :class:`BestWeights` keeps the weights of the lowest held-out loss when they
+beat the last ones by :data:`CLEAR_MARGIN` (not under ZeRO, whose module holds no whole weights), and
+:func:`baseline_outcome` says which figures missed the baseline, the likely reason and the flags to change.
 """
 
 from __future__ import annotations

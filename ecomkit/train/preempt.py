@@ -1,23 +1,8 @@
-"""Save on SIGTERM/SIGUSR1, exit, and resume when the same command runs again (chapter 07, docs/faults.md).
+"""Save on SIGTERM/SIGUSR1, exit 75, and resume when the same command runs again (chapter 07, docs/faults.md).
 
-What happens, in order, when any rank (or the torchrun agent, which forwards
-SIGTERM to its workers) receives one of ``--fault-preempt-signals``:
-
-1. the handler (:class:`ecomkit.faults.preempt.PreemptionSignals`) only sets a
-   flag; the optimizer step in progress finishes;
-2. the flag rides on the step's count all-reduce (one more float in a
-   collective every step already makes, so no extra collective and no rank left
-   waiting): every rank sees the same sum and stops after the same step;
-3. the checkpoint of that step is written, synchronously, through the code the
-   periodic checkpoints use (DDP/FSDP2/TP: DCP, :class:`~ecomkit.faults.callbacks.CheckpointCallback`,
-   atomic by rename; ZeRO: DeepSpeed's own sharded checkpoint), then rank 0
-   writes ``preempted.json`` (atomic) naming it: the commit point;
-4. one log line names the step, the folder and the save's duration (also in
-   ``summary.json``), and every rank exits with ``PREEMPTED_EXIT_CODE`` (75).
-
-Rerunning the same command finds ``preempted.json`` and resumes from that
-checkpoint even when no periodic interval was set; a run that finishes removes
-the record. Why a callback: the loop stays as it is for every strategy.
+Why a callback: the loop stays the same for every strategy. The handler only sets a flag, which rides on the
+step's summed all-reduce, so every rank stops after the same step; that step's checkpoint is written through the
+periodic checkpoints' code (DDP/FSDP2/TP: DCP; ZeRO: DeepSpeed's), then ``preempted.json`` names it.
 """
 
 from __future__ import annotations
