@@ -13,6 +13,8 @@ sampler needs only the lengths. Typical use::
                                       num_replicas=world_size, rank=rank, seed=0)
 """
 
+from typing import Any
+
 from ecomkit.data.arrow import data_cache_dir
 from ecomkit.data.build import BuildReport, build_datasets, stratified_split
 from ecomkit.data.catalog import CATEGORIES, CATEGORY_ENGLISH, generate_catalog, generate_catalog_chunks
@@ -27,9 +29,6 @@ from ecomkit.data.formats import (
     parse_answer,
     prompt_and_answer,
 )
-from ecomkit.data.loaders import LoadResult, load_records
-from ecomkit.data.writers import write_csv, write_hf_dataset, write_jsonl
-from ecomkit.data.padding import PaddingComparison, compare_padding, epoch_micro_batches, padding_rate
 from ecomkit.data.stream import lengths_array, map_batches, read_columns
 from ecomkit.data.sampler import DistributedBatchSampler, plan_global_batches
 from ecomkit.data.tasks import (
@@ -50,6 +49,20 @@ from ecomkit.data.tasks import (
 )
 from ecomkit.data.tokenize import IGNORE_INDEX, encode_prompt_answer, pad_collate, tokenize_records
 from ecomkit.data.validate import REASONS, ValidationIssue, ValidationReport, check_label_map
+
+# What a training run on the catalog does not use, imported by name when first asked for (PEP 562; __import__,
+# which python -X importtime reports).
+LAZY = {**dict.fromkeys(("LoadResult", "load_records"), "ecomkit.data.loaders"),
+        **dict.fromkeys(("write_csv", "write_hf_dataset", "write_jsonl"), "ecomkit.data.writers"),
+        **dict.fromkeys(("PaddingComparison", "compare_padding", "epoch_micro_batches", "padding_rate"),
+                        "ecomkit.data.padding")}
+
+
+def __getattr__(name: str) -> Any:
+    if name in LAZY:
+        return getattr(__import__(LAZY[name], fromlist=[name]), name)
+    raise AttributeError(f"module 'ecomkit.data' has no attribute {name!r}")
+
 
 __all__ = [
     "data_cache_dir", "lengths_array", "map_batches", "read_columns", "BuildReport", "build_datasets", "stratified_split", "CATEGORIES",

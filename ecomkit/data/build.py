@@ -31,8 +31,8 @@ and the file (same shapes, column map and label map) is the eval set.
 
 from __future__ import annotations
 
-import os
 import json
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,18 +46,20 @@ from datasets import Dataset
 from ecomkit.data.arrow import cached_table, fingerprint
 from ecomkit.data.catalog import MIN_ROWS, SPAN_LABELS, catalog_spans, generate_catalog_chunks
 from ecomkit.data.formats import DEFAULT_PROMPT_FORMAT, TaskExample, check_format
-from ecomkit.data.loaders import RECORD_FEATURES, load_records
 from ecomkit.data.spans import spans_json
 from ecomkit.data.tasks import CLASSIFICATION_TASKS, KINDS, check_task, labels_from_values, record_task_examples
 from ecomkit.data.stream import column_numpy, label_codes, read_columns
 from ecomkit.data.lengths import (CutCounts, LengthStats, choose_seq_len, cut_counts, length_stats, lengths_facts,
                                   limit_warning, reached_limit)
 from ecomkit.data.tokenize import fit_rows, tokenize_whole
-from ecomkit.data.validate import (RECORD_FIELDS, ValidationReport, check_bad_fraction, check_labels_spelling,
-                                   unlabeled_warning)
+from ecomkit.data.validate import (RECORD_FEATURES, RECORD_FIELDS, ValidationReport, check_bad_fraction,
+                                   check_labels_spelling, unlabeled_warning)
 from ecomkit.errors import ConfigError, DataError
 
 SYNTHETIC = "synthetic"
+# A user's file's reader, imported by name when a file is given (the catalog never loads it); through __import__,
+# the import statement's machinery, which python -X importtime reports (importlib.import_module's it does not).
+LOADERS = "ecomkit.data.loaders"
 FINAL_COLUMNS = ("input_ids", "labels", "length", "polarity")   # what the sampler and the collator read
 # The length --seq-len auto stops at when the caller does not know the model's: BLOOM's training length.
 DEFAULT_LENGTH_LIMIT = 2048
@@ -404,6 +406,7 @@ def _source_records(source, n_rows, seed, task, column_map, strict, label_map, n
     if n_rows is not None:
         raise ConfigError(f"--n-rows {n_rows} sets the size of the synthetic catalog; {source} is a file, used "
                           f"whole. To use part of it, pass --max-rows.")
+    load_records = __import__(LOADERS, fromlist=["load_records"]).load_records
     result = load_records(source, column_map=column_map, task=task, strict=strict, label_map=label_map,
                           num_proc=num_proc, span_end=span_end)
     return result.dataset, result.report

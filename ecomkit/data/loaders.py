@@ -57,6 +57,7 @@ from ecomkit.data.validate import (
     ALL_FIELDS,
     INSTRUCTION_FIELDS,
     LEARNABLE_FIELDS,
+    RECORD_FEATURES,
     RECORD_FIELDS,
     SPAN_KEY_FIELDS,
     TARGET_FIELDS,
@@ -76,7 +77,6 @@ logger = logging.getLogger(__name__)
 SUPPORTED = ".jsonl/.json (JSON Lines or a JSON array), .csv, .arrow, or a directory written by save_to_disk"
 RAW_FEATURES = Features({"location": Value("string"), "row": Value("string"), "reason": Value("string"),
                          "field": Value("string"), "detail": Value("string")})
-RECORD_FEATURES = Features({name: Value("float64" if name == "price" else "string") for name in RECORD_FIELDS})
 _ISSUE_COLUMNS = ("_reason", "_field", "_detail", "_location")
 VALIDATED_FEATURES = Features({**RECORD_FEATURES, **{c: Value("string") for c in _ISSUE_COLUMNS}})
 

@@ -35,10 +35,9 @@ from datasets import Dataset, Features, Sequence as ArrowList, Value
 
 from ecomkit.data.arrow import fingerprint, tokenizer_digest
 from ecomkit.data.formats import check_format, input_span
-from ecomkit.data.loaders import RECORD_FEATURES
 from ecomkit.data.stream import column_numpy, map_batches, unique_values
 from ecomkit.data.tasks import CATEGORY_LABELS, KINDS, SENTIMENT_POLARITY, check_task, task_examples
-from ecomkit.data.validate import RECORD_FIELDS
+from ecomkit.data.validate import RECORD_FEATURES, RECORD_FIELDS
 from ecomkit.errors import ConfigError
 
 IGNORE_INDEX = -100

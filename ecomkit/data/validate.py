@@ -27,6 +27,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from datasets import Features, Value
+
 from ecomkit.data.spans import (
     SPAN_ADVICE,
     SPAN_FIELDS,
@@ -53,6 +55,7 @@ CHECK_ORDER: tuple[str, ...] = ("title", "price", "spec", "review", "text", "cat
 # ``spans``: extraction spans as JSON ``[[type, start, end, term], ...]`` (end exclusive; :mod:`ecomkit.data.spans`).
 RECORD_FIELDS: tuple[str, ...] = ("sku", "category", "brand", "title", "price", "spec", "review", "sentiment", "text",
                                   "prompt", "response", "spans")
+RECORD_FEATURES = Features({name: Value("float64" if name == "price" else "string") for name in RECORD_FIELDS})
 MAX_LABEL_CHARS = 64
 
 REASONS: dict[str, str] = {

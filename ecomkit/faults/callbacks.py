@@ -14,7 +14,6 @@ uninterrupted run would have given.
 from __future__ import annotations
 
 import datetime as _dt
-import importlib
 import math
 import time
 from pathlib import Path
@@ -209,7 +208,7 @@ def add_fault_tolerance_callbacks(cfg: TrainConfig, callbacks: Iterable[Any] = (
     if checkpoints_requested(cfg) and not any(isinstance(c, CheckpointCallback) for c in out):
         out.append(CheckpointCallback(cfg))
     if cfg.fault.health_interval > 0 or cfg.fault.hang_dump_s > 0:
-        monitor = importlib.import_module(HEALTH).HealthMonitor   # found by name: a run without it never loads it
+        monitor = __import__(HEALTH, fromlist=["HealthMonitor"]).HealthMonitor   # by name, as -X importtime sees it
         if not any(isinstance(c, monitor) for c in out):
             out.append(monitor(cfg))
     return out
