@@ -53,3 +53,18 @@ def test_padding_to_the_pipeline_length_masks_the_new_positions():
     assert out["labels"].tolist() == [[5, 6, -100, -100]]
     with pytest.raises(ConfigError, match="--seq-len 1"):
         pad_to_length(batch, 1)
+
+
+def test_a_stage_keeps_the_unsplit_models_names_and_indexes_locally():
+    """Stage 1 of 2 over 3 blocks holds block 2 as ``h.2`` (its DCP and optimizer keys), yet ``h[0]`` is it."""
+    cfg = preset_config("tiny", 200, n_layer=3)
+    full = build_model(cfg, seed=0)
+    block2 = full.transformer.h[2]
+    stage = BloomPipelineStage(full, 1, 2)
+    blocks = stage.model.transformer.h
+    assert stage.layer_range == (2, 3) and len(blocks) == 1 and blocks[0] is block2 and list(blocks) == [block2]
+    names = set(stage.model.state_dict())
+    assert "transformer.h.2.mlp.dense_4h_to_h.weight" in names and not any(".h.0." in n for n in names)
+    replacement = torch.nn.Identity()
+    blocks[0] = replacement   # what activation checkpointing does to each block: the same key is replaced
+    assert list(blocks.named_children()) == [("2", replacement)]

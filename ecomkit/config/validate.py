@@ -255,20 +255,10 @@ def check_parallel(cfg: _TrainConfig, world_size: int, n_head: int | None = None
             f"Pipeline parallelism cuts each optimizer step's {step_samples} samples (--micro-batch-size × "
             f"--grad-accum) into {par.pp_microbatches} pipeline micro-batches (--parallel-pp-microbatches), "
             "which must divide it. Change one of the three.")
-    if pp > 1 and tp > 1:
-        raise ConfigError(
-            f"pp={pp} together with tp={tp} is not implemented in ecomkit: combine pipeline stages with "
-            "data parallelism (--pp 2 --dp 2), or TP with data parallelism (--tp 2 --dp 2). torchtitan shows the "
-            "3-D version, which applies TP to every stage module.")
     if cfg.precision == "fp16":
         raise ConfigError(
             "precision fp16 needs a loss scaler that understands sharded (DTensor) gradients, which the FSDP2/TP/PP "
             "strategies here do not set up. Use --precision bf16 (same memory, no loss scaling) or fp32.")
-    if par.dcp_dir and pp > 1:
-        raise ConfigError(
-            "--dcp-dir saves the sharded model with torch.distributed.checkpoint, but pipeline stages hold "
-            "stage-local parameter names that do not load into the unsplit model. With --parallel-pp > 1 use "
-            "the consolidated Hugging Face directory the run writes to <output-dir>/final.")
     where = f"model '{cfg.model}'"
     if n_head is not None and n_head % tp:
         divisors = [d for d in range(1, n_head + 1) if n_head % d == 0]
@@ -286,8 +276,6 @@ def check_parallel(cfg: _TrainConfig, world_size: int, n_head: int | None = None
 # ---------------------------------------------------------------------- chapter 07: fault tolerance
 def dcp_unsupported_reason(cfg: _TrainConfig) -> str | None:
     """Why this run's state is not one DCP state dict of (model, optimizer), or None if it is."""
-    if cfg.strategy == StrategyName.MIXED and cfg.parallel.pp > 1:
-        return STRATEGIES_WITHOUT_DCP[StrategyName.PP]
     return STRATEGIES_WITHOUT_DCP.get(cfg.strategy)
 
 

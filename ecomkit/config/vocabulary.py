@@ -42,14 +42,13 @@ HOOK_STRATEGIES = frozenset({StrategyName.DDP})
 COMPILE_STRATEGIES = frozenset({StrategyName.DDP})
 # Strategies built on a (pp, dp, tp) device mesh (chapter 04): their degrees come from ``cfg.parallel``.
 MESH_STRATEGIES = (StrategyName.FSDP, StrategyName.TP, StrategyName.PP, StrategyName.MIXED)
-# Why a strategy's state is not one DCP state dict of (model, optimizer): chapter 07's checkpoints skip it.
 # --report-to: where every metrics.jsonl row is also logged (ecomkit.reporting), and the package each needs.
 REPORT_TARGETS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "none": None}
 
+# Why a strategy's state is not one DCP state dict of (model, optimizer): chapter 07's checkpoints skip it.
 STRATEGIES_WITHOUT_DCP = {
     StrategyName.ZERO: "DeepSpeed keeps its own sharded engine state (use --zero-checkpoint-interval, "
                        "ecomkit.parallel.zero.checkpoint)",
-    StrategyName.PP: "pipeline stages hold different sub-modules on each rank",
 }
 
 # The planner plans one memory layout per name: ZeRO is split by stage, FSDP is FSDP2.
