@@ -66,6 +66,9 @@ class ParallelConfig:
     pp: int = 1                       # pipeline stages (<= n_layer)
     pp_schedule: str = "1f1b"         # gpipe | 1f1b
     pp_microbatches: int = 4          # pipeline micro-batches per optimizer step (>= pp; divides micro_batch × accum)
+    pp_balance: str = "layers"        # layers: stages get equal numbers of blocks (the earlier ones the extras);
+                                      #   compute: the last stage gets fewer, for the LM head it also runs (whole
+                                      #   on every tp rank), so stages take about equal time
     sequence_parallel: bool = False   # shard LayerNorm/dropout activations over the tp group
     reshard_after_forward: bool = True  # FSDP2: free gathered params after forward (ZeRO-3-like)
     fsdp_cpu_offload: bool = False    # FSDP2 CPUOffloadPolicy (params, grads, optimizer in host memory)

@@ -29,7 +29,7 @@ from ecomkit.config.vocabulary import (ATTN_CHOICES, COMPILE_MODES, CLIP_POLICIE
                                        HOOK_STRATEGIES,
                                        MESH_STRATEGIES,
                                        PACKING_CHOICES, PROMPT_FORMATS, SPAN_ENDS,
-                                       PP_SCHEDULES, PRECISION_CHOICES, REPORT_TARGETS, STRATEGIES,
+                                       PP_BALANCES, PP_SCHEDULES, PRECISION_CHOICES, REPORT_TARGETS, STRATEGIES,
                                        STRATEGIES_WITHOUT_DCP, TASKS, AUTO, StrategyName, check_choice, flag_of)
 from ecomkit.errors import ConfigError
 
@@ -243,6 +243,7 @@ def check_parallel(cfg: _TrainConfig, world_size: int, n_head: int | None = None
     if par.pp_schedule not in PP_SCHEDULES:
         raise ConfigError(f"Unknown parallel.pp_schedule '{par.pp_schedule}' (flag --parallel-pp-schedule). "
                           f"Choose one of: {', '.join(PP_SCHEDULES)}.")
+    check_choice("parallel.pp_balance", par.pp_balance, PP_BALANCES)
     if par.pp_microbatches < 1:
         raise ConfigError(f"parallel.pp_microbatches={par.pp_microbatches} must be >= 1 "
                           "(flag --parallel-pp-microbatches).")

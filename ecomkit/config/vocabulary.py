@@ -69,6 +69,8 @@ COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "topk", "topk_naive")
 # How DDP moves gradients: the process group's all-reduce, or shared memory between ranks on one CPU host.
 DDP_ALLREDUCES = ("process_group", "shm")
 PP_SCHEDULES = ("gpipe", "1f1b")
+# How pipeline stages divide the blocks (ecomkit.parallel.pipeline.stage_layer_ranges).
+PP_BALANCES = ("layers", "compute")
 ZERO_STAGES = (0, 1, 2, 3)
 # NLU prompt layouts (ecomkit.data.formats) and span-list end conventions (ecomkit.data.spans).
 PROMPT_FORMATS = ("seqgpt", "ecomgpt", "ecomkit")
@@ -93,7 +95,7 @@ AUTO = "auto"
 FIELD_CHOICES: dict[str, tuple] = {
     "attn": ATTN_CHOICES, "task": TASKS, "clip_policy": CLIP_POLICIES, "precision": PRECISION_CHOICES,
     "strategy": STRATEGIES, "zero.stage": ZERO_STAGES, "compression.method": COMPRESSIONS,
-    "parallel.pp_schedule": PP_SCHEDULES, "prompt_format": PROMPT_FORMATS, "span_end": SPAN_ENDS,
+    "parallel.pp_schedule": PP_SCHEDULES, "parallel.pp_balance": PP_BALANCES, "prompt_format": PROMPT_FORMATS, "span_end": SPAN_ENDS,
     "peft": PEFT_METHODS, "ddp_allreduce": DDP_ALLREDUCES, "packing": PACKING_CHOICES,
     "compile_mode": COMPILE_MODES, "loss_kernel": LOSS_KERNEL_CHOICES,
 }

@@ -68,7 +68,8 @@ from ecomkit.parallel.comm_count import CollectiveCounter
 from ecomkit.parallel.dims import ParallelDims
 from ecomkit.parallel.fsdp import apply_fsdp, load_local_parts, set_gradient_sync
 from ecomkit.parallel.grad_norm import clip_gradients_, total_grad_norm
-from ecomkit.parallel.pipeline import BloomPipelineStage, build_pipeline, gather_pipeline_state_dict
+from ecomkit.parallel.pipeline import (BloomPipelineStage, build_pipeline, gather_pipeline_state_dict,
+                                      head_cost_in_blocks)
 from ecomkit.parallel.tensor import apply_tensor_parallel, bloom_blocks
 
 LAYOUT_FILE = "parallel_layout.json"
@@ -213,13 +214,21 @@ class MixedParallelStrategy(Strategy):
 
     def _build_pipeline(self, model: nn.Module) -> nn.Module:
         """Cut this rank's stage (pp outermost), parallelize it over its (dp, tp) ranks, build its schedule."""
-        stage = BloomPipelineStage(model, self.coords["pp"], self.dims.pp)
+        stage = BloomPipelineStage(model, self.coords["pp"], self.dims.pp, self._head_blocks(model))
         parallelize(model, self.dims, self.cfg, self.mesh, self.env.device, fsdp_root=stage)
         self.pipeline = build_pipeline(
             stage, mesh=self.mesh, dims=self.dims, device=self.env.device,
             n_microbatches=self.cfg.parallel.pp_microbatches, schedule=self.cfg.parallel.pp_schedule,
             seq_len=self.cfg.seq_len, pad_id=model.config.pad_token_id or 0)
         return stage
+
+    def _head_blocks(self, model: nn.Module) -> float:
+        """The LM head's weight in blocks for ``--parallel-pp-balance compute`` (0: stages by block count)."""
+        if self.cfg.parallel.pp_balance != "compute":
+            return 0.0
+        block_params = sum(p.numel() for p in bloom_blocks(model)[0].parameters())
+        return head_cost_in_blocks(model.config.vocab_size, model.config.hidden_size, block_params, self.dims.tp,
+                                   int(self.cfg.seq_len))
 
     def _follow_tied_weight_decay(self) -> None:
         """The last stage's head copy follows the tied embedding's no-decay rule (it is named lm_head here)."""

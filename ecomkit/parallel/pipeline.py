@@ -1,7 +1,9 @@
 """Pipeline parallelism for BLOOM with ``torch.distributed.pipelining`` (GPipe and 1F1B).
 
 The model is cut into ``pp`` stages of consecutive blocks, one stage per group of ranks (its tp × dp
-ranks: a stage is then tensor- and data-parallel within itself, ``ecomkit.parallel.mixed``):
+ranks: a stage is then tensor- and data-parallel within itself, ``ecomkit.parallel.mixed``), as many
+blocks per stage as possible alike (``--parallel-pp-balance layers``) or, with ``compute``, fewer on the
+last stage, which also runs the LM head (:func:`stage_layer_ranges`):
 
 - stage 0: word embeddings + embedding LayerNorm + its blocks;
 - middle stages: their blocks;
@@ -65,17 +67,38 @@ from ecomkit.models.attention import attention_mask_for
 from ecomkit.models.loss import token_loss_sum
 
 
-def stage_layer_ranges(n_layer: int, n_stages: int) -> list[tuple[int, int]]:
-    """Contiguous ``[start, stop)`` block ranges per stage, as even as possible (earlier stages get the extras)."""
+def stage_layer_ranges(n_layer: int, n_stages: int, head_blocks: float = 0.0) -> list[tuple[int, int]]:
+    """Contiguous ``[start, stop)`` block ranges per stage, so that the most loaded stage is as light as possible.
+
+    Every stage gets one block, then each further block goes to the least loaded stage (the earliest on a
+    tie). ``head_blocks``: the last stage also runs the LM head, worth that many blocks
+    (:func:`head_cost_in_blocks`, ``--parallel-pp-balance compute``); 0 gives the even split, earlier stages
+    taking the extras (``--parallel-pp-balance layers``).
+    """
     if not 1 <= n_stages <= n_layer:
         raise ConfigError(f"pp={n_stages} must be between 1 and the {n_layer} blocks of the model (--parallel-pp).")
-    base, extra = divmod(n_layer, n_stages)
+    counts = [1] * n_stages
+    load = [1.0] * (n_stages - 1) + [1.0 + head_blocks]
+    for _ in range(n_layer - n_stages):
+        s = min(range(n_stages), key=lambda i: (load[i], i))
+        counts[s] += 1
+        load[s] += 1.0
     ranges, start = [], 0
-    for s in range(n_stages):
-        stop = start + base + (1 if s < extra else 0)
-        ranges.append((start, stop))
-        start = stop
+    for count in counts:
+        ranges.append((start, start + count))
+        start += count
     return ranges
+
+
+def head_cost_in_blocks(vocab: int, hidden: int, block_params: int, tp: int, seq_len: int) -> float:
+    """The LM head's FLOPs per token on one rank of the last stage, in blocks' FLOPs on one tp rank.
+
+    Training FLOPs per token: 6 per weight, plus 12·h·T for a block's attention scores and weighted sums. The
+    head's 6·V·h stays whole on every tp rank (``parallel/tensor.py`` keeps it replicated) while a block's
+    work divides by tp: for BLOOM-7b1 at T = 1024 and tp = 2 the head weighs about 10 blocks.
+    """
+    block = 6.0 * block_params + 12.0 * hidden * seq_len
+    return 6.0 * vocab * hidden * tp / block
 
 
 class StageBlocks(nn.ModuleList):
@@ -105,11 +128,11 @@ class StageBlocks(nn.ModuleList):
 class BloomPipelineStage(nn.Module):
     """One pipeline stage of a ``BloomForCausalLM``: the original model, pruned to what this stage owns."""
 
-    def __init__(self, model: nn.Module, stage: int, n_stages: int):
+    def __init__(self, model: nn.Module, stage: int, n_stages: int, head_blocks: float = 0.0):
         super().__init__()
         self.stage, self.n_stages = stage, n_stages
         self.is_first, self.is_last = stage == 0, stage == n_stages - 1
-        self.layer_range = stage_layer_ranges(model.config.n_layer, n_stages)[stage]
+        self.layer_range = stage_layer_ranges(model.config.n_layer, n_stages, head_blocks)[stage]
         transformer = model.transformer
         lo, hi = self.layer_range
         transformer.h = StageBlocks(list(transformer.h)[lo:hi], first=lo)

@@ -150,8 +150,7 @@ def run_plan(job: Job) -> dict[str, Any]:
     efficiency, note = plan_efficiency(job)
     if note:
         plan.notes.append(note)
-    time_kw = {"link": job.cluster.interconnect, "efficiency": efficiency, "overlap": a.overlap,
-               "node": job.cluster.node}
+    time_kw = {**job.cluster.time_links(), "efficiency": efficiency, "overlap": a.overlap}
     step = predict_step_time(plan.inputs, **time_kw)
     scale = speedups(plan.inputs, [plan.inputs.world_size], **time_kw)[0] if plan.inputs.world_size > 1 else None
     cluster_given = {g.removeprefix("cluster.") for g in job.given if g.startswith("cluster.")}
