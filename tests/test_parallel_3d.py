@@ -4,7 +4,8 @@ What it holds (issue 53, item 5): ``--strategy mixed`` with every degree above 1
 per-step losses within 1e-5 relative and gradient norms within 5e-4 (tests/test_mixed_parallel.py says why
 those tolerances) over 20 steps; a second launch resumes from the step-10 checkpoint the first one wrote and
 gives steps 11-20 the same losses as the uninterrupted run (the same layout, the same reduction order: equal
-to 1e-12); the ``--dcp-dir`` shards of the 3-D run load into one plain process and equal its consolidated save.
+to 1e-12); the ``--dcp-dir`` shards of the 3-D run load into one plain process and equal its consolidated save;
+each rank's measured model states are the planner's for its place in the mesh.
 
 Kept small for the suite on 2 cores: the tiny preset (2 blocks: one per stage), 32-token rows, 8 rows per
 step, no periodic evaluation and a final one of 8 examples.
@@ -47,6 +48,7 @@ def test_dp2_tp2_pp2_equals_one_process_and_resumes(tmp_path):
         assert abs(g["grad_norm"] - r["grad_norm"]) <= NORM_RTOL * abs(r["grad_norm"]), (g["step"], g, r)
     assert ref[-1]["loss"] < 0.95 * ref[0]["loss"]   # it learns: the comparison is not between flat curves
     _assert_layout_is_three_d(full)
+    _assert_states_as_planned(full)
     _assert_dcp_equals_consolidated(full)
 
     # the second launch finds the first one's step-10 checkpoint and trains steps 11-20 again
@@ -72,6 +74,23 @@ def _assert_layout_is_three_d(out: Path) -> None:
         assert not any(f"transformer.h.{1 - stage}." in name for name in params)
         assert ("lm_head.weight" in params) == (stage == 1)
         assert ("transformer.word_embeddings.weight" in params) == (stage == 0)
+
+
+def _assert_states_as_planned(out: Path) -> None:
+    """Every rank's measured bytes of weights, gradients and AdamW moments are the planner's for its (pp, dp, tp)
+    place: FSDP2's dim-0 shard of its stage's tp slice, 16 bytes per element (1e-3: the AdamW step counters)."""
+    from ecomkit.planner.memory import PlanInput, state_bytes_of_rank
+    from ecomkit.planner.shapes import local_params, model_shape
+
+    layout = json.loads((out / "parallel_layout.json").read_text())
+    vocab = next(p["global_shape"][0] for p in layout["ranks"][0]["params"] if p["name"].endswith("embeddings.weight"))
+    shape = model_shape("tiny", vocab)
+    inp = PlanInput(model="tiny", world_size=8, strategy="tp", tp=2, pp=2, precision="fp32", vocab_size=vocab)
+    for rank in layout["ranks"]:
+        c = rank["coords"]
+        planned = state_bytes_of_rank(inp, local_params(shape, 2, 2, c["pp"]), c["dp"])
+        formula = planned["params"] + planned["grads"] + planned["optimizer"]
+        assert abs(rank["memory"]["total"] / formula - 1) <= 1e-3, (rank["rank"], rank["memory"], formula)
 
 
 def _assert_dcp_equals_consolidated(out: Path) -> None:
