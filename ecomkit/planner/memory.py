@@ -316,7 +316,8 @@ class MemoryPlan:
         word = "fits" if self.fits else "does NOT fit"
         if not self.fits and self.total <= self.gpu.memory_bytes:
             word += f" (while loading: {self.load_path})"
-        return (f"{self.shape.name} · {inp.strategy} · {inp.world_size} GPU(s) · {inp.precision} · micro-batch "
+        layout = f" (dp {inp.dp} × tp {inp.tp} × pp {inp.pp})" if inp.tp * inp.pp > 1 else ""
+        return (f"{self.shape.name} · {inp.strategy}{layout} · {inp.world_size} GPU(s) · {inp.precision} · micro-batch "
                 f"{inp.micro_batch} × {inp.seq_len} tokens: {format_gib(self.total)} per GPU → {word} on "
                 f"{self.gpu.name} ({format_gib(self.gpu.memory_bytes)}, headroom {format_gib(self.headroom)})")
 
