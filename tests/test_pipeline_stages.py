@@ -68,3 +68,17 @@ def test_a_stage_keeps_the_unsplit_models_names_and_indexes_locally():
     replacement = torch.nn.Identity()
     blocks[0] = replacement   # what activation checkpointing does to each block: the same key is replaced
     assert list(blocks.named_children()) == [("2", replacement)]
+
+
+def test_stages_cut_by_compute_give_the_last_stage_fewer_blocks_and_still_chain_to_the_full_model():
+    """--parallel-pp-balance compute: a head worth 2 blocks moves a block off the last of 2 stages (4 blocks:
+    3 + 1, not 2 + 2), and the stages still compute the unsplit model's logits."""
+    cfg = preset_config("tiny", 200, n_layer=4)
+    full = build_model(cfg, seed=0).eval()
+    stages = [BloomPipelineStage(copy.deepcopy(full), s, 2, head_blocks=2.0).eval() for s in range(2)]
+    assert [s.layer_range for s in stages] == [(0, 3), (3, 4)]
+    assert [s.layer_range for s in (BloomPipelineStage(copy.deepcopy(full), i, 2) for i in range(2))] == [(0, 2), (2, 4)]
+    ids = torch.randint(3, 200, (2, 6))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        torch.testing.assert_close(stages[1](*stages[0](ids, mask)), full(input_ids=ids, attention_mask=mask).logits)
