@@ -28,7 +28,6 @@ from transformers.initialization import no_init_weights
 from transformers.integrations import is_deepspeed_zero3_enabled
 
 from ecomkit.errors import ModelNotFoundError
-from ecomkit.models.checkpoint_files import CheckpointReader, freed_memory_returned, has_safetensors, read_into
 
 
 @dataclass(frozen=True)
@@ -233,6 +232,11 @@ def build_empty_model(source: ModelSource, device: str | torch.device = "meta") 
     return model
 
 
+def checkpoint_files() -> Any:
+    """:mod:`ecomkit.models.checkpoint_files`, imported by name: a preset's run reads no checkpoint files."""
+    return __import__("ecomkit.models.checkpoint_files", fromlist=["read_into"])
+
+
 def load_model(name_or_path: str, *, vocab_size: int | None = None, device: str | torch.device = "cpu",
                seed: int | None = 0, dtype: torch.dtype = torch.float32,
                trust_remote_code: bool = False) -> PreTrainedModel:
@@ -249,7 +253,7 @@ def load_model(name_or_path: str, *, vocab_size: int | None = None, device: str 
     """
     if name_or_path in PRESETS:
         return build_model(name_or_path, vocab_size=vocab_size, device=device, seed=seed, dtype=dtype)
-    if is_local_model_dir(name_or_path) and has_safetensors(name_or_path) and not (
+    if is_local_model_dir(name_or_path) and checkpoint_files().has_safetensors(name_or_path) and not (
             trust_remote_code or is_deepspeed_zero3_enabled()):
         return load_local_checkpoint(name_or_path, device=device, dtype=dtype)
     # other formats (pytorch_model.bin), code shipped with the model, or HF Trainer's ZeRO-3 (HfDeepSpeedConfig:
@@ -284,8 +288,9 @@ def load_local_checkpoint(path: str | os.PathLike, *, device: str | torch.device
     read, evaluation mode.
     """
     model = build_empty_model(ModelSource(str(path), dtype=dtype), device=device)
-    with freed_memory_returned():
-        read_into(model, CheckpointReader(path))
+    files = checkpoint_files()
+    with files.freed_memory_returned():
+        files.read_into(model, files.CheckpointReader(path))
     if (Path(path) / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(path)
     model.config.name_or_path = str(path)
