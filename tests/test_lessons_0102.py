@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from ecomkit.models.bloom import build_model
 from ecomkit.plots import diagrams_ddp
@@ -128,16 +129,24 @@ def test_ring_schedule_sums_everything_sending_2_n_minus_1_over_n(n: int) -> Non
 
 def _ddp_bucket_bytes(rank: int, rdzv: str, caps: tuple[float, ...], out) -> None:
     """One of 2 gloo ranks: wrap the `small` preset in DDP per cap, train 2 steps (DDP rebuilds its buckets
-    after the first), and report the bytes of the buckets DDP reduces."""
+    after the first), and report the bytes of the buckets DDP hands its communication hook in the second."""
     dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=2)
     sizes = {}
     for cap in caps:
         ddp = torch.nn.parallel.DistributedDataParallel(
             build_model("small", vocab_size=diagrams_ddp.OVERLAP_VOCAB), bucket_cap_mb=cap)
+        seen: dict[int, int] = {}
+
+        def record(state, bucket):   # a public comm hook: what DDP really all-reduces, bucket by bucket
+            seen[bucket.index()] = bucket.buffer().numel() * bucket.buffer().element_size()
+            return allreduce_hook(state, bucket)
+
+        ddp.register_comm_hook(None, record)
         ids = torch.randint(0, diagrams_ddp.OVERLAP_VOCAB, (1, 8))
         for _ in range(2):
+            seen.clear()
             ddp(input_ids=ids, labels=ids).loss.backward()
-        sizes[cap] = [b.buffer().numel() * b.buffer().element_size() for b in ddp.reducer._get_zeros_like_grad_buckets()]
+        sizes[cap] = [seen[k] for k in sorted(seen)]
         del ddp
     if rank == 0:
         out.put(sizes)
@@ -156,6 +165,23 @@ def test_drawn_buckets_are_the_ones_ddp_builds(tmp_path) -> None:
     for cap in caps:
         drawn = [b.nbytes for b in diagrams_ddp.ddp_buckets(meta, cap)]
         assert len(drawn) > 1 and drawn == built[cap], (cap, drawn, built[cap])
+        # what chapter 02 says of them: a bucket closes once it passes the cap, so all but the last exceed it
+        assert all(b >= cap * 2**20 for b in drawn[:-1]) and max(drawn) > cap * 2**20
+
+
+def test_the_diagram_module_uses_no_private_torch_helper() -> None:
+    source = inspect.getsource(diagrams_ddp)
+    assert not re.search(r"\b(dist|torch\.distributed)\._", source), "a private torch.distributed helper"
+
+
+@pytest.mark.parametrize("sizes, cap, buckets", [
+    ([3, 3, 3, 3], 5, [[0, 1], [2, 3]]),        # 6 >= 5 closes a bucket: it passes the cap
+    ([5, 1, 4], 5, [[0], [1, 2]]),               # reaching the cap exactly closes it too
+    ([2, 2], 10, [[0, 1]]),                      # what is left forms the last bucket
+    ([12, 1], 5, [[0], [1]]),                    # a gradient larger than the cap is a bucket of its own
+])
+def test_buckets_close_once_they_reach_the_cap(sizes, cap, buckets) -> None:
+    assert diagrams_ddp.assign_buckets(sizes, cap) == buckets
 
 
 # ------------------------------------------------------------------ the guides' claims: one appendix

@@ -59,6 +59,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, timed, timed_phases
+from ecomkit.envcheck.alpha_beta import fit_alpha_beta
 from ecomkit.envcheck.collectives import measure_all_reduce_bandwidth
 from ecomkit.hardware import GpuSpec, LinkSpec
 from ecomkit.measure.activations import causal_lm_loss
@@ -119,31 +120,8 @@ class LinkFit:
     samples: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 
 
-RING_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1,   # ring steps per (N-1), as in step_time
-              "fsdp_all_gather": 1, "fsdp_reduce_scatter": 1}
 # The collectives as FSDP2 issues them on several ranks, priced for fsdp2 in place of the plain ones.
 FSDP_PATHS = {"all_gather": "fsdp_all_gather", "reduce_scatter": "fsdp_reduce_scatter"}
-
-
-def fit_alpha_beta(samples: Sequence[tuple[int, float]], n: int, kind: str = "all_reduce") -> tuple[float, float]:
-    """α (s) and bus bandwidth B (bytes/s) of ``t = k(n-1)α + k(n-1)/n · S/B`` (k = 2 for all-reduce, else 1).
-
-    Least squares on the *relative* error (weights 1/t²), so the small
-    messages that fix α count as much as the large ones that fix B.
-    """
-    if n < 2 or len(samples) < 2:
-        raise ValueError("an α-β fit needs at least 2 processes and 2 message sizes")
-    k = RING_STEPS[kind]
-    xs = [k * (n - 1) / n * s for s, _ in samples]
-    ts = [t for _, t in samples]
-    ws = [1 / t**2 for t in ts]
-    sw = sum(ws)
-    mx = sum(w * x for w, x in zip(ws, xs)) / sw
-    mt = sum(w * t for w, t in zip(ws, ts)) / sw
-    slope = sum(w * (x - mx) * (t - mt) for w, x, t in zip(ws, xs, ts)) / sum(w * (x - mx) ** 2
-                                                                            for w, x in zip(ws, xs))
-    intercept = max(mt - slope * mx, 0.0)
-    return intercept / (k * (n - 1)), 1.0 / slope if slope > 0 else float("inf")
 
 
 def _collective(kind: str, numel: int, world_size: int) -> Callable[[], None]:
