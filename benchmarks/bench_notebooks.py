@@ -5,10 +5,10 @@ Each notebook runs top to bottom as ``make test`` runs it (one process, nbmake, 
 launches). With ``--baseline REF`` the same notebooks of an earlier commit (extracted with ``git archive``) run
 too, alternating with the current ones notebook by notebook, so a change's cost is measured side by side on the
 same machine at the same load. The chapters' "Running time" lines are the current rows' medians, in minutes
-(:func:`stated_minutes`; ``tests/test_lessons_order.py`` holds them to the newest artifact).
+(:func:`stated_minutes`; ``tests/test_lessons_order.py`` holds each to the newest artifact in which it passed).
 
     python benchmarks/bench_notebooks.py [--notebooks 01_environment 02_data_parallel] [--repeats 1]
-                                         [--baseline 2f4884f]
+                                         [--baseline 2f4884f] [--cell-timeout 900]
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ def stated_minutes(seconds: float) -> int:
     return max(1, round(seconds / 60))
 
 
-def run_notebook(root: Path, name: str) -> dict:
+def run_notebook(root: Path, name: str, cell_timeout: int | None = None) -> dict:
     """One ``pytest --nbmake`` of ``notebooks/<name>.ipynb`` in the tree at ``root``: seconds and pass/fail."""
     env = {**bench_env(), "PYTHONPATH": str(root)}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbmake", f"notebooks/{name}.ipynb"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbmake", f"notebooks/{name}.ipynb",
+           *([f"--nbmake-timeout={cell_timeout}"] if cell_timeout else [])]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--notebooks", nargs="+", default=list(CHAPTERS), help="notebook names, without .ipynb")
     p.add_argument("--repeats", type=int, default=1, help="runs of each notebook (per tree)")
     p.add_argument("--baseline", default=None, help="a commit whose notebooks run alternately with these")
+    p.add_argument("--cell-timeout", type=int, default=None,
+                   help="seconds a cell may take (nbmake's own limit, 300, when not given; a busy machine needs more)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-notebooks-") as tmp:
         trees = {"current": REPO}
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         for r in range(args.repeats):
             for name in args.notebooks:
                 for tree, root in (trees.items() if r % 2 == 0 else reversed(trees.items())):
-                    row = {"notebook": name, "tree": tree, "repeat": r, **run_notebook(root, name)}
+                    row = {"notebook": name, "tree": tree, "repeat": r, **run_notebook(root, name, args.cell_timeout)}
                     print(row, flush=True)
                     rows.append(row)
     summary = []
