@@ -33,7 +33,7 @@ import statistics
 
 from common import paired_rates, print_table, rotating_rounds, verdict, warn_emulated_bf16, write_artifact
 
-from ecomkit.rates import PairedRatio
+from ecomlab.rates import PairedRatio
 
 SPEEDUP_GOAL, LOSS_TOL, PEAK_GOAL = 2.0, 0.01, 0.50
 VARIANTS = {"fp32": ["--precision", "fp32"], "bf16": ["--precision", "bf16"],

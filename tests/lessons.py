@@ -7,7 +7,7 @@ and each chapter's checks read the notebook the same way.
 Conventions the lesson tests hold every chapter to:
 - the first code cell that shows a chapter's technique carries the cell tag ``mechanism`` and runs the
   technique's own code (torch / torch.distributed calls), not an ``ecomkit`` helper or a script launch;
-- diagrams are PNG files drawn by code (``ecomkit/plots/diagrams*.py``) into ``notebooks/figures/`` and shown
+- diagrams are PNG files drawn by code (``ecomlab/plots/diagrams*.py``) into ``notebooks/figures/`` and shown
   from a markdown cell (``![…](figures/NAME.png)``), so they are read without running anything;
 - a hand-written cell beyond the mechanism (an overlap, a mixed-precision or a checkpointing cell) carries a tag of
   its own, so a test can run that cell's code (:func:`tagged_source`, :func:`run_source`) and assert its values;
