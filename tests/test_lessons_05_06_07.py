@@ -282,3 +282,11 @@ def test_ch07_appendix_says_section3_saves_synchronously() -> None:
     text = lessons.markdown_text(lessons.load(CH07))
     assert "section 3 saves asynchronously" not in text
     assert "synchronously in its runs" in text and "`--fault-async-checkpoint`" in text
+
+
+def test_ch06_time_model_check_adds_the_jobs_own_input_drift() -> None:
+    """The calibration's assert is held to the tolerance plus the drift measured in the same job, not a bare 25 %."""
+    cells = lessons.load(CH06)
+    src = _first_cell(cells, r"calibrate_with_one_rerun\(calibrate")["source"]
+    assert 'assert abs(r["ratio"] - 1) <= allowed_error(r, TIME_MODEL_TOLERANCE), r' in src
+    assert "<= TIME_MODEL_TOLERANCE" not in src
