@@ -40,8 +40,8 @@ backward, so nothing hides.
 :func:`run_calibration` does all of it in one ``torchrun`` job: the
 measurements at the start of the first run, then one chapter-02 training run
 per strategy (:func:`ecomkit.train.sweep.run_sweep`), each of whose steady
-step time (slowest rank) is compared with the prediction. The compute is timed again after the last run: how far
-it moved (:func:`input_drift`) is added to a check's tolerance (:func:`allowed_error`).
+step time (slowest rank) is compared with the prediction. All inputs are timed again after the last run: how far
+the prediction moves with them (:func:`input_drift`) is added to a check's tolerance (:func:`allowed_error`).
 """
 
 from __future__ import annotations
@@ -327,9 +327,9 @@ def calibrate_with_one_rerun(job: Callable[[int], dict[str, Any]],
     return reports[-1], reports
 
 
-def input_drift(before: ComputeMeasurement, after: ComputeMeasurement, strategy: str) -> float:
-    """|after / before − 1| of the compute that prices ``strategy`` (forward + backward + step), timed at both ends of a job."""
-    return abs(sum(after.for_strategy(strategy)) / sum(before.for_strategy(strategy)) - 1)
+def input_drift(row: dict[str, Any], again: dict[str, Any]) -> float:
+    """|again / row − 1| of one strategy's predicted step: from the inputs timed at the job's start, then its end."""
+    return abs(again["predicted_s"] / row["predicted_s"] - 1)
 
 
 def allowed_error(row: dict[str, Any], tolerance: float) -> float:
@@ -352,6 +352,7 @@ class MeasureInputsCallback:
         self.model_config: Any = None
         self.initial: torch.nn.Module | None = None              # the first run's model, for measure_again
         self.compute_after: ComputeMeasurement | None = None
+        self.link_after: LinkFit | None = None
 
     def on_train_start(self, run) -> None:
         self.link = measure_link(run.env.world_size, iters=self.iters)
@@ -363,7 +364,8 @@ class MeasureInputsCallback:
             dist.barrier()
 
     def measure_again(self, run, summary) -> None:
-        """``on_train_end`` of the last run: the same compute inputs, timed again, for :func:`input_drift`."""
+        """``on_train_end`` of the last run: the same inputs (compute and links), timed again, for :func:`input_drift`."""
+        self.link_after = measure_link(run.env.world_size, iters=self.iters)
         mesh = one_rank_mesh() if dist.is_initialized() else None
         self.compute_after = measure_compute(self.initial, run.cfg, self.repeats, one_rank=mesh, env=run.env)
 
@@ -391,11 +393,12 @@ def run_calibration(cfg: TrainConfig, strategies: Sequence[str] = CALIBRATION_ST
     assert probe.compute is not None and probe.link is not None
     measured = {v.label: s["step_time_s"] for v, s in zip(variants, summaries)}
     rows = calibration_rows(probe.compute, probe.link, measured, cfg, probe.model_config)
-    for row in rows:
-        row["input_drift"] = input_drift(probe.compute, probe.compute_after, row["strategy"])
+    again = calibration_rows(probe.compute_after, probe.link_after, measured, cfg, probe.model_config)
+    for row, row_again in zip(rows, again):
+        row["input_drift"] = input_drift(row, row_again)
     report = {"compute": asdict(probe.compute), "link": asdict(probe.link), "overlap": CPU_OVERLAP, "rows": rows,
               "worst_ratio_error": worst_ratio_error(rows), "world_size": probe.link.world_size,
-              "compute_after": asdict(probe.compute_after),
+              "compute_after": asdict(probe.compute_after), "link_after": asdict(probe.link_after),
               "steady_steps": {v.label: s["steady_steps"] for v, s in zip(variants, summaries)}}
     if int(os.environ.get("RANK", 0)) == 0:
         out = Path(cfg.output_dir) / "time_model.json"
