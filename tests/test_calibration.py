@@ -150,7 +150,8 @@ def test_a_second_job_runs_only_when_a_claimed_row_misses():
 
 def test_input_drift_is_how_far_the_prediction_moves_with_its_inputs_timed_again():
     """Either direction counts; the measured step plays no part (it is what the drift bounds the check against)."""
-    assert input_drift({"predicted_s": 0.5, "measured_s": 9.0}, {"predicted_s": 0.4, "measured_s": 1.0}) == pytest.approx(0.2)
+    row, again = {"predicted_s": 0.5, "measured_s": 9.0}, {"predicted_s": 0.4, "measured_s": 1.0}
+    assert input_drift(row, again) == pytest.approx(0.2)
     assert input_drift({"predicted_s": 0.6}, {"predicted_s": 1.2}) == pytest.approx(1.0)
     assert input_drift({"predicted_s": 0.6}, {"predicted_s": 0.6}) == 0.0
 

@@ -364,7 +364,7 @@ class MeasureInputsCallback:
             dist.barrier()
 
     def measure_again(self, run, summary) -> None:
-        """``on_train_end`` of the last run: the same inputs (compute and links), timed again, for :func:`input_drift`."""
+        """``on_train_end`` of the last run: the same inputs (compute, links) timed again, for :func:`input_drift`."""
         self.link_after = measure_link(run.env.world_size, iters=self.iters)
         mesh = one_rank_mesh() if dist.is_initialized() else None
         self.compute_after = measure_compute(self.initial, run.cfg, self.repeats, one_rank=mesh, env=run.env)
