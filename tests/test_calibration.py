@@ -19,8 +19,8 @@ from ecomkit.models.loss import install_chunked_loss
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import all_gather_s, all_reduce_s, reduce_scatter_s
 from ecomlab.measure.activations import causal_lm_loss
-from ecomlab.measure.calibration import (ComputeMeasurement, LinkFit, calibrate_with_one_rerun, calibration_rows,
-                                         fit_alpha_beta, measured_device, measured_links,
+from ecomlab.measure.calibration import (ComputeMeasurement, LinkFit, allowed_error, calibrate_with_one_rerun,
+                                         calibration_rows, fit_alpha_beta, input_drift, measured_device, measured_links,
                                          predict_cpu_step, training_loss, worst_ratio_error)
 
 
@@ -146,3 +146,23 @@ def test_a_second_job_runs_only_when_a_claimed_row_misses():
     job, calls = jobs({"ddp": 0.7}, {"ddp": 0.7})            # a second miss is returned for the caller to fail
     report, reports = calibrate_with_one_rerun(job, 0.25)
     assert calls == [0, 1] and report["rows"][0]["ratio"] == 0.7
+
+
+def test_input_drift_is_how_far_the_prediction_moves_with_its_inputs_timed_again():
+    """Either direction counts; the measured step plays no part (it is what the drift bounds the check against)."""
+    row, again = {"predicted_s": 0.5, "measured_s": 9.0}, {"predicted_s": 0.4, "measured_s": 1.0}
+    assert input_drift(row, again) == pytest.approx(0.2)
+    assert input_drift({"predicted_s": 0.6}, {"predicted_s": 1.2}) == pytest.approx(1.0)
+    assert input_drift({"predicted_s": 0.6}, {"predicted_s": 0.6}) == 0.0
+
+
+def test_the_bound_is_the_tolerance_plus_the_rows_own_drift_and_a_miss_still_reruns():
+    assert allowed_error({"ratio": 1.0}, 0.25) == 0.25                    # a row without a second timing
+    assert allowed_error({"ratio": 1.0, "input_drift": 0.3}, 0.25) == pytest.approx(0.55)
+    reports = iter([{"rows": [{"ratio": 1.5, "input_drift": 0.3}]}, {"rows": [{"ratio": 1.1, "input_drift": 0.0}]}])
+    report, all_reports = calibrate_with_one_rerun(lambda attempt: next(reports), 0.25)
+    assert len(all_reports) == 1 and report["rows"][0]["ratio"] == 1.5    # 50 % off, inside 25 % + 30 % drift
+    reports = iter([{"rows": [{"ratio": 1.0, "input_drift": 0.5}, {"ratio": 1.3, "input_drift": 0.0}]},
+                    {"rows": [{"ratio": 1.1, "input_drift": 0.0}]}])
+    report, all_reports = calibrate_with_one_rerun(lambda attempt: next(reports), 0.25)
+    assert len(all_reports) == 2 and report["rows"][0]["ratio"] == 1.1    # one row's drift widens no other row

@@ -191,7 +191,7 @@ def test_all_reduce_check_fails_on_a_broken_reduce():
 def test_run_env_check_single_process_is_labelled():
     out = []
     result = run_env_check(DistEnv(), [1024, 4096], iters=2, echo=out.append)
-    assert result["ok"] and result["all_reduce"]["skipped"]
+    assert result["ok"] and result["all_reduce"]["skipped"] and result["alpha_beta"] is None
     assert result["bandwidth"]["kind"] == "local_copy" and len(result["bandwidth"]["rows"]) == 2
     assert set(result["report"]) == set(system_report()) == {"host", "versions", "libraries", "devices", "cpu"}
     assert any("SKIPPED" in s for s in out) and any("NOT an interconnect" in s for s in out)
@@ -238,3 +238,6 @@ def test_script_under_torchrun_two_gloo_ranks(tmp_path):
     for r in rows:  # n = 2: busbw = algbw * 2(n-1)/n = algbw
         assert r["algbw_gbps"] > 0 and r["busbw_gbps"] == pytest.approx(r["algbw_gbps"])
     assert "all-reduce check: PASS" in proc.stdout
+    fit = data["alpha_beta"]     # the α-β line through the sweep, printed with its residual
+    assert fit["world_size"] == 2 and fit["alpha_s"] > 0 and fit["bus_bytes_per_s"] > 0
+    assert len(fit["samples"]) == len(rows) and fit["rms_residual"] >= 0 and "α-β fit (all_reduce" in proc.stdout

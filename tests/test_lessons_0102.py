@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from ecomkit.models.bloom import build_model
 from ecomkit.train.loop import TrainingRun
@@ -128,16 +129,24 @@ def test_ring_schedule_sums_everything_sending_2_n_minus_1_over_n(n: int) -> Non
 
 def _ddp_bucket_bytes(rank: int, rdzv: str, caps: tuple[float, ...], out) -> None:
     """One of 2 gloo ranks: wrap the `small` preset in DDP per cap, train 2 steps (DDP rebuilds its buckets
-    after the first), and report the bytes of the buckets DDP reduces."""
+    after the first), and report the bytes of the buckets DDP hands its communication hook in the second."""
     dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=2)
     sizes = {}
     for cap in caps:
         ddp = torch.nn.parallel.DistributedDataParallel(
             build_model("small", vocab_size=diagrams_ddp.OVERLAP_VOCAB), bucket_cap_mb=cap)
+        seen: dict[int, int] = {}
+
+        def record(state, bucket):   # a public comm hook: what DDP really all-reduces, bucket by bucket
+            seen[bucket.index()] = bucket.buffer().numel() * bucket.buffer().element_size()
+            return allreduce_hook(state, bucket)
+
+        ddp.register_comm_hook(None, record)
         ids = torch.randint(0, diagrams_ddp.OVERLAP_VOCAB, (1, 8))
         for _ in range(2):
+            seen.clear()
             ddp(input_ids=ids, labels=ids).loss.backward()
-        sizes[cap] = [b.buffer().numel() * b.buffer().element_size() for b in ddp.reducer._get_zeros_like_grad_buckets()]
+        sizes[cap] = [seen[k] for k in sorted(seen)]
         del ddp
     if rank == 0:
         out.put(sizes)
@@ -156,6 +165,23 @@ def test_drawn_buckets_are_the_ones_ddp_builds(tmp_path) -> None:
     for cap in caps:
         drawn = [b.nbytes for b in diagrams_ddp.ddp_buckets(meta, cap)]
         assert len(drawn) > 1 and drawn == built[cap], (cap, drawn, built[cap])
+        # what chapter 02 says of them: a bucket closes once it passes the cap, so all but the last exceed it
+        assert all(b >= cap * 2**20 for b in drawn[:-1]) and max(drawn) > cap * 2**20
+
+
+def test_the_diagram_module_uses_no_private_torch_helper() -> None:
+    source = inspect.getsource(diagrams_ddp)
+    assert not re.search(r"\b(dist|torch\.distributed)\._", source), "a private torch.distributed helper"
+
+
+@pytest.mark.parametrize("sizes, cap, buckets", [
+    ([3, 3, 3, 3], 5, [[0, 1], [2, 3]]),        # 6 >= 5 closes a bucket: it passes the cap
+    ([5, 1, 4], 5, [[0], [1, 2]]),               # reaching the cap exactly closes it too
+    ([2, 2], 10, [[0, 1]]),                      # what is left forms the last bucket
+    ([12, 1], 5, [[0], [1]]),                    # a gradient larger than the cap is a bucket of its own
+])
+def test_buckets_close_once_they_reach_the_cap(sizes, cap, buckets) -> None:
+    assert diagrams_ddp.assign_buckets(sizes, cap) == buckets
 
 
 # ------------------------------------------------------------------ the guides' claims: one appendix
@@ -195,7 +221,7 @@ def test_interpretation_is_markdown_and_exercises_have_solutions(name: str) -> N
 @pytest.mark.parametrize("name, term, definition", [
     (CH01, r"reduce-scatter", "**reduce-scatter**"),       # was first used in section 3, undefined
     (CH02, r"(?i)\bsdpa\b", "**SDPA**"),                     # was first used as a code string, undefined
-    (CH02, r"α-β", "**α-β model**"),
+    (CH01, r"α-β", "**α-β model**"),                          # defined with the ring's cost; 02 cites it
 ])
 def test_terms_are_defined_where_they_first_appear(name: str, term: str, definition: str) -> None:
     cells = lessons.load(name)
@@ -208,3 +234,69 @@ def test_chapter01_refers_to_chapter03_for_bytes_per_parameter() -> None:
     text = lessons.markdown_text(lessons.load(CH01))
     assert "16 bytes per parameter" not in text
     assert "chapter 03's bytes-per-parameter table" in text
+
+
+# ------------------------------------------------------------------ issue 54: α-β, overlap by hand, the bucket cap
+def test_chapter01_ring_cost_has_the_latency_term() -> None:
+    ring = lessons.load(CH01)[lessons.first_index(lessons.load(CH01), r"^## 0\. All-reduce by hand")]["source"]
+    assert "**2(*n*−1)·α** + 2(*n*−1)/*n* · *S*/β" in ring          # 2(n−1) steps, each paying the latency α
+    assert "latency term grows with *n*" in ring
+
+
+def test_chapter01_fits_alpha_beta_to_its_own_sweep_and_prints_the_residual() -> None:
+    cells = lessons.load(CH01)
+    sweep = _first_code(cells, r'run_torchrun\("scripts/01_env_check\.py"')
+    fit = _first_code(cells, r"fit_sweep_rows\(rows, n\)")
+    assert sweep < fit < lessons.first_index(cells, r"^## 4\. ")               # in section 3, after the sweep
+    src = cells[fit]["source"]
+    assert "from ecomkit.envcheck.alpha_beta import fit_sweep_rows" in src    # the fit is library code
+    assert "fit.rms_residual" in src and "fit.alpha_s" in src and "fit.bus_bytes_per_s" in src
+    explained = cells[fit - 1]["source"]
+    assert "least squares" in explained and "**residual**" in explained
+
+
+@pytest.mark.parametrize("name", [CH02, "05_gradient_compression.ipynb", "06_memory_tuning.ipynb"])
+def test_later_chapters_cite_chapter01s_fit(name: str) -> None:
+    """Every paragraph that uses the α-β model names chapter 01, which defines it and now fits it."""
+    paragraphs = [p for c in lessons.load(name) if c["cell_type"] == "markdown"
+                  for p in re.split(r"\n\s*\n", c["source"]) if "α-β" in p]
+    assert paragraphs, name
+    for p in paragraphs:
+        assert re.search(r"[Cc]hapter\s+01", p), p
+    assert "fit_sweep_rows(" in "\n".join(src for _, src in lessons.code_cells(lessons.load(CH01)))
+
+
+def test_chapter02_says_a_bucket_closes_once_it_reaches_the_cap() -> None:
+    cells = lessons.load(CH02)
+    figure = cells[lessons.first_index(cells, r"figures/ddp_bucket_overlap\.png")]["source"]
+    assert "closes with the gradient that takes it to or past the" in figure and "not its" in figure
+    # ... and the drawn buckets do: every full bucket of `small` at a cap of 25 is over 25 MiB
+    drawn = diagrams_ddp.ddp_buckets(build_model("small", vocab_size=diagrams_ddp.OVERLAP_VOCAB, device="meta"), 25.0)
+    assert len(drawn) > 1 and all(b.nbytes > 25 * 2**20 for b in drawn[:-1])
+
+
+def test_chapter02_overlap_by_hand_is_hooks_async_all_reduces_and_a_wait() -> None:
+    cells = lessons.load(CH02)
+    src = lessons.tagged_source(cells, "overlap")
+    for needed in ("register_post_accumulate_grad_hook(", "async_op=True", "work.wait()", "DistributedDataParallel(",
+                   '"1 all-reduce after backward"', "backward_then_wait("):
+        assert needed in src, needed
+    assert not re.search(HELPER, src), "the overlap is written by hand"
+    at = lessons.tagged(cells, "overlap")[0]
+    figure = lessons.first_index(cells, r"figures/ddp_bucket_overlap\.png")
+    assert figure < at < _first_code(cells, HELPER), "beside the bucket figure, before any ecomkit code"
+
+
+@pytest.mark.dist
+def test_chapter02_overlap_cell_gives_ddps_gradients_and_measures_the_exposed_time() -> None:
+    """Run the chapter's own cells (the mechanism's imports, then the overlap cells) and read their results."""
+    cells = lessons.load(CH02)
+    ns = lessons.run_source(_mechanism(cells)[1] + "\n\n" + lessons.tagged_source(cells, "overlap"))
+    assert [rank for rank, *_ in ns["overlap"]] == [0, 1]
+    assert all(diff <= 1e-6 for _, diff, _ in ns["overlap"])                  # DDP's gradients, 4 AdamW steps
+    timings = ns["overlap"][0][2]
+    assert set(timings) == set(ns["exposed"]) and "1 all-reduce after backward" in timings
+    bucketed = next(k for k in timings if k.endswith("buckets during backward"))
+    assert int(bucketed.split()[0]) > 1                                        # several buckets, so some overlap
+    for rows in timings.values():                                              # backward and its wait, timed 7×
+        assert len(rows) == ns["TIMED"] and all(b > 0 and w > 0 for b, w in rows)

@@ -8,6 +8,7 @@ its numbers when ``pytest --nbmake`` runs it.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import lessons
 
@@ -87,3 +88,14 @@ def test_transfer_section_measures_and_asserts_the_comparison():
     assert re.search(r"assert tuned\.mean_accuracy > scratch\.mean_accuracy", code)
     assert re.search(r"kept, lost = \(forgotten_share\(a, .*\) for a in \(tuned, hot\)\)", code)
     assert re.search(r"assert kept <= FORGET_BOUND", code) and re.search(r"assert lost > kept", code)
+
+
+def test_the_transfer_runs_are_launched_once_in_the_suite():
+    """The notebook is the transfer comparison's test (nbmake runs it): no test file launches the same runs again."""
+    tests = Path(__file__).parent
+    # the runs' arguments come from the measure package's transfer module: a test importing it launches them
+    launching = [p.name for p in tests.glob("test_*.py")
+                 if re.search(r"^from \S*measure(\.transfer| import transfer)", p.read_text(), re.M)]
+    assert launching == [], launching
+    code = "\n".join(src for _, src in lessons.code_cells(cells()))
+    assert "save_model=pretrained" in code          # the scratch arm's model is never read, so never saved

@@ -41,7 +41,8 @@ def train_rows(out: Path) -> list[dict]:
 @pytest.mark.slow
 def test_dp2_tp2_pp2_equals_one_process_and_resumes(tmp_path):
     single, full, resumed = tmp_path / "single", tmp_path / "3d", tmp_path / "3d-resumed"
-    run_script(SCRIPT, COMMON + ["--micro-batch-size", "8", "--output-dir", str(single), "--no-save-model"])
+    run_script(SCRIPT, COMMON + ["--micro-batch-size", "8", "--output-dir", str(single), "--no-save-model"],
+               timeout=600)
     run_script(SCRIPT, COMMON + THREE_D + ["--output-dir", str(full), "--dcp-dir", str(full / "dcp")], nproc=8,
                timeout=600)
     ref, got = train_rows(single), train_rows(full)

@@ -144,5 +144,5 @@ def test_full_fine_tuning_lr_falls_with_size_between_the_measured_and_the_peers_
     assert all(FULL_FT_LR_RANGE[0] <= lr <= FULL_FT_LR_RANGE[1] for lr in lrs)
     assert [full_finetune_lr(n) for n, _ in FULL_FT_ANCHORS] == [lr for _, lr in FULL_FT_ANCHORS]
     assert full_finetune_lr(7_069_016_064) == 1e-5 and full_finetune_lr(None) == 2e-5
-    # the transfer measurement (chapter 08, tests/test_transfer.py) fine-tunes tiny at what the recipe gives it
+    # the transfer measurement (chapter 08's notebook and bench_transfer) fine-tunes tiny at what the recipe gives it
     assert full_finetune_lr(preset_parameter_count("tiny", len(get_tokenizer("local", tokenizer_cache_dir())))) == FINETUNE_LR == FULL_FT_ANCHORS[0][1]

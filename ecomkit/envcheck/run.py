@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from ecomkit.dist import DistEnv, gather_objects
+from ecomkit.envcheck.alpha_beta import fit_sweep_rows, format_fit
 from ecomkit.envcheck.collectives import (
     AllReduceCheck,
     all_ranks_passed,
@@ -74,6 +75,9 @@ def run_env_check(env: DistEnv, sizes: list[int], iters: int,
     else:
         kind, rows = "local_copy", measure_local_copy_bandwidth(sizes, iters, env.device)
     say(format_bandwidth(rows, kind))
+    fit = fit_sweep_rows([r.as_dict() for r in rows], env.world_size) if kind == "all_reduce" and len(rows) > 1 else None
+    if fit is not None:
+        say(format_fit(fit))
     result = {
         "world_size": env.world_size,
         "backend": env.backend,
@@ -82,6 +86,7 @@ def run_env_check(env: DistEnv, sizes: list[int], iters: int,
         "lint": lint,
         "all_reduce": check.as_dict(),
         "bandwidth": {"kind": kind, "rows": [r.as_dict() for r in rows]},
+        "alpha_beta": fit.as_dict() if fit is not None else None,
         "ok": check.passed,
         "elapsed_s": round(time.perf_counter() - start, 3),
     }

@@ -40,7 +40,8 @@ backward, so nothing hides.
 :func:`run_calibration` does all of it in one ``torchrun`` job: the
 measurements at the start of the first run, then one chapter-02 training run
 per strategy (:func:`ecomkit.train.sweep.run_sweep`), each of whose steady
-step time (slowest rank) is compared with the prediction.
+step time (slowest rank) is compared with the prediction. All inputs are timed again after the last run: how far
+the prediction moves with them (:func:`input_drift`) is added to a check's tolerance (:func:`allowed_error`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -59,6 +61,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, timed, timed_phases
+from ecomkit.envcheck.alpha_beta import fit_alpha_beta
 from ecomkit.envcheck.collectives import measure_all_reduce_bandwidth
 from ecomkit.hardware import GpuSpec, LinkSpec
 from ecomkit.models.bloom import count_parameters, flops_per_token
@@ -119,31 +122,8 @@ class LinkFit:
     samples: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
 
 
-RING_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1,   # ring steps per (N-1), as in step_time
-              "fsdp_all_gather": 1, "fsdp_reduce_scatter": 1}
 # The collectives as FSDP2 issues them on several ranks, priced for fsdp2 in place of the plain ones.
 FSDP_PATHS = {"all_gather": "fsdp_all_gather", "reduce_scatter": "fsdp_reduce_scatter"}
-
-
-def fit_alpha_beta(samples: Sequence[tuple[int, float]], n: int, kind: str = "all_reduce") -> tuple[float, float]:
-    """α (s) and bus bandwidth B (bytes/s) of ``t = k(n-1)α + k(n-1)/n · S/B`` (k = 2 for all-reduce, else 1).
-
-    Least squares on the *relative* error (weights 1/t²), so the small
-    messages that fix α count as much as the large ones that fix B.
-    """
-    if n < 2 or len(samples) < 2:
-        raise ValueError("an α-β fit needs at least 2 processes and 2 message sizes")
-    k = RING_STEPS[kind]
-    xs = [k * (n - 1) / n * s for s, _ in samples]
-    ts = [t for _, t in samples]
-    ws = [1 / t**2 for t in ts]
-    sw = sum(ws)
-    mx = sum(w * x for w, x in zip(ws, xs)) / sw
-    mt = sum(w * t for w, t in zip(ws, ts)) / sw
-    slope = sum(w * (x - mx) * (t - mt) for w, x, t in zip(ws, xs, ts)) / sum(w * (x - mx) ** 2
-                                                                            for w, x in zip(ws, xs))
-    intercept = max(mt - slope * mx, 0.0)
-    return intercept / (k * (n - 1)), 1.0 / slope if slope > 0 else float("inf")
 
 
 def _collective(kind: str, numel: int, world_size: int) -> Callable[[], None]:
@@ -336,15 +316,29 @@ def calibrate_with_one_rerun(job: Callable[[int], dict[str, Any]],
     """``job(attempt)`` runs one fresh calibration job and returns its report; a second runs only on a miss.
 
     Why: on a shared machine, a process that wakes up mid-job slows the measured
-    steps after the inputs were measured. A miss (a row outside ``tolerance``)
-    gets one fresh job; the tolerance is not widened, and the
+    steps after the inputs were measured. A miss (a row outside
+    :func:`allowed_error`) gets one fresh job with the same bound, and the
     caller asserts on the last report. Returns (last report, every report), so
     a first miss is shown, not hidden.
     """
     reports = [job(0)]
-    if any(abs(r["ratio"] - 1) > tolerance for r in reports[0]["rows"]):
+    if any(abs(r["ratio"] - 1) > allowed_error(r, tolerance) for r in reports[0]["rows"]):
         reports.append(job(1))
     return reports[-1], reports
+
+
+def input_drift(row: dict[str, Any], again: dict[str, Any]) -> float:
+    """|again / row − 1| of one strategy's predicted step: from the inputs timed at the job's start, then its end."""
+    return abs(again["predicted_s"] / row["predicted_s"] - 1)
+
+
+def allowed_error(row: dict[str, Any], tolerance: float) -> float:
+    """The bound a row's |ratio − 1| is held to: the model's ``tolerance`` plus the row's own ``input_drift``.
+
+    Why: a prediction cannot be closer to the runs than its inputs are to
+    themselves; the drift is measured in the same job, never assumed.
+    """
+    return tolerance + row.get("input_drift", 0.0)
 
 
 # ---------------------------------------------------------------------- the job
@@ -356,14 +350,24 @@ class MeasureInputsCallback:
         self.compute: ComputeMeasurement | None = None
         self.link: LinkFit | None = None
         self.model_config: Any = None
+        self.initial: torch.nn.Module | None = None              # the first run's model, for measure_again
+        self.compute_after: ComputeMeasurement | None = None
+        self.link_after: LinkFit | None = None
 
     def on_train_start(self, run) -> None:
         self.link = measure_link(run.env.world_size, iters=self.iters)
         mesh = one_rank_mesh() if dist.is_initialized() else None
         self.compute = measure_compute(run.strategy.raw_model, run.cfg, self.repeats, one_rank=mesh, env=run.env)
         self.model_config = copy.deepcopy(run.strategy.raw_model.config)
+        self.initial = copy.deepcopy(run.strategy.raw_model)
         if dist.is_initialized():
             dist.barrier()
+
+    def measure_again(self, run, summary) -> None:
+        """``on_train_end`` of the last run: the same inputs (compute, links) timed again, for :func:`input_drift`."""
+        self.link_after = measure_link(run.env.world_size, iters=self.iters)
+        mesh = one_rank_mesh() if dist.is_initialized() else None
+        self.compute_after = measure_compute(self.initial, run.cfg, self.repeats, one_rank=mesh, env=run.env)
 
 
 def calibration_defaults() -> TrainConfig:
@@ -379,16 +383,22 @@ def run_calibration(cfg: TrainConfig, strategies: Sequence[str] = CALIBRATION_ST
     """Measure the inputs, train each strategy, predict each step; returns (and writes) the report on every rank.
 
     The report lands in ``<output_dir>/time_model.json`` (rank 0): the
-    measured inputs, one row per strategy and the worst |ratio − 1|.
+    measured inputs (timed again after the last run: ``input_drift``), one row
+    per strategy and the worst |ratio − 1|.
     """
     probe = MeasureInputsCallback(repeats)
     variants = [PlannerStrategy(s) for s in strategies]
-    summaries = run_sweep(cfg, variants, lambda v, c: [probe] if v is variants[0] else [])
+    again = SimpleNamespace(on_train_end=probe.measure_again)
+    summaries = run_sweep(cfg, variants, lambda v, c: [probe] * (v is variants[0]) + [again] * (v is variants[-1]))
     assert probe.compute is not None and probe.link is not None
     measured = {v.label: s["step_time_s"] for v, s in zip(variants, summaries)}
     rows = calibration_rows(probe.compute, probe.link, measured, cfg, probe.model_config)
+    again = calibration_rows(probe.compute_after, probe.link_after, measured, cfg, probe.model_config)
+    for row, row_again in zip(rows, again):
+        row["input_drift"] = input_drift(row, row_again)
     report = {"compute": asdict(probe.compute), "link": asdict(probe.link), "overlap": CPU_OVERLAP, "rows": rows,
               "worst_ratio_error": worst_ratio_error(rows), "world_size": probe.link.world_size,
+              "compute_after": asdict(probe.compute_after), "link_after": asdict(probe.link_after),
               "steady_steps": {v.label: s["steady_steps"] for v, s in zip(variants, summaries)}}
     if int(os.environ.get("RANK", 0)) == 0:
         out = Path(cfg.output_dir) / "time_model.json"
@@ -399,6 +409,6 @@ def run_calibration(cfg: TrainConfig, strategies: Sequence[str] = CALIBRATION_ST
 
 __all__ = ["ComputeMeasurement", "LinkFit", "fit_alpha_beta", "measure_link", "measure_compute", "measured_device",
            "measured_links", "predict_cpu_step", "one_rank_mesh", "calibration_rows", "worst_ratio_error",
-           "training_loss", "calibrate_with_one_rerun", "MeasureInputsCallback",
+           "training_loss", "calibrate_with_one_rerun", "input_drift", "allowed_error", "MeasureInputsCallback",
            "calibration_defaults", "run_calibration", "ALPHA_BETA_SIZES", "CPU_OVERLAP", "CALIBRATION_STRATEGIES",
            "FSDP_PATHS", "MEAN"]

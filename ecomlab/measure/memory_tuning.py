@@ -286,7 +286,7 @@ def catalog_token_lengths(n_rows: int, max_length: int = 256) -> tuple[list[int]
 
 
 def bucketing_rows(n_rows: int, micro_batch: int = 8, n_batches: int = 12) -> list[dict[str, Any]]:
-    """Random vs length-bucketed batches of the synthetic catalog's real token lengths (chapter 06, section 6)."""
+    """Random vs length-bucketed batches of the synthetic catalog's real token lengths (chapter 06, section 7)."""
     lengths, vocab = catalog_token_lengths(n_rows)
     return bucketing_experiment(lengths, long_context_config(vocab_size=vocab), micro_batch=micro_batch,
                                 n_batches=n_batches)

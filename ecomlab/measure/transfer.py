@@ -61,7 +61,7 @@ class Sizes:
     eval_samples: int = 64         # held-out records scored per target (candidate scoring)
 
 
-# What chapter 08, tests/test_transfer.py and the committed bench_transfer artifact run: minutes on 2 CPU cores.
+# What chapter 08 (whose notebook asserts the comparison) and the committed bench_transfer artifact run: minutes on 2 CPU cores.
 # (``bench_transfer.py --model small`` pretrains the larger preset; not measured yet.)
 TEST_SIZES = Sizes(model="tiny")
 # Measured at TEST_SIZES (benchmarks/bench_transfer.py, docs/benchmarks.md): the pretrained tiny preset learned

@@ -2,9 +2,9 @@
 
 Why drawn by code: the pictures show the real quantities of the lesson, not a sketch that can drift from
 it. The ring is drawn for the world size and message of chapter 01's hand-written ring all-reduce (its
-chunk sizes are ``torch.tensor_split``'s, as in the lesson); the buckets are the ones DDP itself computes for
-a model built from ecomkit's presets (``torch.distributed._compute_bucket_assignment_by_size``, the function
-``DistributedDataParallel`` calls, with the limits it uses for an explicit ``bucket_cap_mb``, as ecomkit passes).
+chunk sizes are ``torch.tensor_split``'s, as in the lesson); the buckets follow DDP's rule for an explicit
+``bucket_cap_mb`` (:func:`assign_buckets`), which a 2-process test compares with the buckets a real DDP hands its
+communication hook.
 
 Redraw the committed PNGs (``notebooks/figures/``) with ``python -m ecomlab.plots.diagrams_ddp``.
 """
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
-import torch.distributed as dist
 
 from ecomkit.models.bloom import build_model
 from ecomlab.plots.common import FIGURES, _plt, redraw_main, save_figures
@@ -146,23 +146,33 @@ class Bucket:
     first_param: str     # in backward order: the gradient that opens the bucket
 
 
-def ddp_buckets(model: torch.nn.Module, bucket_cap_mb: float | None) -> list[Bucket]:
+def assign_buckets(nbytes: Sequence[int], cap_bytes: int) -> list[list[int]]:
+    """Indices of ``nbytes`` grouped in order as DDP groups gradients: a bucket closes once it *reaches* the cap.
+
+    So a bucket ends with the gradient that takes it to or past ``cap_bytes``: the cap is where a bucket stops
+    growing, not its maximum. (One dtype and device, as ecomkit's models have; DDP keeps one series per pair.)
+    """
+    buckets, current, size = [], [], 0
+    for i, b in enumerate(nbytes):
+        current.append(i)
+        size += b
+        if size >= cap_bytes:
+            buckets.append(current)
+            current, size = [], 0
+    return buckets + ([current] if current else [])
+
+
+def ddp_buckets(model: torch.nn.Module, bucket_cap_mb: float) -> list[Bucket]:
     """The buckets DDP builds for ``model`` once it has seen one backward pass, in backward order.
 
     DDP (torch >= 2.8) puts every gradient in one bucket for the first iteration, then rebuilds its buckets in
     the order backward produced the gradients: for a model used in definition order, the parameters reversed.
-    A bucket closes once it reaches ``bucket_cap_mb``. Only when ``bucket_cap_mb`` is left at its default
-    (None here) is the first bucket capped at 1 MiB; ecomkit always passes ``--bucket-cap-mb``.
+    ``bucket_cap_mb`` is in MiB. ecomkit always passes one (DDP's own default also caps the first bucket lower).
     """
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    params = [p for _, p in reversed(named)]
-    names = [n for n, _ in reversed(named)]
-    cap = int((25.0 if bucket_cap_mb is None else bucket_cap_mb) * 2**20)
-    limits = [dist._DEFAULT_FIRST_BUCKET_BYTES, cap] if bucket_cap_mb is None else [cap]
-    indices, _ = dist._compute_bucket_assignment_by_size(params, limits)
-    return [Bucket(k, sum(params[i].numel() * params[i].element_size() for i in idx),
-                   sum(params[i].numel() for i in idx), names[idx[0]])
-            for k, idx in enumerate(sorted(indices, key=min))]   # backward order: the last parameters first
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad][::-1]
+    sizes = [p.numel() * p.element_size() for _, p in named]
+    return [Bucket(k, sum(sizes[i] for i in idx), sum(named[i][1].numel() for i in idx), named[idx[0]][0])
+            for k, idx in enumerate(assign_buckets(sizes, int(bucket_cap_mb * 2**20)))]
 
 
 def overlap_timeline(buckets: list[Bucket], comm_per_backward: float = COMM_PER_BACKWARD,

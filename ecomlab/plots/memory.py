@@ -145,7 +145,10 @@ def format_calibration(report: dict) -> str:
     lines += [f"{r['strategy']:>6} × {r['processes']}: predicted {1000 * r['predicted_s']:7.1f} ms "
               f"(compute {1000 * r['compute_s']:.1f}, comm {1000 * r['comm_exposed_s']:.1f}, optimizer "
               f"{1000 * r['optimizer_s']:.1f}), measured {1000 * r['measured_s']:7.1f} ms, "
-              f"predicted/measured {r['ratio']:.2f}" for r in report["rows"]]
+              f"predicted/measured {r['ratio']:.2f}"
+              + (f"; predicted from inputs timed again after the last run: {r['input_drift']:.0%} apart"
+                 if "input_drift" in r else "")
+              for r in report["rows"]]
     return "\n".join(lines)
 
 
