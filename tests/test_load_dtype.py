@@ -61,8 +61,10 @@ def test_lora_bf16_builds_a_bf16_model_and_peft_gives_the_fp32_load_s_adapters(c
     reference = apply_peft(load_model(checkpoint, dtype=FP32), cfg)  # the former path: fp32, then the base cast
     ours, theirs = dict(model.named_parameters()), dict(reference.named_parameters())
     assert ours.keys() == theirs.keys()
-    for name, p in ours.items():
-        assert p.dtype == (FP32 if p.requires_grad else BF16), name   # adapters (and saved modules) fp32
+    for name, p in ours.items():   # adapters, saved modules and the frozen LayerNorms fp32 (norms: bf16 values)
+        norm = "layernorm" in name or "ln_f" in name
+        assert p.dtype == (FP32 if p.requires_grad or norm else BF16), name
+        assert not norm or torch.equal(p, p.to(BF16).float()), name
         assert p.dtype == theirs[name].dtype and torch.equal(p, theirs[name]), name
     assert any(".lora_A." in n for n in ours) and all(p.requires_grad for n, p in ours.items() if ".lora_" in n)
 
