@@ -54,7 +54,7 @@ from ecomkit.models.attention import BloomEagerAttention, attention_modules, ins
 from ecomkit.models.bloom import build_model, flops_per_token, preset_parameter_count
 from ecomkit.models.cpu_kernels import cross_entropy_sum, gelu_tanh, load_cpu_kernels
 from ecomkit.models.gelu import install_fused_gelu
-from ecomkit.models.loss import chunked_token_loss_sum, install_chunked_loss
+from ecomkit.models.loss import TokenLoss, chunked_token_loss_sum, lm_loss_sum
 from ecomkit.models.optim import adamw_kernel, clip_grad_norm, param_groups
 from ecomkit.models.tokenizer import get_tokenizer
 from ecomkit.parallel.shm_allreduce import load_shm_op
@@ -152,7 +152,7 @@ def step_case(model_name: str, vocab: int, bf16_weights: bool, optimizer: bool =
     for m in attention_modules(model) if fp32_softmax else ():
         m.__class__ = FP32SoftmaxEagerAttention
     install_fused_gelu(model, True, True)
-    install_chunked_loss(model, 1024, length_multiple("bf16", torch.device("cpu")), True)   # as the loop does
+    loss_fn = TokenLoss("chunked", 1024, length_multiple("bf16", torch.device("cpu")), True)   # as the loop's
     if bf16_weights:
         model.to(torch.bfloat16)
     ids = torch.randint(0, vocab, (8, 128), generator=torch.Generator().manual_seed(0))
@@ -162,7 +162,7 @@ def step_case(model_name: str, vocab: int, bf16_weights: bool, optimizer: bool =
     def run() -> list[torch.Tensor]:
         model.zero_grad(set_to_none=True)
         with contextlib.nullcontext() if bf16_weights else torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, token_loss_labels=ids).loss
+            loss = lm_loss_sum(model, loss_fn, ids, torch.ones_like(ids), ids)
         loss.backward()
         if opt is not None:
             opt.step()

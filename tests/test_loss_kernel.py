@@ -26,8 +26,8 @@ from ecomkit.errors import ConfigError
 from ecomkit.hardware import gpu_kind
 from ecomkit.models import loss as loss_mod
 from ecomkit.models.bloom import build_model
-from ecomkit.models.loss import (GPU_LOSS_KERNEL, chunked_token_loss_sum, fastest_loss_kernel, install_fused_loss,
-                                 installed_loss_kernel, pick_loss_kernel, remove_chunked_loss, token_loss_sum)
+from ecomkit.models.loss import (GPU_LOSS_KERNEL, TokenLoss, chunked_token_loss_sum, fastest_loss_kernel, lm_loss_sum,
+                                 pick_loss_kernel, token_loss_sum)
 from ecomkit.train.autoprec import resolve_loss_kernel
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -207,7 +207,7 @@ def test_cce_multiplies_in_the_autocast_dtype_and_returns_fp32(fake_libraries):
 
 
 @pytest.mark.parametrize("kernel", ["liger", "cce"])
-def test_installed_fused_loss_gives_the_full_logits_loss_through_the_model(fake_libraries, kernel):
+def test_a_fused_token_loss_gives_the_full_logits_loss_through_the_model(fake_libraries, kernel):
     torch.manual_seed(0)
     model = build_model("tiny", vocab_size=VOCAB)
     ids = torch.randint(3, VOCAB, (2, 16))
@@ -215,14 +215,10 @@ def test_installed_fused_loss_gives_the_full_logits_loss_through_the_model(fake_
     mask[1, 11:] = 0
     labels = ids.masked_fill(mask == 0, -100)
     ref = token_loss_sum(model(input_ids=ids, attention_mask=mask).logits, labels)
-    install_fused_loss(model, kernel)
-    assert installed_loss_kernel(model) == kernel
-    got = model(input_ids=ids, attention_mask=mask, token_loss_labels=labels).loss
+    got = lm_loss_sum(model, TokenLoss(kernel), ids, mask, labels)
     assert torch.allclose(got, ref, rtol=1e-5, atol=0)
-    remove_chunked_loss(model)
-    assert installed_loss_kernel(model) == "full"
-    with pytest.raises(ConfigError, match="not a fused kernel"):
-        install_fused_loss(model, "chunked")
+    with pytest.raises(ConfigError, match="choose full, chunked or liger or cce"):
+        TokenLoss("fused")
 
 
 # ---------------------------------------------------------------------- the real kernels (CUDA)

@@ -25,7 +25,7 @@ from ecomkit.measure.packing import (bench_packing_jobs, equal_step_micro_batch,
 from ecomkit.models.attention import alibi_from_mask, attention_mask_for, document_causal_mask, install_attention
 from ecomkit.models.bloom import build_model
 from ecomkit.models.compile import head_loss_graphs
-from ecomkit.models.loss import install_chunked_loss
+from ecomkit.models.loss import TokenLoss
 from ecomkit.train.batches import training_loader
 
 PAD = 3
@@ -171,10 +171,8 @@ def test_document_mask_is_block_diagonal_causal_and_padding_never_sees_nothing()
 def test_packed_rows_give_the_unpacked_loss_and_gradients_in_fp32(impl, chunked, prompted):
     model = build_model("tiny", vocab_size=400)
     install_attention(model, impl)
-    if chunked:
-        install_chunked_loss(model, 64)
     data = rows(9, prompted=prompted)
-    agreement = packing_agreement(model, data, 96, PAD)
+    agreement = packing_agreement(model, data, 96, PAD, TokenLoss("chunked", 64) if chunked else TokenLoss())
     assert agreement.sequences < agreement.rows == 9              # rows really share sequences
     assert agreement.within(1e-5), agreement
 

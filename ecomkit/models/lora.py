@@ -3,7 +3,7 @@
 Why ``peft.inject_adapter_in_model`` and not ``get_peft_model``: injection
 changes the ``BloomForCausalLM`` in place and returns it, so every strategy
 keeps seeing the model class it already knows (``transformer.h`` for FSDP2's
-units, ``model.config``, the chunked loss patched into its forward). Only the
+units, ``model.config``, ``lm_head`` for the loss). Only the
 parameter names change: an adapted Linear keeps its weight as
 ``<module>.base_layer.weight`` next to ``<module>.lora_A.default.weight`` and
 ``<module>.lora_B.default.weight``. What PEFT already does (the LoRA layers,
