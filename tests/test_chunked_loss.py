@@ -99,6 +99,29 @@ def test_every_position_labeled_still_tops_up_to_whole_tiles():
     assert torch.allclose(got, token_loss_sum(head(h), labels), rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("chunk", [4, 10_000])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gradients_computed_in_the_forward_equal_the_chunked_loss_s(chunk, bias):
+    """ZeRO-3's chunked loss (the head gathered once, no chunk recomputed in backward): the same loss and gradients."""
+    h, labels, head = _data()
+    if bias:
+        head = torch.nn.Linear(h.size(-1), VOCAB)
+    params = [h, *head.parameters()]
+    ref = chunked_token_loss_sum(h, head, labels, chunk)
+    ref_grads = torch.autograd.grad(2.0 * ref, params)        # a scale on the way back is applied, not lost
+    calls: list[int] = []
+    head.register_forward_hook(lambda *a: calls.append(1))
+    got = TokenLoss("chunked", chunk, grads_in_forward=True)(h, head, labels)
+    grads = torch.autograd.grad(2.0 * got, params)
+    assert not calls                                          # the weight is read, the module never called
+    assert torch.allclose(got, ref, rtol=1e-6, atol=0)
+    for g, r in zip(grads, ref_grads):
+        assert torch.allclose(g, r, rtol=1e-5, atol=1e-7)
+    labels[:] = -100                                          # no label: zero, and a zero gradient for every input
+    empty = TokenLoss("chunked", chunk, grads_in_forward=True)(h, head, labels)
+    assert empty.item() == 0 and all(g.abs().max() == 0 for g in torch.autograd.grad(empty, params))
+
+
 def test_micro_batch_without_labels_gives_zero_that_backpropagates():
     h, labels, head = _data()
     labels[:] = -100

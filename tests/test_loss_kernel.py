@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ecomkit.config import TrainConfig
+from ecomkit.config import TrainConfig, ZeroConfig
 from ecomkit.dist import DistEnv
 from ecomkit.errors import ConfigError
 from ecomkit.hardware import gpu_kind
@@ -103,7 +103,7 @@ def test_a_run_resolves_auto_once_with_its_reason(caplog):
     with caplog.at_level("INFO", logger="ecomkit"):
         assert resolve_loss_kernel(cfg, DistEnv(), in_forward=True) == "chunked"
     assert cfg.loss_kernel == "chunked" and "loss kernel chunked (auto: chunked" in caplog.text
-    cfg = TrainConfig(strategy="zero")
+    cfg = TrainConfig(strategy="tp")
     assert resolve_loss_kernel(cfg, DistEnv(), in_forward=False) == "full"
 
 
@@ -122,8 +122,15 @@ def test_liger_and_cce_are_refused_without_their_package_or_without_a_gpu(monkey
             TrainConfig(loss_kernel=kernel).validate(1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     TrainConfig(loss_kernel="liger").validate(1)       # with both, nothing to refuse
-    with pytest.raises(ConfigError, match="--strategy zero.*DeepSpeed ZeRO"):
-        TrainConfig(loss_kernel="cce", strategy="zero").validate(2)
+    with pytest.raises(ConfigError, match="--strategy tp: .*shards the LM head's output"):
+        TrainConfig(loss_kernel="liger", strategy="tp").validate(2)
+    # ZeRO: liger at every stage (ZeRO-3 gathers the head for its forward); cce, whose backward reads the weight,
+    # at stages 1 and 2 only
+    for stage in (1, 2, 3):
+        TrainConfig(loss_kernel="liger", strategy="zero", zero=ZeroConfig(stage=stage)).validate(2)
+    TrainConfig(loss_kernel="cce", strategy="zero", zero=ZeroConfig(stage=2)).validate(2)
+    with pytest.raises(ConfigError, match="cce cannot run with --strategy zero --zero-stage 3.*--loss-kernel liger"):
+        TrainConfig(loss_kernel="cce", strategy="zero", zero=ZeroConfig(stage=3)).validate(2)
 
 
 def test_chunked_needs_chunks_and_unknown_kernels_are_named():

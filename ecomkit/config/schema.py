@@ -116,7 +116,7 @@ class TrainConfig:
     untimed_steps: int = 1            # first steps left out of throughput and step-time figures (warm-up); with
                                       #   --compile, the first step compiles: leave it out
     loss_chunk_tokens: int = 1024     # LM head + loss this many label positions at a time, no [B,T,vocab]
-                                      #   logits kept (0 = full logits); single/ddp/accelerate/fsdp only
+                                      #   logits kept (0 = full logits); not under tp or pp (full logits)
     loss_kernel: str = "auto"         # LM head + cross-entropy: chunked (ecomkit's, --loss-chunk-tokens) | full
                                       #   (the [B,T,vocab] logits) | liger (liger-kernel's fused linear CE) | cce
                                       #   (cut-cross-entropy); liger and cce need CUDA (pip install 'ecomkit[gpu]').

@@ -119,6 +119,8 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     flat_y = F.pad(labels[:, 1:], (0, 1), value=-100).reshape(-1)
     keep = _positions(flat_y != -100, label_count)
     if keep.numel() == 0:  # no label in this micro-batch: a zero that still reaches every parameter
+        if fused is not None:   # one unlabeled row: the kernel's own zero (and its collectives, as on other ranks)
+            return fused(head, flat_h[:1], flat_y[:1])
         return F.cross_entropy(head(flat_h[:1]).float(), flat_y[:1].clamp(min=0), reduction="sum") * 0.0
     if row_multiple:
         keep = _topped_up(keep, flat_y, row_multiple)
@@ -150,6 +152,51 @@ def _unbacked_rows(head_loss: Callable, head: nn.Module, h: torch.Tensor, y: tor
 # The graphs on either side see only fixed shapes ([B, T, h] hidden states, [B, T] labels), so packed batches,
 # which have one shape, compile once (tests/test_packing.py counts).
 chunked_token_loss_sum = torch.compiler.disable(chunked_token_loss_sum, recursive=True)
+
+
+class _ChunksWithGradients(torch.autograd.Function):
+    """Σ cross-entropy of ``h @ weight.T (+ bias)`` chunk by chunk, each chunk's gradients computed in the forward."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
+                chunk_tokens: int, cpu_kernel: bool) -> torch.Tensor:
+        grad_h = torch.empty_like(h)   # the head's gradients summed in its dtype, as autograd sums them over chunks
+        grad_w = torch.zeros_like(weight)
+        grad_b = torch.zeros_like(bias) if bias is not None else None
+        total = h.new_zeros((), dtype=torch.float32)
+        w, b = weight.detach().requires_grad_(), bias.detach().requires_grad_() if bias is not None else None
+        for start in range(0, y.numel(), chunk_tokens):
+            part = slice(start, start + chunk_tokens)
+            with torch.enable_grad():
+                rows = h[part].detach().requires_grad_()
+                loss = cross_entropy_sum(F.linear(rows, w, b), y[part], cpu_kernel)
+                grads = torch.autograd.grad(loss, [rows, w] + ([b] if b is not None else []))
+            grad_h[part] = grads[0]
+            grad_w += grads[1]
+            if b is not None:
+                grad_b += grads[2]
+            total += loss.detach()
+        ctx.save_for_backward(grad_h, grad_w, *([grad_b] if bias is not None else []))
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        grad_h, grad_w, *grad_b = ctx.saved_tensors
+        return grad_h * grad, grad_w * grad, grad_b[0] * grad if grad_b else None, None, None, None
+
+
+def chunks_with_gradients(head: nn.Module, h: torch.Tensor, y: torch.Tensor, chunk_tokens: int = 1024,
+                          cpu_kernel: bool = False) -> torch.Tensor:
+    """The chunked loss of rows ``h`` (labels ``y``) with its gradients computed in the forward, as liger's is.
+
+    Why: a head whose weight is whole only for the length of the loss's forward (ZeRO-3 gathers it once, around
+    this call) gets no chunk recomputed in backward, so the number of gathers does not depend on how many
+    positions a rank labels. Reads ``head.weight`` (and ``bias``): a plain linear head.
+    """
+    if not isinstance(getattr(head, "weight", None), torch.Tensor):
+        raise ConfigError(f"the LM head is a {type(head).__name__} without a weight of its own (an adapter?): the "
+                          "chunked loss of a head gathered once takes a plain linear head. Use --loss-kernel full.")
+    return _ChunksWithGradients.apply(h, head.weight, head.bias, y, chunk_tokens, cpu_kernel)
 
 
 def _positions(flags: torch.Tensor, count: int | None) -> torch.Tensor:
@@ -209,6 +256,7 @@ class TokenLoss:
     row_multiple: int | None = None   # bf16 on CPU: the head's rows on the head_rows ladder (train/shapes.py)
     cpu_kernel: bool = False          # the cross-entropy through ecomkit's CPU kernel (models/cpu_kernels.py)
     head_loss: Callable = head_loss_sum   # head + cross-entropy of one chunk; --compile: compiled (models/compile.py)
+    grads_in_forward: bool = False    # chunked: gradients computed in the forward (a head whole only then: ZeRO-3)
 
     def __post_init__(self) -> None:
         if self.kernel not in ("full", "chunked", *FUSED_LOSSES):
@@ -227,6 +275,8 @@ class TokenLoss:
         if self.from_logits:
             return token_loss_sum(head(hidden), labels)
         fused = FUSED_LOSSES.get(self.kernel)
+        if fused is None and self.grads_in_forward:
+            fused = functools.partial(chunks_with_gradients, chunk_tokens=self.chunk_tokens, cpu_kernel=self.cpu_kernel)
         return chunked_token_loss_sum(hidden, head, labels, 1 << 30 if fused else self.chunk_tokens,
                                       self.row_multiple, self.cpu_kernel, self.head_loss, fused, label_count)
 

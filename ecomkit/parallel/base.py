@@ -54,7 +54,7 @@ class Strategy:
     has_ddp_hooks = False            # gradient compression needs DDP communication hooks
     replicated = True                # every rank holds the full model (DDP); False for ZeRO-3/FSDP/TP/PP
     owns_forward_backward = False    # True: the loop calls forward_backward() once per step (pipelines)
-    supports_chunked_loss = True     # the whole model runs in one forward per rank (ecomkit.models.loss)
+    supports_chunked_loss = True     # each rank's forward ends in the whole LM head (not TP's shards, not PP's stages)
     token_loss = TokenLoss()         # the run's loss from hidden states (the fast paths give it); default: full logits
 
     def __init__(self, cfg: TrainConfig, env: DistEnv):
@@ -151,7 +151,12 @@ class Strategy:
             return token_loss_sum(self.forward_logits(batch["input_ids"], mask), batch["labels"])
         with self.autocast():
             hidden = last_hidden_state(self.model, batch["input_ids"], mask)
-            return self.token_loss(hidden, self.raw_model.lm_head, batch["labels"], batch.get("label_count"))
+            with self.lm_head() as head:
+                return self.token_loss(hidden, head, batch["labels"], batch.get("label_count"))
+
+    def lm_head(self) -> ContextManager[nn.Module]:
+        """The LM head module the loss calls, whole for the length of the loss's forward (ZeRO-3 gathers it)."""
+        return contextlib.nullcontext(self.raw_model.lm_head)
 
     def forward_backward(self, micro_batches: list[dict], loss_scale: float | torch.Tensor) -> torch.Tensor:
         """Whole-step forward+backward for strategies that own the schedule (pipelines); the token-loss sum."""
