@@ -60,7 +60,7 @@ def measure(model_name: str, attn: str, part: str, seq: int, batch: int, steps: 
 
     from ecomkit.config import TrainConfig
     from ecomkit.models.bloom import build_model
-    from ecomkit.models.attention import install_attention
+    from ecomkit.fast.attention import install_attention
     from ecomkit.models.loss import TokenLoss, lm_loss_sum, token_loss_sum
 
     torch.manual_seed(seed)

@@ -45,7 +45,7 @@ from common import warn_emulated_bf16, write_artifact
 
 from ecomkit.config import TrainConfig
 from ecomkit.hardware import device_kind
-from ecomkit.models.attention import install_attention
+from ecomkit.fast.attention import install_attention
 from ecomkit.models.attention_rule import CPU_EAGER_MAX_SEQ, EAGER_MIN_GAIN, GPU_EAGER_MAX_SEQ, eager_max_seq
 from ecomkit.models.bloom import build_model, preset_config
 from ecomkit.models.loss import TokenLoss, lm_loss_sum

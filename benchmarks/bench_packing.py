@@ -53,7 +53,8 @@ from ecomkit.data.packing import best_fit_decreasing, packed_collate
 from ecomkit.data.tokenize import IGNORE_INDEX, pad_collate, tokenize_records
 from ecomkit.measure.packing import equal_step_micro_batch, seed_spread
 from ecomkit.rates import pooled_rate
-from ecomkit.models.attention import attention_mask_for, install_attention
+from ecomkit.models.attention import attention_mask_for
+from ecomkit.fast.attention import install_attention
 from ecomkit.models.bloom import build_model
 from ecomkit.models.loss import shifted_token_losses
 from ecomkit.models.tokenizer import get_tokenizer

@@ -182,7 +182,7 @@ def train_case(part: str, impl: str, kernel: str, batch: int, st: dict[str, Any]
 
     from ecomkit.errors import EcomkitError
     from ecomkit.hardware import device_peak_flops
-    from ecomkit.models.attention import install_attention
+    from ecomkit.fast.attention import install_attention
     from ecomkit.models.bloom import count_parameters, flops_per_token
     from ecomkit.models.loss import TokenLoss, lm_loss_sum
     from ecomkit.planner.memory import PlanInput

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, distributed_session
-from ecomkit.models.attention import install_attention
+from ecomkit.fast.attention import install_attention
 from ecomkit.models.bloom import ModelSource
 from ecomkit.models.lora import apply_peft
 from ecomkit.models.loss import TokenLoss, count_label_tokens

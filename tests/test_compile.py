@@ -1,4 +1,4 @@
-"""--compile compiles one BLOOM block for every block, and the head + loss apart (models/compile.py).
+"""--compile compiles one BLOOM block for every block, and the head + loss apart (fast/compile.py).
 
 Counted with dynamo's frame counter (the ``eager`` backend: the graphs and guards inductor would get, without
 its code generation). The losses of compiled training against eager training are checked under DDP by
@@ -11,11 +11,11 @@ import torch
 from torch._dynamo.testing import CompileCounter
 
 from ecomkit.measure.packing import packed_batch, random_rows
-from ecomkit.models import compile as compile_module
-from ecomkit.models.attention import install_attention
-from ecomkit.models.attention_masks import attention_mask_for
+from ecomkit.fast import compile as compile_module
+from ecomkit.fast.attention import install_attention
+from ecomkit.models.attention import attention_mask_for
 from ecomkit.models.bloom import build_model
-from ecomkit.models.compile import (HEAD_LOSS_ONE_GRAPH_TORCH, compile_blocks, compiled_head_loss, head_loss_graphs,
+from ecomkit.fast.compile import (HEAD_LOSS_ONE_GRAPH_TORCH, compile_blocks, compiled_head_loss, head_loss_graphs,
                                     note_head_loss_graphs)
 from ecomkit.models.loss import TokenLoss, lm_loss_sum
 

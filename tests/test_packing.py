@@ -22,9 +22,10 @@ from ecomkit.launch import newest_artifacts
 from ecomkit.measure.compile_graphs import packed_step_graphs
 from ecomkit.measure.packing import (bench_packing_jobs, equal_step_micro_batch, loss_and_gradients, packed_batch,
                                      packing_agreement, padded_batch, random_rows, row_isolation, seed_spread)
-from ecomkit.models.attention import alibi_from_mask, attention_mask_for, document_causal_mask, install_attention
+from ecomkit.models.attention import alibi_from_mask, attention_mask_for, document_causal_mask
+from ecomkit.fast.attention import install_attention
 from ecomkit.models.bloom import build_model
-from ecomkit.models.compile import head_loss_graphs
+from ecomkit.fast.compile import head_loss_graphs
 from ecomkit.models.loss import TokenLoss
 from ecomkit.train.batches import training_loader
 
@@ -232,7 +233,7 @@ def test_compiled_packed_training_does_not_recompile_after_the_first_step():
     The steps differ in how rows are laid out and how many positions are labeled (the chunked loss keeps
     only those); dynamo's frame counters (the ``eager`` backend: inductor's graphs and guards without its
     code generation) must not move after the first step (measure/compile_graphs.py). How many graphs the
-    head + loss is, is this torch's (one from 2.12, two before: a speed note, models/compile.py), not a
+    head + loss is, is this torch's (one from 2.12, two before: a speed note, fast/compile.py), not a
     failure; the blocks are one graph on every torch.
     """
     frames = packed_step_graphs(5)

@@ -2,7 +2,7 @@
 
 Why measured here, once: the same count is a correctness check for the test suite (no recompilation after
 the first step: one shape every step) and a speed note for ``benchmarks/check_compat.py`` (how many graphs
-the head + loss becomes on each torch: one from 2.12, two before, see ``models/compile.py``). Dynamo's
+the head + loss becomes on each torch: one from 2.12, two before, see ``fast/compile.py``). Dynamo's
 ``CompileCounter`` backend counts graphs and guards without generating code, so this runs in seconds on a CPU.
 """
 
@@ -12,9 +12,10 @@ import torch
 from torch._dynamo.testing import CompileCounter
 
 from ecomkit.measure.packing import packed_batch, random_rows
-from ecomkit.models.attention import attention_mask_for, install_attention
+from ecomkit.models.attention import attention_mask_for
+from ecomkit.fast.attention import install_attention
 from ecomkit.models.bloom import build_model
-from ecomkit.models.compile import compile_blocks, compiled_head_loss
+from ecomkit.fast.compile import compile_blocks, compiled_head_loss
 from ecomkit.models.loss import TokenLoss, lm_loss_sum
 
 VOCAB, SEQ_LEN, PAD = 400, 96, 3

@@ -34,7 +34,6 @@ from torch.utils.checkpoint import checkpoint
 
 from ecomkit.config.vocabulary import LOSS_KERNEL_PACKAGES
 from ecomkit.errors import ConfigError
-from ecomkit.models.cpu_kernels import cross_entropy_sum
 
 # Per GPU kind (ecomkit.hardware.gpu_kind), the loss kernel benchmarks/gpu_bench.py measured fastest (its
 # "loss_kernel" rows, BLOOM's 250,880-token vocabulary): :func:`fastest_loss_kernel` of the newest GPU artifact,
@@ -70,7 +69,7 @@ def count_label_tokens(labels: torch.Tensor) -> int:
 
 def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.Tensor,
                            chunk_tokens: int, row_multiple: int | None = None,
-                           cpu_kernel: bool = False, head_loss: Callable = None,
+                           cross_entropy: Callable | None = None, head_loss: Callable = None,
                            fused: Callable | None = None, label_count: int | None = None) -> torch.Tensor:
     """:func:`token_loss_sum` from the last hidden state, never holding the ``[B, T, vocab]`` logits.
 
@@ -96,8 +95,8 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     8 × 128) ran about 20 % slower than on 1024, so the candidates are all
     ``B × T`` positions, not only those with a successor.
 
-    ``cpu_kernel``: the cross-entropy runs through ecomkit's fused CPU kernel
-    (``models/cpu_kernels.py``) where it applies, one pass each way instead of
+    ``cross_entropy(logits, target)``: Σ of the rows' losses (default :func:`cross_entropy_sum`, ATen's; the fast
+    paths give ecomkit's fused CPU kernel, ``fast/cpu_kernels.py``, one pass each way instead of
     ATen's cast, ``log_softmax``, zero-filled ``nll_loss`` gradient and cast back.
 
     ``label_count``: how many positions have a label, counted on the host before the batch became tensors
@@ -132,19 +131,19 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     else:   # compiled (--compile): any row count, 1 included, is one graph (no size-1 specialisation)
         head_loss = functools.partial(_unbacked_rows, head_loss)
     if y.numel() <= chunk_tokens:
-        return head_loss(head, h, y, cpu_kernel)
+        return head_loss(head, h, y, cross_entropy)
     total = h.new_zeros((), dtype=torch.float32)
     for start in range(0, y.numel(), chunk_tokens):
         part = slice(start, start + chunk_tokens)
-        total = total + checkpoint(head_loss, head, h[part], y[part], cpu_kernel, use_reentrant=False)
+        total = total + checkpoint(head_loss, head, h[part], y[part], cross_entropy, use_reentrant=False)
     return total
 
 
-def _unbacked_rows(head_loss: Callable, head: nn.Module, h: torch.Tensor, y: torch.Tensor, cpu_kernel: bool
+def _unbacked_rows(head_loss: Callable, head: nn.Module, h: torch.Tensor, y: torch.Tensor, cross_entropy: Callable
                    ) -> torch.Tensor:
     torch._dynamo.decorators.mark_unbacked(h, 0)
     torch._dynamo.decorators.mark_unbacked(y, 0)
-    return head_loss(head, h, y, cpu_kernel)
+    return head_loss(head, h, y, cross_entropy)
 
 
 # Under torch.compile (--compile) the label selection runs eagerly: its row count (the labeled positions) changes
@@ -159,7 +158,7 @@ class _ChunksWithGradients(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
-                chunk_tokens: int, cpu_kernel: bool) -> torch.Tensor:
+                chunk_tokens: int, cross_entropy: Callable) -> torch.Tensor:
         grad_h = torch.empty_like(h)   # the head's gradients summed in its dtype, as autograd sums them over chunks
         grad_w = torch.zeros_like(weight)
         grad_b = torch.zeros_like(bias) if bias is not None else None
@@ -169,7 +168,7 @@ class _ChunksWithGradients(torch.autograd.Function):
             part = slice(start, start + chunk_tokens)
             with torch.enable_grad():
                 rows = h[part].detach().requires_grad_()
-                loss = cross_entropy_sum(F.linear(rows, w, b), y[part], cpu_kernel)
+                loss = cross_entropy(F.linear(rows, w, b), y[part])
                 grads = torch.autograd.grad(loss, [rows, w] + ([b] if b is not None else []))
             grad_h[part] = grads[0]
             grad_w += grads[1]
@@ -186,7 +185,7 @@ class _ChunksWithGradients(torch.autograd.Function):
 
 
 def chunks_with_gradients(head: nn.Module, h: torch.Tensor, y: torch.Tensor, chunk_tokens: int = 1024,
-                          cpu_kernel: bool = False) -> torch.Tensor:
+                          cross_entropy: Callable | None = None) -> torch.Tensor:
     """The chunked loss of rows ``h`` (labels ``y``) with its gradients computed in the forward, as liger's is.
 
     Why: a head whose weight is whole only for the length of the loss's forward (ZeRO-3 gathers it once, around
@@ -196,7 +195,7 @@ def chunks_with_gradients(head: nn.Module, h: torch.Tensor, y: torch.Tensor, chu
     if not isinstance(getattr(head, "weight", None), torch.Tensor):
         raise ConfigError(f"the LM head is a {type(head).__name__} without a weight of its own (an adapter?): the "
                           "chunked loss of a head gathered once takes a plain linear head. Use --loss-kernel full.")
-    return _ChunksWithGradients.apply(h, head.weight, head.bias, y, chunk_tokens, cpu_kernel)
+    return _ChunksWithGradients.apply(h, head.weight, head.bias, y, chunk_tokens, cross_entropy or cross_entropy_sum)
 
 
 def _positions(flags: torch.Tensor, count: int | None) -> torch.Tensor:
@@ -228,8 +227,14 @@ def _topped_up(keep: torch.Tensor, flat_y: torch.Tensor, multiple: int) -> torch
     return torch.cat([keep, unlabeled])
 
 
-def head_loss_sum(head: torch.nn.Module, h: torch.Tensor, y: torch.Tensor, cpu_kernel: bool = False) -> torch.Tensor:
-    return cross_entropy_sum(head(h), y, cpu_kernel)
+def cross_entropy_sum(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Σ of the rows' next-token losses in fp32 (a target of -100 adds 0): ATen's cross-entropy."""
+    return F.cross_entropy(logits.float(), target, ignore_index=-100, reduction="sum")
+
+
+def head_loss_sum(head: torch.nn.Module, h: torch.Tensor, y: torch.Tensor,
+                  cross_entropy: Callable | None = None) -> torch.Tensor:
+    return (cross_entropy or cross_entropy_sum)(head(h), y)
 
 
 def last_hidden_state(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -254,8 +259,8 @@ class TokenLoss:
     kernel: str = "full"              # full | chunked | liger | cce (--loss-kernel, resolved)
     chunk_tokens: int = 1024          # chunked: labeled positions per head call (--loss-chunk-tokens)
     row_multiple: int | None = None   # bf16 on CPU: the head's rows on the head_rows ladder (train/shapes.py)
-    cpu_kernel: bool = False          # the cross-entropy through ecomkit's CPU kernel (models/cpu_kernels.py)
-    head_loss: Callable = head_loss_sum   # head + cross-entropy of one chunk; --compile: compiled (models/compile.py)
+    cross_entropy: Callable = cross_entropy_sum   # Σ of rows' losses; fast paths: the CPU kernel (fast/cpu_kernels.py)
+    head_loss: Callable = head_loss_sum   # head + cross-entropy of one chunk; --compile: compiled (fast/compile.py)
     grads_in_forward: bool = False    # chunked: gradients computed in the forward (a head whole only then: ZeRO-3)
 
     def __post_init__(self) -> None:
@@ -276,9 +281,10 @@ class TokenLoss:
             return token_loss_sum(head(hidden), labels)
         fused = FUSED_LOSSES.get(self.kernel)
         if fused is None and self.grads_in_forward:
-            fused = functools.partial(chunks_with_gradients, chunk_tokens=self.chunk_tokens, cpu_kernel=self.cpu_kernel)
+            fused = functools.partial(chunks_with_gradients, chunk_tokens=self.chunk_tokens,
+                                      cross_entropy=self.cross_entropy)
         return chunked_token_loss_sum(hidden, head, labels, 1 << 30 if fused else self.chunk_tokens,
-                                      self.row_multiple, self.cpu_kernel, self.head_loss, fused, label_count)
+                                      self.row_multiple, self.cross_entropy, self.head_loss, fused, label_count)
 
 
 def lm_loss_sum(model: nn.Module, loss: TokenLoss, input_ids: torch.Tensor, attention_mask: torch.Tensor,

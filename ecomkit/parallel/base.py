@@ -100,7 +100,7 @@ class Strategy:
     def setup(self, model: nn.Module, total_steps: int) -> None:
         """Wrap ``model`` and build optimizer + scheduler. Subclasses usually override ``wrap``."""
         self.raw_model = model
-        self.model = self.wrap(model)   # --compile compiled its blocks before (models/compile.py), not the wrapper
+        self.model = self.wrap(model)   # --compile compiled its blocks before (fast/compile.py), not the wrapper
         self.optimizer = build_optimizer(self.model, self.cfg)
         self.scheduler = build_scheduler(self.optimizer, self.cfg, total_steps)
         self.scaler = build_grad_scaler(self.cfg.precision, self.env.device)
@@ -128,7 +128,7 @@ class Strategy:
 
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                        positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits of one batch (evaluation and generation run compiled blocks uncompiled: models/compile.py).
+        """Logits of one batch (evaluation and generation run compiled blocks uncompiled: fast/compile.py).
 
         ``positions`` (1-D, the same for every row): only those positions' logits, ``[B, len(positions), V]``.
         Why: evaluation reads the logits of a few answer positions per row, and the LM head over every prompt
