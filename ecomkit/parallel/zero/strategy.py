@@ -338,7 +338,7 @@ def _gathered(module: nn.Module) -> Iterator[nn.Module]:
     import deepspeed  # lazy: heavy optional dependency
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus  # lazy: as above
 
-    params = [p for p in module.parameters() if getattr(p, "ds_status", None) == ZeroParamStatus.NOT_AVAILABLE]
+    params = [p for p in module.parameters() if hasattr(p, "ds_status") and p.ds_status != ZeroParamStatus.AVAILABLE]
     with deepspeed.zero.GatheredParameters(params) if params else contextlib.nullcontext():
         yield module
 
