@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) -m torch.distributed.run --standalone --nproc_per_node 2 scripts/00_demo.py --output-dir runs/demo
 
-# The whole suite: the import floors (lint-imports), the measured tables of docs/benchmarks.md and docs/perf.md
+# The whole suite: the import floors (lint-imports), the measured tables of the docs (benchmarks/report.py DOCS)
 # against their artifacts, the guides' claims page (docs/claims.md) and the README's verdict counts against the ledger,
 # unit + 2-process gloo tests and every notebook, in two phases:
 # 1. everything not marked `serial`, on two pytest workers, a test file per worker at a time (--dist loadfile keeps

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Render the measured-results tables of docs/benchmarks.md and docs/perf.md from the newest artifact of each benchmark.
+"""Render the measured-results tables of the docs (:data:`DOCS`) from the newest artifact of each benchmark.
 
 Every benchmark ends with ``common.write_artifact``, which writes
 ``benchmarks/results/<bench>-<yyyy-mm-dd>-<machine>.json`` (command, commit,
@@ -41,7 +41,8 @@ from ecomkit.launch import newest_artifacts  # the same artifact choice as the c
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-DOCS = (REPO / "docs" / "benchmarks.md", REPO / "docs" / "perf.md")   # every page with report blocks
+DOCS = (REPO / "docs" / "benchmarks.md", REPO / "docs" / "perf.md", REPO / "docs" / "testing.md",
+        REPO / "docs" / "guide.md")   # every page with report blocks
 BLOCK = re.compile(r"(<!-- report:(?P<bench>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- /report -->)", re.S)
 
 

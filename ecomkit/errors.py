@@ -28,6 +28,7 @@ file, which is how :func:`ecomkit.launch.run_torchrun` raises the message alone.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import os
@@ -35,7 +36,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Callable, NoReturn, TypeVar
+from typing import Callable, Iterable, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -62,6 +63,15 @@ class DataError(EcomkitError):
 
 class ModelNotFoundError(EcomkitError):
     """A model name that is neither a preset, a local directory nor a reachable hub id."""
+
+
+def did_you_mean(word: str, names: Iterable[str], cutoff: float = 0.6) -> str:
+    """The hint " Did you mean 'x'?" (up to three names) for a mistyped ``word``; "" when no name is close.
+
+    Why one helper: a misspelled flag, column, label or config key all get the same hint, from difflib.
+    """
+    close = difflib.get_close_matches(str(word), [str(n) for n in dict.fromkeys(names)], n=3, cutoff=cutoff)
+    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
 def _rank_and_world() -> tuple[int, int]:

@@ -229,12 +229,10 @@ def generation_lines(summary: dict[str, Any]) -> str:
                   f"{summary['gen_examples_per_s']:.1f} examples/s ({summary['gen_decode_mode']}), "
                   f"{summary['gen_prompts_cut']} prompts cut to fit, {summary['gen_unknown_labels']} unknown labels "
                   f"in answers, {summary.get('gen_invalid_text', 0)} answers with invalid text (U+FFFD), "
-                  f"{summary.get('gen_spans_not_in_input', 0)} predicted spans not in their input\n")
-    if summary.get("gen_at_budget"):   # the advice that follows the cause, when known (gen_eval.budget_advice)
-        lines += "budget           " + (summary.get("gen_budget_advice") or (
-            f"{summary['gen_at_budget']} of {summary['gen_decoded']} answers stopped at "
-            f"{summary.get('gen_max_new_tokens')} new tokens without ending (maybe cut short): raise it with "
-            f"--gen-max-new-tokens N")) + "\n"
+                  f"{summary.get('gen_spans_not_in_input', 0)} predicted spans not in their input, "
+                  f"{summary.get('gen_at_budget', 0)} answers stopped at the budget\n")
+    if summary.get("gen_budget_advice"):   # a share worth advice, and the lever that follows the cause (gen_eval)
+        lines += "budget           " + summary["gen_budget_advice"] + "\n"
     return lines
 
 

@@ -155,7 +155,8 @@ def test_sdpa_under_zero3_matches_eager_loss_curve(tmp_path):
     from conftest import run_script
 
     common = ["--model", "tiny", "--n-rows", "600", "--seq-len", "64", "--max-steps", "4", "--eval-interval", "0",
-              "--eval-batches", "1", "--warmup-steps", "2", "--no-progress", "--no-save-model"]
+              "--eval-batches", "1", "--warmup-steps", "2", "--no-progress", "--no-save-model",
+              "--precision", "fp32"]   # 03's script pins fp32; 02's default (auto) would compare bf16 against it
     run_script("02_data_parallel.py", common + ["--micro-batch-size", "8", "--attn", "eager",
                                                 "--output-dir", str(tmp_path / "eager")])
     run_script("03_zero3.py", common + ["--micro-batch-size", "4", "--attn", "sdpa", "--zero-stage", "3",

@@ -241,3 +241,34 @@ def test_unknown_extension_and_no_usable_rows(tmp_path):
     path = write_jsonl([{**GOOD, "price": -1}] * 3, tmp_path / "allbad.jsonl")
     with pytest.raises(DataError, match="No usable rows.*negative_price 3"):
         load_records(path)
+
+
+# ------------------------------------------------------------- "did you mean" (issue 56 item 5)
+
+REVIEWS = [{"cat": "手机", "label": "0", "review": "屏幕很好"}, {"cat": "服装", "label": "1", "review": "面料太差"}]
+
+
+@pytest.mark.parametrize("writer,name", [(write_jsonl, "r.jsonl"), (write_csv, "r.csv"), (write_hf_dataset, "r_dir")])
+def test_a_misspelled_column_map_key_names_the_closest_column(tmp_path, writer, name):
+    """On main the error listed the columns found and left the user to spot ``reveiw`` beside ``review``."""
+    path = writer(REVIEWS, tmp_path / name)
+    with pytest.raises(ConfigError, match=r"'reveiw' match no column.* Did you mean 'review'\?"):
+        load_records(path, task="nlu", column_map={"reveiw": "review", "cat": "category"})
+    with pytest.raises(ConfigError, match=r"For 'catt': Did you mean 'cat'\? For 'lable': Did you mean 'label'\?"):
+        load_records(path, task="nlu", column_map={"catt": "category", "lable": "sentiment"})
+    with pytest.raises(ConfigError, match=r"unknown fields\. Did you mean 'category'\?"):
+        load_records(path, task="nlu", column_map={"cat": "categroy"})
+
+
+def test_a_misspelled_label_map_names_the_closest_key_value_and_target(tmp_path):
+    path = write_csv([{"review": f"评论 {i}", "sentiment": "好评" if i % 2 else "差评"} for i in range(10)],
+                     tmp_path / "s.csv")
+    with pytest.raises(DataError, match=r"sentiment value '差评' is not in label_map\['sentiment'\].*"
+                                        r"Did you mean '差平'"):
+        load_records(path, task="nlu", strict=True, label_map={"sentiment": {"好评": "positive", "差平": "negative"}})
+    with pytest.raises(ConfigError, match=r"maps sentiment '1' to 'postive'.* Did you mean 'positive'\?"):
+        load_records(path, task="nlu", label_map={"sentiment": {"0": "negative", "1": "postive"}})
+    with pytest.raises(ConfigError, match=r"has the key 'sentimnet'\. Did you mean 'sentiment'\?"):
+        load_records(path, task="nlu", label_map={"sentimnet": {"0": "negative"}})
+    mine = load_records(path, task="nlu", label_map={"sentiment": {"好评": "好", "差评": "差"}})   # your own names
+    assert {r["sentiment"] for r in mine.records} == {"好", "差"}

@@ -7,6 +7,7 @@ import csv
 import pytest
 
 from ecomkit.data import build_datasets, load_records, write_jsonl
+from ecomkit.errors import ConfigError
 from ecomkit.models.tokenizer import get_tokenizer
 
 
@@ -42,3 +43,15 @@ def test_build_warns_about_unlabeled_rows_and_labels_that_never_occur(tmp_path, 
     assert report.facts()["unlabeled_first"] == ["line 8"] and report.facts()["labels_not_in_data"] == ["颜色"]
     *_, clean = build_datasets(str(path), seed=0, task="nlu", tokenizer=tok, max_length=64, labels=["品牌"])
     assert not [w for w in clean.warnings() if "never occur" in w]
+
+
+def test_a_misspelled_extraction_label_is_an_error_with_the_closest_one(tmp_path, tok):
+    """Issue 56 item 5: ``--labels 品碑`` (one character off the data's 品牌) trained a label no span carries."""
+    rows = [{"text": f"华为手机 黑色 {i}", "spans": [{"type": "品牌", "term": "华为", "start": 0, "end": 2},
+                                                 {"type": "颜色", "term": "黑色", "start": 5, "end": 7}]} for i in range(40)]
+    path = write_jsonl(rows, tmp_path / "ner.jsonl")
+    with pytest.raises(ConfigError, match=r"--labels: '品碑' never occurs in the spans of the data\. Did you mean "
+                                          r"'品牌'\?.*span labels: 品牌, 颜色"):
+        build_datasets(str(path), seed=0, task="nlu", tokenizer=tok, max_length=64, labels=["品碑", "颜色"])
+    *_, report = build_datasets(str(path), seed=0, task="nlu", tokenizer=tok, max_length=64, labels=["品牌", "尺码"])
+    assert report.labels_not_in_data == ("尺码",)   # far from every label of the data: still a warning

@@ -62,21 +62,24 @@ def test_fsdp2_matches_single_process_and_dcp_reloads_on_one_process(single_run,
 
 @pytest.mark.dist
 def test_tensor_parallel_matches_single_process_with_planned_shapes(single_run, tmp_path):
-    from ecomkit.parallel.tensor import tensor_parallel_shapes
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    from ecomkit.parallel.tensor import bloom_block_tp_plan
 
     out = tmp_path / "tp"
     run_script(SCRIPT, COMMON + ["--micro-batch-size", "8", "--tp", "2", "--output-dir", str(out),
                                  "--dcp-dir", str(out / "dcp")], nproc=2)
     assert_matches_single(out, single_run)
     layout = json.loads((out / "parallel_layout.json").read_text())
-    hidden = 64  # the tiny preset
-    planned = tensor_parallel_shapes(hidden, 2)
     for rank in layout["ranks"]:
         params = {p["name"]: p for p in rank["params"]}
         for block in (0, 1):
-            for suffix, shape in planned.items():
-                p = params[f"transformer.h.{block}.{suffix}"]
-                assert tuple(p["local_shape"]) == shape, (rank["rank"], suffix, p)
+            for module, style in bloom_block_tp_plan().items():   # column-parallel: rows halved; row-parallel: columns
+                cut = 0 if isinstance(style, ColwiseParallel) else 1
+                weight, bias = (params[f"transformer.h.{block}.{module}.{k}"] for k in ("weight", "bias"))
+                halved = [n // 2 if d == cut else n for d, n in enumerate(weight["global_shape"])]
+                assert weight["local_shape"] == halved, (rank["rank"], module, weight)
+                assert bias["local_shape"] == ([bias["global_shape"][0] // 2] if cut == 0 else bias["global_shape"])
         assert params["transformer.word_embeddings.weight"]["placements"] == ["plain"]  # replicated, documented
     assert train_rows(out)[-1]["comm_by_kind"]["all_reduce"]["count"] >= 8  # 2 blocks × (2 fwd + 2 bwd)
     _assert_dcp_loads_at_world_size_one(out)

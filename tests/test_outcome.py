@@ -91,7 +91,7 @@ def test_budget_advice_follows_the_cause():
     untrained = budget_advice(393, 400, 11, longest_answer=3)
     assert "has not learned to end its answers" in untrained and "will not help" in untrained
     # a budget below the longest training answer: raising it is the lever
-    short = budget_advice(3, 400, 4, longest_answer=12)
+    short = budget_advice(300, 400, 4, longest_answer=12)
     assert short.endswith("raise it with --gen-max-new-tokens N") and "not learned" not in short
     summary = {"gen_acc": 0.0, "gen_macro_f1": 0.0, "gen_classify_n": 4, "gen_decoded": 4, "gen_held_out": 4,
                "gen_examples_per_s": 1.0, "gen_decode_mode": "generate", "gen_prompts_cut": 0,

@@ -7,6 +7,7 @@ evaluation's decoding and parser make of the same prompts, and that its input ch
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -19,8 +20,10 @@ from ecomkit.dist import DistEnv
 from ecomkit.errors import DataError
 from ecomkit.plots.tasks import confusion_counts
 from ecomkit.train.generate import DecodeSettings, generate_texts
-from ecomkit.data.formats import read_task_file
-from ecomkit.train.predict import Predictor, Recorded, main, normalise_row, recorded_prompt_format, split_labels
+from ecomkit.data.formats import TaskExample, read_task_file, write_task_file
+from ecomkit.data.questions import Recorded, command_line_rows, row_items, split_labels
+from ecomkit.data.rows import read_rows
+from ecomkit.train.predict import Predictor, main, recorded_prompt_format
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_generate import single, tokenizer, varied_model  # noqa: E402
@@ -62,9 +65,11 @@ def test_predict_file_in_file_out_with_per_row_task_and_labels(saved, tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     answers = [json.loads(line) for line in dst.read_text(encoding="utf-8").splitlines()]
-    assert answers[0]["id"] == 7 and answers[0]["task"] == "classify" and "label" in answers[0]
+    assert answers[0]["input"]["id"] == 7 and answers[0]["task"] == "classify" and "label" in answers[0]
     assert answers[1]["labels"] == ["品牌"] and isinstance(answers[1]["spans"], dict)
-    direct = Predictor(str(out)).predict([normalise_row(r, "extract", ("品牌",), "x") for r in rows])
+    assert [a["location"] for a in answers] == ["line 1", "line 2"]
+    direct = Predictor(str(out)).predict([TaskExample("classify", TEXTS[0], ("正面", "负面")),
+                                          TaskExample("extract", TEXTS[1], ("品牌",))])
     assert [a["generated"] for a in direct] == [a["generated"] for a in answers]
 
 
@@ -72,8 +77,6 @@ def test_predict_remembers_the_task_labels_length_and_budget_the_run_saved(saved
     """Issue #43 item 4: ``--model runs/x/final "…"`` alone. On main it exited with "no task; give --task", and its
     --max-length/--max-new-tokens defaults ignored the run's. Flags still override each."""
     import shutil
-
-    from ecomkit.data.formats import write_task_file
 
     src, model, tok = saved
     out = tmp_path / "final"
@@ -92,11 +95,8 @@ def test_predict_remembers_the_task_labels_length_and_budget_the_run_saved(saved
     longer = generate_texts(single(model), tok, prompts, DistEnv(), DecodeSettings(max_new_tokens=9))[0]
     main(["--model", str(out), "--gen-max-new-tokens", "9", "--seq-len", str(1 << 20), *TEXTS])
     assert [json.loads(line)["generated"] for line in capsys.readouterr().out.splitlines()] == longer
-    # a model that learned two classification label sets: the Python API names them, with the flag to pick one
     write_task_file(out, prompt_format="seqgpt", task="nlu", labels={"category": ("a", "b"), "sentiment": ("x", "y")},
                     kinds=["category", "sentiment"])
-    with pytest.raises(DataError, match=r"category: --labels a,b; sentiment: --labels x,y"):
-        normalise_row({"text": "a"}, None, (), "command line", Recorded(read_task_file(out), str(out)))
     main(["--model", str(out), "--labels", "x,y", TEXTS[0]])
     assert json.loads(capsys.readouterr().out)["label"] in ("x", "y", None)
 
@@ -106,9 +106,6 @@ def test_predict_answers_every_target_a_model_learned_one_line_each(saved, tmp_p
     asking for --labels; it answers both, one line per target (and per text), each prompt with that target's
     labels. --task keeps one kind; --labels asks one set; a row's own labels are one question."""
     import shutil
-
-    from ecomkit.data.formats import write_task_file
-    from ecomkit.train.predict import answer_rows
 
     src, model, tok = saved
     out = tmp_path / "final"
@@ -123,28 +120,31 @@ def test_predict_answers_every_target_a_model_learned_one_line_each(saved, tmp_p
     assert all(("label" in p) == (p["target"] != "extract") and ("spans" in p) == (p["target"] == "extract")
                for p in printed)
     recorded = Recorded(read_task_file(out), str(out))
-    asked = answer_rows({"text": "a"}, None, (), "x", recorded)
-    assert [(r["task"], r["labels"]) for r in asked] == [("classify", ("手机", "服装")), ("classify", ("正面", "负面")),
-                                                         ("extract", ("品牌",))]
-    assert [r["target"] for r in answer_rows({"text": "a"}, "classify", (), "x", recorded)] == ["category", "sentiment"]
-    assert answer_rows({"text": "a", "task": "extract"}, None, (), "x", recorded)[0]["labels"] == ("品牌",)
-    assert len(answer_rows({"text": "a"}, "classify", ("正面", "负面"), "x", recorded)) == 1
+
+    def asked(raw, task=None, labels=()):
+        row = command_line_rows([raw["text"]])[0]
+        return row_items(type(row)(row.location, raw, row.record), task, labels, recorded, "x")
+
+    assert [(i.question.example.kind, i.question.example.labels) for i in asked({"text": "a"})] == [
+        ("classify", ("手机", "服装")), ("classify", ("正面", "负面")), ("extract", ("品牌",))]
+    assert [i.target for i in asked({"text": "a"}, "classify")] == ["category", "sentiment"]
+    assert [i.question.example.labels for i in asked({"text": "a", "task": "extract"})] == [("品牌",)]
+    one = asked({"text": "a"}, "classify", ("正面", "负面"))
+    assert len(one) == 1 and one[0].target == "sentiment"   # a learned label set: that target's input and gold
     with pytest.raises(DataError, match="no task"):
-        answer_rows({"text": "a", "task": "summarise"}, None, (), "x", recorded)
-    with pytest.raises(DataError, match="string field 'text'"):
-        answer_rows({"txt": "a"}, None, (), "x", recorded)
+        asked({"text": "a", "task": "summarise"})
 
 
 def test_input_errors_name_the_place_and_the_fix(saved, tmp_path):
-    with pytest.raises(DataError, match="line 2: not JSON"):
-        bad = tmp_path / "bad.jsonl"
-        bad.write_text('{"text": "a"}\n{oops\n', encoding="utf-8")
-        from ecomkit.train.predict import read_rows
-        read_rows(str(bad), "extract", ("品牌",))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a"}\n{oops\n', encoding="utf-8")
+    rows = read_rows(str(bad)).rows
+    assert rows[1].location == "line 2" and rows[1].record is None and "not valid JSON" in rows[1].issue.detail
+    row = command_line_rows(["a"])[0]
     with pytest.raises(DataError, match="no labels"):
-        normalise_row({"text": "a"}, "extract", (), "command line")
+        row_items(row, "extract", (), Recorded(None), "command line")
     with pytest.raises(DataError, match="no task"):
-        normalise_row({"text": "a"}, None, ("x",), "command line")
+        row_items(row, None, ("x",), Recorded(None), "command line")
     assert split_labels("品牌, 颜色、尺码") == ("品牌", "颜色", "尺码")
     assert recorded_prompt_format(tmp_path) is None
 
@@ -183,3 +183,128 @@ def test_a_model_trained_on_a_review_file_answers_category_and_sentiment_by_defa
     assert all(p["label"] is None or p["label"] in learned[p["target"]] for p in printed)
     readme = (REPO / "README.md").read_text(encoding="utf-8")   # the line run above, and what it answers
     assert 'python -m ecomkit.predict --model runs/mine/final "' in readme and "every target the model learned" in readme
+    # Issue 56 item 3: the training file itself, with no --column-map: every row, every target, scored. On main
+    # predict read JSON Lines only, and stopped at the first row without a 'text' field.
+    out = tmp_path / "answers.csv"
+    proc = subprocess.run([sys.executable, "-m", "ecomkit.predict", "--model", str(tmp_path / "run" / "final"),
+                           "--input", str(data), "--output", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out, encoding="utf-8", newline="") as f:
+        answers = list(csv.DictReader(f))
+    assert [(a["location"], a["target"]) for a in answers] == [(f"line {n}", t) for n in range(2, 122)
+                                                               for t in ("category", "sentiment")]
+    assert all(a["gold"] and not a.get("error") for a in answers) and answers[0]["input.review"] == lines[1].split(",")[2]
+    assert {a["gold"] for a in answers if a["target"] == "sentiment"} == {"negative", "positive"}   # the label map
+    scores = json.loads(out.with_suffix(".scores.json").read_text(encoding="utf-8"))
+    for target in ("category", "sentiment"):
+        right = [a["correct"] == "True" for a in answers if a["target"] == target]
+        assert scores[target]["rows"] == 120 and scores[target]["gen_acc"] == pytest.approx(sum(right) / 120)
+        assert scores[target]["baseline"].startswith("the run's training labels")
+    assert "accuracy" in proc.stderr and "majority baseline" in proc.stderr
+
+
+REVIEW_ROWS = [{"cat": "手机", "label": "1", "review": "屏幕 电池 很好", "id": "a"},
+               {"cat": "手机", "label": "0", "review": "信号 太差", "id": "b"},
+               {"cat": "服装", "label": "1", "review": "面料 很好", "id": "c"},
+               {"cat": "手机", "label": "2", "review": "电池 一般", "id": "d"},     # a label the map does not know
+               {"cat": "家具", "label": "0", "review": "做工 太差", "id": "e"},     # a category the model never learned
+               {"cat": "手机", "label": "1", "review": "", "id": "f"}]             # nothing to read: not answerable
+
+
+def review_model(saved, tmp_path, baselines: bool = True):
+    """The saved model with the task file a review run writes: two targets, its column and label maps."""
+    import shutil
+
+    out = tmp_path / "final"
+    shutil.copytree(saved[0], out)
+    counts = {"category": {"手机": 3, "服装": 9}, "sentiment": {"negative": 5, "positive": 4}} if baselines else None
+    write_task_file(out, prompt_format="seqgpt", task="nlu", kinds=["category", "sentiment"],
+                    labels={"category": ("手机", "服装"), "sentiment": ("negative", "positive")}, gen_max_new_tokens=4,
+                    reading={"column_map": {"cat": "category", "label": "sentiment"},
+                             "label_map": {"sentiment": {"0": "negative", "1": "positive"}}, "span_end": "exclusive"},
+                    train_label_counts=counts, train_spans={} if baselines else None)
+    return out
+
+
+def write_rows_as(rows: list[dict], path: Path, suffix: str) -> Path:
+    """``rows`` in each format --data reads: CSV, JSON Lines, a JSON array, a save_to_disk folder, one .arrow file."""
+    from ecomkit.data import write_csv, write_hf_dataset, write_jsonl
+
+    if suffix == ".json":
+        path.write_text(json.dumps(rows, ensure_ascii=False), encoding="utf-8")
+        return path
+    if suffix == ".arrow":
+        return next(write_hf_dataset(rows, path.with_suffix("")).glob("*.arrow"))
+    return {".csv": write_csv, ".jsonl": write_jsonl, "_dir": write_hf_dataset}[suffix](rows, path)
+
+
+@pytest.mark.parametrize("suffix,first", [(".csv", "line 2"), (".jsonl", "line 1"), (".json", "item 1"),
+                                          ("_dir", "row 1"), (".arrow", "row 1")])
+def test_predict_reads_a_file_as_its_run_read_it_and_names_every_row_it_cannot_answer(saved, tmp_path, suffix,
+                                                                                        first, capsys):
+    """Issue 56 item 3: on main ``--input`` read JSON Lines with a 'text' field only, knew no column map, and
+    stopped at the first row it could not read. Now the run's maps apply, every row is in the output (those it
+    cannot answer with their line and why), and the labels the rows carry are scored against the run's baseline."""
+    model = review_model(saved, tmp_path)
+    data = write_rows_as(REVIEW_ROWS, tmp_path / f"reviews{suffix}", suffix)
+    main(["--model", str(model), "--input", str(data), "--output", str(tmp_path / "answers.jsonl")])
+    err = capsys.readouterr().err
+    answers = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert answers[0]["location"] == first and answers[0]["input"]["id"] == "a" and answers[0]["text"] == "屏幕 电池 很好"
+    assert [(a["input"]["id"], a.get("target")) for a in answers] == [
+        (r["id"], t) for r in REVIEW_ROWS[:5] for t in ("category", "sentiment")] + [("f", None)]
+    bad = answers[-1]
+    assert "error" in bad and "empty" in bad["error"] and f"1 of 6 rows of {data} could not be answered" in err
+    assert f"{bad['location']}: every text field of the row is empty" in err
+    by = {(a["input"]["id"], a["target"]): a for a in answers[:-1]}
+    assert by["b", "sentiment"]["gold"] == "negative" and by["a", "category"]["gold"] == "手机"   # the maps applied
+    assert "gold" not in by["d", "sentiment"] and "'2' is not in label_map" in by["d", "sentiment"]["note"]
+    assert "gold" not in by["e", "category"] and "'家具' is not among the labels" in by["e", "category"]["note"]
+    assert "2 of 6 rows" in err and "carry a label that is not scored" in err
+    scores = json.loads((tmp_path / "answers.scores.json").read_text(encoding="utf-8"))
+    assert scores["category"]["rows"] == 4 and scores["sentiment"]["rows"] == 4
+    assert scores["category"]["gen_majority_labels"] == ["服装"]   # the training majority, not the file's 手机
+    assert scores["category"]["gen_majority_acc"] == 0.25 and "training labels" in scores["category"]["baseline"]
+    right = [a["correct"] for a in answers[:-1] if a["target"] == "category" and "gold" in a]
+    assert scores["category"]["gen_acc"] == sum(right) / 4
+
+
+def test_predict_without_recorded_baselines_says_whose_majority_it_uses_and_writes_csv(saved, tmp_path, capsys):
+    from ecomkit.data import write_csv
+
+    model = review_model(saved, tmp_path, baselines=False)
+    data = write_csv(REVIEW_ROWS[:3], tmp_path / "reviews.csv")
+    main(["--model", str(model), "--input", str(data), "--output", str(tmp_path / "answers.csv")])
+    with open(tmp_path / "answers.csv", encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows[0]["input.cat"] == "手机" and rows[0]["input.id"] == "a" and rows[0]["target"] == "category"
+    assert json.loads(rows[0]["labels"]) == ["手机", "服装"]
+    scores = json.loads((tmp_path / "answers.scores.json").read_text(encoding="utf-8"))
+    assert scores["category"]["gen_majority_labels"] == ["手机"] and "this file's own labels" in scores["category"]["baseline"]
+    assert "this file's own labels" in capsys.readouterr().err
+
+
+def test_predict_column_map_overrides_the_runs_and_says_did_you_mean(saved, tmp_path, capsys):
+    from ecomkit.data import write_jsonl
+
+    model = review_model(saved, tmp_path)
+    data = write_jsonl([{"comment": r["review"], "id": r["id"]} for r in REVIEW_ROWS[:2]], tmp_path / "new.jsonl")
+    with pytest.raises(SystemExit):
+        main(["--model", str(model), "--input", str(data), "--column-map", '{"coment": "review"}'])
+    assert "Did you mean 'comment'?" in capsys.readouterr().err
+    main(["--model", str(model), "--input", str(data), "--column-map", '{"comment": "review"}'])
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(p["input"]["id"], p["target"]) for p in printed] == [("a", "category"), ("a", "sentiment"),
+                                                                  ("b", "category"), ("b", "sentiment")]
+    with pytest.raises(SystemExit):   # a --labels name one typo off a learned label
+        main(["--model", str(model), "--labels", "negative,positve", "好"])
+    assert "Did you mean 'positive'?" in capsys.readouterr().err
+
+
+def test_predict_help_describes_every_flag():
+    from ecomkit.train.predict import build_parser
+
+    actions = [a for a in build_parser()._actions if a.option_strings and a.dest != "help"]
+    assert {a.dest for a in actions} >= {"input", "output", "column_map", "label_map", "span_end"}
+    assert all(a.help and len(a.help) > 10 for a in actions), [a.dest for a in actions if not a.help]

@@ -21,8 +21,10 @@ from ecomkit.config import TrainConfig, parse_signal_names
 from ecomkit.errors import ConfigError
 from ecomkit.faults.preempt import PreemptionSignals, clear_record, read_record, write_record
 
-COMMON = ["--model", "tiny", "--max-steps", "8", "--n-rows", "300", "--seq-len", "64", "--eval-interval", "0",
-          "--eval-batches", "1", "--no-progress"]
+# fp32 pinned: 02's default, precision auto, is chosen by timing GEMMs at start-up, so the uninterrupted and the
+# resumed launches could train at different precisions under a loaded machine (docs/testing.md).
+COMMON = ["--precision", "fp32", "--model", "tiny", "--max-steps", "8", "--n-rows", "300", "--seq-len", "64",
+          "--eval-interval", "0", "--eval-batches", "1", "--no-progress"]
 SIGTERM_AGENT, SIGUSR1_RANK1 = (signal.SIGTERM, None), (signal.SIGUSR1, 1)
 STRATEGIES = {
     "zero3": ("03_zero3.py", ["--strategy", "zero", "--zero-stage", "3"], [SIGTERM_AGENT]),

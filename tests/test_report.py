@@ -128,7 +128,7 @@ def test_names_that_are_not_artifacts_are_ignored(tmp_path, name):
 
 @pytest.mark.parametrize("page", report.DOCS, ids=lambda p: p.name)
 def test_the_repository_pages_match_their_artifacts(page):
-    """The check ``make test`` runs: the report blocks of docs/benchmarks.md and docs/perf.md equal their artifacts."""
+    """The check ``make test`` runs: the report blocks of every page in ``report.DOCS`` equal their artifacts."""
     text = page.read_text()
     assert report.BLOCK.search(text), f"{page} has no report block"
     assert report.render_blocks(text) == text, "run: python benchmarks/report.py"

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from ecomkit.data.formats import TaskExample, parse_answer
-from ecomkit.train.gen_eval import prediction_rows, scores_from_rows, shard_range
+from ecomkit.train.gen_eval import budget_advice, prediction_rows, scores_from_rows, shard_range
 from ecomkit.train.task_metrics import (SpanDictionary, classification_scores, extraction_scores, f1, invalid_text,
                                         majority_label, margin_points, spans_not_in_text, training_majorities)
 
@@ -100,8 +100,10 @@ def test_answers_that_stopped_at_the_budget_are_counted_with_the_flag_that_raise
     assert s["gen_at_budget"] == 1
     s.update(gen_decoded=3, gen_examples_per_s=1.0, gen_decode_mode="generate", gen_prompts_cut=0,
              gen_max_new_tokens=4)
-    assert ("1 of 3 answers stopped at 4 new tokens without ending (maybe cut short): raise it with "
-            "--gen-max-new-tokens N") in generation_lines(s)
+    assert "1 answers stopped at the budget" in generation_lines(s)   # counted; advice is the evaluator's to give
+    s["gen_budget_advice"] = budget_advice(1, 3, 4, longest_answer=12)   # a third of them, the budget too short
+    assert ("1 of 3 generated answers stopped at the budget of 4 new tokens without ending (they may be cut short); "
+            "raise it with --gen-max-new-tokens N") in generation_lines(s)
 
 
 def test_dictionary_baseline_most_frequent_label_longest_match_first_and_only_asked_labels():
@@ -155,4 +157,4 @@ def test_printed_summary_says_whether_each_baseline_is_cleared_and_by_how_much()
     text = generation_lines(s)
     assert "margin -100.0 points (does NOT clear it; 1 examples)" in text      # F1 0 against the dictionary's 1
     assert "accuracy 0.000" in text and "training-majority baseline 1.000" in text
-    assert "2 of 5 held-out examples, 3.0 examples/s" in text and "budget" not in text
+    assert "2 of 5 held-out examples, 3.0 examples/s" in text and "\nbudget" not in text   # no advice line

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ecomkit.models.bloom import build_model, preset_config
-from ecomkit.parallel.tensor import slice_alibi_to_local_heads, tensor_parallel_shapes
+from ecomkit.parallel.tensor import slice_alibi_to_local_heads
 
 
 def test_contiguous_qkv_chunks_hold_whole_heads_with_their_q_k_v():
@@ -52,9 +52,3 @@ def test_alibi_slice_matches_the_heads_of_the_full_bias():
     assert local.shape == (2 * 4, 1, 4)
     torch.testing.assert_close(local.view(2, 4, 1, 4), full.view(2, 8, 1, 4)[:, 4:8])
 
-
-def test_planned_shapes_split_columns_then_rows():
-    shapes = tensor_parallel_shapes(64, 2)
-    assert shapes["self_attention.query_key_value.weight"] == (96, 64)  # column-parallel: output rows
-    assert shapes["self_attention.dense.weight"] == (64, 32)            # row-parallel: input columns
-    assert shapes["mlp.dense_4h_to_h.bias"] == (64,)                    # added once, after the all-reduce

@@ -26,7 +26,7 @@ import yaml
 from ecomkit.config.field_help import field_docs
 from ecomkit.config.schema import CONFIG_PRESETS, TrainConfig
 from ecomkit.config.vocabulary import FIELD_CHOICES
-from ecomkit.errors import ConfigError
+from ecomkit.errors import ConfigError, did_you_mean
 
 
 def _flag(prefix: str, name: str) -> str:
@@ -69,7 +69,8 @@ def _word_parser(tp: Any) -> Callable[[str], Any]:
     return _real_or_word if float in typing.get_args(tp) else _number_or_word
 
 
-def _parse_dict(text: str) -> dict[str, str]:
+def parse_json_object(text: str) -> dict[str, str]:
+    """A flag's JSON object (``--column-map``, ``--label-map``), or argparse's error for anything else."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
@@ -138,7 +139,7 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, defaults: Any, prefi
             kw["type"] = _word_parser(tp)
             kw["metavar"] = _metavar(f.name, tp, choices)
         else:
-            kw["type"] = _parse_dict if typing.get_origin(tp) is dict or tp is dict else tp
+            kw["type"] = parse_json_object if typing.get_origin(tp) is dict or tp is dict else tp
             kw["metavar"] = _metavar(f.name, tp, choices)
         groups[section].add_argument(flag, **kw)
 
@@ -204,9 +205,7 @@ def _nested_names() -> set[str]:
 def _set_known(obj: Any, name: str, value: Any, where: str) -> None:
     names = [f.name for f in dataclasses.fields(obj)]
     if name not in names:
-        close = difflib.get_close_matches(name, names, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"{where}unknown config key '{name}'.{hint} Valid keys: {', '.join(names)}.")
+        raise ConfigError(f"{where}unknown config key '{name}'.{did_you_mean(name, names)} Valid keys: {', '.join(names)}.")
     setattr(obj, name, value)
 
 

@@ -7,10 +7,9 @@ the dataclasses all need these lists without needing each other.
 
 from __future__ import annotations
 
-import difflib
 from enum import Enum
 
-from ecomkit.errors import ConfigError
+from ecomkit.errors import ConfigError, did_you_mean
 
 
 class StrategyName(str, Enum):
@@ -111,8 +110,7 @@ def flag_of(name: str) -> str:
 def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     """Raise "Unknown <name> '<value>' (--flag). Choose one of: ... Did you mean ...?" unless ``value`` is allowed."""
     if value not in allowed:
-        close = difflib.get_close_matches(str(value), allowed, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
+        hint = did_you_mean(value, allowed)
         flag = f" ({flag_of(name)})" if " " not in name else ""   # "planner strategy" is not a config field
         raise ConfigError(f"Unknown {name} '{value}'{flag}. Choose one of: {', '.join(allowed)}.{hint}")
 

@@ -53,7 +53,8 @@ from ecomkit.data.stream import column_numpy, label_codes, read_columns
 from ecomkit.data.lengths import (CutCounts, LengthStats, choose_seq_len, cut_counts, length_stats, lengths_facts,
                                   limit_warning, reached_limit)
 from ecomkit.data.tokenize import fit_rows, tokenize_whole
-from ecomkit.data.validate import RECORD_FIELDS, ValidationReport, check_bad_fraction, unlabeled_warning
+from ecomkit.data.validate import (RECORD_FIELDS, ValidationReport, check_bad_fraction, check_labels_spelling,
+                                   unlabeled_warning)
 from ecomkit.errors import ConfigError, DataError
 
 SYNTHETIC = "synthetic"
@@ -216,6 +217,8 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
         all_labels["extract"] = extract
     outside = {k: n for k, n in (span_counts or {}).items() if k not in extract}
     never = tuple(k for k in (labels or ()) if not (span_counts or {}).get(k))
+    if never:
+        check_labels_spelling(labels, sorted(span_counts or ()))
     if eval_table is None:
         order = np.random.default_rng(seed).permutation(len(records))
         eval_idx, train_idx = stratified_split(order, _strata(targets[0], all_labels, order), eval_fraction)

@@ -21,7 +21,7 @@ import json
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
-from ecomkit.errors import ConfigError
+from ecomkit.errors import ConfigError, did_you_mean
 
 ColumnPath = tuple[str | int, ...]
 MISSING = object()   # what resolve() returns where the row has no value at the path
@@ -146,6 +146,8 @@ def _names(key: str, value: Any, depth: int = 0) -> list[str]:
 def unmatched_error(source: str, missing: Sequence[str], columns: Sequence[str]) -> ConfigError:
     """The error for map keys that match no column: which keys, the columns found, and the path syntax."""
     keys = ", ".join(repr(k) for k in missing)
-    return ConfigError(f"--column-map key(s) {keys} match no column of {source}; the columns found: "
+    hints = "".join(f"{f' For {k!r}:' if len(missing) > 1 else ''}{hint}" for k in missing
+                    if (hint := did_you_mean(k, columns)))
+    return ConfigError(f"--column-map key(s) {keys} match no column of {source}.{hints} The columns found: "
                        f"{list(columns)}. Map a column by its name, or a value inside one by its path, e.g. "
                        f"{EXAMPLE}.")

@@ -78,7 +78,8 @@ def csv_header(path: Path) -> list[str]:
         return next(csv.reader(f), [])
 
 
-def csv_rows(path: Path, column_map: Mapping[str, str]) -> Iterator[tuple[str, Any]]:
+def csv_rows(path: Path, column_map: Mapping[str, str], keep_columns: bool = False) -> Iterator[tuple[str, Any]]:
+    """A CSV's rows as JSON texts of the columns ecomkit reads (``keep_columns``: of every column)."""
     read = heads(path_keys(column_map))   # columns a path reads into (their cells hold JSON)
     with _open_csv(path) as f:
         reader = csv.reader(f)
@@ -94,15 +95,17 @@ def csv_rows(path: Path, column_map: Mapping[str, str]) -> Iterator[tuple[str, A
                 yield location, RowProblem("malformed_line", None,
                                            f"{len(values)} columns, the header has {len(header)}")
                 continue
-            yield location, _csv_record(header, values, column_map, read)
+            yield location, _csv_record(header, values, column_map, read, keep_columns)
 
 
 def _csv_record(header: list[str], values: list[str], column_map: Mapping[str, str],
-                read: set[str] = frozenset()) -> Any:
+                read: set[str] = frozenset(), keep_columns: bool = False) -> Any:
     row = {}
     for column, value in zip(header, values):
         ours = column_map.get(column, column)
         if ours not in ALL_FIELDS and column not in read:
+            if keep_columns:   # handed back, never read: an undecodable byte becomes U+FFFD, not a bad row
+                row[column] = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
             continue  # other columns are ignored (and may hold anything)
         if any("\udc80" <= ch <= "\udcff" for ch in value):
             return RowProblem("undecodable_bytes", ours, f"column '{column}' contains bytes that are not valid UTF-8")

@@ -272,28 +272,50 @@ def parse_labels(text: str | Sequence[str] | None) -> tuple[str, ...]:
 
 def write_task_file(model_dir: str | os.PathLike, *, prompt_format: str, task: str,
                     labels: Mapping[str, Sequence[str]], kinds: Sequence[str] = (), seq_len: int | None = None,
-                    gen_max_new_tokens: int | None = None) -> Path:
+                    gen_max_new_tokens: int | None = None, reading: Mapping[str, Any] | None = None,
+                    train_label_counts: Mapping[str, Mapping[str, int]] | None = None,
+                    train_spans: Mapping[tuple[str, str], int] | None = None) -> Path:
     """Record in a saved model how it was trained: ``<model_dir>/ecomkit_task.json``.
 
     ``{"prompt_format", "task", "labels": {"category": [...], "sentiment": [...],
-    "extract": [...]}, "kinds": [...], "seq_len", "gen_max_new_tokens"}`` (``kinds``:
+    "extract": [...]}, "kinds": [...], "seq_len", "gen_max_new_tokens", "reading", "baselines"}`` (``kinds``:
     the example kinds trained on; ``seq_len`` and ``gen_max_new_tokens``: the
-    run's sequence length and generation budget as it resolved them).
+    run's sequence length and generation budget as it resolved them; ``reading``: how the run read its rows,
+    ``column_map``, ``label_map`` and ``span_end``; ``baselines``: what evaluation's baselines learn from, the
+    training label counts per target and the training spans, ``{label: {span: count}}``).
     Evaluation and ``ecomkit.predict`` read it back with :func:`read_task_file`,
     so a model is prompted in the format it learned, with the labels, prompt
-    cut and answer budget of its run.
+    cut and answer budget of its run, reads a file as its run did, and is scored against its run's baselines.
     """
     check_format(prompt_format)
     path = Path(model_dir) / TASK_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    info = {"prompt_format": prompt_format, "task": task, "labels": {k: list(v) for k, v in labels.items()},
-            "kinds": list(kinds)}
+    info: dict[str, Any] = {"prompt_format": prompt_format, "task": task,
+                            "labels": {k: list(v) for k, v in labels.items()}, "kinds": list(kinds)}
     info.update({k: int(v) for k, v in (("seq_len", seq_len), ("gen_max_new_tokens", gen_max_new_tokens))
                  if v is not None})
+    if reading is not None:
+        info["reading"] = {k: v for k, v in reading.items() if v}
+    if train_label_counts is not None or train_spans is not None:
+        info["baselines"] = {"train_label_counts": {t: dict(c) for t, c in (train_label_counts or {}).items()},
+                             "train_spans": spans_by_label(train_spans or {})}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(info, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def spans_by_label(counts: Mapping[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+    """``{(label, span): n}`` -> ``{label: {span: n}}``, sorted: the task file's form (:func:`span_counts` reverses it)."""
+    out: dict[str, dict[str, int]] = {}
+    for (label, span), n in sorted(counts.items()):
+        out.setdefault(label, {})[span] = int(n)
+    return out
+
+
+def span_counts(by_label: Mapping[str, Mapping[str, int]]) -> dict[tuple[str, str], int]:
+    """The inverse of :func:`spans_by_label`."""
+    return {(label, span): int(n) for label, spans in by_label.items() for span, n in spans.items()}
 
 
 def read_task_file(model_dir: str | os.PathLike) -> dict[str, Any] | None:

@@ -40,7 +40,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow.compute as pc
@@ -69,7 +69,7 @@ from ecomkit.data.validate import (
     strict_error,
     validate_row,
 )
-from ecomkit.errors import ConfigError, DataError
+from ecomkit.errors import ConfigError, DataError, did_you_mean
 
 logger = logging.getLogger(__name__)
 
@@ -105,13 +105,13 @@ def load_records(path: str | os.PathLike, *, column_map: Mapping[str, str] | Non
     caller decides whether too many were bad: ``check_bad_fraction``).
     """
     path = Path(path)
-    column_map, label_map = _check_column_map(column_map), check_label_map(label_map)
+    column_map, label_map = check_column_map(column_map), check_label_map(label_map)
     check_task(task)
     check_span_end(span_end)
     raw, from_file = _raw_table(path, column_map, task)
-    _check_map_keys(path, raw, column_map, from_file)
+    check_map_keys(path, raw, column_map, from_file)
     if not from_file and "ner_tags" not in label_map:
-        label_map.update(check_label_map(_class_label_names(raw, column_map)))
+        label_map.update(check_label_map(class_label_names(raw, column_map)))
     key = fingerprint("validated", raw._fingerprint, column_map, label_map, max_chars, span_end, RECORD_FIELDS)
     validated = map_batches(raw, _validate_batch, key=key, features=VALIDATED_FEATURES, num_proc=num_proc,
                             fn_kwargs={"column_map": column_map, "label_map": label_map, "max_chars": max_chars,
@@ -131,7 +131,7 @@ def load_records(path: str | os.PathLike, *, column_map: Mapping[str, str] | Non
     return LoadResult(good, report)
 
 
-def _class_label_names(ds: Dataset, column_map: Mapping[str, str]) -> dict:
+def class_label_names(ds: Dataset, column_map: Mapping[str, str]) -> dict:
     """``{"ner_tags": names}`` when the dataset's tag column is a sequence of ``ClassLabel`` (the HF NER convention)."""
     for column, feature in ds.features.items():
         inner = getattr(feature, "feature", None)
@@ -193,11 +193,12 @@ def _finish(report: ValidationReport) -> None:
         logger.warning("%s", report.summary())
 
 
-def _check_column_map(column_map: Mapping[str, str] | None) -> dict[str, str]:
+def check_column_map(column_map: Mapping[str, str] | None) -> dict[str, str]:
     column_map = dict(column_map or {})
     unknown = {theirs: ours for theirs, ours in column_map.items() if ours not in ALL_FIELDS}
     if unknown:
-        raise ConfigError(f"--column-map {unknown} maps to unknown fields; map your columns to one of "
+        hints = "".join(did_you_mean(ours, ALL_FIELDS) for ours in unknown.values())
+        raise ConfigError(f"--column-map {unknown} maps to unknown fields.{hints} Map your columns to one of "
                           f"{list(ALL_FIELDS)}, e.g. --column-map '{{\"product_name\": \"title\"}}'.")
     path_keys(column_map)   # a malformed path is an error now, not a key that never matches
     return column_map
@@ -211,37 +212,51 @@ def _column_keys(column_map: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in column_map.items() if v not in SPAN_KEY_FIELDS}
 
 
+def _missing_heads(columns: Sequence[str], column_map: Mapping[str, str]) -> list[str]:
+    """The map keys whose column, or whose path's first name, is not among ``columns``."""
+    return [k for k in _column_keys(column_map) if k not in columns and parse_path(k)[0] not in columns]
+
+
 def _check_heads(path: Path, columns: list[str], column_map: Mapping[str, str]) -> None:
     """A file with a header (CSV, datasets): every map key's column, or its path's first name, must be there."""
-    missing = [k for k in _column_keys(column_map) if k not in columns and parse_path(k)[0] not in columns]
+    missing = _missing_heads(columns, column_map)
     if missing:
         raise unmatched_error(str(path), missing, columns)
 
 
-def _check_map_keys(path: Path, raw: Dataset, column_map: Mapping[str, str], from_file: bool) -> None:
+def check_map_keys(path: Path, raw: Dataset, column_map: Mapping[str, str], from_file: bool) -> None:
     """Every ``column_map`` key must match a column (a path: reach a value) in some row; else name the columns.
 
-    Column names were checked against the header (:func:`_check_heads`); a dataset's paths are followed in its
-    first rows. A JSON file's rows each have their own columns, so its first rows are read, and a key not among
-    them is searched for in the whole file (the rows that contain its first name).
+    Column names were checked against the header (:func:`_check_heads`); the rest is :func:`missing_map_keys`.
+    """
+    if not _column_keys(column_map) or path.suffix.lower() == ".csv":
+        return
+    missing, columns = missing_map_keys(path, raw, column_map, from_file)
+    if missing:
+        raise unmatched_error(str(path), missing, columns)
+
+
+def missing_map_keys(path: Path, raw: Dataset, column_map: Mapping[str, str], from_file: bool,
+                     header: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
+    """The ``column_map`` keys that match no column (a path: reach no value in any row), and the columns found.
+
+    A CSV's keys are looked up in its ``header``; a dataset's paths are followed in its first rows. A JSON
+    file's rows each have their own columns, so its first rows are read, and a key not among them is searched
+    for in the whole file (the rows that contain its first name).
     """
     column_map = _column_keys(column_map)
-    if not column_map or path.suffix.lower() == ".csv":
-        return
+    if header is not None and from_file:
+        return _missing_heads(header, column_map), list(header)
     if not from_file:
         deep = {k: v for k, v in column_map.items() if k not in raw.column_names}
         sample = list(raw.select(range(min(len(raw), _SAMPLE_ROWS))))
-        missing = sorted(set(deep) - found_keys(sample, deep))
-        if missing:
-            raise unmatched_error(str(path), missing, describe_columns(sample))
-        return
+        return sorted(set(deep) - found_keys(sample, deep)), describe_columns(sample)
     sample = list(_json_objects(raw.select(range(min(len(raw), _SAMPLE_ROWS)))["row"]))
     missing = set(column_map) - found_keys(sample, column_map)
     for key in sorted(missing):
         if any(found_keys(_json_objects(rows), {key: column_map[key]}) for rows in _rows_naming(raw, key)):
             missing.discard(key)
-    if missing:
-        raise unmatched_error(str(path), sorted(missing), describe_columns(sample))
+    return sorted(missing), describe_columns(sample)
 
 
 def _rows_naming(raw: Dataset, key: str, batch: int = 10_000) -> Iterator[list[str | None]]:
@@ -273,7 +288,7 @@ def _validate_batch(batch: dict[str, list], indices: list[int], column_map: Mapp
     for i, index in enumerate(indices):
         location = batch["location"][i] if from_file else f"row {index + 1}"
         try:
-            row = _file_row(batch, i) if from_file else {k: batch[k][i] for k in batch}
+            row = file_row(batch, i) if from_file else {k: batch[k][i] for k in batch}
             raw = map_columns(row, column_map)
             record, issue = validate_row(raw, max_chars, label_map, span_end, column_map), (None, None, None)
         except RowProblem as problem:
@@ -291,7 +306,8 @@ def _valid_rows(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
     return {name: [batch[name][i] for i in keep] for name in RECORD_FIELDS}
 
 
-def _file_row(batch: dict[str, list], i: int) -> dict:
+def file_row(batch: dict[str, list], i: int) -> dict:
+    """Row ``i`` of a raw table's batch as the object it holds, or the :class:`RowProblem` reading it met."""
     if batch["reason"][i]:
         raise RowProblem(batch["reason"][i], batch["field"][i], batch["detail"][i])
     try:
@@ -307,26 +323,42 @@ def _file_row(batch: dict[str, list], i: int) -> dict:
 
 def _raw_table(path: Path, column_map: Mapping[str, str], task: str) -> tuple[Dataset, bool]:
     """The file as a raw Arrow table (cached by its SHA-256), or the HF dataset itself; and whether it is a file."""
+    ds, columns = open_source(path)
+    if columns is not None:   # checked before a file is read whole
+        check_columns(path, columns, column_map, task)
+    return (ds, False) if ds is not None else (file_table(path, column_map), True)
+
+
+def open_source(path: Path) -> tuple[Dataset | None, list[str] | None]:
+    """A dataset folder or ``.arrow`` file opened (else None), and the columns the source declares up front: a
+    dataset's, a CSV's header (None for JSON, whose rows each have their own). Clear errors for a missing file or
+    an unknown extension."""
     if not path.exists():
         raise _missing_data_error(path)
     suffix = path.suffix.lower()
     if path.is_dir() or suffix == ".arrow":
         ds = load_hf_directory(path) if path.is_dir() else Dataset.from_file(str(path))
-        _check_columns(path, ds.column_names, column_map, task)
-        return ds, False
+        return ds, ds.column_names
     if suffix in (".jsonl", ".json"):
         check_json_array(path)
-    elif suffix == ".csv":
-        _check_columns(path, csv_header(path), column_map, task)
-    else:
-        raise DataError(f"Cannot tell the format of {path} from its extension '{suffix}'. Supported: {SUPPORTED}.")
-    digest = fingerprint("raw", file_digest(path), suffix, column_map)
-    return cached_table(digest, lambda: _raw_batches(path, column_map), RAW_FEATURES), True
+        return None, None
+    if suffix == ".csv":
+        return None, csv_header(path)
+    raise DataError(f"Cannot tell the format of {path} from its extension '{suffix}'. Supported: {SUPPORTED}.")
 
 
-def _raw_batches(path: Path, column_map: Mapping[str, str], batch_rows: int = 10_000) -> Iterator[dict[str, list]]:
+def file_table(path: Path, column_map: Mapping[str, str], keep_columns: bool = False) -> Dataset:
+    """A file's rows as a raw Arrow table, cached by its SHA-256. ``keep_columns``: every CSV column, not only
+    those ecomkit reads (predict hands each row back whole)."""
+    every = ("every column",) if keep_columns else ()
+    digest = fingerprint("raw", file_digest(path), path.suffix.lower(), column_map, *every)
+    return cached_table(digest, lambda: _raw_batches(path, column_map, keep_columns), RAW_FEATURES)
+
+
+def _raw_batches(path: Path, column_map: Mapping[str, str], keep_columns: bool = False,
+                 batch_rows: int = 10_000) -> Iterator[dict[str, list]]:
     """The file's rows as column batches of the raw table; only one batch is held in memory."""
-    rows = csv_rows(path, column_map) if path.suffix.lower() == ".csv" else json_rows(path)
+    rows = csv_rows(path, column_map, keep_columns) if path.suffix.lower() == ".csv" else json_rows(path)
     batch: dict[str, list] = {name: [] for name in RAW_FEATURES}
     for location, row in rows:
         problem = row if isinstance(row, RowProblem) else None
@@ -349,7 +381,7 @@ def _missing_data_error(path: Path) -> DataError:
     )
 
 
-def _check_columns(path: Path, columns: Iterable[str], column_map: Mapping[str, str], task: str) -> None:
+def check_columns(path: Path, columns: Iterable[str], column_map: Mapping[str, str], task: str) -> None:
     """One error for the file, not one per row: it needs a text column, and for ``nlu`` something to learn."""
     columns = list(columns)
     _check_heads(path, columns, column_map)

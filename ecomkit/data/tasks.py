@@ -189,25 +189,57 @@ def record_task_examples(record: Mapping[str, Any], labels: Mapping[str, Sequenc
     ``labels``: the label set per target (``BuildReport.labels``: ``category``,
     ``sentiment``, ``extract``); ``source`` prefixes each example's id.
     """
-    r, out = record, []
-    if r.get("prompt") and r.get("response"):
-        return out
-    for task, inputs in (("category", ("title", "review", "text")), ("sentiment", ("review", "text"))):
-        choices = tuple(labels.get(task) or BUILTIN_LABELS[task])
-        found = _first(r, inputs)
-        if r.get(task) in choices and found:
-            out.append((task, TaskExample(KIND_CLASSIFY, found[1], choices, gold_label=r[task],
-                                          source=f"{source}/{task}")))
-    if r.get("spans") is not None:
-        names = tuple(labels.get("extract") or ())
-        spans = tuple((t, term) for t, _, _, term in spans_from_json(r["spans"]) if t in names)
-        if names:   # the spans point into ``text`` (a user's row) or ``title`` (the synthetic catalog)
-            out.append(("extract", TaskExample(KIND_EXTRACT, r.get("text") or r["title"], names, gold_spans=spans,
-                                               source=f"{source}/extract")))
-    elif r.get("brand") and (found := _first(r, ("title", "text"))) and r["brand"] in found[1]:
-        out.append(("brand", TaskExample(KIND_EXTRACT, found[1], (BRAND_LABEL,),
-                                         gold_spans=((BRAND_LABEL, r["brand"]),), source=f"{source}/brand")))
-    return out
+    if record.get("prompt") and record.get("response"):
+        return []
+    asked = [(task, tuple(labels.get(task) or BUILTIN_LABELS[task])) for task in CLASSIFICATION_TASKS]
+    if record.get("spans") is not None:
+        asked += [("extract", tuple(labels.get("extract") or ()))] if labels.get("extract") else []
+    else:
+        asked.append(("brand", (BRAND_LABEL,)))
+    return [(target, q.example) for target, names in asked
+            if (q := target_question(record, target, names, source)) is not None and q.scored]
+
+
+# The fields each target reads its input from, first present first (the tables of the module docstring).
+TARGET_INPUTS: dict[str, tuple[str, ...]] = {"category": ("title", "review", "text"), "sentiment": ("review", "text"),
+                                             "extract": ("text", "title"), "brand": ("title", "text")}
+
+
+@dataclass(frozen=True)
+class Question:
+    """What one target asks of one record, laid out as training lays it out; its gold answer when the record has it.
+
+    Why: training, evaluation and ``ecomkit.predict`` must read the same input of a row for the same target.
+    """
+
+    target: str            # category | sentiment | extract | brand
+    example: TaskExample   # its gold_label / gold_spans hold the record's answer when ``scored``
+    scored: bool           # the record carries this target's answer, within ``example.labels``
+    note: str = ""         # why an answer the record carries is not scored (a label the set does not hold)
+
+
+def target_question(record: Mapping[str, Any], target: str, labels: Sequence[str], source: str = "") -> Question | None:
+    """The question ``target`` asks of ``record`` with the label set ``labels``; None when it has no input for it."""
+    found = _first(record, TARGET_INPUTS[target])
+    if found is None:
+        return None
+    labels, text, where = tuple(labels), found[1], f"{source}/{target}"
+    if target in CLASSIFICATION_TASKS:
+        gold = record.get(target)
+        scored = gold is not None and gold in labels
+        note = f"its {target} {gold!r} is not among the labels {list(labels)}" if gold and not scored else ""
+        return Question(target, TaskExample(KIND_CLASSIFY, text, labels, gold if scored else None, source=where),
+                        scored, note)
+    if target == "extract":   # the spans point into ``text`` (a user's row) or ``title`` (the synthetic catalog)
+        if record.get("spans") is None:
+            return Question(target, TaskExample(KIND_EXTRACT, text, labels, source=where), False)
+        spans = tuple((t, term) for t, _, _, term in spans_from_json(record["spans"]) if t in labels)
+        return Question(target, TaskExample(KIND_EXTRACT, text, labels, gold_spans=spans, source=where), True)
+    brand = record.get("brand")
+    scored = bool(brand) and brand in text
+    note = f"its brand {brand!r} is not in its {found[0]}" if brand and not scored else ""
+    gold = ((BRAND_LABEL, brand),) if scored else ()
+    return Question(target, TaskExample(KIND_EXTRACT, text, labels, gold_spans=gold, source=where), scored, note)
 
 
 def build_classification_example(record: Mapping[str, Any], task: str, labels: Sequence[str] | None = None,

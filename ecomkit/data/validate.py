@@ -25,7 +25,7 @@ import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ecomkit.data.spans import (
     SPAN_ADVICE,
@@ -38,7 +38,7 @@ from ecomkit.data.spans import (
     spans_json,
     tokens_text,
 )
-from ecomkit.errors import ConfigError, DataError
+from ecomkit.errors import ConfigError, DataError, did_you_mean
 
 TEXT_FIELDS: tuple[str, ...] = ("title", "review", "spec", "text")
 TARGET_FIELDS: tuple[str, ...] = ("category", "sentiment", "brand", "price")
@@ -92,6 +92,8 @@ SENTIMENT_ALIASES: dict[str, str] = {
     "positive": "positive", "neutral": "neutral", "negative": "negative", "pos": "positive", "neu": "neutral",
     "neg": "negative", "正面": "positive", "中性": "neutral", "负面": "negative",
 }
+LABEL_CUTOFF = 0.5   # difflib's similarity for "did you mean" between labels: one character off a two-character 品牌
+_SENTIMENT_NAMES = tuple(dict.fromkeys(SENTIMENT_ALIASES.values()))   # positive, neutral, negative
 _CURRENCY = "¥￥$€£元 "
 
 
@@ -192,7 +194,8 @@ def check_label_map(label_map: Mapping[str, Mapping[str, str]] | None) -> dict[s
     out: dict[str, dict[str, str]] = {}
     for target, mapping in (label_map or {}).items():
         if target not in MAP_KEYS:
-            raise ConfigError(f"--label-map has the key {target!r}; it maps the values of one of {list(MAP_KEYS)}, "
+            raise ConfigError(f"--label-map has the key {target!r}.{did_you_mean(target, MAP_KEYS)} It maps the "
+                              f"values of one of {list(MAP_KEYS)}, "
                               f"e.g. --label-map '{{\"sentiment\": {{\"0\": \"negative\", \"1\": \"positive\"}}}}', "
                               f"'{{\"spans\": {{\"PER\": \"人物\"}}}}' or "
                               f"'{{\"ner_tags\": [\"O\", \"B-PER\", \"I-PER\"]}}'.")
@@ -202,7 +205,30 @@ def check_label_map(label_map: Mapping[str, Mapping[str, str]] | None) -> dict[s
             raise ConfigError(f"--label-map [{target!r}] must be a non-empty object of raw value -> label name, "
                               f"got {mapping!r}.")
         out[target] = {label_key(k): str(v).strip() for k, v in mapping.items()}
+    _check_sentiment_names(out.get("sentiment", {}))
     return out
+
+
+def _check_sentiment_names(mapping: Mapping[str, str]) -> None:
+    """A sentiment name one letter off a known one ("postive") is a typo the model would learn as a fourth label."""
+    for raw, name in mapping.items():
+        hint = "" if name.lower() in SENTIMENT_ALIASES else did_you_mean(name.lower(), _SENTIMENT_NAMES)
+        if hint:
+            raise ConfigError(f"--label-map maps sentiment {raw!r} to {name!r}, which is not a sentiment label "
+                              f"({', '.join(_SENTIMENT_NAMES)}, or your own names).{hint} Fix its spelling.")
+
+
+def check_labels_spelling(asked: Sequence[str], found: Sequence[str]) -> None:
+    """``--labels`` names that no span carries but that are one typo off a label the data's spans do carry: an error.
+
+    A label far from every one the data has stays a warning (the build report's ``labels_not_in_data``).
+    """
+    unused = [name for name in found if name not in asked]
+    hints = {name: hint for name in asked if name not in found and (hint := did_you_mean(name, unused, LABEL_CUTOFF))}
+    if hints:
+        said = " ".join(f"{name!r} never occurs in the spans of the data.{hint}" for name, hint in hints.items())
+        raise ConfigError(f"--labels: {said} The data's span labels: {', '.join(found)}. Fix the spelling in "
+                          f"--labels.")
 
 
 def label_key(value: Any) -> str:
@@ -255,8 +281,9 @@ def _label(name: str, text: str, label_map: Mapping[str, Mapping[str, str]]) -> 
     if name in label_map:
         if text not in label_map[name]:
             keys = ", ".join(repr(k) for k in list(label_map[name])[:8])
+            hint = did_you_mean(text, label_map[name], cutoff=LABEL_CUTOFF)
             raise RowProblem("unmapped_label", name, f"{name} value {text!r} is not in label_map['{name}'] "
-                                                     f"(its keys: {keys})")
+                                                     f"(its keys: {keys})" + (f".{hint}" if hint else ""))
         text = label_map[name][text]
     if "\n" in text or len(text) > MAX_LABEL_CHARS:
         raise RowProblem("invalid_label", name, f"{name} label {text[:40]!r}... spans lines or has {len(text):,} "

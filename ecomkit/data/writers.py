@@ -7,11 +7,14 @@ import csv
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from datasets import Dataset
 
 from ecomkit.data.validate import ALL_FIELDS
+
+ROW_FORMATS = (".jsonl", ".json", ".csv")   # what write_rows writes, by the path's extension
+
 
 def write_jsonl(records: Iterable[Mapping[str, Any]], path: str | os.PathLike) -> Path:
     """Write one JSON object per line, UTF-8, Chinese kept readable (no \\u escapes)."""
@@ -47,3 +50,19 @@ def write_hf_dataset(records: Iterable[Mapping[str, Any]], directory: str | os.P
     Dataset.from_list([dict(r) for r in records]).save_to_disk(str(directory))
     return directory
 
+
+
+def write_rows(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
+    """Rows as JSON Lines (``.jsonl``, ``.json``) or CSV (``.csv``), by the extension of ``path``.
+
+    In a CSV an object-valued field becomes one column per key (``input.review``), and lists and deeper objects
+    JSON text; the columns are every key met, in the order first met.
+    """
+    path = Path(path)
+    if path.suffix.lower() != ".csv":
+        return write_jsonl(rows, path)
+    flat = [{f"{k}.{kk}" if isinstance(v, Mapping) else k: vv for k, v in row.items()
+             for kk, vv in (v.items() if isinstance(v, Mapping) else [(None, v)])} for row in rows]
+    flat = [{k: json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v for k, v in row.items()}
+            for row in flat]
+    return write_csv(flat, path, fields=list(dict.fromkeys(k for row in flat for k in row)))

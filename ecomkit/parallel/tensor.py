@@ -171,16 +171,3 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, sequence_parallel: boo
         _replicated_to_sequence_shards(model, tp_mesh)
     return model
 
-
-def tensor_parallel_shapes(n_embd: int, tp: int) -> dict[str, tuple[int, ...]]:
-    """The local weight shapes the plan promises (tests compare them with what each rank holds)."""
-    return {
-        "self_attention.query_key_value.weight": (3 * n_embd // tp, n_embd),
-        "self_attention.query_key_value.bias": (3 * n_embd // tp,),
-        "self_attention.dense.weight": (n_embd, n_embd // tp),
-        "self_attention.dense.bias": (n_embd,),
-        "mlp.dense_h_to_4h.weight": (4 * n_embd // tp, n_embd),
-        "mlp.dense_h_to_4h.bias": (4 * n_embd // tp,),
-        "mlp.dense_4h_to_h.weight": (n_embd, 4 * n_embd // tp),
-        "mlp.dense_4h_to_h.bias": (n_embd,),
-    }

@@ -1,8 +1,8 @@
 """Chapter 04's diagrams: one MLP split by tensor parallelism, and the GPipe vs 1F1B pipeline schedules.
 
-Why drawn by code: the TP picture carries the local shapes that :func:`ecomkit.parallel.tensor.tensor_parallel_shapes`
-promises for the chapter's model, and the schedules are simulated from the stage and micro-batch counts the
-chapter runs (``PIPELINE``), so the bubble in the picture is the bubble of the run. Redraw with
+Why drawn by code: the TP picture carries the local shapes of the chapter's model (``TP``), and the schedules
+are simulated from the stage and micro-batch counts the chapter runs (``PIPELINE``), so the bubble in the
+picture is the bubble of the run. Redraw with
 ``python -m ecomkit.plots.diagrams_mixed`` (writes into ``notebooks/figures/``).
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ecomkit.parallel.tensor import tensor_parallel_shapes
 from ecomkit.plots.common import FIGURES, _plt, redraw_main, save_figures
 
 TP_FIGURE = "tp_split.png"
@@ -120,8 +119,7 @@ def _box(ax, plt, x, y, w, h, color, text, fill=True):
 def draw_tp_split(hidden: int, tp: int):
     """An MLP ``h → 4h → h`` on ``tp`` ranks: column-parallel first layer, row-parallel second, one all-reduce."""
     plt = _plt()
-    shapes = tensor_parallel_shapes(hidden, tp)
-    w1, w2 = shapes["mlp.dense_h_to_4h.weight"], shapes["mlp.dense_4h_to_h.weight"]
+    w1, w2 = (4 * hidden // tp, hidden), (hidden, 4 * hidden // tp)   # a rank's rows of W1 and columns of W2
     fig, ax = plt.subplots(figsize=(12, 2.2 * tp + 1.6))
     grey = "#DDDDDD"
     for r in range(tp):

@@ -26,8 +26,9 @@ decoded examples include that kind:
   ``gen_extract_n``;
 - both: ``gen_decoded``, ``gen_prompts_cut``, ``gen_unknown_labels``,
   ``gen_at_budget`` (answers that used every new token allowed without ending:
-  maybe cut short), ``gen_budget_advice`` (then: the lever that follows the cause, :func:`budget_advice`:
-  train longer when the budget holds ``gen_longest_train_answer``, else raise ``--gen-max-new-tokens``),
+  maybe cut short), ``gen_budget_advice`` (when more than :data:`BUDGET_ADVICE_SHARE` of the answers did, after
+  a training step: the lever that follows the cause, :func:`budget_advice`: train longer when the budget holds
+  ``gen_longest_train_answer``, else raise ``--gen-max-new-tokens``),
   ``gen_invalid_text`` (answers holding U+FFFD, a byte-level piece cut inside a
   character), ``gen_spans_not_in_input`` (predicted spans that are not
   substrings of the input), ``gen_decode_s``, ``gen_examples_per_s`` (all
@@ -58,6 +59,11 @@ from ecomkit.train.task_metrics import (SpanDictionary, classification_scores, e
 
 PREDICTIONS_FILE = "predictions.jsonl"
 BUDGET_FLAG = "--gen-max-new-tokens"
+# The share of answers at the budget above which a run advises (train longer, or raise the budget): below it,
+# freeing every one of them moves no figure by a point at the largest rate of points regained per point freed
+# that bench_budget measured (ecomkit/measure/budget.py; tests/test_budget_advice.py holds it, rounded to a tenth
+# of a percent, to the newest artifact).
+BUDGET_ADVICE_SHARE = 0.013
 
 
 @dataclass
@@ -88,10 +94,11 @@ class GenerationEvaluator:
 
     def __call__(self, strategy, tokenizer, env: DistEnv, shard: tuple[int, int],
                  predictions_path: Path | None = None, progress: bool = False, final: bool = False,
-                 bar: Any = None) -> dict[str, Any]:
+                 bar: Any = None, untrained: bool = False) -> dict[str, Any]:
         """Every rank calls it (decoding and the gather are collectives); returns the row's ``gen_*`` fields.
 
-        ``bar``: a progress bar this rank's examples advance (the final evaluation's one bar)."""
+        ``bar``: a progress bar this rank's examples advance (the final evaluation's one bar); ``untrained``: no
+        step has been taken yet (the step-0 reference), so no advice on the answers' ends."""
         chosen = self.decoded_examples(final)
         if not chosen:
             return {}
@@ -118,22 +125,26 @@ class GenerationEvaluator:
                     "gen_prompts_cut": sum(c for _, c, _ in by_shard.values()),
                     "gen_decode_s": wall, "gen_examples_per_s": len(rows) / wall if wall > 0 else float("nan"),
                     "gen_decode_mode": decode_mode(strategy), "gen_longest_train_answer": self.longest_answer or None})
-        if out["gen_at_budget"]:   # the advice that follows the cause: train longer, or raise the budget
-            out["gen_budget_advice"] = budget_advice(out["gen_at_budget"], len(rows), self.settings.max_new_tokens,
-                                                     self.longest_answer)
+        advice = None if untrained else budget_advice(out["gen_at_budget"], len(rows), self.settings.max_new_tokens,
+                                                      self.longest_answer)
+        if advice:   # the advice that follows the cause: train longer, or raise the budget
+            out["gen_budget_advice"] = advice
             if env.is_main:   # a warning for the figures the run ends with
-                (log.warning if final else log.info)(out["gen_budget_advice"])
+                (log.warning if final else log.info)(advice)
         if predictions_path is not None and env.is_main:
             write_predictions(predictions_path, rows)
         return out
 
 
-def budget_advice(at_budget: int, total: int, max_new_tokens: int, longest_answer: int | None) -> str:
-    """The line for answers that ran to the generation budget, with the lever that follows the cause.
+def budget_advice(at_budget: int, total: int, max_new_tokens: int, longest_answer: int | None) -> str | None:
+    """The line for answers that ran to the generation budget, with the lever that follows the cause; None when
+    they are no more than :data:`BUDGET_ADVICE_SHARE` of ``total`` (freeing them could not move a figure by a point).
 
     ``longest_answer``: the longest training answer in tokens, EOS included (None: unknown). A budget that
     holds it means the model has not learned to end its answers: training is the lever, not the budget.
     """
+    if not total or at_budget / total <= BUDGET_ADVICE_SHARE:
+        return None
     head = (f"{at_budget} of {total} generated answers stopped at the budget of {max_new_tokens} new tokens "
             "without ending")
     if longest_answer and max_new_tokens >= longest_answer:
@@ -144,9 +155,13 @@ def budget_advice(at_budget: int, total: int, max_new_tokens: int, longest_answe
 
 
 def budget_line(at_budget: int, total: int, max_new_tokens: int, flag: str) -> str:
-    """The one line that says how many answers stopped at the budget, and the flag that raises it."""
-    return (f"{at_budget} of {total} generated answers stopped at the budget of {max_new_tokens} new tokens "
-            f"without ending (they may be cut short); raise it with {flag} N")
+    """The one line that says how many answers stopped at the budget, and the flag that raises it when more than
+    :data:`BUDGET_ADVICE_SHARE` of them did."""
+    head = f"{at_budget} of {total} generated answers stopped at the budget of {max_new_tokens} new tokens without ending"
+    if total and at_budget / total > BUDGET_ADVICE_SHARE:
+        return f"{head} (they may be cut short); raise it with {flag} N"
+    return (f"{head}: no more than {BUDGET_ADVICE_SHARE:.1%} of them, too few to move a figure by a point, so no "
+            f"advice")
 
 
 def prediction_rows(fmt: str, examples: Sequence[TaskExample], generated: Sequence[str],

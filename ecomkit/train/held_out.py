@@ -54,7 +54,8 @@ def evaluate_held_out(run: Any, final: bool = False) -> dict[str, Any]:
                                              batch_positions=positions, bar=bar))
         if run.gen_eval is not None:
             out.update(run.gen_eval(run.strategy, run.tokenizer, env, run.shard,
-                                    run.out_dir / PREDICTIONS_FILE if final else None, False, final=final, bar=bar))
+                                    run.out_dir / PREDICTIONS_FILE if final else None, False, final=final, bar=bar,
+                                    untrained=run.step == 0 and not final))
     finally:
         if bar is not None:
             bar.close()

@@ -1,33 +1,44 @@
-"""``python -m ecomkit.predict``: a saved model answers classification or extraction prompts, parsed.
+"""``python -m ecomkit.predict``: a saved model answers every row of your file as its run read it, and scores it.
 
 ::
 
-    python -m ecomkit.predict --model runs/tasks/final "华为 Mate 60 雅川青 手机"
+    python -m ecomkit.predict --model runs/mine/final "华为 Mate 60 雅川青 手机"
+    python -m ecomkit.predict --model runs/mine/final --input new_reviews.csv --output answers.csv
     python -m ecomkit.predict --model runs/tasks/final --task extract --labels 品牌,颜色 "华为 Mate 60 雅川青 手机"
-    python -m ecomkit.predict --model runs/tasks/final --input texts.jsonl --output answers.jsonl
 
 The prompt is built and the answer parsed by the same functions evaluation
 uses (``ecomkit.data.formats.build_prompt`` / ``parse_answer``), and decoding
 is evaluation's (``ecomkit.train.generate``: batched, left-padded, greedy by
 default, the KV cache on).
 
-**What the run recorded is the default** (``final/ecomkit_task.json``,
-:func:`ecomkit.data.formats.read_task_file`): the prompt format, the task (when
-the model learned one kind, classification or extraction), its label set (when
-it learned one per kind), the sequence length prompts are cut to (``--seq-len``)
-and the answer budget (``--gen-max-new-tokens``). Flags override each. A model
-that learned several targets (category and sentiment, or classification and
-extraction) answers **every one** of them for a text given without
-``--labels``: one output line per target, each with its ``target``;
-``--task`` keeps the targets of one kind, ``--labels`` asks one set.
+**What the run recorded is the default** (``final/ecomkit_task.json``): the
+prompt format, the targets it learned with their label sets, the sequence length
+prompts are cut to, the answer budget, and how it read its rows (``--column-map``,
+``--label-map``, ``--span-end``). Flags override each. Without ``--labels`` a
+model that learned several targets (category and sentiment) answers **every one**
+of them, one output row per target; ``--task`` keeps the targets of one kind,
+``--labels`` asks one set.
 
-Each ``--input`` row is ``{"text": ...}``, optionally with its own ``"task"``
-(classify/extract) and ``"labels"`` (a list, or a comma-separated string);
-rows without them use ``--task`` and ``--labels``, or what the run recorded.
-Each output row is the input row plus ``generated`` and the parsed answer:
-``label`` (classify) or ``spans`` (extract, ``{label: [span, ...]}`` in label
-order), and ``at_budget`` (the answer used every new token allowed without
-ending; the count is printed with the flag that raises the budget).
+``--input`` reads what ``--data`` reads (CSV, JSON Lines or a JSON array, Arrow, a
+``save_to_disk`` folder) with training's readers and row checks; each target reads
+the column training showed it (category: title, else review or text; sentiment:
+review, else text). The run's column-map keys that match no column of the file
+(its label columns, absent from new texts) are left out and said. A row may carry
+its own ``task`` and ``labels``. **Every row is in the output**: one that cannot
+be answered (no text, an unreadable line) gets an ``error`` with its line and why,
+and the count is printed. ``--output`` writes JSON Lines (``.jsonl``, ``.json``) or
+CSV (``.csv``): per row and target its ``location``, the ``input`` row, ``target``,
+``text`` (what the model read), ``generated``, the parsed ``label`` or ``spans``,
+``at_budget`` (every new token allowed used without ending), and, where the row
+carries that target's label, ``gold`` and ``correct``.
+
+**Scores.** Where rows carry their targets' labels, predict scores them as
+evaluation does (``train.gen_eval.prediction_rows`` / ``scores_from_rows``):
+accuracy and macro-F1, span F1, beside the majority baseline learned from the
+run's *training* labels (and the dictionary of its training spans) that the
+model folder records; a model folder without them gets the majority of the
+file's own labels, and the printout says which. Written beside ``--output`` as
+``<name>.scores.json``.
 """
 
 from __future__ import annotations
@@ -35,78 +46,42 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
 from ecomkit.config import TrainConfig
-from ecomkit.data.formats import (KIND_CLASSIFY, KIND_EXTRACT, PROMPT_FORMATS, build_prompt, check_kind, parse_answer,
+from ecomkit.config.cli import parse_json_object
+from ecomkit.config.field_help import field_docs
+from ecomkit.config.vocabulary import SPAN_ENDS
+from ecomkit.data.columns import heads
+from ecomkit.data.formats import (KIND_CLASSIFY, PROMPT_FORMATS, TaskExample, build_prompt, parse_answer,
                                   read_task_file)
-from ecomkit.data.tasks import BRAND_LABEL, CLASSIFICATION_TASKS
+from ecomkit.data.questions import (Item, Recorded, command_line_rows, output_row, problem_lines, row_items,
+                                    split_labels)
+from ecomkit.data.rows import RowsRead, read_rows
+from ecomkit.data.writers import ROW_FORMATS, write_rows
 from ecomkit.dist import DistEnv
-from ecomkit.errors import DataError, EcomkitError, exit_on_user_error
+from ecomkit.errors import ConfigError, EcomkitError, exit_on_user_error
 from ecomkit.models.bloom import load_model
 from ecomkit.models.tokenizer import get_tokenizer
 from ecomkit.parallel.base import Strategy
-from ecomkit.train.gen_eval import BUDGET_FLAG, budget_line
+from ecomkit.train.gen_eval import BUDGET_FLAG, budget_line, prediction_rows, scores_from_rows
 from ecomkit.train.generate import DecodeSettings, decode_prompts
+from ecomkit.train.task_metrics import SpanDictionary, training_majorities
 
 NO_CUT = 1 << 30          # --seq-len when neither the flag nor the run says: prompts are not cut
 DEFAULT_NEW_TOKENS = 32   # --gen-max-new-tokens when neither the flag nor the run says
-
-TASK_ALIASES = {"classify": KIND_CLASSIFY, "classification": KIND_CLASSIFY, "cls": KIND_CLASSIFY,
-                "extract": KIND_EXTRACT, "extraction": KIND_EXTRACT, "ner": KIND_EXTRACT}
-
-
-def split_labels(labels: str | Sequence[str] | None) -> tuple[str, ...]:
-    """``"品牌,颜色"`` (or ``，``/``、``) or a list → a label tuple in the given order."""
-    if labels is None:
-        return ()
-    if isinstance(labels, str):
-        for sep in ("，", "、"):
-            labels = labels.replace(sep, ",")
-        labels = labels.split(",")
-    return tuple(label.strip() for label in labels if label.strip())
+TRAINING_BASELINE = "the run's training labels, as its model folder records"   # evaluation's majority baseline
+FILE_BASELINE = "this file's own labels: the model folder records no training labels"
 
 
 def recorded_prompt_format(model_dir: str | Path) -> str | None:
     """The prompt format the run that saved ``model_dir`` trained with (its ``ecomkit_task.json``), if any."""
     info = read_task_file(model_dir)
     return info["prompt_format"] if info else None
-
-
-class Recorded:
-    """What a saved model's ``ecomkit_task.json`` says predict should default to (nothing for other models)."""
-
-    def __init__(self, info: dict[str, Any] | None, model_dir: str = ""):
-        info = info or {}
-        self.model_dir = model_dir
-        kinds, labels = set(info.get("kinds") or ()), info.get("labels") or {}
-        self.label_sets: dict[str, dict[str, tuple[str, ...]]] = {KIND_CLASSIFY: {}, KIND_EXTRACT: {}}
-        for target in CLASSIFICATION_TASKS:
-            if target in kinds and len(labels.get(target) or ()) >= 2:
-                self.label_sets[KIND_CLASSIFY][target] = tuple(labels[target])
-        if "extract" in kinds and labels.get("extract"):
-            self.label_sets[KIND_EXTRACT]["extract"] = tuple(labels["extract"])
-        elif "brand" in kinds:
-            self.label_sets[KIND_EXTRACT]["brand"] = (BRAND_LABEL,)
-        learned = [kind for kind, sets in self.label_sets.items() if sets]
-        self.task = learned[0] if len(learned) == 1 else None
-        self.seq_len = info.get("seq_len")
-        self.gen_max_new_tokens = info.get("gen_max_new_tokens")
-
-    def labels(self, kind: str, where: str) -> tuple[str, ...]:
-        """The one label set the model learned for ``kind``; a clear error when there are several, or none."""
-        sets = self.label_sets.get(kind, {})
-        if len(sets) == 1:
-            return next(iter(sets.values()))
-        if sets:
-            options = "; ".join(f"{target}: --labels {','.join(v)}" for target, v in sets.items())
-            raise DataError(f"{where}: {self.model_dir} learned {len(sets)} {kind} label sets; say which with "
-                            f"--labels or a 'labels' field in the row ({options}).")
-        raise DataError(f"{where}: no labels; give --labels 品牌,颜色 or a 'labels' field in the row (the model "
-                        f"records no {kind} label set).")
 
 
 class Predictor:
@@ -121,112 +96,122 @@ class Predictor:
         self.strategy = Strategy(TrainConfig(precision=precision), self.env)   # the model as is: no wrapper
         self.strategy.model = self.strategy.raw_model = model
         self.settings = settings or DecodeSettings(max_length=getattr(model.config, "seq_length", None) or NO_CUT)
-
-    def prompts(self, rows: Sequence[dict[str, Any]]) -> list[str]:
-        return [build_prompt(self.fmt, r["task"], r["text"], r["labels"]) for r in rows]
+        self.prompts_cut = 0
 
     @torch.no_grad()
-    def predict(self, rows: Sequence[dict[str, Any]], progress: bool = False) -> list[dict[str, Any]]:
-        """``rows``: ``{"text", "task", "labels"}`` each; returns each row with ``generated``, its parsed answer
-        and ``at_budget`` (it used every new token allowed without ending)."""
-        decoded = decode_prompts(self.strategy, self.tokenizer, self.prompts(rows), self.env, self.settings,
-                                 progress=progress)
-        out = []
-        for row, text, stopped in zip(rows, decoded.texts, decoded.at_budget):
-            parsed = parse_answer(self.fmt, row["task"], text, row["labels"])
-            answer: dict[str, Any] = {**row, "labels": list(row["labels"]), "generated": text,
-                                      "at_budget": stopped}
-            if row["task"] == KIND_CLASSIFY:
-                answer["label"] = parsed.label
-            else:
-                spans: dict[str, list[str]] = {}
-                for label, span in sorted(parsed.spans, key=lambda s: (list(row["labels"]).index(s[0]), s[1])):
-                    spans.setdefault(label, []).append(span)
-                answer["spans"] = spans
-            if parsed.unknown_labels:
-                answer["unknown_labels"] = list(parsed.unknown_labels)
-            out.append(answer)
-        return out
+    def predict(self, examples: Sequence[TaskExample], progress: bool = False) -> list[dict[str, Any]]:
+        """Each example's ``generated`` text, its parsed ``label`` (classify) or ``spans`` (extract, by label in
+        prompt order) and ``at_budget`` (it used every new token allowed without ending)."""
+        prompts = [build_prompt(self.fmt, ex.kind, ex.text, ex.labels) for ex in examples]
+        decoded = decode_prompts(self.strategy, self.tokenizer, prompts, self.env, self.settings, progress=progress)
+        self.prompts_cut += decoded.cut
+        return [self.parsed(ex, text, stopped) for ex, text, stopped in zip(examples, decoded.texts,
+                                                                              decoded.at_budget)]
+
+    def parsed(self, ex: TaskExample, text: str, stopped: bool) -> dict[str, Any]:
+        parsed = parse_answer(self.fmt, ex.kind, text, ex.labels)
+        answer: dict[str, Any] = {"generated": text, "at_budget": bool(stopped)}
+        if ex.kind == KIND_CLASSIFY:
+            answer["label"] = parsed.label
+        else:
+            spans: dict[str, list[str]] = {}
+            for label, span in sorted(parsed.spans, key=lambda s: (list(ex.labels).index(s[0]), s[1])):
+                spans.setdefault(label, []).append(span)
+            answer["spans"] = spans
+        if parsed.unknown_labels:
+            answer["unknown_labels"] = list(parsed.unknown_labels)
+        return answer
 
 
-def check_text(row: Any, where: str) -> None:
-    """An input row is a dict with a string ``text``; else a clear error naming ``where``."""
-    if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-        raise DataError(f"{where}: a row needs a string field 'text', got {str(row)[:80]!r}.")
+def score_items(items: Sequence[Item], recorded: Recorded, fmt: str) -> dict[str, dict[str, Any]]:
+    """Per target, the figures evaluation computes, on the rows that carry that target's label.
 
-
-def normalise_row(row: dict[str, Any], task: str | None, labels: tuple[str, ...], where: str,
-                  recorded: Recorded | None = None) -> dict[str, Any]:
-    """One input row with its task and labels resolved; a clear error naming ``where`` when one is missing.
-
-    Order: the row's own ``task``/``labels``, then ``--task``/``--labels``, then what the run recorded.
+    The majority baseline answers each label set's most frequent *training* label, as evaluation's does, when
+    the model folder records the training labels; else the majority of this file's own labels (``baseline``
+    says which). The dictionary baseline needs the run's training spans, and is left out without them.
     """
-    check_text(row, where)
-    recorded = recorded or Recorded(None)
-    kind = TASK_ALIASES.get(str(row.get("task") or task or recorded.task or "").lower())
-    if kind is None:
-        learned = " and ".join(k for k, sets in recorded.label_sets.items() if sets)
-        why = f" (the model learned {learned})" if learned else ""
-        raise DataError(f"{where}: no task{why}; give --task classify|extract or a 'task' field in the row.")
-    row_labels = split_labels(row.get("labels")) or labels or recorded.labels(kind, where)
-    return {**row, "task": check_kind(kind), "labels": row_labels}
+    dictionary = SpanDictionary.from_spans(recorded.train_spans) if recorded.train_spans is not None else None
+    groups: dict[str, list[Item]] = {}
+    for item in items:
+        if item.question is not None and item.question.scored and item.answer:
+            groups.setdefault(item.target, []).append(item)
+    out = {}
+    for target, group in groups.items():
+        examples = [i.question.example for i in group]
+        labels = examples[0].labels
+        counts, source = recorded.train_label_counts.get(target), TRAINING_BASELINE
+        if counts is None:
+            counts, source = Counter(e.gold_label for e in examples), FILE_BASELINE
+        classify = examples[0].kind == KIND_CLASSIFY
+        majorities = training_majorities({target: labels}, {target: counts}) if classify else {}
+        rows = prediction_rows(fmt, examples, [i.answer["generated"] for i in group],
+                               dictionary or SpanDictionary({}), majorities,
+                               [i.answer["at_budget"] for i in group])
+        scores = scores_from_rows(rows)
+        if not classify and dictionary is None:
+            scores = {k: v for k, v in scores.items() if not k.startswith("dict_") and "margin" not in k}
+        out[target] = {"rows": len(group), "baseline": source if majorities else (
+            "the dictionary of the run's training spans" if dictionary else "none recorded"), **scores}
+    return out
 
 
-def answer_rows(row: dict[str, Any], task: str | None, labels: tuple[str, ...], where: str,
-                recorded: Recorded | None = None) -> list[dict[str, Any]]:
-    """The questions one input row asks: one per target the model learned when no labels are given, else one.
+def score_lines(scores: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per scored target: its figures beside its baseline."""
+    lines = []
+    for target, s in scores.items():
+        if "gen_acc" in s:
+            line = f"{target:<10} accuracy {s['gen_acc']:.3f}, macro-F1 {s['gen_macro_f1']:.3f} on {s['rows']} rows"
+            if s.get("gen_majority_acc") is not None:
+                line += (f"; majority baseline {s['gen_majority_acc']:.3f} (answers "
+                         f"{'/'.join(s['gen_majority_labels'])}, from {s['baseline']}), margin "
+                         f"{s['gen_acc_margin_points']:+.1f} points")
+        else:
+            line = (f"{target:<10} span F1 {s['gen_span_f1']:.3f} (P {s['gen_span_precision']:.3f}, R "
+                    f"{s['gen_span_recall']:.3f}), strict {s['gen_strict_acc']:.3f} on {s['rows']} rows")
+            line += (f"; dictionary baseline F1 {s['dict_span_f1']:.3f} ({s['baseline']}), margin "
+                     f"{s['gen_span_f1_margin_points']:+.1f} points" if "dict_span_f1" in s else
+                     "; no dictionary baseline (the model folder records no training spans)")
+        lines.append(line)
+    return lines
 
-    Why: a model trained on a review file learned category and sentiment; asked about a text without
-    ``--labels`` it answers both (each row carries its ``target``), rather than stopping to ask which.
-    A row's own ``task`` or ``--task`` keeps the targets of that kind.
-    """
-    check_text(row, where)
-    recorded = recorded or Recorded(None)
-    if split_labels(row.get("labels")) or labels:
-        return [normalise_row(row, task, labels, where, recorded)]
-    asked = row.get("task") or task
-    kind = TASK_ALIASES.get(str(asked).lower()) if asked else None
-    targets = [(k, target, label_set) for k, sets in recorded.label_sets.items() if kind in (None, k)
-               for target, label_set in sets.items()]
-    if len(targets) < 2 or (asked and kind is None):   # one question, or an unknown task: normalise_row says so
-        return [normalise_row(row, task, labels, where, recorded)]
-    return [{**row, "task": check_kind(k), "labels": label_set, "target": target} for k, target, label_set in targets]
 
-
-def read_rows(path: str, task: str | None, labels: tuple[str, ...],
-              recorded: Recorded | None = None) -> list[dict[str, Any]]:
-    rows = []
-    with open(path, encoding="utf-8-sig") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}, line {n}: not JSON ({e.msg}).") from None
-            rows += answer_rows(row, task, labels, f"{path}, line {n}", recorded)
-    return rows
+def read_input(args: argparse.Namespace, recorded: Recorded) -> RowsRead:
+    """``--input`` read as the run read its data: its column and label maps unless flags override them."""
+    reading = recorded.reading
+    column_map = args.column_map if args.column_map is not None else reading.get("column_map")
+    label_map = args.label_map if args.label_map is not None else reading.get("label_map")
+    optional = list(column_map or ()) if args.column_map is None else []   # the run's label columns may be absent
+    return read_rows(args.input, column_map, label_map, span_end=args.span_end or reading.get("span_end", "exclusive"),
+                     optional_keys=optional)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ecomkit.predict", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    docs = field_docs(TrainConfig)
+    run = "; default: the run's (its model folder's ecomkit_task.json)"
     p.add_argument("texts", nargs="*", help="texts to answer (or --input FILE)")
-    p.add_argument("--model", required=True, help="a saved model directory (a run's <output-dir>/final)")
+    p.add_argument("--model", required=True, metavar="PATH", help="a saved model directory (a run's <output-dir>/final)")
     p.add_argument("--task", help="classify | extract (rows of --input may carry their own 'task'); default: "
                                   "every kind the model learned")
     p.add_argument("--labels", help="the label set, comma-separated, in prompt order, e.g. 品牌,颜色; default: "
-                                    "every set the model learned (one answer line per target, e.g. category and "
+                                    "every set the model learned (one answer row per target, e.g. category and "
                                     "sentiment)")
-    p.add_argument("--input", help="a .jsonl file of rows {'text': ...} (optionally 'task', 'labels')")
-    p.add_argument("--output", help="write one JSON answer per row here (default: print them)")
+    p.add_argument("--input", metavar="PATH", help="a file or folder of rows, in any format --data reads (.csv, "
+                                                   ".jsonl/.json, .arrow, a save_to_disk folder)")
+    p.add_argument("--output", metavar="PATH", help=f"write every answer row here, by extension: {', '.join(ROW_FORMATS)} "
+                                                    f"(default: print them); the scores go beside it, "
+                                                    f"<name>.scores.json")
+    p.add_argument("--column-map", type=parse_json_object, metavar="JSON", help=docs["column_map"].help + run)
+    p.add_argument("--label-map", type=parse_json_object, metavar="JSON", help=docs["label_map"].help + run)
+    p.add_argument("--span-end", choices=SPAN_ENDS, help=docs["span_end"].help + run)
     p.add_argument("--prompt-format", choices=PROMPT_FORMATS, help="default: the format the model was trained with")
-    p.add_argument("--gen-max-new-tokens", "--max-new-tokens", dest="max_new_tokens", type=int, default=None,
+    p.add_argument("--gen-max-new-tokens", "--max-new-tokens", dest="max_new_tokens", type=int, default=None, metavar="N",
                    help=f"answer tokens generated at most; default: the run's --gen-max-new-tokens "
                         f"({DEFAULT_NEW_TOKENS} for a model without one)")
-    p.add_argument("--num-beams", type=int, default=1, help="1 = greedy; > 1 = beam search")
-    p.add_argument("--batch-size", type=int, default=8, help="prompts decoded together (left-padded)")
-    p.add_argument("--seq-len", "--max-length", dest="max_length", type=int, default=None,
+    p.add_argument("--num-beams", type=int, default=1, metavar="N", help="1 = greedy; > 1 = beam search")
+    p.add_argument("--batch-size", type=int, default=8, metavar="N", help="prompts decoded together (left-padded)")
+    p.add_argument("--seq-len", "--max-length", dest="max_length", type=int, default=None, metavar="N",
                    help="cut prompts as training did at this sequence length; default: the run's --seq-len (no "
                         "cut for a model without one)")
     return p
@@ -238,23 +223,55 @@ def main(argv: list[str] | None = None) -> None:
     labels = split_labels(args.labels)
     if bool(args.input) == bool(args.texts):
         raise EcomkitError("Give either texts on the command line or --input FILE (not both, not neither).")
+    if args.output and Path(args.output).suffix.lower() not in ROW_FORMATS:
+        raise ConfigError(f"--output {args.output}: predict writes {', '.join(ROW_FORMATS)} (by the extension).")
     recorded = Recorded(read_task_file(args.model) if Path(args.model).is_dir() else None, args.model)
-    rows = (read_rows(args.input, args.task, labels, recorded) if args.input
-            else [r for t in args.texts for r in answer_rows({"text": t}, args.task, labels, "command line", recorded)])
+    recorded.check_spelling(labels)
+    read = read_input(args, recorded) if args.input else RowsRead("the command line", command_line_rows(args.texts))
+    mapped = heads(read.column_map)
+    items = [i for r in read.rows for i in row_items(r, args.task, labels, recorded, f"{read.source}, {r.location}",
+                                                     mapped)]
     settings = DecodeSettings(max_new_tokens=args.max_new_tokens or recorded.gen_max_new_tokens or DEFAULT_NEW_TOKENS,
                               num_beams=args.num_beams, batch_size=args.batch_size,
                               max_length=args.max_length or recorded.seq_len or NO_CUT)
-    answers = Predictor(args.model, args.prompt_format, settings).predict(rows, progress=bool(args.output))
-    stopped = sum(a["at_budget"] for a in answers)
+    predictor = Predictor(args.model, args.prompt_format, settings)
+    asked = [i for i in items if i.question is not None]
+    for item, answer in zip(asked, predictor.predict([i.question.example for i in asked], progress=bool(args.output))):
+        item.answer = answer
+    report(items, read, args, recorded, predictor, settings)
+
+
+def report(items: list[Item], read: RowsRead, args: argparse.Namespace, recorded: Recorded, predictor: Predictor,
+           settings: DecodeSettings) -> None:
+    """Write or print every answer row; say what was left out, cut, stopped at the budget, and the scores."""
+    notes = []
+    if read.absent_keys:
+        notes.append(f"the run's --column-map keys {', '.join(map(repr, read.absent_keys))} match no column of "
+                     f"{read.source} and are left out (new rows need not carry the labels)")
+    notes += problem_lines(items, read.source, len(read.rows), args.output)
+    answered = [i for i in items if i.answer]
+    stopped = sum(i.answer["at_budget"] for i in answered)
     if stopped:
-        print(budget_line(stopped, len(answers), settings.max_new_tokens, BUDGET_FLAG), file=sys.stderr)
+        notes.append(budget_line(stopped, len(answered), settings.max_new_tokens, BUDGET_FLAG))
+    if predictor.prompts_cut:
+        notes.append(f"{predictor.prompts_cut} prompts were cut at the end of their input to fit --seq-len "
+                     f"{settings.max_length}, as training cut them")
+    scores = score_items(items, recorded, predictor.fmt)
+    rows = [output_row(i, bool(args.input)) for i in items]
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.output, "w", encoding="utf-8") as f:
-            for a in answers:
-                f.write(json.dumps(a, ensure_ascii=False) + "\n")
-        print(f"{len(answers)} answers written to {args.output}", file=sys.stderr)
-        return
-    for a in answers:
-        shown = {k: a[k] for k in ("text", "target", "label", "spans", "generated") if k in a}
-        print(json.dumps({**shown, **({"at_budget": True} if a["at_budget"] else {})}, ensure_ascii=False))
+        write_rows(rows, args.output)
+        notes.append(f"{len(answered):,} answers ({len(rows):,} rows) written to {args.output}")
+        if scores:
+            path = Path(args.output).with_suffix(".scores.json")
+            path.write_text(json.dumps(scores, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+            notes.append(f"scores written to {path}")
+    else:
+        for row in rows:
+            shown = row if args.input else {k: row[k] for k in ("text", "target", "label", "spans", "generated",
+                                                                  "error") if k in row and (k != "target" or row[k])}
+            if not args.input and row.get("at_budget"):
+                shown["at_budget"] = True
+            print(json.dumps(shown, ensure_ascii=False))
+    for line in notes + (["scores (generation, exact match, as evaluation scores):", *score_lines(scores)]
+                         if scores else []):
+        print(line, file=sys.stderr)

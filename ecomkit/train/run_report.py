@@ -92,4 +92,7 @@ def save_run(run: Any) -> None:
             write_task_file(run.out_dir / "final", prompt_format=run.cfg.prompt_format, task=run.cfg.task,
                             labels=run.data_report.labels, kinds=list(run.data_report.examples_per_kind),
                             seq_len=int(run.cfg.seq_len),   # as the data resolved them (auto)
-                            gen_max_new_tokens=run.cfg.gen_max_new_tokens if run.cfg.task == "nlu" else None)
+                            gen_max_new_tokens=run.cfg.gen_max_new_tokens if run.cfg.task == "nlu" else None,
+                            reading={k: getattr(run.cfg, k) for k in ("column_map", "label_map", "span_end")},
+                            train_label_counts=run.data_report.train_label_counts,
+                            train_spans=run.data_report.train_spans if run.cfg.task == "nlu" else None)
