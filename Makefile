@@ -52,7 +52,7 @@ PYTEST = $(PY) -m pytest tests notebooks --nbmake -q --durations=30
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) benchmarks/report.py --check
-	$(PY) -m ecomkit.claims --check
+	$(PY) -m ecomlab.claims --check
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial"
 	$(PYTEST) -m serial
 

@@ -6,7 +6,7 @@ the README's command with its defaults (the ``tiny`` preset, 2 processes, ``--ge
 budget holds the longest training answer) except the length, ``--steps`` steps evaluated by generation every
 ``--eval-steps`` steps: its curve of answers at the budget shows when a model learns to end them. Then the
 saved model answers a held-out file with ``ecomkit.predict`` at budgets that cut its answers and at twice the
-run's: ``ecomkit.measure.budget.recovery_rate`` is the points its figures regained per point of answers freed,
+run's: ``ecomlab.derive.budget.recovery_rate`` is the points its figures regained per point of answers freed,
 and ``advice_share`` the share of answers at the budget that can move a figure by a point at the largest rate
 measured: ``ecomkit.train.gen_eval.BUDGET_ADVICE_SHARE``, above which a run advises.
 
@@ -26,9 +26,9 @@ from common import print_table, run_summary, write_artifact
 
 from ecomkit.data.formats import read_task_file
 from ecomkit.data.toy_tasks import write_colour_task, write_review_file
-from ecomkit.measure.budget import MEANINGFUL_POINTS, advice_share, at_budget_share, recovery_rate
 from ecomkit.train.gen_eval import BUDGET_ADVICE_SHARE
 from ecomkit.train.predict import main as predict
+from ecomlab.derive.budget import MEANINGFUL_POINTS, advice_share, at_budget_share, recovery_rate
 
 REVIEW_MAPS = ["--column-map", '{"cat": "category", "label": "sentiment"}',
                "--label-map", '{"sentiment": {"0": "negative", "1": "positive"}}']
@@ -121,9 +121,9 @@ def main() -> None:
         "by generation every --eval-steps steps: how many had every answer at the budget, some, none",
         "then each saved model answered a held-out file (1,000 new review rows; the colour dev file) with "
         "ecomkit.predict at --budgets, its own budget and twice it: points regained per point of answers freed, "
-        "from each cut budget to twice its own, pooled (ecomkit.measure.budget.recovery_rate)",
+        "from each cut budget to twice its own, pooled (ecomlab.derive.budget.recovery_rate)",
         f"advice share: {MEANINGFUL_POINTS:g} point / the largest rate = {share:.2%} of the answers "
-        "(ecomkit.measure.budget.advice_share): BUDGET_ADVICE_SHARE, above which a run advises"]})
+        "(ecomlab.derive.budget.advice_share): BUDGET_ADVICE_SHARE, above which a run advises"]})
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import verdict, write_artifact  # noqa: E402
 from ecomkit.launch import read_json, run_torchrun  # noqa: E402
-from ecomkit.measure.calibration import CALIBRATION_STRATEGIES  # noqa: E402
+from ecomlab.measure.calibration import CALIBRATION_STRATEGIES  # noqa: E402
 
 GOAL = 0.20
 

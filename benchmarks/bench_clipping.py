@@ -7,7 +7,7 @@ Every (policy, seed) run is the NLU task on the synthetic catalog with 2
 processes (``scripts/02_data_parallel.py --task nlu ...``), long enough that
 category and sentiment accuracy clearly beat the majority-class baseline:
 a clipping policy cannot be judged on a model that has not learned. The
-verdict per metric comes from ``ecomkit.train.comparisons.compare_clip_policies``:
+verdict per metric comes from ``ecomlab.measure.run_comparisons.compare_clip_policies``:
 both arms must have learned, and a difference of the arm means counts only
 when it exceeds the seed spread. Runs are side by side in this one invocation.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 from common import print_table, run_summary, write_artifact
 
 from ecomkit.launch import read_jsonl
-from ecomkit.train.comparisons import clipping_report, compare_clip_policies
+from ecomlab.measure.run_comparisons import clipping_report, compare_clip_policies
 
 # The same settings as notebook 02's clipping section and tests/test_learning.py's NLU run.
 NLU_ARGS = ["--task", "nlu", "--n-rows", "4000", "--seq-len", "96", "--micro-batch-size", "16", "--lr", "5e-3",

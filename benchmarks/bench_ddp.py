@@ -49,8 +49,8 @@ from common import (bench_env, paired_rates, pooled_row, print_table, rotating_r
 
 from ecomkit.data import build_datasets
 from ecomkit.data.padding import compare_padding, compare_rank_wait
-from ecomkit.rates import concurrent_ceiling, replicated_work_bound
 from ecomkit.models.tokenizer import get_tokenizer
+from ecomlab.rates import concurrent_ceiling, replicated_work_bound
 
 CEILING_GOAL = 0.9   # DDP's 2/1-process ratio as a share of the two-process ceiling
 ONE = "1 process"   # the reference job of each round

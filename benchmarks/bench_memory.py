@@ -38,13 +38,13 @@ def main() -> None:
 
     import datasets
 
-    from ecomkit.measure import memory_tuning as mt
-    from ecomkit.measure.activations import disable_checkpointing, enable_checkpointing, measure_step_memory, time_step
     from ecomkit.data import generate_catalog, tokenize_records
+    from ecomkit.models.tokenizer import get_tokenizer
     from ecomkit.planner.activations import checkpointing_factor
     from ecomkit.planner.shapes import model_shape
-    from ecomkit.models.tokenizer import get_tokenizer
     from ecomkit.train.loop import tokenizer_cache_dir
+    from ecomlab.measure import memory_tuning as mt
+    from ecomlab.measure.activations import disable_checkpointing, enable_checkpointing, measure_step_memory, time_step
 
     datasets.disable_progress_bars()
     tok = get_tokenizer("local", tokenizer_cache_dir())

@@ -26,9 +26,9 @@ and of instruction data). The verdict is the median over rounds of packed / buck
 Part ``loss`` (artifact ``bench_packing_loss``): whether packing changes what a run learns. Packed steps carry
 several times the rows of bucketed ones at the same ``--micro-batch-size``, so one epoch takes that many fewer
 optimizer steps and ends at a higher loss for that reason alone. Here the packed run's micro-batch is set so that
-an epoch takes about the bucketed run's steps (``ecomkit.measure.packing.equal_step_micro_batch``), both train
+an epoch takes about the bucketed run's steps (``ecomlab.measure.packing.equal_step_micro_batch``), both train
 one epoch at seeds 0, 1 and 2, and the verdict is whether the medians of their final training losses and of
-their held-out losses differ by no more than the seeds' spread (``ecomkit.measure.packing.seed_spread``).
+their held-out losses differ by no more than the seeds' spread (``ecomlab.measure.packing.seed_spread``).
 
 Cross-document attention: a packed row's loss against the same row alone, for ecomkit's packing and for
 TRL's batches as its Trainer hands them to BLOOM (``pack_dataset`` + its padding-free collator), on the
@@ -51,14 +51,14 @@ from ecomkit.data import load_records, write_jsonl
 from ecomkit.data.catalog import instruction_rows
 from ecomkit.data.packing import best_fit_decreasing, packed_collate
 from ecomkit.data.tokenize import IGNORE_INDEX, pad_collate, tokenize_records
-from ecomkit.measure.packing import equal_step_micro_batch, seed_spread
-from ecomkit.rates import pooled_rate
-from ecomkit.models.attention import attention_mask_for
 from ecomkit.fast.attention import install_attention
+from ecomkit.models.attention import attention_mask_for
 from ecomkit.models.bloom import build_model
 from ecomkit.models.loss import shifted_token_losses
 from ecomkit.models.tokenizer import get_tokenizer
 from ecomkit.train.loop import tokenizer_cache_dir
+from ecomlab.measure.packing import equal_step_micro_batch, seed_spread
+from ecomlab.rates import pooled_rate
 
 GOAL = 1.5        # packed / bucketed real tokens/s on the catalog job
 LOSS_SEEDS = (0, 1, 2)

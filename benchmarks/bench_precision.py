@@ -43,7 +43,7 @@ from pathlib import Path
 
 from common import paired_rates, print_table, rotating_rounds, verdict, warn_emulated_bf16, write_artifact
 
-from ecomkit.rates import PairedRatio
+from ecomlab.rates import PairedRatio
 
 SPEEDUP_GOAL, LOSS_TOL, PEAK_GOAL = 2.0, 0.01, 0.50
 NO_REGRESSION = 0.97   # after / before real tokens/s (--baseline)

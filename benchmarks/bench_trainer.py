@@ -35,7 +35,7 @@ import argparse
 from common import (paired_rates, pooled_row, print_table, rotating_rounds, verdict, warn_emulated_bf16,
                     write_artifact)
 
-from ecomkit.rates import pooled_rate
+from ecomlab.rates import pooled_rate
 
 GOAL = 1.2   # ecomkit / HF Trainer, each at its best
 ECO, HF = "02_data_parallel.py", "02_hf_trainer.py"

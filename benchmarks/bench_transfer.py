@@ -3,7 +3,7 @@
 
   python benchmarks/bench_transfer.py [--model small] [--lrs 1e-5 3e-5 1e-4 3e-4 1e-3 3e-3] [--seeds 0]
 
-One pretraining run (``--task lm`` on the synthetic catalog's product text, ``ecomkit.measure.transfer``),
+One pretraining run (``--task lm`` on the synthetic catalog's product text, ``ecomlab.measure.transfer``),
 then, for every lr and seed, a fine-tuning run of the saved folder on reviews in the README's review-file
 shape (category and sentiment, ``--task nlu``) and an evaluation of the fine-tuned folder's LM loss on the
 pretraining run's held-out text; and one from-scratch run of the same task at the preset's lr per seed, for
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from common import REPO, bench_env, print_table, run_summary, write_artifact
 
-from ecomkit.measure import transfer as T
+from ecomlab.measure import transfer as T
 
 NPROC = 2
 

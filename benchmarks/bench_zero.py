@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import warn_emulated_bf16, write_artifact  # noqa: E402
 from ecomkit.launch import read_json, run_torchrun  # noqa: E402
-from ecomkit.measure.zero import memory_row  # noqa: E402
+from ecomlab.measure.zero import memory_row  # noqa: E402
 
 VARIANTS = "ddp,0,1,2,3,1+opt,2+opt,3+opt,3+opt+param"
 

@@ -60,7 +60,7 @@ CHECKS: list[tuple[str, list[str]]] = [
 
 # Speed notes: (name, command printing one JSON value as its last line), recorded per environment, never failed
 NOTES: list[tuple[str, list[str]]] = [
-    ("packed_step_graphs", ["-c", "import json; from ecomkit.measure.compile_graphs import packed_step_graphs; "
+    ("packed_step_graphs", ["-c", "import json; from ecomlab.measure.compile_graphs import packed_step_graphs; "
                                   "print(json.dumps(packed_step_graphs(3)))"]),
 ]
 
@@ -238,7 +238,7 @@ def main() -> None:
                   "asked again here for every row, since it depends on this commit's pyproject.toml",
                   "speed_notes: measured per environment, never part of all_passed (a slower path is not a failure); "
                   "packed_step_graphs = [block graphs, head + loss graphs] compiled so far after each of 3 packed "
-                  "training steps (ecomkit/measure/compile_graphs.py); null where the command failed"],
+                  "training steps (ecomlab/measure/compile_graphs.py); null where the command failed"],
     }, results_dir=args.results_dir)
 
 

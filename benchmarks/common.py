@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ecomkit.envcheck.matmul import NO_BF16_UNITS, cpu_bf16_units
-from ecomkit.rates import PairedRatio, paired_ratios, pooled_rate
+from ecomlab.rates import PairedRatio, paired_ratios, pooled_rate
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"

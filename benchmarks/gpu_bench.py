@@ -281,7 +281,8 @@ def attention_part(st: dict[str, Any], device, impls: list[str], deadline: float
 def loss_kernel_part(st: dict[str, Any], device, kernels: list[str], deadline: float) -> list[dict[str, Any]]:
     """The same step under each --loss-kernel (sdpa); the kernel ``--loss-kernel auto`` would take from them."""
     from ecomkit.hardware import device_kind
-    from ecomkit.models.loss import GPU_LOSS_KERNEL, fastest_loss_kernel
+    from ecomkit.models.loss import GPU_LOSS_KERNEL
+    from ecomlab.derive.loss_kernel import fastest_loss_kernel
 
     rows = in_process_part("loss_kernel", [("sdpa", k, st["loss_batch"]) for k in kernels], st, device, deadline)
     if any(r["status"] == "ok" and r["loss_kernel"] == "chunked" for r in rows) and device.type == "cuda":
@@ -298,7 +299,8 @@ def loss_kernel_part(st: dict[str, Any], device, kernels: list[str], deadline: f
 def calibration(rows: list[dict[str, Any]], device, dry_run: bool) -> dict[str, Any] | None:
     """The planner's GPU efficiency fitted on this run's rows, checked on the rows it was not fitted on."""
     from ecomkit.hardware import device_kind
-    from ecomkit.planner.gpu_efficiency import GPU_EFFICIENCY, MAX_ERROR, calibrate
+    from ecomkit.planner.gpu_efficiency import GPU_EFFICIENCY
+    from ecomlab.derive.gpu_efficiency import MAX_ERROR, calibrate
 
     cal = calibrate(rows)
     if cal is None:

@@ -81,7 +81,8 @@ if ! "$PY" - "$TARGET" "$DRY" <<'EOF'
 import importlib, pathlib, sys
 target, dry = pathlib.Path(sys.argv[1]), sys.argv[2] == "1"
 # what the benchmarks need beyond the base, and what only a CUDA GPU with triton can import
-required = ["ecomkit", "datasets", "dill", "multiprocess", "xxhash", "deepspeed", "hjson", "pydantic", "peft"]
+required = ["ecomkit", "ecomlab", "datasets", "dill", "multiprocess", "xxhash", "deepspeed", "hjson", "pydantic",
+            "peft"]
 gpu_only = {"liger_kernel", "cut_cross_entropy"}
 installed = []
 for info in sorted(target.glob("*.dist-info")):   # each wheel's top-level modules, from the files it installed

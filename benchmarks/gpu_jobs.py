@@ -323,7 +323,7 @@ def strategy_part(st: dict[str, Any], pre: dict[str, Any], names: list[str], att
 
 
 def scaling_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The strategy rows in the shape ecomkit.claims reads (``scaling``/``memory``: model, strategy, gpus, ...)."""
+    """The strategy rows in the shape ecomlab.claims reads (``scaling``/``memory``: model, strategy, gpus, ...)."""
     return [{"model": r.get("model"), "strategy": r["strategy"], "gpus": r.get("nproc"), "status": r["status"],
              "samples_per_s": r.get("samples_per_s"), "tokens_per_s": r.get("tokens_per_s"),
              "micro_batch": r.get("micro_batch"), "seq_len": r.get("seq_len"), "precision": r.get("precision"),

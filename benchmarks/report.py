@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ecomkit.launch import newest_artifacts  # the same artifact choice as the claims ledger
+from ecomlab.artifacts import newest_artifacts  # the same artifact choice as the claims ledger
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"

@@ -250,34 +250,3 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                 raise DataError(f"{p}, line {lineno}: not valid JSON ({exc.msg}). A run that was killed "
                                 "mid-write leaves a partial last line; delete that line or rerun.") from exc
     return rows
-
-
-# ---------------------------------------------------------------------- benchmark artifacts
-ARTIFACT = re.compile(  # benchmarks/results/<bench>-<yyyy-mm-dd>-<machine>.json
-    r"^(?P<bench>[a-z0-9_]+)-(?P<date>\d{4}-\d{2}-\d{2})-(?P<machine>[a-z0-9-]+)\.json$")
-
-
-def newest_artifacts(results_dir: str | Path) -> dict[str, Path]:
-    """bench name → path of its newest artifact (by the date in the name, then by the time written inside it).
-
-    One rule for the docs' tables (``benchmarks/report.py``) and the ledger, so both read the same file.
-    Why the time inside and not the file's modification time: a fresh clone sets every mtime to the checkout.
-    """
-    found: dict[str, tuple[tuple[str, str, int], Path]] = {}
-    for path in sorted(Path(results_dir).glob("*.json")):
-        m = ARTIFACT.match(path.name)
-        if not m:
-            continue
-        rerun = re.search(r"-(\d+)\.json$", path.name)      # "-2": the second run of that day
-        key = (m["date"], _written_at(path), int(rerun[1]) if rerun else 1)
-        if m["bench"] not in found or key > found[m["bench"]][0]:
-            found[m["bench"]] = (key, path)
-    return {bench: path for bench, (_, path) in found.items()}
-
-
-def _written_at(path: Path) -> str:
-    """The artifact's own ``time_utc`` (ISO, sorts as text); empty for a file without one."""
-    try:
-        return str(json.loads(path.read_text()).get("time_utc") or "")
-    except (OSError, ValueError, AttributeError):
-        return ""

@@ -16,8 +16,8 @@ import os
 
 from ecomkit.config import TrainConfig, parse_config
 from ecomkit.errors import exit_on_user_error
-from ecomkit.measure.lora import parse_variants, probe_line, train_lora_variants
 from ecomkit.metrics import print_run_summary
+from ecomlab.measure.lora import parse_variants, probe_line, train_lora_variants
 
 
 def script_defaults() -> TrainConfig:

@@ -33,10 +33,10 @@ import os
 
 from ecomkit.config import TrainConfig, parse_config, preset_zero3_tiny
 from ecomkit.errors import exit_on_user_error
-from ecomkit.measure.zero import model_states_line, train_zero_variants
 from ecomkit.metrics import print_run_summary
 from ecomkit.parallel.zero.checkpoint import consolidate_run
 from ecomkit.parallel.zero.config import format_zero_config, trainer_auto_config, zero_config_for_launch
+from ecomlab.measure.zero import model_states_line, train_zero_variants
 
 
 def script_defaults() -> TrainConfig:

@@ -28,10 +28,10 @@ from pathlib import Path
 from ecomkit.config import TrainConfig, parse_config
 from ecomkit.dist import read_torchrun_env
 from ecomkit.errors import exit_on_user_error
-from ecomkit.measure.compression import train_methods
-from ecomkit.measure.overlap import parse_bucket_sizes, run_overlap_study
 from ecomkit.metrics import print_run_summary
 from ecomkit.parallel.compression.specs import parse_methods, spec_from_config
+from ecomlab.measure.compression import train_methods
+from ecomlab.measure.overlap import parse_bucket_sizes, run_overlap_study
 
 
 def extra_flags(parser: argparse.ArgumentParser) -> None:

@@ -28,10 +28,10 @@ from pathlib import Path
 from ecomkit.config import parse_config
 from ecomkit.errors import exit_on_user_error
 from ecomkit.launch import write_json
-from ecomkit.measure.calibration import CALIBRATION_STRATEGIES, calibration_defaults, run_calibration
-from ecomkit.measure.memory_tuning import activation_report
-from ecomkit.measure.strategy_states import compare_states_with_plan, measure_strategy_states
-from ecomkit.plots.memory import format_calibration, format_state_comparison
+from ecomlab.measure.calibration import CALIBRATION_STRATEGIES, calibration_defaults, run_calibration
+from ecomlab.measure.memory_tuning import activation_report
+from ecomlab.measure.strategy_states import compare_states_with_plan, measure_strategy_states
+from ecomlab.plots.memory import format_calibration, format_state_comparison
 
 
 def cmd_states(argv: list[str]) -> None:

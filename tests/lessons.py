@@ -7,7 +7,7 @@ and each chapter's checks read the notebook the same way.
 Conventions the lesson tests hold every chapter to:
 - the first code cell that shows a chapter's technique carries the cell tag ``mechanism`` and runs the
   technique's own code (torch / torch.distributed calls), not an ``ecomkit`` helper or a script launch;
-- diagrams are PNG files drawn by code (``ecomkit/plots/diagrams*.py``) into ``notebooks/figures/`` and shown
+- diagrams are PNG files drawn by code (``ecomlab/plots/diagrams*.py``) into ``notebooks/figures/`` and shown
   from a markdown cell (``![…](figures/NAME.png)``), so they are read without running anything;
 - the guides' claims sit in one closing section whose heading starts with ``## Appendix: the guides' claims``.
 """

@@ -26,7 +26,7 @@ from ecomkit.models.bloom import ModelSource
 from ecomkit.models.lora import apply_peft
 from ecomkit.models.loss import TokenLoss, count_label_tokens
 from ecomkit.parallel import build_strategy
-from ecomkit.measure.packing import packed_batch, padded_batch, random_rows
+from ecomlab.measure.packing import packed_batch, padded_batch, random_rows
 
 VOCAB, PAD = 400, 3
 VARIANTS = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ecomkit.measure.activations import LiveTensorTracker, SavedTensorCounter, measure_step_memory
+from ecomlab.measure.activations import LiveTensorTracker, SavedTensorCounter, measure_step_memory
 
 
 def test_saved_counter_skips_parameters_and_counts_each_storage_once():

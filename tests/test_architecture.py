@@ -1,9 +1,9 @@
-"""The house rules of ``ecomkit``'s layout, checked so they cannot drift.
+"""The house rules of ``ecomkit``'s layout (and of ``ecomlab``, the lab beside it), checked so they cannot drift.
 
 - The floors (``[tool.importlinter]`` in pyproject.toml) hold: ``lint-imports``
-  passes, and it *fails* on a copy of the package with one upward import added,
-  so the contract is known to bite.
-- No function-level import of an ecomkit module (an upward arrow in disguise).
+  passes, and it *fails* on a copy of the packages with one upward import added,
+  or with ``ecomkit`` importing ``ecomlab``, so the contracts are known to bite.
+- No function-level import of an ecomkit or ecomlab module (an upward arrow in disguise).
   Function-level imports are kept only for heavy optional third-party packages,
   each with a ``# lazy:`` comment giving its reason.
 - At most 10 modules directly under ``ecomkit/``; no module over about 400 lines.
@@ -23,6 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "ecomkit"
+PACKAGES = ("ecomkit", "ecomlab")      # the core and the measurement lab, one distribution
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 MAX_TOP_LEVEL_MODULES = 10
 MAX_MODULE_LINES = 420   # "about 400": a docstring's worth of slack, not a second module
@@ -46,31 +47,42 @@ def _lint(cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:
 def test_import_contract_holds():
     result = _lint(ROOT, ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 kept, 0 broken" in result.stdout
+    assert "3 kept, 0 broken" in result.stdout
 
 
-def test_import_contract_fails_on_an_upward_import(tmp_path):
-    """A copy of the package where ground (``ecomkit.errors``) imports the plots floor must be refused."""
-    shutil.copytree(PACKAGE, tmp_path / "ecomkit", ignore=shutil.ignore_patterns("__pycache__"))
+def _copy_with(tmp_path: Path, module: str, line: str) -> Path:
+    """A copy of both packages and the contracts, with ``line`` appended to ``module`` (a path under the copy)."""
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    errors = tmp_path / "ecomkit" / "errors.py"
-    errors.write_text(errors.read_text() + "\nimport ecomkit.plots.common  # deliberate upward import\n")
-    result = _lint(tmp_path, tmp_path)
+    target = tmp_path / module
+    target.write_text(target.read_text() + f"\n{line}  # deliberate\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("module, line, expected", [
+    ("ecomkit/errors.py", "import ecomkit.plan", ["ecomkit.errors -> ecomkit.plan"]),
+    ("ecomkit/metrics.py", "import ecomlab.rates", ["ecomkit never imports ecomlab BROKEN",
+                                                    "ecomkit.metrics -> ecomlab.rates"]),
+    ("ecomlab/artifacts.py", "import ecomlab.measure.zero", ["ecomlab.artifacts -> ecomlab.measure.zero"]),
+], ids=["ecomkit ground imports its top floor", "ecomkit imports the lab", "ecomlab ground imports its experiments"])
+def test_import_contracts_fail_on_a_copy_with_one_bad_import(tmp_path, module, line, expected):
+    result = _lint(_copy_with(tmp_path, module, line), tmp_path)
     assert result.returncode != 0, result.stdout
-    assert "ecomkit.errors -> ecomkit.plots.common" in result.stdout, result.stdout
+    assert all(text in result.stdout for text in expected), result.stdout
 
 
 def test_no_import_cycles():
     """No module reaches itself through its imports, ``if TYPE_CHECKING:`` ones included (config.validate names
     TrainConfig without importing schema, which imports it)."""
-    graph = grimp.build_graph("ecomkit", exclude_type_checking_imports=False, cache_dir=None)
+    graph = grimp.build_graph(*PACKAGES, exclude_type_checking_imports=False, cache_dir=None)
     cycles = [(a, b) for a in sorted(graph.modules) for b in graph.find_modules_directly_imported_by(a)
               if graph.find_shortest_chain(importer=b, imported=a)]
     assert not cycles, cycles
 
 
 def _modules() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+    return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py") if "__pycache__" not in p.parts)
 
 
 def _function_level_imports(path: Path) -> list[tuple[int, str, str]]:
@@ -95,13 +107,13 @@ def _function_level_imports(path: Path) -> list[tuple[int, str, str]]:
 def test_no_function_level_imports_of_ecomkit_modules():
     offenders = [f"{p.relative_to(ROOT)}:{line}: {src.strip()}"
                  for p in _modules() for line, name, src in _function_level_imports(p)
-                 if name.startswith((".", "ecomkit"))]
+                 if name.startswith((".", *PACKAGES))]
     assert not offenders, "import these at module level (or move the code to the right floor):\n" + "\n".join(
         offenders)
 
 
 def _lazy_import_problem(name: str, src: str) -> str | None:
-    if name.startswith((".", "ecomkit")):
+    if name.startswith((".", *PACKAGES)):
         return None  # reported by the test above
     if not any(name == ok or name.startswith(ok + ".") for ok in LAZY_ALLOWED):
         return f"import {name} at module level (only {', '.join(LAZY_ALLOWED)} may be imported lazily)"

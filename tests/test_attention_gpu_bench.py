@@ -85,7 +85,7 @@ def test_dry_run_jobs_pair_ecomkit_with_hf_trainer_and_the_planner(dry_run):
     (ddp,) = parts["strategy"]
     assert ddp["status"] == "ok", ddp
     assert ddp["samples_per_s"] > 0 and ddp["world_size"] == 2
-    (scaling,) = doc["extra"]["scaling"]  # what ecomkit.claims reads from a GPU report
+    (scaling,) = doc["extra"]["scaling"]  # what ecomlab.claims reads from a GPU report
     assert (scaling["model"], scaling["strategy"], scaling["gpus"]) == ("tiny", "ddp", 2)
     assert scaling["samples_per_s"] == ddp["samples_per_s"]
     assert doc["extra"]["goal"]["verdict"].startswith("n/a")

@@ -8,10 +8,10 @@ import json
 import pytest
 from conftest import REPO
 
-from ecomkit.launch import newest_artifacts
-from ecomkit.measure.budget import advice_share, recovery_rate
 from ecomkit.metrics import generation_lines
 from ecomkit.train.gen_eval import BUDGET_ADVICE_SHARE, budget_advice, budget_line
+from ecomlab.artifacts import newest_artifacts
+from ecomlab.derive.budget import advice_share, recovery_rate
 
 RESULTS = REPO / "benchmarks" / "results"
 

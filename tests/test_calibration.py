@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from ecomkit.config import TrainConfig
-from ecomkit.measure.calibration import (ComputeMeasurement, LinkFit, calibrate_with_one_rerun, calibration_rows,
-                                         fit_alpha_beta, measured_device, measured_links,
-                                         predict_cpu_step, training_loss, worst_ratio_error)
-from ecomkit.measure.activations import causal_lm_loss
 from ecomkit.models.bloom import build_model, flops_per_token, preset_config
 from ecomkit.models.loss import TokenLoss
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import all_gather_s, all_reduce_s, reduce_scatter_s
+from ecomlab.measure.activations import causal_lm_loss
+from ecomlab.measure.calibration import (ComputeMeasurement, LinkFit, calibrate_with_one_rerun, calibration_rows,
+                                         fit_alpha_beta, measured_device, measured_links,
+                                         predict_cpu_step, training_loss, worst_ratio_error)
 
 
 @pytest.mark.parametrize("kind, formula", [("all_reduce", all_reduce_s), ("all_gather", all_gather_s),

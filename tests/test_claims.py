@@ -6,19 +6,27 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import os
+import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-import ecomkit.claims as claims
-from ecomkit.claims import ch02, ch03, ch05, ch06, ch06_memory, verdicts
-from ecomkit.claims.evidence import Evidence, load_evidence
-from ecomkit.claims.render import counts_table, render_readme, stale
-from ecomkit.claims.rules import amp_finding, memory_finding, padding_finding, speedup_finding, topk_cut_finding
-from ecomkit.claims.verdicts import (CPU_ANALOGUE, IMPLAUSIBLE, NEEDS_GPU, NOT_MEASURABLE, REFUTED, REPRODUCED,
+from ecomkit.errors import USER_ERROR_EXIT, ConfigError
+from ecomlab import artifacts
+from ecomlab.artifacts import REPO, REPO_RESULTS, RESULTS_ENV, results_dir
+import ecomlab.claims as claims
+from ecomlab.claims import ch02, ch03, ch05, ch06, ch06_memory, verdicts
+from ecomlab.claims.__main__ import main as claims_main
+from ecomlab.claims.evidence import Evidence, load_evidence
+from ecomlab.claims.planner_comparisons import ECOMGPT_SETUP, SEQGPT_SETUP
+from ecomlab.claims.render import counts_table, render_readme, stale
+from ecomlab.claims.rules import amp_finding, memory_finding, padding_finding, speedup_finding, topk_cut_finding
+from ecomlab.claims.verdicts import (CPU_ANALOGUE, IMPLAUSIBLE, NEEDS_GPU, NOT_MEASURABLE, REFUTED, REPRODUCED,
                                      VERDICTS, Finding, model_band)
-from ecomkit.planner.comparisons import ECOMGPT_SETUP, SEQGPT_SETUP
 
 ENTRY_MODULES = ("ch01", "ch02", "ch03", "ch04", "ch05", "ch06", "ch06_memory", "ch07")
 VERDICT_NAMES = ("REPRODUCED", "CPU_ANALOGUE", "REFUTED", "IMPLAUSIBLE", "NEEDS_GPU", "NOT_MEASURABLE")
@@ -206,3 +214,57 @@ def test_readme_counts_block_and_stale_detection(tmp_path):
     assert stale("page", render_readme(text, {**counts, REFUTED: 99}), page, readme) == [str(readme)]
     assert stale("new page", out, page, readme) == [str(page)]
     assert verdicts.VERDICTS == VERDICTS
+
+
+# ---------------------------------------------------------------------- where the artifacts are
+def _artifact(folder: Path, value: str) -> Path:
+    folder.mkdir(parents=True)
+    path = folder / "bench_x-2026-01-01-cpu2.json"
+    path.write_text(json.dumps({"rows": [{"v": value}]}))
+    return path
+
+
+def test_the_artifacts_folder_is_the_flag_then_the_environment_then_the_repositorys(tmp_path, monkeypatch):
+    monkeypatch.delenv(RESULTS_ENV, raising=False)
+    assert results_dir() == REPO_RESULTS == REPO / "benchmarks" / "results"
+    assert load_evidence().where("bench_ddp").startswith("benchmarks/results/bench_ddp-")   # named in the repository
+    env = _artifact(tmp_path / "env", "env")
+    _artifact(tmp_path / "flag", "flag")
+    monkeypatch.setenv(RESULTS_ENV, str(env.parent))
+    assert load_evidence().rows("bench_x") == [{"v": "env"}] and load_evidence().where("bench_x") == str(env)
+    assert load_evidence(tmp_path / "flag").rows("bench_x") == [{"v": "flag"}]
+    assert claims.ledger_rows() and claims.chapter_rows(2)      # every claim decides on a folder without its benches
+
+
+def test_a_missing_artifacts_folder_is_an_error_naming_it_and_how_to_point_elsewhere(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(RESULTS_ENV, raising=False)
+    installed = tmp_path / "site-packages" / "benchmarks" / "results"     # an installed package: no checkout around it
+    monkeypatch.setattr(artifacts, "REPO_RESULTS", installed)
+    with pytest.raises(ConfigError) as err:
+        claims.ledger_rows()
+    assert str(installed) in str(err.value) and "--results DIR" in str(err.value)
+    assert f"{RESULTS_ENV}=DIR" in str(err.value)
+    monkeypatch.setenv(RESULTS_ENV, str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match=rf"{tmp_path / 'nowhere'} \(\${RESULTS_ENV}\)"):
+        load_evidence()
+    with pytest.raises(SystemExit) as done:
+        claims_main(["--check", "--results", str(tmp_path / "gone")])
+    assert done.value.code == USER_ERROR_EXIT and f"{tmp_path / 'gone'} (--results)" in capsys.readouterr().err
+
+
+def test_an_installed_copy_reads_the_folder_it_is_given_and_names_the_one_it_lacks(tmp_path):
+    """The packages copied without the repository, as pip installs them, in a fresh process."""
+    site = tmp_path / "site"
+    for package in ("ecomkit", "ecomlab"):
+        shutil.copytree(REPO / package, site / package, ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import os\nfrom ecomkit.errors import ConfigError\nfrom ecomlab.artifacts import results_dir\n"
+            f"given = os.environ.pop({RESULTS_ENV!r})\n"
+            "try:\n    results_dir()\nexcept ConfigError as e:\n    print('ERROR', e)\n"
+            f"os.environ[{RESULTS_ENV!r}] = given\n"
+            "from ecomlab.claims import ledger_rows\nprint('ROWS', len(ledger_rows()))\n")
+    env = {**os.environ, "PYTHONPATH": str(site), RESULTS_ENV: str(REPO_RESULTS)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"ERROR no benchmark artifacts at {site / 'benchmarks' / 'results'}" in out.stdout, out.stdout
+    assert f"ROWS {len(claims.LEDGER)}" in out.stdout, out.stdout

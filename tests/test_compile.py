@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 from torch._dynamo.testing import CompileCounter
 
-from ecomkit.measure.packing import packed_batch, random_rows
 from ecomkit.fast import compile as compile_module
 from ecomkit.fast.attention import install_attention
 from ecomkit.models.attention import attention_mask_for
@@ -18,6 +17,7 @@ from ecomkit.models.bloom import build_model
 from ecomkit.fast.compile import (HEAD_LOSS_ONE_GRAPH_TORCH, compile_blocks, compiled_head_loss, head_loss_graphs,
                                     note_head_loss_graphs)
 from ecomkit.models.loss import TokenLoss, lm_loss_sum
+from ecomlab.measure.packing import packed_batch, random_rows
 
 VOCAB, PAD = 400, 3
 

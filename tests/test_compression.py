@@ -18,12 +18,12 @@ from conftest import main_in_process, run_script
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.errors import ConfigError
-from ecomkit.measure.compression import byte_ratio_checks, error_feedback_effect, expected_byte_ratio
-from ecomkit.measure.overlap import async_allreduce_verdict, bucket_sweep_summary
 from ecomkit.parallel.compression.hooks import InactiveCompression, register_compression
 from ecomkit.parallel.compression.specs import parse_method_spec, parse_methods
 from ecomkit.parallel.compression.topk import (densify, error_feedback_step, pack_message, select_topk,
                                                topk_count, unpack_message)
+from ecomlab.measure.compression import byte_ratio_checks, error_feedback_effect, expected_byte_ratio
+from ecomlab.measure.overlap import async_allreduce_verdict, bucket_sweep_summary
 
 COMMON = ["--precision", "fp32", "--model", "tiny", "--n-rows", "300", "--seq-len", "32", "--eval-interval", "0", "--eval-batches", "1",
           "--warmup-steps", "1", "--no-progress", "--no-save-model", "--bucket-cap-mb", "0.25"]

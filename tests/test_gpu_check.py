@@ -49,7 +49,7 @@ def test_dry_run_installs_the_wheels_into_a_target_and_runs_the_benchmarks(tmp_p
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (target / "ecomkit_probe_pkg" / "__init__.py").exists()                   # installed into the target
     assert re.search(r"ok +ecomkit_probe_pkg +from the wheel folder: " + re.escape(str(target)), proc.stdout)
-    for name in ("datasets", "deepspeed", "peft", "ecomkit"):
+    for name in ("datasets", "deepspeed", "peft", "ecomkit", "ecomlab"):
         assert f"  ok       {name}" in proc.stdout
     assert "skipped  liger_kernel" in proc.stdout or "ok       liger_kernel" in proc.stdout
     (rule,) = out.glob("bench_attn_rule-*.json")

@@ -11,9 +11,9 @@ import pytest
 from ecomkit.hardware import gpu_kind
 from ecomkit.planner import gpu_efficiency
 from ecomkit.planner.cli import main, read_job, render, run_plan, to_json
-from ecomkit.planner.gpu_efficiency import (GPU_EFFICIENCY, MAX_ERROR, calibrate, efficiency_for, fit_efficiency,
-                                            held_out_errors)
+from ecomkit.planner.gpu_efficiency import GPU_EFFICIENCY, efficiency_for
 from ecomkit.planner.step_time import DEFAULT_EFFICIENCY
+from ecomlab.derive.gpu_efficiency import MAX_ERROR, calibrate, fit_efficiency, held_out_errors
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 JOB = ["--model", "seqgpt-560m", "--gpus", "1", "--gpu", "h200", "--precision", "bf16", "--seq-len", "1024"]

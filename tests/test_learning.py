@@ -41,8 +41,8 @@ import fastlaunch
 import pytest
 
 from ecomkit.config import TrainConfig
-from ecomkit.train.comparisons import eval_loss_ratio
 from ecomkit.train.sweep import run_sweep
+from ecomlab.measure.run_comparisons import eval_loss_ratio
 
 NLU = {"task": "nlu", "n_rows": 4000, "seq_len": 96, "micro_batch_size": 16, "lr": 5e-3, "max_steps": 400,
        "eval_interval": 0, "eval_nlu_samples": 128, "final_eval_samples": 128}   # the final evaluation capped too

@@ -21,8 +21,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ecomkit.models.bloom import build_model
-from ecomkit.plots import diagrams_ddp
 from ecomkit.train.loop import TrainingRun
+from ecomlab.plots import diagrams_ddp
 
 CH01, CH02 = "01_environment.ipynb", "02_data_parallel.ipynb"
 HELPER = r"ecomkit|run_torchrun|run_python"   # an ecomkit import or helper, or a script launch

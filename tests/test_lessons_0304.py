@@ -18,7 +18,7 @@ import re
 import pytest
 
 from ecomkit.parallel import tensor
-from ecomkit.plots import diagrams_mixed, diagrams_zero
+from ecomlab.plots import diagrams_mixed, diagrams_zero
 from tests.lessons import (APPENDIX_HEADING, NOTEBOOKS, code_cells, first_index, load, markdown_text, shown_images,
                            tagged)
 from tests.notebook_cells import mutated, run_cells

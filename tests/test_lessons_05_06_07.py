@@ -23,7 +23,7 @@ MECHANISMS = {
            ("ecomkit/parallel/compression/topk.py", "topk_hook", "ecomkit/parallel/compression/hooks.py",
             "register_compression")),
     CH06: (("torch.autograd.graph.saved_tensors_hooks", "torch.optim.AdamW", "element_size()"),
-           ("ecomkit/measure/activations.py", "SavedTensorCounter", "ecomkit/planner/memory.py", "plan_memory")),
+           ("ecomlab/measure/activations.py", "SavedTensorCounter", "ecomkit/planner/memory.py", "plan_memory")),
     CH07: (("torch.save(", "os.replace(", "torch.load(", "torch.set_rng_state("),
            ("ecomkit/faults/checkpoint.py", "CheckpointWriter", "load_dcp", "CheckpointCallback")),
 }
@@ -153,10 +153,10 @@ def test_ch07_keeps_the_live_rank_kill() -> None:
 
 
 def test_ch05_diagram_is_redrawn_by_code_and_shown_from_markdown(tmp_path) -> None:
-    """The committed PNG is what ``python -m ecomkit.plots.diagrams_compression`` draws, and chapter 05 shows it."""
+    """The committed PNG is what ``python -m ecomlab.plots.diagrams_compression`` draws, and chapter 05 shows it."""
     from matplotlib.image import imread
 
-    from ecomkit.plots import diagrams_compression as dc
+    from ecomlab.plots import diagrams_compression as dc
 
     committed = lessons.NOTEBOOKS / "figures" / dc.TOPK_FIGURE
     assert f"figures/{dc.TOPK_FIGURE}" in lessons.shown_images(lessons.load(CH05))
@@ -167,7 +167,7 @@ def test_ch05_diagram_is_redrawn_by_code_and_shown_from_markdown(tmp_path) -> No
 
 def test_ch05_diagram_numbers_come_from_the_librarys_selection() -> None:
     """Every step sends k = ceil(25 % of 12) entries, the largest of gradient + residual, and keeps the rest."""
-    from ecomkit.plots.diagrams_compression import topk_steps
+    from ecomlab.plots.diagrams_compression import topk_steps
 
     for row in topk_steps():
         acc, sent = row["accumulated"], set(row["sent"])

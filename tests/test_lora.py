@@ -32,10 +32,10 @@ import pytest
 import torch
 
 from conftest import run_script
-from ecomkit.measure.lora import PROBE_LOGITS, probe_tokens
 from ecomkit.models.bloom import build_model
 from ecomkit.models.tokenizer import get_tokenizer
 from ecomkit.train.loop import tokenizer_cache_dir
+from ecomlab.measure.lora import PROBE_LOGITS, probe_tokens
 
 LORA = ["ddp:lora16", "accelerate:lora16", "zero2:lora16", "zero2+opt:lora16", "zero3:lora16", "zero3+opt:lora16",
         "fsdp:lora16"]
@@ -244,9 +244,9 @@ def test_killed_rank_resumes_a_zero3_lora_run_to_the_same_losses(zero3_lora, tmp
                                              ("zero3:lora16", "zero3"), ("fsdp:lora16", "fsdp2")])
 def test_planner_lora_states_match_measured_bytes(sweep, base_dir, label, strategy):
     """Each state category of each rank within the ZeRO rows' tolerance (a few scalars: SCALAR_BYTES)."""
-    from ecomkit.measure.zero import SCALAR_BYTES
     from ecomkit.planner.lora import LoraPlan, gradient_bytes_per_step, lora_state_bytes_per_rank
     from ecomkit.planner.memory import PlanInput
+    from ecomlab.measure.zero import SCALAR_BYTES
 
     s = summary(sweep / label)
     inp = PlanInput(model=str(base_dir), world_size=2, strategy=strategy, precision="fp32", device="cpu")

@@ -26,9 +26,10 @@ from ecomkit.errors import ConfigError
 from ecomkit.hardware import gpu_kind
 from ecomkit.models import loss as loss_mod
 from ecomkit.models.bloom import build_model
-from ecomkit.models.loss import (GPU_LOSS_KERNEL, TokenLoss, chunked_token_loss_sum, fastest_loss_kernel, lm_loss_sum,
-                                 pick_loss_kernel, token_loss_sum)
+from ecomkit.models.loss import (GPU_LOSS_KERNEL, TokenLoss, chunked_token_loss_sum, lm_loss_sum, pick_loss_kernel,
+                                 token_loss_sum)
 from ecomkit.train.autoprec import resolve_loss_kernel
+from ecomlab.derive.loss_kernel import fastest_loss_kernel
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 VOCAB = 300

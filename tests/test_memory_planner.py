@@ -10,9 +10,6 @@ import torch
 from ecomkit.config import TrainConfig, ZeroConfig
 from ecomkit.errors import ConfigError, ModelNotFoundError
 from ecomkit.hardware import GIB
-from ecomkit.measure.memory_tuning import (MODES, activation_sweep, bucketing_rows, checkpointing_experiment,
-                                          long_context_config, memory_pool_experiment, save_on_cpu_experiment,
-                                          saved_bytes_by_mode)
 from ecomkit.models.bloom import preset_config, preset_parameter_count
 from ecomkit.planner.activations import activation_bytes, checkpointing_factor
 from ecomkit.planner.cli import main
@@ -21,6 +18,9 @@ from ecomkit.planner.memory import PlanInput, max_micro_batch, model_state_bytes
 from ecomkit.planner.recommend import mostly
 from ecomkit.planner.report import recommendation_json
 from ecomkit.planner.shapes import deepspeed_partition, fsdp2_shard, local_params, model_shape, zero3_partition
+from ecomlab.measure.memory_tuning import (MODES, activation_sweep, bucketing_rows, checkpointing_experiment,
+                                          long_context_config, memory_pool_experiment, save_on_cpu_experiment,
+                                          saved_bytes_by_mode)
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import torch
 
 from ecomkit.metrics import (attention_length, data_line, print_run_summary, throughput_lines, throughput_summary,
                              time_split)
-from ecomkit.rates import concurrent_ceiling, paired_ratios, pooled_rate, replicated_work_bound
 from ecomkit.models.bloom import flops_per_token
+from ecomlab.rates import concurrent_ceiling, paired_ratios, pooled_rate, replicated_work_bound
 
 
 def _rows(step_times, samples=16, tokens_per_sample=100):

@@ -117,7 +117,7 @@ def test_decision_table_is_computed_from_exact_parameter_counts():
 
 def test_decision_facts_read_the_figures_chapter_04_quotes():
     from ecomkit.planner.shapes import model_shape
-    from ecomkit.plots.mixed import decision_facts
+    from ecomlab.plots.mixed import decision_facts
 
     rows = decision_table(["seqgpt-560m"], [8], gpu="a100-80g", micro_batch=4, seq_len=1024)
     f = decision_facts(rows, "seqgpt-560m", 8)

@@ -14,20 +14,20 @@ from datasets import Dataset
 
 from ecomkit.config import TrainConfig
 from ecomkit.data.packing import (CPU_PACK_MAX_SEQ_LEN, EMPTY, PACK_AUTO_MAX_ROW_SHARE, PackedBatchSampler, RowGroups,
-                                  best_fit_decreasing, cpu_packing_rule, decide_packing, fill_rate, packed_collate,
-                                  plan_sequences)
+                                  best_fit_decreasing, decide_packing, fill_rate, packed_collate, plan_sequences)
 from ecomkit.data.tokenize import IGNORE_INDEX
 from ecomkit.errors import ConfigError
-from ecomkit.launch import newest_artifacts
-from ecomkit.measure.compile_graphs import packed_step_graphs
-from ecomkit.measure.packing import (bench_packing_jobs, equal_step_micro_batch, loss_and_gradients, packed_batch,
-                                     packing_agreement, padded_batch, random_rows, row_isolation, seed_spread)
-from ecomkit.models.attention import alibi_from_mask, attention_mask_for, document_causal_mask
 from ecomkit.fast.attention import install_attention
+from ecomkit.models.attention import alibi_from_mask, attention_mask_for, document_causal_mask
 from ecomkit.models.bloom import build_model
 from ecomkit.fast.compile import head_loss_graphs
 from ecomkit.models.loss import TokenLoss
 from ecomkit.train.batches import training_loader
+from ecomlab.artifacts import newest_artifacts
+from ecomlab.derive.packing import bench_packing_jobs, cpu_packing_rule
+from ecomlab.measure.compile_graphs import packed_step_graphs
+from ecomlab.measure.packing import (equal_step_micro_batch, loss_and_gradients, packed_batch, packing_agreement,
+                                     padded_batch, random_rows, row_isolation, seed_spread)
 
 PAD = 3
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"

@@ -9,12 +9,12 @@ import pytest
 
 from ecomkit.hardware import LINKS
 from ecomkit.planner.cli import main
-from ecomkit.planner.comparisons import (claims_for_model, ecomgpt_step_breakdown, estimator_comparison,
-                                         oom_recipe_summary, oom_recipes, seqgpt_epoch_minutes, single_node_scaling,
-                                         speedup_claims, speedup_verdict)
 from ecomkit.planner.memory import PlanInput
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import all_gather_s, all_reduce_s, comm_volume, predict_step_time, speedups
+from ecomlab.claims.planner_comparisons import (claims_for_model, ecomgpt_step_breakdown, estimator_comparison,
+                                                oom_recipe_summary, oom_recipes, seqgpt_epoch_minutes,
+                                                single_node_scaling, speedup_claims, speedup_verdict)
 
 
 def test_cli_prints_table_verdict_and_time(capsys):

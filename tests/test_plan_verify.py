@@ -10,10 +10,10 @@ import shlex
 import pytest
 
 from ecomkit.config import TrainConfig
-from ecomkit.measure.plan_twins import TWIN_MODEL, orders_agree
 from ecomkit.plan import main as plan_main
 from ecomkit.planner.job import Cluster
 from ecomkit.planner.report import recommendation_json
+from ecomkit.planner.twins import TWIN_MODEL, orders_agree
 
 pytestmark = pytest.mark.dist
 

@@ -12,11 +12,11 @@ import pytest
 
 from ecomkit.config import TrainConfig
 from ecomkit.hardware import GPUS, LINKS
-from ecomkit.measure.plan_twins import PLAN_GAP, twin_checks
 from ecomkit.plan import main as plan_main
 from ecomkit.planner.job import Cluster
 from ecomkit.planner.recommend import what_would_fit
 from ecomkit.planner.report import recommendation_json, render_recommendation, verify_advice, verify_lines
+from ecomkit.planner.twins import PLAN_GAP, twin_checks
 
 MIB = 2**20
 

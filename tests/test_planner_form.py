@@ -8,9 +8,9 @@ import sys
 
 from ecomkit.config import TrainConfig
 from ecomkit.hardware import GIB, GPUS
+from ecomkit.planner.form import DOES_NOT_FIT, FITS, form_view, peak_figure, planner_form
 from ecomkit.planner.job import Cluster
 from ecomkit.planner.report import recommendation_json
-from ecomkit.plots.planner_form import DOES_NOT_FIT, FITS, form_view, peak_figure, planner_form
 BIG = TrainConfig(model="ecomgpt-7b", precision="bf16", seq_len=512, micro_batch_size=4)
 
 

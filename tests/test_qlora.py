@@ -17,10 +17,10 @@ import torch
 from conftest import run_script
 from ecomkit.config import TrainConfig
 from ecomkit.errors import ConfigError
-from ecomkit.measure.lora import peft_trainable_count
 from ecomkit.models.bloom import build_model
 from ecomkit.models.lora import apply_peft, peft_model_from_state
 from ecomkit.models.quant import dequantized_state_dict
+from ecomlab.measure.lora import peft_trainable_count
 
 bnb = pytest.importorskip("bitsandbytes")
 

@@ -136,10 +136,10 @@ def test_nlu_on_a_file_trains_a_global_batch_of_32_unless_a_flag_says_otherwise(
 
 def test_full_fine_tuning_lr_falls_with_size_between_the_measured_and_the_peers_anchors():
     from ecomkit.config.recipe import FULL_FT_ANCHORS, FULL_FT_LR_RANGE
-    from ecomkit.measure.transfer import FINETUNE_LR
     from ecomkit.models.bloom import preset_parameter_count
     from ecomkit.models.tokenizer import get_tokenizer
     from ecomkit.train.loop import tokenizer_cache_dir
+    from ecomlab.measure.transfer import FINETUNE_LR
     sizes = [10_000, 356_416, 14_700_000, 559_214_592, 7_069_016_064, 10**12]
     lrs = [full_finetune_lr(n) for n in sizes]
     assert lrs == sorted(lrs, reverse=True)                                     # larger models, smaller steps

@@ -18,10 +18,10 @@ import pytest
 
 from ecomkit.errors import ConfigError
 from ecomkit.hardware import LINKS, LinkSpec
-from ecomkit.planner.comparisons import ASSUMPTION_BAND, ECOMGPT_SETUP, speedup_verdict
 from ecomkit.planner.memory import PlanInput
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import comm_volume, hidden_exposed, last_bucket, predict_step_time, speedups
+from ecomlab.claims.planner_comparisons import ASSUMPTION_BAND, ECOMGPT_SETUP, speedup_verdict
 
 MODELS = ("small", "seqgpt-560m", "ecomgpt-7b")
 GPUS = (("a100-40g", "bf16"), ("rtx4090", "fp32"), ("v100-32g", "fp16"), ("h100-80g", "bf16"))

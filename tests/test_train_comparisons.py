@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from ecomkit.train.comparisons import (ClippingReport, compare_clip_policies, clipping_report, eval_loss_ratio,
-                                       margin_over_majority, max_relative_loss_difference, scaling, seed_spread)
+from ecomlab.measure.run_comparisons import (ClippingReport, compare_clip_policies, clipping_report, eval_loss_ratio,
+                                             margin_over_majority, max_relative_loss_difference, scaling, seed_spread)
 
 
 def rows(losses, **extra):

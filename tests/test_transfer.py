@@ -1,13 +1,13 @@
 """Transfer learning, end to end through the scripts: a pretrained folder fine-tunes better than scratch and keeps
 what it knew; the random-init preset's lr 3e-3 makes it forget more.
 
-One module-scoped pretraining (``ecomkit.measure.transfer``, at its ``TEST_SIZES``, the sizes chapter 08 and
+One module-scoped pretraining (``ecomlab.measure.transfer``, at its ``TEST_SIZES``, the sizes chapter 08 and
 ``benchmarks/bench_transfer.py`` run), saved as a ``from_pretrained`` folder, is shared by three
 fine-tuning runs on reviews in the README's review-file shape (category and sentiment): the folder at
-:data:`~ecomkit.measure.transfer.FINETUNE_LR`, the folder at 3e-3, and the preset from scratch at 3e-3, all for
+:data:`~ecomlab.measure.transfer.FINETUNE_LR`, the folder at 3e-3, and the preset from scratch at 3e-3, all for
 the same steps. Each fine-tuned folder's LM loss on the pretraining run's held-out text is read by
 ``scripts/08_tasks.py --evaluate-only --task lm``. The bound on its rise, and the fine-tuning lr, are
-:mod:`ecomkit.measure.transfer`'s (measured in ``benchmarks/bench_transfer.py``; the module says how).
+:mod:`ecomlab.measure.transfer`'s (measured in ``benchmarks/bench_transfer.py``; the module says how).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import run_script
 
-from ecomkit.measure import transfer as T
+from ecomlab.measure import transfer as T
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 

@@ -17,7 +17,6 @@ from conftest import REPO, load_module
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.errors import ConfigError
-from ecomkit.measure.zero import max_relative_loss_difference
 from ecomkit.models.bloom import build_model
 from ecomkit.parallel.state_bytes import tensor_bytes, unique_storage_bytes
 from ecomkit.parallel.zero.config import build_zero_config, validate_user_config
@@ -26,6 +25,7 @@ from ecomkit.parallel.zero.strategy import CPUAdamUnavailableWarning, _check_pre
 from ecomkit.parallel.zero.variants import parse_variants
 from ecomkit.planner.zero_formulas import (SEQGPT_GUIDE_TABLE, check_guide_table, deepspeed_estimates, formula_bytes,
                                            guide_plausibility)
+from ecomlab.measure.zero import max_relative_loss_difference
 
 
 def zero_cfg(**zero) -> TrainConfig:

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_script
-from ecomkit.measure.zero import formula_check, loss_agreement, loss_tolerance, memory_row
-from ecomkit.train.comparisons import loss_fell
+from ecomlab.measure.run_comparisons import loss_fell
+from ecomlab.measure.zero import formula_check, loss_agreement, loss_tolerance, memory_row
 
 COMMON = ["--model", "tiny", "--n-rows", "600", "--seq-len", "64", "--max-steps", "6", "--eval-interval", "0",
           "--eval-batches", "1", "--warmup-steps", "2", "--no-progress", "--micro-batch-size", "2",

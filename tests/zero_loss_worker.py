@@ -23,10 +23,10 @@ import torch.nn.functional as F
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, distributed_session
-from ecomkit.measure.packing import padded_batch, random_rows
 from ecomkit.models.bloom import ModelSource
 from ecomkit.models.loss import TokenLoss, count_label_tokens
 from ecomkit.parallel import build_strategy
+from ecomlab.measure.packing import padded_batch, random_rows
 
 VOCAB, PAD, STEPS = 400, 3, 3
 STAGES, KERNELS = (1, 2, 3), ("full", "chunked", "liger")

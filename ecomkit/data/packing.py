@@ -49,12 +49,11 @@ EMPTY: tuple[int, ...] = ()   # a sequence of padding only: fills the last globa
 # sequence on average): below it a sequence holds one row and packing has nothing to gain.
 PACK_AUTO_MAX_ROW_SHARE = 0.5
 # On a CPU, per precision, the longest seq_len up to which packed batches trained faster than bucketed ones by at
-# least PACKING_MIN_GAIN (median of bench_packing's paired rounds); tests/test_packing.py recomputes it from the
-# newest artifact. A packed sequence's attention covers its whole length, so the longer the sequence the more a
-# token costs: on `tiny`, fp32 lost at 256 (the catalog) and bf16 lost at 1152 (the instruction file), while bf16
-# at 256 won, its bucketed batches meeting a new shape (a new oneDNN primitive) almost every step.
+# least 5 % (median of bench_packing's paired rounds; ecomlab.derive.packing); tests/test_packing.py recomputes it
+# from the newest artifact. A packed sequence's attention covers its whole length, so the longer the sequence the
+# more a token costs: on `tiny`, fp32 lost at 256 (the catalog) and bf16 lost at 1152 (the instruction file), while
+# bf16 at 256 won, its bucketed batches meeting a new shape (a new oneDNN primitive) almost every step.
 CPU_PACK_MAX_SEQ_LEN: dict[str, int] = {"bf16": 256}
-PACKING_MIN_GAIN = 0.05
 
 
 def decide_packing(requested: str, mean_row: float, seq_len: int, device_type: str = "cuda",
@@ -77,23 +76,6 @@ def decide_packing(requested: str, mean_row: float, seq_len: int, device_type: s
                        f"packed batches no faster than bucketed ones (packs at {measured}); "
                        f"--packing on packs anyway")
     return True, f"auto: on, {rows} (packs when <= {PACK_AUTO_MAX_ROW_SHARE:.0%})"
-
-
-def cpu_packing_rule(measured: Sequence[tuple[str, int, Sequence[float]]], min_gain: float = PACKING_MIN_GAIN
-                     ) -> dict[str, int]:
-    """Precision -> the longest seq_len up to which every measured job at that precision packed faster.
-
-    ``measured``: ``(precision, seq_len, packed / bucketed real-tokens/s ratios of the paired rounds)`` per job;
-    faster means a median above ``1 + min_gain``. A precision whose shortest job was not faster is left out.
-    """
-    out: dict[str, int] = {}
-    for precision in sorted({p for p, _, _ in measured}):
-        jobs = sorted((seq, float(np.median(r))) for p, seq, r in measured if p == precision and len(r))
-        for seq, ratio in jobs:
-            if ratio <= 1 + min_gain:
-                break
-            out[precision] = seq
-    return out
 
 
 def best_fit_decreasing(lengths: Sequence[int], capacity: int, tie_order: np.ndarray | None = None
@@ -294,5 +276,5 @@ def sequence_counts(sequences: Sequence[dict[str, list]], seq_len: int) -> Batch
                        len(sequences) * seq_len, sum(n * n for n in lengths))
 
 
-__all__ = ["sequence_counts", "CPU_PACK_MAX_SEQ_LEN", "PACKING_MIN_GAIN", "PACK_AUTO_MAX_ROW_SHARE", "decide_packing", "cpu_packing_rule", "EMPTY", "PackedBatchSampler", "RowGroups", "best_fit_decreasing", "fill_rate", "packed_collate",
+__all__ = ["sequence_counts", "CPU_PACK_MAX_SEQ_LEN", "PACK_AUTO_MAX_ROW_SHARE", "decide_packing", "EMPTY", "PackedBatchSampler", "RowGroups", "best_fit_decreasing", "fill_rate", "packed_collate",
            "plan_sequences"]

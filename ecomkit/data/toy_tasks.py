@@ -201,7 +201,7 @@ def product_page_rows(n: int, seed: int = 0) -> list[dict]:
     """``n`` product pages as plain text (``{"text": ...}``): category breadcrumb, title, price, spec, and the
     review under its rating badge (the catalog's sentiment word).
 
-    The pretraining text of chapter 08's transfer section (``ecomkit.measure.transfer``): the kind of text a
+    The pretraining text of chapter 08's transfer section (``ecomlab.measure.transfer``): the kind of text a
     pretrained model has read, where a product's words appear beside its category, as on a shop's product
     page, and a review's words beside its rating. A model pretrained on it knows which products go with which
     category, and which reviews with which rating, before it is ever asked to classify in a prompt; a model

@@ -7,10 +7,10 @@ be faster: the score tensors are small, its two batched matmuls run through
 oneDNN, and the SDPA path pays for the ALiBi channel it adds to q and k while
 the fused CPU kernel has little to save. ``bench_attn_rule`` measures both
 side by side at each length and precision; the longest length up to which
-eager stays faster by more than :data:`EAGER_MIN_GAIN`, per precision, is
+eager stays faster by more than 5 %, per precision, is
 :data:`CPU_EAGER_MAX_SEQ`, and a test recomputes it from the committed
-artifact with :func:`eager_max_seq`, so the constant cannot drift from the
-measurement.
+artifact (``ecomlab.derive.attention.eager_max_seq``), so the constant cannot
+drift from the measurement.
 
 On a GPU the same rule is read per GPU kind (:func:`ecomkit.hardware.gpu_kind`) from
 :data:`GPU_EAGER_MAX_SEQ`, which a test recomputes from the newest GPU artifact of
@@ -22,9 +22,6 @@ the choice is unmeasured on that GPU.
 
 from __future__ import annotations
 
-import statistics
-from typing import Any, Iterable
-
 # Per precision, the longest sequence length at which eager attention trained faster than SDPA on a CPU, in
 # benchmarks/results/bench_attn_rule-*.json (tests/test_attention_rule.py recomputes it from the newest artifact).
 CPU_EAGER_MAX_SEQ: dict[str, int] = {"fp32": 0, "bf16": 256}
@@ -32,9 +29,6 @@ CPU_EAGER_MAX_SEQ: dict[str, int] = {"fp32": 0, "bf16": 256}
 # (tests/test_attention_rule.py recomputes it from the newest GPU artifact of bench_attn_rule). Empty while no GPU
 # artifact of this repository exists: auto is sdpa there, and says that this is unmeasured.
 GPU_EAGER_MAX_SEQ: dict[str, dict[str, int]] = {}
-# How much faster eager must be to be picked: SDPA keeps no [batch, heads, T, T] probabilities, so a tie, or a
-# gain within the noise of a shared machine, goes to the smaller one.
-EAGER_MIN_GAIN = 0.05
 
 
 def pick_attention(requested: str, precision: str, device_type: str, seq_len: int,
@@ -66,30 +60,4 @@ def pick_attention(requested: str, precision: str, device_type: str, seq_len: in
                     f"measured faster {where} at {precision} (bench_attn_rule; 0 = at no measured length)")
 
 
-def eager_max_seq(rows: Iterable[dict[str, Any]], precision: str = "bf16", min_gain: float = EAGER_MIN_GAIN) -> int:
-    """Longest measured ``seq`` up to which eager is faster than SDPA by ``min_gain`` at every measured length.
-
-    Faster: SDPA's median step time over eager's is above ``1 + min_gain``, at every micro-batch measured at
-    that length (``batch``, one per length on a CPU, 8 and 16 on a GPU).
-    ``rows``: ``{"precision", "seq", "attn", "step_s"}`` (and ``batch``) per measurement (repeats allowed:
-    medians are compared). Stops at the first length where SDPA is as fast or faster, so a lucky long length
-    after a loss does not extend the range. 0 when eager loses at the shortest length.
-    """
-    times: dict[int, dict[Any, dict[str, list[float]]]] = {}
-    for r in rows:
-        if r["precision"] == precision:
-            per_batch = times.setdefault(int(r["seq"]), {}).setdefault(r.get("batch"), {})
-            per_batch.setdefault(r["attn"], []).append(float(r["step_s"]))
-    best = 0
-    for seq in sorted(times):
-        for per in times[seq].values():
-            if "eager" not in per or "sdpa" not in per:
-                raise ValueError(f"seq {seq} ({precision}) has no {'eager' if 'eager' not in per else 'sdpa'} rows")
-        if any(statistics.median(per["sdpa"]) <= (1 + min_gain) * statistics.median(per["eager"])
-               for per in times[seq].values()):
-            break
-        best = seq
-    return best
-
-
-__all__ = ["CPU_EAGER_MAX_SEQ", "EAGER_MIN_GAIN", "GPU_EAGER_MAX_SEQ", "eager_max_seq", "pick_attention"]
+__all__ = ["CPU_EAGER_MAX_SEQ", "GPU_EAGER_MAX_SEQ", "pick_attention"]

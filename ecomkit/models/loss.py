@@ -23,9 +23,8 @@ batches alike.
 from __future__ import annotations
 
 import functools
-import statistics
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,16 +35,10 @@ from ecomkit.config.vocabulary import LOSS_KERNEL_PACKAGES
 from ecomkit.errors import ConfigError
 
 # Per GPU kind (ecomkit.hardware.gpu_kind), the loss kernel benchmarks/gpu_bench.py measured fastest (its
-# "loss_kernel" rows, BLOOM's 250,880-token vocabulary): :func:`fastest_loss_kernel` of the newest GPU artifact,
+# "loss_kernel" rows, BLOOM's 250,880-token vocabulary): ecomlab.derive.loss_kernel of the newest GPU artifact,
 # recomputed by tests/test_loss_kernel.py. Empty while no GPU artifact of this repository has those rows: ``auto``
 # keeps the chunked loss on a GPU and says that the choice is unmeasured there.
 GPU_LOSS_KERNEL: dict[str, str] = {}
-# A kernel replaces the chunked loss only when it is this much faster (a gain within a shared machine's noise goes
-# to the default)...
-LOSS_MIN_GAIN = 0.05
-# ... and its peak memory is at most this much above the chunked loss's (full logits may be fast, but their
-# [B, T, vocab] tensors are what the chunked loss exists to avoid).
-LOSS_MEMORY_SLACK = 0.10
 
 
 
@@ -368,26 +361,3 @@ def pick_loss_kernel(requested: str, device_type: str, gpu_kind: str | None = No
         return "chunked", (f"auto: chunked; {pick} was measured fastest on {gpu_kind} but its package "
                            f"{LOSS_KERNEL_PACKAGES[pick][1]} is not installed here (pip install 'ecomkit[gpu]')")
     return pick, f"auto: {pick}, measured fastest on {gpu_kind} at BLOOM's vocabulary (gpu_bench loss-kernel rows)"
-
-
-def fastest_loss_kernel(rows: Iterable[dict[str, Any]], min_gain: float = LOSS_MIN_GAIN,
-                        memory_slack: float = LOSS_MEMORY_SLACK) -> str:
-    """The kernel ``auto`` takes from one GPU's measurements: the fastest within the chunked loss's memory.
-
-    ``rows``: ``{"kernel", "status", "step_s", "peak_mem_bytes"}`` per measurement (repeats: medians). A kernel
-    is eligible when its peak memory is at most ``1 + memory_slack`` times the chunked loss's; the fastest
-    eligible one is taken when it beats the chunked loss by more than ``min_gain``, else the chunked loss.
-    """
-    times: dict[str, list[float]] = {}
-    peaks: dict[str, list[float]] = {}
-    for r in rows:
-        if r.get("status") == "ok":
-            times.setdefault(r["kernel"], []).append(float(r["step_s"]))
-            peaks.setdefault(r["kernel"], []).append(float(r["peak_mem_bytes"]))
-    if "chunked" not in times:
-        raise ValueError("no measured chunked-loss row: the kernels are compared with it")
-    step = {k: statistics.median(v) for k, v in times.items()}
-    peak = {k: statistics.median(v) for k, v in peaks.items()}
-    eligible = [k for k in step if peak[k] <= (1 + memory_slack) * peak["chunked"]]
-    best = min(eligible, key=step.__getitem__)
-    return best if step["chunked"] > (1 + min_gain) * step[best] else "chunked"

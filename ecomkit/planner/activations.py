@@ -1,7 +1,7 @@
 """Activation bytes of a BLOOM: what autograd saves between forward and backward, predicted from the shape.
 
 The formula is derived from what autograd saves for BLOOM's eager attention,
-checked tensor by tensor with :class:`~ecomkit.measure.activations.SavedTensorCounter`
+checked tensor by tensor with :class:`~ecomlab.measure.activations.SavedTensorCounter`
 (the measuring twin of this module). Per layer, with ``x = micro_batch · T ·
 hidden``: ``x·(2r + 14c)`` bytes (LayerNorm inputs in the residual dtype
 ``r``; q, k, v, context, LayerNorm outputs, MLP input, GELU input and output
@@ -81,7 +81,7 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, strategy: str =
     (token ids, embedding LayerNorm input), ``head`` (``ln_f``, LM-head input,
     the fp32 log-probabilities ``[b, T-1, V]`` the loss keeps, the targets).
     With checkpointing a block keeps only its input. Checked against
-    :class:`~ecomkit.measure.activations.SavedTensorCounter` by the tests.
+    :class:`~ecomlab.measure.activations.SavedTensorCounter` by the tests.
     ``loss_chunk > 0`` (ecomkit's chunked loss, ``ecomkit.models.loss``):
     with more than one chunk the log-probabilities are recomputed in
     backward, not kept; the labelled positions' hidden states are kept

@@ -234,7 +234,7 @@ def zero_table(job: Job) -> tuple[str, list[dict[str, Any]]]:
 
 @exit_on_user_error
 def main(argv: list[str] | None = None, verify: Callable[..., Any] | None = None) -> None:
-    """The command; ``verify`` is the twin runner (``ecomkit.plan`` passes ``ecomkit.measure.plan_twins``)."""
+    """The command; ``verify`` is the twin runner (``ecomkit.plan`` passes ``ecomkit.planner.twins``)."""
     job = read_job(argv)
     a = job.args
     if a.n_params or a.zero_table:

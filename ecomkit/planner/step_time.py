@@ -10,7 +10,7 @@ One optimizer step on one GPU takes
   costs 4/3 of that. The efficiency (MFU) is an input: ~0.35-0.55 is what
   well-tuned A100/H100 runs of 1-10B models report. On a CPU the peak and the
   efficiency are replaced by a measured compute time
-  (:mod:`ecomkit.measure.calibration` builds a "GPU" from measurements).
+  (:mod:`ecomlab.measure.calibration` builds a "GPU" from measurements).
 - **communication**, α-β model of ring collectives over ``N`` ranks and
   ``S`` bytes with per-message latency α and bus bandwidth ``B``:
   all-reduce ``2(N-1)·α + 2(N-1)/N · S/B``; all-gather and reduce-scatter

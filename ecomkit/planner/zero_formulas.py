@@ -8,8 +8,8 @@ params and grads take 4 bytes and DeepSpeed *still* keeps a separate fp32
 master partition (a clone, 4 bytes) besides the 8 bytes of Adam moments.
 
 Chapter 03 puts these beside what each rank really holds
-(:mod:`ecomkit.measure.zero`); chapter 06 beside the planner
-(:mod:`ecomkit.planner.comparisons`).
+(:mod:`ecomlab.measure.zero`); chapter 06 beside the planner
+(:mod:`ecomlab.claims.planner_comparisons`).
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ PREDICTIONS_FILE = "predictions.jsonl"
 BUDGET_FLAG = "--gen-max-new-tokens"
 # The share of answers at the budget above which a run advises (train longer, or raise the budget): below it,
 # freeing every one of them moves no figure by a point at the largest rate of points regained per point freed
-# that bench_budget measured (ecomkit/measure/budget.py; tests/test_budget_advice.py holds it, rounded to a tenth
+# that bench_budget measured (ecomlab/derive/budget.py; tests/test_budget_advice.py holds it, rounded to a tenth
 # of a percent, to the newest artifact).
 BUDGET_ADVICE_SHARE = 0.013
 

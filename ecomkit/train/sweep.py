@@ -9,11 +9,11 @@ before each so every variant starts from the same weights and sees the same
 batches. The chapters differ only in their variants and extra callbacks:
 
 - chapter 03: ZeRO stages and offload (:mod:`ecomkit.parallel.zero.variants`,
-  driven by :func:`ecomkit.measure.zero.train_zero_variants`);
+  driven by :func:`ecomlab.measure.zero.train_zero_variants`);
 - chapter 05: compression methods (:mod:`ecomkit.parallel.compression.specs`,
-  driven by :func:`ecomkit.measure.compression.train_methods`);
+  driven by :func:`ecomlab.measure.compression.train_methods`);
 - chapter 06: model states under every strategy
-  (:func:`ecomkit.measure.strategy_states.measure_strategy_states`).
+  (:func:`ecomlab.measure.strategy_states.measure_strategy_states`).
 
 Every variant gets the callbacks a single run gets
 (:func:`~ecomkit.train.loop.run_callbacks`: checkpoints, resume, health

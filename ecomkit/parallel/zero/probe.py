@@ -1,6 +1,6 @@
 """A DeepSpeed ZeRO engine on a one-rank data-parallel group, inside a job of several ranks.
 
-Why: the time model's calibration (:mod:`ecomkit.measure.calibration`) needs
+Why: the time model's calibration (:mod:`ecomlab.measure.calibration`) needs
 the CPU work of DeepSpeed's engine (its gradient hooks and buckets, the flat
 fp32 partition and the copies into and out of it, its clip and step) without
 its communication. On a data-parallel group of one rank every collective moves

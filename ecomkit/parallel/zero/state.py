@@ -10,7 +10,7 @@ gradient partitions, communication buckets). Tensors are de-duplicated by
 storage (:func:`~ecomkit.parallel.state_bytes.storage_key`) and each storage
 counted at its full size, so views (ZeRO's flat buffers) are counted once and
 alignment padding is included. This is :meth:`ZeroStrategy.memory_report`;
-chapter 03's probe (:mod:`ecomkit.measure.zero`) samples it during training.
+chapter 03's probe (:mod:`ecomlab.measure.zero`) samples it during training.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ stage      partitioned across the N ranks    model-state bytes
 =========  ================================  ==================
 
 (:func:`~ecomkit.parallel.zero.state.zero_state_bytes` counts what each rank really holds;
-:mod:`ecomkit.measure.zero` compares it with the formulas.)
+:mod:`ecomlab.measure.zero` compares it with the formulas.)
 
 How the loop drives the engine. DeepSpeed counts micro-steps itself: each
 ``engine.backward`` must be followed by ``engine.step()``, which only updates
