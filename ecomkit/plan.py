@@ -1,10 +1,6 @@
-"""``python -m ecomkit.plan``: the chapter 06 planner's command line (kept as the documented entry point).
+"""``python -m ecomkit.plan``: the chapter 06 planner's command line, with the ``--verify`` twin runner.
 
-The planner lives in :mod:`ecomkit.planner`; this module forwards to
-:func:`ecomkit.planner.cli.main` and gives it the twin runner for
-``--verify`` (:func:`ecomkit.planner.twins.verify_report`), which launches
-training scripts. ``python -m ecomkit.planner`` plans and recommends too,
-without ``--verify``.
+The twin runner launches training scripts, so it is handed in here; ``python -m ecomkit.planner`` lacks ``--verify``.
 """
 
 from ecomkit.planner.cli import main as _main

@@ -1,5 +1,4 @@
-"""``python -m ecomkit.predict``: a saved model answers classification or extraction prompts (see
-:mod:`ecomkit.train.predict`, which this module forwards to)."""
+"""``python -m ecomkit.predict``: forwards to :mod:`ecomkit.train.predict`."""
 
 from ecomkit.train.predict import main
 

@@ -53,3 +53,32 @@ def test_padding_to_the_pipeline_length_masks_the_new_positions():
     assert out["labels"].tolist() == [[5, 6, -100, -100]]
     with pytest.raises(ConfigError, match="--seq-len 1"):
         pad_to_length(batch, 1)
+
+
+def test_a_stage_keeps_the_unsplit_models_names_and_indexes_locally():
+    """Stage 1 of 2 over 3 blocks holds block 2 as ``h.2`` (its DCP and optimizer keys), yet ``h[0]`` is it."""
+    cfg = preset_config("tiny", 200, n_layer=3)
+    full = build_model(cfg, seed=0)
+    block2 = full.transformer.h[2]
+    stage = BloomPipelineStage(full, 1, 2)
+    blocks = stage.model.transformer.h
+    assert stage.layer_range == (2, 3) and len(blocks) == 1 and blocks[0] is block2 and list(blocks) == [block2]
+    names = set(stage.model.state_dict())
+    assert "transformer.h.2.mlp.dense_4h_to_h.weight" in names and not any(".h.0." in n for n in names)
+    replacement = torch.nn.Identity()
+    blocks[0] = replacement   # what activation checkpointing does to each block: the same key is replaced
+    assert list(blocks.named_children()) == [("2", replacement)]
+
+
+def test_stages_cut_by_compute_give_the_last_stage_fewer_blocks_and_still_chain_to_the_full_model():
+    """--parallel-pp-balance compute: a head worth 2 blocks moves a block off the last of 2 stages (4 blocks:
+    3 + 1, not 2 + 2), and the stages still compute the unsplit model's logits."""
+    cfg = preset_config("tiny", 200, n_layer=4)
+    full = build_model(cfg, seed=0).eval()
+    stages = [BloomPipelineStage(copy.deepcopy(full), s, 2, head_blocks=2.0).eval() for s in range(2)]
+    assert [s.layer_range for s in stages] == [(0, 3), (3, 4)]
+    assert [s.layer_range for s in (BloomPipelineStage(copy.deepcopy(full), i, 2) for i in range(2))] == [(0, 2), (2, 4)]
+    ids = torch.randint(3, 200, (2, 6))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        torch.testing.assert_close(stages[1](*stages[0](ids, mask)), full(input_ids=ids, attention_mask=mask).logits)

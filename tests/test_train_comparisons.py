@@ -11,7 +11,8 @@ from ecomlab.measure.run_comparisons import (ClippingReport, compare_clip_polici
 
 
 def rows(losses, **extra):
-    return [{"type": "train", "loss": x, **extra} for x in losses] + [{"type": "eval", "eval_loss": 9.9}]
+    return [{"type": "train", "step": i + 1, "loss": x, **extra} for i, x in enumerate(losses)] + [
+        {"type": "eval", "step": len(losses), "eval_loss": 9.9}]
 
 
 def test_loss_difference_is_relative_to_the_reference_and_skips_eval_rows():

@@ -60,17 +60,22 @@ class CompressionConfig:
 class ParallelConfig:
     """Mixed-parallel degrees and FSDP2 options (chapter 04)."""
 
-    dp: int = -1                      # FSDP2 degree; -1: whatever is left (world / (tp·pp))
+    dp: int = -1                      # FSDP2 degree (shards every layout's replicas, a pipeline's stages too);
+                                      #   -1: whatever is left (world / (tp·pp))
     tp: int = 1                       # tensor-parallel degree (must divide n_head)
     pp: int = 1                       # pipeline stages (<= n_layer)
     pp_schedule: str = "1f1b"         # gpipe | 1f1b
     pp_microbatches: int = 4          # pipeline micro-batches per optimizer step (>= pp; divides micro_batch × accum)
+    pp_balance: str = "layers"        # layers: stages get equal numbers of blocks (the earlier ones the extras);
+                                      #   compute: the last stage gets fewer, for the LM head it also runs (whole
+                                      #   on every tp rank), so stages take about equal time
     sequence_parallel: bool = False   # shard LayerNorm/dropout activations over the tp group
     reshard_after_forward: bool = True  # FSDP2: free gathered params after forward (ZeRO-3-like)
     fsdp_cpu_offload: bool = False    # FSDP2 CPUOffloadPolicy (params, grads, optimizer in host memory)
     activation_checkpointing: bool = False  # recompute each block in backward (torch checkpoint_wrapper)
     count_collectives: bool = True    # count collectives and bytes per step (comm_* metrics; slows ops a little)
-    dcp_dir: str | None = None        # also save the sharded model with torch.distributed.checkpoint here (pp = 1)
+    dcp_dir: str | None = None        # also save the sharded model with torch.distributed.checkpoint here (any
+                                      #   dp × tp × pp; one process loads it: parallel.mixed.load_sharded_model)
 
 
 @dataclass

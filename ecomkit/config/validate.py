@@ -29,7 +29,7 @@ from ecomkit.config.vocabulary import (ATTN_CHOICES, COMPILE_MODES, CLIP_POLICIE
                                        HOOK_STRATEGIES,
                                        MESH_STRATEGIES,
                                        PACKING_CHOICES, PROMPT_FORMATS, SPAN_ENDS,
-                                       PP_SCHEDULES, PRECISION_CHOICES, REPORT_TARGETS, STRATEGIES,
+                                       PP_BALANCES, PP_SCHEDULES, PRECISION_CHOICES, REPORT_TARGETS, STRATEGIES,
                                        STRATEGIES_WITHOUT_DCP, TASKS, AUTO, StrategyName, check_choice, flag_of)
 from ecomkit.errors import ConfigError
 
@@ -243,6 +243,7 @@ def check_parallel(cfg: _TrainConfig, world_size: int, n_head: int | None = None
     if par.pp_schedule not in PP_SCHEDULES:
         raise ConfigError(f"Unknown parallel.pp_schedule '{par.pp_schedule}' (flag --parallel-pp-schedule). "
                           f"Choose one of: {', '.join(PP_SCHEDULES)}.")
+    check_choice("parallel.pp_balance", par.pp_balance, PP_BALANCES)
     if par.pp_microbatches < 1:
         raise ConfigError(f"parallel.pp_microbatches={par.pp_microbatches} must be >= 1 "
                           "(flag --parallel-pp-microbatches).")
@@ -255,20 +256,10 @@ def check_parallel(cfg: _TrainConfig, world_size: int, n_head: int | None = None
             f"Pipeline parallelism cuts each optimizer step's {step_samples} samples (--micro-batch-size × "
             f"--grad-accum) into {par.pp_microbatches} pipeline micro-batches (--parallel-pp-microbatches), "
             "which must divide it. Change one of the three.")
-    if pp > 1 and tp > 1:
-        raise ConfigError(
-            f"pp={pp} together with tp={tp} is not implemented in ecomkit: combine pipeline stages with "
-            "data parallelism (--pp 2 --dp 2), or TP with data parallelism (--tp 2 --dp 2). torchtitan shows the "
-            "3-D version, which applies TP to every stage module.")
     if cfg.precision == "fp16":
         raise ConfigError(
             "precision fp16 needs a loss scaler that understands sharded (DTensor) gradients, which the FSDP2/TP/PP "
             "strategies here do not set up. Use --precision bf16 (same memory, no loss scaling) or fp32.")
-    if par.dcp_dir and pp > 1:
-        raise ConfigError(
-            "--dcp-dir saves the sharded model with torch.distributed.checkpoint, but pipeline stages hold "
-            "stage-local parameter names that do not load into the unsplit model. With --parallel-pp > 1 use "
-            "the consolidated Hugging Face directory the run writes to <output-dir>/final.")
     where = f"model '{cfg.model}'"
     if n_head is not None and n_head % tp:
         divisors = [d for d in range(1, n_head + 1) if n_head % d == 0]
@@ -286,8 +277,6 @@ def check_parallel(cfg: _TrainConfig, world_size: int, n_head: int | None = None
 # ---------------------------------------------------------------------- chapter 07: fault tolerance
 def dcp_unsupported_reason(cfg: _TrainConfig) -> str | None:
     """Why this run's state is not one DCP state dict of (model, optimizer), or None if it is."""
-    if cfg.strategy == StrategyName.MIXED and cfg.parallel.pp > 1:
-        return STRATEGIES_WITHOUT_DCP[StrategyName.PP]
     return STRATEGIES_WITHOUT_DCP.get(cfg.strategy)
 
 

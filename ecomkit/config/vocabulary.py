@@ -41,14 +41,13 @@ HOOK_STRATEGIES = frozenset({StrategyName.DDP})
 COMPILE_STRATEGIES = frozenset({StrategyName.DDP})
 # Strategies built on a (pp, dp, tp) device mesh (chapter 04): their degrees come from ``cfg.parallel``.
 MESH_STRATEGIES = (StrategyName.FSDP, StrategyName.TP, StrategyName.PP, StrategyName.MIXED)
-# Why a strategy's state is not one DCP state dict of (model, optimizer): chapter 07's checkpoints skip it.
 # --report-to: where every metrics.jsonl row is also logged (ecomkit.reporting), and the package each needs.
 REPORT_TARGETS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "none": None}
 
+# Why a strategy's state is not one DCP state dict of (model, optimizer): chapter 07's checkpoints skip it.
 STRATEGIES_WITHOUT_DCP = {
     StrategyName.ZERO: "DeepSpeed keeps its own sharded engine state (use --zero-checkpoint-interval, "
                        "ecomkit.parallel.zero.checkpoint)",
-    StrategyName.PP: "pipeline stages hold different sub-modules on each rank",
 }
 
 # The planner plans one memory layout per name: ZeRO is split by stage, FSDP is FSDP2.
@@ -69,6 +68,8 @@ COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "topk", "topk_naive")
 # How DDP moves gradients: the process group's all-reduce, or shared memory between ranks on one CPU host.
 DDP_ALLREDUCES = ("process_group", "shm")
 PP_SCHEDULES = ("gpipe", "1f1b")
+# How pipeline stages divide the blocks (ecomkit.parallel.pipeline.stage_layer_ranges).
+PP_BALANCES = ("layers", "compute")
 ZERO_STAGES = (0, 1, 2, 3)
 # NLU prompt layouts (ecomkit.data.formats) and span-list end conventions (ecomkit.data.spans).
 PROMPT_FORMATS = ("seqgpt", "ecomgpt", "ecomkit")
@@ -93,7 +94,7 @@ AUTO = "auto"
 FIELD_CHOICES: dict[str, tuple] = {
     "attn": ATTN_CHOICES, "task": TASKS, "clip_policy": CLIP_POLICIES, "precision": PRECISION_CHOICES,
     "strategy": STRATEGIES, "zero.stage": ZERO_STAGES, "compression.method": COMPRESSIONS,
-    "parallel.pp_schedule": PP_SCHEDULES, "prompt_format": PROMPT_FORMATS, "span_end": SPAN_ENDS,
+    "parallel.pp_schedule": PP_SCHEDULES, "parallel.pp_balance": PP_BALANCES, "prompt_format": PROMPT_FORMATS, "span_end": SPAN_ENDS,
     "peft": PEFT_METHODS, "ddp_allreduce": DDP_ALLREDUCES, "packing": PACKING_CHOICES,
     "compile_mode": COMPILE_MODES, "loss_kernel": LOSS_KERNEL_CHOICES,
 }

@@ -1,9 +1,7 @@
-"""What a saved model is asked of each row: the targets its run recorded, one question per row and target, and the
-row each answer goes into.
+"""What a saved model is asked of each row: the targets its run recorded, one question per row and target.
 
-Why in ``data/``: which target a row is asked about, which of its columns it reads and which label it is scored
-against is the same for training, evaluation and ``ecomkit.predict`` (:func:`ecomkit.data.tasks.target_question`);
-only the decoding needs a model (:mod:`ecomkit.train.predict`).
+In ``data/`` because which target a row is asked about, and which columns it reads, is the same for training,
+evaluation and ``ecomkit.predict``; only decoding needs a model.
 """
 
 from __future__ import annotations
@@ -98,11 +96,9 @@ class Item:
 
 def row_items(row: ReadRow, task: str | None, labels: tuple[str, ...], recorded: Recorded, where: str,
               mapped: set[str] = frozenset()) -> list[Item]:
-    """The questions one row asks: one per target the model learned when no labels are given, else the one asked.
+    """The questions one row asks: one per learned target when no labels are given, else the one asked.
 
-    The row's own ``task``/``labels`` come first (unless ``mapped``, columns the column map reads), then
-    ``--task``/``--labels``, then what the run recorded. A label set the model learned for a target reads that
-    target's input and scores its label.
+    The row's own ``task``/``labels`` come first, then ``--task``/``--labels``, then what the run recorded.
     """
     if row.record is None:
         issue = row.issue
@@ -151,8 +147,7 @@ def notes_of(item: Item) -> str:
 
 
 def output_row(item: Item, with_input: bool) -> dict[str, Any]:
-    """What the output holds for one item: where and what it read, the answer, the gold label and whether it is
-    right (or ``error``: why the row cannot be answered; ``note``: why its label is not scored)."""
+    """One output row: where and what it read, the answer, the gold label and whether it is right (or why not)."""
     out: dict[str, Any] = {"location": item.row.location, "input": item.row.raw} if with_input else {}
     q = item.question
     if q is not None:

@@ -1,9 +1,6 @@
 """Every row of a file as training reads it, kept with its location and the user's own columns, good or bad.
 
-Why beside :func:`ecomkit.data.loaders.load_records`: training keeps the valid records and counts the rest by
-reason; ``ecomkit.predict`` must answer each row and name each one it cannot answer (file, line, why), and hand
-back the user's row whole. Both read the file with the same readers, the same column and label maps and the same
-row validation (:func:`~ecomkit.data.validate.validate_row`), so a row reads the same way in both.
+``ecomkit.predict`` must answer or name every row, so it reads with training's readers, maps and row validation.
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ class ReadRow:
 
 @dataclass
 class RowsRead:
-    """The rows of ``source`` in file order, the column map they were read with, and the keys it left out because
-    the file lacks them."""
+    """The rows of ``source`` in file order, the column map used, and the keys left out because the file lacks them."""
 
     source: str
     rows: list[ReadRow]
@@ -49,10 +45,8 @@ def read_rows(path: str | os.PathLike, column_map: Mapping[str, str] | None = No
               max_chars: int = 4096, optional_keys: Sequence[str] = ()) -> RowsRead:
     """Every row of ``path`` (any format ``--data`` reads), read through ``column_map`` and ``label_map``.
 
-    ``optional_keys``: map keys that may match no column (a run's label columns, absent from new texts): they
-    are left out and listed in ``absent_keys``; any other key that matches no column is the training error,
-    with the closest column names. A label the maps cannot read (a value missing from ``label_map``) leaves the
-    row's text readable: the label is left out and said in ``label_issues``.
+    ``optional_keys`` may match no column (a run's label columns): left out and listed in ``absent_keys``. An unreadable
+    label leaves the row's text readable and is said in ``label_issues``.
     """
     path = Path(path)
     column_map, label_map = check_column_map(column_map), check_label_map(label_map)

@@ -1,31 +1,13 @@
-"""A generated classification + extraction set that a tiny model learns in seconds, and on which the
-dictionary baseline is wrong by construction.
+"""Generated sets a tiny model learns in seconds: a colour task the dictionary baseline gets wrong by construction.
 
-Why it exists: on the synthetic catalog every brand and attribute value of the held-out titles was also
-seen in training, so the dictionary baseline (every training span with its label, matched in the text)
-is close to perfect there, and no model can clear it by a margin. Real extraction sets are not like
-that: a span's surface text does not decide whether it is an entity *here*. This set has one such
-ambiguity and nothing else. Each row describes a product and an accessory that comes with it,
+On the catalog every held-out span was seen in training, so the dictionary baseline is near perfect. Here each row
+names a product and its accessory, and only the first colour is a ``颜色`` span; both come from the same ten colours,
+so the dictionary scores F1 2/3 whatever it sees, while a model that reads the text can reach 1.0::
 
     {"text": "粉色围巾 配棕色挂件", "spans": [{"type": "颜色", "term": "粉色", "start": 0, "end": 2}],
      "review": "非常满意，粉色围巾 配棕色挂件", "sentiment": "positive"}
 
-and only the product's own colour (the first one) is a ``颜色`` span. Both colours are drawn from the
-same ten, so every colour is a training span: the dictionary finds both and scores precision 1/2,
-recall 1, F1 2/3, whatever it is shown. A model that reads the text learns to answer the first colour
-only. The review opens with a polar phrase, so the sentiment (positive/negative, a classification
-target) is learnable too; its baseline is the majority label.
-
-Rows are span lists (``end`` exclusive), the first of the three extraction shapes ``--data`` reads.
-
-Beside :func:`ecomkit.data.catalog.extraction_rows` (catalog titles with compatible-brand and other-value
-distractors, extraction only): this set is the smallest ambiguity, carries a classification target in the
-same rows, and a 2-block model reaches F1 1.0 on it in 300-400 steps at batch 32, which a chapter and a
-learning test can afford on two CPU cores.
-
-Also here: :func:`category_rows`, catalog titles with their category, the file ``make demo`` writes and
-trains on (``ecomkit.train.demo``); :func:`review_file_rows`, Chinese reviews in the ``cat,label,review``
-shape of public review sets, with ten categories and noise (the README's review command).
+Also: the demo's title/category file, a ``cat,label,review`` review file and product pages for pretraining.
 """
 
 from __future__ import annotations
@@ -85,17 +67,10 @@ BASE_SENTIMENT: dict[str, str] = {"positive": "好评", "negative": "差评"}   
 
 
 def base_schema_rows(n: int, seed: int = 100) -> list[dict]:
-    """Rows for a *base* model that a LoRA run then adapts to :func:`colour_rows` (the SeqGPT situation:
-    a model instruction-tuned for extraction and classification, which users adapt to their own labels).
+    """Rows for a *base* model that a LoRA run then adapts to :func:`colour_rows` (the SeqGPT situation).
 
-    None of the evaluated task's labels or examples are in it: the same kind of product text (other
-    seeds) is extracted under another schema, ``主色`` (the product's colour) and ``配件颜色`` (the
-    accessory's), never ``颜色``; its reviews are classified ``好评``/``差评``, never ``positive``/
-    ``negative``; and catalog reviews (:func:`ecomkit.data.catalog.generate_catalog`) add the catalog's
-    three sentiment labels on other texts. So the base can copy a colour out of such a text and tell
-    the polarity of a review, but answers the colour task in its own schema and labels, which score
-    nothing there (an unknown label is no span and no class; tests/test_lora_task.py holds the base
-    alone below both baselines).
+    Same kind of text under another schema (``主色``/``配件颜色``, ``好评``/``差评``), so the base answers the colour task
+    in labels that score nothing there.
     """
     rows = []
     for row in colour_rows(n, seed):
@@ -114,21 +89,12 @@ def write_base_task(folder: str | Path, n_train: int = 1500, n_dev: int = 200, s
 
 
 def category_rows(n: int, seed: int = 0) -> list[dict]:
-    """``n`` catalog titles with their category: ``{"title": ..., "category": ...}`` (the demo's task).
-
-    One text column and one label column, the shape of a user's own classification file; the category
-    is written in the title's product words, so a 2-block model learns it in a few hundred steps.
-    """
+    """``n`` catalog titles with their category: ``{"title": ..., "category": ...}`` (the demo's task)."""
     return [{"title": r["title"], "category": r["category"]} for r in generate_catalog(n, seed)]
 
 
 def write_category_task(path: str | Path, n: int = 2000, seed: int = 0) -> Path:
-    """:func:`category_rows` as JSON lines at ``path``, written whole or not at all.
-
-    Every rank of a launch may call it at once: each writes its own temporary file and renames it into
-    place (an atomic replace), so a rank that reads ``path`` never sees half a file, and the content is
-    the same whichever rank's file lands last.
-    """
+    """:func:`category_rows` as JSON lines at ``path``, written whole or not at all (every rank may call it at once)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -140,19 +106,13 @@ def write_category_task(path: str | Path, n: int = 2000, seed: int = 0) -> Path:
 # Category shares of review_file_rows: ten categories, the largest near 0.16 (a real review file's spread).
 REVIEW_CATEGORY_SHARES: tuple[float, ...] = (0.16, 0.14, 0.12, 0.11, 0.10, 0.09, 0.08, 0.07, 0.07, 0.06)
 REVIEW_NOISE = {"no_product": 0.15, "other_product": 0.10, "neutral_opener": 0.20, "flipped_label": 0.08,
-                "product_first": 0.6, "brand": 0.4, "spec": 0.5}   # shares of named products at the start,
-#                                                                      with their brand, with one of their specs
+                "product_first": 0.6, "brand": 0.4, "spec": 0.5}
 
 
 def review_file_rows(n: int, seed: int = 0) -> list[dict]:
     """``n`` Chinese product reviews in the common public shape ``cat,label,review`` (label 1 positive, 0 negative).
 
-    For the README's review command and its acceptance test: ten categories (shares
-    ``REVIEW_CATEGORY_SHARES``, the largest 0.16), sentiment about 50/50. The words carry both targets, with
-    noise (``REVIEW_NOISE``), so neither is trivial: a review names one of its category's products, or none,
-    or another category's, at its start or after its opener, some with their brand or a spec of theirs
-    (``容量256GB``); it opens with a polar phrase of its label or with a neutral one; its body mixes
-    its label's sentences with plain observations; and a few labels are flipped, as raters disagree.
+    Both targets carry noise (``REVIEW_NOISE``: missing or other products, neutral openers, flipped labels).
     """
     rng = random.Random(seed)
     cats = [row[0] for row in CATEGORY_TABLE]
@@ -198,14 +158,9 @@ def write_review_file(path: str | Path, n: int = 3000, seed: int = 0) -> Path:
 
 
 def product_page_rows(n: int, seed: int = 0) -> list[dict]:
-    """``n`` product pages as plain text (``{"text": ...}``): category breadcrumb, title, price, spec, and the
-    review under its rating badge (the catalog's sentiment word).
+    """``n`` product pages as plain text (``{"text": ...}``): breadcrumb, title, price, spec, review and rating.
 
-    The pretraining text of chapter 08's transfer section (``ecomlab.measure.transfer``): the kind of text a
-    pretrained model has read, where a product's words appear beside its category, as on a shop's product
-    page, and a review's words beside its rating. A model pretrained on it knows which products go with which
-    category, and which reviews with which rating, before it is ever asked to classify in a prompt; a model
-    trained from scratch must learn both from the labelled rows alone.
+    Chapter 08's pretraining text: a product's words beside its category, a review's beside its rating.
     """
     return [{"text": f"类目:{r['category']} 商品:{r['title']} 价格:{r['price']:.2f} 规格:{r['spec']} "
                      f"评论({r['sentiment']}):{r['review']}"}

@@ -1,15 +1,7 @@
 """All-reduce correctness and bandwidth, measured the way nccl-tests reports them.
 
-Why both: a job can be *wrong* (a rank on the wrong device, a broken
-transport that returns garbage) or merely *slow* (P2P disabled, TCP instead of
-InfiniBand). The correctness check catches the first with known sums; the
-bandwidth sweep catches the second and gives the number you compare with the
-hardware's datasheet.
-
-Bandwidth definitions follow nccl-tests (``doc/PERFORMANCE.md`` there):
-``algbw = bytes / time`` and, for all-reduce, ``busbw = algbw * 2(n-1)/n``.
-Bus bandwidth is the one comparable across world sizes, because a ring
-all-reduce sends each byte ``2(n-1)/n`` times over the slowest link.
+A job can be wrong (known sums catch it) or slow (the sweep catches it). nccl-tests' definitions:
+``algbw = bytes / time``; for all-reduce ``busbw = algbw * 2(n-1)/n``, comparable across world sizes.
 """
 
 from __future__ import annotations
@@ -82,11 +74,8 @@ class AllReduceCheck:
 
 def check_all_reduce(rank: int, world_size: int, device: torch.device,
                      all_reduce: Callable[[torch.Tensor], Any] | None = None) -> AllReduceCheck:
-    """Sum known per-rank values and compare with the closed form, on this rank.
+    """Sum known per-rank values (int64, an exact float32 ramp, a 4 MiB message) and compare with the closed form.
 
-    - int64: rank r contributes r+1, so every element must be n(n+1)/2 (exact);
-    - float32: a ramp scaled by r+1 (exactly representable, so the sum is exact too);
-    - 4 MiB float32: a large message, which takes the chunked/pipelined code path.
     ``all_reduce`` is injectable so a broken transport can be simulated in tests.
     """
     reduce = all_reduce or dist.all_reduce
@@ -170,11 +159,7 @@ def measure_all_reduce_bandwidth(sizes: list[int], iters: int, world_size: int,
 
 
 def measure_local_copy_bandwidth(sizes: list[int], iters: int, device: torch.device) -> list[BandwidthRow]:
-    """Single process: bytes copied per second by ``dst.copy_(src)`` on the device.
-
-    This is memory bandwidth, not interconnect bandwidth; it has no bus
-    bandwidth (``None``) and must not be compared with all-reduce rows.
-    """
+    """Single process: bytes copied per second by ``dst.copy_(src)``: memory bandwidth, no bus bandwidth."""
     rows = []
     for size in sizes:
         src = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)

@@ -1,16 +1,7 @@
 """Lint the NCCL / torch.distributed environment variables that are known to hurt.
 
-Why a lint: most slow or hanging multi-GPU jobs we have seen were not caused by
-the model or the code but by one exported variable, copied from a blog post or
-left over from a debugging session. Each rule below names the variable, says
-how bad it is *on this machine* (the same ``NCCL_P2P_DISABLE=1`` is harmless on
-one GPU and a large slowdown on an NVLink server), and explains it in a
-sentence or two.
-
-:func:`lint_env` is a pure function of an environment mapping and a few
-machine facts, so every rule is unit-tested without the hardware. The
-:func:`probe_machine` wrapper gathers those facts cheaply (no ``nvidia-smi
-topo``).
+Most slow or hanging jobs come from one exported variable, harmless on one machine and costly on another, so each
+rule weighs it against this machine's facts. :func:`lint_env` is pure, so every rule is unit-tested without hardware.
 """
 
 from __future__ import annotations
@@ -242,11 +233,7 @@ def lint_env(
     has_nvlink: bool | None,
     interfaces: Sequence[str] | None = None,
 ) -> list[Finding]:
-    """Return the findings for ``environ`` on a machine with the given facts, errors first.
-
-    ``interfaces`` (network interface names) is optional: ``None`` skips the
-    ``*_SOCKET_IFNAME`` check. ``has_nvlink=None`` means "unknown".
-    """
+    """Return the findings for ``environ`` on a machine with the given facts, errors first (``None``: unknown)."""
     facts = MachineFacts(n_cpus, n_gpus, local_world_size, has_infiniband, has_nvlink,
                          None if interfaces is None else tuple(interfaces))
     findings = [f for rule in RULES for f in rule(environ, facts)]

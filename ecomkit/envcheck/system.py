@@ -1,9 +1,6 @@
 """What this process runs on: versions, devices and CPU threads.
 
-Why first: half of "distributed training is slow/broken" reports turn out to
-be a CPU-only torch build, a CUDA/NCCL mismatch, a library version that
-changed an API, or 16 processes × 16 OpenMP threads on 16 cores. This module
-collects those facts into a plain dict (JSON-ready) and formats it.
+Many "distributed is slow/broken" reports are a CPU-only build, a CUDA/NCCL mismatch or oversubscribed threads.
 """
 
 from __future__ import annotations

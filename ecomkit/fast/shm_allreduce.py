@@ -1,34 +1,11 @@
 """DDP's gradient all-reduce through shared memory, for ranks on one CPU host (``--ddp-allreduce shm``).
 
-Why: on one host, gloo still sends every gradient through TCP on the loopback
-device: each byte is copied into a socket buffer and out again, in system
-calls on the same cores that train. ``benchmarks/bench_kernels.py`` times the
-two transports on ``small``'s gradient size (docs/perf.md). The result is
-bit-identical to gloo's sum (``tests/test_shm_allreduce.py``).
-
-How: DeepSpeed ships a shared-memory all-reduce for CPU inference
-(``deepspeed_shm_comm``, ``torch.ops.deepspeed.inference_all_reduce_``): each rank
-copies its buffer into its own ``/dev/shm`` segment, waits on flags until every
-rank has, and reduces its slice from all segments, then gathers the slices.
-ecomkit builds that op (a JIT C++ extension, once per Python environment, in
-``make install``) and calls it from a DDP communication hook,
-so DDP's buckets, ``no_sync`` and gradient views are unchanged; only the
-transport differs. The hook divides by the world size first and then sums, as
-DDP's default hook does.
-
-Limits, each refused with a message (``TrainConfig.validate``: DDP only, no gradient compression, since DDP
-takes one hook per model; :func:`check_shm_allreduce`, once the job is known):
-- every rank on this host (``LOCAL_WORLD_SIZE == WORLD_SIZE``), on the CPU;
-- no ``torchrun --max-restarts``: the op has no timeout, and a restarted worker
-  could map a segment that a killed one left behind. When a rank dies, its
-  peers wait in the op until torchrun stops them (SIGTERM, then SIGKILL), not
-  for ``--timeout-s``.
-Each rank removes its segment's name in :func:`release_shm_segment` at the end
-of the run.
+Gloo sends every byte through loopback TCP on the training cores; DeepSpeed's CPU shared-memory all-reduce, called
+from a DDP comm hook, skips the sockets and sums bit-identically. Needs every rank on this host, on the CPU, and no
+``--max-restarts`` (the op has no timeout; a restarted worker could map a dead one's segment).
 """
 
-# No ``from __future__ import annotations``: DDP checks a hook's ``bucket`` annotation against
-# dist.GradBucket at registration, and a string fails.
+# No ``from __future__ import annotations``: DDP checks the hook's ``bucket`` annotation, and a string fails.
 
 import os
 from pathlib import Path
@@ -49,10 +26,7 @@ KERNEL_LEVEL = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 2}
 
 
 def check_shm_allreduce(env: DistEnv) -> None:
-    """Refuse ``--ddp-allreduce shm`` where this job cannot run it correctly, naming what to change.
-
-    The config's part (DDP, no compression hook beside it) is ``TrainConfig.validate``'s.
-    """
+    """Refuse ``--ddp-allreduce shm`` where this job cannot run it correctly, naming what to change."""
     if env.device.type != "cpu":
         raise ConfigError(f"--ddp-allreduce shm is for CPU ranks; this run is on {env.device.type}, where the "
                           "backend's own all-reduce (nccl) is the fast path. Drop --ddp-allreduce shm.")
@@ -68,8 +42,7 @@ def check_shm_allreduce(env: DistEnv) -> None:
 def load_shm_op(env: DistEnv) -> Any:
     """Build (once per environment) or load DeepSpeed's shared-memory all-reduce and join this job to it.
 
-    Rank 0 builds first while the others wait at a barrier, so they load the
-    finished build instead of compiling the same sources at the same time.
+    Rank 0 builds first while the others wait, so they load its build instead of compiling the same sources.
     """
     os.environ["LOCAL_SIZE"] = str(env.local_world_size)  # the op runs only when every rank is local
     try:
@@ -89,11 +62,7 @@ def load_shm_op(env: DistEnv) -> Any:
 
 
 def prebuild_shm_op() -> str:
-    """Build the op into this environment's extensions folder now (``make install``); returns what happened.
-
-    Why: otherwise the first ``--ddp-allreduce shm`` run pays the JIT build at start-up. A failure
-    is reported, not fatal: such a run is then refused with the build's reason.
-    """
+    """Build the op now (``make install``) so the first shm run skips the JIT build; returns what happened."""
     try:
         _build_op()
     except Exception as exc:  # no DeepSpeed, no compiler, a failed build
@@ -102,7 +71,6 @@ def prebuild_shm_op() -> str:
 
 
 def _build_op() -> Any:
-    """DeepSpeed's shared-memory op, built into this environment's extensions folder on first use."""
     ensure_deepspeed_env()
     from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder  # lazy: heavy optional dependency
 
@@ -112,8 +80,7 @@ def _build_op() -> Any:
 def register_shm_allreduce(model: DistributedDataParallel, env: DistEnv) -> str:
     """Make ``model``'s gradient all-reduce go through shared memory; returns this rank's segment name.
 
-    The caller removes the segment at the end of the run (:func:`release_shm_segment`); if registering
-    fails once the op has made it, it is removed here, since the run then ends before its clean-up.
+    The caller releases the segment; if registering fails here, it is released here.
     """
     check_shm_allreduce(env)
     module = load_shm_op(env)
@@ -132,14 +99,13 @@ def register_shm_allreduce(model: DistributedDataParallel, env: DistEnv) -> str:
 
 
 class ShmHookState:
-    """What the hook needs: the world size to average by, and the kernel level the CPU supports."""
 
     def __init__(self, world_size: int, level: int):
         self.world_size, self.level = world_size, level
 
 
 def shm_allreduce_hook(state: ShmHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: average the bucket in place through the shared-memory op (synchronous, then a done future).
+    """DDP comm hook: average the bucket in place through the shared-memory op.
 
     A dtype the CPU's kernels cannot reduce (bf16 without AVX-512BW) goes through the process group instead.
     """

@@ -51,7 +51,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from ecomkit.config import TrainConfig
 from ecomkit.errors import EcomkitError
@@ -335,15 +335,23 @@ def _base_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     return getattr(optimizer, "optimizer", optimizer)
 
 
+# Optimizer state flattened to one key per parameter and setting ("param_groups.<name>.lr"): pipeline stages
+# hold different parameter groups, and DCP writes a non-tensor value saved under the same key by several ranks
+# only once, so one stage's nested "param_groups" list would stand for all (torchtitan flattens for this).
+_FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def model_optimizer_state(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
-    """``{"model": ..., "optim": ...}`` keyed by canonical names, so DDP, FSDP2 and a plain module agree."""
-    msd, osd = get_state_dict(model, _base_optimizer(optimizer))
+    """``{"model": ..., "optim": ...}`` keyed by canonical names, so DDP, FSDP2, pipeline stages and a plain
+    module agree."""
+    msd, osd = get_state_dict(model, _base_optimizer(optimizer), options=_FLAT)
     return {"model": msd, "optim": osd}
 
 
 def apply_model_optimizer_state(model: torch.nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
     """Put a loaded :func:`model_optimizer_state` back (DCP loads into the tensors of a fresh state dict)."""
-    set_state_dict(model, _base_optimizer(optimizer), model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, _base_optimizer(optimizer), model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=_FLAT)
 
 
 

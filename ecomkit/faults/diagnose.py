@@ -1,28 +1,8 @@
 """Chapter 07: diagnose a distributed job, watch a stalled one from outside, check a resumed one.
 
-- :func:`diagnose`: environment lint (chapter 01's rules), a collective test
-  and a checkpoint round trip through a directory every rank must see.
-- Hangs: :class:`StallInjector` / :class:`SlowRank` (callbacks used by
-  ``scripts/07_stall_demo.py``) and :func:`run_stall_demo`, which launches the
-  demo and takes ``py-spy dump`` of every rank while it hangs; the message the
-  job ends with comes from :mod:`ecomkit.faults.known_errors`.
-- :func:`compare_resumed_run`: did a run that was killed and resumed end
-  where an uninterrupted one did?
-
-The error catalogue lives in :mod:`ecomkit.faults.known_errors`, its CPU
-reproductions in :mod:`ecomkit.faults.reproduce`.
-
-Getting the stacks of all ranks of a hung job, from cheapest to most detailed:
-``fault.hang_dump_s`` (each rank prints its stacks when a step is too slow),
-``kill -USR1 <worker pid>`` (faulthandler, registered by
-:func:`ecomkit.dist.install_stack_dump_signal`; never send it to the torchrun agent, which
-would die of it), ``py-spy dump --pid <pid>`` (works even when Python is
-stuck holding the GIL), ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (gloo names the ranks
-that never arrived; checks collective shapes match), ``NCCL_DEBUG=INFO`` and,
-on GPU, the NCCL flight recorder (``TORCH_NCCL_TRACE_BUFFER_SIZE=2000``,
-``TORCH_NCCL_DUMP_ON_TIMEOUT=1``: each rank writes its last collectives to
-``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` on a timeout; read them with
-``python -m torch.distributed.flight_recorder.fr_trace <dir>``).
+:func:`diagnose` lints the environment, tests a collective and round-trips a checkpoint; :func:`run_stall_demo`
+takes ``py-spy dump`` of every rank of a hung job; :func:`compare_resumed_run` checks a killed-and-resumed run ends
+where an uninterrupted one did. ``kill -USR1 <worker pid>`` prints a worker's stacks; the torchrun agent dies of it.
 """
 
 from __future__ import annotations
@@ -60,7 +40,6 @@ from ecomkit.faults.known_errors import backend_message
 from ecomkit.launch import child_env, repo_root, stream_command
 
 
-# ---------------------------------------------------------------------- fault injection for demos
 class StallInjector:
     """Callback: rank ``rank`` sleeps ``seconds`` after step ``at_step`` (a hung data loader, a dead GPU...)."""
 
@@ -68,8 +47,7 @@ class StallInjector:
         self.rank, self.at_step, self.seconds = rank, at_step, seconds
 
     def on_train_start(self, run: Any) -> None:
-        # one write, not print(): under ``python -u`` print writes the text and the newline separately, so
-        # two ranks' lines can interleave into one ("[rank 0] pid 1 on h[rank 1] pid 2 on h\n\n")
+        # one write, not print(): print writes text and newline separately, so ranks' lines interleave
         sys.stdout.write(f"[rank {run.env.rank}] pid {os.getpid()} on {socket.gethostname()}\n")
         sys.stdout.flush()
 
@@ -99,7 +77,6 @@ class SlowRank:
             self._handle.remove()
 
 
-# ---------------------------------------------------------------------- the stall demo, watched from outside
 @dataclass
 class StallDemoResult:
     """What :func:`run_stall_demo` saw from outside the job: its output, timings and every rank's stacks."""
@@ -112,11 +89,7 @@ class StallDemoResult:
     explanation: str | None = None   # the CollectiveTimeoutError paragraph, if printed
 
     def ended_by_timeout(self, timeout_s: float, slack_s: float = 30.0) -> bool:
-        """The job failed with the explained timeout, within ``timeout_s`` (+ start-up/teardown slack) of the stall.
-
-        This is the point of the demo: a stalled rank ends the job after the
-        process-group timeout instead of hanging it silently.
-        """
+        """The job failed with the explained timeout, within ``timeout_s`` (+ slack) of the stall: the demo's point."""
         return (self.returncode != 0 and self.explanation is not None and self.stall_to_exit_s is not None
                 and self.stall_to_exit_s < timeout_s + slack_s)
 
@@ -129,11 +102,7 @@ class StallDemoResult:
         return {rank: main_thread_stack(text) for rank, text in sorted(self.stacks.items())}
 
     def stack_shows(self, rank: int, frame: str) -> bool:
-        """Did the ``py-spy dump`` of ``rank`` taken during the hang contain ``frame`` (a function name)?
-
-        False when py-spy is missing or could not attach: the dump then holds
-        its error message instead of stacks.
-        """
+        """Did the ``py-spy dump`` of ``rank`` taken during the hang contain ``frame`` (False if py-spy failed)?"""
         return frame in self.stacks.get(rank, "")
 
     def watchdog_reports(self, tail_lines: int = 4) -> list[str]:
@@ -149,11 +118,7 @@ def main_thread_stack(py_spy_text: str) -> str:
 
 
 def hang_watchdog_reports(output: str, tail_lines: int = 4) -> list[str]:
-    """The reports :class:`~ecomkit.faults.health.HangWatchdog` printed into a job's output, shortened.
-
-    Each report starts with ``[rank R on HOST, pid P] step S has taken ...``;
-    its last lines are the innermost frames, i.e. where that rank waits.
-    """
+    """The reports :class:`~ecomkit.faults.health.HangWatchdog` printed into a job's output, innermost frames last."""
     reports = []
     for block in output.split("\n[rank ")[1:]:
         if "has taken" in block:
@@ -185,10 +150,7 @@ def _py_spy_dump(pid: int) -> str:
 
 def run_stall_demo(args: Sequence[str] = (), nproc: int = 2, dump_after_s: float = 2.0, timeout: float = 300,
                    env: dict[str, str] | None = None, live: bool = True) -> StallDemoResult:
-    """Launch ``scripts/07_stall_demo.py`` under torchrun; during the stall, ``py-spy dump`` every rank.
-
-    The job is *expected* to fail: returns its output and timings instead of raising.
-    """
+    """Launch ``scripts/07_stall_demo.py`` under torchrun and ``py-spy dump`` every rank during the stall."""
     root = repo_root()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            str(root / "scripts" / "07_stall_demo.py"), *map(str, args)]
@@ -220,7 +182,6 @@ def _dump_all(pids: dict[int, int], stacks: dict[int, str], delay: float, nproc:
             f"no '[rank {rank}] pid ...' line in the job's output before the stall: its pid is unknown"
 
 
-# ---------------------------------------------------------------------- diagnose
 def _collective_test(env: DistEnv) -> dict[str, Any]:
     if not env.distributed:
         return {"ok": True, "skipped": True, "note": "one process: nothing to communicate with"}
@@ -237,8 +198,7 @@ def _collective_test(env: DistEnv) -> dict[str, Any]:
 def checkpoint_sanity_check(env: DistEnv, directory: str | os.PathLike) -> dict[str, Any]:
     """Save a small DDP model + AdamW with DCP, load it into a fresh copy, compare bit for bit.
 
-    Also proves the directory is shared: every rank must see rank 0's committed
-    checkpoint (on several nodes a node-local disk fails here, not mid-run).
+    Also proves every rank sees the directory, so a node-local disk fails here, not mid-run.
     """
     root = Path(directory)
     group = dist.new_group(backend="gloo") if env.distributed else None
@@ -312,7 +272,6 @@ def diagnose(env: DistEnv, workdir: str | os.PathLike, echo: Callable[[str], Non
             "collectives": coll, "checkpoint": ck}
 
 
-# ---------------------------------------------------------------------- a resumed run against an uninterrupted one
 def losses_by_step(rows: Sequence[dict[str, Any]]) -> dict[int, float]:
     """Training loss per step from ``metrics.jsonl`` rows; a step logged twice (redone after a resume): the last."""
     return {r["step"]: r["loss"] for r in rows if r.get("type") == "train"}

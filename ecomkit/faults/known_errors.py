@@ -1,15 +1,8 @@
 """Chapter 07's catalogue of the errors people meet on several GPUs, and explanations of collective failures.
 
-Why a catalogue in code rather than a page of prose: the same entries answer
-``scripts/07_troubleshoot.py --explain-file job.log`` (matched by text),
-fill the notebook's error table, and are checked by tests against the real
-messages that :mod:`ecomkit.faults.reproduce` provokes on a CPU.
-
-A collective that times out says, in gloo's words, only "Timed out waiting
-10000ms for recv". :func:`explain_collective_failure` turns that into a
-paragraph naming the collective, the code that called it, the timeout and
-the tools that show where every rank is; :func:`raise_explained` re-raises
-it as a :class:`CollectiveTimeoutError` (``scripts/07_stall_demo.py``).
+In code, not prose, so one list answers ``--explain-file``, fills the notebook's table and is tested against the
+real messages :mod:`ecomkit.faults.reproduce` provokes. :func:`explain_collective_failure` turns gloo's "Timed out
+waiting 10000ms for recv" into a paragraph naming the collective, its caller, the timeout and what to do.
 """
 
 from __future__ import annotations
@@ -23,7 +16,6 @@ from pathlib import Path
 from ecomkit.errors import EcomkitError
 
 
-# ---------------------------------------------------------------------- error catalogue
 @dataclass(frozen=True)
 class KnownError:
     """One error people meet, how to recognise it, why it happens and what to do."""
@@ -148,7 +140,6 @@ def error_table() -> list[dict[str, str]]:
     return [{"error": e.title, "cause": e.cause, "fix": e.fix, "reproduced by": e.reproduce} for e in KNOWN_ERRORS]
 
 
-# ---------------------------------------------------------------------- collective failures
 class CollectiveTimeoutError(EcomkitError):
     """A collective did not complete within the process-group timeout (a peer rank never arrived)."""
 

@@ -1,18 +1,7 @@
 """Preempt a real torchrun job at a chosen step, the way a cluster does (chapter 07 and the tests).
 
-:func:`run_preempted` starts ``torchrun ... script args``, waits until
-``metrics.jsonl`` has the row of step ``at_step``, then sends ``signum`` to the
-torchrun agent (SLURM's, Kubernetes' SIGTERM: the agent forwards it to its
-workers) or to one worker only (``kill -USR1 <pid>`` on one rank), and waits
-for the job to end.
-
-Why the workers are paused around the signal: a tiny model's step takes tens
-of milliseconds, so without it the job could finish before the signal lands
-and the demo would show nothing. ``SIGSTOP`` freezes every worker as soon as
-the row is seen, the signal is delivered, ``SIGCONT`` lets them go on: the
-run stops a step or so after ``at_step``, wherever the handler saw the signal.
-What is tested does not depend on where: no step lost or repeated, the same
-losses and weights as the uninterrupted run.
+Once step ``at_step`` is logged, ``signum`` goes to the agent (which forwards it) or to one worker. The workers are
+paused with SIGSTOP around it, since a tiny model could finish before the signal lands.
 """
 
 from __future__ import annotations

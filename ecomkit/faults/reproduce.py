@@ -1,10 +1,6 @@
 """Chapter 07: provoke the CPU-reproducible errors of the catalogue for real, and show what each one says.
 
-Why run them rather than quote them: the message a reader meets is the one
-their versions of torch and gloo print, and a catalogue entry is only useful
-if its patterns match that text. Each ``reproduce_*`` returns a
-:class:`Reproduction` instead of raising, and ``tests/test_fault_catalogue.py``
-checks that :func:`ecomkit.faults.known_errors.explain_error` recognises it.
+A catalogue entry helps only if its patterns match the text this torch and gloo print, so each is provoked here.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
-"""QLoRA's frozen base: the adapted Linears of a model stored in 4 bits (NF4) or 8 bits (LLM.int8) by bitsandbytes.
+"""QLoRA's frozen base: the LoRA target Linears stored in 4 bits (NF4) or 8 bits (LLM.int8) by bitsandbytes.
 
-Why here and not through ``from_pretrained(quantization_config=BitsAndBytesConfig(...))``: the base may be a
-preset built from a config (no checkpoint to load), and ecomkit builds every model through one function;
-replacing the target ``nn.Linear`` modules with bitsandbytes' own ``Linear4bit`` / ``Linear8bitLt`` after the
-build gives the same layers that transformers' loader creates, on every kind of base, and peft then injects
-its bitsandbytes LoRA layers into them (``peft.tuners.lora.bnb``). Only the Linears named by
-``lora_target_modules`` are quantized, as in QLoRA; embeddings, LayerNorms and the LM head stay in the
-training dtype. bitsandbytes >= 0.48 runs these layers on the CPU too; which strategies may wrap them is
-``ecomkit.config.validate_peft``'s concern.
-
-Saving: :func:`dequantized_state_dict` gives the weights the quantized model actually computes with
-(each quantized weight dequantized), so the merged ``final`` folder reproduces the trained model.
+Swapped in after the build, so presets built from a config get the same layers transformers' loader creates.
 """
 
 from __future__ import annotations
@@ -30,8 +20,7 @@ def _bnb() -> Any:
 
 
 def quantize_target_linears(model: nn.Module, bits: int, targets: list[str], compute_dtype: torch.dtype) -> int:
-    """Replace every ``nn.Linear`` whose name ends with one of ``targets`` by its bitsandbytes ``bits``-bit
-    twin holding the same weights, frozen; returns how many were replaced."""
+    """Replace each ``nn.Linear`` named in ``targets`` by its frozen bitsandbytes twin; returns how many."""
     bnb = _bnb()
     replaced = 0
     for name, module in list(model.named_modules()):
@@ -41,9 +30,7 @@ def quantize_target_linears(model: nn.Module, bits: int, targets: list[str], com
         if bits == 4:
             q = bnb.nn.Linear4bit(module.in_features, module.out_features, bias=has_bias, quant_type="nf4",
                                   compute_dtype=compute_dtype)
-            # bitsandbytes 0.50 repacks a 4-bit weight for AVX512-BF16 at its first CPU forward in eval mode,
-            # and a training forward after that fails (an in-place bias add on an autograd view): the
-            # evaluations between training steps would trigger it, so the repacking is switched off.
+            # bitsandbytes repacks for AVX512-BF16 at the first eval forward, after which training forwards fail.
             q.support_avx512bf16_for_cpu = False
         else:
             q = bnb.nn.Linear8bitLt(module.in_features, module.out_features, bias=has_bias, has_fp16_weights=False,

@@ -1,11 +1,6 @@
 """The same loop through Hugging Face Accelerate (the SeqGPT guide teaches it).
 
-``Accelerator.prepare`` wraps the model in DDP and the optimizer/scheduler in
-accumulation-aware shims; ``accelerator.accumulate(model)`` skips the
-all-reduce on non-final micro-steps (it calls ``no_sync`` for us), and
-``accelerator.backward`` scales the loss. Launch either with torchrun or
-``accelerate launch --multi_gpu --num_processes 2 ...`` (on CPU too: it
-becomes MULTI_CPU/gloo; ``--cpu --num_processes 2`` silently runs ONE process).
+On CPU launch with torchrun or ``accelerate launch --multi_gpu``: ``--cpu --num_processes 2`` runs one process.
 """
 
 from __future__ import annotations
@@ -51,8 +46,7 @@ class AccelerateStrategy(Strategy):
         return self.accelerator.accumulate(self.model)
 
     def backward(self, loss: torch.Tensor) -> None:
-        # accelerator.backward divides by gradient_accumulation_steps; our loss is already
-        # normalised for the global batch, so multiply that division away.
+        # accelerator.backward divides by grad_accum; our loss is already normalised for the global batch.
         self.accelerator.backward(loss * self.grad_accum)
 
     def clip_and_step(self, max_norm: float) -> StepStats:

@@ -1,32 +1,8 @@
 """Count the collectives a training step issues, and their bytes, whatever issued them.
 
-How: :class:`CollectiveCounter` is a ``TorchDispatchMode``. Every collective in
-torch 2.13 reaches the dispatcher as an operator (``c10d::allreduce_``,
-``c10d::_allgather_base_``, ``c10d::send``, ``_c10d_functional::all_reduce``,
-...), whether it was called by DDP's C++ reducer, FSDP2, a DTensor
-redistribute inside tensor parallelism, the pipeline schedule's send/recv or
-our own code. A mode that sees operators therefore counts them all, without
-patching ``torch.distributed``. Like torch's own
-``torch.distributed.tensor.debug.CommDebugMode`` (which counts collectives but
-not bytes), it returns ``NotImplemented`` for DTensor arguments, so DTensor
-first lowers the operation to local tensors and plain collectives, which the
-mode then sees.
-
-Two byte figures per collective:
-
-- ``payload_bytes``: the size of the whole logical tensor the collective
-  works on (all-reduce: the tensor; all-gather: the gathered output;
-  reduce-scatter: the full input; send/recv: the message);
-- ``wire_bytes``: what this rank sends with the usual ring/pairwise
-  algorithms, for a group of ``n`` ranks: all-reduce ``2(n-1)/n``, all-gather
-  and reduce-scatter ``(n-1)/n`` of the payload, broadcast and send the
-  payload, recv nothing. This is the figure the ZeRO/FSDP "1.5× DDP"
-  arithmetic talks about. It is an estimate: NCCL may pick trees, and gloo
-  implements some collectives differently; the payload is exact.
-
-Cost: every tensor operation passes through Python while counting, so keep
-the counter to the steps being measured (the strategies count every step of
-the small runs in this repository, where that is cheap enough).
+A ``TorchDispatchMode`` sees every c10d and functional collective as an operator (DDP, FSDP2, DTensor, pipeline
+send/recv), so nothing is patched. ``payload_bytes`` is the logical tensor (exact); ``wire_bytes`` is what this
+rank sends under ring/pairwise algorithms (an estimate). Every op passes through Python while counting.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """Parallel degrees (dp × tp × pp) and the device mesh they span, in one small object.
 
-Why one object (torchtitan's ``ParallelDims``): the degrees decide the device
-mesh, which ranks share data, how the model is cut and which collectives run.
-They are resolved and checked once, up front, by ``TrainConfig.validate``
-(``ecomkit.config.validate``), which turns "rank 3 crashed in a reshape" into
-one sentence that names the flag to change; this module only lays them out.
-
-Rank layout: ranks fill a ``(pp, dp, tp)`` grid with **tp innermost**, so the
-ranks of one tensor-parallel group are neighbours (on a GPU server: the same
-node, where NVLink makes TP's per-layer all-reduces affordable), and pipeline
-stages are outermost (their point-to-point traffic is the lightest).
+Checked once by ``TrainConfig.validate``. Ranks fill a ``(pp, dp, tp)`` grid with tp innermost, so a TP group
+shares a node and pipeline stages (the lightest traffic) are outermost.
 """
 
 from __future__ import annotations
@@ -25,11 +17,7 @@ MESH_DIMS = ("pp", "dp", "tp")
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """Degrees of data (FSDP2), tensor and pipeline parallelism; ``dp * tp * pp == world_size``.
-
-    Build it with :meth:`from_config`: the degrees are resolved and checked by
-    ``ecomkit.config`` (``TrainConfig.validate``), before any process group exists.
-    """
+    """Degrees of data (FSDP2), tensor and pipeline parallelism; ``dp * tp * pp == world_size``."""
 
     dp: int
     tp: int
@@ -42,7 +30,6 @@ class ParallelDims:
         dp, tp, pp = resolve_parallel_degrees(cfg.strategy, cfg.parallel, world_size)
         return cls(dp=dp, tp=tp, pp=pp, world_size=world_size)
 
-    # ------------------------------------------------------------------ layout
     @property
     def shape(self) -> tuple[int, int, int]:
         return (self.pp, self.dp, self.tp)

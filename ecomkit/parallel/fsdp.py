@@ -67,18 +67,21 @@ def offload_policy(cpu_offload: bool, device: torch.device) -> Any:
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: Any, *, precision: str = "fp32", reshard_after_forward: bool = True,
-               cpu_offload: bool = False, device: torch.device | None = None) -> nn.Module:
-    """``fully_shard`` each BLOOM block, then the whole model (the root unit); returns ``model``.
+               cpu_offload: bool = False, device: torch.device | None = None, root: nn.Module | None = None
+               ) -> nn.Module:
+    """``fully_shard`` each BLOOM block, then the root unit (``root``, default the whole model); returns ``model``.
 
-    ``dp_mesh`` may be a 1-D mesh or the ``dp`` sub-mesh of a 2-D (dp, tp)
+    ``dp_mesh`` may be a 1-D mesh or the ``dp`` sub-mesh of a (pp, dp, tp)
     mesh: parameters already split by tensor parallelism then become 2-D
-    DTensors (sharded over dp *and* tp).
+    DTensors (sharded over dp *and* tp). ``root``: a module that contains
+    ``model`` (a pipeline stage wrapping its pruned model), so that the stage
+    the pipeline schedule runs is the FSDP module it drives.
     """
     common = {"mesh": dp_mesh, "mp_policy": mixed_precision_policy(precision),
               "offload_policy": offload_policy(cpu_offload, device or torch.device("cpu"))}
     for block in bloom_blocks(model):
         fully_shard(block, reshard_after_forward=reshard_after_forward, **common)
-    fully_shard(model, reshard_after_forward=False, **common)
+    fully_shard(model if root is None else root, reshard_after_forward=False, **common)
     return model
 
 

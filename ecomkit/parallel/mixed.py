@@ -1,16 +1,24 @@
-"""Mixed parallelism (chapter 04): FSDP2, tensor parallel, pipeline parallel and 2-D meshes, torchtitan style.
+"""Mixed parallelism (chapter 04): FSDP2, tensor parallel, pipeline parallel and their 2-D and 3-D meshes.
 
 One strategy serves ``--strategy fsdp | tp | pp | mixed``; the degrees come
-from :class:`~ecomkit.parallel.dims.ParallelDims` (``--parallel-dp/-tp/-pp``).
-The model code stays free of parallelism: :func:`parallelize` changes a
-built ``BloomForCausalLM`` in place, in this order:
+from :class:`~ecomkit.parallel.dims.ParallelDims` (``--parallel-dp/-tp/-pp``),
+any of them above 1 together (``--dp 2 --tp 2 --pp 2`` on 8 processes is
+the 3-D layout). The model code stays free of parallelism, and the
+composition is torchtitan's:
 
-1. **tensor parallel** (``apply_tensor_parallel``),
-2. **activation checkpointing** (``apply_activation_checkpointing``),
-3. **FSDP2** (``apply_fsdp``),
+0. **pipeline parallel** cuts the model first (pp, the outermost mesh
+   dimension): each rank keeps its stage's blocks (``BloomPipelineStage``);
+1. **tensor parallel** (``apply_tensor_parallel``) splits the stage's blocks
+   over the tp ranks of the stage;
+2. **activation checkpointing** (``apply_activation_checkpointing``);
+3. **FSDP2** (``apply_fsdp``) shards the result over the dp ranks.
 
-and pipeline parallelism cuts the model before any of them (each stage is
-then a smaller model). Why this order is in the comments of :func:`parallelize`.
+:func:`parallelize` applies 1-3 to a whole model or to one stage; why this
+order is in its comments. Across dp the replicas always shard (FSDP2), the
+pipeline's stages too: each rank keeps ``1/dp`` of its stage's tp slice of
+weights, gradients and AdamW states, which is what the planner counts
+(``ecomkit.planner.memory``), and torch's pipeline schedule delays FSDP's
+gradient reduce-scatter to the step's last micro-batch.
 
 **Which ranks see which data.** Ranks that hold pieces of the same model copy
 (the tp × pp ranks of one data-parallel replica) must process the same
@@ -25,14 +33,19 @@ replicas only: :meth:`MixedParallelStrategy.data_shard` returns
 sum / global label tokens`` with ``replica_count = dp``, FSDP2 averages over
 ``dp``, and within a replica every tp rank computes the same loss (or, with a
 pipeline, the last stage computes it for all). Losses match a single process
-to float rounding; the tests check it.
+to float rounding, the 3-D layout's too (``tests/test_parallel_3d.py``).
+
+**Names.** Every rank's parameters keep their names in the unsplit model (a
+stage's blocks are ``h.<global index>``), so the DCP checkpoints of any
+layout, chapter 07's ``--fault-checkpoint-*`` and ``--dcp-dir``, are one
+checkpoint that a run of the same layout resumes from and a single process
+loads (``load_sharded_model``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, ContextManager, Sequence
 
@@ -43,7 +56,6 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.experimental import implicit_replication
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, gather_objects
@@ -55,7 +67,9 @@ from ecomkit.parallel.base import StepStats, Strategy, deepspeed_probe_skipped
 from ecomkit.parallel.comm_count import CollectiveCounter
 from ecomkit.parallel.dims import ParallelDims
 from ecomkit.parallel.fsdp import apply_fsdp, load_local_parts, set_gradient_sync
-from ecomkit.parallel.pipeline import build_pipeline, gather_pipeline_state_dict
+from ecomkit.parallel.grad_norm import clip_gradients_, total_grad_norm
+from ecomkit.parallel.pipeline import (BloomPipelineStage, build_pipeline, gather_pipeline_state_dict,
+                                      head_cost_in_blocks)
 from ecomkit.parallel.tensor import apply_tensor_parallel, bloom_blocks
 
 LAYOUT_FILE = "parallel_layout.json"
@@ -77,14 +91,18 @@ def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
 
 
 def parallelize(model: nn.Module, dims: ParallelDims, cfg: TrainConfig, mesh: Any,
-                device: torch.device | None = None) -> nn.Module:
+                device: torch.device | None = None, fsdp_root: nn.Module | None = None) -> nn.Module:
     """Apply TP → activation checkpointing → FSDP2 to ``model`` in place, as ``dims`` asks; returns it.
 
     ``mesh`` is the (pp, dp, tp) DeviceMesh of :meth:`ParallelDims.build_mesh`
-    (unused dimensions have size 1). Pipeline cutting happens before this
-    function (``ecomkit.parallel.pipeline.build_pipeline``).
+    (unused dimensions have size 1). With a pipeline, ``model`` is one stage's
+    pruned model, cut before this function (:class:`BloomPipelineStage`), and
+    ``fsdp_root`` the stage that wraps it: FSDP's root unit is then the module
+    the pipeline schedule runs.
     """
     par = cfg.parallel
+    # 0. Pipeline parallelism has already cut the model (outermost, as torchtitan does): what follows
+    #    parallelizes one stage within its (dp, tp) slice of the mesh, exactly as it would a whole model.
     # 1. Tensor parallel first. It swaps each Linear's weight for a DTensor
     #    sharded over the tp ranks and installs the hooks that all-reduce (or
     #    all-gather / reduce-scatter) activations at the module boundaries.
@@ -103,62 +121,25 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg: TrainConfig, mesh: An
     #    FSDP's forward hooks again and all-gather a second time.
     if par.activation_checkpointing:
         apply_activation_checkpointing(model)
-    # 3. FSDP2 last, one unit per block, then the root (embeddings, LayerNorms).
+    # 3. FSDP2 last, one unit per block, then the root (embeddings, LayerNorms; with a pipeline, the stage).
+    #    Across dp the replicas shard rather than replicate (DDP-style) in every layout, the pipeline's too:
+    #    each rank keeps 1/dp of its stage's weights, gradients and AdamW states, which is what the planner
+    #    counts, and the pipeline schedule reduce-scatters once per step, after its last micro-batch.
     if dims.dp > 1:
         apply_fsdp(model, mesh["dp"], precision=cfg.precision, reshard_after_forward=par.reshard_after_forward,
-                   cpu_offload=par.fsdp_cpu_offload, device=device)
+                   cpu_offload=par.fsdp_cpu_offload, device=device, root=fsdp_root)
     return model
 
 
-# ---------------------------------------------------------------------- gradient norm
-def total_grad_norm(grads: Sequence[torch.Tensor], extra_group: Any = None) -> torch.Tensor:
-    """L2 norm of gradients that may be DTensors on different meshes/placements (float64 scalar).
-
-    Gradients are grouped by (mesh, placements) so that each group's norm is
-    one DTensor reduction (``full_tensor`` resolves the partial norms over the
-    sharded dimensions only, never double-counting replicas). ``extra_group``:
-    also sum the squared norm over that group (pipeline stages hold
-    different parameters).
-    """
-    groups: dict[Any, list[torch.Tensor]] = defaultdict(list)
-    for g in grads:
-        key = (id(g.device_mesh), tuple(g.placements)) if isinstance(g, DTensor) else None
-        groups[key].append(g)
-    squares = []
-    for members in groups.values():
-        norm = torch.nn.utils.get_total_norm(members, 2.0, foreach=False)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        squares.append(norm.detach().to(torch.float64) ** 2)   # on the gradients' device: no host read
-    total_sq = torch.stack(squares).sum() if squares else torch.zeros((), dtype=torch.float64)
-    if extra_group is not None:
-        dist.all_reduce(total_sq, group=extra_group)
-    return total_sq.sqrt()
-
-
-def clip_gradients_(grads: Sequence[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
-    """Scale gradients like ``torch.nn.utils.clip_grad_norm_``: by ``min(1, max_norm / (norm + 1e-6))``.
-
-    The scale stays a tensor, so the host never waits for the norm (``models/optim.py`` says why); DTensor
-    gradients multiply by it as by a replicated scalar.
-    """
-    if max_norm <= 0 or not grads:
-        return
-    coef = torch.clamp(max_norm / (total_norm.detach() + 1e-6), max=1.0)
-    with implicit_replication():
-        for g in grads:
-            g.mul_(coef.to(g.device, g.dtype))
-
-
 # ---------------------------------------------------------------------- layout report
-def parameter_layout(model: nn.Module, rename: Any = None) -> list[dict[str, Any]]:
-    """One row per parameter this rank holds: global shape, local shape, placements, bytes."""
+def parameter_layout(model: nn.Module) -> list[dict[str, Any]]:
+    """One row per parameter this rank holds: name in the unsplit model, global and local shape, placements, bytes."""
     rows = []
     for name, p in model.named_parameters():
         local = p.to_local() if isinstance(p, DTensor) else p
         name = name.replace(_CHECKPOINT_PREFIX, "")  # activation checkpointing's wrapper module
         rows.append({
-            "name": rename(name) if rename else name,
+            "name": name,
             "global_shape": list(p.shape),
             "local_shape": list(local.shape),
             "placements": [str(x) for x in p.placements] if isinstance(p, DTensor) else ["plain"],
@@ -232,13 +213,22 @@ class MixedParallelStrategy(Strategy):
         self.scaler = None  # fp16 is refused by TrainConfig.validate for these strategies
 
     def _build_pipeline(self, model: nn.Module) -> nn.Module:
-        if self.cfg.parallel.activation_checkpointing:
-            apply_activation_checkpointing(model)
+        """Cut this rank's stage (pp outermost), parallelize it over its (dp, tp) ranks, build its schedule."""
+        stage = BloomPipelineStage(model, self.coords["pp"], self.dims.pp, self._head_blocks(model))
+        parallelize(model, self.dims, self.cfg, self.mesh, self.env.device, fsdp_root=stage)
         self.pipeline = build_pipeline(
-            model, mesh=self.mesh, dims=self.dims, device=self.env.device,
+            stage, mesh=self.mesh, dims=self.dims, device=self.env.device,
             n_microbatches=self.cfg.parallel.pp_microbatches, schedule=self.cfg.parallel.pp_schedule,
             seq_len=self.cfg.seq_len, pad_id=model.config.pad_token_id or 0)
-        return self.pipeline.module
+        return stage
+
+    def _head_blocks(self, model: nn.Module) -> float:
+        """The LM head's weight in blocks for ``--parallel-pp-balance compute`` (0: stages by block count)."""
+        if self.cfg.parallel.pp_balance != "compute":
+            return 0.0
+        block_params = sum(p.numel() for p in bloom_blocks(model)[0].parameters())
+        return head_cost_in_blocks(model.config.vocab_size, model.config.hidden_size, block_params, self.dims.tp,
+                                   int(self.cfg.seq_len))
 
     def _follow_tied_weight_decay(self) -> None:
         """The last stage's head copy follows the tied embedding's no-decay rule (it is named lm_head here)."""
@@ -317,24 +307,11 @@ class MixedParallelStrategy(Strategy):
         return StepStats(grad_norm=norm, extra=extra)
 
     # ------------------------------------------------------------ reports
-    def _rename(self) -> Any:
-        if self.pipeline is None:
-            return None
-        lo = self.pipeline.module.layer_range[0]
-
-        def rename(name: str) -> str:
-            parts = name.split(".")
-            if parts[:3] == ["model", "transformer", "h"]:
-                parts[3] = str(int(parts[3]) + lo)
-            return ".".join(parts[1:]) if parts[0] == "model" else name
-
-        return rename
-
     def _write_layout(self) -> None:
         """Which tensor lives where: every rank's parameters (shapes, placements) and state bytes → one JSON."""
         self._layout_written = True
         mine = {"rank": self.env.rank, "coords": self.coords, "memory": self.memory_report(),
-                "params": parameter_layout(self.model, self._rename())}
+                "params": parameter_layout(self.raw_model)}
         parts = gather_objects(mine, self.env)
         if self.env.is_main:
             out = Path(self.cfg.output_dir)
@@ -403,14 +380,16 @@ class SaveShardedModel:
     """Callback: at the end of training every rank writes its shards with DCP into ``cfg.parallel.dcp_dir``.
 
     Added by :func:`sharded_model_callbacks` (``--dcp-dir``); ``TrainConfig.validate``
-    has already refused it for strategies without a mesh and for pipelines.
+    has already refused it for strategies without a mesh. It saves the unwrapped model, whose names are
+    the unsplit model's on every layout (a pipeline stage's blocks keep theirs: ``StageBlocks``), so the
+    stages' shards form one checkpoint.
     """
 
     def __init__(self, path: str):
         self.path = path
 
     def on_train_end(self, run: Any, summary: dict[str, Any]) -> None:
-        save_sharded_model(run.strategy.model, self.path)
+        save_sharded_model(run.strategy.raw_model, self.path)
 
 
 def sharded_model_callbacks(cfg: TrainConfig) -> list[SaveShardedModel]:

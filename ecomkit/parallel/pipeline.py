@@ -1,6 +1,9 @@
 """Pipeline parallelism for BLOOM with ``torch.distributed.pipelining`` (GPipe and 1F1B).
 
-The model is cut into ``pp`` stages of consecutive blocks, one stage per rank:
+The model is cut into ``pp`` stages of consecutive blocks, one stage per group of ranks (its tp × dp
+ranks: a stage is then tensor- and data-parallel within itself, ``ecomkit.parallel.mixed``), as many
+blocks per stage as possible alike (``--parallel-pp-balance layers``) or, with ``compute``, fewer on the
+last stage, which also runs the LM head (:func:`stage_layer_ranges`):
 
 - stage 0: word embeddings + embedding LayerNorm + its blocks;
 - middle stages: their blocks;
@@ -30,7 +33,9 @@ first step. Here the two gradients are **summed by an all-reduce between the
 first and the last stage** after every schedule step: both copies then get the
 gradient of the tied weight (the sum of both uses, exactly what autograd
 computes for one shared tensor), take the same AdamW step and stay identical.
-The gradient norm counts the weight once, like a single process does.
+The gradient norm counts the weight once, like a single process does. In 3-D
+each (dp, tp) coordinate has its own {first, last} pair; FSDP2 shards both
+copies alike, so the pair sums its local shards.
 
 **Fixed shapes.** A ``PipelineStage`` infers the shapes of what it sends and
 receives from the first step and preallocates those buffers, so every step is
@@ -55,36 +60,82 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.tensor import DTensor
 
 from ecomkit.errors import ConfigError, EcomkitError
 from ecomkit.models.attention import attention_mask_for
 from ecomkit.models.loss import token_loss_sum
 
 
-def stage_layer_ranges(n_layer: int, n_stages: int) -> list[tuple[int, int]]:
-    """Contiguous ``[start, stop)`` block ranges per stage, as even as possible (earlier stages get the extras)."""
+def stage_layer_ranges(n_layer: int, n_stages: int, head_blocks: float = 0.0) -> list[tuple[int, int]]:
+    """Contiguous ``[start, stop)`` block ranges per stage, so that the most loaded stage is as light as possible.
+
+    Every stage gets one block, then each further block goes to the least loaded stage (the earliest on a
+    tie). ``head_blocks``: the last stage also runs the LM head, worth that many blocks
+    (:func:`head_cost_in_blocks`, ``--parallel-pp-balance compute``); 0 gives the even split, earlier stages
+    taking the extras (``--parallel-pp-balance layers``).
+    """
     if not 1 <= n_stages <= n_layer:
         raise ConfigError(f"pp={n_stages} must be between 1 and the {n_layer} blocks of the model (--parallel-pp).")
-    base, extra = divmod(n_layer, n_stages)
+    counts = [1] * n_stages
+    load = [1.0] * (n_stages - 1) + [1.0 + head_blocks]
+    for _ in range(n_layer - n_stages):
+        s = min(range(n_stages), key=lambda i: (load[i], i))
+        counts[s] += 1
+        load[s] += 1.0
     ranges, start = [], 0
-    for s in range(n_stages):
-        stop = start + base + (1 if s < extra else 0)
-        ranges.append((start, stop))
-        start = stop
+    for count in counts:
+        ranges.append((start, start + count))
+        start += count
     return ranges
+
+
+def head_cost_in_blocks(vocab: int, hidden: int, block_params: int, tp: int, seq_len: int) -> float:
+    """The LM head's FLOPs per token on one rank of the last stage, in blocks' FLOPs on one tp rank.
+
+    Training FLOPs per token: 6 per weight, plus 12·h·T for a block's attention scores and weighted sums. The
+    head's 6·V·h stays whole on every tp rank (``parallel/tensor.py`` keeps it replicated) while a block's
+    work divides by tp: for BLOOM-7b1 at T = 1024 and tp = 2 the head weighs about 10 blocks.
+    """
+    block = 6.0 * block_params + 12.0 * hidden * seq_len
+    return 6.0 * vocab * hidden * tp / block
+
+
+class StageBlocks(nn.ModuleList):
+    """A stage's blocks under their names in the unsplit model: the stage of blocks 3-5 holds ``h.3 … h.5``.
+
+    Why: a parameter's name is its key in every state dict: DCP checkpoints (each stage writes its own keys
+    into one checkpoint), the optimizer state, the layout report. Renumbered from 0, every stage would hold an
+    ``h.0`` and their keys would collide. Indexing stays local (``blocks[0]`` is this stage's first block), as
+    torchtitan's stages keep their layer names by holding them in a dict.
+    """
+
+    def __init__(self, blocks: Sequence[nn.Module], first: int):
+        super().__init__()
+        self.first = first
+        for i, block in enumerate(blocks):
+            self.add_module(str(first + i), block)
+
+    def _get_abs_string_index(self, idx: Any) -> str:
+        return str(self.first + int(super()._get_abs_string_index(idx)))
+
+    def __getitem__(self, idx: Any) -> Any:
+        if isinstance(idx, slice):
+            return nn.ModuleList(list(self._modules.values())[idx])
+        return super().__getitem__(idx)
 
 
 class BloomPipelineStage(nn.Module):
     """One pipeline stage of a ``BloomForCausalLM``: the original model, pruned to what this stage owns."""
 
-    def __init__(self, model: nn.Module, stage: int, n_stages: int):
+    def __init__(self, model: nn.Module, stage: int, n_stages: int, head_blocks: float = 0.0):
         super().__init__()
         self.stage, self.n_stages = stage, n_stages
         self.is_first, self.is_last = stage == 0, stage == n_stages - 1
-        self.layer_range = stage_layer_ranges(model.config.n_layer, n_stages)[stage]
+        self.layer_range = stage_layer_ranges(model.config.n_layer, n_stages, head_blocks)[stage]
         transformer = model.transformer
         lo, hi = self.layer_range
-        transformer.h = nn.ModuleList(list(transformer.h)[lo:hi])
+        transformer.h = StageBlocks(list(transformer.h)[lo:hi], first=lo)
         if self.is_last and not self.is_first:
             # untie: the head becomes this stage's own copy of the embedding matrix (see module docstring)
             model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())
@@ -116,16 +167,17 @@ class BloomPipelineStage(nn.Module):
         return None
 
     def global_state_dict(self) -> dict[str, torch.Tensor]:
-        """Parameters under their names in the unsplit model (block ``j`` here is block ``lo + j`` there)."""
-        lo = self.layer_range[0]
+        """This stage's whole tensors under their names in the unsplit model, on the CPU.
+
+        Tensor- or data-parallel shards (DTensors) are gathered first: a collective over the stage's tp and dp
+        ranks, so every rank of the stage calls it.
+        """
         out = {}
         for name, tensor in self.model.state_dict().items():
             if name == "lm_head.weight" and not self.is_first:
                 continue  # the tied copy: the unsplit model stores it once, as the embedding
-            parts = name.split(".")
-            if parts[:2] == ["transformer", "h"]:
-                parts[2] = str(int(parts[2]) + lo)
-            out[".".join(parts)] = tensor.detach().cpu()
+            whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            out[name] = whole.detach().cpu()
         return out
 
 
@@ -153,12 +205,12 @@ class PipelineRunner:
     """The schedule, the stage and the groups of one pipeline rank; runs whole optimizer steps."""
 
     def __init__(self, stage_module: BloomPipelineStage, *, pp_rank: int, pp_size: int, pp_group: Any,
-                 pp_ranks: Sequence[int], dp_group: Any | None, tied_group: Any | None, device: torch.device,
+                 pp_ranks: Sequence[int], tied_group: Any | None, device: torch.device,
                  n_microbatches: int, schedule: str, seq_len: int, pad_id: int = 0):
         self.module = stage_module
         self.pp_rank, self.pp_size, self.pp_group = pp_rank, pp_size, pp_group
         self.pp_ranks = list(pp_ranks)            # global ranks of stages 0..pp-1 of this pipeline
-        self.dp_group, self.tied_group = dp_group, tied_group
+        self.tied_group = tied_group
         self.device, self.seq_len, self.pad_id = device, seq_len, pad_id
         self.n_microbatches = n_microbatches
         self._scale = 1.0
@@ -220,17 +272,19 @@ class PipelineRunner:
                                "report it with the command line.")
 
     def sync_gradients(self) -> None:
-        """Tied embedding/head gradients summed between first and last stage; then averaged over dp replicas."""
+        """Sum the tied embedding/head gradients of the first and the last stage (their local shards).
+
+        Data parallelism across replicas is FSDP2's (:func:`build_pipeline`): the schedule has already
+        reduce-scattered every gradient over dp. Both copies of the tied matrix are sharded alike (same dp
+        rank, same rows), so summing the local shards sums the whole gradients.
+        """
         tied = self.module.tied_weight()
-        if self.tied_group is not None and tied is not None:
-            grad = tied.grad if tied.grad is not None else torch.zeros_like(tied)
-            dist.all_reduce(grad, group=self.tied_group)
-            tied.grad = grad
-        if self.dp_group is not None:
-            for p in self.module.parameters():
-                if p.grad is not None:
-                    dist.all_reduce(p.grad, group=self.dp_group)
-                    p.grad.div_(dist.get_world_size(self.dp_group))
+        if self.tied_group is None or tied is None:
+            return
+        if tied.grad is None:
+            tied.grad = torch.zeros_like(tied)
+        grad = tied.grad.to_local() if isinstance(tied.grad, DTensor) else tied.grad
+        dist.all_reduce(grad, group=self.tied_group)
 
     def grad_norm_sq_parameters(self) -> list[nn.Parameter]:
         """Parameters whose gradients enter the norm: the tied matrix counted once (on stage 0)."""
@@ -266,18 +320,22 @@ class PipelineRunner:
         return logits
 
 
-def build_pipeline(model: nn.Module, *, mesh: Any, dims: Any, device: torch.device, n_microbatches: int,
-                   schedule: str, seq_len: int, pad_id: int = 0) -> PipelineRunner:
-    """Cut ``model`` for this rank's stage and build its schedule. Every rank must call it (groups are created)."""
+def build_pipeline(stage_module: BloomPipelineStage, *, mesh: Any, dims: Any, device: torch.device,
+                   n_microbatches: int, schedule: str, seq_len: int, pad_id: int = 0) -> PipelineRunner:
+    """The schedule of this rank's stage, already cut (and tensor/data-parallel). Every rank must call it.
+
+    ``stage_module`` is this rank's :class:`BloomPipelineStage`, parallelized within its stage by
+    ``ecomkit.parallel.mixed.parallelize`` (TP over ``mesh["tp"]``, FSDP2 over ``mesh["dp"]`` with the stage
+    as FSDP's root, which is what ``torch.distributed.pipelining`` looks for to delay the gradient
+    reduce-scatter to the step's last micro-batch).
+    """
     pp_mesh = mesh["pp"]
     pp_rank, pp_size = pp_mesh.get_local_rank(), pp_mesh.size()
     coords = dims.coordinates(dist.get_rank())
     pp_ranks = [dims.rank_of(s, coords["dp"], coords["tp"]) for s in range(pp_size)]
     tied_group = _tied_embedding_group(dims) if pp_size > 1 else None
-    dp_group = mesh["dp"].get_group() if dims.dp > 1 else None
-    stage_module = BloomPipelineStage(model, pp_rank, pp_size)
     return PipelineRunner(stage_module, pp_rank=pp_rank, pp_size=pp_size, pp_group=pp_mesh.get_group(),
-                          pp_ranks=pp_ranks, dp_group=dp_group, tied_group=tied_group, device=device,
+                          pp_ranks=pp_ranks, tied_group=tied_group, device=device,
                           n_microbatches=n_microbatches, schedule=schedule, seq_len=seq_len, pad_id=pad_id)
 
 
@@ -295,14 +353,16 @@ def _tied_embedding_group(dims: Any) -> Any:
 
 
 def gather_pipeline_state_dict(runner: PipelineRunner, dims: Any) -> dict[str, torch.Tensor] | None:
-    """The full model's state dict on global rank 0 (stages of data-parallel replica 0), None elsewhere.
+    """The full model's state dict on global rank 0, None elsewhere; a collective on every rank.
 
-    Uses ``gather_object`` (pickled CPU tensors): fine for the models that
-    train on this machine; for billions of parameters save with
-    ``torch.distributed.checkpoint`` instead, which writes each stage's shard.
+    Every rank gathers its stage's shards (:meth:`BloomPipelineStage.global_state_dict`); the ranks at
+    dp = tp = 0 of each stage send them to rank 0 with ``gather_object`` (pickled CPU tensors). Fine for
+    the models that train on this machine; for billions of parameters save with
+    ``torch.distributed.checkpoint`` instead (``--dcp-dir``), which writes each rank's shard where it is.
     """
     coords = dims.coordinates(dist.get_rank())
-    mine = runner.module.global_state_dict() if coords["dp"] == 0 else None
+    stage = runner.module.global_state_dict()
+    mine = stage if coords["dp"] == 0 and coords["tp"] == 0 else None
     parts: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(mine, parts, dst=0)
     if dist.get_rank() != 0:

@@ -9,7 +9,8 @@ strategy with the scripts' own flags:
 - DDP (``scripts/02_data_parallel.py``);
 - DeepSpeed ZeRO-1/2/3, with and without optimizer offload, ZeRO-3 also with
   parameter offload (``scripts/03_zero3.py``, or the ``deepspeed`` launcher);
-- FSDP2 with and without ``CPUOffloadPolicy``, TP × DP inside a node, PP × DP
+- FSDP2 with and without ``CPUOffloadPolicy``, TP × DP inside a node, PP × DP,
+  and the 3-D TP × PP × DP (TP inside a node, pipeline stages across)
   (``scripts/04_mixed_parallel.py``);
 - activation checkpointing off and on wherever the strategy has it (ZeRO,
   FSDP2/TP/PP; ecomkit's DDP has none).
@@ -40,7 +41,8 @@ SCRIPTS = {StrategyName.DDP: "scripts/02_data_parallel.py", StrategyName.ZERO: "
 # Fields a candidate sets; everything else is the user's job unchanged.
 STRATEGY_FIELDS = {"strategy": "ddp", "zero.stage": 3, "zero.offload_optimizer": False, "zero.offload_param": False,
                    "zero.activation_checkpointing": False, "parallel.dp": -1, "parallel.tp": 1, "parallel.pp": 1,
-                   "parallel.fsdp_cpu_offload": False, "parallel.activation_checkpointing": False}
+                   "parallel.fsdp_cpu_offload": False, "parallel.activation_checkpointing": False,
+                   "parallel.pp_balance": "layers"}
 
 
 @dataclass(frozen=True)
@@ -90,9 +92,33 @@ def full_candidates(cluster: Cluster, shape: ModelShape) -> list[Candidate]:
             out += _with_checkpointing(f"TP {tp} × DP {n // tp}", {"strategy": "mixed", "parallel.tp": tp}, mesh_ac)
     for pp in range(2, n + 1):
         if n % pp == 0 and pp <= shape.n_layer:
-            out += _with_checkpointing(f"PP {pp} × DP {n // pp}", {"strategy": "mixed", "parallel.pp": pp,
-                                                                   "parallel.pp_microbatches": pp}, mesh_ac)
+            out += _pipelines(f"PP {pp} × DP {n // pp}", {"strategy": "mixed", "parallel.pp": pp})
+    for tp, pp in three_d_degrees(cluster, shape):
+        out += _pipelines(f"TP {tp} × PP {pp} × DP {n // (tp * pp)}",
+                          {"strategy": "mixed", "parallel.tp": tp, "parallel.pp": pp})
     return out
+
+
+def _pipelines(label: str, settings: dict[str, Any]) -> list[Candidate]:
+    """A pipeline layout with its stages cut by block count and by compute, each without and with checkpointing.
+
+    Why both: cut by compute the last stage (which also runs the LM head) takes fewer blocks and the step is
+    faster, but the first stages hold more blocks' activations; which one fits is the plan's to say.
+    """
+    out = []
+    for balance, suffix in (("layers", ""), ("compute", " · stages by compute")):
+        out += _with_checkpointing(label + suffix, {**settings, "parallel.pp_microbatches": settings["parallel.pp"],
+                                                    "parallel.pp_balance": balance},
+                                   "parallel.activation_checkpointing")
+    return out
+
+
+def three_d_degrees(cluster: Cluster, shape: ModelShape) -> list[tuple[int, int]]:
+    """(tp, pp) pairs of the dp × tp × pp layouts: TP inside a node, stages across, dp whatever is left (>= 1)."""
+    n = cluster.gpus
+    return [(tp, pp) for tp in range(2, cluster.gpus_per_node + 1) for pp in range(2, n // tp + 1)
+            if shape.n_head % tp == 0 and cluster.gpus_per_node % tp == 0 and n % (tp * pp) == 0
+            and pp <= shape.n_layer]
 
 
 LORA = "LoRA adapters (trains other parameters than full fine-tuning: ranked on its own)"
@@ -186,5 +212,5 @@ def launch_line(cfg: TrainConfig, cluster: Cluster, given: set[str], launcher: s
     return " ".join(shlex.quote(a) if not a.startswith("$") else a for a in [*head, script, *flags])
 
 
-__all__ = ["Candidate", "FULL", "LORA", "lora_candidates", "SCRIPTS", "STRATEGY_FIELDS", "full_candidates", "job_flags", "launch_line", "checkpoint_note",
+__all__ = ["Candidate", "FULL", "LORA", "lora_candidates", "SCRIPTS", "STRATEGY_FIELDS", "full_candidates", "three_d_degrees", "job_flags", "launch_line", "checkpoint_note",
            "set_field"]

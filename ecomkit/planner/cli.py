@@ -10,6 +10,7 @@ Examples::
         --zero-offload-optimizer --zero-offload-param --precision bf16 --seq-len 512 --micro-batch-size 4
     python -m ecomkit.plan --model ecomgpt-7b --gpus 8 --gpu a100-40g --precision bf16 --recommend
     python -m ecomkit.plan --model seqgpt-560m --gpus 4 --gpu rtx4090 --link pcie4-x16 --recommend --verify
+    python -m ecomkit.plan --model ecomgpt-7b --gpus 16 --nodes 2 --link ib-200g --strategy mixed --tp 2 --pp 2
     python -m ecomkit.plan --n-params 7.5e9 --gpus 64          # the ZeRO paper's model-state table
     python -m ecomkit.plan --config my.yaml --gpus 8 --json
 
@@ -17,8 +18,17 @@ It prints the per-GPU memory table (parameters, gradients, optimizer states,
 activations, temporary buffers), the verdict for the chosen GPU, the largest
 micro-batch that fits, the predicted step time and speed-up over one GPU, and
 the defaults it used. ``--recommend`` searches every strategy ecomkit trains
-and prints the ranked table and the launch line; ``--verify`` runs the top
-candidates scaled down on this machine. The planner's older flags still work:
+(the 3-D TP × PP × DP layouts among them) and prints the ranked table and the
+launch line; ``--verify`` runs the top candidates scaled down on this machine.
+
+The 3-D layout (``--strategy mixed`` with ``--dp/--tp/--pp``) is planned rank
+by rank as chapter 04 trains it: pipeline stages outermost (``--parallel-pp-
+balance``: by blocks or by compute), each stage's blocks split over its tp
+ranks, the result sharded by FSDP2 over dp; ranks fill the mesh tp innermost.
+With ``--nodes N`` a group of ranks inside one node (TP's, and dp or pp
+groups that fit) is timed on the GPU's own link, the others on ``--link``.
+
+The planner's older flags still work:
 ``--zero N``, ``--micro-batch``, ``--tp``/``--pp``, ``--checkpointing``,
 ``--offload-optimizer``, ``--offload-param``, ``--strategy zero2|fsdp2``.
 """
@@ -57,7 +67,9 @@ def _planner_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpus", type=int, metavar="N", default=s, help=f"GPUs in all, the world size (default {CLUSTER_DEFAULTS.gpus})")
     g.add_argument("--gpu", default=s, metavar="NAME", help=f"one of {', '.join(GPUS)} (default {CLUSTER_DEFAULTS.gpu})")
     g.add_argument("--link", default=s, metavar="NAME", help=f"GPU interconnect: {', '.join(LINKS)} (default: the "
-                   "--gpu's own link, PCIe for cards without NVLink such as rtx4090, NVLink for SXM boards)")
+                   "--gpu's own link, PCIe for cards without NVLink such as rtx4090, NVLink for SXM boards); with "
+                   "--nodes > 1 the link between nodes: groups of ranks inside one node (TP's, and the dp or pp "
+                   "groups of a 3-D layout that fit) use the --gpu's own link")
     g.add_argument("--node", default=s, metavar="NAME", help=f"server layout for CPU offload: {', '.join(NODES)} "
                    "(default: the usual system of --gpu)")
     g.add_argument("--nodes", type=int, metavar="N", default=s, help="servers the GPUs are spread over (default 1)")
@@ -72,8 +84,8 @@ def _planner_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recommend", action="store_true",
                    help="search every strategy ecomkit trains for the fastest that fits the same global batch; "
                         f"step times within {STEP_TIE * 100:.0f}%% of the fastest are a tie, which goes to the simpler "
-                        "layout (DDP, ZeRO-1/2, ZeRO-3/FSDP2, TP/PP; offload and checkpointing add), then the "
-                        "smaller peak memory")
+                        "layout (DDP, ZeRO-1/2, ZeRO-3/FSDP2, TP/PP, then TP × PP × DP; offload and checkpointing "
+                        "add), then the smaller peak memory")
     g.add_argument("--top", type=int, metavar="N", default=8, help="with --recommend: rows of the table")
     g.add_argument("--explain", action="store_true",
                    help="print the memory parts of every candidate (with --recommend) or of the plan: parameters, "
@@ -155,8 +167,7 @@ def run_plan(job: Job) -> dict[str, Any]:
     efficiency, note = plan_efficiency(job)
     if note:
         plan.notes.append(note)
-    time_kw = {"link": job.cluster.interconnect, "efficiency": efficiency, "overlap": a.overlap,
-               "node": job.cluster.node}
+    time_kw = {**job.cluster.time_links(), "efficiency": efficiency, "overlap": a.overlap}
     step = predict_step_time(plan.inputs, **time_kw)
     scale = speedups(plan.inputs, [plan.inputs.world_size], **time_kw)[0] if plan.inputs.world_size > 1 else None
     cluster_given = {g.removeprefix("cluster.") for g in job.given if g.startswith("cluster.")}

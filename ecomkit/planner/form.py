@@ -1,30 +1,7 @@
 """An ipywidgets form for the recommender (chapter 06 notebook): pick a job and a cluster, get the ranked setups.
 
-Why a form: "what if" questions (one more GPU? a 40 GB card instead of 24?
-512 tokens instead of 1024?) are answered faster than by re-running a cell.
-Each change re-runs ``python -m ecomkit.plan --recommend`` in-process
-(:func:`ecomkit.planner.report.recommendation_json`: every strategy ecomkit
-trains, the largest micro-batch that fits with the global batch kept, ranked
-by predicted time per global batch) and shows three things:
-
-- a verdict line: the recommended setup, or what blocks every setup (a
-  precision the GPU lacks is named as such, not as "too little memory"), and
-  the global batch, with a notice when a change (more GPUs) changed it;
-- a chart of the top candidates' peak memory per GPU as horizontal bars (long
-  names stay legible), coloured by whether they fit, with the GPU's capacity as
-  a line;
-- the ranked table as HTML, with the launch line.
-
-**No pyplot.** A widget callback runs outside any cell, so pyplot's global
-state (its current figure, and the ``draw_all`` hook IPython runs after each
-cell) would draw into whatever the notebook does next, and a figure displayed
-from a callback goes to JupyterLab's Log Console instead of the form. The
-chart is a :class:`matplotlib.figure.Figure` of its own, rendered to PNG bytes
-into an ``ipywidgets.Image``; nothing is printed or displayed from a callback.
-
-The form never blocks: :func:`planner_form` returns the box and ``update``, so a
-notebook can call ``update()`` once to draw the default recommendation (which is
-what a headless run such as nbmake records).
+"What if" questions are answered faster than by re-running a cell. No pyplot: a callback runs outside any cell, so
+pyplot's global state would draw into the notebook's next output; the chart is its own ``Figure`` rendered to PNG.
 """
 
 from __future__ import annotations
@@ -40,7 +17,7 @@ from ecomkit.planner.job import Cluster
 from ecomkit.planner.report import recommendation_json, render_recommendation
 
 MODELS = ("seqgpt-560m", "ecomgpt-7b")
-DEFAULT_LINK = "the GPU's own"        # the link dropdown's first entry: Cluster(link=None), the GPU's default link
+DEFAULT_LINK = "the GPU's own"        # Cluster(link=None)
 FITS, DOES_NOT_FIT, CAPACITY = "#4C72B0", "#C44E52", "#333333"
 TOP = 8
 
@@ -117,10 +94,7 @@ def table_html(report: dict[str, Any], top: int = TOP) -> str:
 
 
 def peak_figure(report: dict[str, Any], top: int = TOP) -> Any:
-    """Peak GiB per GPU of the top candidates: horizontal bars coloured by fit, the GPU's capacity as a line.
-
-    A :class:`matplotlib.figure.Figure` of its own (no pyplot, see the module docstring).
-    """
+    """Peak GiB per GPU of the top candidates: horizontal bars coloured by fit, the GPU's capacity as a line."""
     from matplotlib.figure import Figure  # lazy: plotting only
     from matplotlib.lines import Line2D  # lazy: plotting only
     from matplotlib.patches import Patch  # lazy: plotting only

@@ -1,23 +1,8 @@
 """The planner's GPU efficiency: an assumption until GPU artifacts of this repository fit it, per GPU kind.
 
-Why: the time model's compute term is FLOPs over ``peak × efficiency``
-(:func:`ecomkit.planner.step_time.predict_step_time`), and the efficiency
-(:data:`~ecomkit.planner.step_time.DEFAULT_EFFICIENCY`, 0.45) is what
-well-tuned large-model runs report, not what this code reaches on a given GPU.
-Short rows, small models and a step's fixed costs all keep a real step below
-it, so an unfitted GPU time is an **upper bound on speed** (optimistic), and
-the plan says so (:func:`efficiency_for`).
-
-How it is fitted (``ecomlab.derive.gpu_efficiency.calibrate``): ``benchmarks/gpu_bench.py`` writes,
-beside each measured single-GPU row, the planner's prediction for the same job
-split in two: ``plan_compute_s`` (the compute term at efficiency 1) and
-``plan_other_s`` (everything else: optimizer, exposed communication). A
-measured step ``m`` is then ``compute / e + other``; the efficiency is the
-least-squares fit of ``1 / e`` over every other row, and the rows it was not
-fitted on must then be predicted within 20 %. Only a calibration that
-passes is kept: :data:`GPU_EFFICIENCY`, which ``tests/test_gpu_efficiency.py``
-recomputes from the newest GPU artifact of each kind, so it cannot drift from
-the measurement. It is empty while no such artifact exists.
+Unfitted, the compute term uses well-tuned large runs' efficiency, so GPU times are an upper bound on speed.
+``ecomlab.derive.gpu_efficiency`` fits ``1 / e`` from ``benchmarks/gpu_bench.py`` rows and keeps it only if held-out
+rows are predicted within 20 %.
 """
 
 from __future__ import annotations
@@ -25,8 +10,7 @@ from __future__ import annotations
 from ecomkit.hardware import gpu_kind
 from ecomkit.planner.step_time import DEFAULT_EFFICIENCY
 
-# Per GPU kind (ecomkit.hardware.gpu_kind): the efficiency ecomlab.derive.gpu_efficiency.calibrate() fitted and
-# validated on the newest GPU artifact of benchmarks/gpu_bench.py of that kind. Empty: no GPU artifact yet.
+# Per GPU kind: the validated fit on the newest GPU artifact of that kind. Empty: no GPU artifact yet.
 GPU_EFFICIENCY: dict[str, float] = {}
 
 

@@ -65,6 +65,14 @@ class Cluster:
         """The link the plan uses: ``link`` when given, else the GPU's default (kept when the GPU is replaced)."""
         return self.link if self.link is not None else default_link(self.gpu)
 
+    def time_links(self) -> dict[str, Any]:
+        """The time model's link arguments: :attr:`interconnect` for every group of ranks, except that on several
+        nodes a group inside one node (TP's, and dp or pp groups that fit) uses the GPU's own link."""
+        out: dict[str, Any] = {"link": self.interconnect, "node": self.node}
+        if self.nodes > 1:
+            out.update(intra_node_link=default_link(self.gpu), gpus_per_node=self.gpus_per_node)
+        return out
+
 
 CLUSTER_DEFAULTS = Cluster()
 
@@ -72,7 +80,8 @@ CLUSTER_DEFAULTS = Cluster()
 # their default, and tests/test_plan_job.py checks the planner's defaults are TrainConfig()'s for each.
 PLANNER_FIELDS = ("model", "strategy", "zero.stage", "zero.offload_optimizer", "zero.offload_param",
                   "zero.activation_checkpointing", "zero.bucket_size", "parallel.dp", "parallel.tp", "parallel.pp",
-                  "parallel.pp_microbatches", "parallel.fsdp_cpu_offload", "parallel.activation_checkpointing",
+                  "parallel.pp_microbatches", "parallel.pp_balance", "parallel.fsdp_cpu_offload",
+                  "parallel.activation_checkpointing",
                   "precision", "micro_batch_size", "seq_len", "grad_accum", "global_batch_size", "attn",
                   "loss_chunk_tokens", "loss_kernel", "peft", "lora_r", "lora_target_modules")
 
@@ -226,6 +235,7 @@ def plan_input_from_config(cfg: TrainConfig, cluster: Cluster, vocab_size: int |
                      offload_optimizer=zero and cfg.zero.offload_optimizer, offload_param=offload_param,
                      gpu=cluster.gpu, grad_accum=cfg.resolve_grad_accum(dp),
                      pp_microbatches=cfg.parallel.pp_microbatches if pp > 1 else 0,
+                     pp_balance=cfg.parallel.pp_balance,
                      zero_bucket_elements=cfg.zero.bucket_size, vocab_size=vocab_size,
                      loss_chunk_tokens=planned_loss_chunk(cfg, cluster))
 

@@ -79,15 +79,19 @@ def comm_bytes_per_gpu_step(shape: ModelShape, layout: Layout, micro_batch: int,
 
 
 # simplest first: communication that overlaps with compute (DP, FSDP) beats communication on the
-# critical path of every layer (TP, fast only inside an NVLink node) and pipeline bubbles (PP)
-PREFERENCE = ("DP (DDP)", "ZeRO-3 / FSDP2", "TP 2 × FSDP", "TP", "PP")
+# critical path of every layer (TP, fast only inside an NVLink node) and pipeline bubbles (PP); the 3-D
+# layout pays all three kinds, so it comes last (ecomkit.planner.recommend ranks by predicted time instead)
+PREFERENCE = ("DP (DDP)", "ZeRO-3 / FSDP2", "TP 2 × FSDP", "TP 2 × PP 2 × FSDP", "TP", "PP")
 
 
 def candidate_layouts(n_gpus: int, n_head: int, n_layer: int) -> list[Layout]:
-    """DDP, FSDP2, TP 2 × FSDP over the rest, TP and PP over all GPUs (those the model's shape allows)."""
+    """DDP, FSDP2, TP 2 × FSDP over the rest, TP 2 × PP 2 × FSDP over the rest (8 GPUs and more), TP and PP over
+    all GPUs (those the model's shape allows)."""
     out = [Layout("DP (DDP)", dp=n_gpus, sharded=False), Layout("ZeRO-3 / FSDP2", dp=n_gpus)]
     if n_gpus >= 4 and n_head % 2 == 0:
         out.append(Layout(f"TP 2 × FSDP {n_gpus // 2}", dp=n_gpus // 2, tp=2))
+    if n_gpus >= 8 and n_gpus % 4 == 0 and n_head % 2 == 0 and n_layer >= 2:
+        out.append(Layout(f"TP 2 × PP 2 × FSDP {n_gpus // 4}", dp=n_gpus // 4, tp=2, pp=2))
     if n_head % n_gpus == 0:
         out.append(Layout(f"TP {n_gpus}", dp=1, tp=n_gpus))
     if n_gpus <= n_layer:

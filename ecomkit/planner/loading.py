@@ -1,17 +1,6 @@
 """The planner's "while loading" row: device bytes per rank while the model is loaded, by the path ecomkit takes.
 
-A model is loaded in the dtype its strategy trains the weights in (``Strategy.weight_dtype``), so loading
-never holds more bytes per weight than training does:
-
-- torch's strategies (DDP, FSDP2, TP, PP) keep fp32 weights (autocast and FSDP2's mixed-precision policy
-  compute in bf16 from them): 4 bytes per weight;
-- DeepSpeed (ZeRO-1/2/3) holds its module in the training dtype: 2 bytes in bf16/fp16;
-- LoRA's frozen base under ``--precision bf16`` is bf16 (:mod:`ecomkit.planner.lora` passes 2).
-
-A local checkpoint is read one tensor at a time (``models/checkpoint_files.py``): each tensor as stored,
-converted in host memory, copied into place. A GPU thus holds only the model (and the CUDA context); a CPU
-plan, where host memory is the device, adds the tensor being read (the largest, assumed stored in fp32) and
-its converted copy. ``benchmarks/bench_load.py`` measures these peaks on CPU and sets them beside this row.
+A model loads in the dtype its strategy trains the weights in, so loading never holds more per weight than training.
 """
 
 from __future__ import annotations
@@ -36,8 +25,7 @@ class PlanInput(Protocol):
     @property
     def dp(self) -> int: ...
 
-# CUDA context + cuBLAS/cuDNN workspaces + NCCL buffers: ~0.5-1 GiB per process on A100/H100 with
-# recent CUDA (what nvidia-smi shows for an idle process that initialised CUDA). Not measured here.
+# CUDA context + cuBLAS workspaces + NCCL buffers per process: an assumption, not measured here.
 CUDA_CONTEXT_BYTES = int(0.75 * GIB)
 STORED_BYTES = 4      # a checkpoint's tensors as stored: fp32 assumed (the larger case; a bf16 file reads half)
 
@@ -51,17 +39,8 @@ def load_peak(inp: PlanInput, shape: ModelShape, params: list[ParamInfo],
               weight_bytes: int | None = None) -> tuple[int, str]:
     """Device bytes per rank while the model is loaded, and the load path's name.
 
-    ``weight_bytes``: bytes per weight the run holds (default :func:`training_weight_bytes`; LoRA passes its
-    frozen base's). By strategy:
-
-    - ZeRO-3 (``deepspeed.zero.Init``, then module by module): this rank's partition in the training
-      dtype (0 with parameter offload) plus the largest module's gathered parameters (BLOOM: the embedding);
-    - FSDP2 / TP without a pipeline (meta device, then each rank's part, one tensor at a time): the
-      rank's shard (0 with CPU offload) plus the largest tensor read whole (fp32) and its local piece;
-    - DDP, ZeRO-1/2 and pipelines: the whole model on every rank in ``weight_bytes`` per weight, then the
-      strategy (ZeRO-1/2 keep whole parameters anyway; a pipeline cuts a built model); a CPU plan adds the
-      tensor being read and its converted copy.
-    Plus the CUDA context, as in training.
+    ZeRO-3: partition + the largest gathered module; FSDP2/TP: shard + the largest tensor read whole and its piece;
+    otherwise the whole model in ``weight_bytes`` per weight (a CPU plan adds the tensor being read). Plus CUDA context.
     """
     context = CUDA_CONTEXT_BYTES if inp.device == "cuda" else 0
     w = weight_bytes or training_weight_bytes(inp)

@@ -25,10 +25,10 @@ import difflib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ecomkit.config import DEEPSPEED_PLAN_STRATEGIES, PLAN_STRATEGIES, PLAN_STRATEGY_ALIASES, PRECISIONS
+from ecomkit.config import DEEPSPEED_PLAN_STRATEGIES, PLAN_STRATEGIES, PLAN_STRATEGY_ALIASES, PP_BALANCES, PRECISIONS
 from ecomkit.errors import ConfigError
 from ecomkit.hardware import GIB, GpuSpec, gpu_spec
-from ecomkit.parallel.pipeline import stage_layer_ranges
+from ecomkit.parallel.pipeline import head_cost_in_blocks, stage_layer_ranges
 from ecomkit.planner.activations import (activation_bytes, activation_dtypes, head_logprob_bytes,
                                          layer_activation_bytes)
 from ecomkit.planner.loading import CUDA_CONTEXT_BYTES, load_peak
@@ -63,6 +63,7 @@ class PlanInput:
     gpu: Any = "a100-80g"
     grad_accum: int = 1
     pp_microbatches: int = 0            # 0: pp (1F1B keeps at most pp micro-batches in flight)
+    pp_balance: str = "layers"          # pipeline stages by block count, or "compute" (parallel.pp_balance)
     zero_bucket_elements: int = 50_000_000   # chapter 03's reduce/allgather bucket (capped at Ψ)
     vocab_size: int | None = None       # toy presets only: their tokenizer's vocabulary
     loss_chunk_tokens: int = 0          # 0: full-logits loss (transformers'; ecomkit's TP/PP); > 0: ecomkit's
@@ -83,6 +84,12 @@ class PlanInput:
     def dp(self) -> int:
         return self.world_size // (self.tp * self.pp)
 
+    def head_blocks(self, shape: ModelShape) -> float:
+        """The LM head's weight in blocks when the stages balance compute, else 0 (``stage_layer_ranges``)."""
+        if self.pp_balance != "compute" or self.pp == 1:
+            return 0.0
+        return head_cost_in_blocks(shape.vocab, shape.hidden, shape.block_params(0), self.tp, self.seq_len)
+
     def loss_chunk(self) -> int:
         """Positions per LM-head chunk, 0 when the full logits are built (strategies as ecomkit's loop: TP shards
         the head's output and a pipeline's last stage computes its own loss, so both build the full logits)."""
@@ -102,6 +109,8 @@ def validate_plan_input(inp: PlanInput, shape: ModelShape) -> None:
         hint = f" Did you mean '{close[0]}'?" if close else ""
         raise ConfigError(f"Unknown strategy '{inp.strategy}'.{hint} Choose one of: {', '.join(PLAN_STRATEGIES)} "
                           "(ZeRO stage: --zero 1|2|3).")
+    if inp.pp_balance not in PP_BALANCES:
+        raise ConfigError(f"Unknown pp_balance '{inp.pp_balance}'. Choose one of: {', '.join(PP_BALANCES)}.")
     if inp.precision not in PRECISIONS:
         raise ConfigError(f"Unknown precision '{inp.precision}'. Choose one of: {', '.join(PRECISIONS)}.")
     if inp.attn not in ATTNS:
@@ -182,7 +191,7 @@ def model_state_bytes_per_rank(inp: PlanInput, shape: ModelShape | None = None,
     inp = inp.resolved()
     shape = shape or model_shape(inp.model, inp.vocab_size)
     validate_plan_input(inp, shape)
-    params = local_params(shape, inp.tp, inp.pp, 0)
+    params = local_params(shape, inp.tp, inp.pp, 0, inp.head_blocks(shape))
     return [state_bytes_of_rank(inp, params, r, after_reduce) for r in range(inp.dp)]
 
 
@@ -238,6 +247,8 @@ def _comm_buffers(inp: PlanInput, shape: ModelShape, params: list[ParamInfo]) ->
         return bucket * w + 2 * 2 * w * max(shape.block_params(0) // inp.tp, shape.largest_leaf)
     if s in ("fsdp2", "tp", "pp") and n > 1:
         pw = 2 if inp.precision != "fp32" else 4
+        if inp.pp > 1:   # torch's pipeline schedule keeps the stage gathered and its fp32 gradients unsharded
+            return (pw + 4) * psi   # until the reduce-scatter after the step's last micro-batch (FSDP's no_sync)
         root = sum(p.numel for p in params if p.layer < 0 or p.layer == shape.n_layer)
         block = shape.block_params(0) // inp.tp
         return pw * (root + 2 * block) + 4 * block
@@ -327,7 +338,8 @@ class MemoryPlan:
         word = "fits" if self.fits else "does NOT fit"
         if not self.fits and self.total <= self.gpu.memory_bytes:
             word += f" (while loading: {self.load_path})"
-        return (f"{self.shape.name} · {inp.strategy} · {inp.world_size} GPU(s) · {inp.precision} · micro-batch "
+        layout = f" (dp {inp.dp} × tp {inp.tp} × pp {inp.pp})" if inp.tp * inp.pp > 1 else ""
+        return (f"{self.shape.name} · {inp.strategy}{layout} · {inp.world_size} GPU(s) · {inp.precision} · micro-batch "
                 f"{inp.micro_batch} × {inp.seq_len} tokens: {format_gib(self.total)} per GPU → {word} on "
                 f"{self.gpu.name} ({format_gib(self.gpu.memory_bytes)}, headroom {format_gib(self.headroom)})")
 
@@ -366,10 +378,11 @@ def plan_memory(inp: PlanInput | None = None, shape: ModelShape | None = None, *
 
 
 def _plan_stage(inp: PlanInput, shape: ModelShape, gpu: GpuSpec, stage: int) -> MemoryPlan:
-    params = local_params(shape, inp.tp, inp.pp, stage)
+    head_blocks = inp.head_blocks(shape)
+    params = local_params(shape, inp.tp, inp.pp, stage, head_blocks)
     ranks = [state_bytes_of_rank(inp, params, r) for r in range(min(inp.dp, 64))]  # beyond 64 ranks: sampled
     worst = max(ranks, key=lambda d: d["params"] + d["grads"] + d["optimizer"])
-    lo, hi = stage_layer_ranges(shape.n_layer, inp.pp)[stage] if inp.pp > 1 else (0, shape.n_layer)
+    lo, hi = stage_layer_ranges(shape.n_layer, inp.pp, head_blocks)[stage] if inp.pp > 1 else (0, shape.n_layer)
     batch, in_flight = inp.micro_batch, 1
     if inp.pp > 1:
         m = inp.pp_microbatches or inp.pp

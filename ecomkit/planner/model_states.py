@@ -1,15 +1,7 @@
 """Model states per device by ZeRO stage, for any Ψ: the ZeRO paper's table, from the planner's own partitions.
 
-Why here: the paper (Rajbhandari et al., 2020, Figure 1) gives per-device model
-states for mixed-precision Adam, Ψ = 7.5 B parameters on N = 64 devices:
-120 / 31.4 / 16.6 / 1.9 GB for stages 0 / 1 / 2 / 3 (16Ψ, 4Ψ + 12Ψ/N,
-2Ψ + 14Ψ/N, 16Ψ/N). The planner must reproduce it from its exact per-rank
-partitions (:func:`ecomkit.planner.memory.state_bytes_of_rank`), not from the
-formulas, so the table doubles as a check of them. Ψ comes from a model
-(a preset or a directory with ``config.json``, every parameter's shape on the
-meta device) or, with ``--n-params``, from a number: then the model is
-:func:`ecomkit.planner.shapes.shape_for_n_params`, Ψ cut into equal tensors
-(model states only; no activations without a real shape).
+Built from the planner's exact per-rank partitions, not the formulas, so reproducing the paper's Figure 1 checks
+them. Ψ comes from a model's shapes or, with ``--n-params``, from a number cut into equal tensors.
 """
 
 from __future__ import annotations
@@ -23,7 +15,7 @@ from ecomkit.planner.zero_formulas import formula_label
 GB = 1e9   # the paper reports decimal gigabytes
 # stage → planner strategy; stage 0 is DDP (torch keeps 4 + 4 + 8 bytes, the paper 2 + 2 + 12: both 16Ψ)
 STAGE_STRATEGIES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
-# sampled ranks per stage: ZeRO-1/2 ranks differ only where a tensor straddles a partition boundary
+# ranks sampled per stage: ZeRO-1/2 ranks differ only where a tensor straddles a partition boundary
 MAX_RANKS = 64
 
 

@@ -7,7 +7,9 @@ For each :class:`~ecomkit.planner.candidates.Candidate` on the cluster:
 2. the **micro-batch** is the largest divisor of the per-replica batch that
    fits the GPU (:func:`~ecomkit.planner.memory.plan_memory`, its peak
    including the checkpoint load), and the gradient accumulation makes up the
-   rest, so every candidate does the same training per optimizer step;
+   rest, so every candidate does the same training per optimizer step; a
+   pipeline cuts the replica's batch into one pipeline micro-batch per
+   sequence (torchtitan's default micro-batch of 1), the smallest bubble;
 3. the candidate is **ranked** by the predicted time of that optimizer step,
    i.e. per global batch (:func:`~ecomkit.planner.step_time.predict_step_time`);
 4. a **tie** (step times within :data:`STEP_TIE` of the fastest) goes to the
@@ -128,9 +130,10 @@ def _try(cand: Candidate, base: TrainConfig, cluster: Cluster, gbatch: int, voca
     if gbatch % dp:
         return Choice(cand, reason=f"global batch {gbatch} is not a multiple of its {dp} data-parallel replicas")
     per_replica = gbatch // dp
-    if pp > 1 and per_replica % cfg.parallel.pp_microbatches:
-        return Choice(cand, reason=f"{per_replica} samples per replica do not split into "
-                                   f"{cfg.parallel.pp_microbatches} pipeline micro-batches")
+    if pp > 1:   # one sequence per pipeline micro-batch: the smallest bubble, (pp-1)/(m+pp-1), and activations
+        if per_replica < pp:
+            return Choice(cand, reason=f"{per_replica} samples per replica are fewer than its {pp} pipeline stages")
+        cfg.parallel.pp_microbatches = per_replica
 
     def attempt(m: int) -> tuple[TrainConfig, MemoryPlan]:
         c = copy.deepcopy(cfg)
@@ -162,7 +165,7 @@ def _try(cand: Candidate, base: TrainConfig, cluster: Cluster, gbatch: int, voca
 def recommend(base: TrainConfig, cluster: Cluster, vocab_size: int | None = None,
               time_kw: dict[str, Any] | None = None, groups: bool = True) -> dict[str, list[Choice]]:
     """{group: choices ranked fastest first (fitting ones first)} for the job ``base`` on ``cluster``."""
-    time_kw = {"link": cluster.interconnect, "node": cluster.node, **(time_kw or {})}
+    time_kw = {**cluster.time_links(), **(time_kw or {})}
     base = dataclasses.replace(base, precision=planned_precision(base.precision, cluster))   # auto: as a run would
     shape = model_shape(base.model, vocab_size)
     gbatch = global_batch(base, cluster)

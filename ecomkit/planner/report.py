@@ -70,7 +70,8 @@ def _gib(n: float) -> str:
 
 
 def render_table(rows: list[dict[str, Any]], top: int) -> list[str]:
-    head = (f"{'#':>2}  {'candidate':<30}{'micro×acc':>10}{'peak GiB':>9}{'headroom':>9}{'load GiB':>9}"
+    w = max([30] + [len(r["candidate"]) + 1 for r in rows[:top]])   # a 3-D pipeline's label is longer
+    head = (f"{'#':>2}  {'candidate':<{w}}{'micro×acc':>10}{'peak GiB':>9}{'headroom':>9}{'load GiB':>9}"
             f"{'host GiB':>9}{'step s':>8}{'tok/s/GPU':>10}  {'peak mostly':<20}  why")
     lines = [head, "-" * len(head)]
     for i, r in enumerate(rows[:top], 1):
@@ -78,7 +79,7 @@ def render_table(rows: list[dict[str, Any]], top: int) -> list[str]:
         mem = (_gib(r["peak_bytes"]) + "  " + _gib(r["headroom_bytes"]) + " " + _gib(r["load_bytes"]) + "   "
                + _gib(r["cpu_bytes"])) if "peak_bytes" in r else f"{'-':>9}{'-':>9}{'-':>9}{'-':>9}"
         speed = (f"{r['step_s']:8.2f}{r['tokens_per_s_per_gpu']:10,.0f}" if "step_s" in r else f"{'-':>8}{'-':>10}")
-        lines.append(f"{i:>2}  {r['candidate']:<30}{mb:>10}   {mem}{speed}  {r.get('mostly') or '':<20}  {r['why']}")
+        lines.append(f"{i:>2}  {r['candidate']:<{w}}{mb:>10}   {mem}{speed}  {r.get('mostly') or '':<20}  {r['why']}")
     if len(rows) > top:
         fitting = sum(r["fits"] for r in rows[top:])
         lines.append(f"    … {len(rows) - top} more ({fitting} of them fit; --top N shows them, --json all)")

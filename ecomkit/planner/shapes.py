@@ -162,16 +162,18 @@ def shape_for_n_params(n_params: int) -> ModelShape:
 
 
 # ---------------------------------------------------------------------- what one rank holds
-def local_params(shape: ModelShape, tp: int = 1, pp: int = 1, stage: int = 0) -> list[ParamInfo]:
+def local_params(shape: ModelShape, tp: int = 1, pp: int = 1, stage: int = 0, head_blocks: float = 0.0
+                 ) -> list[ParamInfo]:
     """Parameters one rank holds before data-parallel sharding: its tp slice of its pipeline stage.
 
-    Pipeline stages follow chapter 04 (``stage_layer_ranges``): stage 0 has the
+    Pipeline stages follow chapter 04 (``stage_layer_ranges``, ``head_blocks`` for a split that balances
+    compute): stage 0 has the
     embeddings, the last stage ``ln_f`` and its own copy of the tied LM head.
     Tensor parallelism follows ``ecomkit.parallel.tensor``: fused QKV and
     ``dense_h_to_4h`` split by rows, ``dense`` / ``dense_4h_to_h`` weights by
     columns, LayerNorms, row-parallel biases and embeddings replicated.
     """
-    lo, hi = stage_layer_ranges(shape.n_layer, pp)[stage] if pp > 1 else (0, shape.n_layer)
+    lo, hi = stage_layer_ranges(shape.n_layer, pp, head_blocks)[stage] if pp > 1 else (0, shape.n_layer)
     first, last = stage == 0, stage == pp - 1
     out = []
     for p in shape.params:

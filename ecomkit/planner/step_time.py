@@ -22,8 +22,15 @@ One optimizer step on one GPU takes
   ZeRO-3 and FSDP2 all-gather the weights in forward and again in backward of
   every micro-step and reduce-scatter the gradients (ZeRO-3 every micro-step,
   FSDP2 once, fp32).
-- **tensor parallelism** (:func:`tensor_parallel_s`): four all-reduces of a
-  block's ``b·T·h`` output per block and micro-step, on the critical path.
+- **a model split over GPUs** (tensor and pipeline parallelism, the dp × tp × pp
+  mesh; :mod:`ecomkit.planner.split_time`): each GPU's share of the replica's
+  FLOPs (the LM head is replicated over tp and sits on the last stage), TP's
+  four all-reduces of a block's ``b·T·h`` output per block and micro-batch, the
+  pipeline's sends between stages, its tied-gradient sum and its bubble
+  ``(p-1)/(m+p-1)``, each priced on the link its group of ranks crosses. In a
+  pipeline FSDP2 gathers per pipeline micro-batch and reduce-scatters once,
+  after the schedule (torch's pipelining delays it): that reduce-scatter hides
+  behind nothing.
 - **overlap**: each collective can hide behind a *window* of compute, times
   ``overlap`` (the fraction of the window usable): forward all-gathers behind
   the forward passes; gradient reductions issued every micro-step behind every
@@ -80,8 +87,11 @@ from ecomkit.errors import ConfigError
 from ecomkit.hardware import (GpuSpec, LinkSpec, NodeSpec, gpu_spec, link_spec, node_cpu_adam_params_per_s,
                               node_spec)
 from ecomkit.models.bloom import flops_per_token
+from ecomkit.planner.collectives import COLLECTIVE_TIME, all_gather_s, all_reduce_s, reduce_scatter_s
 from ecomkit.planner.memory import PlanInput, validate_plan_input
 from ecomkit.planner.shapes import ModelShape, local_params, model_shape
+from ecomkit.planner.split_time import (mesh_links, pipeline_microbatches, pipeline_s, replica_compute_share,
+                                        tensor_parallel_s)
 
 ADAM_BYTES_PER_ELEMENT = 28           # fp32 param, grad, exp_avg, exp_avg_sq read; param and moments written
 DEFAULT_EFFICIENCY = 0.45
@@ -89,25 +99,6 @@ DEFAULT_OVERLAP = 0.9
 GPUS_PER_NODE = 8                     # the reference nodes (ecomkit.hardware.NODES) hold 8 GPUs
 CPU_ADAM_PARAMS_PER_S = 2.0e9         # DeepSpeedCPUAdam, a 128-core node (ecomkit.hardware; an assumption)
 WINDOWS = ("forward", "backward", "backward_last", "exposed")
-
-
-# ---------------------------------------------------------------------- α-β collectives
-def all_reduce_s(nbytes: float, n: int, link: LinkSpec) -> float:
-    """Ring all-reduce: a reduce-scatter then an all-gather, ``2(N-1)`` steps of ``S/N`` bytes."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * nbytes / link.bus_bytes_per_s
-
-
-def all_gather_s(nbytes: float, n: int, link: LinkSpec) -> float:
-    """Ring all-gather of a tensor of ``nbytes`` in total (each rank contributes ``nbytes / N``)."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return (n - 1) * link.latency_s + (n - 1) / n * nbytes / link.bus_bytes_per_s
-
-
-reduce_scatter_s = all_gather_s   # same steps and bytes, the other direction
-COLLECTIVE_TIME = {"all_reduce": all_reduce_s, "all_gather": all_gather_s, "reduce_scatter": reduce_scatter_s}
 
 
 # ---------------------------------------------------------------------- step time
@@ -160,9 +151,11 @@ def comm_volume(inp: PlanInput, shape: ModelShape) -> dict[str, tuple[str, float
                 "weight all-gather (bwd)": ("all_gather", acc * w * psi, "backward"),
                 "grad reduce-scatter": ("reduce_scatter", acc * w * psi, "backward")}
     pw = 2 if inp.precision != "fp32" else 4
-    return {"weight all-gather (fwd)": ("all_gather", acc * pw * psi, "forward"),
-            "weight all-gather (bwd)": ("all_gather", acc * pw * psi, "backward"),
-            "grad reduce-scatter (fp32)": ("reduce_scatter", 4 * psi, "backward_last")}
+    # a pipeline gathers per pipeline micro-batch and reduce-scatters after its schedule: nothing left to hide behind
+    gathers, reduced_in = (pipeline_microbatches(inp)[0], "exposed") if inp.pp > 1 else (acc, "backward_last")
+    return {"weight all-gather (fwd)": ("all_gather", gathers * pw * psi, "forward"),
+            "weight all-gather (bwd)": ("all_gather", gathers * pw * psi, "backward"),
+            "grad reduce-scatter (fp32)": ("reduce_scatter", 4 * psi, reduced_in)}
 
 
 def last_bucket(inp: PlanInput, shape: ModelShape, bucket_bytes: float) -> tuple[str, float]:
@@ -209,7 +202,8 @@ def predict_step_time(inp: PlanInput, *, link: str | LinkSpec = "nvlink-a100", e
                       node: str | NodeSpec | None = None, host_link: str | LinkSpec | None = None,
                       cpu_adam_params_per_s: float | None = None, peak_flops: float | None = None,
                       hbm_bytes_per_s: float | None = None, shape: ModelShape | None = None,
-                      collective_links: dict[str, LinkSpec] | None = None) -> StepTime:
+                      collective_links: dict[str, LinkSpec] | None = None,
+                      intra_node_link: str | LinkSpec | None = None, gpus_per_node: int | None = None) -> StepTime:
     """Predict one optimizer step on one GPU of ``inp`` (data parallel over ``inp.dp`` GPUs).
 
     ``node`` (default: the usual system of ``inp.gpu``) gives the host links
@@ -218,6 +212,9 @@ def predict_step_time(inp: PlanInput, *, link: str | LinkSpec = "nvlink-a100", e
     one kind of collective (``all_gather``, ``reduce_scatter``,
     ``all_reduce``) on its own fitted link, where a library's collectives are
     not equally efficient (gloo's all-gather and reduce-scatter on a CPU).
+    ``intra_node_link`` and ``gpus_per_node`` (a cluster of several nodes):
+    groups of ranks inside one node use that link, the others ``link``
+    (:func:`ecomkit.planner.split_time.mesh_links`).
     """
     inp = inp.resolved()
     shape = shape or model_shape(inp.model, inp.vocab_size)
@@ -234,16 +231,16 @@ def predict_step_time(inp: PlanInput, *, link: str | LinkSpec = "nvlink-a100", e
     peak = peak_flops if peak_flops is not None else gpu.peak_flops(inp.precision)   # bf16 on V100: ConfigError
     tokens = inp.micro_batch * inp.seq_len * inp.grad_accum
     flops = tokens * flops_per_token(shape.n_params, shape.n_layer, shape.hidden, inp.seq_len)
-    flops *= (4 / 3 if inp.activation_checkpointing else 1.0) / (inp.tp * inp.pp)
+    flops *= (4 / 3 if inp.activation_checkpointing else 1.0) * replica_compute_share(inp, shape)
     compute = flops / (peak * efficiency)
     if inp.pp > 1:
-        m = inp.pp_microbatches or inp.pp
-        compute *= 1 + (inp.pp - 1) / m          # pipeline bubble
+        compute *= 1 + (inp.pp - 1) / pipeline_microbatches(inp)[0]   # pipeline bubble
     backward = compute * (2 / 3 if not inp.activation_checkpointing else 3 / 4)
     forward = compute - backward
     backward_last = backward / inp.grad_accum
 
-    links = {kind: (collective_links or {}).get(kind, lk) for kind in COLLECTIVE_TIME}
+    mesh = mesh_links(inp, lk, link_spec(intra_node_link) if intra_node_link is not None else None, gpus_per_node)
+    links = {kind: (collective_links or {}).get(kind, mesh.dp) for kind in COLLECTIVE_TIME}
     parts: dict[str, float] = {}
     by_window = {k: 0.0 for k in WINDOWS}
     for name, (kind, nbytes, window) in comm_volume(inp, shape).items():
@@ -251,13 +248,15 @@ def predict_step_time(inp: PlanInput, *, link: str | LinkSpec = "nvlink-a100", e
         parts[name] = t
         by_window[window] += t
     kind, nbytes = last_bucket(inp, shape, bucket_bytes)
-    floor = COLLECTIVE_TIME[kind](nbytes, inp.dp, links[kind])
+    floor = COLLECTIVE_TIME[kind](nbytes, inp.dp, links[kind]) if inp.pp == 1 else 0.0   # pp: counted exposed
     comm_total = sum(by_window.values())
     comm_exposed = hidden_exposed(by_window, forward, backward, backward_last, overlap, floor)
-    tp_s = tensor_parallel_s(inp, shape, links["all_reduce"])
-    if tp_s:
-        parts["TP activation all-reduces (critical path)"] = tp_s
-        comm_total, comm_exposed = comm_total + tp_s, comm_exposed + tp_s
+    split = {"TP activation all-reduces (critical path)": tensor_parallel_s(inp, shape, mesh.tp),
+             **pipeline_s(inp, shape, mesh.pp)}
+    for name, t in split.items():   # on the critical path: never hidden
+        if t:
+            parts[name] = t
+            comm_total, comm_exposed = comm_total + t, comm_exposed + t
 
     optimizer, offload = 0.0, 0.0
     off = _offload_traffic(inp, shape, nd, host)
@@ -276,22 +275,6 @@ def predict_step_time(inp: PlanInput, *, link: str | LinkSpec = "nvlink-a100", e
                       "offload: CPU Adam (node)": cpu_s, "offload: weights back to GPU": off["weights_up_s"],
                       "offload: parameter fetch from host": off["fetch_fwd_s"] + off["fetch_bwd_s"]})
     return StepTime(compute, backward, comm_total, comm_exposed, optimizer, offload, tokens, parts)
-
-
-def tensor_parallel_s(inp: PlanInput, shape: ModelShape, link: LinkSpec) -> float:
-    """Seconds of TP's activation all-reduces per step: on every block's critical path, never hidden.
-
-    Megatron-style TP all-reduces the ``b·T·h`` block output twice per block
-    in forward (attention, MLP) and twice in backward; checkpointing replays
-    the forward's two. Over the ``tp`` ranks of a replica, every micro-step.
-    """
-    if inp.tp <= 1:
-        return 0.0
-    c = 4 if inp.precision == "fp32" else 2
-    blocks = -(-shape.n_layer // inp.pp)
-    per_block = 6 if inp.activation_checkpointing else 4
-    return inp.grad_accum * blocks * per_block * all_reduce_s(inp.micro_batch * inp.seq_len * shape.hidden * c,
-                                                              inp.tp, link)
 
 
 def _local_params(inp: PlanInput, shape: ModelShape) -> float:

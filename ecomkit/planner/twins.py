@@ -54,7 +54,8 @@ def twin_config(cfg: TrainConfig, nproc: int, out_dir: Path) -> TrainConfig:
     twin.fault.checkpoint_interval = 0
     twin.output_dir = str(out_dir)
     par = twin.parallel
-    par.tp, par.pp = min(par.tp, nproc), min(par.pp, nproc)
+    par.tp = min(par.tp, nproc)
+    par.pp = min(par.pp, max(1, nproc // par.tp))   # a 3-D job's twin keeps its tp × pp within the processes
     if par.pp > 1 and (twin.micro_batch_size * twin.grad_accum) % par.pp_microbatches:
         par.pp_microbatches = par.pp
     return twin

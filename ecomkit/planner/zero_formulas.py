@@ -1,15 +1,6 @@
 """ZeRO's model-state formulas, DeepSpeed's own estimators, and the SeqGPT guide's memory table checked (chapter 03).
 
-The formulas (mixed-precision Adam: 2-byte params and grads, 12 bytes of
-fp32 master + momentum + variance per parameter; Ψ parameters, N ranks):
-stage 0 ``16Ψ``, stage 1 ``4Ψ + 12Ψ/N``, stage 2 ``2Ψ + 14Ψ/N``, stage 3
-``16Ψ/N``. :func:`formula_bytes` generalises them to fp32 training, where
-params and grads take 4 bytes and DeepSpeed *still* keeps a separate fp32
-master partition (a clone, 4 bytes) besides the 8 bytes of Adam moments.
-
-Chapter 03 puts these beside what each rank really holds
-(:mod:`ecomlab.measure.zero`); chapter 06 beside the planner
-(:mod:`ecomlab.claims.planner_comparisons`).
+Mixed-precision Adam, Ψ parameters, N ranks: stage 0 ``16Ψ``, 1 ``4Ψ + 12Ψ/N``, 2 ``2Ψ + 14Ψ/N``, 3 ``16Ψ/N``.
 """
 
 from __future__ import annotations
@@ -24,16 +15,11 @@ from ecomkit.parallel.zero.state import largest_layer_params
 GB = 1e9  # the guides report decimal gigabytes
 
 
-# ---------------------------------------------------------------------- formulas
 def formula_bytes(stage: int, psi: int, n: int, param_bytes: int = 2, master_bytes: int = 4,
                   adam_bytes: int = 8) -> dict[str, float]:
     """Per-rank model-state bytes of ZeRO ``stage`` (0 = DDP), split into params / grads / optimizer.
 
-    Defaults are mixed precision (bf16/fp16 weights and grads, fp32 master and
-    moments): the 16Ψ, 4Ψ+12Ψ/N, 2Ψ+14Ψ/N, 16Ψ/N of the ZeRO paper. For fp32
-    training under DeepSpeed use ``param_bytes=4`` (master_bytes stays 4: the
-    ZeRO optimizer clones its fp32 partition even when the weights are fp32);
-    for plain torch DDP in fp32 use ``param_bytes=4, master_bytes=0``.
+    DeepSpeed fp32: ``param_bytes=4`` (it still clones an fp32 master); torch DDP fp32: also ``master_bytes=0``.
     """
     opt = (master_bytes + adam_bytes) * psi
     params = param_bytes * psi / (n if stage >= 3 else 1)
@@ -49,14 +35,7 @@ def formula_label(stage: int, param_bytes: int = 2, master_bytes: int = 4, adam_
 
 
 def state_bytes_per_element(strategy: str, precision: str) -> dict[str, int]:
-    """What each parameter costs in bytes for a strategy and precision (inputs to :func:`formula_bytes`).
-
-    - ecomkit DDP: fp32 weights (autocast computes in bf16 but stores fp32),
-      fp32 grads, torch AdamW's two fp32 moments, no separate master: 4+4+8.
-    - DeepSpeed in bf16/fp16: 2-byte weights and grads, fp32 master + moments: 2+2+12.
-    - DeepSpeed in fp32: 4-byte weights and grads, and the ZeRO optimizer still
-      clones its fp32 partition as a "master": 4+4+12.
-    """
+    """Bytes per parameter: DDP 4+4+8, DeepSpeed 2+2+12 (16-bit) or 4+4+12 (fp32)."""
     if strategy == "ddp":
         return {"param_bytes": 4, "master_bytes": 0, "adam_bytes": 8}
     return {"param_bytes": 4 if precision == "fp32" else 2, "master_bytes": 4, "adam_bytes": 8}
@@ -75,15 +54,8 @@ def extrapolate(psi: int, world_sizes: Iterable[int], stages: Iterable[int] = (0
             for n in world_sizes for s in stages]
 
 
-# ---------------------------------------------------------------------- DeepSpeed's estimators
 def deepspeed_estimates(psi: int, largest_layer: int, n_gpus: int, n_nodes: int = 1) -> dict[str, dict[str, int]]:
-    """DeepSpeed's own model-state estimators (the numbers its ``*_all_cold`` functions print), per GPU / CPU.
-
-    The printing ``estimate_zero{2,3}_model_states_mem_needs_all_cold`` call
-    these functions for each offload option; we call them directly to get the
-    numbers. Their assumptions differ from the paper's formulas (see
-    :data:`ESTIMATOR_NOTES`).
-    """
+    """DeepSpeed's own model-state estimators (the numbers its ``*_all_cold`` functions print), per GPU / CPU."""
     ensure_deepspeed_env()
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs  # lazy: heavy optional dependency
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs  # lazy: (same)
@@ -114,7 +86,6 @@ ESTIMATOR_NOTES = {
 }
 
 
-# ---------------------------------------------------------------------- the SeqGPT guide's table
 @dataclass(frozen=True)
 class GuideMemoryTable:
     """A guide's "DataParallel vs ZeRO-3" memory claim: per-GPU memory and the largest batch of each row."""
@@ -133,8 +104,7 @@ class GuideMemoryTable:
 # DeepSpeed ZeRO-3 16.8GB at batch 24 (the table's "最大可设batch" column).
 SEQGPT_GUIDE_TABLE = GuideMemoryTable(source="SeqGPT guide, section 4.4", model="seqgpt-560m", n_gpus=4,
                                       gpu_gb=40.0, dp_gb=38.2, dp_batch=12, z3_gb=16.8, z3_batch=24)
-# How close a prediction must come to a claimed figure to call the claim plausible: our prediction ignores
-# workspace, fragmentation and the framework's own buffers, each worth a few GB on a 40 GB GPU.
+# The prediction ignores workspace, fragmentation and framework buffers, each a few GB on a 40 GB GPU.
 PLAUSIBLE_WITHIN_GB = 5.0
 
 
@@ -142,13 +112,8 @@ def guide_plausibility(psi: int, largest_layer: int = 0,
                        table: GuideMemoryTable = SEQGPT_GUIDE_TABLE) -> dict[str, Any]:
     """Test a guide's DP-vs-ZeRO-3 memory table with the formulas and the guide's own DP row.
 
-    Everything the DP row holds beyond model states (16Ψ) is activations and
-    workspace, proportional to the batch. ZeRO-3 can remove model states (to
-    16Ψ/N, or to the largest layer's working set with full offload) but not
-    activations, so at the ZeRO-3 row's batch its memory is at least
-    ``z3_batch × activations per sample`` plus what it keeps. The claim is
-    plausible when that prediction fits the guide's GPU and lands within
-    :data:`PLAUSIBLE_WITHIN_GB` of the claimed figure.
+    The DP row beyond 16Ψ is activations, per sample; ZeRO-3 cannot remove those, so its row needs at least
+    ``z3_batch ×`` that. Plausible when the prediction fits the GPU and lands within :data:`PLAUSIBLE_WITHIN_GB`.
     """
     dp_states = formula_bytes(0, psi, 1)["total"] / GB
     act_per_sample = (table.dp_gb - dp_states) / table.dp_batch

@@ -1,11 +1,7 @@
 """Evaluate a saved model without training it: the run's evaluation, under any strategy, on the run's data.
 
-Why: "the metrics do not depend on the strategy" is a claim about the
-evaluation code, so it is checked on *one* set of weights. A model saved by a
-run (``<output-dir>/final``) is loaded by the strategy the config names (ZeRO-3
-partitions it under ``deepspeed.zero.Init``, FSDP2 shards it on the meta
-device), and the same held-out examples are scored as at the end of training:
-loss, candidate scoring and generation, with ``predictions.jsonl``.
+"The metrics do not depend on the strategy" is a claim about the evaluation code, so it is checked on one set of
+weights.
 """
 
 from __future__ import annotations
@@ -24,11 +20,7 @@ EVALUATION_FILE = "evaluation.json"
 
 
 def evaluate_in_session(cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
-    """Build the run (data, model from ``cfg.model``, strategy) and run its final evaluation once; no step is taken.
-
-    A model ecomkit saved records the prompt format it was trained with (``ecomkit_task.json``); the
-    evaluation prompts it in that format, and says so when the config asked for another.
-    """
+    """Build the run and run its final evaluation once, no step taken, in the prompt format the model was saved with."""
     info = read_task_file(cfg.model) if Path(cfg.model).is_dir() else None
     if info and info["prompt_format"] != cfg.prompt_format:
         if env.is_main:

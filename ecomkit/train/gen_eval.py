@@ -1,41 +1,11 @@
 """Evaluation by generation: decode held-out examples, parse the answers, score them against their baselines.
 
-The held-out :class:`~ecomkit.data.formats.TaskExample` list is the same on
-every rank. A periodic evaluation decodes its first ``n_samples``; the final
-one decodes every example (or ``final_samples`` of them), so the figures a run
-ends with rest on the whole eval file. Each data shard takes a contiguous,
-disjoint share (sizes differ by at most one, nothing dropped) and runs the same
-number of decoding batches (:func:`ecomkit.train.generate.decode_prompts`).
-The generated texts are gathered from the ranks with ``dist.gather_objects``
-(the one "gather from ranks"), one copy per data shard (TP/PP ranks of one
-shard decode the same share), so every rank then holds every answer in the
-order of the list and computes the same figures from it. Those answers are
-what ``predictions.jsonl`` records, so anyone can recompute every figure
-(:func:`scores_from_predictions` does, and a test holds it to the summary).
-
-Row keys (``metrics.jsonl`` eval rows and ``summary.json``), present when the
-decoded examples include that kind:
-
-- classification: ``gen_acc``, ``gen_macro_f1``, ``gen_majority_acc`` (the
-  majority-label baseline: each label set's most frequent *training* label,
-  recorded per row as ``majority``), ``gen_majority_labels`` (the labels that
-  baseline answered), ``gen_acc_margin_points``, ``gen_classify_n``;
-- extraction: ``gen_span_precision``/``recall``/``f1``, ``gen_strict_acc``,
-  ``gen_span_f1_per_label``, the dictionary baseline's ``dict_span_precision``/
-  ``recall``/``f1`` and ``dict_strict_acc``, ``gen_span_f1_margin_points``,
-  ``gen_extract_n``;
-- both: ``gen_decoded``, ``gen_prompts_cut``, ``gen_unknown_labels``,
-  ``gen_at_budget`` (answers that used every new token allowed without ending:
-  maybe cut short), ``gen_budget_advice`` (when more than :data:`BUDGET_ADVICE_SHARE` of the answers did, after
-  a training step: the lever that follows the cause, :func:`budget_advice`: train longer when the budget holds
-  ``gen_longest_train_answer``, else raise ``--gen-max-new-tokens``),
-  ``gen_invalid_text`` (answers holding U+FFFD, a byte-level piece cut inside a
-  character), ``gen_spans_not_in_input`` (predicted spans that are not
-  substrings of the input), ``gen_decode_s``, ``gen_examples_per_s`` (all
-  decoded examples / wall time of the decoding, the slowest rank's),
-  ``gen_decode_mode``, ``gen_max_new_tokens`` and ``gen_held_out`` (the examples there were to decode).
-  Each ``predictions.jsonl`` row carries its own ``at_budget``, ``invalid_text``
-  and ``spans_not_in_input``; scoring stays exact match.
+Each data shard decodes a disjoint share and every rank gathers all answers, so all compute the same figures; the
+answers go to ``predictions.jsonl``, from which :func:`scores_from_predictions` recomputes every figure. Row keys:
+classification ``gen_acc``, ``gen_macro_f1``, ``gen_majority_acc`` (training-majority baseline),
+``gen_acc_margin_points``; extraction ``gen_span_precision``/``recall``/``f1``, ``gen_strict_acc``, the dictionary
+baseline's ``dict_span_*``; both ``gen_decoded``, ``gen_at_budget`` (answers that used every new token without
+ending), ``gen_budget_advice``, ``gen_invalid_text`` (U+FFFD), ``gen_spans_not_in_input``, ``gen_examples_per_s``.
 """
 
 from __future__ import annotations
@@ -59,10 +29,8 @@ from ecomkit.train.task_metrics import (SpanDictionary, classification_scores, e
 
 PREDICTIONS_FILE = "predictions.jsonl"
 BUDGET_FLAG = "--gen-max-new-tokens"
-# The share of answers at the budget above which a run advises (train longer, or raise the budget): below it,
-# freeing every one of them moves no figure by a point at the largest rate of points regained per point freed
-# that bench_budget measured (ecomlab/derive/budget.py; tests/test_budget_advice.py holds it, rounded to a tenth
-# of a percent, to the newest artifact).
+# Share of answers at the budget above which a run advises: below it, freeing them moves no figure by a point
+# (derived from an artifact in ecomlab/derive/budget.py).
 BUDGET_ADVICE_SHARE = 0.013
 
 
@@ -87,8 +55,7 @@ class GenerationEvaluator:
                    dict(majorities or {}), final_samples, longest_answer)
 
     def decoded_examples(self, final: bool = False) -> list[TaskExample]:
-        """What one evaluation decodes: a periodic one ``n_samples``, the final one every example (or
-        ``final_samples``)."""
+        """What one evaluation decodes: ``n_samples`` periodically, every example (or ``final_samples``) at the end."""
         limit = (self.final_samples or len(self.examples)) if final else self.n_samples
         return list(self.examples[:limit])
 
@@ -97,8 +64,8 @@ class GenerationEvaluator:
                  bar: Any = None, untrained: bool = False) -> dict[str, Any]:
         """Every rank calls it (decoding and the gather are collectives); returns the row's ``gen_*`` fields.
 
-        ``bar``: a progress bar this rank's examples advance (the final evaluation's one bar); ``untrained``: no
-        step has been taken yet (the step-0 reference), so no advice on the answers' ends."""
+        ``untrained``: no step taken yet (the step-0 reference), so no advice on the answers' ends.
+        """
         chosen = self.decoded_examples(final)
         if not chosen:
             return {}
@@ -127,9 +94,9 @@ class GenerationEvaluator:
                     "gen_decode_mode": decode_mode(strategy), "gen_longest_train_answer": self.longest_answer or None})
         advice = None if untrained else budget_advice(out["gen_at_budget"], len(rows), self.settings.max_new_tokens,
                                                       self.longest_answer)
-        if advice:   # the advice that follows the cause: train longer, or raise the budget
+        if advice:
             out["gen_budget_advice"] = advice
-            if env.is_main:   # a warning for the figures the run ends with
+            if env.is_main:
                 (log.warning if final else log.info)(advice)
         if predictions_path is not None and env.is_main:
             write_predictions(predictions_path, rows)
@@ -137,11 +104,10 @@ class GenerationEvaluator:
 
 
 def budget_advice(at_budget: int, total: int, max_new_tokens: int, longest_answer: int | None) -> str | None:
-    """The line for answers that ran to the generation budget, with the lever that follows the cause; None when
-    they are no more than :data:`BUDGET_ADVICE_SHARE` of ``total`` (freeing them could not move a figure by a point).
+    """The line for answers that ran to the generation budget, with the lever that follows the cause.
 
-    ``longest_answer``: the longest training answer in tokens, EOS included (None: unknown). A budget that
-    holds it means the model has not learned to end its answers: training is the lever, not the budget.
+    None at or below :data:`BUDGET_ADVICE_SHARE`. A budget that holds the longest training answer means the model has
+    not learned to end its answers: training is the lever, not the budget.
     """
     if not total or at_budget / total <= BUDGET_ADVICE_SHARE:
         return None
@@ -155,8 +121,7 @@ def budget_advice(at_budget: int, total: int, max_new_tokens: int, longest_answe
 
 
 def budget_line(at_budget: int, total: int, max_new_tokens: int, flag: str) -> str:
-    """The one line that says how many answers stopped at the budget, and the flag that raises it when more than
-    :data:`BUDGET_ADVICE_SHARE` of them did."""
+    """How many answers stopped at the budget, and the flag that raises it above :data:`BUDGET_ADVICE_SHARE`."""
     head = f"{at_budget} of {total} generated answers stopped at the budget of {max_new_tokens} new tokens without ending"
     if total and at_budget / total > BUDGET_ADVICE_SHARE:
         return f"{head} (they may be cut short); raise it with {flag} N"
@@ -167,13 +132,7 @@ def budget_line(at_budget: int, total: int, max_new_tokens: int, flag: str) -> s
 def prediction_rows(fmt: str, examples: Sequence[TaskExample], generated: Sequence[str],
                     dictionary: SpanDictionary, majorities: Mapping[tuple[str, ...], str] | None = None,
                     at_budget: Sequence[bool] | None = None) -> list[dict[str, Any]]:
-    """One ``predictions.jsonl`` row per example: what was asked, answered, read, and what the baselines say.
-
-    ``majorities``: label set -> its training majority label (``task_metrics.training_majorities``), the
-    classification baseline's answer (``majority``); ``at_budget``: per answer, whether it used every new
-    token allowed without ending. Each row also counts its garbled parts (``invalid_text``, and for
-    extraction ``spans_not_in_input``).
-    """
+    """One ``predictions.jsonl`` row per example: what was asked, answered, read, and what the baselines say."""
     if len(examples) != len(generated):
         raise ValueError(f"{len(examples)} examples but {len(generated)} generated answers")
     at_budget = list(at_budget) if at_budget is not None else [False] * len(examples)
@@ -206,10 +165,10 @@ def scores_from_rows(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         golds = [r["gold"] for r in cls]
         got = classification_scores(golds, [r["predicted"] for r in cls])
         out.update(gen_acc=got["acc"], gen_macro_f1=got["macro_f1"], gen_classify_n=len(cls))
-        if all(r.get("majority") is not None for r in cls):   # the training majority each row records
+        if all(r.get("majority") is not None for r in cls):
             base = classification_scores(golds, [r["majority"] for r in cls])
             out.update(gen_majority_acc=base["acc"], gen_acc_margin_points=margin_points(got["acc"], base["acc"]),
-                       gen_majority_labels=sorted({r["majority"] for r in cls}))   # what that baseline answered
+                       gen_majority_labels=sorted({r["majority"] for r in cls}))
     ext = [r for r in rows if r["kind"] == KIND_EXTRACT]
     if ext:
         golds = [{tuple(s) for s in r["gold"]} for r in ext]
@@ -241,11 +200,8 @@ def scores_from_predictions(path: str | Path) -> dict[str, Any]:
 
 
 def evaluator_for_run(cfg: TrainConfig, report: Any) -> GenerationEvaluator | None:
-    """The run's evaluator: task ``nlu`` with held-out classify/extract examples and ``gen_eval_samples > 0``.
-
-    Its baselines learn from the training split (``report.train_spans``, ``report.train_label_counts``).
-    """
-    examples = report.eval_examples   # ecomkit.data.build: held-out TaskExamples, in the run's prompt format
+    """The run's evaluator: task ``nlu`` with held-out classify/extract examples and ``gen_eval_samples > 0``."""
+    examples = report.eval_examples
     if cfg.task != "nlu" or cfg.gen_eval_samples == 0:
         return None
     if not examples:

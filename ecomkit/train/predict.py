@@ -6,39 +6,11 @@
     python -m ecomkit.predict --model runs/mine/final --input new_reviews.csv --output answers.csv
     python -m ecomkit.predict --model runs/tasks/final --task extract --labels 品牌,颜色 "华为 Mate 60 雅川青 手机"
 
-The prompt is built and the answer parsed by the same functions evaluation
-uses (``ecomkit.data.formats.build_prompt`` / ``parse_answer``), and decoding
-is evaluation's (``ecomkit.train.generate``: batched, left-padded, greedy by
-default, the KV cache on).
-
-**What the run recorded is the default** (``final/ecomkit_task.json``): the
-prompt format, the targets it learned with their label sets, the sequence length
-prompts are cut to, the answer budget, and how it read its rows (``--column-map``,
-``--label-map``, ``--span-end``). Flags override each. Without ``--labels`` a
-model that learned several targets (category and sentiment) answers **every one**
-of them, one output row per target; ``--task`` keeps the targets of one kind,
-``--labels`` asks one set.
-
-``--input`` reads what ``--data`` reads (CSV, JSON Lines or a JSON array, Arrow, a
-``save_to_disk`` folder) with training's readers and row checks; each target reads
-the column training showed it (category: title, else review or text; sentiment:
-review, else text). The run's column-map keys that match no column of the file
-(its label columns, absent from new texts) are left out and said. A row may carry
-its own ``task`` and ``labels``. **Every row is in the output**: one that cannot
-be answered (no text, an unreadable line) gets an ``error`` with its line and why,
-and the count is printed. ``--output`` writes JSON Lines (``.jsonl``, ``.json``) or
-CSV (``.csv``): per row and target its ``location``, the ``input`` row, ``target``,
-``text`` (what the model read), ``generated``, the parsed ``label`` or ``spans``,
-``at_budget`` (every new token allowed used without ending), and, where the row
-carries that target's label, ``gold`` and ``correct``.
-
-**Scores.** Where rows carry their targets' labels, predict scores them as
-evaluation does (``train.gen_eval.prediction_rows`` / ``scores_from_rows``):
-accuracy and macro-F1, span F1, beside the majority baseline learned from the
-run's *training* labels (and the dictionary of its training spans) that the
-model folder records; a model folder without them gets the majority of the
-file's own labels, and the printout says which. Written beside ``--output`` as
-``<name>.scores.json``.
+Prompts, decoding and parsing are evaluation's. What the run recorded (``final/ecomkit_task.json``: prompt format,
+targets and label sets, sequence length, answer budget, column and label maps) is the default; flags override it.
+Without ``--labels`` every learned target is answered, one row each. Every input row is in the output; one that
+cannot be answered gets an ``error`` and is counted. Rows carrying labels are scored as evaluation scores them,
+beside the training majority baseline, into ``<name>.scores.json``.
 """
 
 from __future__ import annotations
@@ -74,7 +46,7 @@ from ecomkit.train.task_metrics import SpanDictionary, training_majorities
 
 NO_CUT = 1 << 30          # --seq-len when neither the flag nor the run says: prompts are not cut
 DEFAULT_NEW_TOKENS = 32   # --gen-max-new-tokens when neither the flag nor the run says
-TRAINING_BASELINE = "the run's training labels, as its model folder records"   # evaluation's majority baseline
+TRAINING_BASELINE = "the run's training labels, as its model folder records"
 FILE_BASELINE = "this file's own labels: the model folder records no training labels"
 
 
@@ -100,8 +72,7 @@ class Predictor:
 
     @torch.no_grad()
     def predict(self, examples: Sequence[TaskExample], progress: bool = False) -> list[dict[str, Any]]:
-        """Each example's ``generated`` text, its parsed ``label`` (classify) or ``spans`` (extract, by label in
-        prompt order) and ``at_budget`` (it used every new token allowed without ending)."""
+        """Each example's ``generated`` text, parsed ``label`` or ``spans`` and ``at_budget``."""
         prompts = [build_prompt(self.fmt, ex.kind, ex.text, ex.labels) for ex in examples]
         decoded = decode_prompts(self.strategy, self.tokenizer, prompts, self.env, self.settings, progress=progress)
         self.prompts_cut += decoded.cut
@@ -126,9 +97,7 @@ class Predictor:
 def score_items(items: Sequence[Item], recorded: Recorded, fmt: str) -> dict[str, dict[str, Any]]:
     """Per target, the figures evaluation computes, on the rows that carry that target's label.
 
-    The majority baseline answers each label set's most frequent *training* label, as evaluation's does, when
-    the model folder records the training labels; else the majority of this file's own labels (``baseline``
-    says which). The dictionary baseline needs the run's training spans, and is left out without them.
+    The majority baseline comes from the run's training labels when the folder records them, else from this file's.
     """
     dictionary = SpanDictionary.from_spans(recorded.train_spans) if recorded.train_spans is not None else None
     groups: dict[str, list[Item]] = {}

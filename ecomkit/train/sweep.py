@@ -1,26 +1,8 @@
 """Run N named variants of one :class:`~ecomkit.config.TrainConfig` in one launch: the one sweep driver.
 
-Why in one launch: on a small machine most of a short run is start-up
-(importing torch, transformers and DeepSpeed, joining a process group,
-building the data). Comparing variants needs the same data and seed anyway,
-so :func:`run_sweep` opens one process-group session and trains every variant
-in turn inside it, each in its own ``output_dir/<label>`` folder, re-seeded
-before each so every variant starts from the same weights and sees the same
-batches. The chapters differ only in their variants and extra callbacks:
-
-- chapter 03: ZeRO stages and offload (:mod:`ecomkit.parallel.zero.variants`,
-  driven by :func:`ecomlab.measure.zero.train_zero_variants`);
-- chapter 05: compression methods (:mod:`ecomkit.parallel.compression.specs`,
-  driven by :func:`ecomlab.measure.compression.train_methods`);
-- chapter 06: model states under every strategy
-  (:func:`ecomlab.measure.strategy_states.measure_strategy_states`).
-
-Every variant gets the callbacks a single run gets
-(:func:`~ecomkit.train.loop.run_callbacks`: checkpoints, resume, health
-monitor, ``--dcp-dir``) plus the sweep's own. Why not call ``run_training`` per variant: it destroys the
-process group at the end, and a second ``init_process_group`` under torchrun
-reuses the agent's store, whose keys from the first session point at closed
-sockets ("Connection closed by peer").
+Most of a short run is start-up, so one process-group session trains every variant in turn, re-seeded so each
+starts from the same weights and batches. Not ``run_training`` per variant: a second ``init_process_group`` under
+torchrun reuses the agent's store, whose old keys point at closed sockets.
 """
 
 from __future__ import annotations
@@ -81,10 +63,7 @@ def run_sweep(base: TrainConfig, variants: Sequence[V], callbacks: Callable[[V, 
               = no_extra_callbacks, subdirs: bool = True) -> list[dict[str, Any]]:
     """Train each variant in turn inside ONE process-group session; summaries in variant order, on every rank.
 
-    ``callbacks(variant, cfg)`` returns the variant's extra callbacks (a
-    memory probe, a byte counter); callbacks that add fields to the summary
-    do it in ``on_train_end``. Every config is validated before the session
-    opens, so a bad variant fails before any of them trains.
+    ``callbacks(variant, cfg)`` gives a variant's extra callbacks. Every config is validated before the session opens.
     """
     configs = variant_configs(base, variants, subdirs)
     for cfg in configs:
@@ -94,5 +73,5 @@ def run_sweep(base: TrainConfig, variants: Sequence[V], callbacks: Callable[[V, 
         for variant, cfg in zip(variants, configs):
             seed_everything(cfg.seed, env.rank)
             summaries.append(train_in_session(cfg, env, run_callbacks(cfg, callbacks(variant, cfg))))
-            gc.collect()  # the previous variant's model and optimizer go before the next one is built
+            gc.collect()
     return summaries

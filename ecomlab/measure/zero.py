@@ -32,6 +32,7 @@ from ecomkit.parallel.zero.variants import parse_variants
 from ecomkit.planner.zero_formulas import (formula_bytes, formula_label, state_bytes_per_element,
                                            zero3_padding_elements)
 from ecomkit.train.sweep import AsConfigured, Variant, run_sweep
+from ecomlab.measure.run_comparisons import max_relative_loss_difference
 
 
 # ---------------------------------------------------------------------- the probe callback
@@ -143,20 +144,6 @@ def model_states_line(summary: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------- comparison tables
-def max_relative_loss_difference(rows: Sequence[dict[str, Any]], reference: Sequence[dict[str, Any]]) -> float:
-    """Largest ``|loss − reference loss| / reference loss`` over the training steps both runs logged.
-
-    Chapter 03's check that ZeRO trains what DDP trains: in fp32 only the
-    order of the reductions differs, so this is float rounding (~1e-8).
-    """
-    mine = {r["step"]: r["loss"] for r in rows if r.get("type") == "train"}
-    ref = {r["step"]: r["loss"] for r in reference if r.get("type") == "train"}
-    steps = sorted(mine.keys() & ref.keys())
-    if not steps:
-        raise ValueError("the two runs share no logged training step")
-    return max(abs(mine[k] - ref[k]) / abs(ref[k]) for k in steps)
-
-
 # Stated tolerances of "ZeRO trains what DDP trains" (relative, per logged step). fp32: only the reduction
 # order differs (observed ~1e-8). Optimizer offload: DeepSpeedCPUAdam's own arithmetic (~1e-6). bf16:
 # DeepSpeed keeps bf16 weights while DDP keeps fp32 weights under autocast (observed ~1e-4).

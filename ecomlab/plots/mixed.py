@@ -93,10 +93,10 @@ def plot_comm_per_step(rows: Mapping[str, Mapping[str, Any]], key: str = "comm_w
 
 def format_decision_table(rows: Iterable[Mapping[str, Any]]) -> str:
     """Text table of :func:`ecomkit.planner.layouts.decision_table` rows, the picked layout marked with ←."""
-    lines = [f"{'model':<12} {'GPUs':>4}  {'layout':<18} {'states GB':>9} {'activ. GB':>9} {'total GB':>8} "
+    lines = [f"{'model':<12} {'GPUs':>4}  {'layout':<24} {'states GB':>9} {'activ. GB':>9} {'total GB':>8} "
              f"{'fits':>5} {'sent GB/step':>12}"]
     for r in rows:
-        lines.append(f"{r['model']:<12} {r['gpus']:>4}  {r['layout']:<18} {r['state_gb']:>9.1f} "
+        lines.append(f"{r['model']:<12} {r['gpus']:>4}  {r['layout']:<24} {r['state_gb']:>9.1f} "
                      f"{r['activation_gb']:>9.1f} {r['total_gb']:>8.1f} {'yes' if r['fits'] else 'no':>5} "
                      f"{r['comm_gb_per_step']:>12.2f}" + ("  ← pick" if r["pick"] else ""))
     return "\n".join(lines)
@@ -108,12 +108,12 @@ def memory_vs_formula(layout: Mapping[str, Any], vocab_size: int, model: str = "
     The planner (``ecomkit.planner.memory``, chapter 06) derives each rank's
     parameters from the model's exact shapes, this chapter's TP plan and
     pipeline split, and FSDP2's ``torch.chunk`` sharding, at 4 + 4 + 8 bytes per
-    parameter (fp32 weights, gradients, two AdamW moments). The pipeline here
-    replicates its dp replicas (gradients all-reduced), so it is planned as DDP.
+    parameter (fp32 weights, gradients, two AdamW moments). Every layout's dp
+    replicas shard with FSDP2, a pipeline's stages too.
     """
     dims = layout["dims"]
     shape = model_shape(model, vocab_size)
-    strategy = "ddp" if dims["pp"] > 1 or dims["dp"] == 1 else ("tp" if dims["tp"] > 1 else "fsdp2")
+    strategy = "ddp" if dims["dp"] == 1 else "fsdp2"   # dp = 1: nothing to shard
     inp = PlanInput(model=model, world_size=dims["world_size"], strategy=strategy, tp=dims["tp"], pp=dims["pp"],
                     precision="fp32", vocab_size=vocab_size)
     rows = []

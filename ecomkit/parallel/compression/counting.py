@@ -1,20 +1,7 @@
 """Count the bytes a DDP communication hook hands to collectives (chapter 05).
 
-Why a wrapper around the process group: DDP's own all-reduce runs in C++ and
-reports nothing, and torch's built-in hooks (fp16, bf16, PowerSGD) call
-``dist.all_reduce(tensor, group=...)`` from inside torch, some of them from
-future callbacks that run after the hook has returned (PowerSGD's Q matrices).
-``dist.all_reduce`` and ``dist.all_gather`` end in ``group.allreduce(...)`` /
-``group.allgather(...)``, so a group object that counts the tensors it is given
-and forwards the call to the real group sees every collective a hook issues,
-whoever issues it, and nothing else. Every hook in
-:mod:`ecomkit.parallel.compression.hooks` gets a :class:`CountingProcessGroup`.
-
-What is counted is the *payload* each rank contributes: the input tensor of an
-all-reduce, the input tensor of an all-gather. Wire traffic depends on the
-algorithm: a ring all-reduce moves ``2 (N-1)/N`` × payload per rank, an
-all-gather ``(N-1)`` × payload; :meth:`ByteCounter.wire_estimate` gives that
-figure. With two ranks the two coincide.
+A process-group wrapper sees every collective a hook issues, even torch's own hooks from future callbacks. It counts
+each rank's payload; :meth:`ByteCounter.wire_estimate` converts to ring traffic.
 """
 
 from __future__ import annotations
@@ -27,16 +14,11 @@ import torch.distributed as dist
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes of one tensor's data (``numel × element size``)."""
     return t.numel() * t.element_size()
 
 
 class ByteCounter:
-    """Thread-safe running totals, popped once per optimizer step.
-
-    Hook callbacks may run on a gloo worker thread while the training thread
-    reads the totals, hence the lock.
-    """
+    """Thread-safe running totals, popped once per optimizer step (hook callbacks may run on gloo threads)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -86,13 +68,7 @@ class ByteCounter:
 
 
 class CountingProcessGroup:
-    """A stand-in for a ``ProcessGroup`` that counts ``allreduce``/``allgather`` payloads.
-
-    Everything else (``size()``, ``rank()``, other collectives) is forwarded
-    unchanged, so it can be passed as ``group=`` to ``torch.distributed``
-    collectives and as ``process_group`` to torch's DDP hooks and
-    ``PowerSGDState``.
-    """
+    """A ``ProcessGroup`` stand-in that counts ``allreduce``/``allgather`` payloads and forwards everything else."""
 
     def __init__(self, group: dist.ProcessGroup | None, counter: ByteCounter):
         self._group = group if group is not None else dist.group.WORLD

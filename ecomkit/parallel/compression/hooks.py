@@ -1,39 +1,12 @@
 """Gradient compression as DDP communication hooks, with the bytes each one sends (chapter 05).
 
-DDP calls a *communication hook* once per gradient bucket, as soon as the
-bucket's gradients are ready during backward; the hook decides what to send
-and returns a future with the averaged bucket. That is the one place where
-compression belongs: DDP still overlaps communication with backward, and
-still waits for every bucket before ``optimizer.step()``.
-
-=============  ==============================================  ==========================
-method         what is sent per bucket                          bytes vs fp32 all-reduce
-=============  ==============================================  ==========================
-``none``       the fp32 bucket (all-reduce)                     1
-``fp16``       the bucket cast to fp16 (torch's hook)           1/2
-``bf16``       the bucket cast to bf16 (torch's hook, wrapped)  1/2
-``powersgd``   P (n×r) and Q (m×r) per matrix + 1-D tensors     ≈ r(n+m)/(nm) for the matrices
-``topk``       k values + k int32 indices (all_gather), with    2 × ratio
-               error feedback
-``topk_naive`` the guide's recipe: top-k kept, rest zeroed,     1 (nothing saved)
-               the DENSE bucket all-reduced, no error feedback
-=============  ==============================================  ==========================
-
-Every hook talks to a :class:`~ecomkit.parallel.compression.counting.CountingProcessGroup`,
-so the bytes are counted where they are handed to a collective, including
-inside torch's own hooks; ``none`` also runs as a hook so the baseline is
-measured the same way. :meth:`CompressionHook.pop_step_stats` turns the counts
-into fields of the step's metrics row (``comm_bytes``, ``comm_bytes_dense``,
-``compression_ratio``, ...). With gradient accumulation DDP only communicates
-on the last micro-step (``no_sync`` on the others), so the counts are per
-optimizer step.
-
-With one process there is no DDP and nothing to communicate: compression is
-a no-op (a warning says so) and the rows report ``comm_bytes = 0``.
+A hook runs per gradient bucket during backward, so DDP still overlaps communication. Sent per bucket, vs fp32:
+``none`` 1 · ``fp16``/``bf16`` 1/2 · ``powersgd`` ≈ r(n+m)/(nm) · ``topk`` 2 × ratio (values + indices, all-gather,
+error feedback) · ``topk_naive`` 1 (the guide's recipe: dense bucket, no error feedback). Bytes are counted where
+they reach a collective, per optimizer step; with one process nothing is sent.
 """
 
-# No ``from __future__ import annotations``: DDP checks a hook's ``bucket``
-# annotation against dist.GradBucket at registration, and a string fails.
+# No ``from __future__ import annotations``: DDP checks the hook's ``bucket`` annotation, and a string fails.
 
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -51,14 +24,10 @@ from ecomkit.parallel.compression.counting import ByteCounter, CountingProcessGr
 from ecomkit.parallel.compression.topk import TopKState, topk_hook, topk_naive_hook
 
 
-# ---------------------------------------------------------------------- hooks
 def bf16_hook_any_backend(process_group, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """torch's ``bf16_compress_hook`` under another name.
 
-    DDP refuses a hook *named* ``bf16_compress_hook`` unless CUDA + NCCL >= 2.10
-    are present, although gloo reduces bf16 fine.
-    Calling it from a function with a different name passes that check and
-    runs exactly the same code.
+    DDP refuses a hook *named* ``bf16_compress_hook`` without CUDA + NCCL, although gloo reduces bf16 fine.
     """
     return default_hooks.bf16_compress_hook(process_group, bucket)
 
@@ -67,14 +36,7 @@ def powersgd_hook_one_bucket_at_a_time(state: PowerSGDState, bucket: dist.GradBu
                                        ) -> torch.futures.Future[torch.Tensor]:
     """torch's ``powerSGD_hook``, run to completion before the hook returns (used on gloo).
 
-    PowerSGD chains three all-reduces per bucket (1-D tensors, then P, then Q)
-    and issues the second and third from future callbacks, blocking on them
-    there. On gloo those callbacks run on the process group's worker threads;
-    with two or more buckets in flight the ranks deadlock at the first
-    compressed step (checked: torch 2.13, gloo, 2 processes, 2 buckets, with or
-    without our byte counting; one bucket works). Finishing each bucket
-    inside the hook keeps one bucket in flight, at the price of not
-    overlapping PowerSGD's communication with the rest of backward.
+    Its chained all-reduces block on gloo worker threads, and two buckets in flight deadlock the ranks.
     """
     result = powerSGD_hook(state, bucket).wait()
     done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
@@ -115,7 +77,6 @@ def count_dense_then(hook: Callable, counter: ByteCounter) -> Callable:
     return counted_comm_hook
 
 
-# ---------------------------------------------------------------------- registration
 @dataclass
 class CompressionHook:
     """The registered hook's state and byte counter; the strategy pops its stats after each step."""
@@ -144,9 +105,7 @@ def register_compression(ddp_model: torch.nn.Module, comp: "CompressionConfig", 
                          ) -> "CompressionHook | InactiveCompression":
     """Register ``comp.method`` as ``ddp_model``'s communication hook; must run before the first backward.
 
-    ``method == "none"`` registers a counting fp32 all-reduce (torch's
-    ``allreduce_hook``, numerically what DDP does without a hook), so the
-    baseline's bytes are measured rather than assumed.
+    ``none`` registers a counting fp32 all-reduce, so the baseline's bytes are measured rather than assumed.
     """
     if not isinstance(ddp_model, DistributedDataParallel):
         if comp.method != "none":

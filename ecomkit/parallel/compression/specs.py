@@ -1,15 +1,7 @@
 """Chapter 05's method specs: one short string per compression set-up (``--methods`` in scripts/05).
 
-::
-
-    none | plain | fp16 | bf16 | powersgd[:RANK][:noef] | topk[:RATIO][:noef] | topk_naive[:RATIO]
-
-``none`` is an fp32 all-reduce run as a counting hook (the measured
-baseline); ``plain`` is DDP's built-in C++ all-reduce with no hook at all
-(bytes not counted), used to check that the hooks change nothing they
-should not. Top-K and PowerSGD use error feedback unless the spec ends in
-``:noef``. A :class:`MethodSpec` is a variant of the sweep driver
-(:func:`ecomkit.train.sweep.run_sweep`): its label names the output folder.
+``none`` is a counting fp32 all-reduce hook (the baseline); ``plain`` is DDP with no hook, to check the hooks change
+nothing. Each :class:`MethodSpec` is a variant of :func:`ecomkit.train.sweep.run_sweep`; its label names the folder.
 """
 
 from __future__ import annotations
@@ -46,7 +38,6 @@ class MethodSpec:
 
     @property
     def title(self) -> str:
-        """Readable name for plots and tables."""
         if self.method == "powersgd":
             name = f"PowerSGD r={self.rank}" if self.rank else "PowerSGD"
             return name + ("" if self.error_feedback else " no EF")
@@ -58,7 +49,6 @@ class MethodSpec:
         return {"none": "none (fp32)", "plain": "plain DDP (no hook)"}.get(self.method, self.method)
 
     def apply(self, base: TrainConfig) -> TrainConfig:
-        """A copy of ``base`` with this method set."""
         cfg = copy.deepcopy(base)
         comp = cfg.compression
         comp.method = "none" if self.method == "plain" else self.method

@@ -1,36 +1,11 @@
 """Top-K gradient sparsification as DDP communication hooks: the right way and the guide's way.
 
-The EcomGPT guide (section 3.2) keeps the 25 % largest entries of each
-gradient, zeroes the rest, and synchronises the result. Two things go wrong:
-
-1. The zeroed tensor is still dense. An all-reduce sends every element,
-   zeros included, so the bytes on the wire do not change at all.
-2. The 75 % that was zeroed is simply lost. Small gradient entries never
-   reach the model, and the update is biased towards the large ones.
-
-:func:`topk_hook` fixes both. Each rank sends only its ``k`` values and their
-int32 positions (an ``all_gather``: ranks pick different positions, so the
-sparse sets cannot be summed element-wise by an all-reduce), and the part it
-did not send is kept as a residual and added to the next step's gradient
-(*error feedback*, Seide et al. 2014; Stich et al. 2018). Nothing is lost,
-only delayed. :func:`topk_naive_hook` is the guide's recipe, kept as the
-baseline the notebook measures against.
-
-Delayed is not free, especially under AdamW: at 1 % an entry waits until its
-accumulated residual is among the largest, then arrives as one burst. SGD
-moves the weight by the burst's full mass (later); Adam normalises each step
-by the gradient's running RMS, so one burst moves it less than the same mass
-spread over many steps. The eval-loss gap to dense is therefore large early
-in a run and closes slowly; ``benchmarks/bench_compression.py`` prints it
-along the run.
-
-Bytes: a kept element costs a 4-byte value plus a 4-byte index, so Top-K at a
-ratio ``r`` sends ``8 r / 4 = 2 r`` of the dense fp32 bytes. At 25 % that is a
-50 % cut, not 75 %; at 1 % it is 50× fewer bytes.
+The guide zeroes all but the top 25 % and all-reduces the still-dense tensor: no bytes saved, and the zeroed mass is
+lost. :func:`topk_hook` all-gathers only ``k`` values and int32 indices (``2 r`` of the fp32 bytes at ratio ``r``)
+and keeps the rest as a residual for the next step (error feedback). :func:`topk_naive_hook` is the guide's recipe.
 """
 
-# No ``from __future__ import annotations`` here: DDP's register_comm_hook checks
-# that a hook's ``bucket`` annotation *is* dist.GradBucket, and a string is not.
+# No ``from __future__ import annotations``: DDP checks the hook's ``bucket`` annotation, and a string fails.
 
 import math
 from dataclasses import dataclass, field
@@ -42,20 +17,15 @@ import torch.distributed as dist
 from ecomkit.parallel.compression.counting import CountingProcessGroup
 
 
-# ---------------------------------------------------------------------- pure functions
 def topk_count(numel: int, ratio: float) -> int:
     """Elements kept out of ``numel``: ``ceil(ratio × numel)``, at least 1 (ratio 1.0 keeps all)."""
     return max(1, min(numel, math.ceil(ratio * numel)))
 
 
 def select_topk(accumulated: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Split a flat tensor into what is sent and what stays behind.
+    """Split a flat tensor into ``(values, indices, residual)``: the ``k`` largest by magnitude and the rest.
 
-    Returns ``(values, indices, residual)``: the ``k`` entries of largest
-    magnitude with their positions, and ``residual``, equal to
-    ``accumulated`` with those positions set to zero. By construction
-    ``residual + scatter(values at indices) == accumulated`` exactly: every
-    element is either sent or kept, never both, never neither.
+    ``residual + scatter(values at indices) == accumulated`` exactly: every element is sent or kept, never both.
     """
     indices = torch.topk(accumulated.abs(), k, sorted=False).indices
     values = accumulated[indices]
@@ -79,11 +49,7 @@ def error_feedback_step(grad: torch.Tensor, residual: torch.Tensor | None, ratio
 
 
 def pack_message(values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """Values and int32 indices in ONE fp32 tensor (indices bit-cast, not converted): one collective, not two.
-
-    The bit-cast is lossless because all_gather copies bytes and never does
-    arithmetic on them.
-    """
+    """Values and int32 indices in ONE fp32 tensor (indices bit-cast, lossless): one collective, not two."""
     return torch.cat([values.float(), indices.to(torch.int32).view(torch.float32)])
 
 
@@ -91,16 +57,11 @@ def unpack_message(message: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
     return message[:k], message[k:].contiguous().view(torch.int32).long()
 
 
-# ---------------------------------------------------------------------- hook state
 @dataclass
 class TopKState:
-    """What the Top-K hook keeps between steps.
+    """What the Top-K hook keeps between steps: the error-feedback residual, per parameter.
 
-    The residual is the error-feedback memory of each bucket. It is stored per
-    parameter (``residuals[param]`` is that parameter's slice) and re-assembled
-    per bucket at every step, because DDP rebuilds its buckets after the first
-    backward pass: a flat residual keyed by bucket index would be added to the
-    wrong parameters from step 2 on.
+    Stored per parameter, not per bucket, because DDP rebuilds its buckets after the first backward.
     """
 
     group: CountingProcessGroup
@@ -136,15 +97,10 @@ def bucket_layout(bucket: dist.GradBucket) -> list[tuple[Any, int, int]]:
     return [(p, g.storage_offset() - base, g.numel()) for p, g in zip(params, grads)]
 
 
-# ---------------------------------------------------------------------- hooks
 def topk_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Sparse Top-K with error feedback: all_gather (values, int32 indices), sum, average.
 
-    Each rank keeps the ``ratio`` largest entries of (gradient + residual),
-    gathers every rank's sparse message, adds them into a dense tensor and
-    divides by the world size, so with ``ratio=1.0`` the result is DDP's
-    average: bit for bit with two ranks (tested), up to floating-point
-    summation order with more.
+    With ``ratio=1.0`` the result is DDP's average (bit for bit with two ranks).
     """
     buf = bucket.buffer()
     if buf.numel() >= 2**31:
@@ -179,10 +135,9 @@ def sparsify_each_parameter_(bucket: dist.GradBucket, ratio: float) -> None:
 
 
 def topk_naive_hook(state: TopKState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """NAIVE BASELINE (the EcomGPT guide's Top-K): zero all but the top-k, all-reduce the DENSE buffer.
+    """NAIVE BASELINE (the guide's Top-K): zero all but the top-k, all-reduce the DENSE buffer.
 
-    It sends exactly as many bytes as no compression at all, and drops the
-    zeroed mass for good (no error feedback). Kept to be measured, not used.
+    It sends as many bytes as no compression and drops the zeroed mass; kept to be measured, not used.
     """
     buf = bucket.buffer()
     sparsify_each_parameter_(bucket, state.ratio)

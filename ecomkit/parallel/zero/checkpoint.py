@@ -1,18 +1,7 @@
 """ZeRO checkpoints: sharded save / resume with the engine, and consolidation into one HF directory.
 
-Two different things are called "checkpoint" here, on purpose kept apart:
-
-- **Sharded engine checkpoints** (``engine.save_checkpoint``): every rank
-  writes its own partition of the optimizer states (and, for ZeRO-3, of the
-  parameters). Fast, and the only way to resume *exactly*: fp32 masters,
-  Adam moments, lr-scheduler position. :class:`ZeroCheckpointCallback` also
-  stores the loop's step, epoch and batch-sampler position as client state,
-  so a resumed run's next loss is identical to the uninterrupted run's.
-- **A consolidated model** (:func:`consolidated_save_pretrained`): the fp32
-  weights gathered from all partitions and written as a normal Hugging Face
-  ``save_pretrained`` directory (safetensors) that ``from_pretrained`` loads
-  with no DeepSpeed installed. An existing sharded checkpoint can be converted
-  offline with :func:`consolidate_checkpoint` (DeepSpeed's ``zero_to_fp32``).
+Sharded engine checkpoints are the only exact resume (fp32 masters, Adam moments, schedule, data position); a
+consolidated ``save_pretrained`` folder loads without DeepSpeed.
 """
 
 from __future__ import annotations
@@ -38,10 +27,7 @@ EMBEDDING_KEY = "transformer.word_embeddings.weight"   # BLOOM's input embedding
 def consolidated_save_pretrained(config: Any, state_dict: dict[str, torch.Tensor], out_dir: str | os.PathLike) -> None:
     """Write ``state_dict`` as a ``save_pretrained`` directory, building the model on the meta device.
 
-    Why a fresh model: under ZeRO-3 the training model's parameters are empty
-    placeholders (the data lives in partitions), so saving *it* would write
-    nothing useful. Building the architecture on ``meta`` costs no memory and
-    ``assign=True`` adopts the gathered tensors without a copy.
+    Under ZeRO-3 the training model's parameters are empty placeholders, so a fresh meta model adopts the gathered ones.
     """
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
@@ -71,9 +57,7 @@ def fp32_state_dict(ckpt_dir: str | os.PathLike, tag: str | None = None) -> dict
 def consolidate_run(cfg: TrainConfig, out_dir: str | os.PathLike) -> tuple[Path, str]:
     """``--consolidate-to DIR``: merge the checkpoint named by ``--zero-resume-from`` into ``DIR``; (ckpt dir, tag).
 
-    The architecture is ``cfg.model``'s (:func:`~ecomkit.models.bloom.model_config`),
-    sized by the checkpoint's own embedding: a toy preset's vocabulary comes
-    from the tokenizer the run used, and the checkpoint is the record of it.
+    The vocabulary size comes from the checkpoint's embedding, the record of the tokenizer the run used.
     """
     if not cfg.zero.resume_from:
         raise ConfigError("--consolidate-to needs --zero-resume-from DIR (the sharded checkpoint to merge).")
@@ -93,11 +77,7 @@ def latest_tag(ckpt_dir: str | os.PathLike) -> str | None:
 def restart_resume_dir(ckpt_dir: str | os.PathLike, allowed: bool = True) -> str | None:
     """``ckpt_dir`` when torchrun restarted this launch's workers and the attempt before left a checkpoint there.
 
-    Why only on a restart: a rank that dies (``--fail-at-step``, a crash, the OOM killer) leaves no preemption
-    record, and torchrun's ``--max-restarts`` starts every worker again from step 0. The sharded checkpoints
-    of ``--zero-checkpoint-interval`` are this launch's own, so the restart continues from the newest one
-    (DeepSpeed writes ``latest`` only after a save completed), as the DCP checkpoints of the other
-    strategies do. A first attempt never resumes by itself: a rerun of a finished run starts fresh.
+    A first attempt never resumes by itself: a rerun of a finished run starts fresh.
     """
     return str(ckpt_dir) if allowed and restart_attempt() > 0 and latest_tag(ckpt_dir) else None
 
@@ -105,11 +85,7 @@ def restart_resume_dir(ckpt_dir: str | os.PathLike, allowed: bool = True) -> str
 class ZeroCheckpointCallback:
     """Save a sharded checkpoint every ``interval`` steps; optionally resume from one at start.
 
-    The client state holds what the engine does not know: the loop's step and
-    epoch and the sampler's position (``run.sampler.state_dict()``). Resuming
-    restores the engine first (weights, optimizer partitions, lr schedule),
-    then those, so the next micro-batches are the ones the uninterrupted run
-    would have seen.
+    The client state holds what the engine does not know: the loop's step, epoch and the sampler's position.
     """
 
     def __init__(self, ckpt_dir: str | os.PathLike, interval: int = 0, resume_from: str | None = None):

@@ -1,22 +1,8 @@
 """DeepSpeed configs generated from :class:`~ecomkit.config.TrainConfig`, and checks of user-supplied ones.
 
-Why generate: the DeepSpeed JSON files passed around in tutorials (the
-SeqGPT guide's included) are full of ``"auto"`` placeholders that only Hugging
-Face's Trainer knows how to fill in, and whose batch sizes silently disagree
-with the launch command. Here every value is computed from the same
-``TrainConfig`` the training loop uses, so batch arithmetic
-(``train_batch_size = micro_batch × grad_accum × world_size``), clipping,
-precision and bucket sizes cannot drift apart. The result is a plain dict:
-saved next to each run as ``ds_config.json``, printable with
-``--print-ds-config``, and accepted as is by ``deepspeed.initialize`` and by
-``TrainingArguments(deepspeed=...)``.
-
-A user JSON (``--zero-user-config``) is merged on top after validation.
-``TrainConfig.validate`` has already checked it as plain JSON (readable, batch
-sizes that agree with the launch); what needs DeepSpeed installed is checked
-here: unknown top-level or ``zero_optimization`` keys (compared with the keys
-DeepSpeed itself reads), keys of removed features and ``"auto"`` values fail
-with a :class:`~ecomkit.errors.ConfigError` instead of being ignored.
+Every value comes from the config the loop uses, so batch sizes, clipping and precision cannot drift from the launch
+(tutorial JSONs' ``"auto"`` values only HF Trainer fills). A ``--zero-user-config`` is merged on top after its unknown,
+removed and ``"auto"`` keys are refused.
 """
 
 from __future__ import annotations
@@ -40,26 +26,18 @@ from ecomkit.parallel.zero.env import ensure_deepspeed_env
 EXTRA_TOP_LEVEL_KEYS = frozenset({"sequence_parallel_size"})
 
 
-# ---------------------------------------------------------------------- generation
 def precision_section(precision: str) -> dict[str, Any]:
     """bf16 needs no loss scaling (fp32's exponent range); fp16 gets dynamic loss scaling."""
     if precision == "bf16":
         return {"bf16": {"enabled": True}}
     if precision == "fp16":
-        # loss_scale 0 = dynamic; start at 2^16, halve on overflow, double after 1000 clean steps
         return {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
                          "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}}
-    return {}  # fp32: DeepSpeed still keeps an fp32 master partition inside the ZeRO optimizer
+    return {}
 
 
 def bucket_elements(cfg: TrainConfig, n_params: int | None) -> int:
-    """``zero.bucket_size``, capped at the model size.
-
-    DeepSpeed allocates its reduce bucket at full size up front (ZeRO-3: an
-    fp32 buffer of ``reduce_bucket_size`` elements, 200 MB for 5e7), so a
-    bucket larger than the model only wastes memory: one bucket already holds
-    every gradient.
-    """
+    """``zero.bucket_size``, capped at the model size (DeepSpeed allocates the full bucket up front)."""
     if n_params is None:
         return cfg.zero.bucket_size
     return max(1, min(cfg.zero.bucket_size, n_params))
@@ -95,29 +73,21 @@ def zero_section(cfg: TrainConfig, pin_memory: bool, n_params: int | None = None
 
 def build_zero_config(cfg: TrainConfig, world_size: int, grad_accum: int,
                       n_params: int | None = None) -> dict[str, Any]:
-    """The complete DeepSpeed config of a run: no ``"auto"``, batch sizes consistent by construction.
-
-    ``cfg`` is a validated config (``TrainConfig.validate``: stage, offload
-    combinations, the user JSON's batch sizes). ``n_params`` (Ψ, when known)
-    caps the bucket sizes at the model size.
-    """
+    """The complete DeepSpeed config of a run: no ``"auto"``, batch sizes consistent by construction."""
     ds: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
         "gradient_accumulation_steps": grad_accum,
         "train_batch_size": cfg.micro_batch_size * grad_accum * world_size,
         "gradient_clipping": float(cfg.max_grad_norm),   # 0.0 disables clipping
         "zero_optimization": zero_section(cfg, pin_memory=torch.cuda.is_available(), n_params=n_params),
-        # the optimizer is built by ecomkit (torch AdamW or DeepSpeedCPUAdam) and passed in
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 1_000_000_000,                # ecomkit logs every step itself
         "wall_clock_breakdown": False,
         **precision_section(cfg.precision),
     }
     if cfg.zero.offload_optimizer:
-        # lets a torch optimizer run on the offloaded partitions when CPU Adam cannot be built
         ds["zero_force_ds_cpu_optimizer"] = False
     if cfg.zero.activation_checkpointing:
-        # configures deepspeed.checkpointing, which ZeroStrategy hands to the model's checkpointed blocks
         ds["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False,
                                           "cpu_checkpointing": False, "synchronize_checkpoint_boundary": False}
     if cfg.zero.user_config:
@@ -134,11 +104,7 @@ def launch_world_size() -> int:
 
 def zero_config_for_launch(cfg: TrainConfig, world_size: int | None = None,
                            n_params: int | None = None) -> dict[str, Any]:
-    """The DeepSpeed config this launch (``world_size`` processes, default :func:`launch_world_size`) will use.
-
-    What ``--print-ds-config`` prints and what a script builds before any
-    process group exists, so a bad ``--zero-user-config`` fails at once.
-    """
+    """The DeepSpeed config this launch will use, built before any process group (``--print-ds-config``)."""
     world = world_size or launch_world_size()
     return build_zero_config(cfg, world, cfg.resolve_grad_accum(world), n_params=n_params)
 
@@ -146,9 +112,7 @@ def zero_config_for_launch(cfg: TrainConfig, world_size: int | None = None,
 def trainer_zero_config(cfg: TrainConfig) -> dict[str, Any]:
     """The DeepSpeed dict for ``TrainingArguments(deepspeed=...)``, saved as ``<output_dir>/ds_config.json``.
 
-    Buckets are capped by the preset's Ψ when ``cfg.model`` is a preset (an
-    upper bound for toy presets, whose vocabulary comes from the tokenizer);
-    Trainer builds the engine itself, so there is no model to count here.
+    Buckets are capped by the preset's Ψ, since Trainer builds the engine and there is no model to count here.
     """
     psi = preset_parameter_count(cfg.model) if cfg.model in PRESETS else None
     ds = zero_config_for_launch(cfg, n_params=psi)
@@ -157,8 +121,7 @@ def trainer_zero_config(cfg: TrainConfig) -> dict[str, Any]:
     return ds
 
 
-# Keys Hugging Face's Trainer fills in from its TrainingArguments when they say "auto"
-# (transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig.trainer_config_process / _finalize).
+# Keys HF Trainer fills in from its TrainingArguments when they say "auto".
 TRAINER_AUTO_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping")
 TRAINER_AUTO_ZERO_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size")
 
@@ -166,15 +129,8 @@ TRAINER_AUTO_ZERO_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size")
 def trainer_auto_config(cfg: TrainConfig) -> dict[str, Any]:
     """The ``"auto"`` form for ``TrainingArguments(deepspeed=...)`` (``--print-ds-config --ds-for-trainer``).
 
-    Batch sizes, clipping, precision and the model-sized buckets say
-    ``"auto"``, so Trainer takes them from its own arguments
-    (``--per_device_train_batch_size``, ``--gradient_accumulation_steps``,
-    ``--max_grad_norm``, ``--bf16``) and one file works for any launch.
-    ``train_batch_size`` is left out, not ``"auto"``: DeepSpeed derives it,
-    and with it present ZeRO-3 under ``from_pretrained`` on CPU trips
-    DeepSpeed's batch assertion (accelerate does not initialise DeepSpeed's
-    process group there, so DeepSpeed sees a world size of 1). The ZeRO stage,
-    offload and persistence threshold stay ecomkit's choices.
+    ``train_batch_size`` is left out: with it, ZeRO-3 under ``from_pretrained`` on CPU sees a world size of 1 and
+    fails DeepSpeed's batch assertion.
     """
     ds = zero_config_for_launch(cfg, world_size=1)
     ds.pop("train_batch_size", None)
@@ -212,16 +168,11 @@ def format_zero_config(ds: dict[str, Any]) -> str:
     return json.dumps(ds, indent=2, sort_keys=True)
 
 
-# ---------------------------------------------------------------------- checks that need DeepSpeed
 @functools.lru_cache(maxsize=1)
 def deepspeed_top_level_keys() -> frozenset[str]:
     """The top-level keys DeepSpeed reads, recorded by letting its own parser read a config.
 
-    DeepSpeed ignores top-level keys it does not know, so a typo such as
-    ``"gradient_clip"`` silently trains without clipping. Rather than a
-    hand-kept list that goes stale with each release, we parse an empty config
-    with ``DeepSpeedConfig._initialize_params`` through a dict that records
-    every key looked up.
+    DeepSpeed ignores unknown top-level keys, so a typo like ``"gradient_clip"`` would train without clipping.
     """
     ensure_deepspeed_env()
     from deepspeed.runtime.config import DeepSpeedConfig  # lazy: heavy optional dependency

@@ -1,24 +1,8 @@
 """ZeRO-3's loading path: each rank materialises only its partition of a local checkpoint.
 
-Why not ``from_pretrained`` followed by ``deepspeed.initialize``: that builds
-the whole model on every rank first (EcomGPT-7B: 26 GiB of fp32 per rank
-before anything is partitioned). Here:
-
-1. the model is constructed under ``deepspeed.zero.Init``: every module's
-   parameters are partitioned across the ranks as soon as that module's
-   ``__init__`` returns, so at most one module is ever whole on a rank, and
-   no random init is run (the checkpoint overwrites the weights anyway);
-2. the checkpoint is read one tensor at a time on rank 0
-   (:class:`~ecomkit.models.checkpoint_files.CheckpointReader`, no file
-   mapping): for each module, ``GatheredParameters(..., modifier_rank=0)``
-   gathers that module's own parameters, rank 0 copies the values in, and on
-   exit DeepSpeed re-partitions them from rank 0's copy.
-
-A rank's peak is its partition plus one module's gathered parameters (plus,
-on rank 0, the tensor being read): the load-peak test checks it. Hugging
-Face's own integration (``HfDeepSpeedConfig`` before ``from_pretrained``,
-used by :mod:`ecomkit.train.hf_trainer`) also builds under ``zero.Init``, but
-rank 0 maps every checkpoint file while it loads.
+``from_pretrained`` then ``deepspeed.initialize`` builds the whole model on every rank first. Here the model is built
+under ``zero.Init`` (partitioned as each module returns, no random init) and filled module by module from rank 0's
+reader, so a rank's peak is its partition plus one gathered module.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """A DeepSpeed ZeRO engine on a one-rank data-parallel group, inside a job of several ranks.
 
-Why: the time model's calibration (:mod:`ecomlab.measure.calibration`) needs
-the CPU work of DeepSpeed's engine (its gradient hooks and buckets, the flat
-fp32 partition and the copies into and out of it, its clip and step) without
-its communication. On a data-parallel group of one rank every collective moves
-nothing, so a step there is that work alone; every rank of the job builds its
-own at the same time, so they share the cores as the training processes will.
-
-DeepSpeed reads its data-parallel group from a module-level ``mpu``
-(``deepspeed.utils.groups.mpu``), which ``deepspeed.initialize(mpu=...)`` sets
-and nothing clears. :func:`one_rank_engine` puts the previous value back on
-exit, so a later engine in the same process spans the whole world again.
+The time model's calibration needs the engine's CPU work without its communication; on one rank every collective
+moves nothing. DeepSpeed's module-level ``mpu`` is restored on exit so a later engine spans the world again.
 """
 
 from __future__ import annotations
@@ -58,11 +49,7 @@ class OneRankMpu:
 @contextlib.contextmanager
 def one_rank_engine(model: nn.Module, cfg: TrainConfig, env: DistEnv, group: dist.ProcessGroup,
                     stage: int = 2) -> Iterator[Any]:
-    """A ZeRO-``stage`` engine of a copy of ``model`` on ``group`` (this rank alone), no accumulation.
-
-    ``cfg`` gives the optimizer, clipping, precision and bucket sizes, as for
-    training. The engine is destroyed on exit and DeepSpeed's group lookup restored.
-    """
+    """A ZeRO-``stage`` engine of a copy of ``model`` on ``group`` (this rank alone), destroyed on exit."""
     ensure_deepspeed_env()
     import deepspeed  # lazy: heavy optional dependency
     from deepspeed.utils import groups  # lazy: part of deepspeed

@@ -1,16 +1,7 @@
 """What a rank holds under a DeepSpeed engine: parameters, gradients, optimizer states, buffers, in bytes.
 
-Why walk the engine: on CPU there is no ``max_memory_allocated``, and process
-RSS mixes in Python, libraries and activations. What the ZeRO paper's formulas
-talk about is the bytes of parameters, gradients and optimizer states a rank
-holds, and those are tensors we can enumerate: the module's parameters (under
-ZeRO-3 their ``ds_tensor`` partitions), their gradients, and every tensor the
-DeepSpeed optimizer object keeps (fp32 master partitions, Adam moments,
-gradient partitions, communication buckets). Tensors are de-duplicated by
-storage (:func:`~ecomkit.parallel.state_bytes.storage_key`) and each storage
-counted at its full size, so views (ZeRO's flat buffers) are counted once and
-alignment padding is included. This is :meth:`ZeroStrategy.memory_report`;
-chapter 03's probe (:mod:`ecomlab.measure.zero`) samples it during training.
+A CPU has no ``max_memory_allocated`` and RSS mixes in everything, so the tensors the ZeRO formulas talk about are
+enumerated from the engine and counted once per storage (views once, padding included).
 """
 
 from __future__ import annotations
@@ -76,10 +67,8 @@ def _short(path: str) -> str:
 def zero_state_bytes(engine: Any) -> dict[str, Any]:
     """Bytes of params / grads / optimizer states (+ comm buffers) this rank holds under a DeepSpeed engine.
 
-    Parameters win over other categories when storages are shared (ZeRO-1/2's
-    flat 16-bit buffer *is* the module's parameters). ``breakdown`` names the
-    attribute each counted storage was found under, to explain differences
-    from the formulas.
+    Parameters win when storages are shared (ZeRO-1/2's flat 16-bit buffer *is* the parameters); ``breakdown`` names
+    where each storage was found.
     """
     counted: dict[int, str] = {}
     sizes: dict[int, int] = {}
@@ -107,7 +96,6 @@ def zero_state_bytes(engine: Any) -> dict[str, Any]:
     for ptr, cat in counted.items():
         out[cat] += sizes[ptr]
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
-    # where the bytes live: with a GPU, offload moves them to host RAM; on a CPU-only machine all are host
     out["host_bytes"] = sum(sizes[k] for k in counted if on_host[k])
     out["accelerator_bytes"] = sum(sizes[k] for k in counted if not on_host[k])
     out["breakdown"] = dict(sorted(breakdown.items(), key=lambda kv: -kv[1]))

@@ -1,15 +1,6 @@
 """Chapter 03's variant names: ``ddp``, ZeRO stages ``0``-``3``, ``+opt``/``+param`` offload, ``@precision``.
 
-``scripts/03_zero3.py --stages ddp,1,2,3,3+opt+param,3@bf16`` trains each of
-these in turn in one launch (:func:`ecomkit.train.sweep.run_sweep`); here is
-what each name means and the config it gives:
-
-- ``ddp``: ecomkit's DDP strategy, the reference;
-- ``0``-``3``: DeepSpeed ZeRO stage, with ``+opt`` (offload optimizer states to
-  the CPU) and ``+param`` (stage 3: offload parameters too), e.g. ``3+opt+param``;
-- any of them may end in ``@fp32``/``@bf16``/``@fp16`` to override ``--precision``
-  (``ddp,3,3@bf16``: the fp32 losses match DDP exactly, the bf16 bytes match
-  the mixed-precision formulas).
+E.g. ``scripts/03_zero3.py --stages ddp,1,2,3,3+opt+param,3@bf16`` trains each in turn (:func:`run_sweep`).
 """
 
 from __future__ import annotations
@@ -37,11 +28,7 @@ class ZeroVariant:
     precision: str | None = None           # None: the run's --precision
 
     def apply(self, base: TrainConfig) -> TrainConfig:
-        """A copy of ``base`` with this variant's strategy, stage, offload and precision.
-
-        A ``--zero-checkpoint-dir`` gets a sub-folder per variant, so variants
-        never resume from each other's checkpoints.
-        """
+        """A copy of ``base`` with this variant's settings; its checkpoints go to a sub-folder per variant."""
         cfg = copy.deepcopy(base)
         cfg.strategy = self.strategy.value
         cfg.zero.stage = self.stage
