@@ -1,22 +1,7 @@
-"""The memory planner: per-GPU bytes of a BLOOM training setup, before renting the GPUs.
+"""The memory planner: per-GPU bytes of a BLOOM training setup by part (model states, activations, buffers).
 
-Inputs (:class:`PlanInput`): the model (a preset, a ``BloomConfig``, a directory with ``config.json`` or a
-module), the number of GPUs, the strategy (``ecomkit.config.PLAN_STRATEGIES``: ``ddp``, ``zero1/2/3``,
-``fsdp2``, ``tp``, ``pp``, plus CPU offloads), the precision, micro-batch, sequence length, activation
-checkpointing and the attention. Output (:class:`MemoryPlan`): bytes per GPU by part, the CPU bytes that
-offloading moves to the host, whether it fits a GPU (``ecomkit.hardware``), and the largest micro-batch that fits.
-
-Where each number comes from (the tests compare them with measurements):
-
-- **model states** per rank follow the exact partitions of :mod:`ecomkit.planner.shapes` and what this
-  repository's strategies hold: torch DDP/FSDP2 fp32 weights and gradients whatever the compute precision;
-  DeepSpeed 16-bit (or fp32) weights plus an fp32 master partition and Adam moments (12 bytes per element);
-- **activations** come from :mod:`ecomkit.planner.activations`;
-- **temporary buffers**: the logits and their fp32 gradients (BLOOM's 250,880-token vocabulary), one layer's
-  backward, the communication buckets and gathered parameters, autocast's weight copies, the CUDA context.
-
-Assumptions that are *not* measured here are constants below with their source (CUDA context size,
-DeepSpeed's 4.5× bucket rule).
+Why: to know before renting GPUs whether a setup fits and what fills it; the tests compare the parts with
+measurements, and each constant not measured here names its source (CUDA context, DeepSpeed's 4.5× buckets).
 """
 
 from __future__ import annotations
