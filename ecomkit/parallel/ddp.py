@@ -12,7 +12,7 @@ are reduced once per optimizer step.
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
+from typing import Any, ContextManager
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -21,7 +21,6 @@ from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.parallel.base import StepStats, Strategy
 from ecomkit.parallel.compression.hooks import CompressionHook, InactiveCompression, register_compression
-from ecomkit.parallel.shm_allreduce import register_shm_allreduce, release_shm_segment
 
 
 def apply_ddp(model: nn.Module, env: DistEnv, bucket_cap_mb: float = 25.0,
@@ -48,14 +47,15 @@ class DDPStrategy(Strategy):
     def __init__(self, cfg: TrainConfig, env: DistEnv):
         super().__init__(cfg, env)
         self.comm_hook: CompressionHook | InactiveCompression | None = None  # set when a compression method is configured
-        self.shm_segment: str | None = None  # --ddp-allreduce shm: this rank's /dev/shm segment, removed in close()
+        self.allreduce: Any = None   # another gradient all-reduce, from the fast paths (--ddp-allreduce shm):
+                                     #   .register(ddp_model, env) once wrapped, .release() in close()
 
     def wrap(self, model: nn.Module) -> nn.Module:
         wrapped = apply_ddp(model, self.env, self.cfg.bucket_cap_mb, self.cfg.gradient_as_bucket_view)
         if self.cfg.compression.method != "none":
             self.comm_hook = register_compression(wrapped, self.cfg.compression, self.env)
-        if self.cfg.ddp_allreduce == "shm" and isinstance(wrapped, DDP):  # one process: nothing to reduce
-            self.shm_segment = register_shm_allreduce(wrapped, self.env)
+        if self.allreduce is not None and isinstance(wrapped, DDP):  # one process: nothing to reduce
+            self.allreduce.register(wrapped, self.env)
         return wrapped
 
     def micro_step_context(self, is_last: bool) -> ContextManager:
@@ -70,6 +70,6 @@ class DDPStrategy(Strategy):
         return stats
 
     def close(self) -> None:
-        release_shm_segment(self.shm_segment)
-        self.shm_segment = None
+        if self.allreduce is not None:
+            self.allreduce.release()
         super().close()

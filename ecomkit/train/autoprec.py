@@ -35,13 +35,13 @@ def resolve_attention(cfg: TrainConfig, env: DistEnv) -> str:
 def resolve_loss_kernel(cfg: TrainConfig, env: DistEnv, in_forward: bool) -> str:
     """Replace ``cfg.loss_kernel == "auto"`` by the kernel the measured rule picks; say once which and why.
 
-    ``in_forward``: whether the strategy runs the whole model in one forward per rank
-    (``Strategy.supports_chunked_loss``); without it every kernel but the full logits is out of reach
+    ``in_forward``: whether each rank's forward ends in the whole LM head (``Strategy.supports_chunked_loss``:
+    not under tensor or pipeline parallelism); without it every kernel but the full logits is out of reach
     (``validate()`` has refused liger and cce there), and ``auto`` and ``chunked`` become ``full``.
     """
     if not in_forward:
-        picked, why = "full", (f"full logits: --strategy {cfg.strategy} runs the LM head outside the forward "
-                               "that ecomkit's losses run in")
+        picked, why = "full", (f"full logits: --strategy {cfg.strategy} shards or stages the LM head (tensor or "
+                               "pipeline parallelism), so no rank holds it whole for ecomkit's losses")
     else:
         picked, why = pick_loss_kernel(cfg.loss_kernel, env.device.type, device_kind(env.device),
                                        cfg.loss_chunk_tokens, installed=_installed)

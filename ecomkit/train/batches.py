@@ -44,7 +44,7 @@ class Counted:
     Why: the loop needs each micro-batch's token and row counts (the loss scale's label tokens, throughput,
     MFU). Read from the collated tensors they cost a host read each; counted from the rows before they
     become tensors they cost nothing on the device, so a step needs no synchronisation for them. A padded
-    batch also says whether it has padding (``has_padding``), for ``models.attention_masks.attention_mask_for``,
+    batch also says whether it has padding (``has_padding``), for ``models.attention.attention_mask_for``,
     and every batch how many positions its loss reads (``label_count``), so the chunked loss selects them
     without a data-dependent shape (``models.loss.chunked_token_loss_sum``).
     """

@@ -114,7 +114,7 @@ class TrainingRun:
         self.cfg.validate(self.env.world_size, n_head=model.config.n_head, n_layer=model.config.n_layer)
         model = apply_peft(model, self.cfg)  # LoRA (peft): after the model is built, before the strategy wraps it
         # attention, fused GeLU and loss kernels, the chunked loss, --compile: in that order (train/fast_paths.py)
-        install_fast_paths(model, self.cfg, self.env.device, self.strategy.supports_chunked_loss, self.packed)
+        install_fast_paths(model, self.cfg, self.env.device, self.strategy, self.packed)
         self.n_params = self.strategy.parameter_count(model)
         self.n_trainable = trainable_parameter_count(model)
         self.model_config = model.config
