@@ -4,7 +4,7 @@
 # Installation ends by building the C++ ops this environment uses, once, as a wheel would be compiled (each reports
 # and is not fatal when it cannot build): DeepSpeed's CPU Adam (ZeRO's optimizer offload;
 # ecomkit.parallel.zero.env.prebuild_cpu_adam), DeepSpeed's shared-memory all-reduce (--ddp-allreduce shm) and
-# ecomkit's AVX-512 GeLU and loss kernels (--cpu-kernels, ecomkit/models/cpu_kernels.py).
+# ecomkit's AVX-512 GeLU and loss kernels (--cpu-kernels, ecomkit/fast/cpu_kernels.py).
 #
 # TORCH_SPEC pins torch for a reproducible CPU set-up (2.13.0 resolves to a CPU
 # build here); pyproject.toml only gives torch a floor, so `pip install -e .` keeps
@@ -28,8 +28,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[notebooks,test]"
 	$(PY) -c "from ecomkit.parallel.zero.env import prebuild_cpu_adam; print(prebuild_cpu_adam())"
-	$(PY) -c "from ecomkit.parallel.shm_allreduce import prebuild_shm_op; print(prebuild_shm_op())"
-	$(PY) -c "from ecomkit.models.cpu_kernels import load_cpu_kernels; print('ecomkit CPU kernels:', load_cpu_kernels().reason)"
+	$(PY) -c "from ecomkit.fast.shm_allreduce import prebuild_shm_op; print(prebuild_shm_op())"
+	$(PY) -c "from ecomkit.fast.cpu_kernels import load_cpu_kernels; print('ecomkit CPU kernels:', load_cpu_kernels().reason)"
 	touch $(STAMP)
 
 # The first run: 2 DDP processes train the tiny preset to name a product title's category, then print its

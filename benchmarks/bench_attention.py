@@ -60,15 +60,13 @@ def measure(model_name: str, attn: str, part: str, seq: int, batch: int, steps: 
 
     from ecomkit.config import TrainConfig
     from ecomkit.models.bloom import build_model
-    from ecomkit.models.attention import install_attention
-    from ecomkit.models.loss import install_chunked_loss
-    from ecomkit.models.loss import token_loss_sum
+    from ecomkit.fast.attention import install_attention
+    from ecomkit.models.loss import TokenLoss, lm_loss_sum, token_loss_sum
 
     torch.manual_seed(seed)
     model = build_model(model_name)
     install_attention(model, attn)
-    if part == "full":
-        install_chunked_loss(model, TrainConfig().loss_chunk_tokens)
+    loss_fn = TokenLoss("chunked", TrainConfig().loss_chunk_tokens)   # part "full": the loop's whole step
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     vocab = model.config.vocab_size
@@ -80,7 +78,7 @@ def measure(model_name: str, attn: str, part: str, seq: int, batch: int, steps: 
         labels = ids.masked_fill(mask == 0, -100)
         t0 = time.perf_counter()
         if part == "full":
-            loss = model(input_ids=ids, attention_mask=mask, token_loss_labels=labels).loss / mask.sum()
+            loss = lm_loss_sum(model, loss_fn, ids, mask, labels) / mask.sum()
         elif part == "logits":
             loss = token_loss_sum(model(input_ids=ids, attention_mask=mask).logits, labels) / mask.sum()
         else:

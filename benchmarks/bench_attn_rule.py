@@ -45,10 +45,10 @@ from common import warn_emulated_bf16, write_artifact
 
 from ecomkit.config import TrainConfig
 from ecomkit.hardware import device_kind
-from ecomkit.models.attention import install_attention
+from ecomkit.fast.attention import install_attention
 from ecomkit.models.attention_rule import CPU_EAGER_MAX_SEQ, GPU_EAGER_MAX_SEQ
 from ecomkit.models.bloom import build_model, preset_config
-from ecomkit.models.loss import install_chunked_loss
+from ecomkit.models.loss import TokenLoss, lm_loss_sum
 from ecomlab.derive.attention import EAGER_MIN_GAIN, eager_max_seq
 
 GPU_SETTINGS = {"model": "seqgpt-560m", "precisions": ["bf16"], "batches": [8, 16], "seqs": [64, 128, 256, 512, 1024],
@@ -87,7 +87,7 @@ def measure(model_name: str, precision: str, seq: int, batch: int, steps: int, d
     device = device or torch.device("cpu")
     torch.manual_seed(seed)
     model = build(model_name, device)
-    install_chunked_loss(model, TrainConfig().loss_chunk_tokens)
+    loss_fn = TokenLoss("chunked", TrainConfig().loss_chunk_tokens)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(3, model.config.vocab_size, (batch, seq), device=device)
@@ -102,7 +102,7 @@ def measure(model_name: str, precision: str, seq: int, batch: int, steps: int, d
         sync()
         t0 = time.perf_counter()
         with autocast():
-            loss = model(input_ids=ids, attention_mask=mask, token_loss_labels=labels).loss / mask.sum()
+            loss = lm_loss_sum(model, loss_fn, ids, mask, labels) / mask.sum()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

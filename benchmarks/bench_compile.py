@@ -1,6 +1,6 @@
 """``--compile`` on a CPU: how long the first step compiles, and whether a compiled step is faster, per mode.
 
-The issue's questions: regional compilation (``models/compile.py``: one BLOOM
+The issue's questions: regional compilation (``fast/compile.py``: one BLOOM
 block compiled for every block, the head + loss apart) should keep compile
 time from growing with depth, and a compile mode should be offered where it
 measures faster. This runs ``scripts/02_data_parallel.py`` in one process on

@@ -5,7 +5,7 @@
 
 One process, one thread:
 - BLOOM's tanh GeLU, forward + backward on ``small``'s MLP activation ``[8, 128, 2048]``: ATen's
-  ``gelu(approximate="tanh")`` against ecomkit's kernel (``--cpu-kernels``, ``ecomkit/models/cpu_kernels.py``);
+  ``gelu(approximate="tanh")`` against ecomkit's kernel (``--cpu-kernels``, ``ecomkit/fast/cpu_kernels.py``);
 - the LM head's cross-entropy, forward + backward on ``[1016, vocab]`` logits (a micro-batch of 8 × 128 with
   its labeled positions): ATen's (cast to fp32, ``cross_entropy``) against ecomkit's kernel;
 - BLOOM's QKV split, backward: three ``select`` views (transformers' ``_reshape``) against one ``unbind``
@@ -20,13 +20,13 @@ recipe (fp32 weights under autocast) against the same model with bf16 weights an
 removing autocast's casts could save; ecomkit has no such mode (it would need fp32 master weights). And the
 chunked LM head + loss at bf16, called on a row count it has not seen (oneDNN builds its GEMMs' primitives)
 against one it has. The same fwd+bwd with eager attention's mask and softmax in fp32, as transformers
-runs them under autocast, against ecomkit's bf16 path (``models/attention_lowp.py``). And the same bf16
+runs them under autocast, against ecomkit's bf16 path (``fast/attention_lowp.py``). And the same bf16
 fwd+bwd under torch.profiler: its GEMMs' share of the step, and their
 FLOPs over their time in the step, which bounds the share of the peak a step can reach (in the notes).
 
 Two processes (torchrun, gloo), one thread each: the all-reduce of ``small``'s gradients (its parameter
 count, fp32 and bf16) through the process group (gloo over loopback TCP) against shared memory
-(``--ddp-allreduce shm``, ``ecomkit/parallel/shm_allreduce.py``), alternating, with the results compared
+(``--ddp-allreduce shm``, ``ecomkit/fast/shm_allreduce.py``), alternating, with the results compared
 bit for bit.
 """
 
@@ -50,14 +50,14 @@ from common import REPO, bench_env, print_table, warn_emulated_bf16, write_artif
 
 from ecomkit.dist import DistEnv
 from ecomkit.envcheck.matmul import matmul_peak
-from ecomkit.models.attention import BloomEagerAttention, attention_modules, install_attention
+from ecomkit.fast.attention import BloomEagerAttention, attention_modules, install_attention
 from ecomkit.models.bloom import build_model, flops_per_token, preset_parameter_count
-from ecomkit.models.cpu_kernels import cross_entropy_sum, gelu_tanh, load_cpu_kernels
-from ecomkit.models.gelu import install_fused_gelu
-from ecomkit.models.loss import chunked_token_loss_sum, install_chunked_loss
+from ecomkit.fast.cpu_kernels import cross_entropy_sum, gelu_tanh, kernel_cross_entropy_sum, load_cpu_kernels
+from ecomkit.fast.gelu import install_fused_gelu
+from ecomkit.models.loss import TokenLoss, chunked_token_loss_sum, lm_loss_sum
 from ecomkit.models.optim import adamw_kernel, clip_grad_norm, param_groups
 from ecomkit.models.tokenizer import get_tokenizer
-from ecomkit.parallel.shm_allreduce import load_shm_op
+from ecomkit.fast.shm_allreduce import load_shm_op
 from ecomkit.models.precision import length_multiple
 
 
@@ -152,7 +152,7 @@ def step_case(model_name: str, vocab: int, bf16_weights: bool, optimizer: bool =
     for m in attention_modules(model) if fp32_softmax else ():
         m.__class__ = FP32SoftmaxEagerAttention
     install_fused_gelu(model, True, True)
-    install_chunked_loss(model, 1024, length_multiple("bf16", torch.device("cpu")), True)   # as the loop does
+    loss_fn = TokenLoss("chunked", 1024, length_multiple("bf16", torch.device("cpu")), kernel_cross_entropy_sum)
     if bf16_weights:
         model.to(torch.bfloat16)
     ids = torch.randint(0, vocab, (8, 128), generator=torch.Generator().manual_seed(0))
@@ -162,7 +162,7 @@ def step_case(model_name: str, vocab: int, bf16_weights: bool, optimizer: bool =
     def run() -> list[torch.Tensor]:
         model.zero_grad(set_to_none=True)
         with contextlib.nullcontext() if bf16_weights else torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, token_loss_labels=ids).loss
+            loss = lm_loss_sum(model, loss_fn, ids, torch.ones_like(ids), ids)
         loss.backward()
         if opt is not None:
             opt.step()
@@ -188,7 +188,7 @@ def head_rows_case(vocab: int, new_counts: bool) -> Callable:
         h = torch.randn(1, rows, 512, generator=gen).requires_grad_()
         y = torch.randint(0, vocab, (1, rows), generator=gen)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = chunked_token_loss_sum(h, head, y, 1024, multiple, True)
+            loss = chunked_token_loss_sum(h, head, y, 1024, multiple, kernel_cross_entropy_sum)
         loss.backward()
         return [torch.zeros(())]   # different rows each side: nothing to compare
     return run

@@ -51,7 +51,8 @@ from ecomkit.data import load_records, write_jsonl
 from ecomkit.data.catalog import instruction_rows
 from ecomkit.data.packing import best_fit_decreasing, packed_collate
 from ecomkit.data.tokenize import IGNORE_INDEX, pad_collate, tokenize_records
-from ecomkit.models.attention import attention_mask_for, install_attention
+from ecomkit.fast.attention import install_attention
+from ecomkit.models.attention import attention_mask_for
 from ecomkit.models.bloom import build_model
 from ecomkit.models.loss import shifted_token_losses
 from ecomkit.models.tokenizer import get_tokenizer

@@ -24,12 +24,22 @@ by this benchmark at one thread before the runs: a run times no GEMM itself (iss
 Goals (not moved when missed): bf16 / fp32 real tokens/s >= 2.0x with the
 final loss within 1 %; the default bf16 run at >= 50 % of the measured bf16 matmul peak (the compiled
 run's share is printed beside it, not counted for the goal: compilation is not the default).
+
+  python benchmarks/bench_precision.py --baseline PATH [--repeats 5]
+
+Before against after: the default fp32 and bf16 runs of this checkout and of another one (``PATH``: a worktree
+of the commit to compare with, its ``scripts/`` and ``ecomkit`` on its own ``PYTHONPATH``), alternating, the order
+rotating per repeat; each variant's after / before real tokens/s paired per repeat, and its final losses side by
+side (the same job: equal unless the change changed what the step computes). Goal (not moved when missed): after
+/ before >= 0.97 at fp32 and at bf16 (a regression beyond a shared machine's noise). Artifact ``bench_precision_ab``.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+from pathlib import Path
 
 import torch
 
@@ -39,6 +49,7 @@ from ecomkit.envcheck.matmul import matmul_peak
 from ecomlab.rates import PairedRatio
 
 SPEEDUP_GOAL, LOSS_TOL, PEAK_GOAL = 2.0, 0.01, 0.50
+NO_REGRESSION = 0.97   # after / before real tokens/s (--baseline)
 VARIANTS = {"fp32": ["--precision", "fp32"], "bf16": ["--precision", "bf16"],
             "bf16 eager": ["--precision", "bf16", "--attn", "eager"],
             "bf16 sdpa": ["--precision", "bf16", "--attn", "sdpa"],
@@ -57,11 +68,16 @@ def main() -> None:
     ap.add_argument("--micro-batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--baseline", default=None, metavar="PATH",
+                    help="a checkout of another commit: time its default fp32 and bf16 runs against this one's")
     args = ap.parse_args()
     warn_emulated_bf16(["bf16"], "It compares bf16 with fp32 and has no fp32-only mode.")
     common = ["--model", args.model, "--eval-interval", "0", "--eval-batches", "1",
               "--micro-batch-size", str(args.micro_batch_size), "--seq-len", str(args.seq_len), "--n-rows", "2000",
               "--no-save-model", "--lr", "1e-3", "--untimed-steps", str(args.untimed)]
+    if args.baseline:
+        before_after(args, common + ["--max-steps", str(args.steps + args.untimed)], Path(args.baseline))
+        return
     torch.set_num_threads(1)   # the runs' thread count
     peaks = {p: matmul_peak(p)[0] for p in ("fp32", "bf16")}
 
@@ -128,6 +144,39 @@ def main() -> None:
                                              "speedups_1_untimed": list(short.ratios),
                                              "kernels_over_aten": {p: list(r.ratios) for p, r in kernels.items()},
                                              "peak_share": share, "args": vars(args)})
+
+
+def before_after(args: argparse.Namespace, common: list[str], baseline: Path) -> None:
+    """The default fp32 and bf16 runs of this checkout (after) and of ``baseline`` (before), side by side."""
+    jobs = {f"{p} {side}": ("02_data_parallel.py", common + VARIANTS[p], 1, *([baseline] if side == "before" else []))
+            for p in ("fp32", "bf16") for side in ("before", "after")}
+    runs = rotating_rounds(jobs, args.repeats, describe=lambda s: (
+        f"{s['tokens_per_s']:.0f} real tokens/s, loss {s['final_loss']:.6f}"))
+    rows, notes, ratios = [], [], {}
+    for name, rs in runs.items():
+        rows.append({"run": name, "runs": len(rs), "real tokens/s": statistics.median(s["tokens_per_s"] for s in rs),
+                     "min": min(s["tokens_per_s"] for s in rs), "max": max(s["tokens_per_s"] for s in rs),
+                     "final loss": rs[0]["final_loss"]})
+    for p in ("fp32", "bf16"):
+        ratio = paired_rates(runs[f"{p} after"], runs[f"{p} before"], "tokens_per_s")
+        ratios[p] = list(ratio.ratios)
+        same = runs[f"{p} after"][0]["final_loss"] == runs[f"{p} before"][0]["final_loss"]
+        notes += [f"{p}: after / before real tokens/s, paired per repeat: {ratio.describe()}",
+                  verdict(f"{p}: after / before real tokens/s (median)", ratio.median, f">= {NO_REGRESSION}",
+                          ratio.median >= NO_REGRESSION),
+                  f"{p}: final loss after {runs[f'{p} after'][0]['final_loss']:.6f}, before "
+                  f"{runs[f'{p} before'][0]['final_loss']:.6f} ({'equal' if same else 'different'})"]
+    before = subprocess.run(["git", "rev-parse", "HEAD"], cwd=baseline, capture_output=True, text=True).stdout.strip()
+    notes += [f"before: commit {before[:10]} (a checkout of its own); after: this artifact's commit",
+              f"every run: {args.steps} timed steps after {args.untimed} untimed, one process, one thread; other jobs "
+              "shared the machine (load average above): levels move, the ratios are paired within each repeat"]
+    columns = list(rows[0])
+    print_table(rows, columns)
+    for n in notes:
+        if not n.startswith(("PASS", "MISS")):
+            print(n)
+    write_artifact("bench_precision_ab", rows, {"columns": columns, "notes": notes, "after_over_before": ratios,
+                                                "baseline_commit": before, "args": vars(args)})
 
 
 if __name__ == "__main__":

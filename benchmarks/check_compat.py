@@ -24,7 +24,7 @@ is installed), whether ``pip install -e .`` would keep its torch: the point of f
 Speed notes (:data:`NOTES`) are measured in each environment too, and recorded, but never fail it: a
 version that runs a path slower still trains correctly, so it is no reason to raise a floor (and replace a
 user's torch). Today: how many graphs ``--compile`` makes of a packed step, per step (blocks, head + loss);
-``ecomkit/models/compile.py`` warns at run time where the head + loss is two graphs.
+``ecomkit/fast/compile.py`` warns at run time where the head + loss is two graphs.
 """
 
 from __future__ import annotations

@@ -41,17 +41,21 @@ def bench_env(threads: int = 1) -> dict[str, str]:
 
 
 def run_summary(script: str, args: Sequence[str], nproc: int = 1, threads: int = 1,
-                out_dir: str | None = None) -> dict[str, Any]:
-    """Run ``scripts/<script>`` (plain python for nproc=1, torchrun otherwise) and return its summary.json."""
+                out_dir: str | None = None, root: Path = REPO) -> dict[str, Any]:
+    """Run ``scripts/<script>`` (plain python for nproc=1, torchrun otherwise) and return its summary.json.
+
+    ``root``: the checkout whose script and ``ecomkit`` run (another commit's, to compare it with this one).
+    """
     out = Path(out_dir or tempfile.mkdtemp(prefix="ecomkit-bench-"))
-    script_path = str(REPO / "scripts" / script)
+    script_path = str(root / "scripts" / script)
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
                script_path]
     else:
         cmd = [sys.executable, script_path]
     cmd += [*args, "--output-dir", str(out), "--no-progress"]
-    proc = subprocess.run(cmd, cwd=REPO, env=bench_env(threads), capture_output=True, text=True)
+    env = bench_env(threads) if root == REPO else {**bench_env(threads), "PYTHONPATH": str(root)}
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return json.loads((out / "summary.json").read_text())
@@ -63,11 +67,12 @@ def rotation(names: Sequence[str], r: int) -> list[str]:
     return names[r % len(names):] + names[:r % len(names)]
 
 
-def rotating_rounds(jobs: dict[str, tuple[str, Sequence[str], int]], repeats: int,
+def rotating_rounds(jobs: dict[str, tuple], repeats: int,
                     after_round: Callable[[dict[str, list[dict]]], None] | None = None,
                     describe: Callable[[dict], str] = lambda s: f"{s['samples_per_s']:.1f} samples/s"
                     ) -> dict[str, list[dict]]:
-    """``repeats`` rounds of every job (script, args, processes), the start rotating by one job each round.
+    """``repeats`` rounds of every job (script, args, processes[, checkout root]), the start rotating by one job
+    each round.
 
     Rotating cancels a drift of the machine's speed within the benchmark instead
     of charging it to one job, and a ratio of two jobs' rates is paired within
@@ -78,8 +83,8 @@ def rotating_rounds(jobs: dict[str, tuple[str, Sequence[str], int]], repeats: in
     runs: dict[str, list[dict]] = {k: [] for k in names}
     for r in range(repeats):
         for name in rotation(names, r):
-            script, args, nproc = jobs[name]
-            runs[name].append(run_summary(script, args, nproc=nproc))
+            script, args, nproc, *root = jobs[name]
+            runs[name].append(run_summary(script, args, nproc=nproc, root=Path(root[0]) if root else REPO))
             print(f"  round {r + 1}/{repeats}: {name}: {describe(runs[name][-1])}", flush=True)
         if after_round is not None:
             after_round(runs)

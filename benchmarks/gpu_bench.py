@@ -165,19 +165,14 @@ def build_random_model(shape: str, device, dtype):
     return model.to(dtype)
 
 
-def install_loss(model, kernel: str, device) -> str | None:
-    """Install ``--loss-kernel kernel`` as the loop does; the reason it cannot run here, or None."""
-    from ecomkit.models.loss import install_chunked_loss, install_fused_loss
-
-    if kernel == "chunked":
-        install_chunked_loss(model, 1024)
-    elif kernel in ("liger", "cce"):
+def loss_kernel_why_not(kernel: str, device) -> str | None:
+    """The reason ``--loss-kernel kernel`` cannot run here, or None."""
+    if kernel in ("liger", "cce"):
         module = next(m for m, k in FUSED_PACKAGES.items() if k == kernel)
         if device.type != "cuda":
             return f"{kernel} runs Triton kernels: CUDA only"
         if importlib.util.find_spec(module) is None:
             return f"{module} is not installed (pip install 'ecomkit[gpu]')"
-        install_fused_loss(model, kernel)
     return None
 
 
@@ -187,9 +182,9 @@ def train_case(part: str, impl: str, kernel: str, batch: int, st: dict[str, Any]
 
     from ecomkit.errors import EcomkitError
     from ecomkit.hardware import device_peak_flops
-    from ecomkit.models.attention import install_attention
+    from ecomkit.fast.attention import install_attention
     from ecomkit.models.bloom import count_parameters, flops_per_token
-    from ecomkit.models.loss import has_chunked_loss, token_loss_sum
+    from ecomkit.models.loss import TokenLoss, lm_loss_sum
     from ecomkit.planner.memory import PlanInput
 
     seq = st["seq"]
@@ -200,9 +195,10 @@ def train_case(part: str, impl: str, kernel: str, batch: int, st: dict[str, Any]
         install_attention(model, impl)
     except EcomkitError as exc:  # ConfigError included: e.g. flex on CPU
         return {**row, "status": "skipped", "reason": str(exc)}
-    why_not = install_loss(model, kernel, device)
+    why_not = loss_kernel_why_not(kernel, device)
     if why_not:
         return {**row, "status": "skipped", "reason": why_not}
+    loss_fn = TokenLoss(kernel, 1024)
     cfg, n_params = model.config, count_parameters(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
     gen = torch.Generator(device=device).manual_seed(0)
@@ -211,11 +207,8 @@ def train_case(part: str, impl: str, kernel: str, batch: int, st: dict[str, Any]
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=st["dtype"] == "bf16")
 
     def step() -> torch.Tensor:
-        with autocast:
-            if has_chunked_loss(model):
-                loss = model(input_ids=ids, attention_mask=mask, token_loss_labels=ids).loss
-            else:
-                loss = token_loss_sum(model(input_ids=ids, attention_mask=mask).logits, ids)
+        with autocast:   # the loss the loop calls on the last hidden states (TokenLoss, as --loss-kernel picks)
+            loss = lm_loss_sum(model, loss_fn, ids, mask, ids)
         (loss / (batch * (seq - 1))).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -21,10 +21,10 @@ import torch.distributed as dist
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, distributed_session
-from ecomkit.models.attention import install_attention
+from ecomkit.fast.attention import install_attention
 from ecomkit.models.bloom import ModelSource
 from ecomkit.models.lora import apply_peft
-from ecomkit.models.loss import count_label_tokens, install_chunked_loss
+from ecomkit.models.loss import TokenLoss, count_label_tokens
 from ecomkit.parallel import build_strategy
 from ecomlab.measure.packing import packed_batch, padded_batch, random_rows
 
@@ -70,7 +70,7 @@ def loss_and_gradients(name: str, batch: dict, env: DistEnv, out: str) -> tuple[
     model = apply_peft(model, cfg)
     install_attention(model, cfg.attn)
     if strategy.supports_chunked_loss:
-        install_chunked_loss(model, cfg.loss_chunk_tokens)
+        strategy.token_loss = TokenLoss("chunked", cfg.loss_chunk_tokens)
     strategy.setup(model, total_steps=1)
     tokens = torch.tensor([float(count_label_tokens(batch["labels"]))], dtype=torch.float64)
     dist.all_reduce(tokens)

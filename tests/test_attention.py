@@ -12,16 +12,11 @@ import torch
 from torch._dynamo.testing import CompileCounter
 from torch.nn.attention.flex_attention import flex_attention
 
-import ecomkit.models.attention as attention_module
+import ecomkit.fast.attention as attention_module
 from ecomkit.errors import ConfigError
 from ecomkit.models.bloom import build_model, enable_activation_checkpointing
-from ecomkit.models.attention import (
-    BloomEagerAttention,
-    BloomSdpaAttention,
-    current_attention,
-    install_attention,
-    sdpa_mask_plan,
-)
+from ecomkit.models.attention import sdpa_mask_plan
+from ecomkit.fast.attention import BloomEagerAttention, BloomSdpaAttention, current_attention, install_attention
 
 VOCAB = 512
 TOL = 1e-5

@@ -65,7 +65,7 @@ def worker() -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from ecomkit.models.bloom import build_model, enable_activation_checkpointing
-    from ecomkit.models.attention import install_attention
+    from ecomkit.fast.attention import install_attention
     from ecomkit.parallel.tensor import apply_tensor_parallel
     from ecomkit.models.loss import count_label_tokens
 

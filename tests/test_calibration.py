@@ -15,7 +15,7 @@ import torch
 
 from ecomkit.config import TrainConfig
 from ecomkit.models.bloom import build_model, flops_per_token, preset_config
-from ecomkit.models.loss import install_chunked_loss
+from ecomkit.models.loss import TokenLoss
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import all_gather_s, all_reduce_s, reduce_scatter_s
 from ecomlab.measure.activations import causal_lm_loss
@@ -100,16 +100,15 @@ def test_fsdp2_collectives_are_priced_by_their_own_sweep_when_there_is_one():
 
 
 def test_the_probe_times_the_loss_the_loop_runs():
-    """With the chunked loss installed the probe goes through it (its backward recomputes the head), same value."""
+    """Given the run's chunked loss the probe goes through it (its backward recomputes the head), same value."""
     torch.manual_seed(0)
     model = build_model("tiny", vocab_size=300)
     ids = torch.randint(3, 300, (2, 16))
     mask = torch.ones_like(ids)
     chunked = copy.deepcopy(model)
-    install_chunked_loss(chunked, 8)
     calls = []
     chunked.lm_head.register_forward_hook(lambda *a: calls.append(1))
-    loss = training_loss(chunked, ids, mask)
+    loss = training_loss(chunked, ids, mask, TokenLoss("chunked", 8))
     loss.backward()
     assert len(calls) >= 2 * 2          # two chunks, each head forward run again in backward
     assert float(loss.detach()) == pytest.approx(float(causal_lm_loss(model, ids, mask).detach()), rel=1e-5)

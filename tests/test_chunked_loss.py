@@ -1,20 +1,29 @@
-"""The chunked LM-head loss (``ecomkit.models.loss``): same loss and gradients as the full logits, fewer bytes.
+"""The chunked LM-head loss (``ecomkit.models.loss``): same loss and gradients as the full logits, fewer bytes; a
+function of the last hidden states that no module installs into the model (no replaced ``forward``).
 
 Distributed checks (DDP and FSDP2 with several chunks per micro-batch against one
-unchunked process) live in test_train_ddp.py and test_mixed_parallel.py.
+unchunked process) live in test_train_ddp.py and test_mixed_parallel.py, ZeRO's in test_zero_loss.py.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+from ecomkit.config import TrainConfig
+from ecomkit.dist import DistEnv
 from ecomkit.errors import ConfigError
 from ecomkit.models.bloom import build_model
-from ecomkit.models.loss import has_chunked_loss, install_chunked_loss, remove_chunked_loss
-from ecomkit.models.loss import chunked_token_loss_sum, head_rows, token_loss_sum
+from ecomkit.models.loss import TokenLoss, chunked_token_loss_sum, head_rows, last_hidden_state, lm_loss_sum
+from ecomkit.models.loss import token_loss_sum
+from ecomkit.parallel import build_strategy
+from ecomkit.train.fast_paths import install_fast_paths
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ecomkit"
 
 VOCAB = 300
 
@@ -90,6 +99,29 @@ def test_every_position_labeled_still_tops_up_to_whole_tiles():
     assert torch.allclose(got, token_loss_sum(head(h), labels), rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("chunk", [4, 10_000])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gradients_computed_in_the_forward_equal_the_chunked_loss_s(chunk, bias):
+    """ZeRO-3's chunked loss (the head gathered once, no chunk recomputed in backward): the same loss and gradients."""
+    h, labels, head = _data()
+    if bias:
+        head = torch.nn.Linear(h.size(-1), VOCAB)
+    params = [h, *head.parameters()]
+    ref = chunked_token_loss_sum(h, head, labels, chunk)
+    ref_grads = torch.autograd.grad(2.0 * ref, params)        # a scale on the way back is applied, not lost
+    calls: list[int] = []
+    head.register_forward_hook(lambda *a: calls.append(1))
+    got = TokenLoss("chunked", chunk, grads_in_forward=True)(h, head, labels)
+    grads = torch.autograd.grad(2.0 * got, params)
+    assert not calls                                          # the weight is read, the module never called
+    assert torch.allclose(got, ref, rtol=1e-6, atol=0)
+    for g, r in zip(grads, ref_grads):
+        assert torch.allclose(g, r, rtol=1e-5, atol=1e-7)
+    labels[:] = -100                                          # no label: zero, and a zero gradient for every input
+    empty = TokenLoss("chunked", chunk, grads_in_forward=True)(h, head, labels)
+    assert empty.item() == 0 and all(g.abs().max() == 0 for g in torch.autograd.grad(empty, params))
+
+
 def test_micro_batch_without_labels_gives_zero_that_backpropagates():
     h, labels, head = _data()
     labels[:] = -100
@@ -119,7 +151,8 @@ def tiny():
     return build_model("tiny", vocab_size=VOCAB)
 
 
-def test_model_forward_returns_chunked_loss_equal_to_logits_loss(tiny):
+def test_the_loss_from_the_model_s_hidden_states_equals_the_logits_loss(tiny):
+    """``lm_loss_sum``: BLOOM's forward to its last hidden states (no logits), then the chunked loss on them."""
     ids = torch.randint(3, VOCAB, (2, 24))
     mask = torch.ones_like(ids)
     mask[1, 18:] = 0
@@ -128,32 +161,71 @@ def test_model_forward_returns_chunked_loss_equal_to_logits_loss(tiny):
     ref.backward()
     ref_grads = {n: p.grad.clone() for n, p in tiny.named_parameters()}
     tiny.zero_grad(set_to_none=True)
-    install_chunked_loss(tiny, 5)
-    out = tiny(input_ids=ids, attention_mask=mask, token_loss_labels=labels)
-    assert out.logits is None
-    out.loss.backward()
-    assert torch.allclose(out.loss, ref, rtol=1e-6)
+    hidden = last_hidden_state(tiny, ids, mask)
+    assert torch.equal(hidden, tiny.transformer(input_ids=ids, attention_mask=mask).last_hidden_state)
+    loss = lm_loss_sum(tiny, TokenLoss("chunked", 5), ids, mask, labels)
+    loss.backward()
+    assert torch.allclose(loss, ref, rtol=1e-6)
     for n, p in tiny.named_parameters():
         assert torch.allclose(p.grad, ref_grads[n], rtol=1e-4, atol=1e-6), n
-    # other calls still get logits, and removing it restores the class's forward
-    assert tiny(input_ids=ids, attention_mask=mask).logits.shape == (2, 24, VOCAB)
-    remove_chunked_loss(tiny)
-    assert not has_chunked_loss(tiny) and "forward" not in tiny.__dict__
+    assert torch.equal(lm_loss_sum(tiny, TokenLoss(), ids, mask, labels), ref.detach())   # full: the logits
 
 
-def test_install_changes_neither_class_nor_saved_model(tiny, tmp_path):
-    cls = type(tiny)
-    install_chunked_loss(tiny, 64)
-    assert type(tiny) is cls and has_chunked_loss(tiny)
-    tiny.save_pretrained(tmp_path)
-    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["BloomForCausalLM"]
-
-
-def test_clear_errors(tiny):
+def test_clear_errors():
     with pytest.raises(ConfigError, match="loss-chunk-tokens 0"):
-        install_chunked_loss(tiny, 0)
-    with pytest.raises(ConfigError, match="BLOOM-style"):
-        install_chunked_loss(torch.nn.Linear(2, 2), 8)
+        TokenLoss("chunked", 0)
+    with pytest.raises(ConfigError, match="choose full, chunked"):
+        TokenLoss("chunky")
+
+
+# ---------------------------------------------------------------------- no module patches the model
+def _forward_assignments(path: Path) -> list[str]:
+    """Lines of ``path`` that assign some object's ``forward`` or bind a function to one with ``MethodType``."""
+    found, where = [], path.name if not path.is_relative_to(PACKAGE) else path.relative_to(PACKAGE.parent)
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        if any(isinstance(t, ast.Attribute) and t.attr == "forward" for t in targets):
+            found.append(f"{where}:{node.lineno}: assigns .forward")
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("MethodType"):
+            found.append(f"{where}:{node.lineno}: types.MethodType")
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "setattr" and len(node.args) >= 2 and \
+                isinstance(node.args[1], ast.Constant) and node.args[1].value == "forward":
+            found.append(f"{where}:{node.lineno}: setattr(..., 'forward', ...)")
+    return found
+
+
+def test_no_module_of_ecomkit_replaces_a_forward():
+    """A static scan of the package: no ``x.forward = ...``, ``setattr(x, "forward", ...)`` or ``MethodType``."""
+    found = [line for p in sorted(PACKAGE.rglob("*.py")) for line in _forward_assignments(p)]
+    assert not found, "\n".join(found)
+
+
+def test_the_scan_finds_a_replaced_forward(tmp_path):
+    """The scan bites: each way of replacing a forward (the old chunked loss's included) is reported."""
+    bad = tmp_path / "ecomkit" / "bad.py"
+    bad.parent.mkdir()
+    bad.write_text("import types\nmodel.forward = types.MethodType(f, model)\nsetattr(block, 'forward', g)\n")
+    lines = [line.split(": ", 1)[1] for line in _forward_assignments(bad)]
+    assert sorted(lines) == sorted(["assigns .forward", "types.MethodType", "setattr(..., 'forward', ...)"])
+
+
+def test_a_built_training_model_runs_its_class_s_forward(tmp_path):
+    """A run's model, built and sped up as the loop does it (attention, GeLU and loss kernels, the chunked loss,
+    ``--compile``): its forward is its class's, it has no instance ``forward``, and it saves as a plain BLOOM."""
+    cfg = TrainConfig(model="tiny", precision="bf16", attn="sdpa", loss_kernel="chunked", compile=True,
+                      output_dir=str(tmp_path))
+    strategy = build_strategy(cfg, DistEnv())
+    model = build_model("tiny", vocab_size=VOCAB)
+    cls = type(model)
+    install_fast_paths(model, cfg, torch.device("cpu"), strategy, packed=False)
+    assert strategy.token_loss.kernel == "chunked"
+    for m in model.modules():
+        assert "forward" not in m.__dict__, type(m).__name__
+        assert m.forward.__func__ is type(m).forward, type(m).__name__
+    assert type(model) is cls
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["BloomForCausalLM"]
 
 
 def test_head_rows_overshoot_at_most_an_eighth_and_leave_a_few_counts_per_doubling():

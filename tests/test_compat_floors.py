@@ -55,11 +55,11 @@ def test_the_floors_are_the_measured_ones():
 def test_speed_notes_are_recorded_apart_and_the_compile_note_matches_the_library():
     """A slower torch is a speed note, not a failed check; the runtime warning's version is the measured one.
 
-    ``models/compile.py`` warns where torch compiles the packed head + loss as two graphs
+    ``fast/compile.py`` warns where torch compiles the packed head + loss as two graphs
     (:data:`HEAD_LOSS_ONE_GRAPH_TORCH`); every environment of the artifact that counted the graphs must agree
     with it, with environments measured on both sides of that version, and no recompilation after step 1.
     """
-    from ecomkit.models.compile import HEAD_LOSS_ONE_GRAPH_TORCH, head_loss_graphs, torch_release
+    from ecomkit.fast.compile import HEAD_LOSS_ONE_GRAPH_TORCH, head_loss_graphs, torch_release
 
     art = _newest_artifact()
     assert art["extra"]["speed_notes"] == ["packed_step_graphs"]

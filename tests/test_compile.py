@@ -1,4 +1,4 @@
-"""--compile compiles one BLOOM block for every block, and the head + loss apart (models/compile.py).
+"""--compile compiles one BLOOM block for every block, and the head + loss apart (fast/compile.py).
 
 Counted with dynamo's frame counter (the ``eager`` backend: the graphs and guards inductor would get, without
 its code generation). The losses of compiled training against eager training are checked under DDP by
@@ -10,23 +10,23 @@ from __future__ import annotations
 import torch
 from torch._dynamo.testing import CompileCounter
 
-from ecomkit.models import compile as compile_module
-from ecomkit.models.attention import install_attention
-from ecomkit.models.attention_masks import attention_mask_for
+from ecomkit.fast import compile as compile_module
+from ecomkit.fast.attention import install_attention
+from ecomkit.models.attention import attention_mask_for
 from ecomkit.models.bloom import build_model
-from ecomkit.models.compile import (HEAD_LOSS_ONE_GRAPH_TORCH, compile_blocks, compiled_head_loss, head_loss_graphs,
+from ecomkit.fast.compile import (HEAD_LOSS_ONE_GRAPH_TORCH, compile_blocks, compiled_head_loss, head_loss_graphs,
                                     note_head_loss_graphs)
-from ecomkit.models.loss import install_chunked_loss
+from ecomkit.models.loss import TokenLoss, lm_loss_sum
 from ecomlab.measure.packing import packed_batch, random_rows
 
 VOCAB, PAD = 400, 3
 
 
-def step(model, seed: int, train: bool = True) -> torch.Tensor:
+def step(model, loss_fn: TokenLoss, seed: int, train: bool = True) -> torch.Tensor:
     b = packed_batch(random_rows(24, VOCAB, seed=seed, prompted=seed % 2 == 1), 128, PAD)
     b = {k: v[:2] for k, v in b.items()}                   # two sequences of 128: one shape, as packing gives
     with torch.set_grad_enabled(train):
-        loss = model(input_ids=b["input_ids"], attention_mask=attention_mask_for(b), token_loss_labels=b["labels"]).loss
+        loss = lm_loss_sum(model, loss_fn, b["input_ids"], attention_mask_for(b), b["labels"])
     if train:
         loss.backward()
     return loss.detach()
@@ -37,18 +37,18 @@ def test_every_block_shares_one_compilation_and_evaluation_runs_uncompiled():
     blocks, head = CompileCounter(), CompileCounter()
     model = build_model("small", vocab_size=VOCAB)          # 4 blocks
     install_attention(model, "sdpa")
-    install_chunked_loss(model, 64, head_loss=compiled_head_loss(backend=head))
+    compiled_loss = TokenLoss("chunked", 64, head_loss=compiled_head_loss(backend=head))
     reference = build_model("small", vocab_size=VOCAB)
     install_attention(reference, "sdpa")
-    install_chunked_loss(reference, 64)
     assert compile_blocks(model, dynamic=False, backend=blocks) == 4
     for seed in range(4):     # the steps label different numbers of positions (LM and prompted rows)
-        assert torch.allclose(step(model, seed), step(reference, seed), rtol=1e-6)
+        assert torch.allclose(step(model, compiled_loss, seed), step(reference, TokenLoss("chunked", 64), seed),
+                              rtol=1e-6)
     assert blocks.frame_count == 1, blocks.frame_count    # one block's graph, compiled once, for all four
     heads = head_loss_graphs()                            # the head + loss: dynamic sizes, compiled once
     assert head.frame_count == heads, head.frame_count    # (as one graph from torch 2.12, two before)
     model.eval()
-    step(model, 9, train=False)                           # evaluation: the same weights, uncompiled
+    step(model, compiled_loss, 9, train=False)            # evaluation: the same weights, uncompiled
     assert (blocks.frame_count, head.frame_count) == (1, heads)
     torch._dynamo.reset()
 

@@ -12,9 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from ecomkit.models.bloom import build_model
-from ecomkit.models.cpu_kernels import cross_entropy_sum, gelu_tanh, kernel_applies, kernels_for, load_cpu_kernels
-from ecomkit.models.gelu import FusedBloomGelu, KernelBloomGelu, install_fused_gelu
-from ecomkit.models.loss import install_chunked_loss
+from ecomkit.fast.cpu_kernels import (cross_entropy_sum, gelu_tanh, kernel_applies, kernel_cross_entropy_sum, kernels_for,
+                                      load_cpu_kernels)
+from ecomkit.fast.gelu import FusedBloomGelu, KernelBloomGelu, install_fused_gelu
+from ecomkit.models.loss import TokenLoss, lm_loss_sum
+from ecomkit.models.loss import cross_entropy_sum as ce_sum
 
 STATUS = load_cpu_kernels()
 pytestmark = pytest.mark.skipif(not STATUS.available, reason=f"ecomkit CPU kernels: {STATUS.reason}")
@@ -102,12 +104,12 @@ def test_bloom_with_kernels_trains_like_aten():
     for kernel in (False, True):
         model = build_model("tiny", vocab_size=300)
         install_fused_gelu(model, True, cpu_kernel=kernel)
-        install_chunked_loss(model, 64, None, cpu_kernel=kernel)
         assert type(model.transformer.h[0].mlp.gelu_impl) is (KernelBloomGelu if kernel else FusedBloomGelu)
         ids = torch.randint(3, 300, (4, 40), generator=torch.Generator().manual_seed(0))
         labels = ids.clone()
         labels[:, :10] = -100
-        loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_loss_labels=labels).loss
+        loss_fn = TokenLoss("chunked", 64, cross_entropy=kernel_cross_entropy_sum if kernel else ce_sum)
+        loss = lm_loss_sum(model, loss_fn, ids, torch.ones_like(ids), labels)
         loss.backward()
         results.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
     (l0, g0), (l1, g1) = results

@@ -100,27 +100,6 @@ def test_batched_encoding_equals_encoding_one_candidate_at_a_time(tokenizer):
             encode_candidates(tokenizer, ex.prompt, ex.candidates, max_length) for ex in examples]
 
 
-def test_generate_computes_the_head_at_the_last_prompt_position_once_the_chunked_loss_is_installed(tiny):
-    """The installed loss forward hid the model's signature from ``generate()``, which then computed the LM head
-    over every prompt position at prefill (and refused ``logits_to_keep``); the answers are the same."""
-    from ecomkit.models.loss import install_chunked_loss, remove_chunked_loss
-
-    ids = torch.randint(3, 500, (3, 40), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    mask[0, :7] = 0                                           # left padding, as decoding pads
-    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False, eos_token_id=2,
-                  pad_token_id=0)
-    with torch.no_grad():
-        plain = tiny.generate(**kwargs)
-        install_chunked_loss(tiny, 1024)
-        try:
-            assert tiny._supports_logits_to_keep()
-            assert torch.equal(tiny.generate(**kwargs), plain)
-            assert torch.equal(tiny.generate(**kwargs, logits_to_keep=1), plain)
-        finally:
-            remove_chunked_loss(tiny)
-
-
 @pytest.mark.slow
 def test_the_final_evaluation_shows_one_bar_with_an_eta_and_the_summary_says_why_it_did_not_learn(tmp_path, capsys):
     from ecomkit.config import TrainConfig

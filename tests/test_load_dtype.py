@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
-from ecomkit.models.bloom import ModelSource, build_model, load_model
+from ecomkit.models.bloom import ModelSource, build_empty_model, build_model, load_model
 from ecomkit.models.lora import apply_peft
 from ecomkit.parallel import build_strategy
 
@@ -61,10 +61,20 @@ def test_lora_bf16_builds_a_bf16_model_and_peft_gives_the_fp32_load_s_adapters(c
     reference = apply_peft(load_model(checkpoint, dtype=FP32), cfg)  # the former path: fp32, then the base cast
     ours, theirs = dict(model.named_parameters()), dict(reference.named_parameters())
     assert ours.keys() == theirs.keys()
-    for name, p in ours.items():
-        assert p.dtype == (FP32 if p.requires_grad else BF16), name   # adapters (and saved modules) fp32
+    for name, p in ours.items():   # adapters, saved modules and the frozen LayerNorms fp32 (norms: bf16 values)
+        norm = "layernorm" in name or "ln_f" in name
+        assert p.dtype == (FP32 if p.requires_grad or norm else BF16), name
+        assert not norm or torch.equal(p, p.to(BF16).float()), name
         assert p.dtype == theirs[name].dtype and torch.equal(p, theirs[name]), name
     assert any(".lora_A." in n for n in ours) and all(p.requires_grad for n, p in ours.items() if ".lora_" in n)
+
+
+def test_a_checkpoint_built_empty_keeps_its_own_vocabulary(checkpoint):
+    """ZeRO-3 and FSDP2 build a local checkpoint's architecture empty, then load it: with the checkpoint's vocabulary,
+    as load_model does, not the tokenizer's count the loop passes (BLOOM's embedding has more rows than its
+    tokenizer has entries); a preset is sized by it."""
+    assert build_empty_model(ModelSource(checkpoint, vocab_size=250)).config.vocab_size == 300
+    assert build_empty_model(ModelSource("tiny", vocab_size=250)).config.vocab_size == 250
 
 
 def test_a_local_checkpoint_loads_tensor_by_tensor_as_from_pretrained_does(checkpoint):

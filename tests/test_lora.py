@@ -259,7 +259,9 @@ def test_planner_lora_states_match_measured_bytes(sweep, base_dir, label, strate
 
 
 def test_single_process_lora_with_modules_to_save(tmp_path):
-    """One process (the world-size-1 path) with the embeddings trained in full beside the adapters."""
+    """One process (the world-size-1 path) with the embeddings trained in full beside the adapters, under bf16
+    autocast (what ``precision auto`` picks on a CPU that multiplies in bf16): the fp32 embeddings feed the frozen
+    embedding LayerNorm, which stays fp32 (``freeze_base_in_bf16``; a bf16 one stopped the run with a dtype error)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -268,7 +270,7 @@ def test_single_process_lora_with_modules_to_save(tmp_path):
 
     cfg = TrainConfig(peft="lora", lora_modules_to_save="word_embeddings", max_steps=4, n_rows=200, seq_len=48,
                       eval_interval=4, eval_batches=1, progress=False, lr=1e-2, output_dir=str(tmp_path),
-                      precision="fp32")   # as written; modules_to_save under bf16 autocast on CPU is not yet supported
+                      precision="bf16")
     s = run_training(cfg)
     emb = json.loads((tmp_path / "final" / "config.json").read_text())["vocab_size"] * 64   # tiny: hidden 64
     assert s["world_size"] == 1 and s["trainable_params"] == 16_384 + emb, s["trainable_params"]

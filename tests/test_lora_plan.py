@@ -5,6 +5,7 @@ The 2-process comparison with measured bytes is in tests/test_lora.py."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from ecomkit.config import TrainConfig
 from ecomkit.errors import ConfigError
@@ -37,6 +38,21 @@ def test_frozen_base_has_no_grads_or_optimizer_states(strategy):
     assert lora["grads"] > 0 and lora["optimizer"] > 0                                 # ... and they have both
     assert lora["params"] < full["params"] or strategy.startswith("zero")  # torch: the base in bf16, not fp32
     assert lora["grads"] < full["grads"] / 100 and lora["optimizer"] < full["optimizer"] / 100
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_bf16_lora_params_are_the_bytes_the_model_holds(strategy):
+    """Under bf16 the frozen base is bf16 but its LayerNorms fp32 (models/lora.freeze_base_in_bf16): the planner's
+    parameter bytes are what a bf16 LoRA model built the loop's way holds (FSDP2: over its two ranks' shards)."""
+    from ecomkit.models.bloom import build_model
+    from ecomkit.models.lora import apply_peft
+
+    cfg = TrainConfig(peft="lora", lora_r=8, precision="bf16")
+    model = apply_peft(build_model("small", vocab_size=4003, dtype=torch.bfloat16), cfg)
+    held = sum(p.numel() * p.element_size() for p in model.parameters())
+    inp = PlanInput(model="small", vocab_size=4003, world_size=2, strategy=strategy, precision="bf16")
+    planned = [r["params"] for r in lora_state_bytes_per_rank(inp, LoraPlan(r=8))]
+    assert (planned[0] if strategy == "ddp" else sum(planned)) == held
 
 
 def test_activations_are_full_fine_tuning_s_and_the_planner_says_so():

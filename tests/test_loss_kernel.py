@@ -20,14 +20,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ecomkit.config import TrainConfig
+from ecomkit.config import TrainConfig, ZeroConfig
 from ecomkit.dist import DistEnv
 from ecomkit.errors import ConfigError
 from ecomkit.hardware import gpu_kind
 from ecomkit.models import loss as loss_mod
 from ecomkit.models.bloom import build_model
-from ecomkit.models.loss import (GPU_LOSS_KERNEL, chunked_token_loss_sum, install_fused_loss, installed_loss_kernel,
-                                 pick_loss_kernel, remove_chunked_loss, token_loss_sum)
+from ecomkit.models.loss import (GPU_LOSS_KERNEL, TokenLoss, chunked_token_loss_sum, lm_loss_sum, pick_loss_kernel,
+                                 token_loss_sum)
 from ecomkit.train.resolve import loss_kernel_choice
 from ecomlab.derive.loss_kernel import fastest_loss_kernel
 
@@ -103,8 +103,9 @@ def test_a_run_resolves_auto_once_with_its_reason():
     cfg = TrainConfig()
     choice = loss_kernel_choice(cfg, "cpu", "cpu")   # train/resolve.py: the run's one resolution of it
     assert choice.value == "chunked" and choice.why.startswith("auto: chunked") and cfg.loss_kernel == "auto"
-    zero = loss_kernel_choice(TrainConfig(strategy="zero"), "cpu", "cpu")
-    assert zero.value == "full" and "outside the forward" in zero.why
+    assert loss_kernel_choice(TrainConfig(strategy="zero"), "cpu", "cpu").value == "chunked"   # ZeRO holds the head
+    tp = loss_kernel_choice(TrainConfig(strategy="tp"), "cpu", "cpu")
+    assert tp.value == "full" and "no rank holds the LM head whole" in tp.why
 
 
 # ---------------------------------------------------------------------- the refusals
@@ -122,8 +123,15 @@ def test_liger_and_cce_are_refused_without_their_package_or_without_a_gpu(monkey
             TrainConfig(loss_kernel=kernel).validate(1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     TrainConfig(loss_kernel="liger").validate(1)       # with both, nothing to refuse
-    with pytest.raises(ConfigError, match="--strategy zero.*DeepSpeed ZeRO"):
-        TrainConfig(loss_kernel="cce", strategy="zero").validate(2)
+    with pytest.raises(ConfigError, match="--strategy tp: .*shards the LM head's output"):
+        TrainConfig(loss_kernel="liger", strategy="tp").validate(2)
+    # ZeRO: liger at every stage (ZeRO-3 gathers the head for its forward); cce, whose backward reads the weight,
+    # at stages 1 and 2 only
+    for stage in (1, 2, 3):
+        TrainConfig(loss_kernel="liger", strategy="zero", zero=ZeroConfig(stage=stage)).validate(2)
+    TrainConfig(loss_kernel="cce", strategy="zero", zero=ZeroConfig(stage=2)).validate(2)
+    with pytest.raises(ConfigError, match="cce cannot run with --strategy zero --zero-stage 3.*--loss-kernel liger"):
+        TrainConfig(loss_kernel="cce", strategy="zero", zero=ZeroConfig(stage=3)).validate(2)
 
 
 def test_chunked_needs_chunks_and_unknown_kernels_are_named():
@@ -207,7 +215,7 @@ def test_cce_multiplies_in_the_autocast_dtype_and_returns_fp32(fake_libraries):
 
 
 @pytest.mark.parametrize("kernel", ["liger", "cce"])
-def test_installed_fused_loss_gives_the_full_logits_loss_through_the_model(fake_libraries, kernel):
+def test_a_fused_token_loss_gives_the_full_logits_loss_through_the_model(fake_libraries, kernel):
     torch.manual_seed(0)
     model = build_model("tiny", vocab_size=VOCAB)
     ids = torch.randint(3, VOCAB, (2, 16))
@@ -215,14 +223,10 @@ def test_installed_fused_loss_gives_the_full_logits_loss_through_the_model(fake_
     mask[1, 11:] = 0
     labels = ids.masked_fill(mask == 0, -100)
     ref = token_loss_sum(model(input_ids=ids, attention_mask=mask).logits, labels)
-    install_fused_loss(model, kernel)
-    assert installed_loss_kernel(model) == kernel
-    got = model(input_ids=ids, attention_mask=mask, token_loss_labels=labels).loss
+    got = lm_loss_sum(model, TokenLoss(kernel), ids, mask, labels)
     assert torch.allclose(got, ref, rtol=1e-5, atol=0)
-    remove_chunked_loss(model)
-    assert installed_loss_kernel(model) == "full"
-    with pytest.raises(ConfigError, match="not a fused kernel"):
-        install_fused_loss(model, "chunked")
+    with pytest.raises(ConfigError, match="choose full, chunked or liger or cce"):
+        TokenLoss("fused")
 
 
 # ---------------------------------------------------------------------- the real kernels (CUDA)

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
+from ecomkit.config import TrainConfig, ZeroConfig
 from ecomkit.errors import ConfigError, ModelNotFoundError
 from ecomkit.hardware import GIB
 from ecomkit.models.bloom import preset_config, preset_parameter_count
 from ecomkit.planner.activations import activation_bytes, checkpointing_factor
+from ecomkit.planner.cli import main
+from ecomkit.planner.job import Cluster, plan_job
 from ecomkit.planner.memory import PlanInput, max_micro_batch, model_state_bytes_per_rank, plan_memory
+from ecomkit.planner.recommend import mostly
+from ecomkit.planner.report import recommendation_json
 from ecomkit.planner.shapes import deepspeed_partition, fsdp2_shard, local_params, model_shape, zero3_partition
 from ecomlab.measure.memory_tuning import (MODES, activation_sweep, bucketing_rows, checkpointing_experiment,
                                           long_context_config, memory_pool_experiment, save_on_cpu_experiment,
@@ -192,7 +199,7 @@ def test_cpu_saved_bytes_do_not_depend_on_save_on_cpu(probe_config):
 
 
 def test_chunked_loss_shrinks_logits_only_where_the_loop_uses_it():
-    """ecomkit's chunked LM-head loss: the [b, T, V] temporaries become [chunk, V]; ZeRO/TP keep full logits."""
+    """ecomkit's chunked LM-head loss: the [b, T, V] temporaries become [chunk, V] (ZeRO's too); TP keeps full logits."""
     base = PlanInput(model="seqgpt-560m", strategy="ddp", precision="bf16", micro_batch=4, seq_len=2048)
     full, chunked = plan_memory(base), plan_memory(base, loss_chunk_tokens=1024)
     v = full.shape.vocab
@@ -200,7 +207,67 @@ def test_chunked_loss_shrinks_logits_only_where_the_loop_uses_it():
     assert chunked.temporary["logits_or_backward_layer"] == 1024 * v * (2 + 8)
     assert chunked.activations["head"] < full.activations["head"] / 10   # no fp32 log-probs kept
     assert chunked.activations["blocks"] == full.activations["blocks"]
-    for other in (dict(strategy="zero3", world_size=2), dict(strategy="tp", world_size=2)):
-        assert plan_memory(base, loss_chunk_tokens=1024, **other).total == plan_memory(base, **other).total
+    assert plan_memory(base, loss_chunk_tokens=1024, strategy="tp", world_size=2).total == \
+        plan_memory(base, strategy="tp", world_size=2).total
+    for zero in ("zero1", "zero2", "zero3"):
+        z = plan_memory(base, loss_chunk_tokens=1024, strategy=zero, world_size=2)
+        assert z.temporary["logits_or_backward_layer"] == 1024 * v * (2 + 8)
+        assert z.total < plan_memory(base, strategy=zero, world_size=2).total
+    # ZeRO-3 computes the head's whole gradient in the chunked loss's forward, bf16 as DeepSpeed's weights
+    z3 = plan_memory(base, loss_chunk_tokens=1024, strategy="zero3", world_size=2)
+    assert z3.temporary["head_gradients"] == 2 * v * full.shape.hidden
     with pytest.raises(ConfigError, match="--loss-chunk-tokens"):
         plan_memory(base, loss_chunk_tokens=-1)
+
+
+# ---------------------------------------------------------------------- ZeRO with the chunked loss; what holds a peak
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_peaks_at_or_below_ddp_for_seqgpt_on_eight_a100_80g(stage):
+    """Issue 56: SeqGPT-560M, 8 × A100-80G, bf16, 64 × 2,048 per step (8 × 2,048 per GPU, as --recommend picks).
+    With the full logits ZeRO-1/2/3 peaked at 70.9/70.4/70.6 GiB against DDP's 27.4; they take the chunked loss."""
+    cfg = TrainConfig(model="seqgpt-560m", precision="bf16", seq_len=2048, micro_batch_size=8)
+    cluster = Cluster(gpus=8, gpu="a100-80g")
+    ddp = plan_job(cfg, cluster)
+    zero = plan_job(replace(cfg, strategy="zero", zero=ZeroConfig(stage=stage)), cluster)
+    assert zero.inputs.strategy == f"zero{stage}" and zero.inputs.loss_chunk() == 1024
+    assert ddp.peak / GIB == pytest.approx(27.4, abs=0.05)
+    assert zero.peak <= ddp.peak, (stage, zero.peak / GIB, ddp.peak / GIB)
+
+
+def test_the_part_that_holds_a_peak_is_named_and_the_parts_add_up():
+    base = PlanInput(model="seqgpt-560m", precision="bf16", micro_batch=8, seq_len=2048, attn="sdpa", world_size=8)
+    tp = plan_memory(base, strategy="tp", loss_chunk_tokens=1024)            # TP: the full logits
+    name, share = tp.dominant_part()
+    assert name == "logits" and share > 0.5 and tp.logits > 0.5 * tp.total
+    ddp = plan_memory(base, strategy="ddp", attn="eager", loss_chunk_tokens=1024)   # eager attention at 2,048
+    assert ddp.dominant_part()[0] == "activations"
+    big = plan_memory(PlanInput(model="ecomgpt-7b", world_size=1, strategy="zero1", micro_batch=1, seq_len=64,
+                                precision="fp32", activation_checkpointing=True, loss_chunk_tokens=1024))
+    assert big.dominant_part()[0] == "optimizer states"         # DeepSpeed at fp32: 12 of its 20 bytes per parameter
+    for plan in (tp, ddp, big):
+        assert sum(plan.parts().values()) == plan.total
+    loading = replace(ddp, load_bytes=2 * ddp.total)
+    assert loading.dominant_part() == ("the loading copy", 1.0)
+    even = replace(ddp, params=ddp.total, grads=ddp.total, optimizer=ddp.total)   # no part holds half
+    assert even.dominant_part() is None and mostly(even) == ""
+    assert mostly(tp) == f"logits {tp.dominant_part()[1]:.0%}"
+
+
+def test_the_table_says_what_holds_a_peak_and_explain_prints_every_candidate_s_parts(capsys):
+    main(["--model", "seqgpt-560m", "--gpus", "2", "--gpu", "a100-80g", "--precision", "bf16", "--seq-len", "2048",
+          "--global-batch-size", "8", "--recommend", "--explain", "--top", "3"])
+    out = capsys.readouterr().out
+    head = next(line for line in out.splitlines() if line.lstrip().startswith("#  candidate"))
+    assert "peak mostly" in head
+    rows = recommendation_json(TrainConfig(model="seqgpt-560m", precision="bf16", seq_len=2048, global_batch_size=8),
+                               Cluster(gpus=2, gpu="a100-80g"), set())["groups"]
+    planned = [r for entry in rows.values() for r in entry["rows"] if "memory_parts" in r]
+    assert planned and "memory parts per GPU" in out
+    for r in planned:    # every candidate, not only the --top rows, with its parts in GiB
+        assert any(line.startswith(f"  {r['candidate']:<30}") and f"{r['memory_parts']['logits'] / GIB:8.1f}" in line
+                   for line in out.splitlines()), r["candidate"]
+    assert any(r["mostly"] for r in planned) and all(r["mostly"] in out for r in planned[:3])
+    main(["--model", "seqgpt-560m", "--gpus", "2", "--strategy", "mixed", "--parallel-tp", "2", "--precision", "bf16",
+          "--seq-len", "2048", "--micro-batch-size", "4", "--explain"])
+    single = capsys.readouterr().out
+    assert "note: the peak is mostly logits" in single and "memory parts per GPU" in single

@@ -17,10 +17,11 @@ from ecomkit.data.packing import (CPU_PACK_MAX_SEQ_LEN, EMPTY, PACK_AUTO_MAX_ROW
                                   best_fit_decreasing, decide_packing, fill_rate, packed_collate, plan_sequences)
 from ecomkit.data.tokenize import IGNORE_INDEX
 from ecomkit.errors import ConfigError
-from ecomkit.models.attention import alibi_from_mask, attention_mask_for, document_causal_mask, install_attention
+from ecomkit.fast.attention import install_attention
+from ecomkit.models.attention import alibi_from_mask, attention_mask_for, document_causal_mask
 from ecomkit.models.bloom import build_model
-from ecomkit.models.compile import head_loss_graphs
-from ecomkit.models.loss import install_chunked_loss
+from ecomkit.fast.compile import head_loss_graphs
+from ecomkit.models.loss import TokenLoss
 from ecomkit.train.loop import training_loader
 from ecomlab.artifacts import newest_artifacts
 from ecomlab.derive.packing import bench_packing_jobs, cpu_packing_rule
@@ -171,10 +172,8 @@ def test_document_mask_is_block_diagonal_causal_and_padding_never_sees_nothing()
 def test_packed_rows_give_the_unpacked_loss_and_gradients_in_fp32(impl, chunked, prompted):
     model = build_model("tiny", vocab_size=400)
     install_attention(model, impl)
-    if chunked:
-        install_chunked_loss(model, 64)
     data = rows(9, prompted=prompted)
-    agreement = packing_agreement(model, data, 96, PAD)
+    agreement = packing_agreement(model, data, 96, PAD, TokenLoss("chunked", 64) if chunked else TokenLoss())
     assert agreement.sequences < agreement.rows == 9              # rows really share sequences
     assert agreement.within(1e-5), agreement
 
@@ -234,7 +233,7 @@ def test_compiled_packed_training_does_not_recompile_after_the_first_step():
     The steps differ in how rows are laid out and how many positions are labeled (the chunked loss keeps
     only those); dynamo's frame counters (the ``eager`` backend: inductor's graphs and guards without its
     code generation) must not move after the first step (measure/compile_graphs.py). How many graphs the
-    head + loss is, is this torch's (one from 2.12, two before: a speed note, models/compile.py), not a
+    head + loss is, is this torch's (one from 2.12, two before: a speed note, fast/compile.py), not a
     failure; the blocks are one graph on every torch.
     """
     frames = packed_step_graphs(5)

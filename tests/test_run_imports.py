@@ -43,7 +43,7 @@ USER_DATA = ("ecomkit.data.loaders", "ecomkit.data.columns", "ecomkit.data.file_
 OTHER_STRATEGIES = ("ecomkit.parallel.zero", "ecomkit.parallel.mixed", "ecomkit.parallel.pipeline",
                     "ecomkit.parallel.fsdp", "ecomkit.parallel.tensor", "ecomkit.parallel.dims",
                     "ecomkit.parallel.accelerate_path", "ecomkit.parallel.comm_count")
-OPTIONAL = ("ecomkit.parallel.compression", "ecomkit.parallel.shm_allreduce", LORA, QUANT, HEALTH, "ecomkit.train.gen_eval",
+OPTIONAL = ("ecomkit.parallel.compression", "ecomkit.fast.shm_allreduce", LORA, QUANT, HEALTH, "ecomkit.train.gen_eval",
             "ecomkit.train.generate", "ecomkit.train.hf_trainer", "ecomkit.train.sweep")
 
 

@@ -17,7 +17,7 @@ from conftest import run_script
 from ecomkit.config import CompressionConfig, TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.errors import ConfigError
-from ecomkit.parallel.shm_allreduce import check_shm_allreduce, segment_name
+from ecomkit.fast.shm_allreduce import check_shm_allreduce, segment_name
 
 COMMON = ["--precision", "fp32", "--model", "tiny", "--n-rows", "300", "--seq-len", "32", "--eval-interval", "0", "--eval-batches", "1",
           "--warmup-steps", "1", "--no-progress", "--no-save-model", "--bucket-cap-mb", "0.25", "--max-steps", "6",

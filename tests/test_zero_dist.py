@@ -7,7 +7,8 @@ Three torchrun launches in all (start-up dominates on a 2-core machine):
 2. a stage-3 run resumed from launch 1's step-3 checkpoint;
 3. HF Trainer with the generated ZeRO-3 dict.
 
-Tolerances: fp32 ZeRO-1/2/3 losses equal DDP's within 1e-6 relative (measured: ~1e-8; only the
+Every run takes the chunked LM-head loss, in several chunks (tests/test_zero_loss.py compares ZeRO's losses with
+each LM-head loss). Tolerances: fp32 ZeRO-1/2/3 losses equal DDP's within 1e-6 relative (measured: ~1e-8; only the
 reduction order differs), optimizer offload with DeepSpeedCPUAdam within 1e-5, bf16 within 1e-2
 (DeepSpeed keeps bf16 weights, DDP fp32 weights under autocast). Gradient norms within 1e-3:
 torch's fp32 CPU norm of the embedding gradient is itself off by ~1e-4 (DeepSpeed accumulates more
@@ -29,7 +30,7 @@ from ecomlab.measure.zero import formula_check, loss_agreement, loss_tolerance, 
 
 COMMON = ["--model", "tiny", "--n-rows", "600", "--seq-len", "64", "--max-steps", "6", "--eval-interval", "0",
           "--eval-batches", "1", "--warmup-steps", "2", "--no-progress", "--micro-batch-size", "2",
-          "--grad-accum", "2"]
+          "--grad-accum", "2", "--loss-chunk-tokens", "40"]   # the chunked loss in several chunks, ZeRO's too
 VARIANTS = "ddp,1,2,3,3@bf16,2+opt"
 
 
@@ -61,6 +62,7 @@ def test_zero_stages_give_ddps_losses(stages):
     ddp = train(out / "ddp")
     assert loss_fell(read_rows(out / "ddp"), 0.03), ddp   # a strategy that froze the weights would match too
     for stage in ("1", "2", "3"):
+        assert json.loads((out / stage / "summary.json").read_text())["config"]["loss_kernel"] == "chunked"
         assert_rel(train(out / stage), ddp, 1e-6)
         assert_rel(train(out / stage, "grad_norm"), train(out / "ddp", "grad_norm"), 1e-3)
     assert_rel(train(out / "2+opt"), ddp, 1e-5)

@@ -131,19 +131,19 @@ class TrainConfig(Sealable):
                                       #   eager | flex (GPU)
     fused_gelu: bool = True           # BLOOM's MLP GELU as one ATen kernel each way (the same tanh approximation;
                                       #   transformers' runs ~20 elementwise kernels, 25 % of a bf16 CPU step);
-                                      #   --no-fused-gelu keeps transformers' own (models/gelu.py)
+                                      #   --no-fused-gelu keeps transformers' own (fast/gelu.py)
     cpu_kernels: bool = True          # on CPU, BLOOM's GeLU and the LM-head loss through ecomkit's AVX-512 kernels
                                       #   (one pass each way; built once by make install; ATen's kernels where
-                                      #   the CPU has no AVX-512 or no compiler) (models/cpu_kernels.py)
+                                      #   the CPU has no AVX-512 or no compiler) (fast/cpu_kernels.py)
     compile: bool = False             # torch.compile one BLOOM block, reused by every block, and the LM head +
-                                      #   loss apart (models/compile.py): compile time does not grow with depth;
+                                      #   loss apart (fast/compile.py): compile time does not grow with depth;
                                       #   evaluation and generation run the same weights uncompiled
     compile_mode: str = "default"     # torch.compile mode of --compile: default | reduce-overhead (CUDA graphs) |
                                       #   max-autotune-no-cudagraphs
     untimed_steps: int = 1            # first steps left out of throughput and step-time figures (warm-up); with
                                       #   --compile, the first step compiles: leave it out
     loss_chunk_tokens: int = 1024     # LM head + loss this many label positions at a time, no [B,T,vocab]
-                                      #   logits kept (0 = full logits); single/ddp/accelerate/fsdp only
+                                      #   logits kept (0 = full logits); not under tp or pp (full logits)
     loss_kernel: str = "auto"         # LM head + cross-entropy: chunked (ecomkit's, --loss-chunk-tokens) | full
                                       #   (the [B,T,vocab] logits) | liger (liger-kernel's fused linear CE) | cce
                                       #   (cut-cross-entropy); liger and cce need CUDA (pip install 'ecomkit[gpu]').
@@ -230,7 +230,7 @@ class TrainConfig(Sealable):
     ddp_allreduce: str = "process_group"  # DDP's gradient all-reduce: process_group (gloo/nccl) | shm
                                             #   (CPU ranks on one host: through /dev/shm instead of loopback
                                             #   TCP; DeepSpeed's op, built by make install; refuses compression
-                                            #   and torchrun --max-restarts; parallel/shm_allreduce.py)
+                                            #   and torchrun --max-restarts; fast/shm_allreduce.py)
     timeout_s: float = 600.0          # process-group timeout: a stalled rank fails instead of hanging
     num_proc: int = 1                 # tokenisation worker processes
     save_model: bool = True           # save_pretrained (safetensors) + tokenizer at the end

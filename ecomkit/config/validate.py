@@ -119,7 +119,7 @@ def check_ddp_allreduce(cfg: _TrainConfig) -> None:
     """``--ddp-allreduce shm`` is a DDP communication hook: DDP only, and not beside a compression hook.
 
     What depends on the machine (CPU, every rank on one host, no ``--max-restarts``) is checked when the
-    hook is registered (``ecomkit.parallel.shm_allreduce.check_shm_allreduce``).
+    hook is registered (``ecomkit.fast.shm_allreduce.check_shm_allreduce``).
     """
     check_choice("ddp_allreduce", cfg.ddp_allreduce, DDP_ALLREDUCES)
     if cfg.ddp_allreduce == "process_group":

@@ -17,11 +17,9 @@ from ecomkit.errors import ConfigError
 
 _TrainConfig = Any      # ecomkit.config.schema.TrainConfig (schema imports validate, which imports this module)
 
-# Strategies whose model does not run whole in one forward per rank, so no loss can live inside that forward
-# (the same as ``Strategy.supports_chunked_loss``): ZeRO gathers the head's weight only around the head's own call,
-# tensor parallelism shards the head's output, a pipeline's last stage computes its own loss.
-_NO_FORWARD_LOSS = {StrategyName.ZERO: "DeepSpeed ZeRO gathers the LM head's weight only around the head's own call",
-                    StrategyName.TP: "tensor parallelism shards the LM head's output over the ranks",
+# Strategies whose ranks do not end their forward in the whole LM head, so no loss of ecomkit's takes its hidden
+# states (the same as ``Strategy.supports_chunked_loss``).
+_NO_FORWARD_LOSS = {StrategyName.TP: "tensor parallelism shards the LM head's output over the ranks",
                     StrategyName.PP: "a pipeline's last stage computes its own loss"}
 
 
@@ -38,16 +36,22 @@ def check_loss_kernel(cfg: _TrainConfig) -> None:
 
 
 def check_fused_kernel(cfg: _TrainConfig) -> None:
-    """``liger`` / ``cce``: a strategy that runs the head in the model's forward, the package, and a CUDA GPU."""
+    """``liger`` / ``cce``: a strategy whose ranks end their forward in the whole head, the package, a CUDA GPU."""
     kernel = cfg.loss_kernel
     module, pip_name = LOSS_KERNEL_PACKAGES[kernel]
     why_not = forward_loss_unsupported(cfg)
+    if why_not is None and kernel == "cce" and cfg.strategy == StrategyName.ZERO and cfg.zero.stage == 3:
+        raise ConfigError(
+            "--loss-kernel cce cannot run with --strategy zero --zero-stage 3: cut-cross-entropy computes the LM "
+            "head's gradient in backward, from the head's weight, which ZeRO-3 has partitioned again by then (it "
+            "is gathered for the kernel's forward only). Use --loss-kernel liger (its forward computes the "
+            "gradient) or chunked, or --zero-stage 1 or 2.")
     if why_not:
         raise ConfigError(
             f"--loss-kernel {kernel} cannot run with --strategy {cfg.strategy}: a fused linear cross-entropy takes "
-            f"the LM head's whole weight inside the model's forward, and {why_not}. Use --loss-kernel auto (the "
-            "full-logits loss under this strategy), or a strategy that runs the whole model on each rank (ddp, "
-            "accelerate, fsdp without tp/pp).")
+            f"the LM head's whole weight after the model's forward, and {why_not}. Use --loss-kernel auto (the "
+            "full-logits loss under this strategy), or a strategy that ends each rank's forward in the whole head "
+            "(ddp, accelerate, zero, fsdp without tp/pp).")
     if importlib.util.find_spec(module) is None:
         raise ConfigError(
             f"--loss-kernel {kernel} needs the {pip_name} package, which is not installed. Install the GPU extra "

@@ -75,7 +75,7 @@ ZERO_STAGES = (0, 1, 2, 3)
 PROMPT_FORMATS = ("seqgpt", "ecomgpt", "ecomkit")
 SPAN_ENDS = ("exclusive", "inclusive")
 PEFT_METHODS = ("none", "lora")
-# --compile-mode: torch.compile's mode for the compiled blocks and loss (models/compile.py); "default" passes none.
+# --compile-mode: torch.compile's mode for the compiled blocks and loss (fast/compile.py); "default" passes none.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 # --loss-kernel: how the LM head + cross-entropy run (models/loss.py): ecomkit's chunked loss, transformers' full
 # logits, or a fused linear cross-entropy from a maintained library on CUDA; "auto" is decided by measurement.

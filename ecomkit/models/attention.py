@@ -1,348 +1,206 @@
-"""Fused attention for transformers' BLOOM: ``--attn eager | sdpa | flex``.
+"""The masks BLOOM's attention takes: SDPA's mask plan, packed rows' document masks, ALiBi from a mask, flex's.
 
-Why: transformers' ``BloomAttention`` only has an eager path. Every layer
-materialises the ``[batch, heads, T, T]`` score tensor, keeps its softmax for
-backward and builds the same-sized gradients, so at long sequences attention
-dominates memory and time. ``scaled_dot_product_attention`` (SDPA) never keeps
-the probabilities: it saves the inputs and a log-sum-exp per row and
-recomputes in backward.
-
-How it is installed (the one place that changes the model): the class of every
-``BloomAttention`` module is swapped in place for a subclass that overrides
-only ``forward`` (``module.__class__ = BloomSdpaAttention``). Parameters,
-``state_dict`` keys, ``isinstance`` checks, hooks and ``save_pretrained``
-output are untouched, so DDP, DeepSpeed ZeRO, FSDP2, tensor parallelism and
-``gradient_checkpointing_enable()`` wrap the model as before; ``install_attention(model, "eager")`` swaps
-back to BLOOM's forward (:class:`BloomEagerAttention`, one-pass QKV split; under bf16 autocast on CPU
-its mask and softmax in bf16, ``models/attention_lowp.py``). Nothing of BLOOM is copied: the
-subclass reuses ``query_key_value``, ``dense``, ``attention_dropout`` and transformers' ``dropout_add``.
-
-What BLOOM's eager forward computes, and how each piece maps here:
-
-- scores = ``alibi.baddbmm(q, kᵀ, beta=self.beta, alpha=self.inv_norm_factor)``
-  + the 4-D additive causal/padding mask (0 or the dtype's minimum). ALiBi
-  depends only on (batch, head, key), so it is folded into one extra channel
-  of q and k (:func:`alibi_in_qk`): ``[q·scale, 1]·[k, beta·alibi]``. SDPA then
-  needs only the model's own ``[batch, 1, q, kv]`` mask, shared by all heads
-  and layers, or ``is_causal=True`` when the batch has no padding
-  (:func:`sdpa_mask_plan`). A ``[batch, heads, q, kv]`` bias would have been
-  the same size as the tensor this module exists to avoid.
-  This transformers version has no layer-number scaling (``beta`` is 1 and
-  ``inv_norm_factor`` is 1/√head_dim); both are read from the module, so a
-  version or checkpoint that changes them is still followed.
-- the fused QKV layout ``[heads, 3, head_dim]`` → :meth:`BloomEagerAttention._reshape` (one ``unbind``).
-- heads: always ``self.num_heads`` and the ``alibi`` argument, never the config.
-  The tensor-parallel pre-hook (chapter 04) sets ``num_heads = n_head / tp`` and
-  slices ``alibi`` to the rank's heads; this forward follows it unchanged.
-- attention dropout → ``dropout_p`` of SDPA (same probability, different random
-  stream, so with dropout > 0 runs agree in distribution, not bit for bit; on
-  CPU torch's fused kernel has no dropout and SDPA falls back to its math
-  kernel). The presets set dropout to 0.
-- ``pretraining_tp > 1 and slow_but_exact`` → the same sliced ``dense``.
-- return value: ``(output, None)``; the block expects ``(hidden, attn_weights)``.
-  ``output_attentions=True`` needs the probabilities, so that call falls back
-  to the eager forward.
-
-Masks (``models/attention_masks.py``, re-exported here): SDPA's mask plan, the
-document masks of packed rows (``ecomkit.data.packing``) with ALiBi positions
-read from them, and flex's block masks.
-
-Head-dim padding (sdpa on CUDA): the ALiBi channel makes q and k one wider than the head, rounded up to
-a multiple of 8 for the aligned kernels (64 → 72, 128 → 136); docs/perf.md has what that costs.
-
-``flex`` uses ``torch.nn.attention.flex_attention``: ALiBi is a ``score_mod``
-and the causal/padding mask a block mask (fully masked blocks are skipped).
-The ``score_mod`` (:class:`AlibiScoreMod`) is built once per model by
-:func:`install_attention` and shared by every layer and call, so the compiled
-function sees one function object and compiles once per shape (a second
-length recompiles once with dynamic sizes; tests/test_attention.py counts).
-It is meant for GPUs, where it is compiled. On CPU torch has
-no FlexAttention backward and compiling its forward takes ~50 s, so
-``install_attention(model, "flex")`` on a CPU model refuses with a
-``ConfigError`` for training and, with ``for_training=False``, runs the
-unfused forward (a correctness reference, not a fast path). One visible
-difference: rows whose keys are all masked (padding queries under left
-padding) come out as zeros with flex and as a uniform average with eager.
-ecomkit pads on the right, where no such row exists; the tests compare flex
-on the real tokens only.
+Why one module: every attention path (``ecomkit.fast.attention``: eager, sdpa,
+flex) and every strategy that hands the model a batch reads its mask from here,
+so a padded batch and a packed one (``ecomkit.data.packing``) are told apart in
+one place. The model never sees "documents": it gets a mask.
 """
 
 from __future__ import annotations
 
-import contextlib
-import inspect
-import warnings
-from typing import Any
+from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.flex_attention import flex_attention
+from torch.nn.attention.flex_attention import create_block_mask
 from transformers.models.bloom import modeling_bloom
-from transformers.models.bloom.modeling_bloom import BloomAttention, BloomModel, dropout_add
 
-from ecomkit.config import ATTN_IMPLS as ATTN_CHOICES  # eager | sdpa | flex: one list for flag and module
-from ecomkit.errors import ConfigError, EcomkitError
-from ecomkit.models.attention_lowp import cpu_bf16_autocast, eager_attend
-from ecomkit.models.attention_masks import (MaskPlan, _cached_block_mask, alibi_from_mask, attention_mask_for,  # noqa: F401
-                                            document_causal_mask, flex_block_mask, sdpa_mask_plan)  # the masks' home
-
-# The forward signature this module was written against (transformers 5.x).
-_EXPECTED_PARAMS = ("hidden_states", "residual", "alibi", "attention_mask", "layer_past", "use_cache",
-                    "output_attentions")
+_PLAN_ATTR = "_ecomkit_sdpa_mask_plan"
 
 
-# ---------------------------------------------------------------------- shared pieces
-def alibi_in_qk(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, alibi: torch.Tensor,
-                num_heads: int, scale: float, beta: float, multiple: int = 1
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fold ALiBi into the dot product: ``[q·scale, 1] · [k, beta·alibi] = scale·q·k + beta·alibi``.
+class MaskPlan(NamedTuple):
+    """How one forward's mask is handed to SDPA (see :func:`sdpa_mask_plan`)."""
 
-    Why: BLOOM's ALiBi term depends on (batch, head, key) only, so it fits in one
-    extra channel of q and k. SDPA then needs just the model's own
-    ``[batch, 1, q, kv]`` mask (shared by all heads and layers) instead of a
-    ``[batch, heads, q, kv]`` bias: no tensor that grows with heads·T² exists.
-    The ALiBi values are used exactly as the model built them; the only extra
-    rounding is ``q·scale`` (exact when head_dim is a power of 4). ``value`` is
-    zero-padded to the same width because fused kernels require equal head
-    dims; ``multiple`` rounds the width up (8 on CUDA, for the aligned kernels).
+    attn_mask: torch.Tensor | None
+    is_causal: bool
+    has_empty_rows: bool  # some query row may attend to nothing (left padding)
+
+
+def sdpa_mask_plan(alibi: torch.Tensor, attention_mask: torch.Tensor | None, q_length: int) -> MaskPlan:
+    """Decide once per forward how to pass the mask to SDPA; cached on ``alibi``.
+
+    - A batch without padding carries a plain causal mask: SDPA then gets
+      ``is_causal=True`` and no mask, so fused kernels skip the upper triangle
+      (and CUDA can pick FlashAttention).
+    - Otherwise the model's additive mask is passed as is (0 = attend, dtype
+      minimum = masked, exactly as eager adds it), broadcast over heads.
+    - ``has_empty_rows``: with left padding the padding queries see no key at all.
+      Eager then averages over every key (all scores equal the minimum), and
+      SDPA's forward does the same, but torch's fused CPU backward treats such
+      rows differently from its own forward (measured: gradients off by O(1)
+      in those rows), and the loss does use one of them (the last padding
+      position predicts the first real token). The caller then runs the math
+      kernel, which is exact but materialises the scores like eager.
+      ecomkit's collate pads on the right, so training never pays for this.
+
+    Why cached on ``alibi``: BloomModel hands the same ``alibi`` and mask objects
+    to every block, so the checks run once per forward, not once per layer.
+
+    Under ``torch.compile`` (``--compile``) the mask goes to SDPA as it is, with no check: the checks read
+    tensor values, a graph break inside BloomModel's loop over blocks, which makes dynamo give up the whole
+    loop and compile every block apart (measured on ``tiny``, one process, 5 steps: 19 recompilations,
+    against one, the no-grad forward of the evaluation, without the checks). Both shortcuts only save
+    work: SDPA given the causal mask computes what ``is_causal`` does, and empty rows come from left
+    padding, which training batches never have (ecomkit's collate pads on the right) and generation,
+    which left-pads, runs without a backward.
     """
-    batch, _, q_len, head_dim = query.shape
-    kv_len = key.shape[2]
-    width = -(-(head_dim + 1) // multiple) * multiple
-    slope_pos = alibi.view(batch, num_heads, kv_len, 1).to(key.dtype)
-    if beta != 1.0:
-        slope_pos = slope_pos * beta
-    extra = width - head_dim - 1
-    q_aug = torch.cat([query * scale, query.new_ones(batch, num_heads, q_len, 1)], dim=-1)
-    k_aug = torch.cat([key, slope_pos], dim=-1)
-    v_aug = value
-    if extra:
-        q_aug = F.pad(q_aug, (0, extra))
-        k_aug = F.pad(k_aug, (0, extra))
-    if width != head_dim:
-        v_aug = F.pad(value, (0, width - head_dim))
-    return q_aug, k_aug, v_aug
+    if torch.compiler.is_compiling():
+        return MaskPlan(attention_mask, False, False)
+    cached = getattr(alibi, _PLAN_ATTR, None)
+    if cached is not None and cached[0] is attention_mask and cached[1] == q_length:
+        return cached[2]
+    plan = MaskPlan(attention_mask, False, False)
+    if attention_mask is not None:
+        allowed = attention_mask == 0
+        square = attention_mask.shape[-1] == q_length == attention_mask.shape[-2]
+        causal = torch.ones(q_length, q_length, dtype=torch.bool, device=allowed.device).tril() if square else None
+        if causal is not None and torch.equal(allowed, causal.expand_as(allowed)):
+            plan = MaskPlan(None, True, False)
+        else:
+            plan = MaskPlan(attention_mask, False, bool((~allowed.any(dim=-1)).any()))
+    setattr(alibi, _PLAN_ATTR, (attention_mask, q_length, plan))
+    return plan
 
 
-def _project_output(attn: BloomAttention, context: torch.Tensor) -> torch.Tensor:
-    """The output ``dense``, including BLOOM's ``pretraining_tp``/``slow_but_exact`` slicing."""
-    if attn.pretraining_tp > 1 and attn.slow_but_exact:
-        slices = attn.hidden_size / attn.pretraining_tp
-        out = torch.zeros_like(context)
-        for i in range(attn.pretraining_tp):
-            lo, hi = int(i * slices), int((i + 1) * slices)
-            out = out + F.linear(context[:, :, lo:hi], attn.dense.weight[:, lo:hi])
-        return out
-    return attn.dense(context)
+# ---------------------------------------------------------------------- packed rows: document masks
+def document_causal_mask(document_ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """BLOOM's additive ``[batch, 1, T, T]`` mask for packed rows: each token sees its own row's earlier tokens.
 
-
-class BloomEagerAttention(BloomAttention):
-    """BLOOM's own (eager) attention, with q, k and v taken from the fused QKV output by one ``unbind``.
-
-    Why: BLOOM's ``_reshape`` takes three ``select`` views (the same views), but each select's backward
-    zero-fills a gradient of the whole fused tensor and adds it in; ``unbind``'s backward writes it once
-    (``benchmarks/bench_kernels.py``). Bit-identical gradients (tests/test_attention.py); the fused paths inherit it.
-    Under bf16 autocast on CPU the scores' mask and softmax stay in bf16 (``models/attention_lowp.py``);
-    everywhere else this runs transformers' forward. The fused paths reuse :meth:`forward` with their ``_attend``.
+    ``document_ids`` ``[batch, T]`` numbers the rows packed into a sequence
+    (``ecomkit.data.packing``); 0 marks the padding after them, which forms
+    one more "row", so no query ever sees no key (SDPA's fused CPU backward
+    mishandles such rows, see :func:`sdpa_mask_plan`). 0 = attend, the
+    dtype's minimum = masked, as transformers' own 4-D masks; the model uses
+    a 4-D mask as given, and :func:`alibi_from_mask` reads positions from it.
     """
-
-    def _reshape(self, fused_qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        batch, length, _ = fused_qkv.shape
-        q, k, v = fused_qkv.view(batch, length, self.num_heads, 3, self.head_dim).unbind(3)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-    def _own_forward(self, hidden_states: torch.Tensor) -> bool:
-        """Whether this class's forward runs (``_attend``), not transformers' (always, in the fused paths)."""
-        return cpu_bf16_autocast(hidden_states)
-
-    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor, alibi: torch.Tensor,
-                attention_mask: torch.Tensor | None, layer_past: Any = None, use_cache: bool = False,
-                output_attentions: bool = False, **kwargs: Any) -> tuple[torch.Tensor, Any]:
-        if output_attentions or not self._own_forward(hidden_states):  # only eager materialises probabilities
-            return BloomAttention.forward(self, hidden_states, residual, alibi, attention_mask, layer_past,
-                                          use_cache, output_attentions, **kwargs)
-        batch, q_length, _ = hidden_states.shape
-        query, key, value = self._reshape(self.query_key_value(hidden_states))  # [b, h, T, d] each
-        if layer_past is not None:
-            key, value = layer_past.update(key, value, self.layer_idx)
-        context = self._attend(query, key, value, alibi, attention_mask)
-        context = context.transpose(1, 2).reshape(batch, q_length, self.num_heads * self.head_dim)
-        output = _project_output(self, context)
-        return dropout_add(output, residual, self.hidden_dropout, self.training), None
-
-    def _attend(self, query, key, value, alibi, attention_mask) -> torch.Tensor:
-        return eager_attend(query, key, value, alibi, attention_mask, self.beta, self.inv_norm_factor,
-                            self.attention_dropout)
+    t = document_ids.shape[1]
+    same = document_ids[:, :, None] == document_ids[:, None, :]
+    causal = torch.ones(t, t, dtype=torch.bool, device=document_ids.device).tril()
+    mask = torch.zeros(same.shape, dtype=dtype, device=document_ids.device)
+    return mask.masked_fill_(~(same & causal), torch.finfo(dtype).min)[:, None]
 
 
-class _FusedBloomAttention(BloomEagerAttention):
-    """The fused paths' base: :meth:`BloomEagerAttention.forward` always, with the subclass's ``_attend``."""
-
-    def _own_forward(self, hidden_states: torch.Tensor) -> bool:
-        return True
+_KNOWN_PLAN = "_ecomkit_known_plan"   # set on the masks built here: their plan, known without reading them
 
 
-class BloomSdpaAttention(_FusedBloomAttention):
-    """BLOOM attention through ``F.scaled_dot_product_attention``, ALiBi folded into q·k."""
+def attention_mask_for(batch: dict) -> torch.Tensor:
+    """The mask a batch hands the model: a 4-D mask whose SDPA plan is known on the host, when it can be.
 
-    def _attend(self, query, key, value, alibi, attention_mask) -> torch.Tensor:
-        head_dim = query.shape[-1]
-        multiple = 8 if query.device.type == "cuda" else 1
-        q, k, v = alibi_in_qk(query, key, value, alibi, self.num_heads, self.inv_norm_factor, self.beta, multiple)
-        plan = sdpa_mask_plan(alibi, attention_mask, query.shape[2])
-        mask = plan.attn_mask
-        if mask is not None and mask.dtype != q.dtype:
-            mask = mask.to(q.dtype)
-        dropout = self.attention_dropout.p if self.training else 0.0
-        exact_backward = plan.has_empty_rows and torch.is_grad_enabled() and q.requires_grad
-        with sdpa_kernel(SDPBackend.MATH) if exact_backward else contextlib.nullcontext():
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
-                                                 is_causal=plan.is_causal, scale=1.0)
-        return out[..., :head_dim]
+    - packed rows (``document_ids``): their document mask;
+    - a training batch whose collator said whether it is padded (``has_padding``, a host bool,
+      ``ecomkit.train.loop.Counted``): without padding a plain causal mask (SDPA: ``is_causal``, no mask read),
+      with padding the causal mask of its rows, padding as one more "row" (right padding: no query without
+      a key, and no real token sees a padding one);
+    - anything else (evaluation, generation): its padding mask as it is, planned from its values.
+
+    Why: :func:`sdpa_mask_plan` otherwise reads the mask's values to plan, and on a GPU that read makes the
+    host wait for the device in every training step. The masks built here carry their plan.
+    """
+    if "document_ids" in batch:
+        return _known(document_causal_mask(batch["document_ids"]), causal=False)
+    mask = batch["attention_mask"]
+    if "has_padding" not in batch:
+        return mask
+    if batch["has_padding"]:
+        return _known(document_causal_mask(mask), causal=False)
+    batch_size, t = mask.shape
+    causal = torch.full((t, t), torch.finfo(torch.float32).min, device=mask.device).triu(1)
+    return _known(causal[None, None].expand(batch_size, 1, t, t), causal=True)
 
 
-def _install_alibi_from_mask(model: nn.Module) -> None:
-    """Every ``BloomModel`` of ``model`` builds ALiBi with :func:`alibi_from_mask` (an instance attribute)."""
+def _known(mask: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Mark ``mask`` with its plan: only whether it is plain causal, never a reference to the mask itself.
+
+    A mask holding a plan that holds the mask is a reference cycle: each step's ``[B, 1, T, T]`` mask would then
+    live until the garbage collector happens to run, and peak RSS rose step after step on packed bf16 rows
+    (tests/test_bf16_memory.py; tests/test_packing.py checks the masks are freed without the collector).
+    """
+    setattr(mask, _KNOWN_PLAN, causal)
+    return mask
+
+
+def alibi_from_mask(attention_mask: torch.Tensor, num_heads: int, dtype: torch.dtype) -> torch.Tensor:
+    """BLOOM's ``build_alibi_tensor`` for a 2-D padding mask, and for a 4-D causal mask (packed rows).
+
+    BLOOM biases key ``j`` by ``slope · position(j)``, the position counted
+    from the start of its sequence (the 2-D mask's running count). For a 4-D
+    causal mask each key is also a query whose row shows the keys before it:
+    their count minus one is the key's position within its own row. So a
+    packed row gets exactly the bias it gets alone, the same integers times
+    the same slopes (ALiBi depends on ``i - j`` only; the per-query constant
+    cancels in the softmax), and its logits are its logits alone.
+    """
+    if attention_mask.dim() != 4:
+        return modeling_bloom.build_alibi_tensor(attention_mask, num_heads, dtype)
+    batch, t = attention_mask.shape[0], attention_mask.shape[-1]
+    positions = (attention_mask[:, 0] == 0).sum(dim=-1) - 1                      # [batch, T]
+    slopes = alibi_slopes(num_heads, attention_mask.device)
+    alibi = (slopes[..., None] * positions[:, None, :]).reshape(batch * num_heads, 1, t).to(dtype)
+    causal = getattr(attention_mask, _KNOWN_PLAN, None)
+    if causal is not None and not torch.compiler.is_compiling():   # planned without reading: attention_mask_for
+        plan = MaskPlan(None, True, False) if causal else MaskPlan(attention_mask, False, False)
+        setattr(alibi, _PLAN_ATTR, (attention_mask, t, plan))
+    return alibi
+
+
+def use_mask_positions(model: nn.Module) -> None:
+    """Every ``BloomModel`` of ``model`` builds ALiBi with :func:`alibi_from_mask`: packed rows' positions restart
+    at each document (an instance attribute; BLOOM's own builder reads positions from a 2-D mask only)."""
     for m in model.modules():
-        if isinstance(m, BloomModel):
+        if isinstance(m, modeling_bloom.BloomModel):
             m.build_alibi_tensor = alibi_from_mask
 
 
+def alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
+    """BLOOM's per-head ALiBi slopes, read off its public ``build_alibi_tensor`` (position 1 of a 2-token row).
+
+    Why not transformers' private ``_get_alibi_slopes``: it appeared only in transformers 5.21, and reading the
+    public function gives the same numbers (slope × 1) in every version.
+    """
+    ones = torch.ones(1, 2, dtype=torch.long, device=device)
+    return modeling_bloom.build_alibi_tensor(ones, num_heads, torch.float32).reshape(num_heads, 2)[:, 1]
+
+
 # ---------------------------------------------------------------------- flex
-_COMPILED_FLEX: Any = None
+def flex_block_mask(attention_mask: torch.Tensor | None, batch: int, q_length: int, kv_length: int,
+                    device: torch.device):
+    """A BlockMask from BLOOM's 4-D additive mask (0 = attend); ``None`` means a plain causal mask."""
+    if attention_mask is None:
+        offset = kv_length - q_length
+        mask_mod = lambda b, h, q, kv: kv <= q + offset  # noqa: E731
+        return create_block_mask(mask_mod, None, None, q_length, kv_length, device=device)
+    allowed = attention_mask[:, 0] == 0  # [b, q, kv]
+    mask_mod = lambda b, h, q, kv: allowed[b, q, kv]  # noqa: E731
+    return create_block_mask(mask_mod, batch, None, q_length, kv_length, device=device)
 
 
-def _flex_function(device: torch.device):
-    """Compiled ``flex_attention`` on GPU (built once), the unfused reference elsewhere.
+def _cached_block_mask(alibi, attention_mask, batch, q_length, kv_length, device):
+    """One BlockMask per forward, shared by all layers (same trick as :func:`sdpa_mask_plan`).
 
-    Compiled with torch's default dynamic-shape policy: the first shape compiles
-    a static kernel, a second shape recompiles once with dynamic sizes, so
-    length-bucketed batches do not recompile for every new length.
+    A batch without padding gets the plain causal block mask, which does not
+    depend on the batch (cheaper to build than reading the 4-D mask).
     """
-    global _COMPILED_FLEX
-    if device.type == "cpu":
-        return flex_attention
-    if _COMPILED_FLEX is None:
-        _COMPILED_FLEX = torch.compile(flex_attention)
-    return _COMPILED_FLEX
+    cached = getattr(alibi, "_ecomkit_block_mask", None)
+    if cached is not None and cached[0] is attention_mask and cached[1] == q_length:
+        return cached[2]
+    if attention_mask is None:  # eager applies no mask at all then (not even causal); so does flex
+        block_mask = None
+    else:
+        plain_causal = sdpa_mask_plan(alibi, attention_mask, q_length).is_causal
+        block_mask = flex_block_mask(None if plain_causal else attention_mask, batch, q_length, kv_length, device)
+    setattr(alibi, "_ecomkit_block_mask", (attention_mask, q_length, block_mask))
+    return block_mask
 
 
-class BloomFlexAttention(_FusedBloomAttention):
-    """BLOOM attention through FlexAttention: ALiBi as ``score_mod``, causal+padding as a block mask."""
-
-    def _attend(self, query, key, value, alibi, attention_mask) -> torch.Tensor:
-        if self.training and self.attention_dropout.p > 0:
-            raise ConfigError(
-                f"attn='flex' has no attention dropout, but this model's attention_dropout is "
-                f"{self.attention_dropout.p}. Use --attn sdpa, or set attention_dropout=0 in the model config.")
-        if query.device.type == "cpu" and torch.is_grad_enabled() and query.requires_grad:
-            raise ConfigError(_FLEX_CPU_MESSAGE)
-        batch, q_length, kv_length = query.shape[0], query.shape[2], key.shape[2]
-        block_mask = _cached_block_mask(alibi, attention_mask, batch, q_length, kv_length, query.device)
-        score_mod = self._ecomkit_alibi_score
-        score_mod.bias = alibi.reshape(batch, self.num_heads, kv_length) * self.beta
-        flex = _flex_function(query.device)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-            return flex(query, key, value, score_mod=score_mod.fn, block_mask=block_mask,
-                        scale=self.inv_norm_factor)
-
-
-class AlibiScoreMod:
-    """BLOOM's ALiBi as a FlexAttention ``score_mod``: built once per model, shared by every layer and call.
-
-    Why once: the compiled ``flex_attention`` is traced with its ``score_mod``;
-    a fresh closure per layer and per call invites a recompilation (and at
-    least re-guarding) for each. Here ``fn`` is one function object for the
-    whole model; each layer only stores this forward's ``[batch, heads, kv]``
-    bias in ``self.bias`` before calling, which the compiled graph reads as an
-    input (its shape, not its identity, is what is guarded).
-    tests/test_attention.py counts the compilations.
-    """
-
-    def __init__(self) -> None:
-        self.bias: torch.Tensor | None = None
-        holder = self
-
-        def alibi_score(score, b, h, q, kv):
-            return score + holder.bias[b, h, kv].to(score.dtype)
-
-        self.fn = alibi_score
-
-
-_FLEX_CPU_MESSAGE = (
-    "attn='flex' cannot train on CPU: torch's FlexAttention has no CPU backward, and compiling its "
-    "forward for the CPU takes about a minute per shape. Use --attn sdpa on CPU (same results, "
-    "tested equal to eager); keep --attn flex for GPU runs.")
-
-_CLASSES: dict[str, type[BloomAttention]] = {
-    "eager": BloomAttention,
-    "sdpa": BloomSdpaAttention,
-    "flex": BloomFlexAttention,
-}
-
-
-# ---------------------------------------------------------------------- install
-def check_transformers_compatible() -> None:
-    """Refuse to patch a BLOOM whose attention forward no longer has the arguments this module reads."""
-    params = tuple(inspect.signature(BloomAttention.forward).parameters)[1:]
-    if params[: len(_EXPECTED_PARAMS)] != _EXPECTED_PARAMS:
-        raise EcomkitError(
-            f"transformers' BloomAttention.forward now takes {params} (file {modeling_bloom.__file__}); "
-            f"ecomkit.models.attention was written for {_EXPECTED_PARAMS}. Run with --attn eager, or pin "
-            "the transformers version listed in pyproject.toml.")
-
-
-def attention_modules(model: nn.Module) -> list[BloomAttention]:
-    return [m for m in model.modules() if isinstance(m, BloomAttention)]
-
-
-def install_attention(model: nn.Module, impl: str, *, for_training: bool = True) -> int:
-    """Switch every BLOOM attention module of ``model`` to ``impl``; returns how many were switched.
-
-    Call it before wrapping the model (DDP/ZeRO/FSDP2/TP) or after: only the
-    modules' classes change. ``for_training=False`` allows the unfused flex
-    forward on CPU (a correctness check).
-    """
-    if impl not in ATTN_CHOICES:
-        raise ConfigError(f"Unknown attn '{impl}'. Choose one of: {', '.join(ATTN_CHOICES)}.")
-    modules = attention_modules(model)
-    _install_alibi_from_mask(model)  # 4-D masks (packed rows) get ALiBi positions per row, in every impl
-    if impl == "eager":  # BLOOM's computation, with the one-pass QKV split (BloomEagerAttention); 0 for other models
-        for m in modules:
-            m.__class__ = BloomEagerAttention
-        return len(modules)
-    if not modules:
-        raise ConfigError(
-            f"attn='{impl}' replaces BLOOM's attention, but {type(model).__name__} has no BloomAttention "
-            "module. Pass --attn eager for other architectures.")
-    check_transformers_compatible()
-    if impl == "flex":
-        _check_flex_usable(modules[0], for_training)
-        score_mod = AlibiScoreMod()  # one per model: see AlibiScoreMod
-        for m in modules:
-            m._ecomkit_alibi_score = score_mod
-    for m in modules:
-        m.__class__ = _CLASSES[impl]
-    return len(modules)
-
-
-def current_attention(model: nn.Module) -> str:
-    """The name of the implementation installed on ``model`` ('mixed' if modules disagree)."""
-    def name(m: BloomAttention) -> str:
-        return next((k for k in ("flex", "sdpa") if isinstance(m, _CLASSES[k])), "eager")
-
-    names = {name(m) for m in attention_modules(model)}
-    return names.pop() if len(names) == 1 else "mixed"
-
-
-def _check_flex_usable(module: BloomAttention, for_training: bool) -> None:
-    device = module.query_key_value.weight.device
-    if device.type == "cpu" and for_training:
-        raise ConfigError(_FLEX_CPU_MESSAGE)
-
-
-__all__ = ["MaskPlan", "flex_block_mask", "alibi_from_mask", "attention_mask_for", "document_causal_mask", "ATTN_CHOICES", "BloomEagerAttention", "BloomSdpaAttention", "BloomFlexAttention", "install_attention", "current_attention",
-           "alibi_in_qk", "sdpa_mask_plan", "check_transformers_compatible"]
+__all__ = ["MaskPlan", "alibi_from_mask", "use_mask_positions", "attention_mask_for", "document_causal_mask", "flex_block_mask",
+           "sdpa_mask_plan"]

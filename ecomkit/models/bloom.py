@@ -223,9 +223,11 @@ def build_empty_model(source: ModelSource, device: str | torch.device = "meta") 
     """The architecture of ``source`` with no trained weights: on ``meta`` nothing is allocated.
 
     On a real device the weights are allocated but not initialised (a caller
-    overwrites them from a checkpoint, so random init would be wasted time).
+    overwrites them from a checkpoint, so random init would be wasted time). A checkpoint keeps its own
+    vocabulary, as :func:`load_model` does (BLOOM's 250,880 rows exceed its tokenizer's 250,680 entries).
     """
-    config = model_config(source.name_or_path, vocab_size=source.vocab_size)
+    config = model_config(source.name_or_path,
+                          vocab_size=source.vocab_size if source.name_or_path in PRESETS else None)
     with no_init_weights(), torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=source.dtype or torch.float32)
     model.tie_weights()  # no_init_weights also skips tying; the checkpoint has no separate lm_head for tied models

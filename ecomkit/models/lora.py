@@ -3,7 +3,7 @@
 Why ``peft.inject_adapter_in_model`` and not ``get_peft_model``: injection
 changes the ``BloomForCausalLM`` in place and returns it, so every strategy
 keeps seeing the model class it already knows (``transformer.h`` for FSDP2's
-units, ``model.config``, the chunked loss patched into its forward). Only the
+units, ``model.config``, ``lm_head`` for the loss). Only the
 parameter names change: an adapted Linear keeps its weight as
 ``<module>.base_layer.weight`` next to ``<module>.lora_A.default.weight`` and
 ``<module>.lora_B.default.weight``. What PEFT already does (the LoRA layers,
@@ -152,13 +152,20 @@ def is_trainable_name(name: str) -> bool:
 
 
 def freeze_base_in_bf16(model: nn.Module) -> None:
-    """Cast every frozen floating-point parameter to bf16 (on meta too: the loader then reads bf16); trainable ones
-    stay fp32, and so do their optimizer states."""
+    """Cast every frozen floating-point parameter to bf16 (on meta too: the loader then reads bf16), but the
+    LayerNorms' (bf16 values held in fp32); trainable ones stay fp32, and so do their optimizer states.
+
+    Why the norms in fp32: a module trained in full (``modules_to_save``, fp32) feeds its fp32 output to a frozen
+    LayerNorm, and a CPU ``layer_norm`` refuses an fp32 input with bf16 weights (autocast casts neither there).
+    """
+    norms = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters(recurse=False)}
     with torch.no_grad():
         for p in model.parameters():
             # ZeRO-3 partitions (zero.Init) are left to DeepSpeed, whose bf16 engine casts the whole module
             if not p.requires_grad and p.is_floating_point() and not hasattr(p, "ds_id"):
                 p.data = p.data.to(torch.bfloat16)
+                if id(p) in norms:
+                    p.data = p.data.float()
 
 
 def _seeded_adapter_init(model: nn.Module, seed: int, on_meta: bool) -> dict[str, torch.Tensor]:

@@ -1,70 +1,38 @@
-"""Chunked LM-head loss for transformers' BLOOM: the model's forward returns the loss sum, not logits.
+"""The LM head's loss of one micro-batch, from the model's last hidden states: a function, never a changed model.
 
-Why: with fused attention (``ecomkit.models.attention``) the largest tensors of
-a long-sequence training step are no longer attention scores but the LM
-head's ``[batch, T, vocab]`` logits, their fp32 log-softmax and the gradients
-of both. :func:`~ecomkit.models.loss.chunked_token_loss_sum` computes head +
-cross-entropy a chunk of positions at a time instead.
+Why from hidden states: at long sequences the LM head's ``[batch, T, vocab]`` logits, their fp32 log-softmax
+and the gradients of both are the biggest tensors of a training step (BLOOM's vocabulary is 250,880). A
+strategy runs BLOOM's own forward to its last hidden states (:func:`last_hidden_state`: the head kept to no
+position) and calls a :class:`TokenLoss` on them with the head module; the model's class, forward, parameters
+and saved files are untouched.
 
-Why inside the model's forward: the loss needs the LM head's weight, and a
-wrapper owns that weight only *during* the wrapped forward (DDP prepares its
-reducer there; FSDP2 unshards the root's parameters there). So the loss is
-computed in the forward, through ``model(input_ids, attention_mask,
-token_loss_labels=labels).loss``.
+Which loss (``--loss-kernel``, :func:`pick_loss_kernel`): ``chunked`` (:func:`chunked_token_loss_sum`: only
+the labeled positions, head + cross-entropy a chunk at a time); ``full`` (transformers' logits and
+``F.cross_entropy``); or a fused linear cross-entropy from a maintained library on CUDA, liger-kernel's
+``LigerFusedLinearCrossEntropyLoss`` or cut-cross-entropy's ``linear_cross_entropy``, on the same labeled rows,
+shifted here and summed (``reduction="sum"``), so the loss convention is the same whichever runs.
+cut-cross-entropy keeps its default gradient filter (entries below ``eps/32`` of the compute dtype are
+skipped in backward): the loss is exact, the gradient is rounded at that level. ``auto`` is the chunked loss
+on a CPU and, on a GPU, the kernel ``benchmarks/gpu_bench.py`` measured fastest there (:data:`GPU_LOSS_KERNEL`).
 
-How it is installed (the one place that changes the model): an instance
-attribute ``model.forward`` that handles ``token_loss_labels`` and passes every
-other call to the class's own forward (eval, generation, HF Trainer). The
-class, parameters, ``state_dict`` keys and ``save_pretrained`` output are
-untouched. :func:`remove_chunked_loss` deletes it again.
-
-Which strategies use it: those that run the whole model in one forward on
-each rank (single process, DDP, Accelerate, FSDP2 without TP/PP); see
-``Strategy.supports_chunked_loss``. ZeRO-3 gathers a module's weight only
-around that module's own calls, tensor parallelism shards the head's
-output, and a pipeline's last stage computes its own loss, so those keep the
-full-logits loss.
-
-Which loss (``--loss-kernel``, :func:`pick_loss_kernel`): the chunked loss; the
-full logits (transformers' ``[B, T, vocab]`` head and ``F.cross_entropy``); or a
-fused linear cross-entropy from a maintained library on CUDA, liger-kernel's
-``LigerFusedLinearCrossEntropyLoss`` or cut-cross-entropy's
-``linear_cross_entropy`` (Triton kernels that never hold more than a block of
-logits). The fused ones take the same labeled rows as the chunked loss and sum
-their token losses (``reduction="sum"``, no shift inside the library: the
-labels are shifted here, ``labels[:, 1:]`` padded with -100), so the loss
-convention is the same whichever runs. cut-cross-entropy keeps its default
-gradient filter (entries below ``eps/32`` of the compute dtype are skipped in
-backward): the loss is exact, the gradient is rounded at that level.
-``auto`` is the chunked loss on a CPU and, on a GPU, the kernel
-``benchmarks/gpu_bench.py`` measured fastest there at BLOOM's vocabulary
-(:data:`GPU_LOSS_KERNEL`, recomputed by a test from the newest GPU artifact).
-
-Token-level loss sums (the first half of this module): Token-level loss sums, so the loop can normalise by the *global* token count.
-
-Why sums and not ``model(..., labels=...).loss``: the model's mean is over the
-micro-batch's tokens, so averaging micro-batch means weights short and long
-batches equally, and 1-process vs 2-process vs accumulation runs stop being
-comparable. Summing here and dividing once by the global batch's label-token
-count makes every split of the same global batch produce the same gradient.
+Why sums: the loop divides once by the global batch's label-token count, so every split of one global batch
+(1 or 2 processes, accumulation) gives the same gradient; a micro-batch mean would weight short and long
+batches alike.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
-import types
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers.modeling_outputs import CausalLMOutputWithCrossAttentions
 
 from ecomkit.config.vocabulary import LOSS_KERNEL_PACKAGES
 from ecomkit.errors import ConfigError
-from ecomkit.models.cpu_kernels import cross_entropy_sum
 
 # Per GPU kind (ecomkit.hardware.gpu_kind), the loss kernel benchmarks/gpu_bench.py measured fastest (its
 # "loss_kernel" rows, BLOOM's 250,880-token vocabulary): ecomlab.derive.loss_kernel of the newest GPU artifact,
@@ -94,7 +62,7 @@ def count_label_tokens(labels: torch.Tensor) -> int:
 
 def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.Tensor,
                            chunk_tokens: int, row_multiple: int | None = None,
-                           cpu_kernel: bool = False, head_loss: Callable = None,
+                           cross_entropy: Callable | None = None, head_loss: Callable = None,
                            fused: Callable | None = None, label_count: int | None = None) -> torch.Tensor:
     """:func:`token_loss_sum` from the last hidden state, never holding the ``[B, T, vocab]`` logits.
 
@@ -120,8 +88,8 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     8 × 128) ran about 20 % slower than on 1024, so the candidates are all
     ``B × T`` positions, not only those with a successor.
 
-    ``cpu_kernel``: the cross-entropy runs through ecomkit's fused CPU kernel
-    (``models/cpu_kernels.py``) where it applies, one pass each way instead of
+    ``cross_entropy(logits, target)``: Σ of the rows' losses (default :func:`cross_entropy_sum`, ATen's; the fast
+    paths give ecomkit's fused CPU kernel, ``fast/cpu_kernels.py``, one pass each way instead of
     ATen's cast, ``log_softmax``, zero-filled ``nll_loss`` gradient and cast back.
 
     ``label_count``: how many positions have a label, counted on the host before the batch became tensors
@@ -143,6 +111,8 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     flat_y = F.pad(labels[:, 1:], (0, 1), value=-100).reshape(-1)
     keep = _positions(flat_y != -100, label_count)
     if keep.numel() == 0:  # no label in this micro-batch: a zero that still reaches every parameter
+        if fused is not None:   # one unlabeled row: the kernel's own zero (and its collectives, as on other ranks)
+            return fused(head, flat_h[:1], flat_y[:1])
         return F.cross_entropy(head(flat_h[:1]).float(), flat_y[:1].clamp(min=0), reduction="sum") * 0.0
     if row_multiple:
         keep = _topped_up(keep, flat_y, row_multiple)
@@ -154,19 +124,19 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     else:   # compiled (--compile): any row count, 1 included, is one graph (no size-1 specialisation)
         head_loss = functools.partial(_unbacked_rows, head_loss)
     if y.numel() <= chunk_tokens:
-        return head_loss(head, h, y, cpu_kernel)
+        return head_loss(head, h, y, cross_entropy)
     total = h.new_zeros((), dtype=torch.float32)
     for start in range(0, y.numel(), chunk_tokens):
         part = slice(start, start + chunk_tokens)
-        total = total + checkpoint(head_loss, head, h[part], y[part], cpu_kernel, use_reentrant=False)
+        total = total + checkpoint(head_loss, head, h[part], y[part], cross_entropy, use_reentrant=False)
     return total
 
 
-def _unbacked_rows(head_loss: Callable, head: nn.Module, h: torch.Tensor, y: torch.Tensor, cpu_kernel: bool
+def _unbacked_rows(head_loss: Callable, head: nn.Module, h: torch.Tensor, y: torch.Tensor, cross_entropy: Callable
                    ) -> torch.Tensor:
     torch._dynamo.decorators.mark_unbacked(h, 0)
     torch._dynamo.decorators.mark_unbacked(y, 0)
-    return head_loss(head, h, y, cpu_kernel)
+    return head_loss(head, h, y, cross_entropy)
 
 
 # Under torch.compile (--compile) the label selection runs eagerly: its row count (the labeled positions) changes
@@ -174,6 +144,51 @@ def _unbacked_rows(head_loss: Callable, head: nn.Module, h: torch.Tensor, y: tor
 # The graphs on either side see only fixed shapes ([B, T, h] hidden states, [B, T] labels), so packed batches,
 # which have one shape, compile once (tests/test_packing.py counts).
 chunked_token_loss_sum = torch.compiler.disable(chunked_token_loss_sum, recursive=True)
+
+
+class _ChunksWithGradients(torch.autograd.Function):
+    """Σ cross-entropy of ``h @ weight.T (+ bias)`` chunk by chunk, each chunk's gradients computed in the forward."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
+                chunk_tokens: int, cross_entropy: Callable) -> torch.Tensor:
+        grad_h = torch.empty_like(h)   # the head's gradients summed in its dtype, as autograd sums them over chunks
+        grad_w = torch.zeros_like(weight)
+        grad_b = torch.zeros_like(bias) if bias is not None else None
+        total = h.new_zeros((), dtype=torch.float32)
+        w, b = weight.detach().requires_grad_(), bias.detach().requires_grad_() if bias is not None else None
+        for start in range(0, y.numel(), chunk_tokens):
+            part = slice(start, start + chunk_tokens)
+            with torch.enable_grad():
+                rows = h[part].detach().requires_grad_()
+                loss = cross_entropy(F.linear(rows, w, b), y[part])
+                grads = torch.autograd.grad(loss, [rows, w] + ([b] if b is not None else []))
+            grad_h[part] = grads[0]
+            grad_w += grads[1]
+            if b is not None:
+                grad_b += grads[2]
+            total += loss.detach()
+        ctx.save_for_backward(grad_h, grad_w, *([grad_b] if bias is not None else []))
+        return total
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        grad_h, grad_w, *grad_b = ctx.saved_tensors
+        return grad_h * grad, grad_w * grad, grad_b[0] * grad if grad_b else None, None, None, None
+
+
+def chunks_with_gradients(head: nn.Module, h: torch.Tensor, y: torch.Tensor, chunk_tokens: int = 1024,
+                          cross_entropy: Callable | None = None) -> torch.Tensor:
+    """The chunked loss of rows ``h`` (labels ``y``) with its gradients computed in the forward, as liger's is.
+
+    Why: a head whose weight is whole only for the length of the loss's forward (ZeRO-3 gathers it once, around
+    this call) gets no chunk recomputed in backward, so the number of gathers does not depend on how many
+    positions a rank labels. Reads ``head.weight`` (and ``bias``): a plain linear head.
+    """
+    if not isinstance(getattr(head, "weight", None), torch.Tensor):
+        raise ConfigError(f"the LM head is a {type(head).__name__} without a weight of its own (an adapter?): the "
+                          "chunked loss of a head gathered once takes a plain linear head. Use --loss-kernel full.")
+    return _ChunksWithGradients.apply(h, head.weight, head.bias, y, chunk_tokens, cross_entropy or cross_entropy_sum)
 
 
 def _positions(flags: torch.Tensor, count: int | None) -> torch.Tensor:
@@ -205,98 +220,76 @@ def _topped_up(keep: torch.Tensor, flat_y: torch.Tensor, multiple: int) -> torch
     return torch.cat([keep, unlabeled])
 
 
-def head_loss_sum(head: torch.nn.Module, h: torch.Tensor, y: torch.Tensor, cpu_kernel: bool = False) -> torch.Tensor:
-    return cross_entropy_sum(head(h), y, cpu_kernel)
+def cross_entropy_sum(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Σ of the rows' next-token losses in fp32 (a target of -100 adds 0): ATen's cross-entropy."""
+    return F.cross_entropy(logits.float(), target, ignore_index=-100, reduction="sum")
 
 
-def _head_loss(model: nn.Module) -> Callable:
-    """The head + loss function of an installed chunked loss: compiled with ``--compile`` (models/compile.py)."""
-    return model.__dict__.get("ecomkit_head_loss") or head_loss_sum
+def head_loss_sum(head: torch.nn.Module, h: torch.Tensor, y: torch.Tensor,
+                  cross_entropy: Callable | None = None) -> torch.Tensor:
+    return (cross_entropy or cross_entropy_sum)(head(h), y)
 
 
-def _forward_with_chunked_loss(self: nn.Module, *args: Any, token_loss_labels: torch.Tensor | None = None,
-                               token_loss_count: int | None = None, **kwargs: Any) -> Any:
-    if token_loss_labels is None:
-        return type(self).forward(self, *args, **kwargs)
-    kwargs.setdefault("use_cache", False)
-    hidden = self.transformer(*args, **kwargs)[0]
-    loss = chunked_token_loss_sum(hidden, self.lm_head, token_loss_labels, self.ecomkit_loss_chunk,
-                                  self.ecomkit_loss_rows, self.ecomkit_loss_kernel, _head_loss(self),
-                                  FUSED_LOSSES.get(self.__dict__.get("ecomkit_fused_loss")), token_loss_count)
-    return CausalLMOutputWithCrossAttentions(loss=loss)
+def last_hidden_state(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The last hidden states ``[B, T, hidden]`` (after ``ln_f``) through ``model``'s own forward, wrappers' too.
 
-
-def _with_signature_of(forward: Callable) -> Callable:
-    """:func:`_forward_with_chunked_loss` under ``forward``'s signature plus the two token-loss keywords.
-
-    Why: ``generate()`` reads the model's forward signature. Without ``logits_to_keep`` in it, it computed the
-    LM head over every prompt position at prefill (B × T × vocab, most of a CPU evaluation's decoding time) and
-    refused the keyword when given.
+    Why the forward and not ``model.transformer``: a wrapper prepares there (DDP its reducer, FSDP2 and ZeRO-3
+    their gathers, DeepSpeed its step). The head runs on no position (``logits_to_keep`` of none), so no logits.
     """
-    def installed(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        return _forward_with_chunked_loss(self, *args, **kwargs)
-
-    sig = inspect.signature(forward)
-    var_kw = [p for p in sig.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
-    plain = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)
-             for name in ("token_loss_labels", "token_loss_count")]
-    installed.__signature__ = sig.replace(parameters=[*plain, *extra, *var_kw])
-    return installed
+    none = torch.empty(0, dtype=torch.long, device=input_ids.device)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=none, output_hidden_states=True,
+                use_cache=False)
+    return out.hidden_states[-1]
 
 
-def install_chunked_loss(model: nn.Module, chunk_tokens: int, row_multiple: int | None = None,
-                         cpu_kernel: bool = False, head_loss: Callable | None = None) -> None:
-    """Make ``model(..., token_loss_labels=labels).loss`` the chunked token-loss sum; call before wrapping.
+@dataclass(frozen=True)
+class TokenLoss:
+    """Σ token losses of a micro-batch from its last hidden states and the LM head: ``loss(hidden, head, labels)``.
 
-    ``row_multiple`` and ``cpu_kernel``: see :func:`chunked_token_loss_sum` (None: exactly the labeled positions);
-    ``head_loss``: the head + loss function of a chunk (``--compile``: the compiled one, models/compile.py).
+    What a strategy's ``forward_loss_sum`` calls after BLOOM's forward; the loop's fast paths pick the fields.
     """
-    if chunk_tokens < 1:
-        raise ConfigError(f"loss_chunk_tokens={chunk_tokens}: give a positive number of positions per chunk, "
-                          "or 0 (flag --loss-chunk-tokens 0) to keep the full-logits loss.")
-    if not (hasattr(model, "transformer") and isinstance(getattr(model, "lm_head", None), nn.Module)):
-        raise ConfigError(f"the chunked loss needs a BLOOM-style causal LM (.transformer and .lm_head); "
-                          f"{type(model).__name__} has not. Pass --loss-chunk-tokens 0.")
-    model.ecomkit_loss_chunk = int(chunk_tokens)
-    model.ecomkit_loss_rows = row_multiple
-    model.ecomkit_loss_kernel = cpu_kernel
-    if head_loss is not None:
-        model.ecomkit_head_loss = head_loss
-    model.forward = types.MethodType(_with_signature_of(type(model).forward), model)
+
+    kernel: str = "full"              # full | chunked | liger | cce (--loss-kernel, resolved)
+    chunk_tokens: int = 1024          # chunked: labeled positions per head call (--loss-chunk-tokens)
+    row_multiple: int | None = None   # bf16 on CPU: the head's rows on the head_rows ladder (train/shapes.py)
+    cross_entropy: Callable = cross_entropy_sum   # Σ of rows' losses; fast paths: the CPU kernel (fast/cpu_kernels.py)
+    head_loss: Callable = head_loss_sum   # head + cross-entropy of one chunk; --compile: compiled (fast/compile.py)
+    grads_in_forward: bool = False    # chunked: gradients computed in the forward (a head whole only then: ZeRO-3)
+
+    def __post_init__(self) -> None:
+        if self.kernel not in ("full", "chunked", *FUSED_LOSSES):
+            raise ConfigError(f"--loss-kernel {self.kernel}: choose full, chunked or {' or '.join(FUSED_LOSSES)}.")
+        if self.kernel == "chunked" and self.chunk_tokens < 1:
+            raise ConfigError(f"loss_chunk_tokens={self.chunk_tokens}: give a positive number of positions per "
+                              "chunk, or 0 (flag --loss-chunk-tokens 0) to keep the full-logits loss.")
+
+    @property
+    def from_logits(self) -> bool:
+        """Whether this is the full-logits loss, which the model's own forward computes the logits of."""
+        return self.kernel == "full"
+
+    def __call__(self, hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor,
+                 label_count: int | None = None) -> torch.Tensor:
+        if self.from_logits:
+            return token_loss_sum(head(hidden), labels)
+        fused = FUSED_LOSSES.get(self.kernel)
+        if fused is None and self.grads_in_forward:
+            fused = functools.partial(chunks_with_gradients, chunk_tokens=self.chunk_tokens,
+                                      cross_entropy=self.cross_entropy)
+        return chunked_token_loss_sum(hidden, head, labels, 1 << 30 if fused else self.chunk_tokens,
+                                      self.row_multiple, self.cross_entropy, self.head_loss, fused, label_count)
 
 
-def install_fused_loss(model: nn.Module, kernel: str) -> None:
-    """Make ``model(..., token_loss_labels=labels).loss`` the token-loss sum through ``kernel`` (liger | cce).
+def lm_loss_sum(model: nn.Module, loss: TokenLoss, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                labels: torch.Tensor, head: nn.Module | None = None, label_count: int | None = None) -> torch.Tensor:
+    """Σ token losses of a batch: ``model``'s forward (to logits, or to hidden states), then ``loss``.
 
-    The same installed forward as the chunked loss (the same label selection, the same sum); only the head +
-    cross-entropy of the labeled rows is the library's. ``TrainConfig.validate()`` has checked that the
-    package is installed and a CUDA GPU is present.
+    ``head``: the LM head module (default ``model.lm_head``; a wrapper's caller passes the inner model's).
     """
-    if kernel not in FUSED_LOSSES:
-        raise ConfigError(f"--loss-kernel {kernel}: not a fused kernel; choose one of {', '.join(FUSED_LOSSES)}.")
-    install_chunked_loss(model, 1 << 30)   # one "chunk": the library chunks inside its kernels
-    model.ecomkit_fused_loss = kernel
-
-
-def remove_chunked_loss(model: nn.Module) -> None:
-    """Undo :func:`install_chunked_loss` or :func:`install_fused_loss` (a no-op when neither was installed)."""
-    model.__dict__.pop("ecomkit_fused_loss", None)
-    model.__dict__.pop("forward", None)
-    model.__dict__.pop("ecomkit_loss_chunk", None)
-    model.__dict__.pop("ecomkit_loss_rows", None)
-    model.__dict__.pop("ecomkit_loss_kernel", None)
-    model.__dict__.pop("ecomkit_head_loss", None)
-
-
-def has_chunked_loss(model: nn.Module) -> bool:
-    """Whether the model's forward takes ``token_loss_labels`` (the chunked loss, or a fused one)."""
-    return "ecomkit_loss_chunk" in model.__dict__
-
-
-def installed_loss_kernel(model: nn.Module) -> str:
-    """The loss kernel the model's forward runs: liger | cce | chunked, or full (nothing installed)."""
-    return model.__dict__.get("ecomkit_fused_loss") or ("chunked" if has_chunked_loss(model) else "full")
+    if loss.from_logits:
+        return token_loss_sum(model(input_ids=input_ids, attention_mask=attention_mask).logits, labels)
+    hidden = last_hidden_state(model, input_ids, attention_mask)
+    return loss(hidden, head if head is not None else model.lm_head, labels, label_count)
 
 
 # ---------------------------------------------------------------------- fused linear cross-entropy (CUDA)

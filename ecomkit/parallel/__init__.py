@@ -42,11 +42,10 @@ STRATEGIES: dict[StrategyName, StrategySpec] = {
                                     checkpoint_callback="ecomkit.parallel.zero.checkpoint:ZeroCheckpointCallback"),
     StrategyName.FSDP: _MIXED, StrategyName.TP: _MIXED, StrategyName.PP: _MIXED, StrategyName.MIXED: _MIXED,
 }
-# DDP's gradient all-reduce, replaced by a communication hook: --compression-method (05), --ddp-allreduce shm.
+# DDP's gradient all-reduce, replaced by a communication hook: --compression-method (05). The shared-memory
+# all-reduce (--ddp-allreduce shm) is one of the fast paths (ecomkit/fast/), which hand it to the strategy.
 DDP_HOOKS: dict[str, str] = {
     "compression": "ecomkit.parallel.compression.hooks:register_compression",
-    "shm": "ecomkit.parallel.shm_allreduce:register_shm_allreduce",
-    "shm_release": "ecomkit.parallel.shm_allreduce:release_shm_segment",
 }
 # Model parts a strategy uses only under LoRA: peft's adapters, and QLoRA's quantized base.
 LORA = "ecomkit.models.lora"

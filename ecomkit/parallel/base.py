@@ -30,7 +30,7 @@ from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.models.attention import attention_mask_for
 from ecomkit.models.bloom import ModelSource, count_parameters, load_model
-from ecomkit.models.loss import has_chunked_loss, token_loss_sum
+from ecomkit.models.loss import TokenLoss, last_hidden_state, token_loss_sum
 from ecomkit.models.optim import build_optimizer, build_scheduler, clip_grad_norm
 from ecomkit.models.precision import autocast_context, build_grad_scaler
 from ecomkit.parallel import LORA, QUANT, find
@@ -53,7 +53,8 @@ class Strategy:
     has_ddp_hooks = False            # gradient compression needs DDP communication hooks
     replicated = True                # every rank holds the full model (DDP); False for ZeRO-3/FSDP/TP/PP
     owns_forward_backward = False    # True: the loop calls forward_backward() once per step (pipelines)
-    supports_chunked_loss = True     # the whole model runs in one forward per rank (ecomkit.models.loss)
+    supports_chunked_loss = True     # each rank's forward ends in the whole LM head (not TP's shards, not PP's stages)
+    token_loss = TokenLoss()         # the run's loss from hidden states (the fast paths give it); default: full logits
 
     def __init__(self, cfg: TrainConfig, env: DistEnv):
         self.cfg, self.env = cfg, env
@@ -100,7 +101,7 @@ class Strategy:
     def setup(self, model: nn.Module, total_steps: int) -> None:
         """Wrap ``model`` and build optimizer + scheduler. Subclasses usually override ``wrap``."""
         self.raw_model = model
-        self.model = self.wrap(model)   # --compile compiled its blocks before (models/compile.py), not the wrapper
+        self.model = self.wrap(model)   # --compile compiled its blocks before (fast/compile.py), not the wrapper
         self.optimizer = build_optimizer(self.model, self.cfg)
         self.scheduler = build_scheduler(self.optimizer, self.cfg, total_steps)
         self.scaler = build_grad_scaler(self.cfg.precision, self.env.device)
@@ -128,7 +129,7 @@ class Strategy:
 
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                        positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits of one batch (evaluation and generation run compiled blocks uncompiled: models/compile.py).
+        """Logits of one batch (evaluation and generation run compiled blocks uncompiled: fast/compile.py).
 
         ``positions`` (1-D, the same for every row): only those positions' logits, ``[B, len(positions), V]``.
         Why: evaluation reads the logits of a few answer positions per row, and the LM head over every prompt
@@ -140,19 +141,23 @@ class Strategy:
             return self.model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions).logits
 
     def forward_loss_sum(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Σ token losses of one micro-batch: chunked in the model's forward when installed, else from logits.
+        """Σ token losses of one micro-batch: BLOOM's forward to its last hidden states, then :attr:`token_loss`.
 
         A packed batch (``document_ids``) runs under its block-diagonal causal mask, a padded one under its
         padding mask; the loss is the same per-token sum either way. A training batch's host-counted
         ``label_count`` (train/loop.py's ``Counted``) lets the chunked loss select the labeled positions without a sync.
         """
         mask = attention_mask_for(batch)   # packed rows: their document mask (models/attention.py)
-        if self.raw_model is not None and has_chunked_loss(self.raw_model):
-            with self.autocast():
-                return self.model(input_ids=batch["input_ids"], attention_mask=mask,
-                                  token_loss_labels=batch["labels"],
-                                  token_loss_count=batch.get("label_count")).loss
-        return token_loss_sum(self.forward_logits(batch["input_ids"], mask), batch["labels"])
+        if self.token_loss.from_logits:    # transformers' logits, then the loss
+            return token_loss_sum(self.forward_logits(batch["input_ids"], mask), batch["labels"])
+        with self.autocast():
+            hidden = last_hidden_state(self.model, batch["input_ids"], mask)
+            with self.lm_head() as head:
+                return self.token_loss(hidden, head, batch["labels"], batch.get("label_count"))
+
+    def lm_head(self) -> ContextManager[nn.Module]:
+        """The LM head module the loss calls, whole for the length of the loss's forward (ZeRO-3 gathers it)."""
+        return contextlib.nullcontext(self.raw_model.lm_head)
 
     def forward_backward(self, micro_batches: list[dict], loss_scale: float | torch.Tensor) -> torch.Tensor:
         """Whole-step forward+backward for strategies that own the schedule (pipelines); the token-loss sum."""

@@ -12,7 +12,7 @@ are reduced once per optimizer step.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -50,15 +50,16 @@ class DDPStrategy(Strategy):
     def __init__(self, cfg: TrainConfig, env: DistEnv):
         super().__init__(cfg, env)
         self.comm_hook: "CompressionHook | InactiveCompression | None" = None  # set when compression is configured
-        self.shm_segment: str | None = None  # --ddp-allreduce shm: this rank's /dev/shm segment, removed in close()
+        self.allreduce: Any = None   # another gradient all-reduce, from the fast paths (--ddp-allreduce shm):
+                                     #   .register(ddp_model, env) once wrapped, .release() in close()
 
     def wrap(self, model: nn.Module) -> nn.Module:
         wrapped = apply_ddp(model, self.env, self.cfg.bucket_cap_mb, self.cfg.gradient_as_bucket_view)
         # each hook's module is imported only by the runs that ask for it (ecomkit.parallel.DDP_HOOKS)
         if self.cfg.compression.method != "none":
             self.comm_hook = find(DDP_HOOKS["compression"])(wrapped, self.cfg.compression, self.env)
-        if self.cfg.ddp_allreduce == "shm" and isinstance(wrapped, DDP):  # one process: nothing to reduce
-            self.shm_segment = find(DDP_HOOKS["shm"])(wrapped, self.env)
+        if self.allreduce is not None and isinstance(wrapped, DDP):  # one process: nothing to reduce
+            self.allreduce.register(wrapped, self.env)
         return wrapped
 
     def micro_step_context(self, is_last: bool) -> ContextManager:
@@ -73,7 +74,6 @@ class DDPStrategy(Strategy):
         return stats
 
     def close(self) -> None:
-        if self.shm_segment is not None:
-            find(DDP_HOOKS["shm_release"])(self.shm_segment)
-        self.shm_segment = None
+        if self.allreduce is not None:
+            self.allreduce.release()
         super().close()

@@ -185,7 +185,7 @@ def pad_to_length(batch: dict[str, torch.Tensor], length: int, pad_id: int = 0) 
     """Right-pad ``input_ids``/``attention_mask``/``labels`` to ``length`` (mask 0, label -100).
 
     A training batch that says whether it is padded (``has_padding``) says so after the padding too, so its
-    mask is built the same way (4-D, ``models.attention_masks.attention_mask_for``) whatever its own length:
+    mask is built the same way (4-D, ``models.attention.attention_mask_for``) whatever its own length:
     the schedule sends the mask between stages in buffers shaped at the first step.
     """
     t = batch["input_ids"].shape[1]

@@ -101,12 +101,18 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, strategy: str =
     if with_embedding:
         out["embedding"] = 8 * batch * seq + x * dt.embedding_ln_input + ln_stats
     if with_head:
-        logprobs = 4 * batch * (seq - 1) * shape.vocab
+        logprobs = head_logprob_bytes(shape, batch, seq, loss_chunk)
         if 0 < loss_chunk < batch * (seq - 1):
             logprobs = batch * (seq - 1) * shape.hidden * dt.compute
         out["head"] = x * dt.residual + ln_stats + x * dt.compute + logprobs + 8 * batch * (seq - 1)
     out["total"] = sum(out.values())
     return out
+
+
+def head_logprob_bytes(shape: ModelShape, batch: int, seq: int, loss_chunk: int = 0) -> int:
+    """The fp32 log-probabilities ``[b, T-1, V]`` the loss keeps for backward; none with several loss chunks
+    (each recomputed in backward, its labelled hidden states kept instead: counted with the head's activations)."""
+    return 0 if 0 < loss_chunk < batch * (seq - 1) else 4 * batch * (seq - 1) * shape.vocab
 
 
 def checkpointing_factor(shape: ModelShape, batch: int, seq: int, **kw: Any) -> float:
@@ -116,5 +122,5 @@ def checkpointing_factor(shape: ModelShape, batch: int, seq: int, **kw: Any) -> 
     return full / ckpt
 
 
-__all__ = ["ActivationDtypes", "activation_dtypes", "sdpa_width", "layer_activation_bytes", "activation_bytes",
+__all__ = ["ActivationDtypes", "activation_dtypes", "sdpa_width", "layer_activation_bytes", "activation_bytes", "head_logprob_bytes",
            "checkpointing_factor"]

@@ -51,10 +51,10 @@ from ecomkit.planner.job import (CLUSTER_DEFAULTS, PLANNER_FIELDS, Cluster, appl
                                  lora_plan, plan_job)
 from ecomkit.planner.gpu_efficiency import efficiency_for
 from ecomkit.planner.lora import max_lora_micro_batch
-from ecomkit.planner.memory import max_micro_batch
+from ecomkit.planner.memory import DOMINANT_SHARE, max_micro_batch
 from ecomkit.planner.model_states import render_zero_stage_table, zero_stage_table
-from ecomkit.planner.recommend import STEP_TIE
-from ecomkit.planner.report import ds_config, recommendation_json, render_recommendation
+from ecomkit.planner.recommend import STEP_TIE, mostly
+from ecomkit.planner.report import ds_config, explain_parts, recommendation_json, render_recommendation
 from ecomkit.planner.shapes import model_shape, shape_for_n_params
 from ecomkit.planner.step_time import DEFAULT_EFFICIENCY, DEFAULT_OVERLAP, predict_step_time, speedups
 
@@ -87,6 +87,11 @@ def _planner_flags(p: argparse.ArgumentParser) -> None:
                         "layout (DDP, ZeRO-1/2, ZeRO-3/FSDP2, TP/PP, then TP × PP × DP; offload and checkpointing "
                         "add), then the smaller peak memory")
     g.add_argument("--top", type=int, metavar="N", default=8, help="with --recommend: rows of the table")
+    g.add_argument("--explain", action="store_true",
+                   help="print the memory parts of every candidate (with --recommend) or of the plan: parameters, "
+                        "gradients, optimizer states, activations, logits, buffers (communication, gathered "
+                        "weights, autocast copies, CUDA context), the step's total and the loading copy; the table's "
+                        f"'peak mostly' column names a part that holds {DOMINANT_SHARE * 100:.0f}%% or more of the peak")
     g.add_argument("--verify", action="store_true",
                    help="with --recommend: train the top candidates scaled down on this machine (2 CPU processes) "
                         "and compare their model states with the plan; a twin OFF PLAN comes with what it means "
@@ -187,7 +192,7 @@ def defaults_line(result: dict[str, Any]) -> str:
             f"cluster defaults used: {cluster or 'none'}")
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: dict[str, Any], explain: bool = False) -> str:
     plan, step = result["plan"], result["step"]
     lines = [plan.verdict(), "", plan.table(), "",
              f"largest micro-batch that fits: {result['max_micro_batch']}", "",
@@ -204,7 +209,14 @@ def render(result: dict[str, Any]) -> str:
     lines += [f"note: {n}" for n in plan.notes]
     if plan.inputs.loss_chunk_tokens and not plan.inputs.loss_chunk():
         lines.append(f"note: loss_chunk_tokens={plan.inputs.loss_chunk_tokens} is not used by {plan.inputs.strategy}: "
-                     "its loop builds the full logits (the chunked loss runs under ddp/fsdp2 only)")
+                     "its loop builds the full logits (the chunked loss runs under ddp, zero and fsdp2 without "
+                     "tp or pp)")
+    if mostly(plan):
+        lines.append(f"note: the peak is mostly {mostly(plan)}")
+    if explain:
+        row = {"candidate": plan.inputs.strategy, "memory_parts": plan.parts(), "train_bytes": plan.total,
+               "load_bytes": plan.load_bytes}
+        lines += ["", *explain_parts([row])]
     lines += ["", defaults_line(result)]
     return "\n".join(lines)
 
@@ -214,6 +226,7 @@ def to_json(result: dict[str, Any]) -> dict[str, Any]:
     inputs = asdict(plan.inputs)
     inputs["model"] = plan.shape.name
     return {"inputs": inputs, "psi": plan.shape.n_params, "breakdown_bytes": plan.breakdown(),
+            "memory_parts": plan.parts(), "mostly": mostly(plan),
             "total_bytes": plan.total, "cpu_bytes": plan.cpu_bytes, "gpu": plan.gpu.name,
             "gpu_bytes": plan.gpu.memory_bytes, "fits": plan.fits, "max_micro_batch": result["max_micro_batch"],
             "step_time": {**asdict(step), "total_s": step.total_s}, "speedup": result["speedup"],
@@ -255,14 +268,15 @@ def main(argv: list[str] | None = None, verify: Callable[..., Any] | None = None
             if verify is None:
                 raise SystemExit("--verify runs through `python -m ecomkit.plan` (it launches training scripts).")
             report["verify"] = verify(report, top=a.verify_top, given=config_given(job), root=a.verify_dir)
-        print(json.dumps(report, indent=2, default=str) if a.json else render_recommendation(report, a.top))
+        print(json.dumps(report, indent=2, default=str) if a.json else render_recommendation(report, a.top,
+                                                                                              a.explain))
         return
     if a.print_ds_config:
         ds = ds_config(job.cfg, job.cluster)
         print(json.dumps(ds, indent=2) if ds else f"--strategy {job.cfg.strategy} is not a DeepSpeed job: no JSON")
         return
     result = run_plan(job)
-    print(json.dumps(to_json(result), indent=2) if a.json else render(result))
+    print(json.dumps(to_json(result), indent=2) if a.json else render(result, a.explain))
 
 
 if __name__ == "__main__":

@@ -92,6 +92,11 @@ def base_bytes_per_param(inp: PlanInput, lora: LoraPlan) -> float:
     return 2 if inp.precision == "bf16" else 4
 
 
+def _is_norm(name: str) -> bool:
+    """A BLOOM LayerNorm parameter (``*layernorm*``, ``ln_f``)."""
+    return "layernorm" in name or "ln_f" in name
+
+
 def lora_load_weight_bytes(inp: PlanInput) -> int:
     """Bytes per weight while a LoRA run loads its model: the training dtype under DeepSpeed; torch strategies
     the frozen base's dtype (bf16 under ``--precision bf16``, else fp32), which QLoRA quantises only after."""
@@ -120,9 +125,14 @@ def lora_state_bytes_of_rank(inp: PlanInput, lora: LoraPlan, base: list[ParamInf
             cpu["optimizer"], out["optimizer"] = out["optimizer"], 0
             cpu["grads"], out["grads"] = 4 * part, 0
     else:
-        frozen_local = sum(p.numel for p in base) if s == "ddp" else fsdp2_shard(base, n, rank)
-        local = sum(p.numel for p in adapters) if s == "ddp" else fsdp2_shard(adapters, n, rank)
-        out = {"params": per_base * frozen_local + 4 * local, "grads": 4 * local, "optimizer": 8 * local}
+        def held(params: list[ParamInfo]) -> int:
+            return sum(p.numel for p in params) if s == "ddp" else fsdp2_shard(params, n, rank)
+
+        # the frozen LayerNorms stay fp32 where the rest of the base is bf16 (models/lora.freeze_base_in_bf16)
+        norms = [p for p in base if per_base == 2 and _is_norm(p.name)]
+        frozen = per_base * held([p for p in base if p not in norms]) + 4 * held(norms)
+        local = held(adapters)
+        out = {"params": frozen + 4 * local, "grads": 4 * local, "optimizer": 8 * local}
         if inp.offload_param:
             cpu, out = dict(out), {"params": 0, "grads": 0, "optimizer": 0}
     out = {k: int(math.ceil(v)) for k, v in out.items()}

@@ -1,33 +1,7 @@
-"""The memory planner: per-GPU bytes of a BLOOM training setup, before renting the GPUs.
+"""The memory planner: per-GPU bytes of a BLOOM training setup by part (model states, activations, buffers).
 
-Inputs (:class:`PlanInput`): the model (a preset, a ``BloomConfig``, a
-directory with ``config.json`` or a module), the number of GPUs, the strategy
-(one of ``ecomkit.config.PLAN_STRATEGIES``: ``ddp``, ``zero1/2/3``, ``fsdp2``,
-``tp``, ``pp``, plus CPU offloads), the precision, micro-batch, sequence
-length, activation checkpointing and the attention implementation. Output
-(:class:`MemoryPlan`): bytes per GPU split into parameters, gradients,
-optimizer states, activations and temporary buffers, the CPU bytes that
-offloading moves to the host, whether it fits a chosen GPU (``ecomkit.hardware``),
-and the largest micro-batch that fits.
-
-Where each number comes from, and why it can be trusted (the tests compare
-them with measurements):
-
-- **model states** per rank follow the exact partitions of
-  :mod:`ecomkit.planner.shapes` and what the implementations in this
-  repository hold: torch DDP/FSDP2 keep fp32 master weights and fp32
-  gradients whatever the compute precision (autocast / MixedPrecisionPolicy);
-  DeepSpeed keeps 16-bit (or fp32) weights plus an fp32 master partition and
-  Adam moments (12 bytes per partitioned parameter, even in fp32);
-- **activations** come from :mod:`ecomkit.planner.activations`;
-- **temporary buffers**: the logits and their fp32 gradients (BLOOM's
-  250,880-token vocabulary makes this the largest transient), the
-  attention-score gradients of one layer in backward, the recomputed block
-  under checkpointing, the communication buckets and gathered parameters of
-  ZeRO/FSDP, autocast's 16-bit weight copies, and the CUDA context.
-
-Assumptions that are *not* measured here are constants below with their
-source (CUDA context size, DeepSpeed's 4.5× bucket rule).
+Why: to know before renting GPUs whether a setup fits and what fills it; the tests compare the parts with
+measurements, and each constant not measured here names its source (CUDA context, DeepSpeed's 4.5× buckets).
 """
 
 from __future__ import annotations
@@ -40,12 +14,17 @@ from ecomkit.config import DEEPSPEED_PLAN_STRATEGIES, PLAN_STRATEGIES, PLAN_STRA
 from ecomkit.errors import ConfigError
 from ecomkit.hardware import GIB, GpuSpec, gpu_spec
 from ecomkit.parallel.pipeline import head_cost_in_blocks, stage_layer_ranges
-from ecomkit.planner.activations import activation_bytes, activation_dtypes, layer_activation_bytes
+from ecomkit.planner.activations import (activation_bytes, activation_dtypes, head_logprob_bytes,
+                                         layer_activation_bytes)
 from ecomkit.planner.loading import CUDA_CONTEXT_BYTES, load_peak
 from ecomkit.planner.shapes import (ModelShape, ParamInfo, deepspeed_partition, fsdp2_shard, local_params,
                                     model_shape, zero3_partition)
 
 ATTNS = ("eager", "sdpa")
+# A plan names the part that holds at least this share of its peak ("mostly logits").
+DOMINANT_SHARE = 0.5
+# The strategies whose loop takes the chunked loss (``Strategy.supports_chunked_loss``), without TP or PP.
+CHUNKED_LOSS_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2")
 # DeepSpeed's documentation: with overlap_comm, ZeRO-1/2 use up to 4.5 × reduce_bucket_size elements of buffers.
 DEEPSPEED_OVERLAP_BUCKET_FACTOR = 4.5
 
@@ -72,8 +51,8 @@ class PlanInput:
     pp_balance: str = "layers"          # pipeline stages by block count, or "compute" (parallel.pp_balance)
     zero_bucket_elements: int = 50_000_000   # chapter 03's reduce/allgather bucket (capped at Ψ)
     vocab_size: int | None = None       # toy presets only: their tokenizer's vocabulary
-    loss_chunk_tokens: int = 0          # 0: full-logits loss (transformers'; ecomkit's ZeRO/TP/PP); > 0: ecomkit's
-                                        #   chunked LM-head loss (its loop's default 1024 for ddp/fsdp2)
+    loss_chunk_tokens: int = 0          # 0: full-logits loss (transformers'; ecomkit's TP/PP); > 0: ecomkit's
+                                        #   chunked LM-head loss (its loop's default 1024 for ddp/zero/fsdp2)
     device: str = "cuda"                # "cpu" plans a CPU run (no CUDA context, SDPA width d+1)
 
     def resolved(self) -> "PlanInput":
@@ -97,8 +76,9 @@ class PlanInput:
         return head_cost_in_blocks(shape.vocab, shape.hidden, shape.block_params(0), self.tp, self.seq_len)
 
     def loss_chunk(self) -> int:
-        """Positions per LM-head chunk, 0 when the full logits are built (strategies as ecomkit's loop)."""
-        applies = self.strategy in ("ddp", "fsdp2") and self.tp == 1 and self.pp == 1
+        """Positions per LM-head chunk, 0 when the full logits are built (strategies as ecomkit's loop: TP shards
+        the head's output and a pipeline's last stage computes its own loss, so both build the full logits)."""
+        applies = self.strategy in CHUNKED_LOSS_STRATEGIES and self.tp == 1 and self.pp == 1
         return self.loss_chunk_tokens if applies else 0
 
 
@@ -204,26 +184,23 @@ def model_state_bytes_per_rank(inp: PlanInput, shape: ModelShape | None = None,
 def temporary_bytes(inp: PlanInput, shape: ModelShape, params: list[ParamInfo], batch: int) -> dict[str, int]:
     """Transient buffers on top of model states and saved activations (the peak of backward, roughly).
 
-    - ``logits``: the LM-head output (compute dtype) alive during backward, and
-      the fp32 gradients of the log-probs and of the logits: ``b·T·V·(c + 8)``.
-    - ``backward_layer``: one block's working set in backward: the fp32
-      gradient of the attention scores and of the probabilities (eager), and
-      under checkpointing the block recomputed in full.
-    - ``comm``: DDP none (gradients are views into its buckets); ZeRO-1/2
-      4.5 × bucket (DeepSpeed's rule for overlap_comm; ZeRO-1's full gradient,
-      held until the end-of-backward reduce, is counted as its gradients,
-      the ZeRO paper's 4Ψ + 12Ψ/N); ZeRO-3 its
-      reduce bucket and two gathered layers; FSDP2 the unsharded parameters of
-      the root unit (embeddings, never resharded after forward) and of two
-      blocks, plus one block's unsharded fp32 gradients.
+    - ``logits``: the LM head's output alive in backward with the fp32 gradients of it and its log-probabilities,
+      ``b·T·V·(c + 8)`` (:func:`logits_bytes`; one chunk's under the chunked loss).
+    - ``backward_layer``: one block's working set in backward: the fp32 gradients of the attention scores and
+      probabilities (eager); under checkpointing the block recomputed in full.
+    - ``comm``: DDP none (its gradients are bucket views); ZeRO-1/2 4.5 × bucket (DeepSpeed's overlap_comm rule;
+      ZeRO-1's whole gradient until the boundary reduce counts as its gradients); ZeRO-3 its reduce bucket and
+      two gathered layers; FSDP2 the root unit's unsharded parameters (never resharded after forward) and two
+      blocks', plus one block's unsharded fp32 gradients.
     - ``autocast_weights``: DDP + autocast keeps a 16-bit copy of every matmul weight.
+    - ``head_gradients``: ZeRO-3's chunked loss computes the head's whole gradient in its forward, in the weight's
+      dtype, and keeps it for backward (``ZeroStrategy.lm_head``).
     - ``cuda_context``: see :data:`CUDA_CONTEXT_BYTES` (0 for a CPU plan).
     The logits and the backward layer do not coexist at their peaks, so the larger counts.
     """
     dt = activation_dtypes(inp.strategy, inp.precision)
     seq, v = inp.seq_len, shape.vocab
-    positions = batch * seq if not inp.loss_chunk() else min(batch * (seq - 1), inp.loss_chunk())
-    logits = positions * v * (dt.compute + 8)
+    logits = logits_bytes(inp, shape, batch)
     heads = shape.n_head // inp.tp
     layer = 2 * 4 * batch * heads * seq * seq if inp.attn == "eager" else 0
     if inp.activation_checkpointing:
@@ -233,7 +210,17 @@ def temporary_bytes(inp: PlanInput, shape: ModelShape, params: list[ParamInfo], 
            "autocast_weights": 0, "cuda_context": CUDA_CONTEXT_BYTES if inp.device == "cuda" else 0}
     if dt.weight_copies:
         out["autocast_weights"] = dt.compute * shape.linear_weight_numel // inp.tp
+    if inp.strategy == "zero3" and inp.loss_chunk():
+        out["head_gradients"] = (4 if inp.precision == "fp32" else 2) * v * shape.hidden
     return out
+
+
+def logits_bytes(inp: PlanInput, shape: ModelShape, batch: int) -> int:
+    """The LM head's logits alive in backward with their fp32 gradients, ``positions · V · (c + 8)``: every
+    position with the full logits, one chunk's with the chunked loss."""
+    seq = inp.seq_len
+    positions = batch * seq if not inp.loss_chunk() else min(batch * (seq - 1), inp.loss_chunk())
+    return positions * shape.vocab * (activation_dtypes(inp.strategy, inp.precision).compute + 8)
 
 
 def _comm_buffers(inp: PlanInput, shape: ModelShape, params: list[ParamInfo]) -> int:
@@ -270,6 +257,7 @@ class MemoryPlan:
     notes: list[str] = field(default_factory=list)
     load_bytes: int = 0               # device bytes per rank while the model is loaded (planner/loading.py)
     load_path: str = ""
+    logits: int = 0                   # of the above: the LM head's logits (kept log-probabilities, temporaries)
 
     @property
     def model_states(self) -> int:
@@ -307,9 +295,28 @@ class MemoryPlan:
                 "activations (attention scores)": self.activations["attention_scores"],
                 "activations (embedding + LM head)": self.activations["embedding"] + self.activations["head"]}
         labels = {"logits_or_backward_layer": "temporary (logits / backward layer)", "comm": "temporary (comm buffers)",
-                  "autocast_weights": "temporary (autocast weight copies)", "cuda_context": "CUDA context"}
+                  "autocast_weights": "temporary (autocast weight copies)", "cuda_context": "CUDA context",
+                  "head_gradients": "temporary (ZeRO-3 head gradients)"}
         rows.update({labels[k]: v for k, v in self.temporary.items()})
         return rows
+
+    def parts(self) -> dict[str, int]:
+        """The training step's bytes by what holds them; the parts add up to :attr:`total`."""
+        return {"parameters": self.params, "gradients": self.grads, "optimizer states": self.optimizer,
+                "activations": self.activation_total + self.temporary_total - self.logits - self.buffers,
+                "logits": self.logits, "buffers": self.buffers}
+
+    @property
+    def buffers(self) -> int:
+        """Communication buckets, gathered weights, autocast copies, the CUDA context, ZeRO-3's head gradients."""
+        return sum(v for k, v in self.temporary.items() if k != "logits_or_backward_layer")
+
+    def dominant_part(self, share: float = DOMINANT_SHARE) -> tuple[str, float] | None:
+        """(part, its share of the peak) when one part holds at least ``share`` of it, the loading copy included."""
+        if self.load_bytes > self.total:
+            return "the loading copy", 1.0
+        name, size = max(self.parts().items(), key=lambda kv: kv[1])
+        return (name, size / self.total) if self.total and size >= share * self.total else None
 
     def verdict(self) -> str:
         inp = self.inputs
@@ -372,9 +379,14 @@ def _plan_stage(inp: PlanInput, shape: ModelShape, gpu: GpuSpec, stage: int) -> 
                             device=inp.device, loss_chunk=inp.loss_chunk())
     acts = {k: v * in_flight for k, v in acts.items()}
     temp = temporary_bytes(inp, shape, params, batch)
+    logits = 0
     if stage != inp.pp - 1:
         temp["logits_or_backward_layer"] = 2 * 4 * batch * (shape.n_head // inp.tp) * inp.seq_len ** 2 \
             if inp.attn == "eager" else 0
+    else:   # the log-probabilities the loss keeps, and the logits when they, not a block's backward, peak
+        temporary = logits_bytes(inp, shape, batch)
+        logits = in_flight * head_logprob_bytes(shape, batch, inp.seq_len, inp.loss_chunk()) + (
+            temporary if temporary >= temp["logits_or_backward_layer"] else 0)
     notes = []
     if inp.strategy in ("zero1", "zero2") and inp.dp > 1:
         notes.append("ZeRO-1/2 keep the whole gradient of a parameter that straddles a partition boundary; "
@@ -382,7 +394,7 @@ def _plan_stage(inp: PlanInput, shape: ModelShape, gpu: GpuSpec, stage: int) -> 
     loading, path = load_peak(inp, shape, params)
     notes.append(f"loading the checkpoint: {path}")
     return MemoryPlan(inp, shape, worst["params"], worst["grads"], worst["optimizer"], acts, temp,
-                      worst["cpu"], gpu, notes, loading, path)
+                      worst["cpu"], gpu, notes, loading, path, logits)
 
 
 def max_micro_batch(inp: PlanInput, shape: ModelShape | None = None, limit: int = 4096) -> int:
@@ -401,5 +413,5 @@ def max_micro_batch(inp: PlanInput, shape: ModelShape | None = None, limit: int 
     return lo
 
 
-__all__ = ["PlanInput", "validate_plan_input", "state_bytes_of_rank", "model_state_bytes_per_rank", "temporary_bytes",
+__all__ = ["PlanInput", "CHUNKED_LOSS_STRATEGIES", "DOMINANT_SHARE", "logits_bytes", "validate_plan_input", "state_bytes_of_rank", "model_state_bytes_per_rank", "temporary_bytes",
            "MemoryPlan", "plan_memory", "max_micro_batch", "format_gib", "CUDA_CONTEXT_BYTES", "ATTNS", "load_peak"]

@@ -258,6 +258,15 @@ def what_would_fit(base: TrainConfig, cluster: Cluster, vocab_size: int | None =
     return tips or ["nothing the planner searches fits; plan a smaller model"]
 
 
+def mostly(plan: MemoryPlan) -> str:
+    """A few words on what holds the peak, when one part holds most of it ("logits 62%"), else ""."""
+    part = plan.dominant_part()
+    if part is None:
+        return ""
+    name, share = part
+    return name if name == "the loading copy" else f"{name} {share:.0%}"
+
+
 def choice_row(choice: Choice, best: Choice | None, cluster: Cluster, given: set[str]) -> dict[str, Any]:
     """One table/JSON row for a choice."""
     row: dict[str, Any] = {"candidate": choice.candidate.label, "group": choice.candidate.group,
@@ -267,7 +276,7 @@ def choice_row(choice: Choice, best: Choice | None, cluster: Cluster, given: set
         row.update({"micro_batch": choice.cfg.micro_batch_size, "grad_accum": choice.cfg.grad_accum,
                     "train_bytes": plan.total, "load_bytes": plan.load_bytes, "peak_bytes": plan.peak,
                     "gpu_bytes": plan.gpu.memory_bytes, "headroom_bytes": plan.headroom,
-                    "cpu_bytes": plan.cpu_bytes})
+                    "cpu_bytes": plan.cpu_bytes, "memory_parts": plan.parts(), "mostly": mostly(plan)})
     if choice.fits and choice.step is not None and choice.cfg is not None:
         samples = choice.cfg.micro_batch_size * choice.cfg.grad_accum * plan.inputs.dp
         row.update({"step_s": choice.step.total_s,
@@ -277,4 +286,4 @@ def choice_row(choice: Choice, best: Choice | None, cluster: Cluster, given: set
 
 
 __all__ = ["Choice", "EXTRA_GROUPS", "GROUP_NOTES", "STEP_TIE", "layout_complexity", "rank_choices", "global_batch", "recommend", "best_choice", "why_lost", "what_would_fit",
-           "choice_row"]
+           "choice_row", "mostly"]

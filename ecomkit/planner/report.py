@@ -72,21 +72,38 @@ def _gib(n: float) -> str:
 def render_table(rows: list[dict[str, Any]], top: int) -> list[str]:
     w = max([30] + [len(r["candidate"]) + 1 for r in rows[:top]])   # a 3-D pipeline's label is longer
     head = (f"{'#':>2}  {'candidate':<{w}}{'micro×acc':>10}{'peak GiB':>9}{'headroom':>9}{'load GiB':>9}"
-            f"{'host GiB':>9}{'step s':>8}{'tok/s/GPU':>10}  why")
+            f"{'host GiB':>9}{'step s':>8}{'tok/s/GPU':>10}  {'peak mostly':<20}  why")
     lines = [head, "-" * len(head)]
     for i, r in enumerate(rows[:top], 1):
         mb = f"{r['micro_batch']}×{r['grad_accum']}" if "micro_batch" in r else "-"
         mem = (_gib(r["peak_bytes"]) + "  " + _gib(r["headroom_bytes"]) + " " + _gib(r["load_bytes"]) + "   "
                + _gib(r["cpu_bytes"])) if "peak_bytes" in r else f"{'-':>9}{'-':>9}{'-':>9}{'-':>9}"
         speed = (f"{r['step_s']:8.2f}{r['tokens_per_s_per_gpu']:10,.0f}" if "step_s" in r else f"{'-':>8}{'-':>10}")
-        lines.append(f"{i:>2}  {r['candidate']:<{w}}{mb:>10}   {mem}{speed}  {r['why']}")
+        lines.append(f"{i:>2}  {r['candidate']:<{w}}{mb:>10}   {mem}{speed}  {r.get('mostly') or '':<20}  {r['why']}")
     if len(rows) > top:
         fitting = sum(r["fits"] for r in rows[top:])
         lines.append(f"    … {len(rows) - top} more ({fitting} of them fit; --top N shows them, --json all)")
     return lines
 
 
-def render_recommendation(rep: dict[str, Any], top: int = 8) -> str:
+PART_COLUMNS = {"parameters": "params", "gradients": "grads", "optimizer states": "optim", "activations": "activ",
+                "logits": "logits", "buffers": "buffers"}
+
+
+def explain_parts(rows: list[dict[str, Any]]) -> list[str]:
+    """``--explain``: every candidate's memory parts per GPU, the step's total and the loading copy (GiB)."""
+    head = f"  {'candidate':<30}" + "".join(f"{c:>8}" for c in PART_COLUMNS.values()) + f"{'step':>8}{'load':>8}"
+    lines = ["memory parts per GPU (GiB; the peak is the larger of the step and the loading copy):", head]
+    for r in rows:
+        if "memory_parts" not in r:
+            lines.append(f"  {r['candidate']:<30}  not planned ({r['why']})")
+            continue
+        parts = "".join(f"{r['memory_parts'][k] / GIB:8.1f}" for k in PART_COLUMNS)
+        lines.append(f"  {r['candidate']:<30}{parts}{r['train_bytes'] / GIB:8.1f}{r['load_bytes'] / GIB:8.1f}")
+    return lines
+
+
+def render_recommendation(rep: dict[str, Any], top: int = 8, explain: bool = False) -> str:
     c = rep["cluster"]
     link = c["link"] + ("" if c.get("link_given", True) else f" [the {c['gpu']}'s own; --link sets another]")
     lines = [f"{rep['model']} (Ψ = {rep['psi']:,}) on {c['gpus']} × {c['gpu']} ({link}, {c['nodes']} node(s)), "
@@ -97,6 +114,8 @@ def render_recommendation(rep: dict[str, Any], top: int = 8) -> str:
     for group, entry in rep["groups"].items():
         lines += [f"[{group}]", *([f"note: {entry['note']}"] if entry.get("note") else []),
                   *render_table(entry["rows"], top), ""]
+        if explain:
+            lines += [*explain_parts(entry["rows"]), ""]
         if entry.get("launch"):
             if entry.get("host_bytes_per_node"):
                 lines.append(f"host memory the offload needs: {entry['host_bytes_per_node'] / GIB:.0f} GiB per node "
@@ -182,5 +201,5 @@ def verify_advice(v: dict[str, Any], rows: list[dict[str, Any]] | None = None) -
     return lines
 
 
-__all__ = ["ds_config", "recommendation_json", "render_recommendation", "render_table", "verify_advice",
+__all__ = ["ds_config", "explain_parts", "recommendation_json", "render_recommendation", "render_table", "verify_advice",
            "verify_lines"]

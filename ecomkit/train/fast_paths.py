@@ -1,51 +1,65 @@
-"""The model's fast paths, installed after it is built and before a strategy wraps it, in one order.
+"""The run's fast paths (``ecomkit.fast``), installed by one call after the model is built, before it is wrapped.
 
 Why one function: each path changes how the same BLOOM computes, never what,
 and some depend on another (the chunked loss takes the CPU kernels; ``--compile``
 compiles the blocks as the attention and GeLU left them), so the order is
 written once:
 
-1. attention (``--attn``; eager too, for its one-pass QKV split): ``models/attention.py``;
-2. the AVX-512 GeLU and loss kernels on a CPU (``--cpu-kernels``): ``models/cpu_kernels.py``;
-3. BLOOM's GeLU as one kernel each way (``--fused-gelu``): ``models/gelu.py``;
-4. the LM-head loss (``--loss-kernel``: chunked, ``--loss-chunk-tokens`` at a time, or a fused library kernel
-   on CUDA), where the strategy runs the whole model in one forward: ``models/loss.py``;
-5. ``--compile``: one block compiled and reused by every block, the head + loss apart: ``models/compile.py``.
+1. attention (``--attn``; eager too, for its one-pass QKV split): ``fast/attention.py``;
+2. the AVX-512 GeLU and loss kernels on a CPU (``--cpu-kernels``): ``fast/cpu_kernels.py``;
+3. BLOOM's GeLU as one kernel each way (``--fused-gelu``): ``fast/gelu.py``;
+4. the LM-head loss the strategy calls on the last hidden states (``--loss-kernel``: chunked,
+   ``--loss-chunk-tokens`` at a time, or a fused library kernel on CUDA): ``models/loss.py``;
+5. ``--compile``: one block compiled and reused by every block, the head + loss apart: ``fast/compile.py``;
+6. DDP's all-reduce through shared memory (``--ddp-allreduce shm``), registered when DDP wraps the model:
+   ``fast/shm_allreduce.py``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
 
 from ecomkit.config import TrainConfig
-from ecomkit.models.attention import install_attention
-from ecomkit.models.compile import compile_blocks, compiled_head_loss
-from ecomkit.models.cpu_kernels import kernels_for
-from ecomkit.models.gelu import install_fused_gelu
-from ecomkit.models.loss import FUSED_LOSSES, install_chunked_loss, install_fused_loss
+from ecomkit.fast.attention import install_attention
+from ecomkit.fast.compile import compile_blocks, compiled_head_loss
+from ecomkit.fast.cpu_kernels import kernel_cross_entropy_sum, kernels_for
+from ecomkit.fast.gelu import install_fused_gelu
+from ecomkit.models.loss import TokenLoss, cross_entropy_sum, head_loss_sum
 from ecomkit.models.precision import length_multiple
+from ecomkit.parallel import find
+
+SHM_ALLREDUCE = "ecomkit.fast.shm_allreduce:ShmAllReduce"   # loaded only by runs that ask for it
 
 
-def install_fast_paths(model: nn.Module, cfg: TrainConfig, device: torch.device, chunked_loss: bool,
+def install_fast_paths(model: nn.Module, cfg: TrainConfig, device: torch.device, strategy: Any,
                        packed: bool) -> None:
-    """Install the paths above on ``model`` for ``cfg`` on ``device``.
+    """Install the paths above on ``model`` for ``cfg`` on ``device``, and give ``strategy`` its loss (and all-reduce).
 
-    ``chunked_loss``: whether the strategy can take the chunked loss (``Strategy.supports_chunked_loss``);
+    ``strategy``: the run's ``Strategy``, whose ``forward_loss_sum`` calls ``strategy.token_loss``;
     ``packed``: whether every batch has one shape, so ``--compile`` compiles static shapes once.
     """
     install_attention(model, cfg.attn)
     kernels = kernels_for(device, cfg.cpu_kernels)
     install_fused_gelu(model, cfg.fused_gelu, kernels)
-    # --loss-kernel, resolved by train/resolve.loss_kernel_choice ("auto" left here: the chunked loss)
-    if chunked_loss and cfg.loss_kernel in FUSED_LOSSES:   # validate() checked the package and the GPU
-        install_fused_loss(model, cfg.loss_kernel)
-    elif chunked_loss and cfg.loss_kernel in ("chunked", "auto") and cfg.loss_chunk_tokens > 0:
-        # no [B, T, vocab] logits; bf16 on CPU: bounded shapes
-        install_chunked_loss(model, cfg.loss_chunk_tokens, length_multiple(cfg.precision, device), kernels,
-                             compiled_head_loss(cfg.compile_mode) if cfg.compile else None)
+    strategy.token_loss = token_loss_for(cfg, device, kernels) if strategy.supports_chunked_loss else TokenLoss()
     if cfg.compile:
         compile_blocks(model, cfg.compile_mode, dynamic=not packed)
+    if cfg.ddp_allreduce == "shm":   # validate() allows it under DDP only
+        strategy.allreduce = find(SHM_ALLREDUCE)()
 
 
-__all__ = ["install_fast_paths"]
+def token_loss_for(cfg: TrainConfig, device: torch.device, cpu_kernel: bool) -> TokenLoss:
+    """The run's :class:`TokenLoss`: ``--loss-kernel`` as resolved (train/resolve.py; ``auto`` left: chunked),
+    ``--loss-chunk-tokens 0``: the full logits; under bf16 on CPU the head's rows on a ladder (models/precision.length_multiple)."""
+    kernel = "chunked" if cfg.loss_kernel == "auto" else cfg.loss_kernel
+    if kernel == "chunked" and cfg.loss_chunk_tokens == 0:
+        kernel = "full"
+    head_loss = compiled_head_loss(cfg.compile_mode) if cfg.compile and kernel == "chunked" else head_loss_sum
+    return TokenLoss(kernel, cfg.loss_chunk_tokens, length_multiple(cfg.precision, device),
+                     kernel_cross_entropy_sum if cpu_kernel else cross_entropy_sum, head_loss)
+
+
+__all__ = ["install_fast_paths", "token_loss_for"]

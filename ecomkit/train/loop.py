@@ -93,7 +93,7 @@ class TrainingRun:
         if cfg.peft != "none":   # LoRA (peft): after the model is built, before the strategy wraps it
             built = find(f"{LORA}:apply_peft")(built, cfg)
         # attention, fused GeLU and loss kernels, the chunked loss, --compile: in that order (train/fast_paths.py)
-        install_fast_paths(built, cfg, env.device, self.strategy.supports_chunked_loss, self.packed)
+        install_fast_paths(built, cfg, env.device, self.strategy, self.packed)
         self.n_params = self.strategy.parameter_count(built)
         self.n_trainable = (find(f"{LORA}:trainable_parameter_count")(built) if cfg.peft != "none"
                             else self.n_params)

@@ -248,7 +248,7 @@ def loss_kernel_choice(flags: TrainConfig, device_type: str, gpu: str) -> Choice
     """``--loss-kernel``: full logits where the strategy runs no loss in the forward, else the measured rule."""
     why_not = forward_loss_unsupported(flags)
     if why_not is not None:
-        return Choice("full", f"{flags.strategy}: the LM head runs outside the forward",
+        return Choice("full", f"{flags.strategy}: no rank holds the LM head whole (tensor or pipeline parallelism)",
                       flags.loss_kernel not in (AUTO, "chunked"), f"full logits: {why_not}")
     picked, why = pick_loss_kernel(flags.loss_kernel, device_type, gpu, flags.loss_chunk_tokens,
                                    installed=_installed)

@@ -65,7 +65,7 @@ from ecomkit.envcheck.alpha_beta import fit_alpha_beta
 from ecomkit.envcheck.collectives import measure_all_reduce_bandwidth
 from ecomkit.hardware import GpuSpec, LinkSpec
 from ecomkit.models.bloom import count_parameters, flops_per_token
-from ecomkit.models.loss import has_chunked_loss
+from ecomkit.models.loss import TokenLoss, lm_loss_sum
 from ecomkit.models.optim import build_optimizer
 from ecomkit.parallel.fsdp import apply_fsdp
 from ecomkit.parallel.zero.probe import one_rank_engine
@@ -183,24 +183,24 @@ def _probe_batch(model_config: Any, cfg: TrainConfig) -> tuple[torch.Tensor, tor
     return ids, torch.ones_like(ids)
 
 
-def training_loss(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The loss as the training loop computes it for this model: the chunked loss when it is installed.
+def training_loss(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, loss: TokenLoss = TokenLoss(),
+                  head: torch.nn.Module | None = None) -> torch.Tensor:
+    """The loss as the training loop computes it: ``loss``, the run's (``Strategy.token_loss``).
 
     Why: the chunked loss recomputes the LM head in backward (it checkpoints
     each chunk), so timing the full-logits loss instead would price a
     different backward from the one the predicted run does.
     """
-    if has_chunked_loss(model):
-        return model(input_ids=ids, attention_mask=mask, token_loss_labels=ids).loss
-    return causal_lm_loss(model, ids, mask)
+    return lm_loss_sum(model, loss, ids, mask, ids, head=head)
 
 
-def _time_train_step(probe: torch.nn.Module, cfg: TrainConfig, repeats: int) -> tuple[float, float]:
+def _time_train_step(probe: torch.nn.Module, cfg: TrainConfig, repeats: int, loss: TokenLoss
+                     ) -> tuple[float, float]:
     """(forward + backward of one micro-batch, clip + AdamW step) of ``probe``, mean seconds each."""
     ids, mask = _probe_batch(probe.config, cfg)
 
     def fwd_bwd() -> None:
-        training_loss(probe, ids, mask).backward()
+        training_loss(probe, ids, mask, loss).backward()
 
     fwd_bwd_s = timed(fwd_bwd, repeats, average=MEAN, slowest=True)
     optimizer = build_optimizer(probe, cfg)
@@ -212,17 +212,16 @@ def _time_train_step(probe: torch.nn.Module, cfg: TrainConfig, repeats: int) -> 
     return fwd_bwd_s, timed(opt_step, repeats, average=MEAN, slowest=True)
 
 
-def _time_engine_step(engine: Any, cfg: TrainConfig, repeats: int) -> tuple[float, float]:
+def _time_engine_step(engine: Any, cfg: TrainConfig, repeats: int, loss: TokenLoss) -> tuple[float, float]:
     """(forward + ``engine.backward``, ``engine.step``) of a DeepSpeed engine, mean seconds each.
 
     Timed in alternation, as training calls them: a ZeRO engine reduces its
-    gradient buckets in backward and must step before the next backward. The
-    full-logits loss, as ZeRO trains (``ZeroStrategy.supports_chunked_loss``).
+    gradient buckets in backward and must step before the next backward. The run's loss, as ZeRO trains it.
     """
     ids, mask = _probe_batch(engine.module.config, cfg)
 
     def fwd_bwd() -> None:
-        engine.backward(causal_lm_loss(engine, ids, mask), scale_wrt_gas=False)
+        engine.backward(training_loss(engine, ids, mask, loss, engine.module.lm_head), scale_wrt_gas=False)
 
     fwd_bwd_s, step_s = timed_phases([fwd_bwd, engine.step], repeats, average=MEAN, slowest=True)
     return fwd_bwd_s, step_s
@@ -235,8 +234,8 @@ def one_rank_mesh() -> DeviceMesh:
 
 
 def measure_compute(model: torch.nn.Module, cfg: TrainConfig, repeats: int = 5, one_rank: DeviceMesh | None = None,
-                    env: DistEnv | None = None) -> ComputeMeasurement:
-    """Forward + backward and one clip + AdamW step of a copy of ``model``, in this process alone.
+                    env: DistEnv | None = None, loss: TokenLoss = TokenLoss()) -> ComputeMeasurement:
+    """Forward + backward (through ``loss``, the run's) and one clip + AdamW step of a copy of ``model``, alone.
 
     With ``one_rank`` (a mesh of this rank alone: :func:`one_rank_mesh`) and
     ``env``, the same for a copy wrapped in FSDP2 on it and for a DeepSpeed
@@ -245,17 +244,17 @@ def measure_compute(model: torch.nn.Module, cfg: TrainConfig, repeats: int = 5, 
     probe = copy.deepcopy(model).train()
     mc = probe.config
     psi = count_parameters(probe)
-    fwd_bwd_s, optimizer_s = _time_train_step(probe, cfg, repeats)
+    fwd_bwd_s, optimizer_s = _time_train_step(probe, cfg, repeats, loss)
     del probe
     m = ComputeMeasurement(cfg.micro_batch_size, cfg.seq_len, psi, fwd_bwd_s, optimizer_s,
                            cfg.micro_batch_size * cfg.seq_len * flops_per_token(psi, mc.n_layer, mc.hidden_size,
                                                                                  cfg.seq_len))
     if one_rank is not None and env is not None:
         sharded = apply_fsdp(copy.deepcopy(model).train(), one_rank, precision=cfg.precision)
-        m.fsdp_fwd_bwd_s, m.fsdp_optimizer_s = _time_train_step(sharded, cfg, repeats)
+        m.fsdp_fwd_bwd_s, m.fsdp_optimizer_s = _time_train_step(sharded, cfg, repeats, loss)
         del sharded
         with one_rank_engine(model, cfg, env, one_rank.get_group(), stage=2) as engine:
-            m.zero_fwd_bwd_s, m.zero_optimizer_s = _time_engine_step(engine, cfg, repeats)
+            m.zero_fwd_bwd_s, m.zero_optimizer_s = _time_engine_step(engine, cfg, repeats, loss)
     return m
 
 
@@ -357,7 +356,8 @@ class MeasureInputsCallback:
     def on_train_start(self, run) -> None:
         self.link = measure_link(run.env.world_size, iters=self.iters)
         mesh = one_rank_mesh() if dist.is_initialized() else None
-        self.compute = measure_compute(run.strategy.raw_model, run.cfg, self.repeats, one_rank=mesh, env=run.env)
+        self.compute = measure_compute(run.strategy.raw_model, run.cfg, self.repeats, one_rank=mesh, env=run.env,
+                                       loss=run.strategy.token_loss)
         self.model_config = copy.deepcopy(run.strategy.raw_model.config)
         self.initial = copy.deepcopy(run.strategy.raw_model)
         if dist.is_initialized():

@@ -22,7 +22,7 @@ from transformers import BloomConfig
 
 from ecomkit.config import StrategyName, plan_strategy_name
 from ecomkit.data import DistributedBatchSampler, compare_padding, generate_catalog, tokenize_records
-from ecomkit.models.attention import install_attention
+from ecomkit.fast.attention import install_attention
 from ecomkit.models.bloom import build_model, preset_config
 from ecomkit.models.tokenizer import get_tokenizer
 from ecomkit.planner.activations import activation_bytes, activation_dtypes, checkpointing_factor

@@ -25,7 +25,7 @@ from torch import nn
 from ecomkit.data.packing import best_fit_decreasing, packed_collate
 from ecomkit.data.tokenize import IGNORE_INDEX, pad_collate
 from ecomkit.models.attention import attention_mask_for
-from ecomkit.models.loss import has_chunked_loss, token_loss_sum
+from ecomkit.models.loss import TokenLoss, lm_loss_sum
 
 
 def random_rows(n: int, vocab: int, seed: int = 0, prompted: bool = False, shortest: int = 4,
@@ -55,14 +55,11 @@ def padded_batch(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     return pad_collate(rows, pad_id)
 
 
-def loss_and_gradients(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[float, dict[str, torch.Tensor]]:
-    """Σ token losses of ``batch`` (chunked in the forward when installed) and a copy of every gradient."""
+def loss_and_gradients(model: nn.Module, batch: dict[str, torch.Tensor], loss_fn: TokenLoss = TokenLoss()
+                       ) -> tuple[float, dict[str, torch.Tensor]]:
+    """Σ token losses of ``batch`` through ``loss_fn`` (default: the full logits) and a copy of every gradient."""
     model.zero_grad(set_to_none=True)
-    mask = attention_mask_for(batch)
-    if has_chunked_loss(model):
-        loss = model(input_ids=batch["input_ids"], attention_mask=mask, token_loss_labels=batch["labels"]).loss
-    else:
-        loss = token_loss_sum(model(input_ids=batch["input_ids"], attention_mask=mask).logits, batch["labels"])
+    loss = lm_loss_sum(model, loss_fn, batch["input_ids"], attention_mask_for(batch), batch["labels"])
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
@@ -84,11 +81,12 @@ class PackingAgreement:
         return self.loss_rel <= rel and self.grad_rel <= rel
 
 
-def packing_agreement(model: nn.Module, rows: list[dict], seq_len: int, pad_id: int) -> PackingAgreement:
-    """:class:`PackingAgreement` of ``rows`` on ``model`` (its attention and loss as installed)."""
+def packing_agreement(model: nn.Module, rows: list[dict], seq_len: int, pad_id: int,
+                      loss_fn: TokenLoss = TokenLoss()) -> PackingAgreement:
+    """:class:`PackingAgreement` of ``rows`` on ``model`` (its attention as installed) through ``loss_fn``."""
     packed = packed_batch(rows, seq_len, pad_id)
-    loss_p, grads_p = loss_and_gradients(model, packed)
-    loss_u, grads_u = loss_and_gradients(model, padded_batch(rows, pad_id))
+    loss_p, grads_p = loss_and_gradients(model, packed, loss_fn)
+    loss_u, grads_u = loss_and_gradients(model, padded_batch(rows, pad_id), loss_fn)
     worst = max(float((grads_p[k] - g).norm() / g.norm().clamp(min=1e-30)) for k, g in grads_u.items())
     return PackingAgreement(loss_p, loss_u, abs(loss_p - loss_u) / abs(loss_u), worst, packed["input_ids"].shape[0],
                             len(rows))

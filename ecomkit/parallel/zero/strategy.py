@@ -38,7 +38,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import warnings
-from typing import Any, ContextManager
+from dataclasses import replace
+from typing import Any, ContextManager, Iterator
 
 import torch
 import torch.distributed as dist
@@ -125,7 +126,7 @@ class ZeroStrategy(Strategy):
     """DeepSpeed engine behind ecomkit's loop: ZeRO stage 0-3, optional CPU offload of optimizer / params."""
 
     name = "zero"
-    supports_chunked_loss = False    # ZeRO-3 gathers lm_head's weight only around lm_head's own calls
+    supports_chunked_loss = True     # stages 1-2 hold the whole head; ZeRO-3 gathers it once for the loss (lm_head())
 
     def __init__(self, cfg: TrainConfig, env: DistEnv):
         super().__init__(cfg, env)
@@ -192,6 +193,8 @@ class ZeroStrategy(Strategy):
                 "in this process. Build probe engines with ecomkit.parallel.zero.probe.one_rank_engine, which "
                 "puts it back.")
         self.model = self.engine
+        if self.cfg.zero.stage == 3 and self.token_loss.kernel == "chunked":   # the head gathered once (lm_head())
+            self.token_loss = replace(self.token_loss, grads_in_forward=True)
 
     def _enable_activation_checkpointing(self, model: nn.Module) -> None:
         """Recompute each BLOOM block in backward with DeepSpeed's checkpoint function (configured from ds_config)."""
@@ -207,6 +210,19 @@ class ZeroStrategy(Strategy):
     def autocast(self) -> ContextManager:
         # DeepSpeed casts the module to bf16/fp16 itself and keeps fp32 masters in the optimizer
         return contextlib.nullcontext()
+
+    def lm_head(self) -> ContextManager[nn.Module]:
+        """The head for the loss; under ZeRO-3 its weight gathered once, for the loss's forward.
+
+        Why once: ZeRO-3's hooks gather a module's weight around each of its calls, and the chunked loss calls the
+        head once per chunk, in forward and again in backward; the chunks a rank has depend on its labels, so two
+        ranks would disagree about the number of gathers. Gathered once, the loss computes its gradients in its
+        forward instead (``TokenLoss.grads_in_forward``, as liger's kernel does), and backward hands them over.
+        """
+        head = self.raw_model.lm_head
+        if self.cfg.zero.stage < 3 or self.token_loss.from_logits:
+            return contextlib.nullcontext(head)
+        return _gathered(head)
 
     def micro_step_context(self, is_last: bool) -> ContextManager:
         self._is_last_micro_step = is_last
@@ -313,6 +329,18 @@ class ZeroStrategy(Strategy):
         self.engine = None
         super().close()
         gc.collect()
+
+
+@contextlib.contextmanager
+def _gathered(module: nn.Module) -> Iterator[nn.Module]:
+    """``module`` with its partitioned parameters gathered (those already whole, a tied embedding's, left as they are)."""
+    ensure_deepspeed_env()
+    import deepspeed  # lazy: heavy optional dependency
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus  # lazy: as above
+
+    params = [p for p in module.parameters() if hasattr(p, "ds_status") and p.ds_status != ZeroParamStatus.AVAILABLE]
+    with deepspeed.zero.GatheredParameters(params) if params else contextlib.nullcontext():
+        yield module
 
 
 def _gathered_frozen(name: str, p: nn.Parameter, is_main: bool) -> dict[str, torch.Tensor]:

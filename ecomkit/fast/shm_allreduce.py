@@ -130,3 +130,17 @@ def release_shm_segment(name: str | None) -> None:
     """Remove this rank's segment name (about 66 MiB of ``/dev/shm`` each); mappings still open stay valid."""
     if name:
         Path("/dev/shm", name).unlink(missing_ok=True)
+
+
+class ShmAllReduce:
+    """``--ddp-allreduce shm`` for one run's DDP model: registered once it is wrapped, its segment released at the end."""
+
+    def __init__(self) -> None:
+        self.segment: str | None = None
+
+    def register(self, model: DistributedDataParallel, env: DistEnv) -> None:
+        self.segment = register_shm_allreduce(model, env)
+
+    def release(self) -> None:
+        release_shm_segment(self.segment)
+        self.segment = None

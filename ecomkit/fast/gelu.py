@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.bloom.modeling_bloom import BloomGelu
 
-from ecomkit.models.cpu_kernels import gelu_tanh
+from ecomkit.fast.cpu_kernels import gelu_tanh
 
 
 class FusedBloomGelu(BloomGelu):
@@ -38,7 +38,7 @@ class FusedBloomGelu(BloomGelu):
 
 
 class KernelBloomGelu(FusedBloomGelu):
-    """``FusedBloomGelu`` through ecomkit's AVX-512 kernel on plain CPU tensors (``models/cpu_kernels.py``), else ATen's."""
+    """``FusedBloomGelu`` through ecomkit's AVX-512 kernel on plain CPU tensors (``fast/cpu_kernels.py``), else ATen's."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gelu_tanh(x, use_kernel=True)

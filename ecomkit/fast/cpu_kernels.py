@@ -31,7 +31,6 @@ import functools
 import hashlib
 import logging
 import platform
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -39,21 +38,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils import cpp_extension
 
+from ecomkit.parallel.zero.env import extensions_dir
+
 log = logging.getLogger("ecomkit")
 
 SOURCE = Path(__file__).parent / "csrc" / "cpu_kernels.cpp"
 DTYPES = (torch.float32, torch.bfloat16)
-
-
-def extensions_dir() -> Path:
-    """Per user and per Python environment: ``~/.cache/ecomkit/torch_extensions/<env>``.
-
-    A build records the include paths of the environment that made it, so
-    two environments sharing one folder rebuild each other's ops on every
-    run (minutes each); clones that share one virtual environment share one build.
-    """
-    env = f"py{sys.version_info[0]}{sys.version_info[1]}-{hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]}"
-    return Path.home() / ".cache" / "ecomkit" / "torch_extensions" / env
 
 
 def cpu_tag() -> str:
@@ -154,4 +144,10 @@ def cross_entropy_sum(logits: torch.Tensor, target: torch.Tensor, use_kernel: bo
     return F.cross_entropy(logits.float(), target, ignore_index=-100, reduction="sum")
 
 
-__all__ = ["KernelStatus", "load_cpu_kernels", "kernels_for", "gelu_tanh", "cross_entropy_sum", "extensions_dir"]
+def kernel_cross_entropy_sum(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """:func:`cross_entropy_sum` through the kernel where it applies: what the chunked loss takes (``TokenLoss``)."""
+    return cross_entropy_sum(logits, target, use_kernel=True)
+
+
+__all__ = ["KernelStatus", "load_cpu_kernels", "kernels_for", "gelu_tanh", "cross_entropy_sum",
+           "kernel_cross_entropy_sum", "extensions_dir"]

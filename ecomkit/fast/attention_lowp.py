@@ -16,7 +16,7 @@ a row of -inf gives NaN), so it is clamped to bf16's minimum: a masked score
 still contributes exactly 0, and a row with every key masked (a padding query
 under left padding) still averages over all keys, as BLOOM's fp32 path does.
 
-``BloomEagerAttention`` (``models/attention.py``) runs :func:`eager_attend` only
+``BloomEagerAttention`` (``fast/attention.py``) runs :func:`eager_attend` only
 under bf16 autocast on CPU; at fp32, on GPUs and for ``output_attentions`` it
 runs transformers' own forward.
 """

@@ -8,14 +8,14 @@ makes a module's parameters inputs of its graph, so the graph compiled for the
 first block serves them all: compile time stays that of one block
 (tests/test_compile.py counts one compilation for ``small``'s four blocks).
 
-How: every block's ``forward`` becomes one shared compiled function of the
+How: every block's class becomes one subclass whose forward is one shared compiled function of the
 block class's forward, used when a block trains (grad enabled, ``training``);
 evaluation and generation run the same weights uncompiled, so a no-grad
 forward or a decoding step's new shapes never trigger a compilation. The LM
 head and the loss (``models/loss.py``) are compiled as their own function, with
 dynamic sizes, since the number of labeled positions changes every step.
-Model code is untouched: the block class, parameters and ``state_dict`` keys are
-the same, so DDP and the checkpoints see the model they always saw.
+Model code is untouched: parameters and ``state_dict`` keys are the same (only the blocks' class is a
+subclass, as the attention's is), so DDP and the checkpoints see the model they always saw.
 
 Older torch: before 2.12, dynamo compiles the head + loss as two graphs, not one
 (benchmarks/check_compat.py records the count per torch in its artifact). The
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import re
-import types
 from typing import Any, Callable
 
 import torch
@@ -88,19 +87,23 @@ def compile_blocks(model: nn.Module, mode: str = "default", dynamic: bool | None
     (bucketed rows), so that neither compiles twice. ``kw`` goes to ``torch.compile`` (a test's backend).
     """
     blocks = [m for m in model.modules() if isinstance(m, BloomBlock)]
-    if not blocks:
-        return 0
-    plain = type(blocks[0]).forward
-    fast = compiled(plain, mode, dynamic, **kw)
+    if blocks:
+        compiled_class = compiled_block_class(type(blocks[0]), compiled(type(blocks[0]).forward, mode, dynamic, **kw))
+        for block in blocks:
+            block.__class__ = compiled_class
+    return len(blocks)
+
+
+def compiled_block_class(block_class: type, fast: Callable) -> type:
+    """A subclass of ``block_class`` whose forward is ``fast`` while it trains (grad enabled), its own otherwise."""
+    plain = block_class.forward
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if self.training and torch.is_grad_enabled():
             return fast(self, *args, **kwargs)
         return plain(self, *args, **kwargs)
 
-    for block in blocks:
-        block.forward = types.MethodType(forward, block)
-    return len(blocks)
+    return type(f"Compiled{block_class.__name__}", (block_class,), {"forward": forward, "__module__": __name__})
 
 
 def compiled_head_loss(mode: str = "default", **kw: Any) -> Callable:
