@@ -8,8 +8,11 @@ cores gets no peak, never another board's. Peaks are dense; ``fp32`` is the non-
 from __future__ import annotations
 
 import difflib
+import hashlib
 import logging
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -308,7 +311,17 @@ def mfu_fields(achieved_flops_per_s: float, peak_per_device: float | None, n_dev
     return {"mfu": None, "mfu_note": note} if note else {"mfu": None}
 
 
-__all__ = ["GpuSpec", "GPUS", "GPU_ALIASES", "find_gpu", "gpu_kind", "device_kind", "gpu_spec", "LinkSpec", "LINKS", "link_spec", "default_link",
+def extensions_dir() -> Path:
+    """Where this Python environment's C++ extensions are built: ``~/.cache/ecomkit/torch_extensions/<env>``.
+
+    Why per environment: a build records its environment's include paths, so two sharing a folder rebuild each other's.
+    """
+    env = f"py{sys.version_info[0]}{sys.version_info[1]}-{hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]}"
+    return Path.home() / ".cache" / "ecomkit" / "torch_extensions" / env
+
+
+__all__ = ["GpuSpec", "GPUS", "GPU_ALIASES", "find_gpu", "gpu_kind", "device_kind", "gpu_spec", "LinkSpec", "LINKS",
+           "link_spec", "default_link", "extensions_dir",
            "unknown_gpu_message", "peak_flops_or_reason", "device_peak", "device_peak_flops", "mfu_fields",
            "NodeSpec", "NODES", "GPU_DEFAULT_NODE", "node_spec", "node_cpu_adam_params_per_s",
            "CPU_ADAM_PARAMS_PER_S_PER_CORE", "GIB"]

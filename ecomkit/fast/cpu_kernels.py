@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils import cpp_extension
 
-from ecomkit.parallel.zero.env import extensions_dir
+from ecomkit.hardware import extensions_dir
 
 log = logging.getLogger("ecomkit")
 

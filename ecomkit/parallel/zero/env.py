@@ -10,27 +10,14 @@ test has to know about it.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import sys
 import warnings
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ecomkit.dist import DistEnv, free_port
-
-
-def extensions_dir() -> Path:
-    """Per user and per Python environment: ``~/.cache/ecomkit/torch_extensions/<env>``.
-
-    A build records the include paths of the environment that made it, so
-    two environments sharing one folder rebuild each other's ops on every
-    run (minutes each); clones that share one virtual environment share one build.
-    """
-    env = f"py{sys.version_info[0]}{sys.version_info[1]}-{hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]}"
-    return Path.home() / ".cache" / "ecomkit" / "torch_extensions" / env
+from ecomkit.hardware import extensions_dir
 
 
 def ensure_deepspeed_env() -> None:
