@@ -145,10 +145,7 @@ def _quiet_single_process() -> Iterator[None]:
 
 
 def load_dcp(path: str | os.PathLike, state: dict[str, Any], group: Any = None) -> None:
-    """Load a DCP checkpoint into ``state`` in place, with the safe reader and planner.
-
-    DCP wraps every rank's exception into one ``CheckpointException``; ours are unwrapped so the message stays clear.
-    """
+    """Load a DCP checkpoint into ``state`` in place (safe reader), unwrapping DCP's ``CheckpointException``."""
     SafeFileSystemReader(str(path)).read_metadata()  # refuse a crafted .metadata with our own error
     try:
         with _quiet_single_process():

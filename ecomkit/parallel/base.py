@@ -63,10 +63,7 @@ class Strategy:
                           seed=source.seed, dtype=source.dtype)
 
     def weight_dtype(self) -> torch.dtype:
-        """The dtype the model's weights are trained and loaded in.
-
-        fp32 for a full fine-tune whatever the compute precision; LoRA under bf16 holds its frozen base in bf16.
-        """
+        """The dtype weights train and load in: fp32 whatever the compute precision; a LoRA base under bf16 in bf16."""
         if self.cfg.peft == "none":
             return torch.float32
         return find(f"{LORA}:frozen_base_dtype")(self.cfg) or torch.float32   # LoRA's module, only under LoRA
@@ -91,10 +88,7 @@ class Strategy:
         return model
 
     def data_shard(self) -> tuple[int, int]:
-        """(shard index, number of shards) the data is split by.
-
-        Tensor/pipeline ranks of one model copy see the *same* batch, so mixed strategies return their dp coordinate.
-        """
+        """(shard index, number of shards) of the data: tp/pp ranks of one model copy share their dp coordinate."""
         return self.env.rank, self.env.world_size
 
     def micro_step_context(self, is_last: bool) -> ContextManager:
@@ -141,10 +135,7 @@ class Strategy:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def clip_and_step(self, max_norm: float) -> StepStats:
-        """Clip (``max_norm <= 0``: only measure), step optimizer and scheduler, zero grads.
-
-        With fp16 the gradients are unscaled first and an overflowed step is skipped (``skipped``).
-        """
+        """Clip (``max_norm <= 0``: only measure), step optimizer and scheduler, zero grads; fp16 overflow skips."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]

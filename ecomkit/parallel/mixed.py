@@ -41,10 +41,7 @@ _CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
 
 
 def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
-    """Wrap every BLOOM block in a non-reentrant activation-checkpoint wrapper (in place).
-
-    The wrapper is a module, so FSDP2 shards it as one unit; state-dict keys are unchanged.
-    """
+    """Wrap every BLOOM block in a non-reentrant checkpoint wrapper (in place): a module FSDP2 shards as one unit."""
     blocks = bloom_blocks(model)
     for i, block in enumerate(blocks):
         blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
@@ -297,10 +294,7 @@ def save_sharded_model(model: nn.Module, path: str | Path) -> None:
 
 
 def load_sharded_model(model: nn.Module, path: str | Path) -> nn.Module:
-    """Load a DCP checkpoint into ``model``, whatever world size wrote it (DCP re-plans the reads).
-
-    ``model`` may be a single-process model or parallelized differently from the saved one; call it on every rank.
-    """
+    """Load a DCP checkpoint into ``model`` on every rank, whatever world size or layout wrote it."""
     state = {"model": get_model_state_dict(model)}
     dcp.load(state, checkpoint_id=str(path))
     set_model_state_dict(model, state["model"])

@@ -115,10 +115,7 @@ class BloomPipelineStage(nn.Module):
         return None
 
     def global_state_dict(self) -> dict[str, torch.Tensor]:
-        """This stage's whole tensors under their unsplit names, on the CPU.
-
-        A collective over the stage's tp and dp ranks (DTensor shards are gathered): every rank of the stage calls it.
-        """
+        """This stage's whole tensors under their unsplit names, on the CPU (a collective over its tp and dp ranks)."""
         out = {}
         for name, tensor in self.model.state_dict().items():
             if name == "lm_head.weight" and not self.is_first:
@@ -173,10 +170,7 @@ class PipelineRunner:
 
     def train_step(self, micro_batches: Sequence[dict[str, torch.Tensor]],
                    loss_scale: float | torch.Tensor) -> torch.Tensor:
-        """Forward + backward of one optimizer step's micro-batches; returns their token-loss sum (a tensor).
-
-        Every stage returns the same sum (broadcast from the last), so the loop reduces it like any strategy's.
-        """
+        """One optimizer step's forward + backward; the token-loss sum, broadcast from the last stage to every stage."""
         padded = [pad_to_length(b, self.seq_len, self.pad_id) for b in micro_batches]
         ids = torch.cat([b["input_ids"] for b in padded]).to(self.device)
         # packed rows: each stage gets the document mask (models/attention.py) in place of the padding mask
@@ -213,10 +207,7 @@ class PipelineRunner:
                                "report it with the command line.")
 
     def sync_gradients(self) -> None:
-        """Sum the tied embedding/head gradients of the first and the last stage (their local shards).
-
-        FSDP2 has reduce-scattered every gradient over dp and both copies are sharded alike: the local shards add up.
-        """
+        """Sum the tied embedding/head gradients' local shards of the first and last stage (sharded alike by FSDP2)."""
         tied = self.module.tied_weight()
         if self.tied_group is None or tied is None:
             return
@@ -233,10 +224,7 @@ class PipelineRunner:
 
     @torch.no_grad()
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Logits on every stage: stage by stage with send/recv, then a broadcast from the last stage.
-
-        Evaluation only (every rank of the pipeline holds the same batch), so the batch shape may change between calls.
-        """
+        """Logits on every stage for evaluation: stage by stage with send/recv, then a broadcast from the last stage."""
         b, t = input_ids.shape
         hidden_size = self.module.model.config.hidden_size
         vocab = self.module.model.config.vocab_size

@@ -60,10 +60,7 @@ def _all_ranks_agree(ok: bool, env: DistEnv) -> bool:
 
 
 def build_zero_optimizer(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> torch.optim.Optimizer:
-    """torch AdamW; with optimizer offload DeepSpeedCPUAdam, or AdamW plus a warning if it cannot be built.
-
-    Same hyper-parameters and parameter groups as :func:`~ecomkit.models.optim.build_optimizer`.
-    """
+    """torch AdamW, as :func:`~ecomkit.models.optim.build_optimizer`; with offload DeepSpeedCPUAdam when it builds."""
     if not cfg.zero.offload_optimizer:
         return build_optimizer(model, cfg)
     cpu_adam, why = _cpu_adam_or_none(param_groups(model, cfg.weight_decay), cfg)
@@ -247,10 +244,7 @@ class ZeroStrategy(Strategy):
         return client_state or {}
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """fp32 weights gathered from the partitions (a collective); the dict on rank 0, None elsewhere.
-
-        From the optimizer's fp32 master copy, so a bf16 run saves full-precision weights, as DDP would.
-        """
+        """fp32 weights from the optimizer's masters (a collective); the dict on rank 0, None elsewhere."""
         ensure_deepspeed_env()
         from deepspeed.utils import safe_get_full_fp32_param  # lazy: heavy optional dependency
 
