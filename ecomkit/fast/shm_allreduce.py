@@ -133,7 +133,7 @@ def release_shm_segment(name: str | None) -> None:
 
 
 class ShmAllReduce:
-    """``--ddp-allreduce shm`` for one run's DDP model: registered once it is wrapped, its segment released at the end."""
+    """``--ddp-allreduce shm`` for one DDP model: registered once it is wrapped, its segment released at the end."""
 
     def __init__(self) -> None:
         self.segment: str | None = None
