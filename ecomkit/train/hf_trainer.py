@@ -1,23 +1,8 @@
-"""The same job through Hugging Face ``Trainer``, for a like-for-like comparison.
+"""The same job through Hugging Face ``Trainer``, for a like-for-like comparison (chapters 02 and 03).
 
-Used by chapter 02 (ecomkit's loop vs Trainer: throughput and loss) and by
-chapter 03 (``TrainingArguments(deepspeed=<generated dict>)``). Model, data,
-tokenizer, batch arithmetic, optimizer hyper-parameters and schedule come
-from the same :class:`~ecomkit.config.TrainConfig`.
-
-Trainer at its best: by default it groups samples by length
-(``train_sampling_strategy="group_by_length"``, the ``group_by_length=True``
-of transformers 4), which cuts its padding from ~43 % to a few percent on the
-synthetic catalog; ``sampling="random"`` measures its default behaviour.
-
-Measured like ecomkit's loop: every step's wall time, samples, real tokens and
-padded positions are recorded (a Trainer subclass counts the inputs it
-trains on), and the summary divides totals over the steady phase by the
-slowest rank's steady wall time (:func:`ecomkit.metrics.throughput_summary`).
-
-CPU trap: under torchrun on a machine without GPUs, ``TrainingArguments``
-must get ``use_cpu=True``, otherwise Trainer believes the world size is 1 and
-trains independent copies.
+Model, data, batch, optimizer and schedule come from the same :class:`~ecomkit.config.TrainConfig`; Trainer groups
+by length by default (``sampling="random"`` measures its default), and is measured as ecomkit's loop is. CPU trap:
+under torchrun without GPUs ``TrainingArguments`` needs ``use_cpu=True``, or Trainer trains independent copies.
 """
 
 from __future__ import annotations
@@ -46,15 +31,8 @@ HF_SAMPLING = ("group_by_length", "random", "batch_rebalance")
 class StepRecorder(TrainerCallback):
     """Per-step wall time and what the step trained on, on this rank.
 
-    Trainer fetches a step's micro-batches (``get_batch_samples``) before it
-    calls ``on_step_begin``, so the times come from :class:`MeasuredTrainer`
-    and from ``on_step_end``. Step k runs from the end of step k-1 (for the
-    first step: the start of its fetch) to the end of step k, so the steps add
-    up to the wall time, Trainer's own per-step logging included. Split:
-    ``data_s`` (fetch and ``num_items_in_batch``), ``fwd_bwd_s`` (the
-    ``training_step`` calls), ``optim_s`` (clip, optimizer, scheduler,
-    ``zero_grad``), ``other_s`` (the rest: logging the previous step,
-    per-micro-batch bookkeeping).
+    Step k runs from the end of step k-1 to the end of step k, so steps add up to the wall time; split into
+    ``data_s``, ``fwd_bwd_s``, ``optim_s`` and ``other_s``. Times come from :class:`Measured` and ``on_step_end``.
     """
 
     def __init__(self) -> None:
@@ -239,9 +217,8 @@ def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | str | None = None,
                    sampling: str = HF_SAMPLING[0], trl_packing: bool = False) -> dict[str, Any]:
     """Train with HF Trainer on ecomkit's model and data; returns a summary like ``run_training``.
 
-    ``trl_packing``: TRL's ``SFTTrainer(packing=True)`` packs the same rows (best-fit decreasing, padding-free):
-    on BLOOM, which has no FlashAttention in transformers, its packed rows attend to each other.
-    The summary's ``eval_loss`` is ecomkit's held-out loss on the unpacked eval rows, for every variant.
+    ``trl_packing``: TRL's ``SFTTrainer(packing=True)`` packs the same rows (on BLOOM its packed rows attend to each
+    other); ``eval_loss`` is always ecomkit's held-out loss on the unpacked rows.
     """
     if cfg.peft != "none":
         raise ConfigError(f"--peft {cfg.peft}: the HF Trainer comparison path has no LoRA step (its saving and "
