@@ -1,8 +1,6 @@
 """The words a config may use: strategy names, precisions, tasks, schedules; and the one "unknown X" message.
 
-Why a module of its own: the planner, the loop, the strategy registry and the
-sweeps must spell strategies the same way, and the validation, the CLI and
-the dataclasses all need these lists without needing each other.
+Why a module of its own: planner, loop, registry and sweeps spell strategies alike, without needing each other.
 """
 
 from __future__ import annotations
@@ -15,11 +13,8 @@ from ecomkit.errors import ConfigError, did_you_mean
 class StrategyName(str, Enum):
     """The one vocabulary of training strategies: what ``--strategy`` takes.
 
-    A ``str`` enum, so ``StrategyName.ZERO == "zero"`` and configs, JSON files
-    and flags keep plain strings. The planner, the loop, the strategy registry
-    (``ecomkit.parallel.STRATEGIES``) and the sweeps all use it; the
-    planner's stage-specific names ("zero2", "fsdp2") are spelled by
-    :func:`plan_strategy_name` and read back by :func:`parse_plan_strategy`.
+    A ``str`` enum, so configs, JSON files and flags keep plain strings; the planner's names ("zero2", "fsdp2") are
+    :func:`plan_strategy_name` and :func:`parse_plan_strategy`.
     """
 
     DDP = "ddp"
@@ -101,10 +96,7 @@ FIELD_CHOICES: dict[str, tuple] = {
 
 
 def flag_of(name: str) -> str:
-    """The command-line flag of a config field: ``seq_len`` -> ``--seq-len``, ``zero.stage`` -> ``--zero-stage``.
-
-    Messages name fields by their flag (what a command-line user can type), as ``config/cli.py`` derives it.
-    """
+    """The command-line flag of a config field: ``seq_len`` -> ``--seq-len``, ``zero.stage`` -> ``--zero-stage``."""
     return "--" + name.replace(".", "-").replace("_", "-")
 
 
