@@ -72,6 +72,7 @@ def forward_loss_unsupported(cfg: _TrainConfig) -> str | None:
     return why_not
 
 
+def _cuda_available() -> bool | None:
     """Whether torch sees a CUDA GPU; None in a process that has not imported torch (``ecomkit.config`` imports
     none, and every training process imports it before validating)."""
     torch = sys.modules.get("torch")
