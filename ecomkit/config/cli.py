@@ -142,10 +142,8 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, defaults: Any, prefi
 
 class FlagParser(argparse.ArgumentParser):
     """argparse whose usage errors (a mistyped flag, a missing value) are :class:`ConfigError` s.
-
     Why: argparse exits in every process, so under torchrun a typo printed N usage blocks; a ConfigError is
-    reported once, by rank 0 (:func:`ecomkit.errors.exit_on_user_error`).
-    """
+    reported once, by rank 0 (:func:`ecomkit.errors.exit_on_user_error`)."""
 
     def error(self, message: str):  # noqa: D102 (argparse's hook)
         hint = ""
@@ -160,10 +158,8 @@ def build_arg_parser(description: str = "", extra: Callable[[argparse.ArgumentPa
                      defaults: TrainConfig | None = None, aliases: Mapping[str, str] | None = None
                      ) -> argparse.ArgumentParser:
     """An argparse parser whose flags are derived from :class:`TrainConfig` (dashes, nested prefixes).
-
     ``--help`` has a section per part of the config, each flag's text its field's comment in ``schema.py`` with
-    this script's default and the allowed values (shown, not enforced: :meth:`TrainConfig.validate` rejects).
-    """
+    this script's default and the allowed values (shown, not enforced: :meth:`TrainConfig.validate` rejects)."""
     parser = FlagParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     files = parser.add_argument_group("presets and config files")
     files.add_argument("--preset", choices=sorted(CONFIG_PRESETS), default=None,

@@ -104,10 +104,8 @@ def resolve_lr(given: float | str, facts: RecipeFacts) -> RecipeValue:
 
 def resolve_run_length(max_steps: int | str, epochs: float, facts: RecipeFacts) -> tuple[RecipeValue, float]:
     """``--max-steps`` (and the epochs it stands for): the user's steps or epochs, else by task and data.
-
     Returns the steps and the epochs they cover (0 when unknown): ``--task nlu`` on a user's file trains
-    ``NLU_FILE_EPOCHS`` passes, at least ``NLU_FILE_MIN_STEPS`` steps; every other run the mechanics' 60.
-    """
+    ``NLU_FILE_EPOCHS`` passes, at least ``NLU_FILE_MIN_STEPS`` steps; every other run the mechanics' 60."""
     spe = max(1, facts.steps_per_epoch)
     if max_steps != AUTO and int(max_steps) > 0:
         return RecipeValue(int(max_steps), "--max-steps given", True), int(max_steps) / spe
@@ -131,10 +129,8 @@ def length_by_epochs(facts: RecipeFacts) -> bool:
 def capped_length(total_steps: int, done: int, elapsed_s: float, step_s: float, max_minutes: float,
                   min_steps: int | None = None) -> int | None:
     """The shorter length of a run that would pass ``max_minutes`` at its measured pace, or None when it fits.
-
     ``done`` steps took ``elapsed_s``, the rest take ``step_s`` each; never below ``min_steps`` (None:
-    :data:`NLU_FILE_MIN_STEPS`) nor the steps done. ``max_minutes <= 0``: no cap.
-    """
+    :data:`NLU_FILE_MIN_STEPS`) nor the steps done. ``max_minutes <= 0``: no cap."""
     if max_minutes <= 0 or step_s <= 0:
         return None
     min_steps = NLU_FILE_MIN_STEPS if min_steps is None else min_steps

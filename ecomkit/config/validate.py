@@ -313,8 +313,7 @@ def check_fault_config(cfg: _TrainConfig) -> None:
 
 
 # ---------------------------------------------------------------------- data
-# The keys a label_map may have: ecomkit.data.validate.MAP_KEYS (the data floor sits above this one;
-# tests/test_user_data.py checks the two agree).
+# The keys a label_map may have: ecomkit.data.validate.MAP_KEYS, from a floor above (tests check the two agree).
 LABEL_MAP_TARGETS = ("category", "sentiment", "brand", "spans", "ner_tags")
 
 

@@ -37,10 +37,8 @@ def alibi_in_qk(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ali
                 num_heads: int, scale: float, beta: float, multiple: int = 1
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fold ALiBi into the dot product: ``[q·scale, 1] · [k, beta·alibi] = scale·q·k + beta·alibi``.
-
     Why: ALiBi depends on (batch, head, key) only, so no ``[batch, heads, q, kv]`` bias is built. ``value`` is
-    zero-padded to the same width (fused kernels need equal head dims); ``multiple`` rounds it up (8 on CUDA).
-    """
+    zero-padded to the same width (fused kernels need equal head dims); ``multiple`` rounds it up (8 on CUDA)."""
     batch, _, q_len, head_dim = query.shape
     kv_len = key.shape[2]
     width = -(-(head_dim + 1) // multiple) * multiple
@@ -73,10 +71,8 @@ def _project_output(attn: BloomAttention, context: torch.Tensor) -> torch.Tensor
 
 class BloomEagerAttention(BloomAttention):
     """BLOOM's own (eager) attention, with q, k and v taken from the fused QKV output by one ``unbind``.
-
     Why: each of BLOOM's three ``select`` views zero-fills a gradient of the whole fused tensor in backward;
-    ``unbind`` writes it once. Under bf16 autocast on CPU the mask and softmax stay in bf16 (``attention_lowp``).
-    """
+    ``unbind`` writes it once. Under bf16 autocast on CPU the mask and softmax stay in bf16 (``attention_lowp``)."""
 
     def _reshape(self, fused_qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, length, _ = fused_qkv.shape
@@ -170,10 +166,8 @@ class BloomFlexAttention(_FusedBloomAttention):
 
 class AlibiScoreMod:
     """BLOOM's ALiBi as a FlexAttention ``score_mod``: built once per model, shared by every layer and call.
-
     Why: the compiled ``flex_attention`` guards its ``score_mod``; one function object reading ``self.bias`` as an
-    input compiles once per shape instead of once per layer and call.
-    """
+    input compiles once per shape instead of once per layer and call."""
 
     def __init__(self) -> None:
         self.bias: torch.Tensor | None = None
@@ -214,10 +208,8 @@ def attention_modules(model: nn.Module) -> list[BloomAttention]:
 
 def install_attention(model: nn.Module, impl: str, *, for_training: bool = True) -> int:
     """Switch every BLOOM attention module of ``model`` to ``impl``; returns how many were switched.
-
     Only classes change, so it works before or after wrapping; ``for_training=False`` allows flex's unfused CPU
-    forward (a correctness check).
-    """
+    forward (a correctness check)."""
     if impl not in ATTN_CHOICES:
         raise ConfigError(f"Unknown attn '{impl}'. Choose one of: {', '.join(ATTN_CHOICES)}.")
     modules = attention_modules(model)

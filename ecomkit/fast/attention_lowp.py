@@ -22,9 +22,7 @@ def cpu_bf16_autocast(t: torch.Tensor) -> bool:
 
 def low_precision_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """BLOOM's additive mask in ``dtype``, its minimum clamped to ``dtype``'s; cached on the mask.
-
-    Why cached: BloomModel hands the same mask object to every block, so it is converted once per forward.
-    """
+    Why cached: BloomModel hands the same mask object to every block, so it is converted once per forward."""
     if torch.compiler.is_compiling():   # no attributes on tensors inside a graph; the conversion is cheap
         return mask.clamp(min=torch.finfo(dtype).min).to(dtype)
     cached = getattr(mask, _MASK_ATTR, None)

@@ -39,9 +39,7 @@ def head_loss_graphs(version: str | None = None) -> int:
 
 def note_head_loss_graphs(version: str | None = None) -> bool:
     """Warn once per process, on rank 0, where this torch compiles the head + loss as two graphs; True if it did.
-
-    Why a note and not a refusal: the two graphs compute the same loss, only slower.
-    """
+    Why a note and not a refusal: the two graphs compute the same loss, only slower."""
     version = version or torch.__version__
     if head_loss_graphs(version) == 1 or version in _noted:
         return False
@@ -62,9 +60,7 @@ def compiled(fn: Callable, mode: str = "default", dynamic: bool | None = None, *
 
 def compile_blocks(model: nn.Module, mode: str = "default", dynamic: bool | None = None, **kw: Any) -> int:
     """Give every BLOOM block of ``model`` the one compiled forward (when it trains); returns how many blocks.
-
-    ``dynamic``: ``False`` for one shape (packed), ``True`` for changing lengths; ``kw`` goes to ``torch.compile``.
-    """
+    ``dynamic``: ``False`` for one shape (packed), ``True`` for changing lengths; ``kw`` goes to ``torch.compile``."""
     blocks = [m for m in model.modules() if isinstance(m, BloomBlock)]
     if blocks:
         compiled_class = compiled_block_class(type(blocks[0]), compiled(type(blocks[0]).forward, mode, dynamic, **kw))

@@ -93,9 +93,7 @@ class GeluTanh(torch.autograd.Function):
 
 class CrossEntropySum(torch.autograd.Function):
     """``F.cross_entropy(logits.float(), target, ignore_index=-100, reduction="sum")`` through the fused kernel.
-
-    Why: it keeps the logits and one fp32 log-sum-exp per row, where ATen keeps an fp32 log-softmax.
-    """
+    Why: it keeps the logits and one fp32 log-sum-exp per row, where ATen keeps an fp32 log-softmax."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

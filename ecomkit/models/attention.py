@@ -52,9 +52,7 @@ def sdpa_mask_plan(alibi: torch.Tensor, attention_mask: torch.Tensor | None, q_l
 # ---------------------------------------------------------------------- packed rows: document masks
 def document_causal_mask(document_ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """BLOOM's additive ``[batch, 1, T, T]`` mask for packed rows: each token sees its own row's earlier tokens.
-
-    ``document_ids`` ``[batch, T]`` numbers the packed rows; 0 (padding) forms one more row, so no query sees no key.
-    """
+    ``document_ids`` ``[batch, T]`` numbers the packed rows; 0 (padding) forms one more row, so no query sees no key."""
     t = document_ids.shape[1]
     same = document_ids[:, :, None] == document_ids[:, None, :]
     causal = torch.ones(t, t, dtype=torch.bool, device=document_ids.device).tril()
@@ -86,19 +84,15 @@ def attention_mask_for(batch: dict) -> torch.Tensor:
 
 def _known(mask: torch.Tensor, causal: bool) -> torch.Tensor:
     """Mark ``mask`` with its plan: only whether it is plain causal, never a reference to the mask itself.
-
-    Why: a mask holding a plan that holds the mask is a reference cycle, kept until the garbage collector runs.
-    """
+    Why: a mask holding a plan that holds the mask is a reference cycle, kept until the garbage collector runs."""
     setattr(mask, _KNOWN_PLAN, causal)
     return mask
 
 
 def alibi_from_mask(attention_mask: torch.Tensor, num_heads: int, dtype: torch.dtype) -> torch.Tensor:
     """BLOOM's ``build_alibi_tensor`` for a 2-D padding mask, and for a 4-D causal mask (packed rows).
-
     In a 4-D causal mask a key's row shows the keys before it, so their count minus one is its position within its
-    own document: a packed row gets exactly the bias (and logits) it gets alone.
-    """
+    own document: a packed row gets exactly the bias (and logits) it gets alone."""
     if attention_mask.dim() != 4:
         return modeling_bloom.build_alibi_tensor(attention_mask, num_heads, dtype)
     batch, t = attention_mask.shape[0], attention_mask.shape[-1]

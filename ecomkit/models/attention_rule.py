@@ -17,10 +17,8 @@ def pick_attention(requested: str, precision: str, device_type: str, seq_len: in
                    eager_max_seq: dict[str, int] | None = None, gpu_kind: str | None = None,
                    gpu_eager_max_seq: dict[str, dict[str, int]] | None = None) -> tuple[str, str]:
     """(implementation, why) for ``--attn requested``; anything but ``auto`` is returned as asked.
-
     ``eager_max_seq``: the CPU limits (default :data:`CPU_EAGER_MAX_SEQ`); ``gpu_kind`` and
-    ``gpu_eager_max_seq``: the CUDA device's kind and the per-kind limits (default :data:`GPU_EAGER_MAX_SEQ`).
-    """
+    ``gpu_eager_max_seq``: the CUDA device's kind and the per-kind limits (default :data:`GPU_EAGER_MAX_SEQ`)."""
     if requested != "auto":
         return requested, f"--attn {requested} as asked"
     if device_type == "cpu":

@@ -61,10 +61,8 @@ def _unknown_preset_message(name: str) -> str:
 
 def preset_config(name: str, vocab_size: int | None = None, **overrides: Any) -> BloomConfig:
     """Return the ``BloomConfig`` of a preset; ``vocab_size`` fills in toy presets' vocabulary.
-
     Real shapes keep BLOOM's 250,880-token vocabulary with any smaller tokenizer (a larger one grows it), so they
-    are the models they name; ``overrides`` set any field.
-    """
+    are the models they name; ``overrides`` set any field."""
     if name not in PRESETS:
         raise ModelNotFoundError(_unknown_preset_message(name))
     p = PRESETS[name]
@@ -95,10 +93,8 @@ def build_model(name_or_config: str | BloomConfig, *, vocab_size: int | None = N
                 device: str | torch.device = "cpu", seed: int | None = 0,
                 dtype: torch.dtype = torch.float32) -> BloomForCausalLM:
     """Build a randomly initialised BLOOM from a preset or config, its weights made in ``dtype``.
-
     Why seeded here: every rank and a 1-process reference start from bit-identical weights. ``device="meta"``
-    allocates nothing (parameter counts, the planner).
-    """
+    allocates nothing (parameter counts, the planner)."""
     cfg = name_or_config if isinstance(name_or_config, BloomConfig) else preset_config(name_or_config, vocab_size)
     if seed is not None and str(device) != "meta":
         torch.manual_seed(seed)
@@ -137,10 +133,8 @@ def count_parameters(model: torch.nn.Module, trainable_only: bool = False) -> in
 
 def enable_activation_checkpointing(model: torch.nn.Module, checkpoint_kwargs: dict[str, Any] | None = None) -> None:
     """Turn on transformers' per-block activation checkpointing, under this transformers version's name for it.
-
     Why: transformers 5.23 renamed ``gradient_checkpointing_enable`` to ``activation_checkpointing_enable``; every
-    caller goes through here. ``checkpoint_kwargs`` go to ``torch.utils.checkpoint.checkpoint``.
-    """
+    caller goes through here. ``checkpoint_kwargs`` go to ``torch.utils.checkpoint.checkpoint``."""
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:
         enable(activation_checkpointing_kwargs=checkpoint_kwargs)
@@ -161,10 +155,8 @@ def preset_parameter_count(name: str, vocab_size: int | None = None) -> int:
 
 def flops_per_token(n_params: int, n_layer: int, hidden: int, seq_len: float) -> float:
     """Training FLOPs per token of a BLOOM: 6Ψ + 12·L·h·T (for MFU and the time planner).
-
     6Ψ is forward 2Ψ + backward 4Ψ; 12·L·h·T are the attention products, which involve no weight (PaLM appendix B).
-    ``seq_len`` (T) is the attention length: planned, or a real run's token-weighted mean real length.
-    """
+    ``seq_len`` (T) is the attention length: planned, or a real run's token-weighted mean real length."""
     return 6.0 * n_params + 12.0 * n_layer * hidden * seq_len
 
 
@@ -175,9 +167,7 @@ def is_local_model_dir(path: str | os.PathLike) -> bool:
 @dataclass(frozen=True)
 class ModelSource:
     """What to load, without saying how: strategies decide how the model is materialised.
-
-    ``name_or_path`` as for :func:`load_model`; ``dtype`` None is the strategy's ``weight_dtype``.
-    """
+    ``name_or_path`` as for :func:`load_model`; ``dtype`` None is the strategy's ``weight_dtype``."""
 
     name_or_path: str
     vocab_size: int | None = None
@@ -210,9 +200,7 @@ def load_model(name_or_path: str, *, vocab_size: int | None = None, device: str 
                seed: int | None = 0, dtype: torch.dtype = torch.float32,
                trust_remote_code: bool = False) -> PreTrainedModel:
     """Load a model from a preset name (seeded random init), a local ``save_pretrained`` directory, or a hub id.
-
-    ``trust_remote_code`` stays off by default: executing a repository's code is the user's explicit decision.
-    """
+    ``trust_remote_code`` stays off by default: executing a repository's code is the user's explicit decision."""
     if name_or_path in PRESETS:
         return build_model(name_or_path, vocab_size=vocab_size, device=device, seed=seed, dtype=dtype)
     if is_local_model_dir(name_or_path) and checkpoint_files().has_safetensors(name_or_path) and not (
@@ -289,9 +277,7 @@ def model_length_limit(name_or_path: str) -> int:
 
 def hub_reachable() -> bool:
     """Cheap offline check: ``HF_HUB_OFFLINE`` or a hub host name that does not resolve.
-
-    Why: ``from_pretrained`` retries for ~30 s before failing; this gives the actionable message at once.
-    """
+    Why: ``from_pretrained`` retries for ~30 s before failing; this gives the actionable message at once."""
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
         return False
     host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
@@ -321,9 +307,7 @@ def _load_from_hub(hub_id: str, *, device, dtype, trust_remote_code: bool) -> Pr
 
 def model_origin(name_or_path: str) -> dict[str, str]:
     """Where a run's weights come from: ``{"kind": preset | local | hub, "text": what a user should know}``.
-
-    Why: a preset trains from a random init and never learns language; the start-up line and summary say so.
-    """
+    Why: a preset trains from a random init and never learns language; the start-up line and summary say so."""
     if name_or_path in PRESETS:
         shape = PRESETS[name_or_path].description.split(":")[0]
         real = HUB_IDS.get(name_or_path, HUB_IDS["seqgpt-560m"])

@@ -67,10 +67,8 @@ _M_MMAP_THRESHOLD = -3
 @contextlib.contextmanager
 def freed_memory_returned():
     """While loading, make freed host buffers go back to the OS at once (glibc; elsewhere a no-op).
-
     Why: a sharded load frees whole tensors after keeping slices; once glibc raises its mmap threshold the holes
-    stay in the heap. A fixed 128 KiB threshold returns them; afterwards it is set to 32 MiB for training.
-    """
+    stay in the heap. A fixed 128 KiB threshold returns them; afterwards it is set to 32 MiB for training."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
@@ -140,9 +138,7 @@ class CheckpointReader:
 
 def read_into(model: torch.nn.Module, reader: CheckpointReader) -> None:
     """Copy every parameter and buffer of ``model`` from ``reader``, one tensor at a time, converted on the host.
-
-    A tied parameter is read once; a parameter the checkpoint lacks is an error naming it, not a random init.
-    """
+    A tied parameter is read once; a parameter the checkpoint lacks is an error naming it, not a random init."""
     prefix = getattr(model, "base_model_prefix", "")
     seen: set[int] = set()
     missing = []

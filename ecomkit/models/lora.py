@@ -31,10 +31,8 @@ PEFT_PREFIX = "base_model.model."         # what PeftModel puts before the wrapp
 @contextlib.contextmanager
 def bitsandbytes_only_for_qlora(cfg: TrainConfig) -> Iterator[None]:
     """Hide bitsandbytes from peft unless ``--lora-base-bits`` asks for it.
-
     Why: peft imports bitsandbytes whenever installed, and its CPU backend warns in every process of runs that
-    quantize nothing; peft's cached answer is cleared on the way in and out.
-    """
+    quantize nothing; peft's cached answer is cleared on the way in and out."""
     hide = cfg.lora_base_bits >= 16 and "bitsandbytes" not in sys.modules
     if hide:
         sys.modules["bitsandbytes"] = None   # type: ignore[assignment]
@@ -102,9 +100,7 @@ def frozen_base_dtype(cfg: TrainConfig) -> torch.dtype | None:
 
 def adapters_in_fp32(model: nn.Module) -> None:
     """Make what LoRA trains fp32: PEFT gives new adapters (and ``modules_to_save`` copies) the base's dtype.
-
-    A model built under ``deepspeed.zero.Init`` is left as is: DeepSpeed keeps its own fp32 masters.
-    """
+    A model built under ``deepspeed.zero.Init`` is left as is: DeepSpeed keeps its own fp32 masters."""
     if any(hasattr(p, "ds_id") for p in model.parameters()):
         return
     with torch.no_grad():
@@ -218,10 +214,8 @@ def base_reference(model: str) -> str:
 def save_peft_outputs(state: dict[str, torch.Tensor], model_config: Any, cfg: TrainConfig, out_dir: str | Path,
                       tokenizer: Any | None = None) -> dict[str, str]:
     """Write ``<out_dir>/adapter`` (PEFT's format) and ``<out_dir>/final`` (merged, plain ``save_pretrained``).
-
     ``adapter`` is what ``PeftModel.from_pretrained(base, dir)`` loads; ``final`` is the base with ``B·A·alpha/r``
-    merged in, loadable without peft. Call on the rank that holds the consolidated ``state``.
-    """
+    merged in, loadable without peft. Call on the rank that holds the consolidated ``state``."""
     out = Path(out_dir)
     peft_model = peft_model_from_state(state, model_config, cfg)
     peft_model.save_pretrained(str(out / "adapter"), safe_serialization=True)

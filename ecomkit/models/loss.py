@@ -130,9 +130,7 @@ class _ChunksWithGradients(torch.autograd.Function):
 def chunks_with_gradients(head: nn.Module, h: torch.Tensor, y: torch.Tensor, chunk_tokens: int = 1024,
                           cross_entropy: Callable | None = None) -> torch.Tensor:
     """The chunked loss of rows ``h`` (labels ``y``) with its gradients computed in the forward, as liger's is.
-
-    Why: a head whose weight is whole only during the loss's forward (ZeRO-3) recomputes no chunk in backward.
-    """
+    Why: a head whose weight is whole only during the loss's forward (ZeRO-3) recomputes no chunk in backward."""
     if not isinstance(getattr(head, "weight", None), torch.Tensor):
         raise ConfigError(f"the LM head is a {type(head).__name__} without a weight of its own (an adapter?): the "
                           "chunked loss of a head gathered once takes a plain linear head. Use --loss-kernel full.")
@@ -177,10 +175,8 @@ def head_loss_sum(head: torch.nn.Module, h: torch.Tensor, y: torch.Tensor,
 
 def last_hidden_state(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """The last hidden states ``[B, T, hidden]`` (after ``ln_f``) through ``model``'s own forward, wrappers' too.
-
     Why the forward and not ``model.transformer``: a wrapper prepares there (DDP its reducer, FSDP2 and ZeRO-3
-    their gathers, DeepSpeed its step). The head runs on no position (``logits_to_keep`` of none), so no logits.
-    """
+    their gathers, DeepSpeed its step). The head runs on no position (``logits_to_keep`` of none), so no logits."""
     none = torch.empty(0, dtype=torch.long, device=input_ids.device)
     out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=none, output_hidden_states=True,
                 use_cache=False)
@@ -225,9 +221,7 @@ class TokenLoss:
 def lm_loss_sum(model: nn.Module, loss: TokenLoss, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 labels: torch.Tensor, head: nn.Module | None = None, label_count: int | None = None) -> torch.Tensor:
     """Σ token losses of a batch: ``model``'s forward (to logits, or to hidden states), then ``loss``.
-
-    ``head``: the LM head module (default ``model.lm_head``; a wrapper's caller passes the inner model's).
-    """
+    ``head``: the LM head module (default ``model.lm_head``; a wrapper's caller passes the inner model's)."""
     if loss.from_logits:
         return token_loss_sum(model(input_ids=input_ids, attention_mask=attention_mask).logits, labels)
     hidden = last_hidden_state(model, input_ids, attention_mask)
@@ -274,10 +268,8 @@ def pick_loss_kernel(requested: str, device_type: str, gpu_kind: str | None = No
                      measured: dict[str, str] | None = None, installed: Callable[[str], bool] | None = None
                      ) -> tuple[str, str]:
     """(kernel, why) for ``--loss-kernel requested``; anything but ``auto`` is returned as asked.
-
     ``gpu_kind``: :func:`ecomkit.hardware.gpu_kind` of the device; ``measured``: kind -> kernel
-    (default :data:`GPU_LOSS_KERNEL`); ``installed(kernel)``: whether a fused kernel's package imports here.
-    """
+    (default :data:`GPU_LOSS_KERNEL`); ``installed(kernel)``: whether a fused kernel's package imports here."""
     if requested != "auto":
         return requested, f"--loss-kernel {requested} as asked"
     if chunk_tokens == 0:

@@ -35,10 +35,8 @@ TOKENIZER_FORMAT_VERSION = 1  # bump when training changes, so stale caches are 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, *, min_frequency: int = 2,
                     model_max_length: int = 2048):
     """Train a byte-level BPE on ``texts`` and wrap it as a transformers tokenizer.
-
     Each Chinese character is its own pre-token: otherwise BPE on template sentences merges whole sentences and
-    sequence lengths would be unrealistically short. ``len(tok)`` may exceed ``vocab_size`` by the e-commerce tokens.
-    """
+    sequence lengths would be unrealistically short. ``len(tok)`` may exceed ``vocab_size`` by the e-commerce tokens."""
     if vocab_size < 300:
         raise ConfigError(f"vocab_size={vocab_size} is too small for a byte-level BPE (256 byte ids plus "
                           f"specials); use at least 300, typically 2000-8000 for the tiny models.")
@@ -76,10 +74,8 @@ def _with_guarantee(texts: Iterable[str], line: str, repeats: int) -> Iterable[s
 
 def add_ecom_special_tokens(tokenizer) -> int:
     """Make the e-commerce tokens whole in ``tokenizer``; return how many ids were added.
-
     A token whose text is already an entry it does not encode to (``®`` as byte 0xAE) is skipped with a warning.
-    After a non-zero return, call :func:`resize_embeddings_for` on the model.
-    """
+    After a non-zero return, call :func:`resize_embeddings_for` on the model."""
     vocab = tokenizer.get_vocab()
     to_add = []
     for token in ECOM_SPECIAL_TOKENS:
@@ -186,10 +182,8 @@ def _hub_tokenizer(name: str, cache_dir: str | os.PathLike | None):
 
 def match_tokenizer(model, tokenizer) -> dict[str, int | None]:
     """Make ``model``'s config and generation config carry ``tokenizer``'s pad/bos/eos ids and ``use_cache=True``.
-
     Why: a wrong ``pad_token_id`` makes Trainer warn and ``generate()`` pad wrongly, and ``use_cache: false`` makes
-    every ``generate()`` recompute the prefix. Call it on the model about to be saved; returns the ids set.
-    """
+    every ``generate()`` recompute the prefix. Call it on the model about to be saved; returns the ids set."""
     ids = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
            "eos_token_id": tokenizer.eos_token_id}
     targets = [model.config] + ([model.generation_config] if getattr(model, "generation_config", None) else [])

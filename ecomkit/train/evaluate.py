@@ -52,10 +52,8 @@ def held_out_loss(strategy, eval_ds, collate, env: DistEnv, micro_batch_size: in
                   shard: tuple[int, int] | None = None, max_examples: int | None = None,
                   bar: Any = None) -> dict[str, float]:
     """``eval_loss`` (global token mean), and the ``eval_loss_examples`` and ``eval_loss_tokens`` it rests on.
-
     ``n_batches``: micro-batches per data shard, None for every example (or the first ``max_examples``); ranks of
-    one shard (TP/PP) evaluate the same slice, and the replication cancels in the ratio of sums.
-    """
+    one shard (TP/PP) evaluate the same slice, and the replication cancels in the ratio of sums."""
     idx, n_shards = shard or (env.rank, env.world_size)
     n = min(len(eval_ds), max_examples or len(eval_ds)) if n_batches is None else min(
         len(eval_ds), n_batches * micro_batch_size * n_shards)
@@ -251,10 +249,8 @@ def majority_share(label_counts: Sequence[float], majority: int) -> float:
 
 def macro_f1(confusion: Sequence[Sequence[float]]) -> float:
     """Mean F1 over the labels that occur as gold or prediction (``confusion[gold][pred]`` counts).
-
     Why beside accuracy: on skewed labels always answering the majority scores high accuracy, but macro-F1 near
-    ``1 / n_labels``.
-    """
+    ``1 / n_labels``."""
     k = len(confusion)
     scores = []
     for c in range(k):

@@ -27,10 +27,8 @@ SHM_ALLREDUCE = "ecomkit.fast.shm_allreduce:ShmAllReduce"   # loaded only by run
 def install_fast_paths(model: nn.Module, cfg: TrainConfig, device: torch.device, strategy: Any,
                        packed: bool) -> None:
     """Install the paths above on ``model`` for ``cfg`` on ``device``, and give ``strategy`` its loss (and all-reduce).
-
     ``strategy``: the run's ``Strategy``, whose ``forward_loss_sum`` calls ``strategy.token_loss``;
-    ``packed``: whether every batch has one shape, so ``--compile`` compiles static shapes once.
-    """
+    ``packed``: whether every batch has one shape, so ``--compile`` compiles static shapes once."""
     install_attention(model, cfg.attn)
     kernels = kernels_for(device, cfg.cpu_kernels)
     install_fused_gelu(model, cfg.fused_gelu, kernels)

@@ -43,10 +43,8 @@ def eos_and_pad(tokenizer) -> tuple[int, int]:
 
 def encode_prompts(tokenizer, prompts: Sequence[str], settings: DecodeSettings) -> tuple[list[list[int]], int]:
     """Prompt ids as training laid them out before the answer, and how many prompts had to be cut.
-
     A prompt longer than ``max_length - 1`` is cut by training's own rule (:func:`~ecomkit.data.tokenize.cut_prompt`);
-    the generated answer may run past ``max_length``, which ALiBi allows.
-    """
+    the generated answer may run past ``max_length``, which ALiBi allows."""
     budget = max(2, settings.max_length - 1)
     out, cut = [], 0
     for encoded in encode_prompt_texts(tokenizer, list(prompts)):
@@ -100,9 +98,7 @@ def any_rank_running(running: bool, env: DistEnv, sync: bool) -> bool:
 def greedy_without_cache(strategy, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, eos_id: int,
                          pad_id: int, env: DistEnv, sync: bool) -> torch.Tensor:
     """Greedy decoding through ``strategy.forward_logits`` on the whole sequence every step; new ids ``[B, n]``.
-
-    Finished rows get ``pad_id``; with ``sync`` it runs until every rank's rows finish (one flag all-reduce a step).
-    """
+    Finished rows get ``pad_id``; with ``sync`` it runs until every rank's rows finish (one flag all-reduce a step)."""
     running = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
     new: list[torch.Tensor] = []
     for _ in range(max_new_tokens):
@@ -162,10 +158,8 @@ def generate_texts(strategy, tokenizer, prompts: Sequence[str], env: DistEnv, se
 def decode_prompts(strategy, tokenizer, prompts: Sequence[str], env: DistEnv, settings: DecodeSettings,
                    n_batches: int | None = None, progress: bool = False, bar: Any = None) -> Decoded:
     """This rank's prompts decoded: texts without the prompt, prompts cut to fit, answers that hit the budget.
-
     ``n_batches``: batches every rank runs; a rank with fewer prompts repeats one and drops its output, so collective
-    counts match. Decoded shortest first, returned in their own order; ``bar`` or ``progress`` show progress.
-    """
+    counts match. Decoded shortest first, returned in their own order; ``bar`` or ``progress`` show progress."""
     eos, pad = eos_and_pad(tokenizer)
     rows, cut = encode_prompts(tokenizer, prompts, settings)
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))

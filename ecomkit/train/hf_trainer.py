@@ -30,10 +30,8 @@ HF_SAMPLING = ("group_by_length", "random", "batch_rebalance")
 
 class StepRecorder(TrainerCallback):
     """Per-step wall time and what the step trained on, on this rank.
-
     Step k runs from the end of step k-1 to the end of step k, so steps add up to the wall time; split into
-    ``data_s``, ``fwd_bwd_s``, ``optim_s`` and ``other_s``. Times come from :class:`Measured` and ``on_step_end``.
-    """
+    ``data_s``, ``fwd_bwd_s``, ``optim_s`` and ``other_s``. Times come from :class:`Measured` and ``on_step_end``."""
 
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -112,10 +110,8 @@ def training_arguments(cfg: TrainConfig, env: DistEnv, grad_accum: int,
                        deepspeed: dict | str | None = None, sampling: str = HF_SAMPLING[0],
                        arguments_class: type = TrainingArguments, **extra: Any) -> TrainingArguments:
     """TrainingArguments equivalent to ``cfg`` (same batch, lr schedule, clipping, precision, steps or epochs).
-
     ``deepspeed``: a dict, or the path of a JSON file (whose ``"auto"`` values Trainer fills in from these arguments).
-    ``arguments_class`` and ``extra``: a subclass such as TRL's ``SFTConfig`` and its own fields.
-    """
+    ``arguments_class`` and ``extra``: a subclass such as TRL's ``SFTConfig`` and its own fields."""
     if sampling not in HF_SAMPLING:
         raise ValueError(f"sampling must be one of {HF_SAMPLING}, got {sampling!r}")
     if deepspeed is not None:
@@ -216,10 +212,8 @@ def _trainer(run: TrainingRun, model, args: TrainingArguments, recorder: StepRec
 def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | str | None = None,
                    sampling: str = HF_SAMPLING[0], trl_packing: bool = False) -> dict[str, Any]:
     """Train with HF Trainer on ecomkit's model and data; returns a summary like ``run_training``.
-
     ``trl_packing``: TRL's ``SFTTrainer(packing=True)`` packs the same rows (on BLOOM its packed rows attend to each
-    other); ``eval_loss`` is always ecomkit's held-out loss on the unpacked rows.
-    """
+    other); ``eval_loss`` is always ecomkit's held-out loss on the unpacked rows."""
     if cfg.peft != "none":
         raise ConfigError(f"--peft {cfg.peft}: the HF Trainer comparison path has no LoRA step (its saving and "
                           "checkpoints are Trainer's own). Train LoRA with scripts/02_data_parallel.py --peft lora "

@@ -252,9 +252,7 @@ class TrainingRun:
     def _train_step(self, micro: list[tuple[dict, BatchCounts]], started: float | None = None
                     ) -> tuple[dict[str, Any], "StepTensors"]:
         """One optimizer step, with no read of the device: its host row, and its device values for later.
-
-        Per micro-batch forward, loss, backward, then clip and step; ``started``: when fetching ``micro`` began.
-        """
+        Per micro-batch forward, loss, backward, then clip and step; ``started``: when fetching ``micro`` began."""
         strategy = self.strategy
         t0 = time.perf_counter() if started is None else started
         batches, counts, label_tokens, scale = self._step_inputs(micro)
@@ -528,9 +526,7 @@ def read_scalars(values: Sequence[torch.Tensor | float]) -> list[float]:
 
 class Counted:
     """A collate function that also counts its batch on the host: ``(batch, BatchCounts)``.
-
-    Why: the step's counts, its padding (the mask plan) and its labeled positions then cost no device read.
-    """
+    Why: the step's counts, its padding (the mask plan) and its labeled positions then cost no device read."""
 
     def __init__(self, collate: Callable, count: Callable):
         self.collate, self.count = collate, count
@@ -652,9 +648,7 @@ def evaluation_scope(cfg: TrainConfig, n_examples: int, records: Iterable[dict[s
 def train_in_session(cfg: TrainConfig, env: DistEnv, callbacks: Iterable[Any] = (),
                      extra_summary: Any = None) -> dict[str, Any]:
     """Build, train, evaluate and save one run inside an existing process group (several runs may share it).
-
-    ``extra_summary(run) -> dict`` may add fields to the summary before it is written.
-    """
+    ``extra_summary(run) -> dict`` may add fields to the summary before it is written."""
     run = TrainingRun(cfg, env, list(callbacks)).build()
     try:
         summary = run.fit()

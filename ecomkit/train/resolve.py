@@ -153,9 +153,7 @@ def brief(reason: str) -> str:
 # ---------------------------------------------------------------------- the facts a rule needs first
 def precision_choice(flag: str, env: DistEnv) -> Choice:
     """``--precision``: as given, or ``auto``'s pick on rank 0's device, shared with every rank (a collective).
-
-    Why rank 0: on a CPU the pick is a timing, and ranks timing at once on a shared machine could disagree.
-    """
+    Why rank 0: on a CPU the pick is a timing, and ranks timing at once on a shared machine could disagree."""
     if flag == "bf16" and env.device.type == "cpu" and env.is_main and cpu_bf16_units() is False:
         log.warning("--precision bf16 on a CPU without bf16 matmul units (%s): its GEMMs run converted, many "
                     "times slower than fp32; --precision auto picks fp32 here", NO_BF16_UNITS)
