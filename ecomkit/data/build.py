@@ -229,11 +229,11 @@ class _Splits:
     eval: Dataset
     seq_len: int
     why: str                                  # how --seq-len was chosen
-    stats: dict[str, LengthStats]             # per split, before any cut
-    cuts: dict[str, CutCounts]                # per split, what fitting cut
+    stats: dict[str, LengthStats]
+    cuts: dict[str, CutCounts]
     kinds: np.ndarray                         # examples built per kind (windows not counted twice)
     examples: pa.Table                        # every training-table example's record and kind
-    at_limit: bool = False                    # --seq-len auto stopped at the model's limit, rows longer than it
+    at_limit: bool = False
 
 
 def _tokenized_splits(records: Dataset, eval_table: Dataset | None, eval_idx: np.ndarray, tokenizer, task: str,

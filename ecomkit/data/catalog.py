@@ -64,10 +64,7 @@ SPAN_LABELS: tuple[str, ...] = (BRAND_SPAN_LABEL, *dict.fromkeys(row[5][0][0] fo
 
 
 def catalog_spans(record: dict) -> list[tuple[str, int, int]]:
-    """``(label, start, end)`` (end exclusive) of the brand and the first spec value inside a catalog title.
-
-    Derived from the record's fields, no random draw, so the catalog is unchanged.
-    """
+    """``(label, start, end)`` (end exclusive) of the brand and the first spec value in a title, with no random draw."""
     title, brand = record["title"], record["brand"]
     key, value = record["spec"].split(";")[0].split(":", 1)
     spans = [(BRAND_SPAN_LABEL, 0, len(brand))] if title.startswith(brand) else []
@@ -268,10 +265,7 @@ def _body_counts(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def _reviews(rng: np.random.Generator, sentiment: np.ndarray) -> list[str]:
-    """Opener with a polar phrase, then distinct body sentences, then an optional closer.
-
-    Body sentences are drawn without replacement, so long reviews do not repeat a sentence.
-    """
+    """Opener with a polar phrase, then distinct body sentences (drawn without replacement), then an optional closer."""
     n = len(sentiment)
     chinese = rng.random(n) < 0.65
     counts = _body_counts(rng, n)

@@ -55,10 +55,7 @@ _SPAN_TRIM = " \t\r\u3000。！\"“”‘’:："
 
 @dataclass(frozen=True)
 class TaskExample:
-    """One example that can be trained on (prompt -> answer) and evaluated by generation.
-
-    ``gold_spans`` is stored sorted and de-duplicated, so equal span sets compare equal.
-    """
+    """One example that can be trained on (prompt -> answer) and evaluated by generation."""
 
     kind: str                      # "classify" | "extract"
     text: str                      # the input text shown to the model

@@ -53,7 +53,7 @@ class LengthStats:
     answer: Spread = field(default_factory=Spread)
     prompted_rows: int = 0     # rows with a prompt (NLU and instruction examples)
     longest_answer: int = 0    # over prompted rows, EOS included (the generation budget's base)
-    tokens: int = 0            # all rows' tokens
+    tokens: int = 0
 
     @property
     def mean_row(self) -> float:

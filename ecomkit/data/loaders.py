@@ -195,10 +195,7 @@ def _check_heads(path: Path, columns: list[str], column_map: Mapping[str, str]) 
 
 
 def check_map_keys(path: Path, raw: Dataset, column_map: Mapping[str, str], from_file: bool) -> None:
-    """Every ``column_map`` key must match a column (a path: reach a value) in some row; else name the columns.
-
-    Column names were checked against the header (:func:`_check_heads`); the rest is :func:`missing_map_keys`.
-    """
+    """Every ``column_map`` key must match a column (a path: reach a value) in some row; else name the columns."""
     if not _column_keys(column_map) or path.suffix.lower() == ".csv":
         return
     missing, columns = missing_map_keys(path, raw, column_map, from_file)
@@ -296,10 +293,7 @@ def _raw_table(path: Path, column_map: Mapping[str, str], task: str) -> tuple[Da
 
 
 def open_source(path: Path) -> tuple[Dataset | None, list[str] | None]:
-    """A dataset folder or ``.arrow`` file opened (else None), and the columns the source declares up front.
-
-    Clear errors for a missing file or an unknown extension.
-    """
+    """A dataset folder or ``.arrow`` file opened (else None), and the columns the source declares up front."""
     if not path.exists():
         raise _missing_data_error(path)
     suffix = path.suffix.lower()

@@ -180,7 +180,7 @@ def packed_collate(sequences: Sequence[dict[str, list]], seq_len: int, pad_id: i
                 raise ConfigError(f"packed sequence {s} holds {end} tokens, more than --seq-len {seq_len}.")
             input_ids[s, at:end] = torch.as_tensor(ids, dtype=torch.long)
             labels[s, at:end] = torch.as_tensor(row_labels, dtype=torch.long)
-            labels[s, at] = IGNORE_INDEX          # nothing of this row precedes its first token
+            labels[s, at] = IGNORE_INDEX
             documents[s, at:end] = doc
             at = end
         polarity.extend(int(p) for p in columns.get("polarity", ()))
@@ -192,10 +192,7 @@ def packed_collate(sequences: Sequence[dict[str, list]], seq_len: int, pad_id: i
 
 
 def sequence_counts(sequences: Sequence[dict[str, list]], seq_len: int) -> BatchCounts:
-    """:class:`~ecomkit.data.tokenize.BatchCounts` of the sequences :func:`packed_collate` lays out.
-
-    Each row's first label is dropped as the collator drops it (nothing of the row precedes it).
-    """
+    """:class:`~ecomkit.data.tokenize.BatchCounts` of the sequences :func:`packed_collate` lays out."""
     rows = [(ids, labels) for seq in sequences
             for ids, labels in zip(seq["input_ids"], seq.get("labels", seq["input_ids"]))]
     lengths = [len(ids) for ids, _ in rows]

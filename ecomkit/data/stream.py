@@ -38,10 +38,7 @@ class Piece:
 
 
 def batch_offsets(path: str) -> list[tuple[int, int]]:
-    """``(byte offset, rows)`` of every record batch in an Arrow IPC stream file, in order.
-
-    One sequential read of the file; each body is dropped as soon as its row count is known.
-    """
+    """``(byte offset, rows)`` of every record batch in an Arrow IPC stream file, in one sequential read."""
     offsets = []
     with pa.OSFile(path) as f:
         schema = pa.ipc.read_schema(pa.ipc.read_message(f))
@@ -55,10 +52,7 @@ def batch_offsets(path: str) -> list[tuple[int, int]]:
 
 
 def _stream_files(ds: Dataset) -> list[str] | None:
-    """The files behind ``ds`` in order (its indices mapping aside), or None when it is not file-backed.
-
-    None too when a file's schema lacks one of the table's columns (a renamed column, say).
-    """
+    """The files behind ``ds`` in order (indices mapping aside), or None if not file-backed or a file lacks a column."""
     files = [c["filename"] for c in ds.cache_files]
     if not files or any(not set(ds.column_names) <= set(_file_schema(path).names) for path in files):
         return None
@@ -66,10 +60,7 @@ def _stream_files(ds: Dataset) -> list[str] | None:
 
 
 def _file_runs(ds: Dataset) -> list[tuple[str, int, int]] | None:
-    """``(file, byte offset, rows)`` of every record batch behind ``ds`` (its indices mapping aside), or None.
-
-    None unless :func:`_stream_files` finds the files and their record batches hold exactly the table's rows.
-    """
+    """``(file, byte offset, rows)`` of every record batch behind ``ds``, or None unless they hold exactly its rows."""
     files = _stream_files(ds)
     if files is None:
         return None
@@ -78,10 +69,7 @@ def _file_runs(ds: Dataset) -> list[tuple[str, int, int]] | None:
 
 
 def plan_pieces(ds: Dataset, num_proc: int) -> list[Piece] | None:
-    """The table's rows as pieces read straight from its files, or None when they cannot be streamed.
-
-    Streamable: no indices mapping, and backed by files as :func:`_file_runs` requires.
-    """
+    """The table's rows as pieces read straight from its files, or None when they cannot be streamed."""
     runs = None if ds._indices is not None else _file_runs(ds)
     if runs is None:
         return None

@@ -136,10 +136,7 @@ def task_examples(record: Mapping[str, Any], task: str, labels: Mapping[str, Seq
 
 def record_task_examples(record: Mapping[str, Any], labels: Mapping[str, Sequence[str]],
                          source: str = "") -> list[tuple[str, TaskExample]]:
-    """``(kind, TaskExample)`` for each classification or extraction target of a record.
-
-    ``labels``: the label set per target (``category``, ``sentiment``, ``extract``); ``source`` prefixes each id.
-    """
+    """``(kind, TaskExample)`` for each classification or extraction target of a record; ``source`` prefixes each id."""
     if record.get("prompt") and record.get("response"):
         return []
     asked = [(task, tuple(labels.get(task) or BUILTIN_LABELS[task])) for task in CLASSIFICATION_TASKS]
@@ -163,7 +160,7 @@ class Question:
     Training, evaluation and ``ecomkit.predict`` must read the same input of a row for the same target.
     """
 
-    target: str            # category | sentiment | extract | brand
+    target: str
     example: TaskExample   # its gold_label / gold_spans hold the record's answer when ``scored``
     scored: bool           # the record carries this target's answer, within ``example.labels``
     note: str = ""         # why an answer the record carries is not scored (a label the set does not hold)
@@ -238,10 +235,7 @@ def category_labels_for(records: Iterable[Mapping[str, Any]]) -> tuple[str, ...]
 
 
 def training_texts_for_tokenizer(records: Iterable[Mapping[str, Any]]) -> Iterable[str]:
-    """Texts a catalog tokenizer should be trained on: LM strings and NLU prompts/answers.
-
-    With the prompts, the fixed instruction words take few ids, which keeps NLU sequences short.
-    """
+    """Texts a catalog tokenizer should be trained on: LM strings and NLU prompts/answers (so prompts take few ids)."""
     for record in records:
         yield format_lm_text(record)
         for example in build_nlu_examples(record):

@@ -126,10 +126,7 @@ def lm_windows(ids: list[int], max_length: int) -> list[list[int]]:
 
 
 def encode_prompt_answer(tokenizer, prompt: str, answer: str, max_length: int) -> tuple[list[int], list[int]]:
-    """Token ids and labels for one (prompt, answer) pair, exactly as in training (cut the same way).
-
-    For scoring candidates: sum the log-probabilities where the label is not -100.
-    """
+    """Token ids and labels for one (prompt, answer) pair, cut exactly as in training (for scoring candidates)."""
     (encoded,) = encode_prompt_texts(tokenizer, [prompt])
     answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
     ids, labels, _ = fit_prompt_answer(encoded, answer_ids, _eos_id(tokenizer), max_length)
@@ -294,10 +291,7 @@ def _fit_batch(batch: dict[str, list], indices: list[int], max_length: int) -> d
 
 
 def pad_collate(features: Sequence[dict], pad_id: int, pad_to_multiple_of: int | None = None) -> dict:
-    """Right-pad a list of examples to the longest one: ``input_ids``, ``attention_mask``, ``labels`` tensors.
-
-    Use as ``collate_fn=functools.partial(pad_collate, pad_id=tokenizer.pad_token_id)``.
-    """
+    """Right-pad examples to the longest: ``input_ids``, ``attention_mask``, ``labels`` (padded with -100) tensors."""
     if not features:
         raise ValueError("pad_collate got an empty batch")
     longest = max(len(f["input_ids"]) for f in features)

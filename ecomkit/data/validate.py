@@ -81,7 +81,7 @@ SENTIMENT_ALIASES: dict[str, str] = {
     "neg": "negative", "正面": "positive", "中性": "neutral", "负面": "negative",
 }
 LABEL_CUTOFF = 0.5  # difflib's similarity for "did you mean": one character off a two-character label
-_SENTIMENT_NAMES = tuple(dict.fromkeys(SENTIMENT_ALIASES.values()))   # positive, neutral, negative
+_SENTIMENT_NAMES = tuple(dict.fromkeys(SENTIMENT_ALIASES.values()))
 _CURRENCY = "¥￥$€£元 "
 
 
@@ -96,7 +96,7 @@ class RowProblem(Exception):
 @dataclass(frozen=True)
 class ValidationIssue:
     reason: str
-    location: str  # "line 12", "row 7", "item 3"
+    location: str
     field: str | None
     detail: str
 
