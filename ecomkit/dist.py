@@ -186,10 +186,7 @@ def teardown() -> None:
 
 @contextlib.contextmanager
 def distributed_session(timeout_s: float = 600.0, seed: int | None = 0) -> Iterator[DistEnv]:
-    """``with distributed_session() as env:`` — set up, run, always tear down.
-
-    On an exception the barrier is skipped (the other ranks may be gone).
-    """
+    """``with distributed_session() as env:`` — set up, run, always tear down (no barrier after an exception)."""
     env = setup_distributed(timeout_s=timeout_s, seed=seed)
     ok = False
     try:

@@ -185,17 +185,14 @@ def link_spec(name: str | LinkSpec) -> LinkSpec:
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One server: how many GPUs share a PCIe link to the CPUs, and how many CPU cores the node's ranks share.
-
-    ZeRO-Offload moves gradients and weights over the host links and runs Adam on the node's cores.
-    """
+    """One server: GPUs per PCIe uplink to the CPUs and CPU cores, the host side of ZeRO-Offload."""
 
     key: str
     name: str
-    gpus: int                   # GPUs per node
+    gpus: int
     gpus_per_host_link: int     # GPUs behind one PCIe uplink to the CPUs
     host_link: str              # LINKS key of that uplink: achievable copy bandwidth per direction
-    cpu_cores: int              # physical cores, all sockets
+    cpu_cores: int
     source: str
 
     @property

@@ -26,10 +26,7 @@ TAIL_LINES = 40
 
 
 def repo_root(start: str | Path | None = None) -> Path:
-    """The repository root: the nearest folder at or above ``start`` (default: cwd) with pyproject.toml.
-
-    Notebooks run from ``notebooks/``, scripts and tests from the root; both find the same root.
-    """
+    """The repository root: the nearest folder at or above ``start`` (default: cwd) with pyproject.toml."""
     here = Path(start or Path.cwd()).resolve()
     for folder in (here, *here.parents):
         if (folder / "pyproject.toml").is_file() and (folder / "ecomkit").is_dir():
@@ -176,7 +173,7 @@ def run_torchrun(script: str | Path, args: Sequence[str] = (), nproc: int = 2, *
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "--max_restarts", str(max_restarts), str(_resolve_script(script, root)), *map(str, args)]
     with tempfile.TemporaryDirectory(prefix="ecomkit-launch-") as folder:
-        agent_file = Path(folder) / "agent_error.json"   # the agent copies the failing rank's error file here
+        agent_file = Path(folder) / "agent_error.json"
         merged = {**child_env(env), "TORCHELASTIC_ERROR_FILE": str(agent_file)}
         return _check(stream_command(cmd, cwd=root, env=merged, timeout=timeout, live=live), agent_file)
 

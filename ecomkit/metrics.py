@@ -159,10 +159,7 @@ def not_learned_line(summary: dict[str, Any]) -> str:
 
 
 def classification_lines(summary: dict[str, Any]) -> str:
-    """One line per classification target: accuracy, macro-F1, the majority baseline and the margin over it.
-
-    "The model learned" rests on the margin over the training split's most frequent label.
-    """
+    """One line per classification target: accuracy, macro-F1, the majority baseline and the margin over it."""
     lines = ""
     for key in [k for k in summary if k.startswith("acc_")]:
         target, acc = key[4:], summary[key]
@@ -180,10 +177,7 @@ def classification_lines(summary: dict[str, Any]) -> str:
 
 
 def generation_lines(summary: dict[str, Any]) -> str:
-    """Scores by generation (``ecomkit.train.gen_eval``) beside their baselines, with the margin in points.
-
-    A model counts only when it clears its baseline (training majority label, dictionary of training spans).
-    """
+    """Scores by generation beside their baselines (training majority label, training-span dictionary) and margins."""
     lines = ""
     if summary.get("gen_acc") is not None:
         line = (f"generated labels accuracy {summary['gen_acc']:.3f} by {GENERATED_EXACT}, "
@@ -342,10 +336,7 @@ def throughput_summary(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
 
 def time_split(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
                parts: tuple[str, ...] = ("data_s", "fwd_bwd_s", "optim_s")) -> dict[str, float]:
-    """Where the steady phase's wall time went: each part's share of the summed step times, plus ``other``.
-
-    Shares of totals, like the throughput, so short steps do not weigh as much as long ones.
-    """
+    """Where the steady phase's wall time went: each part's share of the summed step times, plus ``other``."""
     steady = train_rows[warmup_steps:] if len(train_rows) > warmup_steps else list(train_rows)
     total = sum(float(r["step_time_s"]) for r in steady)
     if total <= 0:
