@@ -258,9 +258,7 @@ class TrainingRun:
         batches, counts, label_tokens, scale = self._step_inputs(micro)
         t_data = time.perf_counter() - t0
         if strategy.owns_forward_backward:   # pipelines run the whole step through their schedule (chapter 04)
-            tm = time.perf_counter()
-            loss_sum = strategy.forward_backward(batches, scale)
-            times = [time.perf_counter() - tm]
+            loss_sum, times = self._pipeline_forward_backward(batches, scale)
         else:
             loss_sum, times = None, []
             for i, batch in enumerate(batches):
@@ -271,13 +269,23 @@ class TrainingRun:
                     strategy.backward(tok_sum * scale)           # backward; DDP all-reduces each full bucket
                 loss_sum = tok_sum.detach() if loss_sum is None else loss_sum + tok_sum.detach()
                 times.append(time.perf_counter() - tm)
-        for batch in batches:
-            self.clip.observe(batch)
-        clip_value = self.clip.value()   # fixed, or the sentiment rule of chapter 02
+        clip_value = self._clip_value(batches)   # fixed, or the sentiment rule of chapter 02
         tc = time.perf_counter()
         stats = strategy.clip_and_step(clip_value)   # clip the global gradient norm, then the optimizer step
         row = self._step_row(clip_value, stats, t0, t_data, times, time.perf_counter() - tc)
         return row, StepTensors(loss_sum, label_tokens, stats.grad_norm, stats.skipped, counts[1:])
+
+    def _pipeline_forward_backward(self, batches: list[dict], scale: Any) -> tuple[torch.Tensor, list[float]]:
+        """A pipeline's whole step through its schedule: the loss sum and its one timing."""
+        tm = time.perf_counter()
+        loss_sum = self.strategy.forward_backward(batches, scale)
+        return loss_sum, [time.perf_counter() - tm]
+
+    def _clip_value(self, batches: list[dict]) -> float:
+        """The step's clip value: the policy sees the step's batches first (``--clip-policy``)."""
+        for batch in batches:
+            self.clip.observe(batch)
+        return self.clip.value()
 
     def _step_inputs(self, micro: list[tuple[dict, BatchCounts]]
                      ) -> tuple[list[dict], list[int], torch.Tensor, torch.Tensor]:
