@@ -24,6 +24,10 @@ from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, gather_objects, install_stack_dump_signal, log
 from ecomkit.metrics import MetricsWriter
 
+# Why the monitor only warns (the claims ledger cites it against the guide's nvidia-smi -r).
+GPU_RESET_HARM = ('A GPU reset while processes hold CUDA contexts on it is refused at best ("GPU is in use"); when it '
+                  "does go through, every context on that GPU is lost")
+
 GPU_TEMP_WARN_C = 85
 GPU_MEM_WARN_FRACTION = 0.95
 RAM_WARN_PERCENT = 90.0

@@ -10,9 +10,7 @@ from ecomlab.claims.verdicts import Finding, wrong_recipe
 
 
 def _reset(ev: Evidence) -> Finding:
-    doc = health.__doc__ or ""
-    why = " ".join(doc[doc.index("A GPU reset"):].split(": the rank")[0].split()) if "A GPU reset" in doc else ""
-    problems = [f"{why} (ecomkit.faults.health)"] if why else []
+    problems = [f"{health.GPU_RESET_HARM} (ecomkit.faults.health)"]
     return wrong_recipe(problems, evidence="nvidia-smi -r inside the training loop, on the job's own GPUs",
                         source="ecomkit.faults.health (the monitor that only warns)", why_ok="")
 
