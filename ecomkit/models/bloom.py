@@ -155,7 +155,7 @@ def enable_activation_checkpointing(model: torch.nn.Module, checkpoint_kwargs: d
     (the old name stays as a deprecated alias until 6); before 5.23 only the old name exists, with the same
     arguments and the same effect (each block flagged, ``_set_gradient_checkpointing`` installing the function,
     input gradients on). Every caller goes through here, so the name lives in one place and transformers
-    5.20.2 to 5.22 (at or above the measured floor, docs/gpu.md) still checkpoint. ``checkpoint_kwargs`` go to
+    5.0 to 5.22 (at or above the measured floor, docs/gpu.md) still checkpoint. ``checkpoint_kwargs`` go to
     ``torch.utils.checkpoint.checkpoint`` (None: transformers' default, ``use_reentrant=False``).
     """
     enable = getattr(model, "activation_checkpointing_enable", None)
