@@ -1,14 +1,7 @@
 """Distributed set-up that reads torchrun's environment and tears down cleanly.
 
-Why this module exists: the same script must run as one plain ``python``
-process in a notebook kernel, as ``torchrun --nproc_per_node 2`` on a laptop
-(gloo on CPU) and as ``torchrun --nnodes 2 ...`` on GPU servers (nccl). All of
-that is decided here, once, from the environment variables torchrun sets
-(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``).
-
-Teardown follows the order that avoids gloo's occasional exit crash/hang
-(about one run in ten without it): drop references to models and optimizers,
-``gc.collect()``, ``barrier()``, then ``destroy_process_group()``.
+The same script runs as one plain process, under torchrun on CPUs (gloo) or on GPU servers (nccl); that is decided
+here, once. Teardown drops references, collects, barriers, then destroys the group: gloo otherwise crashes at exit.
 """
 
 from __future__ import annotations
@@ -60,10 +53,7 @@ class DistEnv:
 
 
 def read_torchrun_env() -> tuple[int, int, int, int]:
-    """Return (rank, local_rank, world_size, local_world_size) from torchrun's variables.
-
-    Without torchrun these are absent and we are a single process.
-    """
+    """Return (rank, local_rank, world_size, local_world_size) from torchrun's variables (one process without them)."""
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -89,9 +79,7 @@ def pick_backend_and_device(local_rank: int) -> tuple[str, torch.device]:
 def seed_everything(seed: int, rank: int = 0, offset_by_rank: bool = False) -> None:
     """Seed python, numpy and torch.
 
-    Model init must be identical on every rank (DDP also broadcasts it), so the
-    default does *not* offset by rank; pass ``offset_by_rank=True`` for things
-    such as dropout masks that should differ between ranks.
+    Model init must match on every rank, so no rank offset unless ``offset_by_rank=True`` (e.g. dropout masks).
     """
     s = seed + (rank if offset_by_rank else 0)
     random.seed(s)
@@ -102,10 +90,7 @@ def seed_everything(seed: int, rank: int = 0, offset_by_rank: bool = False) -> N
 def setup_distributed(timeout_s: float = 600.0, seed: int | None = 0) -> DistEnv:
     """Initialise the default process group if torchrun started us; return a :class:`DistEnv`.
 
-    ``timeout_s`` is explicit because the default (10 min for nccl, 30 min for
-    gloo) turns a stalled rank into a very long silent hang. On nccl we also
-    make sure async error handling is on, so a timeout aborts the job instead
-    of hanging.
+    ``timeout_s`` is explicit: the defaults (10-30 min) turn a stalled rank into a long silent hang.
     """
     rank, local_rank, world, local_world = read_torchrun_env()
     if world > 1:
@@ -138,24 +123,9 @@ SHARED_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # "1": a fresh store pe
 def restart_safe_rendezvous(rank: int, world_size: int, timeout_s: float) -> dict:
     """A per-restart namespace for the rendezvous keys, when torchrun shares its store with the workers.
 
-    torchrun's c10d rendezvous (``--standalone`` included) hands the workers its
-    own TCPStore and, in torch 2.13, keeps it across ``--max-restarts`` restarts,
-    while ``init_process_group`` writes the gloo addresses / NCCL unique id under
-    fixed keys. A restarted rank can then read the *dead* attempt's address and
-    fail with "Gloo connectFullMesh failed ... Connection refused" (pytorch
-    issue 135712). Prefixing the keys with the restart count avoids that on one
-    node, where one agent counts the restarts for every worker.
-
-    On several nodes that count is per agent: a node that is replaced starts a
-    fresh agent at count 0 while the survivors are at 1, so the prefixes would
-    differ (135712 again). Worse, a shared store cannot take a replaced node at
-    all in torch 2.13: the surviving rank-0 agent keeps the store address it
-    published in the first round and does not publish it for the next one, so
-    the new agent waits for ``MASTER_ADDR`` and the survivors for its
-    ``role_info`` until the store's 60 s read timeout (docs/multinode.md). A
-    multi-node job that may restart is therefore refused here, at start-up,
-    unless it runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: then rank 0's
-    worker hosts a fresh store every round and this function does nothing.
+    torch 2.13 keeps its TCPStore across ``--max-restarts``, so a restarted rank can read the dead attempt's address
+    under fixed keys (pytorch issue 135712). On several nodes a replaced node cannot join a shared store at all, so
+    that case is refused unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a fresh store per round; nothing to do here).
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
@@ -167,8 +137,7 @@ def restart_safe_rendezvous(rank: int, world_size: int, timeout_s: float) -> dic
 
 
 def restart_attempt() -> int:
-    """Which attempt of the launch this worker is: 0 first, then 1, 2, ... after torchrun restarted the workers
-    (``--max-restarts``: a rank died). A run resumes from its own checkpoints only on a restart."""
+    """Which attempt of the launch this worker is: 0 first, then 1, 2, ... after torchrun restarted the workers."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
@@ -205,9 +174,7 @@ def configure_logging(rank: int) -> None:
 def teardown() -> None:
     """Collect garbage, synchronise, then destroy the process group (gloo-safe order).
 
-    Callers should drop their own references to models, optimizers and DDP
-    wrappers before calling this (``del model, optim``), so that gloo's
-    reducer threads are gone before the group is destroyed.
+    Drop your own references to models and optimizers first, so gloo's reducer threads are gone.
     """
     gc.collect()
     if dist.is_available() and dist.is_initialized():
@@ -219,11 +186,7 @@ def teardown() -> None:
 
 @contextlib.contextmanager
 def distributed_session(timeout_s: float = 600.0, seed: int | None = 0) -> Iterator[DistEnv]:
-    """``with distributed_session() as env:`` — set up, run, always tear down.
-
-    On an exception the barrier is skipped (the other ranks may be gone), and
-    the process group is destroyed without waiting.
-    """
+    """``with distributed_session() as env:`` — set up, run, always tear down (no barrier after an exception)."""
     env = setup_distributed(timeout_s=timeout_s, seed=seed)
     ok = False
     try:
@@ -254,13 +217,11 @@ def collective_device(env: DistEnv) -> torch.device:
 def all_reduce_sum_tensor(values: Sequence[torch.Tensor | float], env: DistEnv) -> torch.Tensor:
     """Element-wise sums over all ranks as a float64 tensor on :func:`collective_device`, never read here.
 
-    Why a tensor: the training step needs some sums (its label tokens, for the loss scale) as numbers the
-    device computes with, not numbers the host waits for; reading them later, at a log interval, is one
-    synchronisation for many steps. ``values`` may mix device tensors (0-d) and host floats.
+    A tensor so the step computes with it without a host sync; ``values`` may mix 0-d device tensors and floats.
     """
     device = collective_device(env)
     host = to_device(torch.tensor([0.0 if isinstance(v, torch.Tensor) else float(v) for v in values],
-                                  dtype=torch.float64), device)     # one copy for every host number
+                                  dtype=torch.float64), device)
     t = torch.stack([v.detach().reshape(()).to(device, torch.float64) if isinstance(v, torch.Tensor) else host[i]
                      for i, v in enumerate(values)])
     if env.distributed:
@@ -281,10 +242,7 @@ def all_reduce_mean(value: float, env: DistEnv) -> float:
 
 
 def all_reduce_max(value: float, env: DistEnv) -> float:
-    """The largest of every rank's float (``all_reduce(MAX)``; a collective every rank must call).
-
-    Throughput uses it: with several ranks the job runs at the slowest rank's pace.
-    """
+    """The largest of every rank's float (``all_reduce(MAX)``; a collective every rank must call)."""
     return _all_reduce_float(value, env, dist.ReduceOp.MAX)
 
 
@@ -302,9 +260,7 @@ def all_gather_floats(value: float, env: DistEnv) -> list[float]:
 def gather_objects(obj: Any, env: DistEnv) -> list[Any]:
     """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` without a process group.
 
-    The one "gather a Python object from every rank" in ecomkit: every rank must
-    call it (it is a collective), so callers catch their own local errors
-    *before* calling it and gather the error instead, never skip the call.
+    A collective: callers catch their local errors first and gather the error, never skip the call.
     """
     if not env.distributed:
         return [obj]
@@ -336,10 +292,7 @@ def timed(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, device: torc
           average: Callable[[list[float]], float] = statistics.median, slowest: bool = False) -> float:
     """Median (or ``average``) seconds of ``fn`` over ``repeats`` runs, each started together on all ranks.
 
-    The one barrier-synchronised timer: a barrier before every run means no rank
-    times its wait for a late peer, and CUDA work is synchronised before the
-    clock is read (``device``). ``repeats=1, warmup=0`` times a single call.
-    ``average`` and ``slowest`` as in :func:`timed_phases`.
+    A barrier before every run, so no rank times its wait for a late peer; CUDA is synchronised before the clock.
     """
     return timed_phases([fn], repeats, warmup, device, average, slowest)[0]
 
@@ -350,12 +303,7 @@ def timed_phases(fns: Sequence[Callable[[], Any]], repeats: int = 5, warmup: int
                  slowest: bool = False) -> list[float]:
     """Median (or ``average``) seconds of each of ``fns``, run in order ``repeats`` times, all ranks together.
 
-    For work whose phases must alternate, such as a DeepSpeed engine's backward
-    and its step: each phase is timed on its own, and every run does them all.
-    ``average=statistics.fmean`` keeps the occasional slow run in, as a
-    training step's mean (total time / steps) does. ``slowest``: each run
-    counts at its slowest rank's time (every rank must pass it), as a
-    training step synchronised by its collectives runs at that rank's pace.
+    For phases that must alternate (a DeepSpeed backward and step); ``slowest`` counts each run at its slowest rank.
     """
     for _ in range(warmup):
         for fn in fns:
@@ -383,10 +331,7 @@ _SIGNAL_REGISTERED = False
 def install_stack_dump_signal(signum: int = signal.SIGUSR1) -> bool:
     """``kill -USR1 <pid>`` prints this process's Python stacks (all threads) to stderr and continues.
 
-    Without it, SIGUSR1 *terminates* a Python process, so a reader following a
-    debugging guide would kill the rank they wanted to inspect. Returns False
-    where the signal does not exist (Windows). :func:`setup_distributed`
-    installs it on every rank (chapter 07).
+    By default SIGUSR1 kills Python; returns False where the signal does not exist (Windows).
     """
     global _SIGNAL_REGISTERED
     if _SIGNAL_REGISTERED:
@@ -399,11 +344,7 @@ def install_stack_dump_signal(signum: int = signal.SIGUSR1) -> bool:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it).
-
-    For rendezvous of a process group started without torchrun (DeepSpeed on
-    one process) and for the reproductions of chapter 07.
-    """
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the OS picks it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -1,29 +1,8 @@
 """User-facing errors: one clear paragraph, once, last on the screen, instead of a traceback wall.
 
-Every error a user can cause with bad input (a missing file, an unknown
-preset, an invalid config value, a mistyped flag) is raised as an
-:class:`EcomkitError`. Scripts wrap ``main`` in :func:`exit_on_user_error`,
-which reports the message and exits with :data:`USER_ERROR_EXIT`.
-
-**Once, from rank 0.** Every rank of a job usually meets the same bad input
-(each parses the same flags and reads the same file), and N copies of one
-paragraph followed by torchrun's failure report push it off the screen. So
-rank 0 reports; any other rank stays silent and waits :data:`PEER_GRACE_S`
-for rank 0 to end the job (torchrun then stops it, as it stops every rank
-once one has failed). Only an error that rank 0 did not meet gets reported
-by the rank that met it, after that wait, under its rank number.
-
-**Last on the screen.** Under ``torchrun`` the agent prints its own report
-after every worker has exited, so anything a worker prints ends up above it.
-torchrun's agent gives each worker an error file (``TORCHELASTIC_ERROR_FILE``)
-and prints the failing rank's file as the last lines of that report ("Root
-Cause"). Rank 0 therefore writes its message there instead of printing it:
-it appears once, as the last text of the report, with no worker traceback.
-The agent's own lines above the report (its ``ChildFailedError`` traceback)
-are torch's and cannot be switched off from a worker. Without torchrun (one
-plain process, other launchers) the message goes to stderr.
-:func:`user_error_from_agent_file` reads it back from the agent's copy of the
-file, which is how :func:`ecomkit.launch.run_torchrun` raises the message alone.
+Bad input raises :class:`EcomkitError`; scripts wrap ``main`` in :func:`exit_on_user_error`. Rank 0 reports and the
+others wait :data:`PEER_GRACE_S` for torchrun to stop them, so the message is not repeated N times. Under torchrun
+it goes into the worker's error file, which the agent prints last ("Root Cause"); else to stderr.
 """
 
 from __future__ import annotations
@@ -48,8 +27,7 @@ USER_ERROR_KEY = "ecomkit_user_error"   # marks the error file of a user error (
 class EcomkitError(Exception):
     """Base class for errors caused by user input; the message says what to do."""
 
-    # False for an error that is another rank's consequence (a collective whose peer is gone): it is printed,
-    # never written into torchrun's error file, so the agent's "Root Cause" stays the rank that failed first.
+    # False for another rank's consequence (a peer gone): printed, not filed, so "Root Cause" is the first failure.
     root_cause = True
 
 
@@ -66,10 +44,7 @@ class ModelNotFoundError(EcomkitError):
 
 
 def did_you_mean(word: str, names: Iterable[str], cutoff: float = 0.6) -> str:
-    """The hint " Did you mean 'x'?" (up to three names) for a mistyped ``word``; "" when no name is close.
-
-    Why one helper: a misspelled flag, column, label or config key all get the same hint, from difflib.
-    """
+    """The hint " Did you mean 'x'?" (up to three names) for a mistyped ``word``; "" when no name is close."""
     close = difflib.get_close_matches(str(word), [str(n) for n in dict.fromkeys(names)], n=3, cutoff=cutoff)
     return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
@@ -102,8 +77,8 @@ def report_user_error(exc: BaseException) -> NoReturn:
     rank, world = _rank_and_world()
     text = f"error: {exc}"
     if world > 1 and rank != 0:
-        # rank 0 met the same input: when it exits, the launcher stops this rank during the wait. SIGTERM's
-        # default action is restored first, since a preemption handler would otherwise swallow it.
+        # rank 0 met the same input and the launcher stops this rank during the wait; SIGTERM's default is restored,
+        # or a preemption handler would swallow it.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         time.sleep(PEER_GRACE_S)
         text = f"[rank {rank}] {text}"
@@ -114,8 +89,7 @@ def report_user_error(exc: BaseException) -> NoReturn:
 def exit_on_user_error(main: Callable[..., T]) -> Callable[..., T]:
     """Decorate a script's ``main``: a user error is reported once (rank 0) and exits 2.
 
-    Other exceptions keep their traceback, because those are our bugs. Set
-    ``ECOMKIT_TRACEBACK=1`` to see the traceback of user errors as well.
+    Other exceptions keep their traceback (our bugs); ``ECOMKIT_TRACEBACK=1`` shows user errors' too.
     """
 
     @functools.wraps(main)

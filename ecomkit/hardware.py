@@ -1,8 +1,7 @@
 """The one hardware table: GPU peak FLOP/s per dtype, memory, HBM bandwidth, and interconnect presets.
 
-Why one table: MFU, the planner and the time model must agree on what a GPU is. Names match exactly (a key
-or an alias such as ``torch.cuda.get_device_name()``'s string); an unknown GPU or a precision without tensor
-cores gets no peak, never another board's. Peaks are dense; ``fp32`` is the non-tensor rate (TF32 off).
+MFU, the planner and the time model must agree on what a GPU is. Names match exactly; an unknown GPU or dtype gets
+no peak, never another board's. Peaks are dense; ``fp32`` is the non-tensor rate (TF32 off).
 """
 
 from __future__ import annotations
@@ -58,24 +57,10 @@ class GpuSpec:
         return tflops * 1e12
 
 
-# Sources (dense, no sparsity):
-#   A100: "NVIDIA A100 Tensor Core GPU" data sheet (BF16/FP16 312, FP32 19.5; HBM 1,555 / 1,935 / 2,039 GB/s).
-#   H100 SXM / PCIe / NVL: "NVIDIA H100 Tensor Core GPU" data sheet (BF16 989 / 756 / 835, i.e. half the
-#     sparse 1,979 / 1,513 / 1,671; FP32 67 / 51 / 60; HBM 3.35 / 2.0 / 3.9 TB/s; NVL has 94 GB).
-#   H800 SXM: NVIDIA H800 product brief (H100 SXM compute and memory; only NVLink is cut, to 400 GB/s).
-#   H200 SXM: "NVIDIA H200 Tensor Core GPU" data sheet (BF16 989, FP32 67, 141 GB at 4.8 TB/s).
-#   B200 (HGX, 1,000 W): "NVIDIA HGX B200" data sheet (BF16 2,250 dense of 4,500 sparse; FP32 80; 180 GB, 8 TB/s).
-#   L40S: "NVIDIA L40S" data sheet (BF16/FP16 362 with FP32 accumulate, of 733 sparse; FP32 91.6; 48 GB, 864 GB/s).
-#   A10: "NVIDIA A10 Tensor Core GPU" data sheet (BF16/FP16 125, FP32 31.2; 24 GB, 600 GB/s).
-#   A10G (AWS EC2 G5 only, no NVIDIA data sheet): the figures AWS/NVIDIA publish for G5 (tensor BF16/FP16 70,
-#     FP32 35; same 24 GB and 600 GB/s as the A10).
-#   RTX 4090: "NVIDIA Ada GPU Architecture" whitepaper, appendix (FP16/BF16 with FP32 accumulate 165.2, FP32 82.6;
-#     1,008 GB/s).
-#   V100 SXM2: "NVIDIA Tesla V100" data sheet (FP16 tensor 125, FP32 15.7, no BF16; 900 GB/s).
-# Default links: the interconnect of the board's usual system. SXM boards sit on NVLink (A100/H100/H200 with
-# NVSwitch; the H800's NVLink is cut to 400 GB/s; the V100 SXM2's is NVLink 2); PCIe boards and every card
-# without NVLink (GeForce, L40S, A10/A10G) reduce over PCIe; the H100 NVL's NVLink bridges join pairs only,
-# so a ring over more than two crosses PCIe. A cluster given --link uses that instead.
+# Sources (dense peaks, half the sparse ones): NVIDIA's data sheets (A100, H100 SXM/PCIe/NVL, H200, HGX B200, L40S,
+# A10, V100 SXM2), the H800 product brief, the Ada whitepaper (RTX 4090) and the figures published for AWS G5 (A10G).
+# Default links: the board's usual system (NVLink for SXM boards; PCIe for the rest, and the H100 NVL's pair bridges
+# do not span a ring of more than two). --link overrides.
 GPUS: dict[str, GpuSpec] = {g.key: g for g in (
     GpuSpec("a100-40g", "A100-SXM4-40GB", _gib(39.4), 1.555e12, 312.0, 312.0, 19.5, "nvlink-a100"),
     GpuSpec("a100-80g", "A100-SXM4-80GB", _gib(79.2), 2.039e12, 312.0, 312.0, 19.5, "nvlink-a100"),
@@ -95,7 +80,7 @@ GPUS: dict[str, GpuSpec] = {g.key: g for g in (
     GpuSpec("v100-16g", "V100-SXM2-16GB", _gib(15.8), 0.9e12, None, 125.0, 15.7, "nvlink-v100"),
 )}
 
-# Every other spelling that names a row: short flags, and what torch.cuda.get_device_name() returns.
+# Other spellings that name a row: short flags, and torch.cuda.get_device_name()'s strings.
 GPU_ALIASES: dict[str, str] = {
     "a100": "a100-80g", "a100-40gb": "a100-40g", "a100-80gb": "a100-80g",
     "nvidia a100-sxm4-40gb": "a100-40g", "nvidia a100-sxm4-80gb": "a100-80g",
@@ -121,8 +106,7 @@ def find_gpu(name: str) -> GpuSpec | None:
 def gpu_kind(device_name: str) -> str:
     """The key measurements of one GPU kind are filed under: the table's key (``h200``), else the name lowercased.
 
-    Why: a rule measured on one board (``--attn auto``, ``--loss-kernel auto``) applies to every board of its
-    kind, whatever spelling ``torch.cuda.get_device_name()`` gives, and never to another board.
+    A rule measured on one board applies to every spelling of its kind, and never to another board.
     """
     spec = find_gpu(device_name)
     return spec.key if spec is not None else str(device_name).strip().lower()
@@ -148,7 +132,6 @@ def gpu_spec(name: str | GpuSpec) -> GpuSpec:
                       "board, add it to ecomkit/hardware.py or pass a GpuSpec from Python.")
 
 
-# ---------------------------------------------------------------------- links
 @dataclass(frozen=True)
 class LinkSpec:
     """A GPU interconnect for the α-β model of ring collectives."""
@@ -173,8 +156,7 @@ LINKS: dict[str, LinkSpec] = {lk.key: lk for lk in (
     LinkSpec("ib-400g", "InfiniBand NDR 400 Gb/s per GPU", 46e9, 8e-6, "50 GB/s raw per NIC"),
     LinkSpec("pcie5-x16", "PCIe 5.0 x16 (host link)", 40e9, 10e-6,
              "64 GB/s per direction raw; the achievable figure assumes the same ~62 % of raw as the PCIe 4 preset"),
-    # The three below have no measured busbw to cite: each assumes ~41 % of the total NVLink bandwidth per GPU,
-    # the share the two measured NVLink presets reach (A100 230 of 600 GB/s, 38 %; H100 370 of 900, 41 %).
+    # No measured busbw to cite below: each assumes ~41 % of total NVLink bandwidth, as the A100 and H100 presets reach.
     LinkSpec("nvlink-v100", "NVLink 2 (V100 SXM2, DGX-1 hybrid cube mesh)", 123e9, 5e-6,
              "300 GB/s total per GPU (6 links × 25 GB/s per direction); achievable assumed at ~41 % of that"),
     LinkSpec("nvlink-h800", "NVLink 4 at 400 GB/s + NVSwitch (H800 SXM)", 164e9, 5e-6,
@@ -201,24 +183,16 @@ def link_spec(name: str | LinkSpec) -> LinkSpec:
                       f"Known links: {', '.join(LINKS)}; or pass a LinkSpec.")
 
 
-# ---------------------------------------------------------------------- nodes (the host side of CPU offload)
 @dataclass(frozen=True)
 class NodeSpec:
-    """One server: how many GPUs share a PCIe link to the CPUs, and how many CPU cores the node's ranks share.
-
-    ZeRO-Offload moves gradients down to and weights up from host memory over
-    the node's host links, and runs Adam on the node's cores. GPUs behind one
-    PCIe switch share its single uplink (``gpus_per_host_link``), and every
-    rank of a node shares the node's cores (DeepSpeed's launcher with
-    ``--bind_cores_to_rank`` gives each local rank ``cores // ranks`` of them).
-    """
+    """One server: GPUs per PCIe uplink to the CPUs and CPU cores, the host side of ZeRO-Offload."""
 
     key: str
     name: str
-    gpus: int                   # GPUs per node
+    gpus: int
     gpus_per_host_link: int     # GPUs behind one PCIe uplink to the CPUs
     host_link: str              # LINKS key of that uplink: achievable copy bandwidth per direction
-    cpu_cores: int              # physical cores, all sockets
+    cpu_cores: int
     source: str
 
     @property
@@ -226,8 +200,7 @@ class NodeSpec:
         return self.gpus // self.gpus_per_host_link
 
 
-# DeepSpeedCPUAdam throughput per physical core, fp32 master weights: an assumption, not measured here. It puts a
-# 128-core DGX A100 node at 2e9 parameters/s (the planner's central figure; chapter 06 bands it 1-4e9).
+# DeepSpeedCPUAdam updates per physical core, fp32 masters: an assumption, not measured here (2e9/s on 128 cores).
 CPU_ADAM_PARAMS_PER_S_PER_CORE = 2.0e9 / 128
 
 NODES: dict[str, NodeSpec] = {n.key: n for n in (
@@ -265,7 +238,6 @@ def node_cpu_adam_params_per_s(node: NodeSpec) -> float:
     return node.cpu_cores * CPU_ADAM_PARAMS_PER_S_PER_CORE
 
 
-# ---------------------------------------------------------------------- MFU
 _REPORTED: set[str] = set()
 
 
@@ -289,11 +261,7 @@ def device_peak_flops(device: torch.device, precision: str) -> float | None:
 
 
 def device_peak(device: torch.device, precision: str) -> tuple[float | None, str | None]:
-    """(peak FLOP/s of one device, why MFU is not reported): looked up once per run, never per step.
-
-    A CPU has no table peak and no note; a GPU the table does not know (or a dtype it has no tensor cores
-    for) gets None and the reason, logged once per reason.
-    """
+    """(peak FLOP/s of one device, why MFU is not reported): looked up once per run, never per step."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return None, None
     peak, reason = peak_flops_or_reason(torch.cuda.get_device_name(device), precision)
@@ -314,7 +282,7 @@ def mfu_fields(achieved_flops_per_s: float, peak_per_device: float | None, n_dev
 def extensions_dir() -> Path:
     """Where this Python environment's C++ extensions are built: ``~/.cache/ecomkit/torch_extensions/<env>``.
 
-    Why per environment: a build records its environment's include paths, so two sharing a folder rebuild each other's.
+    A build records its environment's include paths, so two environments sharing a folder rebuild each other's.
     """
     env = f"py{sys.version_info[0]}{sys.version_info[1]}-{hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]}"
     return Path.home() / ".cache" / "ecomkit" / "torch_extensions" / env

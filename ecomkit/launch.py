@@ -1,12 +1,7 @@
 """Run chapter scripts from a notebook: under torchrun or as one plain process.
 
-Why not ``!torchrun ...`` in a cell: a failing shell command does not fail the
-cell, so nbmake (and a reader skimming) sees a green notebook with a crashed
-job. :func:`run_torchrun` streams the output line by
-line as it arrives, so the cell shows progress, and raises
-:class:`~ecomkit.errors.EcomkitError` with the tail of the output when the job
-fails. Metrics files the scripts write are read back with :func:`read_json`
-and :func:`read_jsonl`.
+A failing ``!torchrun`` does not fail its cell; :func:`run_torchrun` streams output live and raises
+:class:`~ecomkit.errors.EcomkitError` with the output's tail when the job fails.
 """
 
 from __future__ import annotations
@@ -31,11 +26,7 @@ TAIL_LINES = 40
 
 
 def repo_root(start: str | Path | None = None) -> Path:
-    """The repository root: the nearest folder at or above ``start`` (default: cwd) with pyproject.toml.
-
-    Notebooks run with their own folder as cwd (``notebooks/``), scripts and
-    tests from the root; both find the same root.
-    """
+    """The repository root: the nearest folder at or above ``start`` (default: cwd) with pyproject.toml."""
     here = Path(start or Path.cwd()).resolve()
     for folder in (here, *here.parents):
         if (folder / "pyproject.toml").is_file() and (folder / "ecomkit").is_dir():
@@ -51,7 +42,7 @@ def child_env(env: Mapping[str, str] | None) -> dict[str, str]:
     merged = dict(os.environ)
     merged.update(env or {})
     merged.setdefault("OMP_NUM_THREADS", "1")
-    merged["PYTHONUNBUFFERED"] = "1"  # children print as they go, not at exit
+    merged["PYTHONUNBUFFERED"] = "1"
     return merged
 
 
@@ -70,10 +61,7 @@ PROGRESS_LINE = re.compile(r"^\s*(train|decode|eval)\s+\d+/\d+")   # what the sc
 class ProgressLine:
     """A launch's progress in one line that updates in place, for a notebook cell that does not stream.
 
-    Why: a cell that launches training with ``live=False`` (to keep its output short) showed nothing for
-    minutes. The scripts print a progress line every ~10 % of a run (``train 30/300 loss=...``, ``decode
-    2/7``); the newest of them, with the seconds since the launch, replaces the previous one in the cell.
-    Outside a notebook it shows nothing (the terminal user asked for a quiet run).
+    A quiet launch otherwise shows nothing for minutes; outside a notebook it shows nothing.
     """
 
     def __init__(self, label: str, show: bool | None = None):
@@ -111,9 +99,7 @@ def stream_command(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: f
                    on_start: Callable[[subprocess.Popen], None] | None = None) -> subprocess.CompletedProcess:
     """Run ``cmd``, echo each output line as it arrives, kill the whole process group on timeout.
 
-    ``on_line`` sees every line as it arrives (chapter 07's stall demo watches for the stall there);
-    ``on_start`` the process once started (the SLURM dry run signals it to preempt it). Without ``live``
-    a notebook still sees the run's progress lines, in one line (:class:`ProgressLine`).
+    ``on_line`` sees every line; ``on_start`` the started process; without ``live`` a notebook sees the progress line.
     """
     if not live:
         on_line = _with_progress(on_line, ProgressLine(next((Path(str(c)).name for c in cmd
@@ -180,17 +166,14 @@ def run_torchrun(script: str | Path, args: Sequence[str] = (), nproc: int = 2, *
                  max_restarts: int = 0, live: bool = True) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc_per_node N script args`` from the repository root.
 
-    Output (stdout and stderr of all ranks, merged) is printed live and kept in
-    ``result.stdout``. Raises :class:`EcomkitError` on a non-zero exit or after
-    ``timeout`` seconds: with the user error a worker reported (read from the
-    error file torchrun's agent copies it to, :mod:`ecomkit.errors`), else with
-    the output's tail.
+    Output of all ranks is printed live and kept in ``result.stdout``. On failure or timeout raises
+    :class:`EcomkitError` with the worker's user error if it reported one, else the output's tail.
     """
     root = repo_root()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "--max_restarts", str(max_restarts), str(_resolve_script(script, root)), *map(str, args)]
     with tempfile.TemporaryDirectory(prefix="ecomkit-launch-") as folder:
-        agent_file = Path(folder) / "agent_error.json"   # the agent copies the failing rank's error file here
+        agent_file = Path(folder) / "agent_error.json"
         merged = {**child_env(env), "TORCHELASTIC_ERROR_FILE": str(agent_file)}
         return _check(stream_command(cmd, cwd=root, env=merged, timeout=timeout, live=live), agent_file)
 

@@ -1,8 +1,6 @@
 """Run metrics: one JSON line per step or eval, a final ``summary.json``, and the printed summary.
 
-Rank 0 writes; every value was measured in this run. Each line is flushed
-immediately so a crash loses nothing and a notebook can plot a run that is
-still going.
+Rank 0 writes values measured in this run, each line flushed, so a crash loses nothing and a live run can be plotted.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ class MetricsWriter:
         self.enabled = enabled
         self.path = self.dir / filename
         self._fh = None
-        self.sinks: list[Any] = []  # --report-to: each row also goes, as the same dict, to these (ecomkit.reporting)
+        self.sinks: list[Any] = []  # --report-to: each row also goes, as the same dict, to these
         if enabled:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a" if append else "w", encoding="utf-8")
@@ -70,12 +68,7 @@ class MetricsWriter:
 def attention_length(tokens: float, squared_lengths: float) -> float:
     """The sequence length to put in the attention FLOPs term: ΣL²/ΣL over the real (unpadded) sequences.
 
-    Why not ``cfg.seq_len``: a sequence of L real tokens does 12·n_layer·h·L
-    attention FLOPs per token, so a batch does Σ L·(6Ψ + 12·n_layer·h·L) =
-    tokens × (6Ψ + 12·n_layer·h·ΣL²/ΣL). Counting ``cfg.seq_len`` instead
-    credits every short sample with attention over positions it never had,
-    which inflates MFU on data shorter than the truncation length. Padded
-    positions are not useful work either, so they are not counted.
+    A batch does Σ L·(6Ψ + 12·n_layer·h·L) FLOPs; ``cfg.seq_len`` would credit short rows with attention they never had.
     """
     return squared_lengths / tokens if tokens > 0 else 0.0
 
@@ -120,8 +113,7 @@ def print_run_summary(summary: dict[str, Any]) -> None:
 def model_lines(summary: dict[str, Any]) -> str:
     """Which model trained (a random-init preset or real weights) and, with LoRA, what of it trained.
 
-    Why in the summary: the numbers above a preset's run are a random init's; a reader must not take
-    them for what the real SeqGPT or EcomGPT weights would do.
+    A preset's numbers are a random init's, not what the real SeqGPT or EcomGPT weights would do.
     """
     origin = summary.get("model_origin")
     if not origin:
@@ -140,10 +132,8 @@ def examples_note(summary: dict[str, Any]) -> str:
     return f" ({n:,} held-out examples)" if n is not None else ""
 
 
-# Which method made each headline figure of an evaluation (figures that disagree must say why). Candidate
-# scoring never decodes: it ranks the candidate labels by their mean log-probability after the prompt, so an
-# untrained model still picks one of them; generation decodes an answer and scores what it parses, so an answer
-# that is no label scores 0. The two can disagree on the same questions; each figure names its method.
+# Which method made each headline figure: candidate scoring ranks the labels (an untrained model still picks one),
+# generation scores what it parses (a non-label scores 0), so the two may disagree and each figure names its method.
 CANDIDATE_SCORING = "candidate scoring"
 GENERATED_EXACT = "generation, exact match"
 GENERATED_SPANS = "generation, span F1"
@@ -163,20 +153,13 @@ def methods_line(summary: dict[str, Any]) -> str:
 
 
 def not_learned_line(summary: dict[str, Any]) -> str:
-    """The one line of a run whose model does not clear a baseline: what missed, the likely reason, the retry
-    (``summary["baseline"]``, from ``ecomkit.train.outcome.baseline_outcome``)."""
+    """The one line of a run whose model does not clear a baseline: what missed, the likely reason, the retry."""
     verdict = summary.get("baseline") or {}
     return verdict["line"] + "\n" if verdict.get("cleared") is False else ""
 
 
 def classification_lines(summary: dict[str, Any]) -> str:
-    """One line per classification target: accuracy, macro-F1, the majority baseline and the margin over it.
-
-    The margin is what a claim "the model learned" rests on: an accuracy is
-    only worth its distance from always answering the most frequent label,
-    the one the training split holds most often (a baseline never sees the
-    labels it is scored on).
-    """
+    """One line per classification target: accuracy, macro-F1, the majority baseline and the margin over it."""
     lines = ""
     for key in [k for k in summary if k.startswith("acc_")]:
         target, acc = key[4:], summary[key]
@@ -194,14 +177,7 @@ def classification_lines(summary: dict[str, Any]) -> str:
 
 
 def generation_lines(summary: dict[str, Any]) -> str:
-    """Scores by generation (``ecomkit.train.gen_eval``) beside their baselines, with the margin in points.
-
-    A model counts only when it clears its baseline: the training split's
-    majority label for classification, the dictionary of training spans for
-    extraction (both learned from training data only). Each figure says how
-    many examples it rests on, and answers that stopped at the token budget or
-    are garbled are counted.
-    """
+    """Scores by generation beside their baselines (training majority label, training-span dictionary) and margins."""
     lines = ""
     if summary.get("gen_acc") is not None:
         line = (f"generated labels accuracy {summary['gen_acc']:.3f} by {GENERATED_EXACT}, "
@@ -231,7 +207,7 @@ def generation_lines(summary: dict[str, Any]) -> str:
                   f"in answers, {summary.get('gen_invalid_text', 0)} answers with invalid text (U+FFFD), "
                   f"{summary.get('gen_spans_not_in_input', 0)} predicted spans not in their input, "
                   f"{summary.get('gen_at_budget', 0)} answers stopped at the budget\n")
-    if summary.get("gen_budget_advice"):   # a share worth advice, and the lever that follows the cause (gen_eval)
+    if summary.get("gen_budget_advice"):
         lines += "budget           " + summary["gen_budget_advice"] + "\n"
     return lines
 
@@ -252,7 +228,7 @@ def data_line(summary: dict[str, Any]) -> str:
     if not data:
         return ""
     kinds = ", ".join(f"{k} {n:,}" for k, n in data.get("examples_per_kind", {}).items())
-    eval_file = data.get("eval_rows_read") is not None   # --eval-data: the eval records come from their own file
+    eval_file = data.get("eval_rows_read") is not None
     used = data["train_records"] if eval_file else data["records_used"]
     cap = f", capped by max_rows={data['max_rows']:,}" if data.get("max_rows") and used < data["rows_valid"] else ""
     if eval_file:
@@ -315,8 +291,7 @@ def step_model_flops(tokens: float, squared_lengths: float, predicted: float, fl
                      head_flops: float) -> float:
     """The model FLOPs of one step: every real token through the blocks, the LM head only where the loss reads it.
 
-    ``flops_per_token_at(T)``: 6Ψ + attention at length T (``models.bloom.flops_per_token``, the head's 6·V·h for
-    every token); ``predicted``: positions whose logits the loss reads; ``head_flops``: 6·V·h (docs/perf.md).
+    ``flops_per_token_at(T)``: 6Ψ + attention at length T; ``predicted``: positions the loss reads; ``head_flops``: 6Vh.
     """
     return tokens * flops_per_token_at(attention_length(tokens, squared_lengths)) - max(
         tokens - predicted, 0.0) * head_flops
@@ -336,8 +311,7 @@ def throughput_summary(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
                        slowest_rank_steady_s: float | None = None) -> dict[str, Any]:
     """Throughput of the steady phase: total samples (tokens) over total wall time, after ``warmup_steps`` rows.
 
-    Why totals: with length-bucketed batches a mean of per-step rates overstated it by 19-25 %. With several
-    ranks, ``slowest_rank_steady_s`` (an ``all_reduce(MAX)`` by the caller) sets the pace.
+    Totals, not a mean of per-step rates (bucketed batches skew it); ``slowest_rank_steady_s`` sets the pace.
     """
     steady = train_rows[warmup_steps:] if len(train_rows) > warmup_steps else list(train_rows)
     times = [float(r["step_time_s"]) for r in steady]
@@ -356,18 +330,13 @@ def throughput_summary(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
         "step_time_median_s": _percentile(ordered, 0.5),
         "step_time_p90_s": _percentile(ordered, 0.9),
         "slowest_rank_steady_s": slowest_rank_steady_s,
-        # pad positions / all positions of the steady steps, when the rows count padded positions
         "padding_rate": 1 - tokens / padded if padded and all("padded_tokens" in r for r in steady) else None,
     }
 
 
 def time_split(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
                parts: tuple[str, ...] = ("data_s", "fwd_bwd_s", "optim_s")) -> dict[str, float]:
-    """Where the steady phase's wall time went: each part's share of the summed step times, plus ``other``.
-
-    Shares of totals, like the throughput (a mean of per-step shares would
-    weight short steps like long ones). ``other`` is what the parts leave out.
-    """
+    """Where the steady phase's wall time went: each part's share of the summed step times, plus ``other``."""
     steady = train_rows[warmup_steps:] if len(train_rows) > warmup_steps else list(train_rows)
     total = sum(float(r["step_time_s"]) for r in steady)
     if total <= 0:
@@ -381,10 +350,7 @@ def slowest_rank_throughput(own_rows: list[dict[str, Any]], env: DistEnv, warmup
                             rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """:func:`throughput_summary` of ``rows`` (default: ``own_rows``) at the slowest rank's pace.
 
-    Every rank must call it (one ``all_reduce(MAX)`` of this rank's steady wall
-    time when several ranks run). ``rows`` lets a caller that gathered every
-    rank's counts summarise those while the pace still comes from each rank's
-    own step times.
+    A collective every rank must call; ``rows`` may be every rank's counts, the pace still from own step times.
     """
     own_wall = throughput_summary(own_rows, warmup_steps)["steady_wall_s"]
     slowest = all_reduce_max(own_wall, env) if env.distributed else None

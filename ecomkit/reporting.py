@@ -1,22 +1,7 @@
 """Where people watch runs: the progress bar, and TensorBoard, Weights & Biases, MLflow fed by the one metrics stream.
 
-Why through :class:`ecomkit.metrics.MetricsWriter`: every row written to
-``metrics.jsonl`` is handed, as the same dict, to each sink of ``--report-to``
-on rank 0, so the numbers a dashboard shows cannot differ from the file's.
-Every numeric field is logged (loss, lr, grad norm, throughput, the step's
-split, memory, eval and task metrics, and any field added later); strings and
-``None`` are not. TensorBoard scalars are written in double precision, so a
-loss read back from the event file equals the one in ``metrics.jsonl`` bit for
-bit. The run's config is logged once, as hyperparameters.
-
-- ``tensorboard`` (the default): event files in the output folder;
-  ``tensorboard --logdir <output-dir>`` (a sweep's folder shows every variant).
-- ``wandb``: offline unless ``WANDB_API_KEY`` is set or ``WANDB_MODE`` says
-  otherwise (``wandb sync <output-dir>/wandb/offline-run-*`` uploads later);
-  ``pip install 'ecomkit[wandb]'``.
-- ``mlflow``: a local ``<output-dir>/mlruns`` store unless
-  ``MLFLOW_TRACKING_URI`` is set (``mlflow ui --backend-store-uri <output-dir>/mlruns``);
-  ``pip install 'ecomkit[mlflow]'``.
+Every ``metrics.jsonl`` row goes, as the same dict, to each ``--report-to`` sink on rank 0, so a dashboard cannot
+differ from the file (TensorBoard scalars in double precision, bit for bit). The config is logged once.
 """
 
 from __future__ import annotations
@@ -51,8 +36,7 @@ def numeric_fields(row: dict[str, Any]) -> dict[str, float]:
 
 
 def metric_name(row: dict[str, Any], key: str) -> str:
-    """Training and eval rows share one flat namespace (``loss``, ``eval_loss``, ``acc_category``); other
-    row types get their type as a prefix."""
+    """Training and eval rows share one flat namespace (``loss``, ``eval_loss``); other rows are prefixed by type."""
     kind = row.get("type", "train")
     return key if kind in ("train", "eval") else f"{kind}/{key}"
 
@@ -89,7 +73,7 @@ class TensorBoardSink:
         step = int(row.get("step", 0))
         for key, value in numeric_fields(row).items():
             self.writer.add_scalar(metric_name(row, key), value, step, new_style=True, double_precision=True)
-        self.writer.flush()  # like metrics.jsonl: a crash loses nothing, a dashboard sees the step now
+        self.writer.flush()  # a crash loses nothing, a dashboard sees the step now
 
     def close(self) -> None:
         self.writer.close()
@@ -123,7 +107,7 @@ class MlflowSink:
 
         self.mlflow = mlflow
         uri = os.environ.get("MLFLOW_TRACKING_URI")
-        if not uri:  # a plain folder, no server or database; MLflow 3 asks for this opt-in to its file store
+        if not uri:  # a plain folder; MLflow 3 asks for this opt-in to its file store
             uri = (out_dir / "mlruns").resolve().as_uri()
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = mlflow.tracking.MlflowClient(tracking_uri=uri)
@@ -157,7 +141,7 @@ def read_tensorboard_scalars(log_dir: str | os.PathLike) -> dict[str, list[tuple
     for tag in acc.Tags().get("tensors", []):
         events = acc.Tensors(tag)
         if events and events[0].tensor_proto.dtype in (1, 2) and not events[0].tensor_proto.tensor_shape.dim:
-            out[tag] = [(e.step, float(make_ndarray(e.tensor_proto).item())) for e in events]  # DT_FLOAT/DOUBLE
+            out[tag] = [(e.step, float(make_ndarray(e.tensor_proto).item())) for e in events]
     for tag in acc.Tags().get("scalars", []):
         out[tag] = [(e.step, float(e.value)) for e in acc.Scalars(tag)]
     return out
@@ -170,7 +154,7 @@ def tensorboard_tags(log_dir: str | os.PathLike) -> dict[str, list[str]]:
     acc = EventAccumulator(str(log_dir))
     acc.Reload()
     tags = {k: list(v) for k, v in acc.Tags().items() if isinstance(v, list)}
-    for plugin in ("hparams", "text", "scalars"):  # the dashboards' own view (HParams tab, Text tab, Scalars)
+    for plugin in ("hparams", "text", "scalars"):
         try:
             tags[f"plugin:{plugin}"] = list(acc.PluginTagToContent(plugin))
         except KeyError:
@@ -186,7 +170,6 @@ def open_sinks(report_to: str | Iterable[str], out_dir: Path, config: dict[str, 
     return [SINKS[name](Path(out_dir), config) for name in parse_report_to(report_to)]
 
 
-# ---------------------------------------------------------------------- progress
 def in_notebook() -> bool:
     """True inside a Jupyter kernel (where a display can be updated in place), False in a terminal or script."""
     try:
@@ -201,7 +184,8 @@ def in_notebook() -> bool:
 class LineProgress:
     """tqdm-compatible bar for piped output: about 10 lines per run (``eta``: each with the elapsed time and ETA).
 
-    Why: a notebook cell streaming a torchrun subprocess never sees ``\\r`` updates."""
+    A notebook cell streaming a torchrun subprocess never sees ``\\r`` updates.
+    """
 
     def __init__(self, total: int, desc: str = "", eta: bool = False):
         self.total, self.desc, self.n = total, desc, 0
@@ -211,9 +195,9 @@ class LineProgress:
 
     def update(self, n: int = 1) -> None:
         self.n += n
-        if n == 0:   # the loop's update(step) at start: nothing happened yet
+        if n == 0:
             return
-        if self.n // self.every > self.printed or self.n >= self.total:   # updates of several units cross marks
+        if self.n // self.every > self.printed or self.n >= self.total:
             self.printed = self.n // self.every
             post = " ".join(f"{k}={v}" for k, v in self.postfix.items())
             text = f"{self.desc} {self.n}/{self.total} {post}"
@@ -249,8 +233,7 @@ def format_seconds(s: float) -> str:
 
 
 def make_progress(total: int, enabled: bool, desc: str = "train", eta: bool = False):
-    """A bar of ``total`` units on this rank (``enabled``); ``eta``: piped lines say elapsed time and ETA too
-    (tqdm's bars always do)."""
+    """A bar of ``total`` units on this rank (``enabled``); ``eta``: piped lines say elapsed time and ETA too."""
     if not enabled:
         return NoProgress(total, desc)
     if in_notebook():

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import grimp  # comes with import-linter (the test extra)
@@ -140,6 +141,45 @@ def test_no_module_is_too_long():
     lines = {str(p.relative_to(ROOT)): len(p.read_text(encoding="utf-8").splitlines()) for p in _modules()}
     long = {name: n for name, n in lines.items() if n > LONGER_MODULES.get(name, MAX_MODULE_LINES)}
     assert not long, f"split these modules (more than {MAX_MODULE_LINES} lines, {LONGER_MODULES}): {long}"
+
+
+# Issue 55's bounds on the package's size and its prose (docstrings, comment-only lines, lines with a comment).
+MAX_PACKAGE_LINES, MAX_PROSE_SHARE = 26_000, 0.18
+
+
+def prose_lines(source: str) -> tuple[int, int]:
+    """(lines, prose lines) of one module: a line counts as prose if it is in a docstring or holds a comment."""
+    prose = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body and \
+                isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) and \
+                isinstance(body[0].value.value, str):
+            prose.update(range(body[0].lineno, body[0].end_lineno + 1))
+    lines = source.splitlines()
+    readline = iter(source.splitlines(keepends=True)).__next__
+    prose.update(tok.start[0] for tok in tokenize.generate_tokens(readline) if tok.type == tokenize.COMMENT)
+    return len(lines), len(prose)
+
+
+def test_the_package_is_small_and_its_prose_short():
+    counts = [prose_lines(p.read_text(encoding="utf-8")) for p in sorted(PACKAGE.rglob("*.py"))]
+    lines, prose = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    assert lines <= MAX_PACKAGE_LINES, lines
+    assert prose / lines <= MAX_PROSE_SHARE, f"{prose} of {lines} lines are docstrings or comments ({prose / lines:.1%})"
+
+
+def test_prose_lines_count_docstrings_and_comments_once_each():
+    src = '''"""Module.
+
+Why."""
+x = 1  # note
+# alone
+def f():
+    """One line."""
+    return 2
+'''
+    assert prose_lines(src) == (8, 6)
 
 
 def test_checks_catch_what_they_look_for(tmp_path):

@@ -10,6 +10,7 @@ metrics as one table with named columns, MFU computed once.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import json
 import logging
@@ -171,3 +172,16 @@ def test_a_log_interval_reads_one_table_with_named_columns_and_mfu_uses_the_run_
     assert (second["loss"], second["grad_norm"], second["tokens_per_s"]) == (2.0, 0.5, 50.0)
     flops = 100 * (1000.0 + 2500 / 100) / 2.0
     assert first["model_flops_per_s"] == pytest.approx(flops) and first["mfu"] == pytest.approx(flops / 1e12)
+
+
+def test_a_copy_of_the_sealed_configuration_is_a_new_writable_one(built):
+    """A ZeRO probe or a sweep variant starts from a copy of the run's configuration (chapter 06's calibration does)."""
+    cfg = built[2].cfg
+    before = cfg.zero.stage
+    probe = copy.deepcopy(cfg)
+    probe.zero.stage = before + 1
+    assert (probe.zero.stage, cfg.zero.stage) == (before + 1, before)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.zero.stage = before + 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        probe.sealed().zero.stage = before

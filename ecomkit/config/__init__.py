@@ -1,15 +1,5 @@
-"""The one training configuration: dataclasses and presets, the strategy vocabulary, validation, and the CLI.
-
-``ecomkit.config`` is the import path; the package is split by concern:
-
-- :mod:`~ecomkit.config.vocabulary`: :class:`StrategyName` and the other allowed words;
-- :mod:`~ecomkit.config.schema`: :class:`TrainConfig` and its parts, and the named presets;
-- :mod:`~ecomkit.config.validate`: every check, run by :meth:`TrainConfig.validate`
-  before any process group exists;
-- :mod:`~ecomkit.config.cli`: flags derived from the fields, ``--config`` files, :func:`parse_config`;
-- :mod:`~ecomkit.config.recipe`: the ``auto`` lr, warm-up, length, batch and evaluation interval, chosen by what
-  is trained and on what data (resolved by the training loop, printed with their reasons).
-"""
+"""The one training configuration: ``vocabulary`` (the allowed words), ``schema`` (:class:`TrainConfig` and presets),
+``validate`` (every check), ``cli`` (flags and ``--config`` files) and ``recipe`` (the ``auto`` defaults)."""
 
 from ecomkit.config.cli import (PARALLEL_FLAG_ALIASES, apply_overrides, build_arg_parser, expand_aliases,
                                 load_config_file, parse_config)

@@ -1,10 +1,6 @@
 """Command-line flags derived from :class:`~ecomkit.config.TrainConfig`, config files and overrides.
 
-Why derived: a flag written by hand drifts from the field it sets. Here every
-field becomes a flag (``max_steps`` → ``--max-steps``, ``zero.stage`` →
-``--zero-stage``), a YAML/JSON file can be loaded with ``--config``, and
-:func:`parse_config` validates the result before any process group exists,
-so a typo never costs a cluster start-up.
+Why derived: a flag written by hand drifts from its field; :func:`parse_config` validates before any process group.
 """
 
 from __future__ import annotations
@@ -146,11 +142,8 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, defaults: Any, prefi
 
 class FlagParser(argparse.ArgumentParser):
     """argparse whose usage errors (a mistyped flag, a missing value) are :class:`ConfigError` s.
-
-    Why: argparse prints its usage and exits 2 in every process, so under torchrun a typo in one flag
-    printed N usage blocks before torchrun's own report. As a ConfigError it goes through the scripts'
-    one user-error path (:func:`ecomkit.errors.exit_on_user_error`): reported once, by rank 0, last.
-    """
+    Why: argparse exits in every process, so under torchrun a typo printed N usage blocks; a ConfigError is
+    reported once, by rank 0 (:func:`ecomkit.errors.exit_on_user_error`)."""
 
     def error(self, message: str):  # noqa: D102 (argparse's hook)
         hint = ""
@@ -165,13 +158,8 @@ def build_arg_parser(description: str = "", extra: Callable[[argparse.ArgumentPa
                      defaults: TrainConfig | None = None, aliases: Mapping[str, str] | None = None
                      ) -> argparse.ArgumentParser:
     """An argparse parser whose flags are derived from :class:`TrainConfig` (dashes, nested prefixes).
-
-    ``--help`` shows one section per part of the config; each flag's text is the
-    comment next to its field in ``schema.py`` (:mod:`ecomkit.config.field_help`),
-    with the default of this script (``defaults``) and the allowed values.
-    Choices are shown, not enforced here: :meth:`TrainConfig.validate` rejects a
-    bad value with a message that suggests the closest allowed one.
-    """
+    ``--help`` has a section per part of the config, each flag's text its field's comment in ``schema.py`` with
+    this script's default and the allowed values (shown, not enforced: :meth:`TrainConfig.validate` rejects)."""
     parser = FlagParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     files = parser.add_argument_group("presets and config files")
     files.add_argument("--preset", choices=sorted(CONFIG_PRESETS), default=None,
@@ -260,12 +248,8 @@ def config_from_namespace(ns: argparse.Namespace, defaults: TrainConfig | None =
 def parse_config(argv: list[str] | None = None, description: str = "", defaults: TrainConfig | None = None,
                  extra: Callable[[argparse.ArgumentParser], None] | None = None,
                  aliases: Mapping[str, str] | None = None) -> tuple[TrainConfig, argparse.Namespace]:
-    """Build a validated :class:`TrainConfig` from preset → ``--config`` file → flags.
-
-    Returns the config and the namespace (for script-specific extra flags).
-    ``aliases`` maps short flags to derived ones (e.g. :data:`PARALLEL_FLAG_ALIASES`).
-    Validation happens here, before any process group exists.
-    """
+    """Build a validated :class:`TrainConfig` from preset → ``--config`` file → flags; returns it and the namespace
+    (for extra flags). ``aliases`` maps short flags to derived ones (:data:`PARALLEL_FLAG_ALIASES`)."""
     parser = build_arg_parser(description, extra, defaults, aliases)
     if aliases:
         argv = expand_aliases(sys.argv[1:] if argv is None else list(argv), aliases)

@@ -1,22 +1,8 @@
 """Help text for every config flag, read from the comments next to the fields in ``schema.py``.
 
-Why comments and not ``field(metadata=...)``: the dataclasses in
-:mod:`ecomkit.config.schema` are written as ``name: type = default  # what it
-does``, one line per field, which is the form a reader scans. Moving every
-description into ``metadata`` would double the file and make each field a
-call. So the source is the single place a field is described, and this
-module reads it with :mod:`tokenize` (so a ``#`` inside a string default is
-never mistaken for a comment):
-
-- a comment on a field's line describes that field;
-- a comment-only line indented past the ``#`` column (``#   ...``) continues
-  the description of the field above it;
-- ``# --- model ---`` lines open a section; the fields below belong to it
-  until the next such line. A nested dataclass (``zero``, ``parallel``, ...)
-  is a section of its own.
-
-A field without a comment has no help: ``tests/test_cli_help.py`` fails and
-names it, so a new field cannot land undescribed.
+Why comments, not ``field(metadata=...)``: one line per field is what a reader scans. Read with :mod:`tokenize`:
+a comment on a field's line describes it, an indented comment-only line (``#   ...``) continues it, and
+``# --- name ---`` opens a section. A field without a comment fails ``tests/test_cli_help.py``.
 """
 
 from __future__ import annotations

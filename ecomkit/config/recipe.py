@@ -1,9 +1,7 @@
 """Defaults chosen by what is trained: ``--lr``, ``--warmup-steps``, the run length and how often it evaluates.
 
-Why one home: an lr that suits a random-init preset (3e-3) wipes out what real weights know, and the 60 steps
-that exercise the mechanics see a thousand rows of a user's file. The rules are pure functions of what is
-trained (preset or real weights, full or LoRA) and of the data; each value keeps its reason and whether the
-user gave it (``ecomkit.train.resolve`` applies them once; ``summary.json``'s ``recipe`` keeps them).
+Why one home: a preset's lr (3e-3) wipes out what real weights know, and the mechanics' 60 steps see a thousand rows
+of a user's file. Pure functions of what is trained and the data; each value keeps its reason and who gave it.
 """
 
 from __future__ import annotations
@@ -21,15 +19,11 @@ LORA_LR = 2e-4                 # real weights + LoRA (peers: 1e-4 .. 3e-4)
 WARMUP_SHARE = 0.05            # real weights: linear warm-up over this share of the run's steps
 NLU_FILE_GLOBAL_BATCH = 32    # --task nlu on a user's file: rows per step (the demo's 16 × 2 ranks)
 NLU_FILE_EPOCHS = 3.0          # --task nlu on a user's file: passes over its examples (HF Trainer's default) ...
-NLU_FILE_MIN_STEPS = 600       # ... but at least this many steps: bench_recipe's review files of 1,000 and 2,000
-                               #   rows cleared the category baseline by 400-450 steps and still gained at 600
-# Steps past the untimed ones after which a run the epochs rule sized is held against --max-train-minutes: a
-# few dozen measured steps, where a start-up estimate from a timed GEMM was 3.5 times too short (docs/perf.md).
+NLU_FILE_MIN_STEPS = 600       # ... but at least this many steps (measured: docs/perf.md, "Recipe defaults")
+# Measured steps after which a run the epochs rule sized is held against --max-train-minutes.
 LENGTH_CHECK_STEPS = 32
-# Full fine-tuning's lr by size (full_finetune_lr): (parameters, lr) at two ends. The small end is measured:
-# benchmarks/bench_transfer.py (bench_transfer-2026-12-05-cpu2) fine-tuned a pretrained tiny folder (356,416
-# parameters) at 1e-4 .. 3e-3, and 1e-3 was the lowest lr that learned the task. The large end is the peers':
-# 2e-5 for SeqGPT-560M's 559,214,592 (TRL's SFT default; HF Trainer's 5e-5 is the top of the range used).
+# Full fine-tuning's lr by size (full_finetune_lr): (parameters, lr) at two ends, the small one measured here, the
+# large one the peers' 2e-5 for SeqGPT-560M (docs/perf.md, "Recipe defaults").
 FULL_FT_ANCHORS: tuple[tuple[int, float], tuple[int, float]] = ((356_416, 1e-3), (559_214_592, 2e-5))
 FULL_FT_LR_RANGE = (1e-5, 1e-3)   # peers fine-tune 7 B models at 1e-5; above 1e-3 is a from-scratch rate
 
@@ -37,13 +31,9 @@ FULL_FT_LR_RANGE = (1e-5, 1e-3)   # peers fine-tune 7 B models at 1e-5; above 1e
 def full_finetune_lr(n_params: int | None) -> float:
     """The learning rate for fully fine-tuning real weights of ``n_params`` parameters.
 
-    Why it depends on the size: the peers' 2e-5 is a value for 0.5-7 B models, and on a 2-block model it learns
-    nothing (bench_transfer: the pretrained ``tiny`` folder stayed at its baselines after 200 steps at 1e-4 and
-    learned category at 1e-3). Larger models take smaller steps, so the lr falls log-linearly with the
-    parameter count between two anchors, :data:`FULL_FT_ANCHORS` (one measured here, one the peers'), kept
-    within [1e-5, 1e-3], and rounded to one significant digit so that the start-up line reads cleanly:
-    SeqGPT-560M 2e-5, EcomGPT-7B 1e-5 (the peers' value for 7 B), ``tiny`` 1e-3, ``small`` 1e-4.
-    Unknown size: 2e-5.
+    Why by size: the peers' 2e-5 suits 0.5-7 B models but teaches a 2-block model nothing. The lr falls
+    log-linearly with Ψ between :data:`FULL_FT_ANCHORS`, within [1e-5, 1e-3], to one significant digit;
+    unknown size: 2e-5.
     """
     if not n_params:
         return FULL_FT_ANCHORS[1][1]
@@ -114,11 +104,8 @@ def resolve_lr(given: float | str, facts: RecipeFacts) -> RecipeValue:
 
 def resolve_run_length(max_steps: int | str, epochs: float, facts: RecipeFacts) -> tuple[RecipeValue, float]:
     """``--max-steps`` (and the epochs it stands for): the user's steps or epochs, else by task and data.
-
-    Returns the steps and the epochs they cover (0 when unknown). ``--task nlu`` on a user's file trains
-    ``NLU_FILE_EPOCHS`` passes, at least ``NLU_FILE_MIN_STEPS`` steps (:func:`capped_length` may shorten it
-    once steps are measured); every other run keeps the mechanics' 60.
-    """
+    Returns the steps and the epochs they cover (0 when unknown): ``--task nlu`` on a user's file trains
+    ``NLU_FILE_EPOCHS`` passes, at least ``NLU_FILE_MIN_STEPS`` steps; every other run the mechanics' 60."""
     spe = max(1, facts.steps_per_epoch)
     if max_steps != AUTO and int(max_steps) > 0:
         return RecipeValue(int(max_steps), "--max-steps given", True), int(max_steps) / spe
@@ -142,11 +129,8 @@ def length_by_epochs(facts: RecipeFacts) -> bool:
 def capped_length(total_steps: int, done: int, elapsed_s: float, step_s: float, max_minutes: float,
                   min_steps: int | None = None) -> int | None:
     """The shorter length of a run that would pass ``max_minutes`` at its measured pace, or None when it fits.
-
-    ``done`` steps took ``elapsed_s``; the rest would take ``step_s`` each. The new length keeps the whole run
-    within ``max_minutes``, but never below ``min_steps`` (the floor the epochs rule measured; None:
-    :data:`NLU_FILE_MIN_STEPS`) nor below the steps done. ``max_minutes <= 0``: no cap.
-    """
+    ``done`` steps took ``elapsed_s``, the rest take ``step_s`` each; never below ``min_steps`` (None:
+    :data:`NLU_FILE_MIN_STEPS`) nor the steps done. ``max_minutes <= 0``: no cap."""
     if max_minutes <= 0 or step_s <= 0:
         return None
     min_steps = NLU_FILE_MIN_STEPS if min_steps is None else min_steps
@@ -168,11 +152,9 @@ def resolve_warmup(given: int | str, total_steps: int, facts: RecipeFacts) -> Re
 
 def resolve_global_batch(global_batch_size: int, grad_accum: int, micro_batch_size: int, dp: int, task: str,
                          user_data: bool, length_auto: bool = True) -> RecipeValue:
-    """The global batch: ``--global-batch-size`` or ``--grad-accum`` when given (not 0 / not 1), else
-    ``micro × dp`` (the mechanics), except ``--task nlu`` on a data file whose length the recipe chooses
-    (``length_auto``: no ``--max-steps``/``--epochs``): ``NLU_FILE_GLOBAL_BATCH`` rows, by gradient
-    accumulation, where ``micro × dp`` divides it (else ``micro × dp``, said so). A run that sets its
-    length keeps its batch too, so the chapters' and tests' explicit runs train what they always did."""
+    """The global batch: ``--global-batch-size`` or ``--grad-accum`` when given, else ``micro × dp``, except
+    ``--task nlu`` on a data file whose length the recipe chooses: ``NLU_FILE_GLOBAL_BATCH`` rows by accumulation
+    where ``micro × dp`` divides it. A run that sets its length keeps its batch."""
     per_step = micro_batch_size * dp
     if global_batch_size > 0:
         return RecipeValue(global_batch_size, "--global-batch-size given", True)
@@ -189,7 +171,7 @@ def resolve_global_batch(global_batch_size: int, grad_accum: int, micro_batch_si
 
 def resolve_eval_interval(given: int | str, steps: RecipeValue, facts: RecipeFacts) -> RecipeValue:
     """``--eval-interval``: the user's, else every ``MECHANICS`` 20 steps, or once an epoch on a run whose
-    length the epochs rule chose (evaluating every 20 steps of a thousand-step run cost more than its training)."""
+    length the epochs rule chose (every 20 steps of a long run would cost more than its training)."""
     if given != AUTO:
         return RecipeValue(int(given), "--eval-interval given", True)
     if steps.given or not length_by_epochs(facts):

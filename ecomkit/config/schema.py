@@ -38,6 +38,15 @@ class Sealable:
                 "(ecomkit.train.resolve resolves it once); change the flags before the run starts")
         object.__setattr__(self, name, value)
 
+    def __deepcopy__(self, memo: dict) -> "Sealable":
+        """A copy is a new configuration, writable until it is sealed: a probe or a sweep variant starts from a run's."""
+        out = type(self).__new__(type(self))
+        memo[id(self)] = out
+        for name, value in self.__dict__.items():
+            if name != "_sealed":
+                object.__setattr__(out, name, copy.deepcopy(value, memo))
+        return out
+
     def sealed(self) -> "Sealable":
         """A deep copy that refuses writes, its sub-configs too."""
         out = copy.deepcopy(self)

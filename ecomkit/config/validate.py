@@ -1,16 +1,7 @@
 """Every check of a :class:`~ecomkit.config.TrainConfig`, in one place, before any process group exists.
 
-Why one place: a check that runs only once callbacks are assembled, or only
-inside a strategy, costs a cluster start-up (and sometimes a hang) before the
-user learns about a typo. :func:`validate_train_config` runs from
-``parse_config`` (with ``$WORLD_SIZE``), from ``run_training`` (with the
-preset's shape) and from the training loop once the model is loaded (with the
-model's real ``n_head``/``n_layer``). Strategies and scripts do not re-check.
-
-The checks need no ecomkit module above the ground floor: the model's shape is
-passed in as numbers, and a user's DeepSpeed JSON is read here as plain JSON
-(the keys DeepSpeed itself knows are checked by ``ecomkit.parallel.zero.config``,
-which needs DeepSpeed installed).
+Why one place: a check inside a strategy costs a cluster start-up before the user learns of a typo. It runs from
+``parse_config``, ``run_training`` and the loop once the model's shape is known; the shape comes in as numbers.
 """
 
 from __future__ import annotations
@@ -33,8 +24,7 @@ from ecomkit.config.vocabulary import (ATTN_CHOICES, COMPILE_MODES, CLIP_POLICIE
                                        STRATEGIES_WITHOUT_DCP, TASKS, AUTO, StrategyName, check_choice, flag_of)
 from ecomkit.errors import ConfigError
 
-# The configs are checked by field name: schema.py imports this module (TrainConfig.validate), so this module
-# names its types without importing them, which would close an import circle.
+# schema.py imports this module (TrainConfig.validate), so its types are named, not imported (an import circle).
 _TrainConfig = Any      # ecomkit.config.schema.TrainConfig
 _ParallelConfig = Any   # ecomkit.config.schema.ParallelConfig
 
@@ -116,11 +106,8 @@ def check_recipe_words(cfg: _TrainConfig) -> None:
 
 
 def check_ddp_allreduce(cfg: _TrainConfig) -> None:
-    """``--ddp-allreduce shm`` is a DDP communication hook: DDP only, and not beside a compression hook.
-
-    What depends on the machine (CPU, every rank on one host, no ``--max-restarts``) is checked when the
-    hook is registered (``ecomkit.fast.shm_allreduce.check_shm_allreduce``).
-    """
+    """``--ddp-allreduce shm`` is a DDP communication hook: DDP only, and not beside a compression hook (the
+    machine's part is checked at registration: ``ecomkit.fast.shm_allreduce.check_shm_allreduce``)."""
     check_choice("ddp_allreduce", cfg.ddp_allreduce, DDP_ALLREDUCES)
     if cfg.ddp_allreduce == "process_group":
         return
@@ -189,14 +176,8 @@ def check_deepspeed_batch_sizes(cfg: _TrainConfig, world_size: int) -> None:
 
 # ---------------------------------------------------------------------- chapter 04: parallel degrees
 def resolve_parallel_degrees(strategy: str, parallel: _ParallelConfig, world_size: int) -> tuple[int, int, int]:
-    """``(dp, tp, pp)`` for ``world_size`` processes; explicit degrees win.
-
-    - ``dp=-1`` means "whatever is left": ``world / (tp·pp)``;
-    - ``--strategy tp`` with tp left at 1 uses every process for TP (and
-      ``--strategy pp`` likewise for PP), so ``torchrun -n 2 ... --strategy tp``
-      just works;
-    - ``--strategy fsdp`` is data parallel (FSDP2) over all remaining ranks.
-    """
+    """``(dp, tp, pp)`` for ``world_size`` processes; explicit degrees win: ``dp=-1`` is ``world / (tp·pp)``,
+    ``--strategy tp`` (or ``pp``) with the degree left at 1 uses every process, ``fsdp`` is data parallel."""
     tp, pp, dp = int(parallel.tp), int(parallel.pp), int(parallel.dp)
     if strategy == StrategyName.TP and tp == 1 and dp == -1:
         tp = max(1, world_size // pp)
@@ -332,8 +313,7 @@ def check_fault_config(cfg: _TrainConfig) -> None:
 
 
 # ---------------------------------------------------------------------- data
-# The keys a label_map may have: ecomkit.data.validate.MAP_KEYS (the data floor sits above this one;
-# tests/test_user_data.py checks the two agree).
+# The keys a label_map may have: ecomkit.data.validate.MAP_KEYS, from a floor above (tests check the two agree).
 LABEL_MAP_TARGETS = ("category", "sentiment", "brand", "spans", "ner_tags")
 
 

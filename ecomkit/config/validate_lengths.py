@@ -1,9 +1,5 @@
-"""``--seq-len``, ``--packing`` and the decoding sizes: part of :func:`~ecomkit.config.validate.validate_train_config`.
-
-Why a module of its own: these are the checks on how long a sequence is and how
-many tokens a decoding may add, which ``--seq-len auto`` and
-``--gen-max-new-tokens auto`` made words as well as numbers.
-"""
+"""``--seq-len``, ``--packing`` and the decoding sizes: checks of
+:func:`~ecomkit.config.validate.validate_train_config`."""
 
 from __future__ import annotations
 

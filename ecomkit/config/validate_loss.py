@@ -1,9 +1,7 @@
 """``--loss-kernel`` and ``--loss-chunk-tokens``: part of :func:`~ecomkit.config.validate.validate_train_config`.
 
-Why a module of its own: the fused kernels (``liger``, ``cce``) are the only
-choices of a config that depend on what this machine has (a package, a CUDA
-GPU), so their refusal is written once, here, before any process group exists,
-instead of as a Triton error on the first step.
+Why here: the fused kernels (liger, cce) depend on this machine (a package, a CUDA GPU), so they are refused before
+any process group exists, not as a Triton error on the first step.
 """
 
 from __future__ import annotations
@@ -66,7 +64,7 @@ def check_fused_kernel(cfg: _TrainConfig) -> None:
 
 def forward_loss_unsupported(cfg: _TrainConfig) -> str | None:
     """Why ``cfg``'s strategy cannot run a loss inside the model's forward, or None where it can (the rule
-    ``--loss-kernel auto`` and ``Strategy.supports_chunked_loss`` follow; tests/test_run_imports.py holds them equal)."""
+    ``--loss-kernel auto`` and ``Strategy.supports_chunked_loss`` follow)."""
     why_not = _NO_FORWARD_LOSS.get(cfg.strategy)
     if why_not is None and cfg.strategy in (StrategyName.FSDP, StrategyName.MIXED) and (
             cfg.parallel.tp > 1 or cfg.parallel.pp > 1):
@@ -75,12 +73,8 @@ def forward_loss_unsupported(cfg: _TrainConfig) -> str | None:
 
 
 def _cuda_available() -> bool | None:
-    """Whether torch sees a CUDA GPU; None in a process that has not imported torch.
-
-    ``ecomkit.config`` imports no torch (``--help``, the planner's parsing stay light). Every process that trains
-    has imported it before it validates (the scripts import the loop first, and the loop validates again once the
-    model is built), so the check runs wherever a device could be used.
-    """
+    """Whether torch sees a CUDA GPU; None in a process that has not imported torch (``ecomkit.config`` imports
+    none, and every training process imports it before validating)."""
     torch = sys.modules.get("torch")
     return None if torch is None else bool(torch.cuda.is_available())
 

@@ -1,9 +1,4 @@
-"""The checks of the LoRA fields (``--peft lora``), called by ``TrainConfig.validate`` before any process group exists.
-
-A module of its own so that :mod:`ecomkit.config.validate` stays one screen
-per concern. Each refusal is one paragraph: what was asked, why it cannot
-work, and what to do instead.
-"""
+"""The checks of the LoRA fields (``--peft lora``), run by ``TrainConfig.validate`` before any process group."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """The words a config may use: strategy names, precisions, tasks, schedules; and the one "unknown X" message.
 
-Why a module of its own: the planner, the loop, the strategy registry and the
-sweeps must spell strategies the same way, and the validation, the CLI and
-the dataclasses all need these lists without needing each other.
+Why a module of its own: planner, loop, registry and sweeps spell strategies alike, without needing each other.
 """
 
 from __future__ import annotations
@@ -14,13 +12,8 @@ from ecomkit.errors import ConfigError, did_you_mean
 
 class StrategyName(str, Enum):
     """The one vocabulary of training strategies: what ``--strategy`` takes.
-
-    A ``str`` enum, so ``StrategyName.ZERO == "zero"`` and configs, JSON files
-    and flags keep plain strings. The planner, the loop, the strategy registry
-    (``ecomkit.parallel.STRATEGIES``) and the sweeps all use it; the
-    planner's stage-specific names ("zero2", "fsdp2") are spelled by
-    :func:`plan_strategy_name` and read back by :func:`parse_plan_strategy`.
-    """
+    A ``str`` enum, so configs, JSON files and flags keep plain strings; the planner's names ("zero2", "fsdp2") are
+    :func:`plan_strategy_name` and :func:`parse_plan_strategy`."""
 
     DDP = "ddp"
     ACCELERATE = "accelerate"
@@ -77,20 +70,17 @@ SPAN_ENDS = ("exclusive", "inclusive")
 PEFT_METHODS = ("none", "lora")
 # --compile-mode: torch.compile's mode for the compiled blocks and loss (fast/compile.py); "default" passes none.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
-# --loss-kernel: how the LM head + cross-entropy run (models/loss.py): ecomkit's chunked loss, transformers' full
-# logits, or a fused linear cross-entropy from a maintained library on CUDA; "auto" is decided by measurement.
+# --loss-kernel: ecomkit's chunked loss, transformers' full logits, or a fused library kernel on CUDA (models/loss.py).
 LOSS_KERNELS = ("chunked", "full", "liger", "cce")
 LOSS_KERNEL_CHOICES = (*LOSS_KERNELS, "auto")
-# The fused kernels' packages: kernel -> (import name, pip name). Both are Triton kernels, so CUDA only;
-# pyproject's optional extra ``gpu`` installs them.
+# The fused kernels' packages: kernel -> (import name, pip name); Triton, so CUDA only (the ``gpu`` extra).
 LOSS_KERNEL_PACKAGES = {"liger": ("liger_kernel", "liger-kernel"), "cce": ("cut_cross_entropy", "cut-cross-entropy")}
 # --packing: rows packed into full sequences (data/packing.py), or not, or decided from the data's lengths.
 PACKING_CHOICES = ("auto", "on", "off")
 # The word that --seq-len and --gen-max-new-tokens take instead of a number: chosen from the data (data/lengths.py).
 AUTO = "auto"
 
-# The allowed values of each config field that has a fixed list, by dotted field name: the CLI shows them
-# as the flag's metavar and in its help (``--zero-stage {0,1,2,3}``); TrainConfig.validate() enforces them.
+# Each fixed-list field's allowed values, by dotted name: the CLI's metavar and help; validate() enforces them.
 FIELD_CHOICES: dict[str, tuple] = {
     "attn": ATTN_CHOICES, "task": TASKS, "clip_policy": CLIP_POLICIES, "precision": PRECISION_CHOICES,
     "strategy": STRATEGIES, "zero.stage": ZERO_STAGES, "compression.method": COMPRESSIONS,
@@ -101,10 +91,7 @@ FIELD_CHOICES: dict[str, tuple] = {
 
 
 def flag_of(name: str) -> str:
-    """The command-line flag of a config field: ``seq_len`` -> ``--seq-len``, ``zero.stage`` -> ``--zero-stage``.
-
-    Messages name fields by their flag (what a command-line user can type), as ``config/cli.py`` derives it.
-    """
+    """The command-line flag of a config field: ``seq_len`` -> ``--seq-len``, ``zero.stage`` -> ``--zero-stage``."""
     return "--" + name.replace(".", "-").replace("_", "-")
 
 

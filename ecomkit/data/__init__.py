@@ -1,8 +1,6 @@
 """Data for ecomkit: synthetic catalog, loaders with validation, task formats, tokenization, samplers.
 
-Everything between a source and the sampler is a ``datasets`` Arrow table,
-memory-mapped and cached by content hash (:mod:`ecomkit.data.arrow`); the
-sampler needs only the lengths. Typical use::
+Between a source and the sampler every table is a memory-mapped ``datasets`` Arrow table cached by content hash::
 
     from ecomkit.data import build_datasets, DistributedBatchSampler, lengths_array, pad_collate
     train_ds, eval_ds, eval_records, report = build_datasets(
@@ -50,8 +48,7 @@ from ecomkit.data.tasks import (
 from ecomkit.data.tokenize import IGNORE_INDEX, encode_prompt_answer, pad_collate, tokenize_records
 from ecomkit.data.validate import REASONS, ValidationIssue, ValidationReport, check_label_map
 
-# What a training run on the catalog does not use, imported by name when first asked for (PEP 562; __import__,
-# which python -X importtime reports).
+# What a run on the catalog does not use, imported when first asked for (PEP 562).
 LAZY = {**dict.fromkeys(("LoadResult", "load_records"), "ecomkit.data.loaders"),
         **dict.fromkeys(("write_csv", "write_hf_dataset", "write_jsonl"), "ecomkit.data.writers"),
         **dict.fromkeys(("PaddingComparison", "compare_padding", "epoch_micro_batches", "padding_rate"),

@@ -1,13 +1,6 @@
 """Arrow plumbing shared by the loaders, the tokenizer and the build: cache folder, content hashes, columns.
 
-Why Arrow tables and not Python lists: a 10 M-row catalog as a list of dicts
-takes tens of GB; as ``datasets`` Arrow tables on disk it is memory-mapped, so
-a process holds only the pages it touches, and the ranks of one node share
-them through the page cache. Every table a load or a tokenisation writes sits
-under :func:`data_cache_dir` and is named by a hash of what it was computed
-from (the file's bytes, the column and label maps, the tokenizer, the task),
-so a second run, or the second rank of a run, maps the finished table instead
-of recomputing it.
+Memory-mapped tables named by a hash of their inputs: ranks share pages, and a second run maps instead of recomputing.
 """
 
 from __future__ import annotations
@@ -31,9 +24,7 @@ def _code_version() -> str:
     return h.hexdigest()[:16]
 
 
-# Rows per record batch of the tables ecomkit writes. Why not datasets' 1,000: opening a table reads every
-# batch's header through the memory map, and the kernel maps 64 KiB around each one, so 1,000-row batches
-# of a 3 GB table put 0.6 GB of it in the resident set before a single row is read; 10,000-row batches 60 MB.
+# Rows per record batch: opening a table maps 64 KiB around each batch header, so small batches bloat the resident set.
 WRITER_BATCH_ROWS = 10_000
 
 # Part of every cache key: changes whenever the validation rules, example formats or token layout change.
@@ -49,8 +40,7 @@ def data_cache_dir() -> Path:
 def cached_table(key: str, batches: Callable[[], Iterable[dict[str, list]]], features: Features) -> Dataset:
     """The memory-mapped table ``<cache>/<key>.arrow``, written from ``batches()`` (column dicts) if absent.
 
-    Written to a temporary file and renamed, so a crash or a second rank
-    never sees half a table; whoever finishes last replaces an identical file.
+    Written to a temporary file and renamed, so no rank ever sees half a table.
     """
     path = data_cache_dir() / f"{key}.arrow"
     if not path.exists():
@@ -65,7 +55,7 @@ def cached_table(key: str, batches: Callable[[], Iterable[dict[str, list]]], fea
 
 
 def file_digest(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """SHA-256 of a file's bytes, read in 1 MiB pieces (a 10 GB file is never held whole)."""
+    """SHA-256 of a file's bytes, read in 1 MiB pieces."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):

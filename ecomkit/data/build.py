@@ -1,32 +1,7 @@
 """One call from a data source to tokenized train/eval sets: :func:`build_datasets`.
 
-Nothing is capped silently: ``n_rows`` is the size of the synthetic catalog
-only; a user's file is used whole unless ``max_rows`` caps it, and the report
-(logged at start-up) says so. Lenient loading stops when more than
-``max_bad_fraction`` of the rows are malformed.
-
-The split is done on *records* before the NLU expansion, so an eval record
-never has one of its instruction examples in the training set, and it is
-**stratified** by the classification labels (category × sentiment): each
-label keeps its share in the held-out set, so a rare category is evaluated
-too and the majority baseline of the eval set is that of the data. With
-``eval_data`` (``--eval-data FILE``) there is no split: the whole source trains
-and the file (same shapes, column map and label map) is the eval set.
-
-**For evaluation by generation** the report carries, besides the tokenised sets:
-
-- ``report.eval_examples``: the held-out examples as
-  :class:`~ecomkit.data.formats.TaskExample` (classification and extraction, in
-  eval-record order; instruction rows have none), laid out by
-  ``report.prompt_format``;
-- ``report.train_spans``: a ``Counter`` of ``(label, span)`` over the training
-  records' extraction spans (computed on first use), for the dictionary baseline;
-- ``report.train_label_counts``: per classification target, how often each label
-  is the gold label of a training example, for the majority-label baseline (a
-  baseline learned from the training split, never from the labels it is scored on);
-- ``report.labels["extract"]``: the extraction label set, in prompt order (from
-  ``labels`` when given, else every span label of the data, sorted), and
-  ``report.spans_outside_labels``: spans left out because their label is not in it.
+The split is on records before the NLU expansion (no eval record leaks an example into training) and stratified by
+label, so rare labels are evaluated and the eval majority baseline is the data's. Nothing is capped silently.
 """
 
 from __future__ import annotations
@@ -57,11 +32,10 @@ from ecomkit.data.validate import (RECORD_FEATURES, RECORD_FIELDS, ValidationRep
 from ecomkit.errors import ConfigError, DataError
 
 SYNTHETIC = "synthetic"
-# A user's file's reader, imported by name when a file is given (the catalog never loads it); through __import__,
-# the import statement's machinery, which python -X importtime reports (importlib.import_module's it does not).
+# A user's file's reader, imported by name when a file is given (the catalog never loads it).
 LOADERS = "ecomkit.data.loaders"
 FINAL_COLUMNS = ("input_ids", "labels", "length", "polarity")   # what the sampler and the collator read
-# The length --seq-len auto stops at when the caller does not know the model's: BLOOM's training length.
+# --seq-len auto's cap when the model's is unknown: BLOOM's training length.
 DEFAULT_LENGTH_LIMIT = 2048
 MAX_SYNTHETIC_ROWS = 100_000_000
 
@@ -82,7 +56,7 @@ class BuildReport:
     n_usable: int = 0                  # valid records before any cap
     max_rows: int | None = None        # the cap the caller asked for (None: all rows)
     prompt_format: str = DEFAULT_PROMPT_FORMAT
-    eval_examples: list[TaskExample] = field(default_factory=list, repr=False)   # see the module docstring
+    eval_examples: list[TaskExample] = field(default_factory=list, repr=False)  # held-out examples, for generation
     spans_outside_labels: dict[str, int] = field(default_factory=dict)          # label -> spans left out
     eval_source: str | None = None     # the eval_data file, when one was given
     eval_validation: ValidationReport | None = None
@@ -133,8 +107,7 @@ class BuildReport:
         return f"seq_len {self.seq_len} ({self.seq_len_reason}). {splits}."
 
     def cut_warnings(self) -> list[str]:
-        """A line per split whose inputs lost more than half (:meth:`CutCounts.warning`); when ``--seq-len auto``
-        reached the model's limit, one line instead that says so and gives the real options."""
+        """A line per split whose inputs lost over half, or one when ``--seq-len auto`` reached the model's limit."""
         if self.seq_len_at_limit:
             return [w] if (w := limit_warning(self.seq_len, self.cuts, self.lengths)) else []
         return [w for k, c in self.cuts.items() if (w := c.warning(k, self.lengths[k].rows))]
@@ -173,21 +146,10 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
                    labels: Sequence[str] | None = None, span_end: str = "exclusive"):
     """Return ``(train_ds, eval_ds, eval_records, report)``.
 
-    ``source="synthetic"`` generates ``n_rows`` catalog rows with ``seed``;
-    any other value is a path loaded with ``load_records`` (by extension, or a
-    ``save_to_disk`` directory), every valid row, or ``max_rows`` of them
-    (a random subset drawn with ``seed``) when given. ``ceil(eval_fraction * n)``
-    records, stratified by label, are the eval set, so the split depends only
-    on ``(data, seed)``; or, with ``eval_data``, that file is the eval set
-    (loaded with the same maps) and every source record trains.
-    ``eval_records`` is the eval set as a record table (in a random order, or
-    the file's), for candidate-scoring accuracy; ``report`` is a
-    :class:`BuildReport` (``report.labels`` the candidates per target and the
-    extraction labels; ``report.eval_examples`` and ``report.train_spans`` for
-    evaluation by generation, see the module docstring). ``prompt_format``
-    lays out NLU examples (:mod:`ecomkit.data.formats`); ``labels``: the
-    extraction label set, in prompt order; ``span_end``: how span-list end
-    offsets count (:mod:`ecomkit.data.spans`).
+    ``source="synthetic"`` generates ``n_rows`` catalog rows; any other value is a path for ``load_records``, used whole
+    unless ``max_rows`` draws a subset with ``seed``. ``ceil(eval_fraction * n)`` records, stratified by label, are the
+    eval set (or the ``eval_data`` file, and every source record trains). ``labels``: the extraction label set, in
+    prompt order; ``span_end``: how span-list ends count (:mod:`ecomkit.data.spans`).
     """
     check_task(task)
     check_format(prompt_format)
@@ -200,7 +162,7 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     records, validation = _source_records(source, n_rows, seed, task, **maps)
     check_bad_fraction(validation, max_bad_fraction)
     n_valid = len(records)
-    if max_rows is not None and max_rows < n_valid:   # a random subset, written as its own contiguous table
+    if max_rows is not None and max_rows < n_valid:
         keep = np.sort(np.random.default_rng([seed, 1]).permutation(n_valid)[:max_rows])
         records = records.select(keep).flatten_indices(
             new_fingerprint=fingerprint("capped", records._fingerprint, max_rows, seed))
@@ -209,13 +171,13 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
         eval_table, eval_validation = _source_records(eval_data, None, seed, task, **maps)
         check_bad_fraction(eval_validation, max_bad_fraction)
     tables = [records] + ([eval_table] if eval_table is not None else [])
-    targets = [read_columns(t, CLASSIFICATION_TASKS) for t in tables]   # one pass per table for every target
+    targets = [read_columns(t, CLASSIFICATION_TASKS) for t in tables]
     all_labels = {t: labels_from_values({v for tab in targets for v in pc.unique(tab.column(t)).to_pylist()}, t)
                   for t in CLASSIFICATION_TASKS}
     synthetic = str(source) == SYNTHETIC
     span_counts = None if synthetic and labels is None else _span_label_counts(tables)
     extract = tuple(labels) if labels else (SPAN_LABELS if synthetic else tuple(sorted(span_counts)))
-    if extract:                                                   # only data with spans has an extraction label set
+    if extract:
         all_labels["extract"] = extract
     outside = {k: n for k, n in (span_counts or {}).items() if k not in extract}
     never = tuple(k for k in (labels or ()) if not (span_counts or {}).get(k))
@@ -226,8 +188,8 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
         eval_idx, train_idx = stratified_split(order, _strata(targets[0], all_labels, order), eval_fraction)
     else:
         eval_idx, train_idx = np.arange(len(eval_table)), np.arange(len(records))
-    codes = {t: label_codes(targets[0].column(t), all_labels[t]) for t in CLASSIFICATION_TASKS}  # training baseline
-    del targets                                                  # not held while the table is tokenised
+    codes = {t: label_codes(targets[0].column(t), all_labels[t]) for t in CLASSIFICATION_TASKS}
+    del targets  # not held while the table is tokenised
     if len(train_idx) == 0:
         raise DataError(f"{source}: only {len(records)} usable records, too few to split off an eval set with "
                         f"eval_fraction={eval_fraction}. Provide more rows, or an eval file (--eval-data FILE).")
@@ -267,26 +229,24 @@ class _Splits:
     eval: Dataset
     seq_len: int
     why: str                                  # how --seq-len was chosen
-    stats: dict[str, LengthStats]             # per split, before any cut
-    cuts: dict[str, CutCounts]                # per split, what fitting cut
+    stats: dict[str, LengthStats]
+    cuts: dict[str, CutCounts]
     kinds: np.ndarray                         # examples built per kind (windows not counted twice)
     examples: pa.Table                        # every training-table example's record and kind
-    at_limit: bool = False                    # --seq-len auto stopped at the model's limit, rows longer than it
+    at_limit: bool = False
 
 
 def _tokenized_splits(records: Dataset, eval_table: Dataset | None, eval_idx: np.ndarray, tokenizer, task: str,
                       num_proc: int, max_length: int | str, length_limit: int, tok: dict) -> _Splits:
     """Tokenise every table whole, measure each split's lengths, choose ``seq_len``, fit the rows, count the cuts.
 
-    One sequential pass per table (cached per table, whatever the seed or the length). Examples are split by
-    their source record: training rows in table order (the sampler shuffles), eval rows in the random order of
-    the eval records. Reading a table through an indices mapping would cost memory per row.
+    One sequential pass per table, cached whatever the seed; no indices mapping, which would cost memory per row.
     """
     whole = tokenize_whole(records, tokenizer, task, num_proc, **tok)
     eval_whole = tokenize_whole(eval_table, tokenizer, task, num_proc, **tok) if eval_table is not None else None
 
     def split(table: Dataset) -> tuple[np.ndarray, np.ndarray | None]:
-        if eval_whole is not None:    # an eval file: the whole source trains
+        if eval_whole is not None:
             return np.arange(len(table)), None
         return _rows_by_record(column_numpy(table, "record"), len(records), eval_idx)
 
@@ -326,9 +286,7 @@ def _train_label_counts(built: pa.Table, is_train: np.ndarray, codes: Mapping[st
                         labels: Mapping[str, Sequence[str]]) -> dict[str, Counter]:
     """Per classification target, the gold labels of its *training* examples (the majority baseline's data).
 
-    ``built``: the tokenised examples' ``record`` and ``kind``; ``is_train``: per source record;
-    ``codes``: per target, each record's label index (``label_codes``). Counted from the examples the
-    model trains on, so a record whose label has no input to read it from is not counted.
+    Counted from the examples the model trains on, so a record with no input for its label is not counted.
     """
     record = built.column("record").to_numpy()
     kind = built.column("kind").to_numpy()
@@ -368,13 +326,9 @@ def _span_counter(records: Dataset, train_idx: np.ndarray, names: Sequence[str])
 
 
 def stratified_split(order: np.ndarray, strata: np.ndarray, fraction: float) -> tuple[np.ndarray, np.ndarray]:
-    """``(eval, train)`` indices from ``order`` (a permutation): ``ceil(fraction * n)`` eval rows, every stratum
-    holding its share within one row.
+    """``(eval, train)`` indices from ``order``: ``ceil(fraction * n)`` eval rows, each stratum within one row.
 
-    Systematic sampling over the rows grouped by stratum (random order inside a
-    group, since ``order`` is random): row ``i`` of the grouped order is taken
-    when ``floor((i + 1) f + c)`` steps past ``floor(i f + c)``. Vectorised, so
-    10 M rows take a second; the eval indices keep the random order.
+    Vectorised systematic sampling over rows grouped by stratum; the eval indices keep the random order.
     """
     n = len(order)
     grouped = np.argsort(strata, kind="stable")

@@ -1,26 +1,7 @@
-"""Synthetic e-commerce catalog: the default data set, generated in seconds, no download.
+"""Synthetic e-commerce catalog: the default data set, seeded, generated in seconds, no download.
 
-Why synthetic: every chapter must run on a laptop without network access and
-give the same numbers on every run, so the data comes from a seeded generator
-rather than a scraped corpus. What it must reproduce is what the training
-experiments are sensitive to:
-
-- mixed Chinese/English titles with ``®``/``™``/``©`` and product codes
-  (``SKU-``, ``ASIN:B0…``, ``UPC:…``), which the tokenizer keeps whole;
-- a realistic, long-tailed review length distribution (a one-line "太棒了!" next
-  to a paragraph), because length-bucketed batching only pays off when lengths
-  spread; uniform lengths would make every padding benchmark meaningless;
-- sentiment labels that are consistent with the text (each review opens with
-  a strongly polar phrase), so NLU accuracy can actually improve with training.
-
-Extraction targets: every title holds its brand (first) and the value of the
-category's first spec attribute (颜色, 容量, 尺码, ...); :func:`catalog_spans`
-locates both, labelled ``品牌`` and the attribute's name, so the catalog has an
-extraction task whose answer is always in the text.
-
-All random draws are vectorised with numpy from one ``default_rng(seed)`` in a
-fixed order; only the final string assembly is a Python loop, which keeps
-100k rows well under a second or two.
+Every chapter must run offline with the same numbers, so it reproduces what training is sensitive to: mixed-script
+titles with marks and product codes, long-tailed review lengths (bucketing needs spread) and sentiment the text shows.
 """
 
 from __future__ import annotations
@@ -47,8 +28,7 @@ CATEGORY_ENGLISH: dict[str, str] = {row[0]: row[1] for row in CATEGORY_TABLE}
 SENTIMENTS: tuple[str, ...] = ("positive", "neutral", "negative")
 SENTIMENT_WEIGHTS = np.array([0.55, 0.20, 0.25])
 
-# Number of body sentences in a review: a long-tailed mixture (many short
-# reviews, a sizeable minority of long ones), clipped to MAX_BODY_SENTENCES.
+# Body sentences per review: long-tailed (many short, some long), clipped to MAX_BODY_SENTENCES.
 MAX_BODY_SENTENCES = 16
 _ALNUM = np.array(list("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"))
 
@@ -56,10 +36,7 @@ _ALNUM = np.array(list("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"))
 def generate_catalog(n_rows: int, seed: int | tuple[int, ...] = 0) -> list[dict]:
     """Return ``n_rows`` product records, identical for identical ``(n_rows, seed)``.
 
-    Each record has ``sku``, ``category``, ``brand``, ``title``, ``price``
-    (float > 0), ``spec``, ``review`` and ``sentiment``. The first ``k`` rows of
-    a larger catalog are not the rows of a smaller one (draws are vectorised
-    over ``n_rows``); use the same ``n_rows`` to get the same data.
+    Draws are vectorised over ``n_rows``, so a smaller catalog is not a prefix of a larger one.
     """
     _check_n_rows(n_rows)
     rng = np.random.default_rng(seed)
@@ -87,12 +64,7 @@ SPAN_LABELS: tuple[str, ...] = (BRAND_SPAN_LABEL, *dict.fromkeys(row[5][0][0] fo
 
 
 def catalog_spans(record: dict) -> list[tuple[str, int, int]]:
-    """``(label, start, end)`` (end exclusive) of the brand and the first spec value inside a catalog title.
-
-    Derived from the record's own fields (no random draw), so it adds nothing
-    to generation time and changes no catalog row: the title is
-    ``brand[mark] ... value [code]`` with space-separated parts (see ``_titles``).
-    """
+    """``(label, start, end)`` (end exclusive) of the brand and the first spec value in a title, with no random draw."""
     title, brand = record["title"], record["brand"]
     key, value = record["spec"].split(";")[0].split(":", 1)
     spans = [(BRAND_SPAN_LABEL, 0, len(brand))] if title.startswith(brand) else []
@@ -106,10 +78,7 @@ def catalog_spans(record: dict) -> list[tuple[str, int, int]]:
 def generate_catalog_chunks(n_rows: int, seed: int = 0, chunk_rows: int = 100_000) -> Iterator[list[dict]]:
     """Yield a catalog of any size in chunks of at most ``chunk_rows`` records, one chunk in memory at a time.
 
-    Up to ``chunk_rows`` rows this is ``generate_catalog(n_rows, seed)`` itself;
-    beyond, the rows are split into near-equal chunks, chunk ``i`` drawn with the
-    seed sequence ``(seed, i)``: deterministic, and bounded in memory whatever
-    ``n_rows`` is (SKUs are unique within a chunk only).
+    Chunk ``i`` is drawn with seed ``(seed, i)``: deterministic and bounded in memory (SKUs unique within a chunk only).
     """
     if n_rows <= chunk_rows:
         yield generate_catalog(n_rows, seed)
@@ -121,13 +90,9 @@ def generate_catalog_chunks(n_rows: int, seed: int = 0, chunk_rows: int = 100_00
 
 
 def review_rows(n_rows: int, seed: int = 0, categories: int = 4) -> list[dict]:
-    """Rows in the most common public shape of Chinese e-commerce review data: ``cat``, ``label`` (0/1), ``review``.
+    """Rows in the common public shape of Chinese review data: ``cat``, ``label`` (0/1), ``review``.
 
-    For examples and tests of "bring your own data": the columns are *not*
-    ecomkit's names and the label is an integer, so loading needs a column map
-    and a label map. Drawn from the catalog (neutral reviews left out, so the
-    label is binary; only the first ``categories`` categories); the review text
-    names the product first, as real reviews often do.
+    Not ecomkit's names and an integer label, so "bring your own data" examples need a column map and a label map.
     """
     keep = set(CATEGORIES[:categories])
     rows: list[dict] = []
@@ -148,10 +113,7 @@ _INSTRUCTIONS = ("根据下面的商品信息写一条买家评论。", "总结�
 def instruction_rows(n_rows: int, seed: int = 0, max_items: int = 24) -> list[dict]:
     """Alpaca-style rows (``instruction``, ``input``, ``output``) of widely varied length, from the catalog.
 
-    For benchmarks and tests that need instruction data whose lengths vary as
-    real SFT data does: each input lists a long-tailed number of catalog items
-    (1 to ``max_items``, most of them few), each with title, price and spec;
-    the output is one item's review. Extra draws come from ``(seed, 29)``.
+    Inputs list a long-tailed number of catalog items, as real SFT lengths vary; extra draws from ``(seed, 29)``.
     """
     rng = np.random.default_rng([seed, 29])
     counts = np.minimum(max_items, rng.geometric(0.25, size=n_rows))
@@ -174,21 +136,11 @@ _BRAND_SYLLABLES = ("Zen", "No", "va", "Lux", "Vi", "ta", "Ae", "ro", "Kai", "Te
 def extraction_rows(n_rows: int, seed: int = 0, distractors: float = 0.7, new_brands: bool = False) -> list[dict]:
     """Catalog titles as extraction rows in the span-list shape: ``{"text", "spans": [{type, term, start, end}]}``.
 
-    For examples and tests of extraction (the counterpart of :func:`review_rows`):
-    each title with its brand and first spec value (:func:`catalog_spans`), end
-    exclusive. Extra draws come from ``(seed, 23)``, so the catalog is unchanged.
+    Extra draws come from ``(seed, 23)``, so the catalog is unchanged.
 
-    - ``distractors``: the share of titles that end with a *compatible* brand
-      (``兼容{brand}`` / ``for {brand}``), and, independently, the share that
-      end with another value of the same attribute (``另有{value}``), neither of
-      them a span. A dictionary of training spans marks both (it knows every
-      catalog brand and value); a model that learned where the product's own
-      brand and value stand does not. Without them, the 40 catalog brands and
-      few values make the dictionary all but perfect.
-    - ``new_brands``: replace each brand by one made up for the row (two or
-      three characters, or three Latin syllables), mostly unseen in training:
-      only copying by position finds them (harder: a 2-block model did not
-      learn it in 300 steps).
+    - ``distractors``: shares of titles ending with a compatible brand or another value of the attribute (not
+      spans), so a dictionary of training spans is no longer near perfect.
+    - ``new_brands``: a made-up brand per row, found only by copying by position.
     """
     rng = np.random.default_rng([seed, 23])
     rows = []
@@ -313,12 +265,7 @@ def _body_counts(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 def _reviews(rng: np.random.Generator, sentiment: np.ndarray) -> list[str]:
-    """Opener with a polar phrase, then distinct body sentences, then an optional closer.
-
-    Body sentences are drawn without replacement (a random permutation per row)
-    from the sentiment's own sentences plus the plain observations, so long
-    reviews do not repeat the same sentence.
-    """
+    """Opener with a polar phrase, then distinct body sentences (drawn without replacement), then an optional closer."""
     n = len(sentiment)
     chinese = rng.random(n) < 0.65
     counts = _body_counts(rng, n)

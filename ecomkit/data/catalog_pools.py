@@ -1,11 +1,7 @@
 """Word pools for the synthetic catalog: fictional brands, products, specs and review sentences.
 
-The brands are invented on purpose, so that nothing here makes a claim about a
-real company. The pools are small, but combined with random codes, prices and
-a wide spread of review lengths they give the statistics that matter for
-training experiments: a mix of Chinese and English, trademark symbols and
-product codes in titles, reviews from ~10 to ~200 tokens, and sentiment labels
-that are recoverable from strongly polar words.
+Invented brands make no claim about real companies; with random codes and prices they give mixed-script titles,
+reviews of ~10 to ~200 tokens and sentiment recoverable from polar words.
 """
 
 from __future__ import annotations

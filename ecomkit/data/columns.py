@@ -1,17 +1,8 @@
 """``--column-map``: your columns -> ecomkit fields, by name or by a path into a nested value.
 
-A key is a column name (``"product_name"``) or a **path**: dotted keys with list
-indices, ``"labels.coarse[0]"`` is ``row["labels"]["coarse"][0]``. Files whose
-label sits inside an object or a list (``{"labels": {"coarse": ["手机"]}}``)
-are reached this way without rewriting them. A column whose name itself holds a
-dot or a bracket is matched by its whole name first.
-
-A row that lacks a path's value simply lacks the field (as a row without the
-column would); a key that matches **no** row is an error that names the columns
-found (:func:`found_keys`, :func:`unmatched_error`), since a mistyped key would otherwise be ignored
-without a word and the run would train on the wrong fields, or on none.
-
-Pure functions: the loader (``ecomkit.data.loaders``) calls them per row.
+A key is a column name or a path (``"labels.coarse[0]"`` is ``row["labels"]["coarse"][0]``), so nested labels are
+read without rewriting the file. A key that matches no row is an error naming the columns found: a typo must not train
+on the wrong fields.
 """
 
 from __future__ import annotations
@@ -92,8 +83,7 @@ def path_keys(column_map: Mapping[str, str]) -> dict[str, ColumnPath]:
 def map_columns(row: Mapping[str, Any], column_map: Mapping[str, str]) -> dict[str, Any]:
     """``row`` with its columns renamed by ``column_map``; path keys put the value they reach under their field.
 
-    A column reached by a path (``labels`` of ``labels.coarse[0]``) is left out unless it is mapped itself, so
-    an object-valued column is not read as something else (a ``label`` object would be taken for CLUENER spans).
+    A column reached by a path is left out unless mapped itself, so an object column is not misread (e.g. as spans).
     """
     paths = {key: path for key, path in path_keys(column_map).items() if key not in row}
     consumed = {path[0] for path in paths.values()} - set(column_map)
@@ -123,8 +113,7 @@ def found_keys(rows: Iterable[Mapping[str, Any]], column_map: Mapping[str, str])
 
 
 def describe_columns(rows: Iterable[Mapping[str, Any]], limit: int = 40) -> list[str]:
-    """The columns of ``rows`` as a user would map them: ``text``, and inside objects ``labels.coarse``,
-    inside lists ``labels.coarse[0]`` (first row each appears in, in order)."""
+    """The columns of ``rows`` as a user would map them (``text``, ``labels.coarse``, ``labels.coarse[0]``)."""
     seen: dict[str, None] = {}
     for row in rows:
         for key, value in row.items():

@@ -1,9 +1,6 @@
 """Raw rows from each file format ``--data`` reads: JSON Lines or a JSON array, CSV, a ``save_to_disk`` folder.
 
-Why apart from :mod:`ecomkit.data.loaders`: the loader validates rows whatever
-file they came from; these functions only turn a file into ``(location, raw
-row)`` pairs (a JSON text, or a :class:`~ecomkit.data.validate.RowProblem` for a
-line that cannot be one), with its line or item number for every message.
+Only file -> ``(location, raw row)`` pairs, with line or item numbers; validation is the loader's, for every format.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ from ecomkit.errors import DataError
 _CSV_FIELD_LIMIT = 1 << 27  # characters per CSV field (the csv module's default, 131,072, refuses long reviews)
 
 
-# ---------------------------------------------------------------- JSON Lines
 
 def json_rows(path: Path) -> Iterator[tuple[str, Any]]:
     with open(path, "rb") as f:
@@ -34,7 +30,7 @@ def json_rows(path: Path) -> Iterator[tuple[str, Any]]:
     with open(path, "rb") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
-                continue  # blank lines (e.g. a trailing newline) are not rows
+                continue
             try:
                 text = line.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as exc:
@@ -64,11 +60,9 @@ def _json_array_rows(path: Path) -> Iterator[tuple[str, Any]]:
         yield f"item {number}", json.dumps(obj, ensure_ascii=False)
 
 
-# ----------------------------------------------------------------------- CSV
 
 def _open_csv(path: Path):
-    # surrogateescape keeps undecodable bytes as lone surrogates, found per field below,
-    # so one bad line does not make the whole file unreadable; utf-8-sig drops a BOM.
+    # surrogateescape keeps undecodable bytes (found per field below) so one bad line does not lose the file.
     csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
     return io.TextIOWrapper(open(path, "rb"), encoding="utf-8-sig", errors="surrogateescape", newline="")
 
@@ -80,7 +74,7 @@ def csv_header(path: Path) -> list[str]:
 
 def csv_rows(path: Path, column_map: Mapping[str, str], keep_columns: bool = False) -> Iterator[tuple[str, Any]]:
     """A CSV's rows as JSON texts of the columns ecomkit reads (``keep_columns``: of every column)."""
-    read = heads(path_keys(column_map))   # columns a path reads into (their cells hold JSON)
+    read = heads(path_keys(column_map))
     with _open_csv(path) as f:
         reader = csv.reader(f)
         header = next(reader, None)
@@ -104,16 +98,15 @@ def _csv_record(header: list[str], values: list[str], column_map: Mapping[str, s
     for column, value in zip(header, values):
         ours = column_map.get(column, column)
         if ours not in ALL_FIELDS and column not in read:
-            if keep_columns:   # handed back, never read: an undecodable byte becomes U+FFFD, not a bad row
+            if keep_columns:
                 row[column] = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-            continue  # other columns are ignored (and may hold anything)
+            continue
         if any("\udc80" <= ch <= "\udcff" for ch in value):
             return RowProblem("undecodable_bytes", ours, f"column '{column}' contains bytes that are not valid UTF-8")
-        row[column] = value  # renamed with the column map during validation, like JSON rows
+        row[column] = value
     return json.dumps(row, ensure_ascii=False)
 
 
-# --------------------------------------------------------- Hugging Face datasets
 
 def load_hf_directory(path: Path):
     try:

@@ -1,51 +1,14 @@
 """Prompt formats: how a classification or extraction example is shown to the model, and how its answer reads.
 
-One module builds every prompt and parses every answer, so training,
-evaluation by generation and ``ecomkit.predict`` cannot drift apart.
+One module builds every prompt and parses every answer, so training, generation and ``ecomkit.predict`` agree.
+Formats (``--prompt-format``): ``seqgpt``, SeqGPT-560M's published prompt (``输入: {text}`` / ``分类|抽取: {labels}`` /
+``输出: [GEN]``), so fine-tuning keeps the model on its own prompt; ``ecomgpt``, EcomGPT's Alpaca-style block; and
+``ecomkit``, the earlier ``任务:…答:`` prompts, whose generic classification layout differs from training's (score
+generations in the other two).
 
-Three formats (``--prompt-format``):
-
-- ``"seqgpt"`` (the default for ``--task nlu``): SeqGPT-560M's published
-  inference prompt, as its README gives it::
-
-      输入: {text}
-      {分类|抽取}: {label1，label2，...}
-      输出: [GEN]
-
-  ``分类`` is classification, ``抽取`` extraction; the label set is listed in
-  the prompt (joined by the full-width comma ``，``). Fine-tuning the real
-  weights on this prompt keeps the model on the prompt it was trained on, so
-  its zero-shot ability on other label sets is not lost.
-- ``"ecomgpt"``: the Alpaca-style instruction block of EcomGPT's evaluation
-  tasks: a preamble, ``### Instruction:`` with the task, its candidate labels
-  and the text, then ``### Response:``.
-- ``"ecomkit"``: the cookbook's earlier Chinese task prompts (``任务:…答:``), kept
-  for the chapters and tests written for them. Training in this format keeps
-  the earlier category/sentiment/brand/price prompts of :mod:`ecomkit.data.tasks`
-  (and lays extraction out with :func:`build_prompt`); :func:`build_prompt` itself
-  gives one generic classification layout, so a generation evaluation of a
-  model trained in this format sees, for category and sentiment, a prompt
-  close to but not the one it was trained on. Use ``seqgpt`` or ``ecomgpt``
-  where generations are scored.
-
-**Answers** are the same in every format:
-
-- classification: the label itself, e.g. ``正面``;
-- extraction: one line per label that has spans, in the order the prompt
-  lists the labels, ``label: span1，span2`` (spans in the order they first
-  occur in the text). An example with no span answers :data:`NO_SPANS`
-  (``无``, "none"), so the model learns to say so instead of inventing one.
-
-**Parsing** (:func:`parse_answer`) is tolerant, because a generation is not
-a gold string: extra spaces; ``:`` or ``：`` after a label; ``,``, ``，``,
-``、``, ``;`` or ``；`` between spans; labels written in full-width forms
-(compared after NFKC normalisation); a label that is not in the label set
-(dropped from the answer, but counted in ``unknown_labels``); a repeated span
-(set semantics); and text after the answer (a classification answer is read
-from its first line; extraction stops at the first line that is not
-``label: ...``, or at the start of a new prompt). A span containing one of
-the separators is split by the parser; gold sets are therefore compared as
-:attr:`TaskExample.gold_spans`, never re-parsed from the gold answer text.
+Answers: a classification label, or one ``label: span1，span2`` line per label in prompt order (:data:`NO_SPANS` when
+none). :func:`parse_answer` is tolerant (spaces, full-width forms, other separators, unknown labels counted, trailing
+text); gold sets are compared as :attr:`TaskExample.gold_spans`, never re-parsed.
 """
 
 from __future__ import annotations
@@ -77,7 +40,7 @@ _ECOMGPT_TASK = {KIND_CLASSIFY: "对下面的文本进行分类，从候选标�
                  KIND_EXTRACT: "从下面的文本中抽取候选标签对应的实体，每行一个标签，格式为“标签: 实体1，实体2”；没有实体时回答“无”。"}
 _ECOMKIT_TASK = {KIND_CLASSIFY: "任务:文本分类。从候选标签中选出文本所属的一个。",
                  KIND_EXTRACT: "任务:实体抽取。从文本中抽出候选标签对应的实体。"}
-# Where the input text sits in each format's prompt (:func:`input_span`): group 1, the layout anchored at the end.
+# Where the input text sits in each format's prompt (:func:`input_span`), anchored at the end.
 _INPUT_LAYOUTS = (re.compile(r"\A输入: (.*)\n(?:分类|抽取): [^\n]*\n输出: \[GEN\]\Z", re.S),   # seqgpt
                   re.compile(r"\n文本: (.*)\n\n### Response:\n\Z", re.S),                     # ecomgpt
                   re.compile(r"\n(?:商品|评论|文本):(.*)\n答:\Z", re.S))                          # ecomkit prompts
@@ -86,18 +49,13 @@ _LABEL_SPLIT = re.compile(r"[:：]")
 _NEW_PROMPT = ("输入:", "输入：", "###", "任务:", "[GEN]")
 _NONE_WORDS = frozenset({NO_SPANS, "none", "null", "n/a", "没有"})
 _TRIM = " \t\r\u3000。.!！\"'“”‘’「」[]【】()（）"
-# Spans lose only spaces, quotes, a sentence end and repeated separators at their ends: brackets and dots
-# may belong to a span ("SPF50 (PA+++)", "Co.").
+# Spans lose spaces, quotes, a sentence end and repeated separators at their ends; brackets and dots may belong.
 _SPAN_TRIM = " \t\r\u3000。！\"“”‘’:："
 
 
 @dataclass(frozen=True)
 class TaskExample:
-    """One example that can be trained on (prompt -> answer) and evaluated by generation.
-
-    ``gold_spans`` is stored sorted and de-duplicated whatever order it is
-    given in, so two examples with the same spans compare equal.
-    """
+    """One example that can be trained on (prompt -> answer) and evaluated by generation."""
 
     kind: str                      # "classify" | "extract"
     text: str                      # the input text shown to the model
@@ -168,13 +126,8 @@ def build_prompt(fmt: str, kind: str, text: str, labels: Sequence[str]) -> str:
 def input_span(prompt: str) -> tuple[int, int]:
     """``[start, end)``: where the input text sits in ``prompt``, the part a cut to fit ``--seq-len`` shortens.
 
-    Why: a prompt that must be cut keeps its instruction, its label list and its
-    answer cue, and loses text from the *end of its input*. In ``seqgpt`` the label
-    line and the output cue follow the text; in ``ecomgpt`` and the ``ecomkit``
-    prompts the instruction and labels come first and the cue (``### Response:``,
-    ``答:``) last. Each format's input is found by its own layout, anchored at the
-    prompt's end. A prompt in none of these layouts (a user's own instruction
-    row) is all input: it is cut from its end.
+    A cut keeps the instruction, labels and answer cue, and loses the end of the input; a prompt in no known layout
+    is all input.
     """
     for layout in _INPUT_LAYOUTS:
         match = layout.search(prompt)
@@ -184,7 +137,7 @@ def input_span(prompt: str) -> tuple[int, int]:
 
 
 def format_answer(fmt: str, ex: TaskExample) -> str:
-    """The gold answer of ``ex`` (the same in every format; see the module docstring)."""
+    """The gold answer of ``ex`` (the same in every format)."""
     check_format(fmt)
     if ex.kind == KIND_CLASSIFY:
         if ex.gold_label is None:
@@ -277,15 +230,9 @@ def write_task_file(model_dir: str | os.PathLike, *, prompt_format: str, task: s
                     train_spans: Mapping[tuple[str, str], int] | None = None) -> Path:
     """Record in a saved model how it was trained: ``<model_dir>/ecomkit_task.json``.
 
-    ``{"prompt_format", "task", "labels": {"category": [...], "sentiment": [...],
-    "extract": [...]}, "kinds": [...], "seq_len", "gen_max_new_tokens", "reading", "baselines"}`` (``kinds``:
-    the example kinds trained on; ``seq_len`` and ``gen_max_new_tokens``: the
-    run's sequence length and generation budget as it resolved them; ``reading``: how the run read its rows,
-    ``column_map``, ``label_map`` and ``span_end``; ``baselines``: what evaluation's baselines learn from, the
-    training label counts per target and the training spans, ``{label: {span: count}}``).
-    Evaluation and ``ecomkit.predict`` read it back with :func:`read_task_file`,
-    so a model is prompted in the format it learned, with the labels, prompt
-    cut and answer budget of its run, reads a file as its run did, and is scored against its run's baselines.
+    Keys: ``prompt_format``, ``task``, ``labels`` (per target and ``extract``), ``kinds``, ``seq_len``,
+    ``gen_max_new_tokens``, ``reading`` (column map, label map, span end) and ``baselines`` (training label counts and
+    spans). Evaluation and ``ecomkit.predict`` read it back so a model is prompted, cut and scored as its run was.
     """
     check_format(prompt_format)
     path = Path(model_dir) / TASK_FILE
@@ -319,8 +266,7 @@ def span_counts(by_label: Mapping[str, Mapping[str, int]]) -> dict[tuple[str, st
 
 
 def read_task_file(model_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The dict :func:`write_task_file` wrote, or None for a model ecomkit did not train (e.g. the released
-    SeqGPT-560M weights, whose format is ``seqgpt``)."""
+    """The dict :func:`write_task_file` wrote, or None for a model ecomkit did not train (released SeqGPT weights)."""
     path = Path(model_dir) / TASK_FILE
     if not path.is_file():
         return None

@@ -1,26 +1,8 @@
 """Token lengths measured before training, ``--seq-len auto``, and every cut counted.
 
-Why measure first: a sequence length picked by hand cuts rows nobody looks
-at. SeqGPT prompts that list 10-26 labels run to ~200 tokens, so the old
-default of 128 cut the middle of nearly every extraction prompt, which is
-its input text: the model never saw what it was asked about. Here the rows
-are tokenised whole (:func:`~ecomkit.data.tokenize.tokenize_whole`), their
-prompt, answer and row lengths summarised per split, and only then cut to
-the chosen length (:func:`~ecomkit.data.tokenize.fit_rows`).
-
-- ``--seq-len auto`` (the default) is the smallest multiple of
-  :data:`SEQ_LEN_MULTIPLE` that holds every row of both splits, up to the
-  model's limit (:func:`choose_seq_len`); nothing is cut below the limit.
-  Rows longer than the limit are cut and counted, and one line says so with
-  the real options (:func:`limit_warning`): a prompted row cannot be split
-  into LM windows (its answer belongs to the whole text), so its head is
-  kept; only a larger ``--seq-len`` keeps it whole.
-- An explicit ``--seq-len N`` wins. Every row that does not fit is counted
-  per split (:func:`cut_counts`): rows cut, tokens dropped, and inputs that
-  lost more than half of their tokens, which get one warning line naming
-  the flag that fixes it (:meth:`CutCounts.warning`).
-- LM documents longer than the length are split into windows, never
-  truncated; the windows are counted, no token is dropped.
+A length picked by hand cuts rows nobody looks at, so rows are tokenised whole, summarised per split, then cut.
+``auto`` is the smallest multiple of :data:`SEQ_LEN_MULTIPLE` holding every row, up to the model's limit; rows past
+a limit are cut and counted with a warning naming the flag; LM documents are split into windows, never truncated.
 """
 
 from __future__ import annotations
@@ -36,10 +18,9 @@ from ecomkit.data.stream import read_columns
 from ecomkit.data.tokenize import CUT_COLUMNS, MIN_MAX_LENGTH
 from ecomkit.errors import ConfigError
 
-# --seq-len auto rounds up to this: whole 64-row tiles for the GEMMs and attention kernels, and few distinct lengths.
+# --seq-len auto rounds up to this: whole 64-row tiles for GEMMs and attention, and few distinct lengths.
 SEQ_LEN_MULTIPLE = 64
-# Margin of --gen-max-new-tokens auto over the longest training answer (EOS included), in tokens: a generated
-# answer may be a little longer than any gold one, and the budget counts it as cut only past this.
+# Margin of --gen-max-new-tokens auto over the longest training answer (EOS included): a generation may run longer.
 GEN_BUDGET_MARGIN = 8
 
 
@@ -72,7 +53,7 @@ class LengthStats:
     answer: Spread = field(default_factory=Spread)
     prompted_rows: int = 0     # rows with a prompt (NLU and instruction examples)
     longest_answer: int = 0    # over prompted rows, EOS included (the generation budget's base)
-    tokens: int = 0            # all rows' tokens
+    tokens: int = 0
 
     @property
     def mean_row(self) -> float:
@@ -101,8 +82,7 @@ def length_stats(whole: Dataset, rows: np.ndarray | None = None) -> LengthStats:
 def choose_seq_len(requested: int | str, longest_row: int, limit: int) -> tuple[int, str]:
     """``(seq_len, why)``: an explicit length as given; ``auto`` the smallest multiple of 64 holding every row.
 
-    ``limit`` is the model's (:func:`ecomkit.models.bloom.model_length_limit`): ``auto`` never goes past it,
-    and says so when rows are longer.
+    ``limit`` is the model's: ``auto`` never goes past it, and says so when rows are longer.
     """
     if requested != AUTO:
         return int(requested), f"--seq-len {requested} as given"
@@ -168,8 +148,7 @@ class CutCounts:
 
 
 def limit_warning(seq_len: int, cuts: dict[str, "CutCounts"], stats: dict[str, LengthStats]) -> str | None:
-    """One line when ``--seq-len auto`` reached the model's limit and rows were cut: how many per split, how,
-    and the real options (the over-half warning's advice, ``--seq-len auto``, was already in use)."""
+    """One line when ``--seq-len auto`` reached the model's limit and rows were cut: how many per split, the options."""
     cut = {k: c for k, c in cuts.items() if c.rows_cut}
     if not cut:
         return None
@@ -187,7 +166,7 @@ def limit_warning(seq_len: int, cuts: dict[str, "CutCounts"], stats: dict[str, L
 
 def cut_counts(fitted: Dataset, seq_len: int, rows: np.ndarray | None = None) -> CutCounts:
     """:class:`CutCounts` of a :func:`~ecomkit.data.tokenize.fit_rows` table (or of its ``rows``)."""
-    if not set(CUT_COLUMNS) <= set(fitted.column_names):   # every row fit: fit_rows returned the table as it was
+    if not set(CUT_COLUMNS) <= set(fitted.column_names):
         return CutCounts(seq_len)
     table = read_columns(fitted, list(CUT_COLUMNS))
     col = {name: table.column(name).to_numpy().astype(np.int64) for name in CUT_COLUMNS}
@@ -205,15 +184,9 @@ def lengths_facts(stats: dict[str, LengthStats], cuts: dict[str, CutCounts]) -> 
     return {"lengths": {k: asdict(v) for k, v in stats.items()}, "cuts": {k: v.as_dict() for k, v in cuts.items()}}
 
 
-# --packing auto packs when the mean training row fills at most this share of seq_len (two or more rows per
-# sequence on average): below it a sequence holds one row and packing has nothing to gain.
+# --packing auto packs when the mean training row fills at most this share of seq_len (two or more rows per sequence).
 PACK_AUTO_MAX_ROW_SHARE = 0.5
-# On a CPU, per precision, the longest seq_len up to which packed batches trained faster than bucketed ones by
-# at least 5 % (median of bench_packing's paired rounds; ecomlab.derive.packing); tests/test_packing.py recomputes
-# it from the newest artifact. A packed sequence's attention covers its whole length, so the longer the
-# sequence the more a token costs: on `tiny`, fp32 lost at 256 (the catalog) and bf16 lost at 1152 (the
-# instruction file), while bf16 at 256 won, its bucketed batches meeting a new shape (a new oneDNN primitive)
-# almost every step.
+# On a CPU, per precision, the longest seq_len at which packing trained at least 5 % faster (tests/test_packing.py).
 CPU_PACK_MAX_SEQ_LEN: dict[str, int] = {"bf16": 256}
 
 
@@ -221,9 +194,8 @@ def decide_packing(requested: str, mean_row: float, seq_len: int, device_type: s
                    precision: str = "bf16") -> tuple[bool, str]:
     """``(packed, why)`` for ``--packing on|off|auto``: the mean training row (as fit) against ``seq_len``.
 
-    ``auto`` packs rows that fill at most :data:`PACK_AUTO_MAX_ROW_SHARE` of ``seq_len``; on a CPU only at the
-    precisions and sequence lengths bench_packing measured packing faster at (:data:`CPU_PACK_MAX_SEQ_LEN`).
-    On a GPU, where a short step is mostly launch overhead, it packs by the rows' share alone.
+    ``auto`` packs rows filling at most :data:`PACK_AUTO_MAX_ROW_SHARE` of ``seq_len``; on a CPU only up to
+    :data:`CPU_PACK_MAX_SEQ_LEN`, since a packed sequence's attention covers its whole length.
     """
     if requested != AUTO:
         return requested == "on", f"--packing {requested} as given"

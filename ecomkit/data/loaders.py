@@ -1,36 +1,8 @@
 """Load user data (JSONL, CSV, Hugging Face ``save_to_disk`` directories, ``.arrow`` files) into Arrow tables.
 
-Two steps, both written to memory-mapped Arrow tables cached by content hash
-(:mod:`ecomkit.data.arrow`):
-
-1. **Read** the file as bytes, line by line (never whole), into a raw table:
-   one row per data row with its location (``line 12``), the row as JSON text,
-   and a reading problem if there was one. One line in a foreign encoding is
-   ``undecodable_bytes`` with its line number, not a ``UnicodeDecodeError``
-   that aborts the load; a BOM is dropped; quoted CSV fields may span lines
-   and hold 100k characters.
-2. **Validate** with a batched map (:func:`~ecomkit.data.stream.map_batches`,
-   ``num_proc`` workers, the raw table read batch by batch rather than through
-   its memory map): each row becomes a record of
-   :data:`~ecomkit.data.validate.RECORD_FIELDS`, or a reason. The report counts
-   reasons (Arrow compute, no Python loop over rows); strict mode raises on the
-   first bad row, naming file, line and field. The valid rows are kept by a
-   second streaming pass, only when some rows were bad.
-
-``column_map`` maps *your* column names to ecomkit fields, e.g.
-``{"product_name": "title", "label": "sentiment"}``, or a path to a value
-inside a column, ``{"labels.coarse[0]": "category"}`` (:mod:`ecomkit.data.columns`);
-a key that matches no column of the file is an error naming the columns found.
-Error messages name your column. ``label_map`` maps raw label values to label names, e.g.
-``{"sentiment": {"0": "negative", "1": "positive"}}``; its ``spans`` key renames
-extraction types and ``ner_tags`` names integer tag ids. Other columns are ignored.
-
-Extraction rows come in three shapes (span lists, spans nested by label, token
-tags; :mod:`ecomkit.data.spans`); ``span_end`` says whether span-list end offsets
-are exclusive (the default) or inclusive. A file whose span lists look inclusive
-(most span rows' terms sit at ``text[start:end + 1]``) is refused with that fix.
-A ``save_to_disk`` directory whose ``ner_tags`` feature is a ``ClassLabel``
-sequence gives the tag names itself.
+Read line by line into a raw table (location, JSON text, reading problem), then validate with a batched map into
+records or counted reasons; a bad line is a counted reason, not an exception that aborts a long load. ``column_map``
+maps your columns (or paths, :mod:`ecomkit.data.columns`) to ecomkit fields; ``label_map`` maps raw label values.
 """
 
 from __future__ import annotations
@@ -99,10 +71,8 @@ def load_records(path: str | os.PathLike, *, column_map: Mapping[str, str] | Non
                  num_proc: int = 1, span_end: str = "exclusive") -> LoadResult:
     """Load and validate records from ``path``, choosing the reader by extension.
 
-    ``strict=True`` raises :class:`DataError` at the first malformed row
-    (file, line, field, fix). Otherwise malformed rows are skipped, counted per
-    reason in ``result.report`` and the summary is logged as a warning (the
-    caller decides whether too many were bad: ``check_bad_fraction``).
+    ``strict=True`` raises :class:`DataError` at the first malformed row (file, line, field, fix); otherwise malformed
+    rows are skipped and counted per reason in ``result.report``.
     """
     path = Path(path)
     column_map, label_map = check_column_map(column_map), check_label_map(label_map)
@@ -145,7 +115,7 @@ def _refuse_inclusive_offsets(report: ValidationReport, validated: Dataset) -> N
     inclusive = report.counts.get("inclusive_span_end", 0)
     if not inclusive:
         return
-    with_spans = pc.count(read_columns(validated, ["spans"]).column(0)).as_py()   # valid rows with spans
+    with_spans = pc.count(read_columns(validated, ["spans"]).column(0)).as_py()
     if 2 * inclusive >= inclusive + with_spans:
         first = report.first_issue["inclusive_span_end"]
         raise DataError(f"{report.source}: {inclusive:,} of {inclusive + with_spans:,} rows with spans have end "
@@ -160,7 +130,7 @@ def _row_number(location: str) -> int:
 
 def _report(source: str, validated: Dataset) -> ValidationReport:
     """Counts per reason and the first row of each, from the issue column (read as codes, no row loop)."""
-    reasons = read_columns(validated, ["_reason"]).column(0).combine_chunks()   # dictionary-encoded
+    reasons = read_columns(validated, ["_reason"]).column(0).combine_chunks()
     report = ValidationReport(source=source, total=len(validated))
     codes = pc.fill_null(reasons.indices, -1).to_numpy(zero_copy_only=False)
     for code, count in enumerate(np.bincount(codes[codes >= 0], minlength=len(reasons.dictionary))):
@@ -200,7 +170,7 @@ def check_column_map(column_map: Mapping[str, str] | None) -> dict[str, str]:
         hints = "".join(did_you_mean(ours, ALL_FIELDS) for ours in unknown.values())
         raise ConfigError(f"--column-map {unknown} maps to unknown fields.{hints} Map your columns to one of "
                           f"{list(ALL_FIELDS)}, e.g. --column-map '{{\"product_name\": \"title\"}}'.")
-    path_keys(column_map)   # a malformed path is an error now, not a key that never matches
+    path_keys(column_map)
     return column_map
 
 
@@ -225,10 +195,7 @@ def _check_heads(path: Path, columns: list[str], column_map: Mapping[str, str]) 
 
 
 def check_map_keys(path: Path, raw: Dataset, column_map: Mapping[str, str], from_file: bool) -> None:
-    """Every ``column_map`` key must match a column (a path: reach a value) in some row; else name the columns.
-
-    Column names were checked against the header (:func:`_check_heads`); the rest is :func:`missing_map_keys`.
-    """
+    """Every ``column_map`` key must match a column (a path: reach a value) in some row; else name the columns."""
     if not _column_keys(column_map) or path.suffix.lower() == ".csv":
         return
     missing, columns = missing_map_keys(path, raw, column_map, from_file)
@@ -240,9 +207,7 @@ def missing_map_keys(path: Path, raw: Dataset, column_map: Mapping[str, str], fr
                      header: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
     """The ``column_map`` keys that match no column (a path: reach no value in any row), and the columns found.
 
-    A CSV's keys are looked up in its ``header``; a dataset's paths are followed in its first rows. A JSON
-    file's rows each have their own columns, so its first rows are read, and a key not among them is searched
-    for in the whole file (the rows that contain its first name).
+    JSON rows each have their own columns, so a key missing from the first rows is searched for in the whole file.
     """
     column_map = _column_keys(column_map)
     if header is not None and from_file:
@@ -279,7 +244,6 @@ def _json_objects(texts: Iterable[str | None]) -> Iterator[dict]:
             yield obj
 
 
-# ------------------------------------------------------------------ validation (a batched map)
 
 def _validate_batch(batch: dict[str, list], indices: list[int], column_map: Mapping[str, str],
                     label_map: Mapping[str, Mapping[str, str]], max_chars: int, from_file: bool,
@@ -319,20 +283,17 @@ def file_row(batch: dict[str, list], i: int) -> dict:
     return obj
 
 
-# ------------------------------------------------------------------ reading into a raw table
 
 def _raw_table(path: Path, column_map: Mapping[str, str], task: str) -> tuple[Dataset, bool]:
     """The file as a raw Arrow table (cached by its SHA-256), or the HF dataset itself; and whether it is a file."""
     ds, columns = open_source(path)
-    if columns is not None:   # checked before a file is read whole
+    if columns is not None:
         check_columns(path, columns, column_map, task)
     return (ds, False) if ds is not None else (file_table(path, column_map), True)
 
 
 def open_source(path: Path) -> tuple[Dataset | None, list[str] | None]:
-    """A dataset folder or ``.arrow`` file opened (else None), and the columns the source declares up front: a
-    dataset's, a CSV's header (None for JSON, whose rows each have their own). Clear errors for a missing file or
-    an unknown extension."""
+    """A dataset folder or ``.arrow`` file opened (else None), and the columns the source declares up front."""
     if not path.exists():
         raise _missing_data_error(path)
     suffix = path.suffix.lower()
@@ -348,8 +309,7 @@ def open_source(path: Path) -> tuple[Dataset | None, list[str] | None]:
 
 
 def file_table(path: Path, column_map: Mapping[str, str], keep_columns: bool = False) -> Dataset:
-    """A file's rows as a raw Arrow table, cached by its SHA-256. ``keep_columns``: every CSV column, not only
-    those ecomkit reads (predict hands each row back whole)."""
+    """A file's rows as a raw Arrow table, cached by SHA-256; ``keep_columns``: every CSV column, for predict."""
     every = ("every column",) if keep_columns else ()
     digest = fingerprint("raw", file_digest(path), path.suffix.lower(), column_map, *every)
     return cached_table(digest, lambda: _raw_batches(path, column_map, keep_columns), RAW_FEATURES)

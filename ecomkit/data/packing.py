@@ -1,34 +1,7 @@
 """Packing: short rows into full sequences of exactly ``seq_len`` tokens, each row kept apart by its document id.
 
-Why: e-commerce rows (reviews, titles, NER sentences) are short. Batching a
-fixed number of them gives a GPU a few hundred tokens per step, and a CPU a
-new shape every step. Packed, every micro-batch is ``[micro_batch_size,
-seq_len]`` with (nearly) every position a real token.
-
-How:
-
-- :func:`best_fit_decreasing` puts rows into bins of ``seq_len`` tokens:
-  longest first, each into the fullest bin it still fits (ties between equal
-  lengths broken by a per-epoch random order, so the plan depends only on
-  ``(seed, epoch)`` and every rank computes the same one). Every row lands in
-  exactly one bin, whole; rows are never split (an LM document longer than
-  ``seq_len`` was already cut into windows, :func:`~ecomkit.data.tokenize.lm_windows`).
-- :class:`PackedBatchSampler` shuffles the bins and cuts them into global
-  batches of ``micro_batch_size × grad_accum × replicas`` sequences, the
-  layout of :class:`~ecomkit.data.sampler.DistributedBatchSampler`. The last
-  global batch is filled with empty sequences (all padding, no label), so no
-  row is dropped and every rank still gets full micro-batches of one shape.
-- :func:`packed_collate` lays each bin's rows end to end and returns, beside
-  the usual ``input_ids``/``labels``/``attention_mask``, ``document_ids``:
-  1, 2, ... per row of a sequence, 0 on padding. The model sees a
-  block-diagonal causal mask built from them
-  (:func:`ecomkit.models.attention.document_causal_mask`), so no row attends
-  to another, and ALiBi counts positions from each row's start: a packed
-  row's logits are its logits alone.
-- Each row's first label is -100: no position of the row before predicts it,
-  exactly as when it starts its own sequence. The loss of a packed batch is
-  therefore the loss of the same rows unpacked, normalised by the same label
-  tokens.
+Short e-commerce rows give a GPU few tokens per step and a CPU a new shape each step. Each row is packed whole and
+once; a block-diagonal causal mask and per-row ALiBi positions make a packed row's logits and loss its own.
 """
 
 from __future__ import annotations
@@ -44,17 +17,14 @@ from ecomkit.data.sampler import check_batch_layout, epoch_rng
 from ecomkit.data.tokenize import IGNORE_INDEX, BatchCounts, predicted_tokens
 from ecomkit.errors import ConfigError
 
-EMPTY: tuple[int, ...] = ()   # a sequence of padding only: fills the last global batch of an epoch
+EMPTY: tuple[int, ...] = ()
 
 
 def best_fit_decreasing(lengths: Sequence[int], capacity: int, tie_order: np.ndarray | None = None
                         ) -> list[list[int]]:
     """Bins (lists of row indices) of total length ``<= capacity``: best-fit decreasing.
 
-    Rows go longest first (``tie_order``, a permutation, orders equal lengths)
-    into the bin with the least room that still holds them; a new bin opens
-    when none does. Bins are kept by remaining room, so each row finds its bin
-    with one scan of a boolean array of ``capacity + 1`` entries.
+    Longest first (``tie_order`` orders equal lengths) into the fullest bin that holds it; one scan per row.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     if len(lengths) and (lengths.max() > capacity or lengths.min() < 1):
@@ -64,7 +34,7 @@ def best_fit_decreasing(lengths: Sequence[int], capacity: int, tie_order: np.nda
     ties = np.arange(len(lengths)) if tie_order is None else np.asarray(tie_order)
     order = ties[np.argsort(-lengths[ties], kind="stable")]
     bins: list[list[int]] = []
-    by_room: list[list[int]] = [[] for _ in range(capacity + 1)]   # bin ids whose remaining room is r
+    by_room: list[list[int]] = [[] for _ in range(capacity + 1)]
     has_room = np.zeros(capacity + 1, dtype=bool)
     for row in order.tolist():
         need = int(lengths[row])
@@ -102,13 +72,8 @@ def fill_rate(lengths: Sequence[int], sequences: Sequence[Sequence[int]], seq_le
 class PackedBatchSampler:
     """A DataLoader ``batch_sampler`` of packed sequences: this rank's micro-batches of one global plan.
 
-    Like :class:`~ecomkit.data.sampler.DistributedBatchSampler`, but a sample is
-    a packed sequence (a tuple of row indices) and ``micro_batch_size`` counts
-    sequences of ``seq_len`` tokens. Global batch = ``micro_batch_size ×
-    grad_accum × num_replicas`` sequences; rank ``r`` takes the ``r``-th
-    contiguous slice of each. Every row is seen exactly once per epoch: the
-    last global batch is topped up with :data:`EMPTY` sequences. Pair it with
-    :class:`RowGroups` and :func:`packed_collate`.
+    As :class:`~ecomkit.data.sampler.DistributedBatchSampler`, but a sample is a packed sequence; the last global batch
+    is topped up with :data:`EMPTY`, so every row is seen exactly once per epoch.
     """
 
     def __init__(self, lengths: Sequence[int], seq_len: int, micro_batch_size: int, grad_accum: int,
@@ -135,7 +100,7 @@ class PackedBatchSampler:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Global batches (optimizer steps) per epoch: the bins' count is the same every epoch (module docstring)."""
+        """Global batches (optimizer steps) per epoch: the bins' count is the same every epoch."""
         return len(self.sequences()) // self.global_batch_size
 
     def set_epoch(self, epoch: int) -> None:
@@ -182,10 +147,7 @@ class PackedBatchSampler:
 
 
 class RowGroups(TorchDataset):
-    """A tokenized table indexed by packed sequences: ``groups[(3, 17)]`` is rows 3 and 17 as one column dict.
-
-    One read of the table per sequence (``table[[3, 17]]``), not one per row.
-    """
+    """A tokenized table indexed by packed sequences: ``groups[(3, 17)]`` is rows 3 and 17 as one column dict."""
 
     def __init__(self, table):
         self.table = table
@@ -200,13 +162,9 @@ class RowGroups(TorchDataset):
 
 
 def packed_collate(sequences: Sequence[dict[str, list]], seq_len: int, pad_id: int) -> dict[str, torch.Tensor]:
-    """Lay each sequence's rows end to end in a ``[len(sequences), seq_len]`` batch (see the module docstring).
+    """Lay each sequence's rows end to end in a ``[len(sequences), seq_len]`` batch.
 
-    ``sequences``: one column dict per sequence (:class:`RowGroups`).
-    ``document_ids`` numbers the rows of each sequence from 1 (0 = padding);
-    ``attention_mask`` is 1 on every real token; each row's first label is
-    -100. A ``polarity`` column, when the rows have one, comes back per row
-    (one value per document), for the sentiment clipping policy.
+    ``document_ids`` numbers each sequence's rows from 1 (0 = padding); each row's first label is -100, as unpacked.
     """
     n = len(sequences)
     input_ids = torch.full((n, seq_len), pad_id, dtype=torch.long)
@@ -222,7 +180,7 @@ def packed_collate(sequences: Sequence[dict[str, list]], seq_len: int, pad_id: i
                 raise ConfigError(f"packed sequence {s} holds {end} tokens, more than --seq-len {seq_len}.")
             input_ids[s, at:end] = torch.as_tensor(ids, dtype=torch.long)
             labels[s, at:end] = torch.as_tensor(row_labels, dtype=torch.long)
-            labels[s, at] = IGNORE_INDEX          # nothing of this row precedes its first token
+            labels[s, at] = IGNORE_INDEX
             documents[s, at:end] = doc
             at = end
         polarity.extend(int(p) for p in columns.get("polarity", ()))
@@ -234,10 +192,7 @@ def packed_collate(sequences: Sequence[dict[str, list]], seq_len: int, pad_id: i
 
 
 def sequence_counts(sequences: Sequence[dict[str, list]], seq_len: int) -> BatchCounts:
-    """:class:`~ecomkit.data.tokenize.BatchCounts` of the sequences :func:`packed_collate` lays out.
-
-    Each row's first label is dropped as the collator drops it (nothing of the row precedes it).
-    """
+    """:class:`~ecomkit.data.tokenize.BatchCounts` of the sequences :func:`packed_collate` lays out."""
     rows = [(ids, labels) for seq in sequences
             for ids, labels in zip(seq["input_ids"], seq.get("labels", seq["input_ids"]))]
     lengths = [len(ids) for ids, _ in rows]

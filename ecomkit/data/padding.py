@@ -1,8 +1,6 @@
 """How much of a padded batch is padding: the number length bucketing is meant to cut.
 
-Padding rate = padded positions / total positions, when every micro-batch is
-padded (right) to its longest member. It is the fraction of the matrix
-multiplications spent on pad tokens (attention is masked, but still computed).
+Padded positions / total positions, each micro-batch right-padded to its longest member.
 """
 
 from __future__ import annotations
@@ -75,11 +73,7 @@ def rank_step_costs(lengths: Sequence[int], micro_batch_size: int, grad_accum: i
                     seed: int = 0, epoch: int = 0, bucketed: bool = True) -> np.ndarray:
     """Padded positions each rank computes in each optimizer step: an array ``[num_replicas, steps]``.
 
-    Read from the samplers' plan, without training. A rank's cost in a step is
-    the sum over its micro-batches of ``len(micro-batch) * longest member``,
-    the positions its matrix multiplications run over (attention adds a term
-    that grows with the square of the length, so long batches weigh somewhat
-    more than this in practice).
+    From the samplers' plan, without training: per micro-batch ``len * longest`` (attention's quadratic term left out).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     costs = []
@@ -95,10 +89,7 @@ def rank_step_costs(lengths: Sequence[int], micro_batch_size: int, grad_accum: i
 def wait_fraction(costs: np.ndarray) -> float:
     """Share of the ranks' time spent waiting for the slowest rank of each step (0 when balanced).
 
-    ``costs[r, k]``: rank r's work in step k. Every step ends at an all-reduce,
-    so it lasts as long as its busiest rank: the ranks hold ``sum_k max_r``
-    each and work ``sum_k mean_r`` on average; the rest is waiting.
-    Totals, not a mean of per-step ratios, like the throughput.
+    Each step lasts as long as its busiest rank: ``1 - sum_k mean_r / sum_k max_r`` over ``costs[r, k]``.
     """
     costs = np.asarray(costs, dtype=np.float64)
     busiest = costs.max(axis=0).sum()

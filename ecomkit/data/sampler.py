@@ -1,32 +1,9 @@
 """Length-bucketed, distributed batch sampling planned as *global* batches.
 
-Why global batches: every rank computes the same list of global batches from
-``(seed, epoch)`` alone and takes a contiguous slice of each. Consequences the
-training loop relies on:
-
-- one optimizer step consumes exactly one global batch, whatever the number of
-  processes: a 1-process run with ``grad_accum=4`` and a 2-process run with
-  ``grad_accum=2`` (same micro-batch) see the *same samples* at every step, so
-  their loss curves can be compared directly;
-- ranks never overlap (disjoint slices) and need no communication to agree;
-- a checkpoint only has to store ``(epoch, global batches consumed)``; it can
-  even be resumed on a different number of processes, as long as the global
-  batch size is unchanged.
-
-Why buckets: padding every micro-batch to its longest sequence wastes compute
-on pad tokens. Sorting a *mega-chunk* (here 64 global batches) by length and
-cutting it into global batches makes neighbours similar in length, while the
-final shuffle of the batch order keeps the training signal random. Sorting the
-whole epoch instead would make the model see all short samples first.
-
-Why ranks do not wait on each other: every step ends at an all-reduce, so
-the rank with the longest sequences sets the pace. Because buckets are cut
-as *global* batches, all ranks of one step draw from the same length bucket
-(the step's samples are one contiguous run of a length-sorted chunk, rank r
-taking the r-th part), so no rank gets a long bucket while another gets a
-short one. What remains is the spread inside one bucket;
-:func:`ecomkit.data.padding.compare_rank_wait` computes the waiting from the
-plan, and ``benchmarks/bench_padding.py`` prints it next to random batching.
+Every rank computes the same global batches from ``(seed, epoch)`` and takes a contiguous slice: one step is one
+global batch whatever the process count (1×4 and 2×2 runs see the same samples), ranks never overlap, and a
+checkpoint stores only ``(epoch, batches consumed)``. Sorting mega-chunks by length cuts padding, and since all ranks
+of a step draw from one bucket, none waits on another's long bucket.
 """
 
 from __future__ import annotations
@@ -42,7 +19,6 @@ CHUNK_GLOBAL_BATCHES = 64
 
 def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
     """The random stream of one epoch's plan: identical on every rank for the same ``(seed, epoch)``."""
-    # numpy's PCG64 stream is identical on every platform, so all ranks agree.
     return np.random.default_rng([int(seed), int(epoch)])
 
 
@@ -51,12 +27,8 @@ def plan_global_batches(lengths: Sequence[int], global_batch_size: int, seed: in
                         chunk_batches: int = CHUNK_GLOBAL_BATCHES) -> list[list[int]]:
     """Return the epoch's global batches (lists of sample indices), identical for identical arguments.
 
-    ``bucketed``: shuffle, split into mega-chunks of ``chunk_batches`` global
-    batches, sort each chunk by length (stable), cut into global batches,
-    shuffle the batch order. Otherwise: a plain shuffle cut into batches.
-    ``drop_last=True`` drops the ``len % global_batch_size`` leftover samples
-    (a different random set each epoch); ``drop_last=False`` keeps them as one
-    final, smaller batch, always last.
+    ``bucketed``: shuffle, sort mega-chunks of ``chunk_batches`` batches by length, cut, shuffle the batch order.
+    ``drop_last=False`` keeps the leftover samples as one smaller final batch.
     """
     full, partial = plan_arrays(lengths, global_batch_size, seed, epoch, bucketed, drop_last, chunk_batches)
     return full.tolist() + ([partial.tolist()] if len(partial) else [])
@@ -64,12 +36,9 @@ def plan_global_batches(lengths: Sequence[int], global_batch_size: int, seed: in
 
 def plan_arrays(lengths: Sequence[int], global_batch_size: int, seed: int, epoch: int, bucketed: bool = True,
                 drop_last: bool = True, chunk_batches: int = CHUNK_GLOBAL_BATCHES) -> tuple[np.ndarray, np.ndarray]:
-    """The plan of :func:`plan_global_batches` as arrays: full batches ``[n_full, global_batch_size]`` and the
-    leftover (empty with ``drop_last``).
+    """The plan of :func:`plan_global_batches` as arrays: full batches ``[n_full, global_batch_size]`` and the leftover.
 
-    Vectorised (one ``lexsort`` sorts every chunk by length), so a 10 M-row
-    epoch is planned in seconds and held as 80 MB of int64 rather than as
-    10 M Python ints; the sampler converts one global batch at a time.
+    Vectorised and held as int64 arrays, so a 10 M-row epoch is planned in seconds without 10 M Python ints.
     """
     if global_batch_size < 1:
         raise ConfigError(f"the global batch (--global-batch-size) must be >= 1, got {global_batch_size}.")
@@ -101,35 +70,17 @@ def check_batch_layout(micro_batch_size: int, grad_accum: int, num_replicas: int
 class DistributedBatchSampler:
     """A DataLoader ``batch_sampler`` yielding this rank's micro-batches of one global plan.
 
-    Global batch = ``micro_batch_size * grad_accum * num_replicas`` samples.
-    For each global batch the rank takes ``global[rank*per_rank:(rank+1)*per_rank]``
-    (``per_rank = micro_batch_size * grad_accum``) and yields it as
-    ``grad_accum`` consecutive micro-batches. In a bucketed plan the global
-    batch is sorted by length, so each micro-batch holds neighbours in length.
-
-    Coverage mode (``drop_last=False``): the final, smaller global batch is
-    split as evenly as possible across ranks (contiguous parts whose sizes
-    differ by at most one; ``numpy.array_split``), and each part is cut into
-    micro-batches of at most ``micro_batch_size``. A rank may then get fewer
-    than ``grad_accum`` micro-batches, or none if the final batch holds fewer
-    samples than there are ranks. Every sample is seen exactly once per epoch,
-    which is what evaluation needs; for training keep ``drop_last=True`` so
-    every step has a full, equal-sized global batch on every rank.
-
-    Resuming: ``state_dict()`` stores the epoch and the number of global
-    batches consumed; ``load_state_dict`` makes the next iteration continue
-    after them. The counter advances when the last micro-batch of a global
-    batch is handed out, which matches the training step with
-    ``num_workers=0``; with worker processes the DataLoader prefetches, so
-    build the state from the training loop's own step count instead:
-    ``{"epoch": e, "consumed_global_batches": steps_done_in_epoch, ...}``.
+    Each rank takes its contiguous ``micro_batch_size * grad_accum`` slice of a global batch as ``grad_accum``
+    micro-batches. ``drop_last=False`` (evaluation) splits the last batch evenly across ranks, so some get fewer
+    micro-batches. ``state_dict()`` counts global batches handed out; with DataLoader workers, which prefetch, build the
+    state from the loop's step count instead.
     """
 
     def __init__(self, lengths: Sequence[int], micro_batch_size: int, grad_accum: int, num_replicas: int,
                  rank: int, seed: int, bucketed: bool = True, drop_last: bool = True,
                  chunk_batches: int = CHUNK_GLOBAL_BATCHES):
         check_batch_layout(micro_batch_size, grad_accum, num_replicas, rank)
-        self.lengths = np.asarray(lengths)   # any integer dtype: int32 from an Arrow table is kept as is
+        self.lengths = np.asarray(lengths)
         if self.lengths.dtype.kind not in "iu":
             self.lengths = self.lengths.astype(np.int64)
         self.micro_batch_size, self.grad_accum = micro_batch_size, grad_accum
@@ -165,7 +116,7 @@ class DistributedBatchSampler:
                                    self.bucketed, self.drop_last, self.chunk_batches)
 
     def rank_micro_batches(self, global_batch: list[int]) -> list[list[int]]:
-        """This rank's micro-batches of one global batch (see the class docstring for the last batch)."""
+        """This rank's micro-batches of one global batch."""
         mb = self.micro_batch_size
         if len(global_batch) == self.global_batch_size:
             mine = global_batch[self.rank * self.per_rank:(self.rank + 1) * self.per_rank]
@@ -207,9 +158,7 @@ class DistributedBatchSampler:
     def load_state_dict(self, state: dict) -> None:
         """Continue after ``state["consumed_global_batches"]`` of ``state["epoch"]``.
 
-        The plan depends on the seed, the global batch size, the number of
-        samples and the batching mode, so those must match; the number of
-        processes may differ.
+        Seed, global batch size, sample count and batching mode must match; the process count may differ.
         """
         for key in ("seed", "global_batch_size", "num_samples", "bucketed", "drop_last"):
             mine = self.state_dict()[key]

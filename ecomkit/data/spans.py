@@ -1,33 +1,15 @@
 """Extraction rows: the three shapes users have, read into one list of checked spans.
 
-Shapes (the key names after ``column_map``):
+Shapes (key names after ``column_map``; ``docs/data.md`` has examples):
 
-- **span lists**: ``{"text": ..., "spans": [{"type": ..., "term": ..., "start": ..., "end": ...}]}``.
-  Inside a span ``label`` may stand for ``type``, and ``span``/``entity`` for
-  ``term`` (``column_map`` renames span keys too). ``end`` is exclusive, as in
-  Python slicing, unless the loader is told ``span_end="inclusive"``.
-  ``term`` is optional; when given, ``text[start:end]`` must equal it. A span
-  whose term sits at ``text[start:end + 1]`` is counted as
-  ``inclusive_span_end``: when most span rows of a file look so, the loader
-  refuses the file and names the fix (``--span-end inclusive``).
-- **spans nested by label** (CLUENER): ``{"text": ..., "label": {type: {surface: [[start, end], ...]}}}``
-  with the end offset *inclusive* (that data set's convention).
-- **token tags** (the Hugging Face ``datasets`` NER convention):
-  ``{"tokens": [...], "ner_tags": [...]}`` in BIO or BIOES (a row using ``E-``
-  or ``S-`` is read as BIOES), tags as names, or as integer ids with the tag
-  names given once (``label_map={"ner_tags": ["O", "B-PER", ...]}``, or read from
-  a ``save_to_disk`` directory's ``ClassLabel`` feature). The text is the tokens
-  joined by nothing when every token is one character (Chinese character
-  tokens), else by one space; span offsets are into that text.
+- span lists ``{"text", "spans": [{"type", "term", "start", "end"}]}``, ``end`` exclusive unless
+  ``span_end="inclusive"``; a file whose spans mostly look inclusive is refused with that fix;
+- spans nested by label (CLUENER) ``{"text", "label": {type: {surface: [[start, end]]}}}``, end inclusive;
+- token tags ``{"tokens", "ner_tags"}`` in BIO or BIOES, as names or integer ids with names given; the text is the
+  tokens joined by nothing when all are one character, else by a space.
 
-Every span becomes ``(type, start, end)`` with ``end`` exclusive, its type
-renamed by ``label_map["spans"]`` when given (a type missing from that map is
-``unmapped_label``, as for any label). A row is bad, and counted under its
-reason, when a span falls outside its text (``span_out_of_range``) or does not
-cover its surface text (``span_offsets``), when two spans of one label overlap,
-or when a tag sequence is malformed; an identical span listed twice is one span.
-Each reason is counted apart, so the log names the first row of each: an offset
-past the end of the text is never hidden behind another span problem.
+Each span becomes ``(type, start, end_exclusive)``; out-of-range, mismatched, overlapping spans and malformed tags
+are counted per reason, each apart, so no problem hides another.
 """
 
 from __future__ import annotations
@@ -86,7 +68,7 @@ def has_spans(raw: Mapping[str, Any]) -> bool:
 
 
 def tokens_text(tokens: Sequence[str]) -> tuple[str, list[int]]:
-    """The text of a token list and each token's start offset (see the module docstring for the join rule)."""
+    """The text of a token list and each token's start offset."""
     sep = "" if all(len(t) == 1 for t in tokens) else " "
     starts, pos = [], 0
     for token in tokens:
@@ -98,8 +80,7 @@ def tokens_text(tokens: Sequence[str]) -> tuple[str, list[int]]:
 def read_spans(raw: Mapping[str, Any], text: str, *, span_end: str = "exclusive",
                column_map: Mapping[str, str] | None = None, type_map: Mapping[str, str] | None = None,
                tag_names: Mapping[str, str] | None = None) -> list[tuple[str, int, int]]:
-    """The row's spans as sorted ``(type, start, end_exclusive)``; raises :class:`SpanProblem` (or ValueError
-    for an unmapped type, see :func:`rename_type`). ``text`` is the row's text (the joined tokens for tags)."""
+    """The row's spans as sorted ``(type, start, end_exclusive)``; raises :class:`SpanProblem`, or ValueError."""
     if raw.get("tokens") is not None:
         spans = _tag_spans(raw.get("tokens"), raw.get("ner_tags"), tag_names)
     elif raw.get("spans") is not None:
@@ -273,7 +254,7 @@ def _tag_spans(tokens: Any, tags: Any, tag_names: Mapping[str, str] | None) -> l
 
 def _check_overlaps(spans: Sequence[tuple[str, int, int]]) -> None:
     last_end: dict[str, tuple[int, int]] = {}
-    for label, start, end in spans:          # sorted by start
+    for label, start, end in spans:
         if label in last_end and start < last_end[label][1]:
             prev = last_end[label]
             raise SpanProblem("overlapping_spans", "spans", f"{label} spans [{prev[0]}, {prev[1]}) and "

@@ -1,24 +1,8 @@
 """A batched map over a file-backed table that reads its source with plain reads: :func:`map_batches`.
 
-Why not ``Dataset.map``: it reads a file-backed table through the table's
-memory map, and every page it touches stays in the process's resident set
-until the kernel wants it back. Tokenising a 3 GB record table (10 M rows)
-that way showed 3 GB more peak RSS than the process ever needed. Here each
-source file is read as an Arrow IPC stream with ordinary reads, one record
-batch at a time, so a pass over a table of any size holds a batch and the
-writer's buffer, whatever the size of the table.
-
-The result is a folder ``<cache>/<key>/`` of shards ``00000.arrow``,
-``00001.arrow`` … in row order, memory-mapped and concatenated. It is named
-by ``key`` (a hash of what it is computed from), so a second run, or the
-second rank of a run, maps it instead of recomputing. With ``num_proc > 1``
-worker processes take contiguous row ranges; the rows and their order do not
-depend on ``num_proc``. The folder is written under a temporary name and
-renamed when complete, so a crash never leaves half a result behind.
-
-A table that is not backed by files (built in memory from a list, or seen
-through an indices mapping) goes through ``Dataset.map``: it is in memory
-already, and there is nothing to stream.
+``Dataset.map`` reads through the memory map, whose touched pages stay resident; streaming record batches holds one
+batch at a time. The result, shards in a folder named by a content key and renamed into place when complete, is
+shared by runs and ranks and independent of ``num_proc``. In-memory tables go through ``Dataset.map``.
 """
 
 from __future__ import annotations
@@ -54,10 +38,7 @@ class Piece:
 
 
 def batch_offsets(path: str) -> list[tuple[int, int]]:
-    """``(byte offset, rows)`` of every record batch in an Arrow IPC stream file, in order.
-
-    One sequential read of the file; each body is dropped as soon as its row count is known.
-    """
+    """``(byte offset, rows)`` of every record batch in an Arrow IPC stream file, in one sequential read."""
     offsets = []
     with pa.OSFile(path) as f:
         schema = pa.ipc.read_schema(pa.ipc.read_message(f))
@@ -71,10 +52,7 @@ def batch_offsets(path: str) -> list[tuple[int, int]]:
 
 
 def _stream_files(ds: Dataset) -> list[str] | None:
-    """The files behind ``ds`` in order (its indices mapping aside), or None when it is not file-backed.
-
-    None too when a file's schema lacks one of the table's columns (a renamed column, say).
-    """
+    """The files behind ``ds`` in order (indices mapping aside), or None if not file-backed or a file lacks a column."""
     files = [c["filename"] for c in ds.cache_files]
     if not files or any(not set(ds.column_names) <= set(_file_schema(path).names) for path in files):
         return None
@@ -82,10 +60,7 @@ def _stream_files(ds: Dataset) -> list[str] | None:
 
 
 def _file_runs(ds: Dataset) -> list[tuple[str, int, int]] | None:
-    """``(file, byte offset, rows)`` of every record batch behind ``ds`` (its indices mapping aside), or None.
-
-    None unless :func:`_stream_files` finds the files and their record batches hold exactly the table's rows.
-    """
+    """``(file, byte offset, rows)`` of every record batch behind ``ds``, or None unless they hold exactly its rows."""
     files = _stream_files(ds)
     if files is None:
         return None
@@ -94,10 +69,7 @@ def _file_runs(ds: Dataset) -> list[tuple[str, int, int]] | None:
 
 
 def plan_pieces(ds: Dataset, num_proc: int) -> list[Piece] | None:
-    """The table's rows as pieces read straight from its files, or None when they cannot be streamed.
-
-    Streamable: no indices mapping, and backed by files as :func:`_file_runs` requires.
-    """
+    """The table's rows as pieces read straight from its files, or None when they cannot be streamed."""
     runs = None if ds._indices is not None else _file_runs(ds)
     if runs is None:
         return None
@@ -114,20 +86,15 @@ def plan_pieces(ds: Dataset, num_proc: int) -> list[Piece] | None:
     return pieces
 
 
-# ---------------------------------------------------------------------- columns, read without the memory map
 def read_columns(ds: Dataset, names: Sequence[str]) -> pa.Table:
     """Columns of ``ds`` as an in-memory table, read batch by batch with plain reads when it is file-backed.
 
-    Why not ``ds.data.table.column(name)``: that reads through the memory map, and the kernel maps the
-    pages *around* each touched one too (fault-around, 64 KiB), so scanning even a one-byte column of a
-    3 GB table brings a large part of it into the resident set. String columns come back dictionary-encoded
-    (a 10 M-row label column is 40 MB of indices, not 10 M strings); other columns are copied out of each
-    batch, so no batch stays alive. Rows follow ``ds``'s indices mapping when it has one.
+    Reading through the memory map faults in 64 KiB around each touched page; strings come back dictionary-encoded.
     """
     names = list(names)
     files = _stream_files(ds)
     table = _read_files(files, names) if files else None
-    if table is None or table.num_rows != ds.data.num_rows:   # in memory, or files that are not exactly the table
+    if table is None or table.num_rows != ds.data.num_rows:
         table = ds.data.table.select(names)
         table = pa.table({name: pa.chunked_array([_owned(c) for c in table.column(name).chunks],
                                                  type=_owned_type(table.schema.field(name).type))
@@ -225,9 +192,7 @@ def map_batches(ds: Dataset, fn: BatchFn, *, key: str, features: Features, num_p
                 batch_rows: int = WRITER_BATCH_ROWS, fn_kwargs: Mapping[str, Any] | None = None, desc: str = "") -> Dataset:
     """``fn(batch, indices, **fn_kwargs)`` over ``ds`` in row order: a new table with ``features``, named by ``key``.
 
-    ``fn`` gets a column dict of up to ``batch_rows`` rows and their row numbers, and returns a column dict
-    of any number of rows (a filter returns fewer, an expansion more). See the module docstring for why
-    file-backed tables are streamed, and where the result lives.
+    ``fn`` gets a column dict of up to ``batch_rows`` rows and their row numbers and returns any number of rows.
     """
     fn_kwargs = dict(fn_kwargs or {})
     pieces = plan_pieces(ds, num_proc)
@@ -243,8 +208,7 @@ def map_batches(ds: Dataset, fn: BatchFn, *, key: str, features: Features, num_p
 
 def load_shards(folder: Path) -> Dataset:
     """The shards of a :func:`map_batches` folder, memory-mapped and concatenated in order."""
-    # Only the numbered shards: datasets writes its own ``cache-*.arrow`` beside them when a table read from
-    # here is transformed (``select(...).flatten_indices()`` for max_rows), and those rows are not this table's.
+    # Only the numbered shards: datasets may write its own ``cache-*.arrow`` beside them, which are not this table's.
     shards = [Dataset.from_file(str(path)) for path in sorted(folder.glob("[0-9][0-9][0-9][0-9][0-9].arrow"))]
     return shards[0] if len(shards) == 1 else concatenate_datasets(shards)
 
@@ -266,5 +230,5 @@ def _write_shards(folder: Path, pieces: list[Piece], columns: list[str], fn: Bat
                 run_piece(*job, on_rows=bar.update)
     try:
         os.replace(tmp, folder)
-    except OSError:              # another rank finished first: its folder holds the same rows
+    except OSError:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,55 +1,10 @@
 """Task formats: what a record becomes before tokenization, following the fields the record has.
 
-Two tasks, matching the two kinds of model the cookbook fine-tunes:
-
-- ``"lm"``: continued pre-training; one string per record and the loss on
-  every token. A record with catalog fields gives
-  ``商品:{title} 价格:{price} 规格:{spec} 评论:{review}`` (the parts it has);
-  a record with only ``text`` gives that text.
-- ``"nlu"``: SeqGPT-style instructions, each a (prompt, answer) pair; the loss
-  is on the answer only, because the model should learn to answer, not to
-  reproduce the instruction text it is always given. One example per target
-  the record can support (:func:`build_nlu_examples`):
-
-  ======================= ======================================= ======================
-  example kind            needs                                   input shown
-  ======================= ======================================= ======================
-  ``category``            category + title, review or text        title, else review/text
-  ``sentiment``           sentiment + review or text              review, else text
-  ``brand``               brand + title or text                   title, else text
-  ``price``               price + title or text                   title (+ spec), else text
-  ======================= ======================================= ======================
-
-That table is the ``ecomkit`` prompt format, kept for the chapters that show it.
-In the ``seqgpt`` (default) and ``ecomgpt`` formats a record instead gives
-:class:`~ecomkit.data.formats.TaskExample` s (:func:`record_task_examples`),
-laid out by :mod:`ecomkit.data.formats`:
-
-  ======================= ======================================= ======================
-  example kind            needs                                   input shown
-  ======================= ======================================= ======================
-  ``category`` (classify) category + title, review or text        title, else review/text
-  ``sentiment`` (classify) sentiment + review or text             review, else text
-  ``extract``             spans (any of the three shapes)         text
-  ``brand`` (extract)     brand found in title or text, no spans  title, else text
-  ======================= ======================================= ======================
-
-The price is not a span of the text, so it gives no example in these formats.
-In every format a record with spans gives an ``extract`` example, whose label
-set is ``labels["extract"]`` (from the data, or ``--labels``); spans of other
-labels are left out of it (the build report counts them).
-
-Instruction rows (``prompt``/``response`` after validation; ``instruction``/
-``input``/``output`` in the file) are one ``instruction`` example with the
-loss on the response, in either task. Missing parts give fewer examples, never
-an error; the build report counts the examples of each kind.
-
-Classification is evaluated by *scoring candidates* rather than by free
-generation: for each candidate label the model's mean log-probability per answer
-token (the EOS after it included; ``ecomkit.train.evaluate`` states why the mean)
-is computed and the best candidate is the prediction. The candidates come from
-the data (:func:`labels_from_values`), so a user's categories or mapped 0/1
-sentiment labels are what the prompt lists and what is scored.
+``lm``: one string per record, loss on every token. ``nlu``: one (prompt, answer) example per target the record
+supports (category, sentiment, extraction, brand; ``price`` in the ``ecomkit`` format only), loss on the answer
+only; instruction rows are one example in either task. Missing fields give fewer examples, never an error.
+Classification is evaluated by scoring the data's candidate labels, the prediction being the best mean
+log-probability per answer token.
 """
 
 from __future__ import annotations
@@ -147,7 +102,7 @@ def _price_prompt(record: Mapping[str, Any]) -> str:
 
 def build_nlu_examples(record: Mapping[str, Any], category_labels: Sequence[str] = CATEGORY_LABELS,
                        sentiment_labels: Sequence[str] = SENTIMENT_LABELS) -> list[NluExample]:
-    """All NLU examples a record supports, in the order of :data:`KINDS` (see the table in the module docstring)."""
+    """All NLU examples a record supports, in the order of :data:`KINDS`."""
     r, out = record, []
     if r.get("prompt") and r.get("response"):
         return [NluExample("instruction", r["prompt"], r["response"])]
@@ -164,10 +119,7 @@ def build_nlu_examples(record: Mapping[str, Any], category_labels: Sequence[str]
 
 def task_examples(record: Mapping[str, Any], task: str, labels: Mapping[str, Sequence[str]],
                   prompt_format: str = "ecomkit") -> list[NluExample]:
-    """What ``task`` trains on from one record: kind ``lm`` (prompt empty, loss on all) or prompt/answer pairs.
-
-    Instruction rows are used as they are in every ``prompt_format``.
-    """
+    """What ``task`` trains on from one record: kind ``lm`` (prompt empty, loss on all) or prompt/answer pairs."""
     if record.get("prompt") and record.get("response"):
         return [NluExample("instruction", record["prompt"], record["response"])]
     if task == "lm":
@@ -184,11 +136,7 @@ def task_examples(record: Mapping[str, Any], task: str, labels: Mapping[str, Seq
 
 def record_task_examples(record: Mapping[str, Any], labels: Mapping[str, Sequence[str]],
                          source: str = "") -> list[tuple[str, TaskExample]]:
-    """``(kind, TaskExample)`` for each classification or extraction target of a record (module docstring).
-
-    ``labels``: the label set per target (``BuildReport.labels``: ``category``,
-    ``sentiment``, ``extract``); ``source`` prefixes each example's id.
-    """
+    """``(kind, TaskExample)`` for each classification or extraction target of a record; ``source`` prefixes each id."""
     if record.get("prompt") and record.get("response"):
         return []
     asked = [(task, tuple(labels.get(task) or BUILTIN_LABELS[task])) for task in CLASSIFICATION_TASKS]
@@ -200,7 +148,7 @@ def record_task_examples(record: Mapping[str, Any], labels: Mapping[str, Sequenc
             if (q := target_question(record, target, names, source)) is not None and q.scored]
 
 
-# The fields each target reads its input from, first present first (the tables of the module docstring).
+# The fields each target reads its input from, first present first.
 TARGET_INPUTS: dict[str, tuple[str, ...]] = {"category": ("title", "review", "text"), "sentiment": ("review", "text"),
                                              "extract": ("text", "title"), "brand": ("title", "text")}
 
@@ -209,10 +157,10 @@ TARGET_INPUTS: dict[str, tuple[str, ...]] = {"category": ("title", "review", "te
 class Question:
     """What one target asks of one record, laid out as training lays it out; its gold answer when the record has it.
 
-    Why: training, evaluation and ``ecomkit.predict`` must read the same input of a row for the same target.
+    Training, evaluation and ``ecomkit.predict`` must read the same input of a row for the same target.
     """
 
-    target: str            # category | sentiment | extract | brand
+    target: str
     example: TaskExample   # its gold_label / gold_spans hold the record's answer when ``scored``
     scored: bool           # the record carries this target's answer, within ``example.labels``
     note: str = ""         # why an answer the record carries is not scored (a label the set does not hold)
@@ -230,7 +178,7 @@ def target_question(record: Mapping[str, Any], target: str, labels: Sequence[str
         note = f"its {target} {gold!r} is not among the labels {list(labels)}" if gold and not scored else ""
         return Question(target, TaskExample(KIND_CLASSIFY, text, labels, gold if scored else None, source=where),
                         scored, note)
-    if target == "extract":   # the spans point into ``text`` (a user's row) or ``title`` (the synthetic catalog)
+    if target == "extract":
         if record.get("spans") is None:
             return Question(target, TaskExample(KIND_EXTRACT, text, labels, source=where), False)
         spans = tuple((t, term) for t, _, _, term in spans_from_json(record["spans"]) if t in labels)
@@ -246,11 +194,7 @@ def build_classification_example(record: Mapping[str, Any], task: str, labels: S
                                  prompt_format: str = "ecomkit") -> ClassificationExample:
     """Prompt, candidates and correct index for ``task`` in ``("category", "sentiment")``.
 
-    Pure function: same record, same output. ``labels`` defaults to
-    :data:`CATEGORY_LABELS` / :data:`SENTIMENT_LABELS`; for your own data pass
-    the labels of the whole data set (``BuildReport.labels[task]``), so training
-    prompts and evaluation candidates list the same labels. ``prompt_format``:
-    the format the model was trained with (:mod:`ecomkit.data.formats`).
+    Pass the whole data set's labels (``BuildReport.labels[task]``) so training prompts and candidates agree.
     """
     if task == "category":
         labels = tuple(labels or CATEGORY_LABELS)
@@ -291,11 +235,7 @@ def category_labels_for(records: Iterable[Mapping[str, Any]]) -> tuple[str, ...]
 
 
 def training_texts_for_tokenizer(records: Iterable[Mapping[str, Any]]) -> Iterable[str]:
-    """Texts a catalog tokenizer should be trained on: LM strings and NLU prompts/answers.
-
-    Including the prompts makes the fixed instruction words cheap (few ids),
-    which keeps NLU sequences short.
-    """
+    """Texts a catalog tokenizer should be trained on: LM strings and NLU prompts/answers (so prompts take few ids)."""
     for record in records:
         yield format_lm_text(record)
         for example in build_nlu_examples(record):

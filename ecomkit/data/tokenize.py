@@ -1,28 +1,8 @@
 """Records to token ids: ``input_ids``, ``labels`` (-100 = no loss) and ``length``, plus the padding collator.
 
-Why ``labels`` are stored rather than derived in the training loop: the loss
-mask differs per example kind (every token for ``lm``, only the answer for
-NLU and instruction examples), and storing it keeps the training loop
-task-agnostic: it always computes the shifted cross-entropy over positions
-whose label is not -100.
-
-Tokenisation is one batched map over the record table (records → examples →
-ids, ``num_proc`` workers; :func:`~ecomkit.data.stream.map_batches`). A table
-on disk is read batch by batch with plain reads, not through its memory map,
-so tokenising 10 M rows does not fill the resident set with the source's
-pages. The result is written to the data cache, memory-mapped, and named by a
-hash of the records, the tokenizer, the task, the labels and ``max_length``,
-so a second run maps it instead of tokenising again. A ``kind`` column (the index into
-:data:`~ecomkit.data.tasks.KINDS`) lets the build report count examples per kind,
-and a ``record`` column (the source record's row) lets it split examples by record.
-
-When every record has a sentiment among positive/neutral/negative, a
-``polarity`` column (+1, 0, -1, from the source record) is kept as well, and
-:func:`pad_collate` passes it on as a tensor: the training loop's
-sentiment-adaptive clipping policy reads it per batch.
-
-No BOS is prepended (BLOOM's own tokenizer does not add one either); an EOS is
-appended so the model learns where a record, or an answer, ends.
+Labels are stored because the loss mask differs per example kind, which keeps the training loop task-agnostic.
+One streamed batched map, cached by content hash; ``kind`` and ``record`` columns let the build count and split
+examples, ``polarity`` feeds the sentiment clipping policy. No BOS (as BLOOM's tokenizer); an EOS ends each row.
 """
 
 from __future__ import annotations
@@ -63,10 +43,7 @@ class PromptIds(NamedTuple):
 def encode_prompt_texts(tokenizer, prompts: Sequence[str]) -> list[PromptIds]:
     """Token ids of whole prompts (as the model reads them), each with its input's token span.
 
-    The span is the run of tokens whose characters overlap the prompt's
-    :func:`~ecomkit.data.formats.input_span`, read from the fast tokenizer's
-    offsets, so a prompt that fits is tokenised exactly as before, as one
-    string. A tokenizer without offsets tokenises head, input and tail apart.
+    The span comes from the fast tokenizer's offsets, so a prompt is tokenised as one string; else in three parts.
     """
     if not prompts:
         return []
@@ -88,7 +65,7 @@ def _span_from_offsets(ids: list[int], offsets: Sequence[tuple[int, int]], span:
     inside = [i for i, (s, e) in enumerate(offsets) if e > a and s < b]
     if inside:
         return PromptIds(list(ids), inside[0], inside[-1] + 1)
-    at = sum(1 for s, e in offsets if e <= a)   # an empty input: where it would start
+    at = sum(1 for s, e in offsets if e <= a)
     return PromptIds(list(ids), at, at)
 
 
@@ -107,10 +84,7 @@ class RowCut(NamedTuple):
 def cut_prompt(prompt: PromptIds, budget: int) -> tuple[list[int], RowCut]:
     """``prompt`` cut to ``budget`` ids: the end of its input first, then the prompt just before the input.
 
-    Why this order: the instruction (before the input) and the label list and
-    answer cue (after it in ``seqgpt``, at the end in every format) tell the
-    model what to do; the end of a long review tells it least. Only when the
-    input is gone does the cut reach the instruction's end, then the tail's start.
+    Instruction, label list and answer cue tell the model what to do; the end of a long review tells it least.
     """
     ids, a, b = prompt
     excess = len(ids) - budget
@@ -119,7 +93,7 @@ def cut_prompt(prompt: PromptIds, budget: int) -> tuple[list[int], RowCut]:
     from_input = min(excess, b - a)
     ids = ids[:b - from_input] + ids[b:]
     excess -= from_input
-    at = b - from_input                                    # where the input ended up: the cut's centre
+    at = b - from_input
     before = min(excess, at)
     after = excess - before
     ids = ids[:at - before] + ids[at + after:]
@@ -130,10 +104,7 @@ def fit_prompt_answer(prompt: PromptIds, answer: list[int], eos_id: int,
                       max_length: int) -> tuple[list[int], list[int], RowCut]:
     """prompt + answer + EOS within ``max_length`` ids; labels are -100 on the prompt; what was cut.
 
-    The answer is what the row teaches, so it is kept whole while one prompt
-    token still fits: the prompt gives way (:func:`cut_prompt`: the end of its
-    input, then around it, the answer cue last). Only an answer longer than the
-    row itself loses its end (its EOS first).
+    The answer is what the row teaches: the prompt gives way first; only an answer longer than the row is cut.
     """
     answer = list(answer) + [eos_id]
     answer_cut = max(0, len(answer) - (max_length - 1))
@@ -146,10 +117,7 @@ def fit_prompt_answer(prompt: PromptIds, answer: list[int], eos_id: int,
 def lm_windows(ids: list[int], max_length: int) -> list[list[int]]:
     """A document in consecutive windows of ``max_length`` ids, one id of overlap, never truncated.
 
-    Why the overlap: a window's first id is only context (nothing before it
-    predicts it), so window k+1 starts on window k's last id and every id
-    after the document's first is predicted exactly once, as in one long row.
-    HF's ``run_clm`` groups texts into blocks the same way, minus the overlap.
+    A window's first id is only context, so the overlap makes every id after the first predicted exactly once.
     """
     if len(ids) <= max_length:
         return [list(ids)]
@@ -158,11 +126,7 @@ def lm_windows(ids: list[int], max_length: int) -> list[list[int]]:
 
 
 def encode_prompt_answer(tokenizer, prompt: str, answer: str, max_length: int) -> tuple[list[int], list[int]]:
-    """Token ids and labels for one (prompt, answer) pair, exactly as in training (cut the same way).
-
-    Use it to score classification candidates: the candidate's log-probability
-    is the sum over positions whose label is not -100 (answer tokens and EOS).
-    """
+    """Token ids and labels for one (prompt, answer) pair, cut exactly as in training (for scoring candidates)."""
     (encoded,) = encode_prompt_texts(tokenizer, [prompt])
     answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
     ids, labels, _ = fit_prompt_answer(encoded, answer_ids, _eos_id(tokenizer), max_length)
@@ -172,11 +136,7 @@ def encode_prompt_answer(tokenizer, prompt: str, answer: str, max_length: int) -
 def _tokenize_batch(batch: dict[str, list], indices: list[int], tokenizer, task: str,
                     labels: Mapping[str, Sequence[str]], with_polarity: bool,
                     prompt_format: str = "ecomkit") -> dict[str, list]:
-    """Records → examples → whole (uncut) ids for one batch; a record gives 0..4 rows (``tasks.task_examples``).
-
-    Rows are not cut here: :func:`fit_rows` cuts or windows them once the
-    sequence length is known (``--seq-len auto`` is chosen from these lengths).
-    """
+    """Records → examples → whole (uncut) ids for one batch; :func:`fit_rows` cuts once the length is known."""
     kinds, records, prompts, answers, polarity = [], [], [], [], []
     for i, index in enumerate(indices):
         record = {name: batch[name][i] for name in batch}
@@ -230,10 +190,7 @@ def tokenize_whole(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, ta
                    labels: Mapping[str, Sequence[str]] | None = None, prompt_format: str = "ecomkit") -> Dataset:
     """Every record's examples as whole token rows: nothing cut yet, so lengths can be measured first.
 
-    Columns: ``input_ids``, ``labels``, ``length``, ``prompt_length``, ``input_start``/``input_end`` (the
-    input's token span in the prompt), ``kind``, ``record`` and ``polarity`` (see :func:`tokenize_records`).
-    Cached by the records, the tokenizer, the task, the labels and the format, not by any length, so
-    choosing another ``--seq-len`` never tokenises again.
+    Cached by records, tokenizer, task, labels and format, not by length, so another ``--seq-len`` never re-tokenises.
     """
     if num_proc < 1:
         raise ConfigError(f"--num-proc must be >= 1, got {num_proc}.")
@@ -264,23 +221,11 @@ def tokenize_records(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, 
                      labels: Mapping[str, Sequence[str]] | None = None, keep_kind: bool = False,
                      prompt_format: str = "ecomkit") -> Dataset:
     """Tokenize records (a list of dicts, or a record table) into ``input_ids``, ``labels``, ``length``, fit to
-    ``max_length`` (:func:`ecomkit.data.lengths.fit_rows`: prompts cut at the end of their input, LM
-    documents split into windows).
+    ``max_length``.
 
-    A ``polarity`` column is added when every record has a sentiment (see the
-    module docstring); ``keep_kind`` keeps the ``kind`` column and ``record``
-    (the index of each example's source record in ``records``). ``nlu``
-    produces several rows per record (see ``tasks.build_nlu_examples``).
-    ``labels``: candidate labels per classification target (default: the
-    built-in ones; ``category_labels`` sets the category candidates alone) and
-    the extraction label set (``labels["extract"]``). ``prompt_format``: how NLU
-    examples are laid out (:mod:`ecomkit.data.formats`; ``build_datasets`` defaults
-    to ``seqgpt``, this function to the ``ecomkit`` prompts its callers were written for).
-    ``num_proc > 1`` tokenizes in worker processes (``map_batches``); the
-    tokenizer's own Rust thread pool is then switched off
-    (``TOKENIZERS_PARALLELISM=false``) to avoid oversubscribing the cores.
-    ``build_datasets`` measures the whole rows first and reports every cut; this
-    is the one-call form for callers that already know their length.
+    The one-call form for callers that know their length (``build_datasets`` measures first and reports cuts).
+    ``keep_kind`` keeps ``kind`` and ``record``; ``labels``: candidates per target and ``extract``; ``prompt_format``
+    defaults to ``ecomkit`` here; ``num_proc > 1`` turns off the tokenizer's own threads to avoid oversubscription.
     """
     check_max_length(max_length)
     labels = dict(labels or {})
@@ -304,13 +249,8 @@ CUT_COLUMNS = ("cut_input", "cut_answer", "cut_other", "input_tokens", "window")
 def fit_rows(whole: Dataset, max_length: int, num_proc: int = 1) -> Dataset:
     """:func:`tokenize_whole`'s rows fit to ``max_length``, with per-row cut counts in :data:`CUT_COLUMNS`.
 
-    A row that fits is unchanged. A prompt row too long loses the end of its
-    input first (:func:`fit_prompt_answer`); an LM document too long becomes
-    consecutive windows (:func:`lm_windows`), never truncated. ``input_tokens``
-    is the row's input length before the cut, ``window`` the window's index in
-    its document (0 for every other row). A table whose rows all fit is
-    returned as it is, with zero cut columns computed on reading
-    (:func:`ecomkit.data.lengths.cut_counts`).
+    Prompt rows lose the end of their input first; LM documents become windows, never truncated. A table whose rows
+    all fit is returned as it is.
     """
     check_max_length(max_length)
     if len(whole) == 0 or int(column_numpy(whole, "length").max()) <= max_length:
@@ -340,7 +280,7 @@ def _fit_batch(batch: dict[str, list], indices: list[int], max_length: int) -> d
         n_prompt = batch["prompt_length"][i]
         if len(ids) <= max_length:
             emit(i, ids, batch["labels"][i], RowCut(), 0, n_prompt)
-        elif n_prompt == 0:                         # an LM document: windows, nothing dropped
+        elif n_prompt == 0:
             for k, window in enumerate(lm_windows(ids, max_length)):
                 emit(i, window, list(window), RowCut(), k, 0)
         else:
@@ -351,12 +291,7 @@ def _fit_batch(batch: dict[str, list], indices: list[int], max_length: int) -> d
 
 
 def pad_collate(features: Sequence[dict], pad_id: int, pad_to_multiple_of: int | None = None) -> dict:
-    """Right-pad a list of examples to the longest one: ``input_ids``, ``attention_mask``, ``labels`` tensors.
-
-    ``labels`` are padded with -100 so pad positions never enter the loss.
-    A ``polarity`` value per example, if present, is returned as a 1-D tensor.
-    Use as ``collate_fn=functools.partial(pad_collate, pad_id=tokenizer.pad_token_id)``.
-    """
+    """Right-pad examples to the longest: ``input_ids``, ``attention_mask``, ``labels`` (padded with -100) tensors."""
     if not features:
         raise ValueError("pad_collate got an empty batch")
     longest = max(len(f["input_ids"]) for f in features)
@@ -379,9 +314,7 @@ def pad_collate(features: Sequence[dict], pad_id: int, pad_to_multiple_of: int |
 class BatchCounts(NamedTuple):
     """What one micro-batch holds, counted from its rows on the host (no tensor read, so no device sync).
 
-    ``label_tokens``: positions the loss reads (a label after the causal shift); ``tokens``: real tokens;
-    ``rows``: examples (a packed sequence's documents); ``positions``: the batch's ``B × T``; ``squared``:
-    Σ L² over rows, the attention term of the model FLOPs (``ecomkit.metrics.attention_length``).
+    ``label_tokens``: positions the loss reads; ``squared``: Σ L² over rows, the attention term of the model FLOPs.
     """
 
     label_tokens: int

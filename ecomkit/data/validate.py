@@ -1,22 +1,8 @@
 """Row validation: every malformed row is either fatal (strict) or counted by reason (lenient).
 
-Why both modes: a user preparing a data set wants the first bad row pointed
-out precisely (``strict=True``: a DataError naming file, line, field and the
-fix); a user training on a large scraped file wants bad rows skipped but
-*counted*, so that "kept 98,812 of 100,000 rows" is visible in the log instead
-of a silent shrink. Lenient mode has a limit: when more than
-``max_bad_fraction`` of the rows are malformed (:func:`check_bad_fraction`),
-the file is not what its column map says and the run stops with the report.
-
-**The data model.** Text fields are ``title``, ``review``, ``spec`` and a free
-``text``; targets are ``category``, ``sentiment``, ``brand`` and ``price``;
-instruction rows carry ``instruction``/``input``/``output`` (Alpaca, SeqGPT) or
-``prompt``/``response``. Every field is optional: a row needs one text field
-(or an instruction pair), and the task builds from each row the examples its
-fields allow (:mod:`ecomkit.data.tasks`). A field that is present but malformed
-(a price that is not a number, a label not in ``label_map``) makes the row bad;
-a field that is absent or empty is simply absent. Each row is counted once,
-under the first problem found (fields are checked in :data:`CHECK_ORDER`).
+Strict points at the first bad row (file, line, field, fix); lenient skips and counts, and stops past
+``max_bad_fraction``. Every field is optional, a row needs one text field or an instruction pair; a present but
+malformed field makes the row bad, counted once under the first problem (:data:`CHECK_ORDER`).
 """
 
 from __future__ import annotations
@@ -51,8 +37,7 @@ ALL_FIELDS: tuple[str, ...] = ("sku", "category", "brand", "title", "price", "sp
 MAP_KEYS: tuple[str, ...] = (*LABEL_FIELDS, "spans", "ner_tags")   # spans: rename types; ner_tags: id -> tag name
 CHECK_ORDER: tuple[str, ...] = ("title", "price", "spec", "review", "text", "category", "sentiment", "brand", "sku",
                                 *INSTRUCTION_FIELDS)
-# The columns of a validated record table; instruction rows are normalised to prompt/response.
-# ``spans``: extraction spans as JSON ``[[type, start, end, term], ...]`` (end exclusive; :mod:`ecomkit.data.spans`).
+# The columns of a validated record table; ``spans``: JSON ``[[type, start, end, term], ...]``, end exclusive.
 RECORD_FIELDS: tuple[str, ...] = ("sku", "category", "brand", "title", "price", "spec", "review", "sentiment", "text",
                                   "prompt", "response", "spans")
 RECORD_FEATURES = Features({name: Value("float64" if name == "price" else "string") for name in RECORD_FIELDS})
@@ -95,8 +80,8 @@ SENTIMENT_ALIASES: dict[str, str] = {
     "positive": "positive", "neutral": "neutral", "negative": "negative", "pos": "positive", "neu": "neutral",
     "neg": "negative", "正面": "positive", "中性": "neutral", "负面": "negative",
 }
-LABEL_CUTOFF = 0.5   # difflib's similarity for "did you mean" between labels: one character off a two-character 品牌
-_SENTIMENT_NAMES = tuple(dict.fromkeys(SENTIMENT_ALIASES.values()))   # positive, neutral, negative
+LABEL_CUTOFF = 0.5  # difflib's similarity for "did you mean": one character off a two-character label
+_SENTIMENT_NAMES = tuple(dict.fromkeys(SENTIMENT_ALIASES.values()))
 _CURRENCY = "¥￥$€£元 "
 
 
@@ -111,7 +96,7 @@ class RowProblem(Exception):
 @dataclass(frozen=True)
 class ValidationIssue:
     reason: str
-    location: str  # "line 12", "row 7", "item 3"
+    location: str
     field: str | None
     detail: str
 
@@ -191,8 +176,7 @@ def strict_error(source: str, issue: ValidationIssue, column_of: Mapping[str, st
 def check_label_map(label_map: Mapping[str, Mapping[str, str]] | None) -> dict[str, dict[str, str]]:
     """``{target: {raw value: label}}`` with string keys and values, for the keys in MAP_KEYS.
 
-    ``spans`` renames extraction types (``{"PER": "人物"}``); ``ner_tags`` names
-    integer tag ids, as a list (``["O", "B-PER", "I-PER"]``, id = position) or an object.
+    ``spans`` renames extraction types; ``ner_tags`` names integer tag ids, as a list (id = position) or an object.
     """
     out: dict[str, dict[str, str]] = {}
     for target, mapping in (label_map or {}).items():
@@ -222,9 +206,9 @@ def _check_sentiment_names(mapping: Mapping[str, str]) -> None:
 
 
 def check_labels_spelling(asked: Sequence[str], found: Sequence[str]) -> None:
-    """``--labels`` names that no span carries but that are one typo off a label the data's spans do carry: an error.
+    """``--labels`` names that no span carries but one typo off a label that spans carry: an error.
 
-    A label far from every one the data has stays a warning (the build report's ``labels_not_in_data``).
+    A label far from every one the data has stays a warning (``labels_not_in_data``).
     """
     unused = [name for name in found if name not in asked]
     hints = {name: hint for name in asked if name not in found and (hint := did_you_mean(name, unused, LABEL_CUTOFF))}
@@ -264,7 +248,7 @@ def parse_price(value: Any) -> float | None:
 
 def _check_text(name: str, value: Any, max_chars: int) -> str:
     if name in LABEL_FIELDS and isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = label_key(value)  # integer labels (0/1) are common in review data sets
+        value = label_key(value)
     if isinstance(value, (dict, list)):
         inside = f"keys {list(value)[:6]}" if isinstance(value, dict) else f"{len(value)} items"
         raise RowProblem("wrong_type", name, f"{name} has type {type(value).__name__} ({inside}), expected text; "
@@ -301,12 +285,8 @@ def validate_row(raw: Mapping[str, Any], max_chars: int = 4096,
                  column_map: Mapping[str, str] | None = None) -> dict:
     """Return the normalised record (all of :data:`RECORD_FIELDS`, None where absent) or raise :class:`RowProblem`.
 
-    Columns that are not ecomkit fields are dropped; ``price`` becomes a float;
-    labels are mapped with ``label_map`` (already checked by :func:`check_label_map`);
-    instruction/input/output become ``prompt``/``response``. A row in an
-    extraction shape (:mod:`ecomkit.data.spans`) keeps its ``text`` unstripped (the
-    offsets point into it) and gets ``spans``; ``span_end`` and ``column_map``
-    (renaming keys inside a span) apply to span lists.
+    Unknown columns are dropped, labels mapped, instruction rows become ``prompt``/``response``; extraction rows keep
+    ``text`` unstripped, as offsets point into it.
     """
     values: dict[str, Any] = {}
     empty_text = None

@@ -1,5 +1,4 @@
-"""Writers for record files: JSON Lines, CSV and Hugging Face ``save_to_disk`` directories, each loadable by
-:func:`ecomkit.data.loaders.load_records` (tests, examples and "bring your own data" demos write with these)."""
+"""Writers for record files: JSON Lines, CSV and ``save_to_disk`` folders, each loadable by ``load_records``."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from datasets import Dataset
 
 from ecomkit.data.validate import ALL_FIELDS
 
-ROW_FORMATS = (".jsonl", ".json", ".csv")   # what write_rows writes, by the path's extension
+ROW_FORMATS = (".jsonl", ".json", ".csv")
 
 
 def write_jsonl(records: Iterable[Mapping[str, Any]], path: str | os.PathLike) -> Path:
@@ -39,7 +38,7 @@ def write_csv(records: Iterable[Mapping[str, Any]], path: str | os.PathLike,
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         for record in records:
-            # str(float) is the shortest string that parses back to the same float, so prices round-trip exactly.
+            # str(float) is the shortest string that parses back to the same float.
             writer.writerow({k: "" if record.get(k) is None else record.get(k) for k in fields})
     return path
 
@@ -55,8 +54,7 @@ def write_hf_dataset(records: Iterable[Mapping[str, Any]], directory: str | os.P
 def write_rows(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
     """Rows as JSON Lines (``.jsonl``, ``.json``) or CSV (``.csv``), by the extension of ``path``.
 
-    In a CSV an object-valued field becomes one column per key (``input.review``), and lists and deeper objects
-    JSON text; the columns are every key met, in the order first met.
+    In a CSV an object field becomes one column per key (``input.review``); lists and deeper objects are JSON text.
     """
     path = Path(path)
     if path.suffix.lower() != ".csv":

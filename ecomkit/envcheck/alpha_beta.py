@@ -1,7 +1,6 @@
 """The α-β model of a ring collective, fitted by least squares to a message-size sweep.
 
-Why: a message of ``b`` bytes costs a start-up latency α plus ``b/β`` at bandwidth β; one line through a sweep
-prices every other size, which is what the chapters' overlap, bucket and time-model arguments need.
+Why: latency α plus ``b/β`` per message prices every size from one sweep, which the overlap and time-model need.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ def ring_time_s(size_bytes: float, n: int, alpha_s: float, bus_bytes_per_s: floa
 def fit_alpha_beta(samples: Sequence[tuple[int, float]], n: int, kind: str = "all_reduce") -> tuple[float, float]:
     """α (s per ring step) and bus bandwidth β (bytes/s) of :func:`ring_time_s` through ``(bytes, seconds)``.
 
-    Least squares on the *relative* error (weights 1/t²), so the small messages that fix α count as much as the
-    large ones that fix β.
+    Weights 1/t² (relative error), so the small messages that fix α count as much as the large ones that fix β.
     """
     if n < 2 or len(samples) < 2:
         raise ValueError("an α-β fit needs at least 2 processes and 2 message sizes")

@@ -1,30 +1,9 @@
 """This machine's own matmul peak, measured: chapter 01's roofline, the benchmarks' CPU peak, ``--precision auto``.
 
-Why measure: a CPU has no data-sheet figure that torch reaches, and whether
-it multiplies faster in bf16 depends on the core (AVX-512 BF16 / AMX run a
-bf16 GEMM several times faster than fp32; cores without them convert and run
-it slower). So square GEMMs are timed at the process's thread count, once per
-(precision, threads) in a process, and the fastest rate is what a CPU run's
-"share of the measured matmul peak" divides by.
-
-**Why the fastest of several sizes, each at its best repetition.** A peak is
-the most the machine did, not a typical rate. One 1024² GEMM's median is
-neither: on a 2-core AVX2 EPYC a 512² GEMM ran at 101 GFLOP/s against 1024²'s
-89 (it stays in cache), and a model of hidden 512 multiplies such shapes, so
-a run's share of "the peak" came out at 97-101 %. Each size is timed
-:data:`GEMM_REPS` times and its fastest repetition kept (other work on the
-machine only ever slows a repetition down), over :data:`PEAK_SIZES`. A training run times no GEMM for a
-figure: only ``--precision auto`` on a CPU with bf16 units asks, to decide. On a GPU the peak comes from
-the hardware table (``ecomkit.hardware``, "MFU"); :func:`matmul_flops` also
-runs there, for chapter 01 to show the two side by side.
-
-``--precision auto``: bf16 on a CUDA device that supports it; on CPU, bf16
-when its measured GEMM rate is at least :data:`AUTO_BF16_MIN_SPEEDUP` × the
-fp32 rate; otherwise fp32. A CPU whose flags show no bf16 matmul units
-(:func:`cpu_bf16_units`) gets fp32 without the timing: there a bf16 GEMM is
-converted element by element and runs tens of times slower than fp32, so
-timing a 1024² one would cost the run's start many seconds to learn what the
-flags already say. The reason is returned with the choice, for the log.
+Why: a CPU has no data-sheet peak that torch reaches, and bf16 is faster only on cores with bf16 units. The peak is
+the fastest of :data:`PEAK_SIZES`, each at its best of :data:`GEMM_REPS` repetitions (load only slows a repetition).
+``--precision auto`` picks bf16 on a CUDA device that supports it, and on CPU when bf16 is at least
+:data:`AUTO_BF16_MIN_SPEEDUP` × fp32; a CPU without bf16 units gets fp32 untimed (its bf16 GEMM is emulated).
 """
 
 from __future__ import annotations
@@ -39,8 +18,8 @@ import torch
 from ecomkit.hardware import device_peak_flops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-GEMM_SIZE = 1024            # n × n × n: large enough to reach the kernel's rate, ~20 ms in fp32 at one thread
-GEMM_REPS = 5               # timed repetitions after one warm-up; the median is kept (the peak keeps the fastest)
+GEMM_SIZE = 1024            # n × n × n, ~20 ms in fp32 at one thread
+GEMM_REPS = 5               # timed repetitions after one warm-up
 PEAK_SIZES = (256, 512, GEMM_SIZE)  # the peak is the fastest of these: smaller ones can stay in cache and run faster
 AUTO_BF16_MIN_SPEEDUP = 1.5  # "clearly faster": autocast adds casts, so a marginal GEMM gain would not pay
 X86_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of x86 units that multiply in bf16
@@ -50,8 +29,7 @@ NO_BF16_UNITS = "no bf16 matmul units (x86: no avx512_bf16 or amx_bf16 flag; Arm
 
 def matmul_flops(precision: str, device: torch.device | str = "cpu", n: int = GEMM_SIZE,
                  reps: int = GEMM_REPS, best: bool = False) -> float:
-    """Median (``best``: fastest) FLOP/s of an ``n × n`` by ``n × n`` matmul in ``precision`` on ``device``
-    (2·n³ FLOPs each)."""
+    """Median (``best``: fastest) FLOP/s of an ``n × n`` matmul in ``precision`` on ``device`` (2·n³ FLOPs each)."""
     device = torch.device(device)
     a = torch.randn(n, n, device=device).to(DTYPES[precision])
     b = torch.randn(n, n, device=device).to(DTYPES[precision])

@@ -1,8 +1,6 @@
 """The whole chapter-01 check for one job: report, lint, all-reduce check, bandwidth sweep.
 
-Every rank runs :func:`run_env_check` (the collectives need all of them);
-rank 0 gathers the per-rank facts, prints each section as soon as it is done
-(so a notebook cell shows progress) and returns the JSON-ready result.
+Every rank runs :func:`run_env_check` (the collectives need all); rank 0 prints each section as soon as it is done.
 """
 
 from __future__ import annotations

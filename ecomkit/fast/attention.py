@@ -1,70 +1,10 @@
 """Fused attention for transformers' BLOOM: ``--attn eager | sdpa | flex``.
 
-Why: transformers' ``BloomAttention`` only has an eager path. Every layer
-materialises the ``[batch, heads, T, T]`` score tensor, keeps its softmax for
-backward and builds the same-sized gradients, so at long sequences attention
-dominates memory and time. ``scaled_dot_product_attention`` (SDPA) never keeps
-the probabilities: it saves the inputs and a log-sum-exp per row and
-recomputes in backward.
-
-How it is installed (the one place that changes the model): the class of every
-``BloomAttention`` module is swapped in place for a subclass that overrides
-only ``forward`` (``module.__class__ = BloomSdpaAttention``). Parameters,
-``state_dict`` keys, ``isinstance`` checks, hooks and ``save_pretrained``
-output are untouched, so DDP, DeepSpeed ZeRO, FSDP2, tensor parallelism and
-``gradient_checkpointing_enable()`` wrap the model as before; ``install_attention(model, "eager")`` swaps
-back to BLOOM's forward (:class:`BloomEagerAttention`, one-pass QKV split; under bf16 autocast on CPU
-its mask and softmax in bf16, ``fast/attention_lowp.py``). Nothing of BLOOM is copied: the
-subclass reuses ``query_key_value``, ``dense``, ``attention_dropout`` and transformers' ``dropout_add``.
-
-What BLOOM's eager forward computes, and how each piece maps here:
-
-- scores = ``alibi.baddbmm(q, kᵀ, beta=self.beta, alpha=self.inv_norm_factor)``
-  + the 4-D additive causal/padding mask (0 or the dtype's minimum). ALiBi
-  depends only on (batch, head, key), so it is folded into one extra channel
-  of q and k (:func:`alibi_in_qk`): ``[q·scale, 1]·[k, beta·alibi]``. SDPA then
-  needs only the model's own ``[batch, 1, q, kv]`` mask, shared by all heads
-  and layers, or ``is_causal=True`` when the batch has no padding
-  (:func:`sdpa_mask_plan`). A ``[batch, heads, q, kv]`` bias would have been
-  the same size as the tensor this module exists to avoid.
-  This transformers version has no layer-number scaling (``beta`` is 1 and
-  ``inv_norm_factor`` is 1/√head_dim); both are read from the module, so a
-  version or checkpoint that changes them is still followed.
-- the fused QKV layout ``[heads, 3, head_dim]`` → :meth:`BloomEagerAttention._reshape` (one ``unbind``).
-- heads: always ``self.num_heads`` and the ``alibi`` argument, never the config.
-  The tensor-parallel pre-hook (chapter 04) sets ``num_heads = n_head / tp`` and
-  slices ``alibi`` to the rank's heads; this forward follows it unchanged.
-- attention dropout → ``dropout_p`` of SDPA (same probability, different random
-  stream, so with dropout > 0 runs agree in distribution, not bit for bit; on
-  CPU torch's fused kernel has no dropout and SDPA falls back to its math
-  kernel). The presets set dropout to 0.
-- ``pretraining_tp > 1 and slow_but_exact`` → the same sliced ``dense``.
-- return value: ``(output, None)``; the block expects ``(hidden, attn_weights)``.
-  ``output_attentions=True`` needs the probabilities, so that call falls back
-  to the eager forward.
-
-Masks (``models/attention.py``, what the model takes whichever path runs): SDPA's mask plan, the
-document masks of packed rows (``ecomkit.data.packing``) with ALiBi positions
-read from them, and flex's block masks.
-
-Head-dim padding (sdpa on CUDA): the ALiBi channel makes q and k one wider than the head, rounded up to
-a multiple of 8 for the aligned kernels (64 → 72, 128 → 136); docs/perf.md has what that costs.
-
-``flex`` uses ``torch.nn.attention.flex_attention``: ALiBi is a ``score_mod``
-and the causal/padding mask a block mask (fully masked blocks are skipped).
-The ``score_mod`` (:class:`AlibiScoreMod`) is built once per model by
-:func:`install_attention` and shared by every layer and call, so the compiled
-function sees one function object and compiles once per shape (a second
-length recompiles once with dynamic sizes; tests/test_attention.py counts).
-It is meant for GPUs, where it is compiled. On CPU torch has
-no FlexAttention backward and compiling its forward takes ~50 s, so
-``install_attention(model, "flex")`` on a CPU model refuses with a
-``ConfigError`` for training and, with ``for_training=False``, runs the
-unfused forward (a correctness reference, not a fast path). One visible
-difference: rows whose keys are all masked (padding queries under left
-padding) come out as zeros with flex and as a uniform average with eager.
-ecomkit pads on the right, where no such row exists; the tests compare flex
-on the real tokens only.
+Why: BLOOM's eager attention keeps the ``[batch, heads, T, T]`` probabilities for backward; SDPA keeps a log-sum-exp
+per row and recomputes. Installing swaps each ``BloomAttention``'s class for a subclass that overrides ``forward``
+only, so parameters, ``state_dict`` keys, hooks and every strategy's wrapping are untouched. ALiBi is folded into
+one extra channel of q and k (:func:`alibi_in_qk`), so SDPA needs only the model's ``[batch, 1, q, kv]`` mask.
+``flex`` (ALiBi as a ``score_mod``, the mask as a block mask) is for GPUs: a CPU has no FlexAttention backward.
 """
 
 from __future__ import annotations
@@ -97,16 +37,8 @@ def alibi_in_qk(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ali
                 num_heads: int, scale: float, beta: float, multiple: int = 1
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fold ALiBi into the dot product: ``[q·scale, 1] · [k, beta·alibi] = scale·q·k + beta·alibi``.
-
-    Why: BLOOM's ALiBi term depends on (batch, head, key) only, so it fits in one
-    extra channel of q and k. SDPA then needs just the model's own
-    ``[batch, 1, q, kv]`` mask (shared by all heads and layers) instead of a
-    ``[batch, heads, q, kv]`` bias: no tensor that grows with heads·T² exists.
-    The ALiBi values are used exactly as the model built them; the only extra
-    rounding is ``q·scale`` (exact when head_dim is a power of 4). ``value`` is
-    zero-padded to the same width because fused kernels require equal head
-    dims; ``multiple`` rounds the width up (8 on CUDA, for the aligned kernels).
-    """
+    Why: ALiBi depends on (batch, head, key) only, so no ``[batch, heads, q, kv]`` bias is built. ``value`` is
+    zero-padded to the same width (fused kernels need equal head dims); ``multiple`` rounds it up (8 on CUDA)."""
     batch, _, q_len, head_dim = query.shape
     kv_len = key.shape[2]
     width = -(-(head_dim + 1) // multiple) * multiple
@@ -139,13 +71,8 @@ def _project_output(attn: BloomAttention, context: torch.Tensor) -> torch.Tensor
 
 class BloomEagerAttention(BloomAttention):
     """BLOOM's own (eager) attention, with q, k and v taken from the fused QKV output by one ``unbind``.
-
-    Why: BLOOM's ``_reshape`` takes three ``select`` views (the same views), but each select's backward
-    zero-fills a gradient of the whole fused tensor and adds it in; ``unbind``'s backward writes it once
-    (``benchmarks/bench_kernels.py``). Bit-identical gradients (tests/test_attention.py); the fused paths inherit it.
-    Under bf16 autocast on CPU the scores' mask and softmax stay in bf16 (``fast/attention_lowp.py``);
-    everywhere else this runs transformers' forward. The fused paths reuse :meth:`forward` with their ``_attend``.
-    """
+    Why: each of BLOOM's three ``select`` views zero-fills a gradient of the whole fused tensor in backward;
+    ``unbind`` writes it once. Under bf16 autocast on CPU the mask and softmax stay in bf16 (``attention_lowp``)."""
 
     def _reshape(self, fused_qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, length, _ = fused_qkv.shape
@@ -207,12 +134,7 @@ _COMPILED_FLEX: Any = None
 
 
 def _flex_function(device: torch.device):
-    """Compiled ``flex_attention`` on GPU (built once), the unfused reference elsewhere.
-
-    Compiled with torch's default dynamic-shape policy: the first shape compiles
-    a static kernel, a second shape recompiles once with dynamic sizes, so
-    length-bucketed batches do not recompile for every new length.
-    """
+    """Compiled ``flex_attention`` on GPU (built once, dynamic shapes after a second length), unfused elsewhere."""
     global _COMPILED_FLEX
     if device.type == "cpu":
         return flex_attention
@@ -244,15 +166,8 @@ class BloomFlexAttention(_FusedBloomAttention):
 
 class AlibiScoreMod:
     """BLOOM's ALiBi as a FlexAttention ``score_mod``: built once per model, shared by every layer and call.
-
-    Why once: the compiled ``flex_attention`` is traced with its ``score_mod``;
-    a fresh closure per layer and per call invites a recompilation (and at
-    least re-guarding) for each. Here ``fn`` is one function object for the
-    whole model; each layer only stores this forward's ``[batch, heads, kv]``
-    bias in ``self.bias`` before calling, which the compiled graph reads as an
-    input (its shape, not its identity, is what is guarded).
-    tests/test_attention.py counts the compilations.
-    """
+    Why: the compiled ``flex_attention`` guards its ``score_mod``; one function object reading ``self.bias`` as an
+    input compiles once per shape instead of once per layer and call."""
 
     def __init__(self) -> None:
         self.bias: torch.Tensor | None = None
@@ -293,11 +208,8 @@ def attention_modules(model: nn.Module) -> list[BloomAttention]:
 
 def install_attention(model: nn.Module, impl: str, *, for_training: bool = True) -> int:
     """Switch every BLOOM attention module of ``model`` to ``impl``; returns how many were switched.
-
-    Call it before wrapping the model (DDP/ZeRO/FSDP2/TP) or after: only the
-    modules' classes change. ``for_training=False`` allows the unfused flex
-    forward on CPU (a correctness check).
-    """
+    Only classes change, so it works before or after wrapping; ``for_training=False`` allows flex's unfused CPU
+    forward (a correctness check)."""
     if impl not in ATTN_CHOICES:
         raise ConfigError(f"Unknown attn '{impl}'. Choose one of: {', '.join(ATTN_CHOICES)}.")
     modules = attention_modules(model)

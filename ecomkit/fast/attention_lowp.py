@@ -1,24 +1,8 @@
 """BLOOM's eager attention with its mask and softmax in bf16, under bf16 autocast on CPU.
 
-Why: transformers' ``BloomAttention`` adds the model's fp32 additive mask to the
-bf16 scores (promoting them to fp32), takes the softmax in fp32 and casts the
-probabilities back to bf16; backward runs each of those casts again the other
-way. On a CPU that is four passes per layer over the ``[batch, heads, T, T]``
-tensor that do no arithmetic (a ``torch.profiler`` view of a bf16 step of
-``small`` lists them as ``aten::copy_`` of that shape). ATen's CPU softmax of a
-bf16 tensor accumulates in fp32 and rounds once, so the same scores give the
-same probabilities; only the backward differs, by multiplying with the
-bf16-rounded probabilities instead of fp32 ones (a difference within bf16's
-rounding of the gradient; tests/test_attention.py bounds it).
-
-The mask's minimum is fp32's, which bf16 cannot hold (it rounds to -inf, and
-a row of -inf gives NaN), so it is clamped to bf16's minimum: a masked score
-still contributes exactly 0, and a row with every key masked (a padding query
-under left padding) still averages over all keys, as BLOOM's fp32 path does.
-
-``BloomEagerAttention`` (``fast/attention.py``) runs :func:`eager_attend` only
-under bf16 autocast on CPU; at fp32, on GPUs and for ``output_attentions`` it
-runs transformers' own forward.
+Why: transformers' path casts the ``[batch, heads, T, T]`` scores to fp32 and back, four passes per layer that do
+no arithmetic; ATen's bf16 softmax accumulates in fp32 anyway. The fp32 mask minimum rounds to -inf in bf16 (a
+fully masked row would give NaN), so it is clamped to bf16's minimum.
 """
 
 from __future__ import annotations
@@ -38,9 +22,7 @@ def cpu_bf16_autocast(t: torch.Tensor) -> bool:
 
 def low_precision_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """BLOOM's additive mask in ``dtype``, its minimum clamped to ``dtype``'s; cached on the mask.
-
-    Why cached: BloomModel hands the same mask object to every block, so it is converted once per forward.
-    """
+    Why cached: BloomModel hands the same mask object to every block, so it is converted once per forward."""
     if torch.compiler.is_compiling():   # no attributes on tensors inside a graph; the conversion is cheap
         return mask.clamp(min=torch.finfo(dtype).min).to(dtype)
     cached = getattr(mask, _MASK_ATTR, None)
@@ -53,11 +35,7 @@ def low_precision_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def eager_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, alibi: torch.Tensor,
                  attention_mask: torch.Tensor | None, beta: float, scale: float, dropout: nn.Module
                  ) -> torch.Tensor:
-    """BLOOM's eager attention on ``[batch, heads, T, head_dim]`` q, k, v, with no fp32 round trip of the scores.
-
-    The scores are ``alibi.baddbmm(q, kᵀ)`` as in BLOOM; the mask is added and the softmax taken in the
-    scores' dtype. Returns the context ``[batch, heads, T, head_dim]``.
-    """
+    """BLOOM's eager attention on ``[batch, heads, T, head_dim]`` q, k, v, with no fp32 round trip of the scores."""
     batch, heads, q_len, head_dim = query.shape
     kv_len = key.shape[2]
     scores = alibi.baddbmm(query.reshape(batch * heads, q_len, head_dim),

@@ -1,26 +1,8 @@
 """``--compile``: one BLOOM block compiled once and reused by every block; the LM head and loss compiled apart.
 
-Why per block (torchtitan's regional compilation): compiling the whole model
-traces all its blocks as one graph, so compile time grows with depth (on an
-H200, ``seqgpt-560m``'s 24 blocks had not compiled after 120 s) and one graph
-break splits the whole model. Every BLOOM block runs the same code, and dynamo
-makes a module's parameters inputs of its graph, so the graph compiled for the
-first block serves them all: compile time stays that of one block
-(tests/test_compile.py counts one compilation for ``small``'s four blocks).
-
-How: every block's class becomes one subclass whose forward is one shared compiled function of the
-block class's forward, used when a block trains (grad enabled, ``training``);
-evaluation and generation run the same weights uncompiled, so a no-grad
-forward or a decoding step's new shapes never trigger a compilation. The LM
-head and the loss (``models/loss.py``) are compiled as their own function, with
-dynamic sizes, since the number of labeled positions changes every step.
-Model code is untouched: parameters and ``state_dict`` keys are the same (only the blocks' class is a
-subclass, as the attention's is), so DDP and the checkpoints see the model they always saw.
-
-Older torch: before 2.12, dynamo compiles the head + loss as two graphs, not one
-(benchmarks/check_compat.py records the count per torch in its artifact). The
-step is as correct, with less of it fused, so ``--compile`` says so once per
-process (rank 0) rather than refusing: :func:`note_head_loss_graphs`.
+Why per block (torchtitan's regional compilation): the blocks share code and dynamo makes parameters graph inputs,
+so one graph serves them all and compile time stays that of one block. Blocks run compiled only while they train;
+evaluation and decoding run the same weights uncompiled. The head + loss is compiled with dynamic sizes.
 """
 
 from __future__ import annotations
@@ -39,8 +21,7 @@ from ecomkit.models.loss import head_loss_sum
 
 log = logging.getLogger("ecomkit")
 
-# The first torch that compiles the head + loss as one graph; earlier releases make two of it (measured per
-# torch by benchmarks/check_compat.py; tests/test_compat_floors.py holds this to its newest artifact).
+# The first torch that compiles the head + loss as one graph; earlier releases make two of it.
 HEAD_LOSS_ONE_GRAPH_TORCH = (2, 12)
 _noted: set[str] = set()
 
@@ -58,10 +39,7 @@ def head_loss_graphs(version: str | None = None) -> int:
 
 def note_head_loss_graphs(version: str | None = None) -> bool:
     """Warn once per process, on rank 0, where this torch compiles the head + loss as two graphs; True if it did.
-
-    Why a note and not a refusal: the two graphs compute the same loss (the smoke set's DDP, LoRA and packing
-    checks pass on such a torch); only the fusion across their boundary is lost, which costs speed.
-    """
+    Why a note and not a refusal: the two graphs compute the same loss, only slower."""
     version = version or torch.__version__
     if head_loss_graphs(version) == 1 or version in _noted:
         return False
@@ -82,10 +60,7 @@ def compiled(fn: Callable, mode: str = "default", dynamic: bool | None = None, *
 
 def compile_blocks(model: nn.Module, mode: str = "default", dynamic: bool | None = None, **kw: Any) -> int:
     """Give every BLOOM block of ``model`` the one compiled forward (when it trains); returns how many blocks.
-
-    ``dynamic``: ``False`` for batches of one shape (packed sequences), ``True`` for lengths that change
-    (bucketed rows), so that neither compiles twice. ``kw`` goes to ``torch.compile`` (a test's backend).
-    """
+    ``dynamic``: ``False`` for one shape (packed), ``True`` for changing lengths; ``kw`` goes to ``torch.compile``."""
     blocks = [m for m in model.modules() if isinstance(m, BloomBlock)]
     if blocks:
         compiled_class = compiled_block_class(type(blocks[0]), compiled(type(blocks[0]).forward, mode, dynamic, **kw))

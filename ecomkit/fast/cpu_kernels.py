@@ -1,28 +1,8 @@
 """ecomkit's fused CPU kernels (``csrc/cpu_kernels.cpp``): BLOOM's tanh GELU and the LM head's cross-entropy.
 
-Why: on a CPU whose bf16 matmuls run on AMX, the elementwise work around the matmuls decides a training
-step, and two pieces of it were slow in ATen (``torch.profiler`` on ``small``, bf16 autocast, micro-batch 8,
-seq 128, one thread):
-
-- **tanh GELU**: ATen's ``gelu(approximate="tanh")`` runs several times slower than its exact (erf) GELU or
-  a plain ``tanh`` over the same ``[8, 128, 2048]`` activation; it does not vectorise on this build.
-- **cross-entropy** of the chunked loss (``[rows, vocab]`` logits): the cast to fp32, ``log_softmax``, a
-  zero-filled ``nll_loss`` gradient, ``log_softmax``'s backward and the cast back, five passes.
-
-``benchmarks/bench_kernels.py`` times both against ATen's (docs/perf.md has its table).
-
-The kernels compute the same functions in one vectorised pass each way, in fp32, rounding once to the tensor's
-dtype. They are built from source with the machine's own compiler the first time they are needed
-(``make install`` builds them) into this Python environment's extensions folder, named after this CPU
-and torch version, so a different machine or torch builds its own. Without a compiler the build fails once,
-a warning names the reason, and ATen's kernels run instead (``--no-cpu-kernels`` asks for that directly). The
-kernels are written with AVX-512 intrinsics; on a CPU without AVX-512 the build is a scalar loop (the same
-arithmetic, kept for tests) and ATen's kernels run.
-They run only on plain CPU tensors in eager mode: under ``torch.compile`` (inductor generates its own code),
-on GPUs and on tensor subclasses (DTensor) the ATen path runs.
-
-Tested against ATen in ``tests/test_cpu_kernels.py``: GELU values and gradients to 2e-6 in fp32 (one bf16
-rounding step in bf16), the loss to 1e-6 relative and its gradient to 1e-6.
+Why: on a CPU with AMX bf16 matmuls the elementwise work decides the step, and ATen's tanh GELU does not vectorise
+and its cross-entropy takes five passes. Built once per environment, CPU and torch with the machine's compiler;
+without a compiler or AVX-512, or under compile, DTensor or GPU, ATen's kernels run.
 """
 
 from __future__ import annotations
@@ -113,10 +93,7 @@ class GeluTanh(torch.autograd.Function):
 
 class CrossEntropySum(torch.autograd.Function):
     """``F.cross_entropy(logits.float(), target, ignore_index=-100, reduction="sum")`` through the fused kernel.
-
-    Keeps the logits (in their own dtype) and one fp32 log-sum-exp per row for backward, where ATen keeps
-    an fp32 copy of the logits' log-softmax.
-    """
+    Why: it keeps the logits and one fp32 log-sum-exp per row, where ATen keeps an fp32 log-softmax."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

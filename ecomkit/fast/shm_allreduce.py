@@ -41,9 +41,7 @@ def check_shm_allreduce(env: DistEnv) -> None:
 
 def load_shm_op(env: DistEnv) -> Any:
     """Build (once per environment) or load DeepSpeed's shared-memory all-reduce and join this job to it.
-
-    Rank 0 builds first while the others wait, so they load its build instead of compiling the same sources.
-    """
+    Rank 0 builds first while the others wait, so they load its build instead of compiling the same sources."""
     os.environ["LOCAL_SIZE"] = str(env.local_world_size)  # the op runs only when every rank is local
     try:
         if env.rank != 0:
@@ -79,9 +77,7 @@ def _build_op() -> Any:
 
 def register_shm_allreduce(model: DistributedDataParallel, env: DistEnv) -> str:
     """Make ``model``'s gradient all-reduce go through shared memory; returns this rank's segment name.
-
-    The caller releases the segment; if registering fails here, it is released here.
-    """
+    The caller releases the segment; if registering fails here, it is released here."""
     check_shm_allreduce(env)
     module = load_shm_op(env)
     name = segment_name(env.rank)
@@ -106,9 +102,7 @@ class ShmHookState:
 
 def shm_allreduce_hook(state: ShmHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: average the bucket in place through the shared-memory op.
-
-    A dtype the CPU's kernels cannot reduce (bf16 without AVX-512BW) goes through the process group instead.
-    """
+    A dtype the CPU's kernels cannot reduce (bf16 without AVX-512BW) goes through the process group instead."""
     buf = bucket.buffer()
     buf.div_(state.world_size)
     if KERNEL_LEVEL.get(buf.dtype, 99) <= state.level:
@@ -133,7 +127,7 @@ def release_shm_segment(name: str | None) -> None:
 
 
 class ShmAllReduce:
-    """``--ddp-allreduce shm`` for one run's DDP model: registered once it is wrapped, its segment released at the end."""
+    """``--ddp-allreduce shm`` for one DDP model: registered once it is wrapped, its segment released at the end."""
 
     def __init__(self) -> None:
         self.segment: str | None = None

@@ -1,14 +1,7 @@
 """Chapter 07's training callbacks: save every N steps and resume after a killed rank; when to checkpoint.
 
-Why a callback: the training loop (:mod:`ecomkit.train`) knows nothing about
-faults; :func:`add_fault_tolerance_callbacks` adds :class:`CheckpointCallback`
-and :class:`~ecomkit.faults.health.HealthMonitor` to any run whose config asks
-for them, so a single run and every variant of a sweep get the same ones.
-
-Resuming is exact: the model and optimizer (DCP), the scheduler, the gradient
-scaler, the sampler's position in the epoch and every rank's random-number
-streams are restored, so the steps after a resume give the losses an
-uninterrupted run would have given.
+Why callbacks: the training loop knows nothing of faults; a resume restores model, optimizer, scheduler, scaler,
+sampler position and every rank's RNG, so it gives the losses an uninterrupted run would have given.
 """
 
 from __future__ import annotations
@@ -56,7 +49,6 @@ def trainer_state(run: Any) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------------- when to checkpoint
 def restarts_possible() -> bool:
     """torchrun exports its --max-restarts to the workers; > 0 means a restart could resume."""
     return max_restarts() > 0
@@ -72,9 +64,7 @@ def checkpoints_requested(cfg: TrainConfig) -> bool:
 def effective_checkpoint_interval(cfg: TrainConfig, total_steps: int) -> int:
     """Steps between checkpoints; ``-1`` (auto) means ~5 % of the run, between 1 and 100 steps.
 
-    Auto only switches checkpoints on when something can use them: torchrun
-    was given ``--max-restarts > 0`` or a fault is injected. A plain run then
-    writes nothing, and a rerun into the same output directory starts fresh.
+    Auto saves only when something can use it (``--max-restarts > 0`` or an injected fault); else a rerun starts fresh.
     """
     if not checkpoints_requested(cfg):
         return 0
@@ -83,14 +73,10 @@ def effective_checkpoint_interval(cfg: TrainConfig, total_steps: int) -> int:
     return max(1, min(AUTO_MAX_INTERVAL, math.ceil(total_steps / 20)))
 
 
-# ---------------------------------------------------------------------- the callback
 class CheckpointCallback:
     """Saves every ``interval`` steps and, on start, resumes from the newest complete checkpoint.
 
-    ``resuming`` is decided at construction (before the loop opens its metrics
-    file), so a resumed run appends to ``metrics.jsonl`` instead of truncating it.
-    The fault settings were checked by :meth:`TrainConfig.validate` before the
-    process group existed.
+    ``resuming`` is decided at construction, before the loop opens ``metrics.jsonl``, so a resume appends to it.
     """
 
     def __init__(self, cfg: TrainConfig):
@@ -102,7 +88,6 @@ class CheckpointCallback:
         self.resumed_step: int | None = None
         self.restore_s: float | None = None
 
-    # ---- hooks
     def on_train_start(self, run: Any) -> None:
         env = run.env
         self.interval = effective_checkpoint_interval(self.cfg, run.total_steps)
@@ -146,7 +131,6 @@ class CheckpointCallback:
             "resumed_from_step": self.resumed_step, "restore_s": self.restore_s,
         }
 
-    # ---- work
     def save(self, run: Any) -> SaveRecord:
         state = model_optimizer_state(run.strategy.raw_model, run.strategy.optimizer)
         files: dict[str, Any] = {f"rng_rank{run.env.rank}.json": capture_rng_state()}

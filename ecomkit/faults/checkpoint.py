@@ -1,33 +1,8 @@
 """Checkpoints that survive a killed rank: DCP, atomic directories, keep-last-k, async saves, run state.
 
-Why ``torch.distributed.checkpoint`` (DCP) rather than ``torch.save`` on rank 0:
-each rank writes its own shards in parallel (FSDP2/TP never gather the full
-model), replicated DDP tensors are written once, and a checkpoint can be loaded
-at another world size because DCP re-plans the reads from the saved metadata.
-
-On-disk layout (``<output_dir>/checkpoints`` by default)::
-
-    step_00000040/            complete: .metadata, __<rank>_<n>.distcp, trainer_state.json, rng_rank<r>.json
-    .tmp-step_00000045/       being written, or left by a job killed mid-write: ignored, deleted at the next start
-
-A checkpoint is written into a ``.tmp-`` directory and becomes visible only
-through one ``os.rename`` (atomic on POSIX within one filesystem), done by rank 0
-after DCP has finished on every rank. A job killed at any moment therefore
-leaves either the previous checkpoint or the new one, never a half-written
-``step_*`` directory. The directory must be one folder that every rank sees
-(a shared filesystem on several nodes).
-
-``async_save`` is the correct form of the EcomGPT guide's "start a subprocess
-that runs torch.save" (which builds a shell string, cannot see the model of
-the parent process and races with the next save): DCP copies the state to CPU
-memory synchronously, then writes it from a background thread that talks over
-its *own* gloo group (on the default group its collectives interleave with the
-training ones and deadlock). The future is waited on
-before the next save and before exit.
-
-Loading goes through :mod:`ecomkit.faults.safe_load`, so a crafted checkpoint
-is refused instead of running code. The training callback that saves and
-resumes is :class:`ecomkit.faults.callbacks.CheckpointCallback`.
+Why DCP: each rank writes its own shards and a checkpoint loads at another world size. A save goes into
+``.tmp-step_*`` and becomes ``step_*`` by one ``os.rename`` on rank 0, so a kill leaves the old or the new one, never
+half of one; the folder must be shared by all ranks. Loading goes through :mod:`ecomkit.faults.safe_load`.
 """
 
 from __future__ import annotations
@@ -57,8 +32,7 @@ from ecomkit.config import TrainConfig
 from ecomkit.errors import EcomkitError
 from ecomkit.faults.safe_load import METADATA, SafeFileSystemReader, SafeLoadPlanner
 
-# DCP warns "assuming the intent is to save/load in a single process" on every single-process call, also
-# from async_save's writer thread where a local catch_warnings cannot reach; that is our intent here.
+# DCP warns "assuming ... single process" on every single-process call, also from async_save's thread.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -66,7 +40,6 @@ TMP_PREFIX = ".tmp-"
 TRAINER_STATE = "trainer_state.json"
 
 
-# ---------------------------------------------------------------------- directories
 def checkpoint_root(cfg: TrainConfig) -> Path:
     """``--fault-checkpoint-dir``, else ``<output_dir>/checkpoints``: a rerun into the same folder resumes."""
     return Path(cfg.fault.checkpoint_dir or Path(cfg.output_dir) / "checkpoints")
@@ -159,7 +132,6 @@ def read_json_file(path: Path) -> Any:
                            "Delete this step_* directory to resume from the previous one.") from None
 
 
-# ---------------------------------------------------------------------- loading
 def _single_process() -> bool:
     return not (dist.is_available() and dist.is_initialized())
 
@@ -173,11 +145,7 @@ def _quiet_single_process() -> Iterator[None]:
 
 
 def load_dcp(path: str | os.PathLike, state: dict[str, Any], group: Any = None) -> None:
-    """Load a DCP checkpoint into ``state`` in place, with the safe reader and planner.
-
-    DCP wraps every rank's exception into one ``CheckpointException`` (a
-    ``BaseException``); ours are unwrapped so the caller sees the clear message.
-    """
+    """Load a DCP checkpoint into ``state`` in place (safe reader), unwrapping DCP's ``CheckpointException``."""
     SafeFileSystemReader(str(path)).read_metadata()  # refuse a crafted .metadata with our own error
     try:
         with _quiet_single_process():
@@ -190,7 +158,6 @@ def load_dcp(path: str | os.PathLike, state: dict[str, Any], group: Any = None) 
         raise
 
 
-# ---------------------------------------------------------------------- writing
 @dataclass
 class SaveRecord:
     """Timing of one save: ``blocking_s`` is what the training loop waited for."""
@@ -237,9 +204,7 @@ class PendingSave:
 class CheckpointWriter:
     """Writes ``step_*`` checkpoints under ``root`` atomically; optionally asynchronously.
 
-    ``group`` is the process group DCP coordinates over (a dedicated gloo group in
-    training: required for async, harmless for sync). All ranks call :meth:`save`
-    at the same step with the same ``step``.
+    ``group``: the process group DCP coordinates over (a dedicated gloo group for async). All ranks call :meth:`save`.
     """
 
     root: Path
@@ -255,11 +220,7 @@ class CheckpointWriter:
         return self.rank == 0
 
     def save(self, step: int, state: dict[str, Any], json_files: dict[str, Any] | None = None) -> SaveRecord:
-        """Write ``state`` (DCP) plus per-rank JSON files into a temp dir, then commit it.
-
-        ``json_files`` maps file names to JSON-able objects this rank writes
-        (rank 0 writes the trainer state, every rank its RNG state).
-        """
+        """Write ``state`` (DCP) plus this rank's JSON files (``name -> object``) into a temp dir, then commit it."""
         self.wait()  # never two saves in flight: the second would race the first's commit
         t0 = time.perf_counter()
         tmp, final = self.root / f"{TMP_PREFIX}{step_dir_name(step)}", self.root / step_dir_name(step)
@@ -296,7 +257,6 @@ class CheckpointWriter:
             pending.finish()
 
 
-# ---------------------------------------------------------------------- training state
 def _b64(t: torch.Tensor) -> str:
     return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
 
@@ -335,15 +295,13 @@ def _base_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     return getattr(optimizer, "optimizer", optimizer)
 
 
-# Optimizer state flattened to one key per parameter and setting ("param_groups.<name>.lr"): pipeline stages
-# hold different parameter groups, and DCP writes a non-tensor value saved under the same key by several ranks
-# only once, so one stage's nested "param_groups" list would stand for all (torchtitan flattens for this).
+# Optimizer state flat, one key per parameter and setting: pipeline stages' param_groups differ, and DCP writes a
+# non-tensor key that several ranks save only once.
 _FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def model_optimizer_state(model: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
-    """``{"model": ..., "optim": ...}`` keyed by canonical names, so DDP, FSDP2, pipeline stages and a plain
-    module agree."""
+    """``{"model": ..., "optim": ...}`` by canonical names, so DDP, FSDP2, pipeline stages and a module agree."""
     msd, osd = get_state_dict(model, _base_optimizer(optimizer), options=_FLAT)
     return {"model": msd, "optim": osd}
 

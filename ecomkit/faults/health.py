@@ -1,41 +1,9 @@
 """Health monitoring during training: GPU (NVML) or CPU/RAM samples, stragglers, hung-step stack dumps.
 
-Why a callback that *only warns*: the EcomGPT guide's fix for a hot GPU is to
-run ``nvidia-smi -r`` from inside the training loop. A GPU reset while
-processes hold CUDA contexts on it is refused at best ("GPU is in use"); when
-it does go through, every context on that GPU is lost: the rank dies with
-sticky CUDA errors, its NCCL peers block in their next collective until the
-timeout, the whole job is lost (and, without a checkpoint, all its progress),
-and on a shared node other users' jobs on that GPU die too. It also needs
-root, and a reset does not cool anything: a GPU that is too hot already
-throttles its clocks by itself, which is exactly what the slowdown and the
-"straggler" in that story were. The useful reaction is to *see* it (this
-monitor), checkpoint regularly, and let the scheduler or an operator drain
-the node between jobs.
-
-What is sampled every ``fault.health_interval`` steps, per rank:
-
-- GPU via NVML (``nvidia-ml-py``): utilisation, memory used/total,
-  temperature, SM clock vs its maximum, power, and the clock-event
-  (throttle) reasons under either generation of pynvml names; warnings for
-  >= 85 °C, thermal/power slowdown and memory above 95 %. Each reading is
-  guarded on its own: one NVML refuses (``NVMLError_NotSupported`` on a
-  board without power readings, say) comes out as ``None`` and is named in
-  ``nvml_errors``, and a rank whose whole sample fails still reaches the
-  gather with an ``error`` sample, so no rank is left waiting in it.
-- CPU otherwise (``psutil``): process and system CPU %, process RSS, system
-  RAM %, warning above 90 % RAM.
-- Stragglers: each rank's mean *forward* time since the last sample (timed
-  with hooks on the unwrapped model, so for DDP it contains no
-  communication), all-gathered; a rank slower than ``straggler_factor`` × the
-  median of the other ranks is named. Step times cannot be used for this: in
-  synchronous training every rank waits for the slowest at each collective,
-  so all step times come out equal.
-
-``fault.hang_dump_s`` arms a watchdog thread per rank: when one step takes
-longer, the rank prints its Python stacks (all threads) with its rank, host
-and pid, so a hang shows *where* each rank is waiting before the process-group
-timeout ends the job.
+Why a callback that only warns: resetting a hot GPU from the loop (the EcomGPT guide's ``nvidia-smi -r``) kills every
+context on it and the job with them; seeing it, checkpointing and draining the node between jobs is what helps.
+Stragglers are found from each rank's *forward* time: synchronous step times all wait for the slowest and come out
+equal. ``fault.hang_dump_s`` prints a rank's stacks when one step takes longer, before the collective timeout.
 """
 
 from __future__ import annotations
@@ -63,15 +31,13 @@ STRAGGLER_MIN_GAP_S = 0.005   # ignore differences below 5 ms (timer noise on sh
 MAX_WARNINGS_IN_SUMMARY = 50
 
 
-# ---------------------------------------------------------------------- samples
 _PROCESSES: dict[int, Any] = {}
 
 
 def read_cpu_health() -> dict[str, Any]:
     """CPU and RAM of this process and machine (psutil).
 
-    ``cpu_percent`` is measured between two calls on the *same* ``Process``
-    object, so one is kept per pid (a fresh object would always report 0).
+    One ``Process`` object per pid: ``cpu_percent`` is measured between two calls on the same object (else always 0).
     """
     proc = _PROCESSES.setdefault(os.getpid(), psutil.Process())
     vm = psutil.virtual_memory()
@@ -85,8 +51,7 @@ def read_cpu_health() -> dict[str, Any]:
     }
 
 
-# Clock-event (throttle) bits under both pynvml generations: nvidia-ml-py >= 12.535 names them
-# nvmlClocksEventReason*, older releases nvmlClocksThrottleReason*. Same bit values, one meaning.
+# Throttle bits: nvidia-ml-py >= 12.535 names them nvmlClocksEventReason*, older nvmlClocksThrottleReason*.
 _SLOWDOWN_REASONS = {  # bit name without the generation prefix -> what it means
     "SwThermalSlowdown": "thermal (driver)",
     "HwThermalSlowdown": "thermal (hardware)",
@@ -111,10 +76,7 @@ def slowdown_reasons(nvml: Any, bits: int) -> list[str]:
 def _read_metric(errors: list[str], name: str, read: Callable[[], Any]) -> Any:
     """``read()``, or None with ``name: error`` appended to ``errors``.
 
-    Why per metric: boards differ in what NVML supports (power on some
-    consumer cards, clocks under MIG, ...). One unsupported reading must cost
-    only that field, never the whole sample, and never an exception before the
-    collective gather that every rank has to reach.
+    Why per metric: boards differ in what NVML supports; one refused reading costs its field, never the gather.
     """
     try:
         return read()
@@ -124,10 +86,7 @@ def _read_metric(errors: list[str], name: str, read: Callable[[], Any]) -> Any:
 
 
 def read_gpu_health(nvml: Any, handle: Any) -> dict[str, Any]:
-    """One NVML sample of the GPU behind ``handle`` (``nvml`` is the ``pynvml`` module, injectable for tests).
-
-    Never raises: a reading NVML refuses is None and named in ``nvml_errors``.
-    """
+    """One NVML sample of ``handle``'s GPU; never raises: a refused reading is None, named in ``nvml_errors``."""
     errors: list[str] = []
     util = _read_metric(errors, "utilisation", lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     mem = _read_metric(errors, "memory", lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
@@ -175,8 +134,7 @@ def health_warnings(sample: dict[str, Any]) -> list[str]:
 def find_stragglers(times: Sequence[float], factor: float = 2.0, min_gap_s: float = STRAGGLER_MIN_GAP_S) -> list[int]:
     """Ranks whose time exceeds ``factor`` × the median of the *other* ranks (and by more than ``min_gap_s``).
 
-    Leave-one-out, so it works for two ranks (compared with each other) and a
-    single slow rank cannot drag the reference up.
+    Leave-one-out, so it works for two ranks and a single slow rank cannot drag the reference up.
     """
     out = []
     for i, t in enumerate(times):
@@ -189,7 +147,6 @@ def find_stragglers(times: Sequence[float], factor: float = 2.0, min_gap_s: floa
     return out
 
 
-# ---------------------------------------------------------------------- timers and watchdog
 class ForwardTimer:
     """Sum of forward-pass seconds of one module (CUDA events on GPU, ``perf_counter`` on CPU)."""
 
@@ -238,9 +195,7 @@ class ForwardTimer:
 class HangWatchdog:
     """Print this rank's Python stacks when a step takes longer than ``seconds`` (re-armed every step).
 
-    A Python thread, so the message names the rank and goes to any stream; it needs the GIL, which
-    torch releases while waiting in a collective or sleeping. For a process
-    stuck *holding* the GIL, use ``py-spy dump --pid PID`` (works without it).
+    A Python thread needs the GIL, which torch releases in collectives; for a process holding it, use ``py-spy dump``.
     """
 
     def __init__(self, seconds: float, rank: int, stream: Any = None):
@@ -282,7 +237,6 @@ def format_all_stacks() -> str:
     return "".join(parts)
 
 
-# ---------------------------------------------------------------------- NVML handle
 def _nvml_handle(nvml: Any, device: torch.device) -> Any:
     """The NVML handle of *this* CUDA device (NVML ignores CUDA_VISIBLE_DEVICES, so map by UUID)."""
     index = device.index or 0
@@ -297,7 +251,6 @@ def _nvml_handle(nvml: Any, device: torch.device) -> Any:
     return nvml.nvmlDeviceGetHandleByIndex(index)
 
 
-# ---------------------------------------------------------------------- the callback
 class HealthMonitor:
     """Training callback: samples health, detects stragglers, arms the hang watchdog. Never acts on a device."""
 

@@ -1,27 +1,9 @@
 """Preemption: the signals a cluster sends before it takes a job back, and the record a rerun resumes from.
 
-SLURM sends SIGTERM (or the signal of ``--signal=USR1@90``, 90 s before the
-end), Kubernetes and spot instances SIGTERM, and then kill the job after a
-grace period. :class:`PreemptionSignals` turns such a signal into a request
-(a flag), never into an exception: the current optimizer step finishes, the
-ranks agree on the step to stop at (the flag rides on the step's count
-all-reduce, :meth:`ecomkit.train.loop.TrainingRun._reduce_counts`), a
-checkpoint is written at that step, and the process exits with
-:data:`PREEMPTED_EXIT_CODE`. A second signal while the checkpoint is written
-is counted and ignored, so it cannot interrupt the save.
-
-SIGUSR1 keeps printing the Python stacks (:func:`ecomkit.dist.install_stack_dump_signal`):
-while this handler is installed, it prints them itself (``faulthandler.dump_traceback``, from Python, in the
-main thread) and asks for a checkpoint. It does not chain faulthandler's C-level handler: that one walks the
-frames at any instruction, and under SLURM, which signals every process of the step while the agent forwards
-the signal too, a rank was seen dying mid-dump inside a data-loader frame, without a checkpoint. Restored, the
-C-level dump comes back for hung ranks. ``--fault-preempt-signals ""`` leaves both signals as they were.
-
-The record (``preempted.json`` in the checkpoint folder, written last and
-atomically by rank 0) names the checkpoint. Its presence is what makes the
-same command, rerun, resume there even when no periodic checkpoints were
-asked for; a run that finishes removes it, so a later rerun starts fresh.
-The training callback is :class:`ecomkit.train.preempt.PreemptionCallback`.
+Why a flag, not an exception: the step finishes, the ranks agree on where to stop (on the step's count all-reduce),
+a checkpoint is written and the process exits :data:`PREEMPTED_EXIT_CODE`; a second signal cannot cut the save.
+While installed, the SIGUSR1 handler prints the stacks itself, from Python (see docs/preemption.md). The record
+``preempted.json`` makes the same command, rerun, resume there; a run that finishes removes it.
 """
 
 from __future__ import annotations
@@ -38,30 +20,27 @@ from typing import Any
 
 from ecomkit.config import parse_signal_names as parse_signals  # the one parser, also used by validate
 
-# EX_TEMPFAIL (sysexits.h): "a temporary failure; the user is invited to retry". Every worker exits with
-# it after a preemption checkpoint; torchrun then exits 1 (it reports the workers' code in its summary).
+# EX_TEMPFAIL (sysexits.h), "a temporary failure; the user is invited to retry"; torchrun then exits 1.
 PREEMPTED_EXIT_CODE = 75
 RECORD = "preempted.json"
 
 
-# A signalled rank that does not reach the end of its step within this (plus 3 × its longest step so far) is
-# stuck (a hung peer, a stalled loader): it then exits as the signal's default would, so a job whose rank
-# hangs still ends when torchrun sends SIGTERM, instead of waiting for torchrun's SIGKILL.
+# A signalled rank whose step does not end within this (plus 3 × its longest step) is stuck: it exits as the signal
+# would.
 STUCK_AFTER_S = 10.0
 
 
 class PreemptionSignals:
     """Installs handlers that only record the signal; :attr:`requested` is read once per step.
 
-    Handlers can only be installed from the main thread (a notebook running
-    the loop in a worker thread gets none, and says so through ``installed``).
+    Only the main thread can install handlers (a notebook's worker thread gets none, and ``installed`` says so).
     """
 
     def __init__(self, signals: list[signal.Signals], rank: int = 0):
         self.signals, self.rank = signals, rank
-        self.received: list[str] = []      # names, in order of arrival
+        self.received: list[str] = []
         self.saving = False
-        self.longest_step_s = 0.0          # updated by the training callback each step
+        self.longest_step_s = 0.0
         self._stuck_timer: threading.Timer | None = None
         self._previous: dict[int, Any] = {}
         self._stack_dump: set[int] = set()  # signals faulthandler was registered for: the stacks print here
@@ -104,8 +83,7 @@ class PreemptionSignals:
         if not self.signals or threading.current_thread() is not threading.main_thread():
             return False
         for sig in self.signals:
-            # faulthandler's C handler sits below Python's; unregister it (it restores what was there before
-            # it) and install ours, which prints the stacks itself (see the module docstring)
+            # faulthandler's C handler sits below Python's: unregister it, ours prints the stacks from Python
             if hasattr(faulthandler, "unregister") and faulthandler.unregister(sig):
                 self._stack_dump.add(sig)
             self._previous[sig] = signal.signal(sig, self._handle)
@@ -126,7 +104,6 @@ class PreemptionSignals:
         self.installed = False
 
 
-# ---------------------------------------------------------------------- the record a rerun resumes from
 def write_record(root: Path, record: dict[str, Any]) -> Path:
     """Rank 0, after the checkpoint is complete on every rank: one atomic rename makes it the resume point."""
     root.mkdir(parents=True, exist_ok=True)

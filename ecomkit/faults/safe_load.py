@@ -1,13 +1,7 @@
 """Reading checkpoints without running code from them: DCP metadata, DCP non-tensor entries, single files.
 
-Why this module exists: DCP itself reads ``.metadata`` with ``pickle.load`` and
-non-tensor entries with ``torch.load(weights_only=False)``, so a crafted
-checkpoint runs code on load. :class:`SafeFileSystemReader` unpickles the
-metadata with an allow-list of DCP's own classes and :class:`SafeLoadPlanner`
-loads non-tensor entries with ``weights_only=True``; trainer state and RNG
-states are plain JSON (:mod:`ecomkit.faults.checkpoint`).
-:func:`load_weights_file` does the same for single ``.safetensors``/``.pt``
-files. Every refusal is an :class:`UnsafeCheckpointError` that says why.
+Why: DCP reads ``.metadata`` with ``pickle.load`` and non-tensor entries with ``torch.load(weights_only=False)``, so a
+crafted checkpoint runs code on load; here each goes through an allow-list and is refused with a reason.
 """
 
 from __future__ import annotations

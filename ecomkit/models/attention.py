@@ -1,9 +1,6 @@
 """The masks BLOOM's attention takes: SDPA's mask plan, packed rows' document masks, ALiBi from a mask, flex's.
 
-Why one module: every attention path (``ecomkit.fast.attention``: eager, sdpa,
-flex) and every strategy that hands the model a batch reads its mask from here,
-so a padded batch and a packed one (``ecomkit.data.packing``) are told apart in
-one place. The model never sees "documents": it gets a mask.
+Why one module: every attention path and strategy reads its mask here; the model never sees documents, only a mask.
 """
 
 from __future__ import annotations
@@ -27,32 +24,12 @@ class MaskPlan(NamedTuple):
 
 
 def sdpa_mask_plan(alibi: torch.Tensor, attention_mask: torch.Tensor | None, q_length: int) -> MaskPlan:
-    """Decide once per forward how to pass the mask to SDPA; cached on ``alibi``.
+    """Decide once per forward how to pass the mask to SDPA; cached on ``alibi`` (shared by every block).
 
-    - A batch without padding carries a plain causal mask: SDPA then gets
-      ``is_causal=True`` and no mask, so fused kernels skip the upper triangle
-      (and CUDA can pick FlashAttention).
-    - Otherwise the model's additive mask is passed as is (0 = attend, dtype
-      minimum = masked, exactly as eager adds it), broadcast over heads.
-    - ``has_empty_rows``: with left padding the padding queries see no key at all.
-      Eager then averages over every key (all scores equal the minimum), and
-      SDPA's forward does the same, but torch's fused CPU backward treats such
-      rows differently from its own forward (measured: gradients off by O(1)
-      in those rows), and the loss does use one of them (the last padding
-      position predicts the first real token). The caller then runs the math
-      kernel, which is exact but materialises the scores like eager.
-      ecomkit's collate pads on the right, so training never pays for this.
-
-    Why cached on ``alibi``: BloomModel hands the same ``alibi`` and mask objects
-    to every block, so the checks run once per forward, not once per layer.
-
-    Under ``torch.compile`` (``--compile``) the mask goes to SDPA as it is, with no check: the checks read
-    tensor values, a graph break inside BloomModel's loop over blocks, which makes dynamo give up the whole
-    loop and compile every block apart (measured on ``tiny``, one process, 5 steps: 19 recompilations,
-    against one, the no-grad forward of the evaluation, without the checks). Both shortcuts only save
-    work: SDPA given the causal mask computes what ``is_causal`` does, and empty rows come from left
-    padding, which training batches never have (ecomkit's collate pads on the right) and generation,
-    which left-pads, runs without a backward.
+    An unpadded batch gets ``is_causal=True`` and no mask; otherwise the additive mask is passed as is.
+    ``has_empty_rows`` (left padding): torch's fused CPU backward mishandles query rows with no key, so the caller
+    runs the exact math kernel. Under ``torch.compile`` no check runs: reading values breaks the graph of BloomModel's
+    block loop, and both shortcuts only save work.
     """
     if torch.compiler.is_compiling():
         return MaskPlan(attention_mask, False, False)
@@ -75,14 +52,7 @@ def sdpa_mask_plan(alibi: torch.Tensor, attention_mask: torch.Tensor | None, q_l
 # ---------------------------------------------------------------------- packed rows: document masks
 def document_causal_mask(document_ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """BLOOM's additive ``[batch, 1, T, T]`` mask for packed rows: each token sees its own row's earlier tokens.
-
-    ``document_ids`` ``[batch, T]`` numbers the rows packed into a sequence
-    (``ecomkit.data.packing``); 0 marks the padding after them, which forms
-    one more "row", so no query ever sees no key (SDPA's fused CPU backward
-    mishandles such rows, see :func:`sdpa_mask_plan`). 0 = attend, the
-    dtype's minimum = masked, as transformers' own 4-D masks; the model uses
-    a 4-D mask as given, and :func:`alibi_from_mask` reads positions from it.
-    """
+    ``document_ids`` ``[batch, T]`` numbers the packed rows; 0 (padding) forms one more row, so no query sees no key."""
     t = document_ids.shape[1]
     same = document_ids[:, :, None] == document_ids[:, None, :]
     causal = torch.ones(t, t, dtype=torch.bool, device=document_ids.device).tril()
@@ -96,15 +66,9 @@ _KNOWN_PLAN = "_ecomkit_known_plan"   # set on the masks built here: their plan,
 def attention_mask_for(batch: dict) -> torch.Tensor:
     """The mask a batch hands the model: a 4-D mask whose SDPA plan is known on the host, when it can be.
 
-    - packed rows (``document_ids``): their document mask;
-    - a training batch whose collator said whether it is padded (``has_padding``, a host bool,
-      ``ecomkit.train.loop.Counted``): without padding a plain causal mask (SDPA: ``is_causal``, no mask read),
-      with padding the causal mask of its rows, padding as one more "row" (right padding: no query without
-      a key, and no real token sees a padding one);
-    - anything else (evaluation, generation): its padding mask as it is, planned from its values.
-
-    Why: :func:`sdpa_mask_plan` otherwise reads the mask's values to plan, and on a GPU that read makes the
-    host wait for the device in every training step. The masks built here carry their plan.
+    Packed rows get their document mask; a training batch whose collator said ``has_padding`` gets a causal mask
+    (padding as one more row); anything else its padding mask. Why: planning from the mask's values makes a GPU host
+    wait for the device every step.
     """
     if "document_ids" in batch:
         return _known(document_causal_mask(batch["document_ids"]), causal=False)
@@ -120,26 +84,15 @@ def attention_mask_for(batch: dict) -> torch.Tensor:
 
 def _known(mask: torch.Tensor, causal: bool) -> torch.Tensor:
     """Mark ``mask`` with its plan: only whether it is plain causal, never a reference to the mask itself.
-
-    A mask holding a plan that holds the mask is a reference cycle: each step's ``[B, 1, T, T]`` mask would then
-    live until the garbage collector happens to run, and peak RSS rose step after step on packed bf16 rows
-    (tests/test_bf16_memory.py; tests/test_packing.py checks the masks are freed without the collector).
-    """
+    Why: a mask holding a plan that holds the mask is a reference cycle, kept until the garbage collector runs."""
     setattr(mask, _KNOWN_PLAN, causal)
     return mask
 
 
 def alibi_from_mask(attention_mask: torch.Tensor, num_heads: int, dtype: torch.dtype) -> torch.Tensor:
     """BLOOM's ``build_alibi_tensor`` for a 2-D padding mask, and for a 4-D causal mask (packed rows).
-
-    BLOOM biases key ``j`` by ``slope · position(j)``, the position counted
-    from the start of its sequence (the 2-D mask's running count). For a 4-D
-    causal mask each key is also a query whose row shows the keys before it:
-    their count minus one is the key's position within its own row. So a
-    packed row gets exactly the bias it gets alone, the same integers times
-    the same slopes (ALiBi depends on ``i - j`` only; the per-query constant
-    cancels in the softmax), and its logits are its logits alone.
-    """
+    In a 4-D causal mask a key's row shows the keys before it, so their count minus one is its position within its
+    own document: a packed row gets exactly the bias (and logits) it gets alone."""
     if attention_mask.dim() != 4:
         return modeling_bloom.build_alibi_tensor(attention_mask, num_heads, dtype)
     batch, t = attention_mask.shape[0], attention_mask.shape[-1]
@@ -162,11 +115,8 @@ def use_mask_positions(model: nn.Module) -> None:
 
 
 def alibi_slopes(num_heads: int, device: torch.device) -> torch.Tensor:
-    """BLOOM's per-head ALiBi slopes, read off its public ``build_alibi_tensor`` (position 1 of a 2-token row).
-
-    Why not transformers' private ``_get_alibi_slopes``: it appeared only in transformers 5.21, and reading the
-    public function gives the same numbers (slope × 1) in every version.
-    """
+    """BLOOM's per-head ALiBi slopes, read off its public ``build_alibi_tensor`` (position 1 of a 2-token row);
+    transformers' private ``_get_alibi_slopes`` exists only from 5.21."""
     ones = torch.ones(1, 2, dtype=torch.long, device=device)
     return modeling_bloom.build_alibi_tensor(ones, num_heads, torch.float32).reshape(num_heads, 2)[:, 1]
 
@@ -185,11 +135,7 @@ def flex_block_mask(attention_mask: torch.Tensor | None, batch: int, q_length: i
 
 
 def _cached_block_mask(alibi, attention_mask, batch, q_length, kv_length, device):
-    """One BlockMask per forward, shared by all layers (same trick as :func:`sdpa_mask_plan`).
-
-    A batch without padding gets the plain causal block mask, which does not
-    depend on the batch (cheaper to build than reading the 4-D mask).
-    """
+    """One BlockMask per forward, shared by all layers; an unpadded batch gets the plain causal block mask."""
     cached = getattr(alibi, "_ecomkit_block_mask", None)
     if cached is not None and cached[0] is attention_mask and cached[1] == q_length:
         return cached[2]

@@ -1,33 +1,15 @@
 """``--attn auto`` (the default): which attention a run uses, by device, precision and sequence length.
 
-Why a rule and not one default: SDPA never keeps the ``[batch, heads, T, T]``
-probabilities, so it wins on memory everywhere and on time at long sequences
-(``bench_attention``). On a CPU at short sequences BLOOM's eager attention can
-be faster: the score tensors are small, its two batched matmuls run through
-oneDNN, and the SDPA path pays for the ALiBi channel it adds to q and k while
-the fused CPU kernel has little to save. ``bench_attn_rule`` measures both
-side by side at each length and precision; the longest length up to which
-eager stays faster by more than 5 %, per precision, is
-:data:`CPU_EAGER_MAX_SEQ`, and a test recomputes it from the committed
-artifact (``ecomlab.derive.attention.eager_max_seq``), so the constant cannot
-drift from the measurement.
-
-On a GPU the same rule is read per GPU kind (:func:`ecomkit.hardware.gpu_kind`) from
-:data:`GPU_EAGER_MAX_SEQ`, which a test recomputes from the newest GPU artifact of
-``bench_attn_rule`` (bf16, the SeqGPT-560M shape, catalog-like padded rows at
-micro-batch 8 and 16; eager must win at every measured micro-batch of a length).
-A GPU kind without such an artifact gets SDPA, and the ``auto`` line says that
-the choice is unmeasured on that GPU.
+Why a rule: SDPA wins on memory everywhere and on time at long sequences, but on a CPU at short sequences eager
+can be faster. The crossovers are measured per precision (CPU) and per GPU kind; tests recompute them from the
+committed artifacts. A GPU kind without a measurement gets SDPA, and the ``auto`` line says so.
 """
 
 from __future__ import annotations
 
-# Per precision, the longest sequence length at which eager attention trained faster than SDPA on a CPU, in
-# benchmarks/results/bench_attn_rule-*.json (tests/test_attention_rule.py recomputes it from the newest artifact).
+# Per precision, the longest sequence length at which eager attention trained faster than SDPA on a CPU.
 CPU_EAGER_MAX_SEQ: dict[str, int] = {"fp32": 0, "bf16": 256}
-# Per GPU kind (ecomkit.hardware.gpu_kind), per precision, the same crossover measured on that GPU
-# (tests/test_attention_rule.py recomputes it from the newest GPU artifact of bench_attn_rule). Empty while no GPU
-# artifact of this repository exists: auto is sdpa there, and says that this is unmeasured.
+# Per GPU kind, per precision, the same crossover on that GPU; empty while unmeasured (auto is sdpa there).
 GPU_EAGER_MAX_SEQ: dict[str, dict[str, int]] = {}
 
 
@@ -35,10 +17,8 @@ def pick_attention(requested: str, precision: str, device_type: str, seq_len: in
                    eager_max_seq: dict[str, int] | None = None, gpu_kind: str | None = None,
                    gpu_eager_max_seq: dict[str, dict[str, int]] | None = None) -> tuple[str, str]:
     """(implementation, why) for ``--attn requested``; anything but ``auto`` is returned as asked.
-
     ``eager_max_seq``: the CPU limits (default :data:`CPU_EAGER_MAX_SEQ`); ``gpu_kind`` and
-    ``gpu_eager_max_seq``: the CUDA device's kind and the per-kind limits (default :data:`GPU_EAGER_MAX_SEQ`).
-    """
+    ``gpu_eager_max_seq``: the CUDA device's kind and the per-kind limits (default :data:`GPU_EAGER_MAX_SEQ`)."""
     if requested != "auto":
         return requested, f"--attn {requested} as asked"
     if device_type == "cpu":

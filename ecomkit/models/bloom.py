@@ -1,14 +1,7 @@
 """BLOOM model presets, exact parameter counts on the meta device, and ``load_model``.
 
-Why presets: the real models (SeqGPT-560M, EcomGPT-7B) cannot be downloaded
-here, and would not train on a 2-core laptop anyway. ``tiny`` and ``small``
-keep BLOOM's architecture (ALiBi, fused QKV, tied embeddings) at a size that
-trains in seconds, so every distributed code path runs for real; the two
-real shapes are built on the meta device, which gives their exact parameter
-count (Ψ) without allocating a byte.
-
-Model code here knows nothing about parallelism: strategies live in
-``ecomkit.parallel`` and are applied after the model is built.
+Why presets: ``tiny`` and ``small`` keep BLOOM's architecture at a size that trains in seconds, so every
+distributed path runs for real; the real shapes are built on the meta device for their exact Ψ.
 """
 
 from __future__ import annotations
@@ -41,9 +34,7 @@ class ModelPreset:
     description: str
 
 
-# Real BLOOM shapes use a 250,880-token vocabulary; the toy presets size their
-# embedding to the locally trained tokenizer so the embedding does not dwarf
-# the transformer blocks.
+# Real BLOOM shapes use a 250,880-token vocabulary; toy presets size theirs to the local tokenizer.
 PRESETS: dict[str, ModelPreset] = {
     "tiny": ModelPreset(64, 2, 4, None, "2 blocks, hidden 64: unit tests, seconds on CPU"),
     "small": ModelPreset(512, 4, 8, None, "4 blocks, hidden 512: benchmarks, minutes on CPU"),
@@ -70,11 +61,8 @@ def _unknown_preset_message(name: str) -> str:
 
 def preset_config(name: str, vocab_size: int | None = None, **overrides: Any) -> BloomConfig:
     """Return the ``BloomConfig`` of a preset; ``vocab_size`` fills in toy presets' vocabulary.
-
-    ``seqgpt-560m`` and ``ecomgpt-7b`` keep BLOOM's 250,880-token vocabulary with any smaller tokenizer, so
-    they are the models they name (559,214,592 and 7,069,016,064 parameters): half of SeqGPT-560M's FLOPs
-    are its LM head. A larger tokenizer grows it (special tokens added); ``overrides`` set any field.
-    """
+    Real shapes keep BLOOM's 250,880-token vocabulary with any smaller tokenizer (a larger one grows it), so they
+    are the models they name; ``overrides`` set any field."""
     if name not in PRESETS:
         raise ModelNotFoundError(_unknown_preset_message(name))
     p = PRESETS[name]
@@ -105,13 +93,8 @@ def build_model(name_or_config: str | BloomConfig, *, vocab_size: int | None = N
                 device: str | torch.device = "cpu", seed: int | None = 0,
                 dtype: torch.dtype = torch.float32) -> BloomForCausalLM:
     """Build a randomly initialised BLOOM from a preset or config, its weights made in ``dtype``.
-
-    ``device="meta"`` allocates nothing: use it for parameter counts and for the
-    memory planner. Seeding happens here so that every rank (and a 1-process
-    reference run) starts from bit-identical weights. The weights are created
-    in ``dtype`` (a bf16 model never exists in fp32 first); torch's initialisers
-    give the values of the fp32 init rounded to bf16, which a test checks.
-    """
+    Why seeded here: every rank and a 1-process reference start from bit-identical weights. ``device="meta"``
+    allocates nothing (parameter counts, the planner)."""
     cfg = name_or_config if isinstance(name_or_config, BloomConfig) else preset_config(name_or_config, vocab_size)
     if seed is not None and str(device) != "meta":
         torch.manual_seed(seed)
@@ -150,14 +133,8 @@ def count_parameters(model: torch.nn.Module, trainable_only: bool = False) -> in
 
 def enable_activation_checkpointing(model: torch.nn.Module, checkpoint_kwargs: dict[str, Any] | None = None) -> None:
     """Turn on transformers' per-block activation checkpointing, under this transformers version's name for it.
-
-    Why one home: transformers 5.23 renamed ``gradient_checkpointing_enable`` to ``activation_checkpointing_enable``
-    (the old name stays as a deprecated alias until 6); before 5.23 only the old name exists, with the same
-    arguments and the same effect (each block flagged, ``_set_gradient_checkpointing`` installing the function,
-    input gradients on). Every caller goes through here, so the name lives in one place and transformers
-    5.0 to 5.22 (at or above the measured floor, docs/gpu.md) still checkpoint. ``checkpoint_kwargs`` go to
-    ``torch.utils.checkpoint.checkpoint`` (None: transformers' default, ``use_reentrant=False``).
-    """
+    Why: transformers 5.23 renamed ``gradient_checkpointing_enable`` to ``activation_checkpointing_enable``; every
+    caller goes through here. ``checkpoint_kwargs`` go to ``torch.utils.checkpoint.checkpoint``."""
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:
         enable(activation_checkpointing_kwargs=checkpoint_kwargs)
@@ -178,18 +155,8 @@ def preset_parameter_count(name: str, vocab_size: int | None = None) -> int:
 
 def flops_per_token(n_params: int, n_layer: int, hidden: int, seq_len: float) -> float:
     """Training FLOPs per token of a BLOOM: 6Ψ + 12·L·h·T (for MFU and the time planner).
-
-    ``seq_len`` (T) is the attention length: the planner passes the planned
-    sequence length; MFU of a real run passes the token-weighted mean of the
-    batch's *real* lengths (``ecomkit.metrics.attention_length``), so padding
-    and short samples are not counted as attention work.
-
-    6Ψ is forward 2Ψ + backward 4Ψ (every weight is one multiply-add per
-    token); 12·L·h·T are the attention score/value products, which involve no
-    weight (PaLM appendix B). Ψ counts every parameter once, embeddings
-    included, as nanoGPT does: the tied LM head still does its 2·V·h matmul,
-    which 6Ψ already counts.
-    """
+    6Ψ is forward 2Ψ + backward 4Ψ; 12·L·h·T are the attention products, which involve no weight (PaLM appendix B).
+    ``seq_len`` (T) is the attention length: planned, or a real run's token-weighted mean real length."""
     return 6.0 * n_params + 12.0 * n_layer * hidden * seq_len
 
 
@@ -200,13 +167,7 @@ def is_local_model_dir(path: str | os.PathLike) -> bool:
 @dataclass(frozen=True)
 class ModelSource:
     """What to load, without saying how: strategies decide how the model is materialised.
-
-    ``name_or_path`` is a preset, a local ``save_pretrained`` directory or a
-    hub id (as for :func:`load_model`); ``vocab_size`` sizes a toy preset's
-    embedding; ``seed`` makes random inits identical on every rank; ``dtype``
-    is the dtype the weights are made in, ``None`` for the one the strategy
-    trains them in (``Strategy.weight_dtype``).
-    """
+    ``name_or_path`` as for :func:`load_model`; ``dtype`` None is the strategy's ``weight_dtype``."""
 
     name_or_path: str
     vocab_size: int | None = None
@@ -220,12 +181,8 @@ class ModelSource:
 
 
 def build_empty_model(source: ModelSource, device: str | torch.device = "meta") -> PreTrainedModel:
-    """The architecture of ``source`` with no trained weights: on ``meta`` nothing is allocated.
-
-    On a real device the weights are allocated but not initialised (a caller
-    overwrites them from a checkpoint, so random init would be wasted time). A checkpoint keeps its own
-    vocabulary, as :func:`load_model` does (BLOOM's 250,880 rows exceed its tokenizer's 250,680 entries).
-    """
+    """The architecture of ``source`` with no trained weights: on ``meta`` nothing is allocated, elsewhere the
+    weights are allocated uninitialised for a checkpoint to fill (which keeps its own vocabulary)."""
     config = model_config(source.name_or_path,
                           vocab_size=source.vocab_size if source.name_or_path in PRESETS else None)
     with no_init_weights(), torch.device(device):
@@ -242,17 +199,8 @@ def checkpoint_files() -> Any:
 def load_model(name_or_path: str, *, vocab_size: int | None = None, device: str | torch.device = "cpu",
                seed: int | None = 0, dtype: torch.dtype = torch.float32,
                trust_remote_code: bool = False) -> PreTrainedModel:
-    """Load a model from a preset name, a local ``save_pretrained`` directory, or a hub id.
-
-    - preset → random init from the preset's config (seeded);
-    - local directory of safetensors → :func:`load_local_checkpoint` (one tensor at a time, in ``dtype``);
-      other local formats → ``from_pretrained`` with ``local_files_only=True``;
-    - ``org/name`` → ``from_pretrained`` from the hub; offline this fails with a
-      message saying how to provide local weights.
-
-    ``trust_remote_code`` stays off by default: BLOOM is built into transformers,
-    and executing a repository's Python code is a decision a user makes explicitly.
-    """
+    """Load a model from a preset name (seeded random init), a local ``save_pretrained`` directory, or a hub id.
+    ``trust_remote_code`` stays off by default: executing a repository's code is the user's explicit decision."""
     if name_or_path in PRESETS:
         return build_model(name_or_path, vocab_size=vocab_size, device=device, seed=seed, dtype=dtype)
     if is_local_model_dir(name_or_path) and checkpoint_files().has_safetensors(name_or_path) and not (
@@ -280,14 +228,8 @@ def load_local_checkpoint(path: str | os.PathLike, *, device: str | torch.device
     """A local safetensors checkpoint, whole, in ``dtype`` on ``device``: made empty there, then read one tensor
     at a time (:class:`~ecomkit.models.checkpoint_files.CheckpointReader`).
 
-    Why not ``from_pretrained``: it maps the files, and every page it reads
-    counts as this process's memory until the files close, so a bf16 load of an
-    fp32 checkpoint holds the fp32 bytes too (measured: 3 bytes per fp32 byte
-    of the model). Here a process holds the model in ``dtype`` plus one tensor
-    as stored, read into host memory and converted there (``bench_load``
-    measures it; the planner's "while loading" row counts it). Like
-    ``from_pretrained``: tied weights tied, the saved generation settings
-    read, evaluation mode.
+    Why not ``from_pretrained``: its mapped pages count as this process's memory, so a bf16 load of an fp32
+    checkpoint also holds the fp32 bytes; here a process holds the model plus one stored tensor.
     """
     model = build_empty_model(ModelSource(str(path), dtype=dtype), device=device)
     files = checkpoint_files()
@@ -300,12 +242,8 @@ def load_local_checkpoint(path: str | os.PathLike, *, device: str | torch.device
 
 
 def model_config(name_or_path: str, *, vocab_size: int | None = None) -> PretrainedConfig:
-    """The architecture :func:`load_model` builds for ``name_or_path``, without any weights.
-
-    The same choice as :func:`load_model`: a preset's config, or the
-    ``config.json`` of a local directory or hub id. ``vocab_size`` overrides
-    the vocabulary (a toy preset sized by its tokenizer, a resized real model).
-    """
+    """The architecture :func:`load_model` builds for ``name_or_path``, without any weights (``vocab_size``
+    overrides the vocabulary)."""
     if name_or_path in PRESETS:
         return preset_config(name_or_path, vocab_size=vocab_size)
     config = AutoConfig.from_pretrained(name_or_path, local_files_only=is_local_model_dir(name_or_path))
@@ -320,13 +258,8 @@ BLOOM_TRAINING_LENGTH = 2048
 
 
 def model_length_limit(name_or_path: str) -> int:
-    """The longest sequence ``--seq-len auto`` may choose for this model.
-
-    A preset: BLOOM's training length. A saved or hub model: its config's
-    ``seq_length`` (BLOOM's configs), ``n_positions`` or ``max_position_embeddings``
-    when it has one, else BLOOM's training length. A name that is none of these
-    raises :func:`load_model`'s error, so a typo fails before the data is built.
-    """
+    """The longest sequence ``--seq-len auto`` may choose for this model: its config's length, else BLOOM's
+    training length; an unknown name raises :func:`load_model`'s error before the data is built."""
     if name_or_path in PRESETS:
         return BLOOM_TRAINING_LENGTH
     if not is_local_model_dir(name_or_path) and ("/" not in name_or_path or name_or_path.startswith((".", "/"))):
@@ -344,10 +277,7 @@ def model_length_limit(name_or_path: str) -> int:
 
 def hub_reachable() -> bool:
     """Cheap offline check: ``HF_HUB_OFFLINE`` or a hub host name that does not resolve.
-
-    Without it ``from_pretrained`` retries for ~30 s before failing; with it an
-    offline user gets the actionable message at once (the local cache is still used).
-    """
+    Why: ``from_pretrained`` retries for ~30 s before failing; this gives the actionable message at once."""
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
         return False
     host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
@@ -377,11 +307,7 @@ def _load_from_hub(hub_id: str, *, device, dtype, trust_remote_code: bool) -> Pr
 
 def model_origin(name_or_path: str) -> dict[str, str]:
     """Where a run's weights come from: ``{"kind": preset | local | hub, "text": what a user should know}``.
-
-    Why say it: a preset trains from a random init, so a run on ``tiny`` or ``small`` learns the mechanics
-    and the task's surface, never language; a user who wants the task done well needs real weights, and
-    the start-up line and the summary say so where the model is named.
-    """
+    Why: a preset trains from a random init and never learns language; the start-up line and summary say so."""
     if name_or_path in PRESETS:
         shape = PRESETS[name_or_path].description.split(":")[0]
         real = HUB_IDS.get(name_or_path, HUB_IDS["seqgpt-560m"])

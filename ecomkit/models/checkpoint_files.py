@@ -1,18 +1,8 @@
 """Read a ``save_pretrained`` checkpoint one tensor at a time, without mapping the files into memory.
 
-Why not ``safetensors.safe_open`` or ``from_pretrained``: both memory-map the
-``*.safetensors`` files. Pages of a mapped file that were read count in the
-process's resident memory until the file is closed, so a loader that keeps a
-7B checkpoint's files open holds 14-28 GB "resident" by the end, however
-carefully it copies tensor by tensor. :class:`CheckpointReader` parses the
-safetensors header (8 bytes of length, then JSON: dtype, shape and byte range
-per tensor) and reads each tensor with an ordinary ``readinto`` into a fresh
-tensor, so reading tensor ``k`` costs exactly its bytes, and nothing stays
-behind when it is freed. Strategies that shard the model (``ecomkit.parallel``)
-use it to materialise one tensor at a time; model code stays ignorant of them.
-
-Sharded checkpoints (``model.safetensors.index.json`` with its ``weight_map``)
-and single files (``model.safetensors``) are both read.
+Why not ``safe_open`` or ``from_pretrained``: read pages of a mapped file count as resident until it closes, so a
+7B load would hold 14-28 GB. This parses the safetensors header and ``readinto``s each tensor into a fresh one;
+single files and sharded indexes are both read.
 """
 
 from __future__ import annotations
@@ -77,16 +67,8 @@ _M_MMAP_THRESHOLD = -3
 @contextlib.contextmanager
 def freed_memory_returned():
     """While loading, make freed host buffers go back to the OS at once (glibc; elsewhere a no-op).
-
-    Why: a sharded load allocates a whole tensor, keeps a slice, frees the
-    tensor, many times over. glibc raises its mmap threshold after the first
-    large free, so later tensors come from the heap, where the holes between
-    kept slices are never returned: measured on 2 ranks, a 228 MiB model's
-    ZeRO-3 load left 275 MiB more resident on rank 0 than its partition
-    needs. With a fixed 128 KiB threshold every large buffer is its own
-    mapping and leaves when freed. Afterwards the threshold is set to 32 MiB,
-    where glibc's own adjustment would end up, so training allocates as usual.
-    """
+    Why: a sharded load frees whole tensors after keeping slices; once glibc raises its mmap threshold the holes
+    stay in the heap. A fixed 128 KiB threshold returns them; afterwards it is set to 32 MiB for training."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
@@ -128,11 +110,8 @@ class CheckpointReader:
         return list(self.entries)
 
     def resolve(self, name: str, prefix: str = "") -> str | None:
-        """The checkpoint key for model parameter ``name``: as is, or without the base-model prefix.
-
-        Checkpoints saved from the bare ``BloomModel`` (bigscience's own files)
-        name tensors ``h.0...``; ``BloomForCausalLM`` calls them ``transformer.h.0...``.
-        """
+        """The checkpoint key for model parameter ``name``: as is, or without the base-model prefix (bare
+        ``BloomModel`` files name tensors ``h.0...``, not ``transformer.h.0...``)."""
         if name in self.entries:
             return name
         if prefix and name.startswith(prefix + "."):
@@ -159,11 +138,7 @@ class CheckpointReader:
 
 def read_into(model: torch.nn.Module, reader: CheckpointReader) -> None:
     """Copy every parameter and buffer of ``model`` from ``reader``, one tensor at a time, converted on the host.
-
-    Each tensor is read as stored, converted to the parameter's dtype in host memory and copied into place
-    (a parameter on a GPU receives only its own bytes). A tied parameter is read once. A parameter the
-    checkpoint lacks is an error naming it (a different architecture), not a silent random init.
-    """
+    A tied parameter is read once; a parameter the checkpoint lacks is an error naming it, not a random init."""
     prefix = getattr(model, "base_model_prefix", "")
     seen: set[int] = set()
     missing = []

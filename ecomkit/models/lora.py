@@ -1,35 +1,10 @@
 """LoRA on a frozen base through Hugging Face ``peft``: applied once, between building the model and wrapping it.
 
-Why ``peft.inject_adapter_in_model`` and not ``get_peft_model``: injection
-changes the ``BloomForCausalLM`` in place and returns it, so every strategy
-keeps seeing the model class it already knows (``transformer.h`` for FSDP2's
-units, ``model.config``, ``lm_head`` for the loss). Only the
-parameter names change: an adapted Linear keeps its weight as
-``<module>.base_layer.weight`` next to ``<module>.lora_A.default.weight`` and
-``<module>.lora_B.default.weight``. What PEFT already does (the LoRA layers,
-their initialisation, merging, its on-disk format) is PEFT's code; this
-module only decides *when* it runs, freezes the base, and turns the
-consolidated weights a strategy gathers into PEFT's two outputs.
-
-The documented order (``ecomkit.train.loop``): build the model (whole, under
-``deepspeed.zero.Init``, or on the meta device) → :func:`apply_peft` → the
-strategy wraps it. Nothing here knows about parallelism:
-
-- **Seeded, identical on every rank.** After injection every adapter is
-  re-initialised with PEFT's own ``reset_lora_parameters`` from ``cfg.seed``, in
-  module order, so ``lora_A`` is bit-identical on every rank without a broadcast
-  (``lora_B`` starts at zero, as in the paper), whatever the strategy.
-- **A model on the meta device** (FSDP2 loading a checkpoint bigger than a
-  rank) gets its adapters' initial values computed here on the CPU, with
-  PEFT's own ``reset_lora_parameters`` (the adapters are tiny), and kept in
-  :data:`ADAPTER_INIT_ATTR` for the loader to copy into each rank's shard.
-- **Frozen base in bf16.** With ``--precision bf16`` the frozen weights are
-  held in bf16 (half their bytes; they get no gradient and no optimizer state),
-  while the adapters and their AdamW states stay fp32. Strategies load the model
-  straight into bf16 (:func:`frozen_base_dtype`, ``Strategy.weight_dtype``), so
-  no rank holds the fp32 model first; PEFT gives new adapters the base layer's
-  dtype (and ``modules_to_save`` copies keep the module's), so they are made fp32
-  again before their seeded initialisation, which gives the values an fp32 base would.
+Why ``inject_adapter_in_model`` and not ``get_peft_model``: it changes the ``BloomForCausalLM`` in place, so every
+strategy keeps the model class it knows; only adapted Linears' names change (``base_layer``, ``lora_A``,
+``lora_B``). Adapters are re-initialised from ``cfg.seed`` with PEFT's own reset, so every rank (and a model on the
+meta device) starts identical without a broadcast; under ``--precision bf16`` the frozen base is held in bf16 and
+the adapters and their optimizer states in fp32.
 """
 
 from __future__ import annotations
@@ -56,15 +31,8 @@ PEFT_PREFIX = "base_model.model."         # what PeftModel puts before the wrapp
 @contextlib.contextmanager
 def bitsandbytes_only_for_qlora(cfg: TrainConfig) -> Iterator[None]:
     """Hide bitsandbytes from peft unless ``--lora-base-bits`` asks for it.
-
-    Why: peft imports bitsandbytes whenever it is installed (``peft.helpers`` at
-    ``import peft``, the LoRA dispatcher at injection), and bitsandbytes' CPU
-    backend then prints a kernel-download warning in every process, for runs
-    that never quantize anything. Within this block ``import bitsandbytes``
-    fails as if it were absent (``sys.modules[name] = None``); peft's cached
-    "is bitsandbytes available" answers are cleared on the way in and out, so a
-    later QLoRA run in the same process finds it again.
-    """
+    Why: peft imports bitsandbytes whenever installed, and its CPU backend warns in every process of runs that
+    quantize nothing; peft's cached answer is cleared on the way in and out."""
     hide = cfg.lora_base_bits >= 16 and "bitsandbytes" not in sys.modules
     if hide:
         sys.modules["bitsandbytes"] = None   # type: ignore[assignment]
@@ -131,13 +99,8 @@ def frozen_base_dtype(cfg: TrainConfig) -> torch.dtype | None:
 
 
 def adapters_in_fp32(model: nn.Module) -> None:
-    """Make what LoRA trains fp32: PEFT gives new adapters the base layer's dtype, and copies a module it trains
-    in full (``modules_to_save``) in the module's own dtype, bf16 on a bf16 base. They train under autocast.
-    A module trained in full thus starts from its weights rounded to bf16, as it would from a bf16 checkpoint.
-
-    A model built under ``deepspeed.zero.Init`` is left as PEFT made it: DeepSpeed casts no parameter of
-    such a model, and keeps its own fp32 masters of the trainable ones.
-    """
+    """Make what LoRA trains fp32: PEFT gives new adapters (and ``modules_to_save`` copies) the base's dtype.
+    A model built under ``deepspeed.zero.Init`` is left as is: DeepSpeed keeps its own fp32 masters."""
     if any(hasattr(p, "ds_id") for p in model.parameters()):
         return
     with torch.no_grad():
@@ -152,11 +115,10 @@ def is_trainable_name(name: str) -> bool:
 
 
 def freeze_base_in_bf16(model: nn.Module) -> None:
-    """Cast every frozen floating-point parameter to bf16 (on meta too: the loader then reads bf16), but the
-    LayerNorms' (bf16 values held in fp32); trainable ones stay fp32, and so do their optimizer states.
+    """Cast every frozen floating-point parameter to bf16 (on meta too), but the LayerNorms' (bf16 values held in
+    fp32); trainable ones stay fp32.
 
-    Why the norms in fp32: a module trained in full (``modules_to_save``, fp32) feeds its fp32 output to a frozen
-    LayerNorm, and a CPU ``layer_norm`` refuses an fp32 input with bf16 weights (autocast casts neither there).
+    Why the norms in fp32: a CPU ``layer_norm`` refuses a ``modules_to_save`` module's fp32 output with bf16 weights.
     """
     norms = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters(recurse=False)}
     with torch.no_grad():
@@ -252,13 +214,8 @@ def base_reference(model: str) -> str:
 def save_peft_outputs(state: dict[str, torch.Tensor], model_config: Any, cfg: TrainConfig, out_dir: str | Path,
                       tokenizer: Any | None = None) -> dict[str, str]:
     """Write ``<out_dir>/adapter`` (PEFT's format) and ``<out_dir>/final`` (merged, plain ``save_pretrained``).
-
-    ``adapter`` is what ``PeftModel.from_pretrained(base, dir)`` loads:
-    ``adapter_config.json`` and ``adapter_model.safetensors`` with only the
-    trained tensors. ``final`` is the base with ``B·A·alpha/r`` added into each
-    adapted weight (PEFT's ``merge_and_unload``), loadable without peft.
-    Call on the rank that holds the consolidated ``state``.
-    """
+    ``adapter`` is what ``PeftModel.from_pretrained(base, dir)`` loads; ``final`` is the base with ``B·A·alpha/r``
+    merged in, loadable without peft. Call on the rank that holds the consolidated ``state``."""
     out = Path(out_dir)
     peft_model = peft_model_from_state(state, model_config, cfg)
     peft_model.save_pretrained(str(out / "adapter"), safe_serialization=True)

@@ -1,23 +1,9 @@
 """The LM head's loss of one micro-batch, from the model's last hidden states: a function, never a changed model.
 
-Why from hidden states: at long sequences the LM head's ``[batch, T, vocab]`` logits, their fp32 log-softmax
-and the gradients of both are the biggest tensors of a training step (BLOOM's vocabulary is 250,880). A
-strategy runs BLOOM's own forward to its last hidden states (:func:`last_hidden_state`: the head kept to no
-position) and calls a :class:`TokenLoss` on them with the head module; the model's class, forward, parameters
-and saved files are untouched.
-
-Which loss (``--loss-kernel``, :func:`pick_loss_kernel`): ``chunked`` (:func:`chunked_token_loss_sum`: only
-the labeled positions, head + cross-entropy a chunk at a time); ``full`` (transformers' logits and
-``F.cross_entropy``); or a fused linear cross-entropy from a maintained library on CUDA, liger-kernel's
-``LigerFusedLinearCrossEntropyLoss`` or cut-cross-entropy's ``linear_cross_entropy``, on the same labeled rows,
-shifted here and summed (``reduction="sum"``), so the loss convention is the same whichever runs.
-cut-cross-entropy keeps its default gradient filter (entries below ``eps/32`` of the compute dtype are
-skipped in backward): the loss is exact, the gradient is rounded at that level. ``auto`` is the chunked loss
-on a CPU and, on a GPU, the kernel ``benchmarks/gpu_bench.py`` measured fastest there (:data:`GPU_LOSS_KERNEL`).
-
-Why sums: the loop divides once by the global batch's label-token count, so every split of one global batch
-(1 or 2 processes, accumulation) gives the same gradient; a micro-batch mean would weight short and long
-batches alike.
+Why from hidden states: the ``[batch, T, vocab]`` logits (vocabulary 250,880) and their gradients are a step's
+biggest tensors. ``--loss-kernel`` picks ``chunked`` (labeled positions only, a chunk at a time), ``full``
+(transformers' logits) or a fused linear cross-entropy on CUDA (liger, cce); all return sums, which the loop divides
+once by the global batch's label-token count, so every split of one global batch gives the same gradient.
 """
 
 from __future__ import annotations
@@ -34,10 +20,8 @@ from torch.utils.checkpoint import checkpoint
 from ecomkit.config.vocabulary import LOSS_KERNEL_PACKAGES
 from ecomkit.errors import ConfigError
 
-# Per GPU kind (ecomkit.hardware.gpu_kind), the loss kernel benchmarks/gpu_bench.py measured fastest (its
-# "loss_kernel" rows, BLOOM's 250,880-token vocabulary): ecomlab.derive.loss_kernel of the newest GPU artifact,
-# recomputed by tests/test_loss_kernel.py. Empty while no GPU artifact of this repository has those rows: ``auto``
-# keeps the chunked loss on a GPU and says that the choice is unmeasured there.
+# Per GPU kind, the loss kernel measured fastest there (ecomlab.derive.loss_kernel of the newest GPU artifact).
+# Empty while no GPU artifact has those rows: ``auto`` keeps the chunked loss and says it is unmeasured.
 GPU_LOSS_KERNEL: dict[str, str] = {}
 
 
@@ -66,44 +50,12 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
                            fused: Callable | None = None, label_count: int | None = None) -> torch.Tensor:
     """:func:`token_loss_sum` from the last hidden state, never holding the ``[B, T, vocab]`` logits.
 
-    Why: at long sequences the LM head's logits, their fp32 log-softmax and
-    the gradients of both are the biggest tensors of a training step (each
-    ``B × T × vocab`` floats; BLOOM's vocabulary is 250,880). This keeps only
-    the positions that have a label (NLU answers are a small part of each
-    sequence), then computes head + cross-entropy ``chunk_tokens`` positions
-    at a time under activation checkpointing: the forward keeps no logits and
-    the backward recomputes one chunk's logits at a time. The cost is one
-    extra head matmul per chunk in backward; when everything fits in one
-    chunk nothing is recomputed.
-
-    ``row_multiple`` (bf16/fp16 autocast on CPU, ``models/precision.py``): the
-    kept positions are topped up with unlabeled ones (label -100, so they add
-    exactly 0 and no gradient) to a multiple of it. Why: the number of labeled
-    positions changes almost every step, and each new row count is a new
-    shape of the head's matmul, for which oneDNN builds and keeps a primitive
-    (forward, and both backward products). With AMX on a Xeon that was most
-    of a bf16 run's memory growth after batch lengths were rounded
-    (docs/perf.md, "bf16 on CPU: memory"). It also keeps the products on
-    whole 16-row tiles: oneDNN's bf16 GEMM on ``B × (T − 1)`` rows (1016 for
-    8 × 128) ran about 20 % slower than on 1024, so the candidates are all
-    ``B × T`` positions, not only those with a successor.
-
-    ``cross_entropy(logits, target)``: Σ of the rows' losses (default :func:`cross_entropy_sum`, ATen's; the fast
-    paths give ecomkit's fused CPU kernel, ``fast/cpu_kernels.py``, one pass each way instead of
-    ATen's cast, ``log_softmax``, zero-filled ``nll_loss`` gradient and cast back.
-
-    ``label_count``: how many positions have a label, counted on the host before the batch became tensors
-    (``train/loop.py``'s ``Counted``). With it the selection has a shape known in advance (``torch.nonzero_static``);
-    without it (evaluation) ``nonzero`` sizes its result from the labels' values, which on a GPU makes the
-    host wait for the device.
-
-    ``fused`` (``--loss-kernel liger|cce``): one call of a library's fused
-    linear cross-entropy on the labeled rows (:data:`FUSED_LOSSES`), which
-    chunks inside its kernels, instead of the chunk loop.
-
-    Equal to ``token_loss_sum(head(hidden), labels)`` up to the order of the
-    floating-point sum (tested). ``head`` is called as a module, so wrappers'
-    hooks on it (FSDP2 unsharding, autocast) still run.
+    Why: keeps only the labeled positions, then runs head + cross-entropy ``chunk_tokens`` at a time under
+    activation checkpointing (one extra head matmul per chunk in backward). Equal to
+    ``token_loss_sum(head(hidden), labels)`` up to summation order; ``head`` is called as a module so wrappers'
+    hooks run. Args: ``row_multiple`` tops the rows up with unlabeled ones to :func:`head_rows` (few oneDNN
+    primitive shapes under bf16 on CPU); ``cross_entropy`` sums rows' losses; ``label_count`` (counted on the host)
+    avoids a device sync; ``fused`` is a library's linear cross-entropy used instead of the chunk loop.
     """
     # Every position, the last of each row labeled -100 (nothing follows it): B × T rows, a multiple of
     # ``row_multiple`` when T is, so a batch with (nearly) every position labeled still tops up to one.
@@ -139,10 +91,8 @@ def _unbacked_rows(head_loss: Callable, head: nn.Module, h: torch.Tensor, y: tor
     return head_loss(head, h, y, cross_entropy)
 
 
-# Under torch.compile (--compile) the label selection runs eagerly: its row count (the labeled positions) changes
-# every step, and a compiled graph after it would be specialised to that count and recompiled for the next one.
-# The graphs on either side see only fixed shapes ([B, T, h] hidden states, [B, T] labels), so packed batches,
-# which have one shape, compile once (tests/test_packing.py counts).
+# Under --compile the label selection runs eagerly: its row count changes every step and would recompile a graph
+# after it; the graphs on either side see fixed shapes, so packed batches compile once.
 chunked_token_loss_sum = torch.compiler.disable(chunked_token_loss_sum, recursive=True)
 
 
@@ -180,11 +130,7 @@ class _ChunksWithGradients(torch.autograd.Function):
 def chunks_with_gradients(head: nn.Module, h: torch.Tensor, y: torch.Tensor, chunk_tokens: int = 1024,
                           cross_entropy: Callable | None = None) -> torch.Tensor:
     """The chunked loss of rows ``h`` (labels ``y``) with its gradients computed in the forward, as liger's is.
-
-    Why: a head whose weight is whole only for the length of the loss's forward (ZeRO-3 gathers it once, around
-    this call) gets no chunk recomputed in backward, so the number of gathers does not depend on how many
-    positions a rank labels. Reads ``head.weight`` (and ``bias``): a plain linear head.
-    """
+    Why: a head whose weight is whole only during the loss's forward (ZeRO-3) recomputes no chunk in backward."""
     if not isinstance(getattr(head, "weight", None), torch.Tensor):
         raise ConfigError(f"the LM head is a {type(head).__name__} without a weight of its own (an adapter?): the "
                           "chunked loss of a head gathered once takes a plain linear head. Use --loss-kernel full.")
@@ -202,10 +148,7 @@ def head_rows(count: int, multiple: int, positions: int) -> int:
     """The LM head's row count for ``count`` labeled positions: a multiple of ``multiple``, and of an eighth of
     ``count``'s power of two, so at most 12.5 % more rows and eight row counts per doubling (or every position).
 
-    Why a ladder and not multiples of ``multiple`` alone: under bf16 on CPU every row count is a new oneDNN
-    primitive, kept in its cache. Packed sequences of ~1,000 tokens have label counts spread over thousands, so
-    multiples of 16 left hundreds of counts and peak RSS still crept up (tests/test_bf16_memory.py); the
-    ladder leaves a few dozen.
+    Why: under bf16 on CPU every row count is a new cached oneDNN primitive; the ladder keeps them few.
     """
     step = max(multiple, 1 << max(count.bit_length() - 4, 0))
     return min(-(-count // step) * step, positions)
@@ -232,10 +175,8 @@ def head_loss_sum(head: torch.nn.Module, h: torch.Tensor, y: torch.Tensor,
 
 def last_hidden_state(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """The last hidden states ``[B, T, hidden]`` (after ``ln_f``) through ``model``'s own forward, wrappers' too.
-
     Why the forward and not ``model.transformer``: a wrapper prepares there (DDP its reducer, FSDP2 and ZeRO-3
-    their gathers, DeepSpeed its step). The head runs on no position (``logits_to_keep`` of none), so no logits.
-    """
+    their gathers, DeepSpeed its step). The head runs on no position (``logits_to_keep`` of none), so no logits."""
     none = torch.empty(0, dtype=torch.long, device=input_ids.device)
     out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=none, output_hidden_states=True,
                 use_cache=False)
@@ -244,10 +185,7 @@ def last_hidden_state(model: nn.Module, input_ids: torch.Tensor, attention_mask:
 
 @dataclass(frozen=True)
 class TokenLoss:
-    """Σ token losses of a micro-batch from its last hidden states and the LM head: ``loss(hidden, head, labels)``.
-
-    What a strategy's ``forward_loss_sum`` calls after BLOOM's forward; the loop's fast paths pick the fields.
-    """
+    """Σ token losses of a micro-batch from its last hidden states and the LM head: ``loss(hidden, head, labels)``."""
 
     kernel: str = "full"              # full | chunked | liger | cce (--loss-kernel, resolved)
     chunk_tokens: int = 1024          # chunked: labeled positions per head call (--loss-chunk-tokens)
@@ -283,9 +221,7 @@ class TokenLoss:
 def lm_loss_sum(model: nn.Module, loss: TokenLoss, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 labels: torch.Tensor, head: nn.Module | None = None, label_count: int | None = None) -> torch.Tensor:
     """Σ token losses of a batch: ``model``'s forward (to logits, or to hidden states), then ``loss``.
-
-    ``head``: the LM head module (default ``model.lm_head``; a wrapper's caller passes the inner model's).
-    """
+    ``head``: the LM head module (default ``model.lm_head``; a wrapper's caller passes the inner model's)."""
     if loss.from_logits:
         return token_loss_sum(model(input_ids=input_ids, attention_mask=attention_mask).logits, labels)
     hidden = last_hidden_state(model, input_ids, attention_mask)
@@ -294,11 +230,8 @@ def lm_loss_sum(model: nn.Module, loss: TokenLoss, input_ids: torch.Tensor, atte
 
 # ---------------------------------------------------------------------- fused linear cross-entropy (CUDA)
 def _autocast_operands(h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``h`` and ``weight`` in the dtype autocast would multiply them in (cut-cross-entropy computes in ``h``'s).
-
-    Under bf16 autocast the final LayerNorm's output is fp32 and the weights are fp32 masters; the head's matmul
-    would run in bf16, so the kernel's does too. The casts are differentiable: gradients return in fp32.
-    """
+    """``h`` and ``weight`` in the dtype autocast would multiply them in (cut-cross-entropy computes in ``h``'s);
+    the casts are differentiable, so gradients return in fp32."""
     device = h.device.type
     if torch.is_autocast_enabled(device):
         dtype = torch.get_autocast_dtype(device)
@@ -307,13 +240,8 @@ def _autocast_operands(h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Ten
 
 
 def liger_loss_sum(head: nn.Module, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Sum of token losses of rows ``h`` (``[N, hidden]``) against ``y`` (``[N]``) through liger-kernel.
-
-    ``LigerFusedLinearCrossEntropyLoss(reduction="sum")(weight, input, target, bias)``: its input is already
-    flat and shifted (as liger's own transformers integration passes it), so rows and labels are ecomkit's.
-    Under autocast it runs the head's matmul as autocast would (liger's forward is ``custom_fwd``) and keeps
-    fp32 accumulators for fp32 weights.
-    """
+    """Sum of token losses of rows ``h`` (``[N, hidden]``) against ``y`` (``[N]``) through liger-kernel (its input
+    flat and shifted, as liger's own transformers integration passes it)."""
     from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss  # lazy: GPU extra
 
     return LigerFusedLinearCrossEntropyLoss(ignore_index=-100, reduction="sum")(head.weight, h, y, head.bias)
@@ -340,10 +268,8 @@ def pick_loss_kernel(requested: str, device_type: str, gpu_kind: str | None = No
                      measured: dict[str, str] | None = None, installed: Callable[[str], bool] | None = None
                      ) -> tuple[str, str]:
     """(kernel, why) for ``--loss-kernel requested``; anything but ``auto`` is returned as asked.
-
     ``gpu_kind``: :func:`ecomkit.hardware.gpu_kind` of the device; ``measured``: kind -> kernel
-    (default :data:`GPU_LOSS_KERNEL`); ``installed(kernel)``: whether a fused kernel's package imports here.
-    """
+    (default :data:`GPU_LOSS_KERNEL`); ``installed(kernel)``: whether a fused kernel's package imports here."""
     if requested != "auto":
         return requested, f"--loss-kernel {requested} as asked"
     if chunk_tokens == 0:

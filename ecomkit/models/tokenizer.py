@@ -1,22 +1,9 @@
 """Tokenizers: a byte-level BPE trained locally on the catalog, and helpers for real ones.
 
-Why train one: the tiny models of the CPU chapters need a tokenizer that works
-without network access and whose vocabulary is small (4,000 ids instead of
-BLOOM's 250,880), so that the embedding matrix does not dominate a model of a
-few million parameters. Real models (SeqGPT-560M, EcomGPT-7B) use their own
-tokenizer through ``AutoTokenizer``; :func:`get_tokenizer` chooses.
-
-E-commerce tokens (``®``, ``™``, ``©``, ``SKU-``, ``UPC:``, ``ASIN:``) are kept
-whole, i.e. each encodes to a single id, so a code like ``SKU-004213`` always
-starts with the same id and the symbols are never split into stray bytes.
-
-A trap with byte-level vocabularies: ``®`` and ``©`` are also the printable
-stand-ins of the single bytes 0xAE and 0xA9 in the byte-level alphabet, so
-``tokenizer.add_tokens(["®"])`` silently reuses the id of the *byte* 0xAE and
-decoding then produces invalid UTF-8. For our own tokenizer we therefore make
-these two whole through training (a pre-tokenizer isolates them and the
-trainer is guaranteed to see them often), and :func:`add_ecom_special_tokens`
-refuses to add a token whose text already names a different vocabulary entry.
+Why train one: the tiny models need a tokenizer that works offline with a small vocabulary (4,000 ids, not
+250,880). E-commerce tokens (``®``, ``SKU-``, ...) are kept whole. Trap: in a byte-level alphabet ``®`` and ``©``
+already name the bytes 0xAE and 0xA9, so ``add_tokens(["®"])`` reuses the byte's id and corrupts decoding; ours
+makes them whole through training, and :func:`add_ecom_special_tokens` refuses such a token.
 """
 
 from __future__ import annotations
@@ -48,19 +35,8 @@ TOKENIZER_FORMAT_VERSION = 1  # bump when training changes, so stale caches are 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, *, min_frequency: int = 2,
                     model_max_length: int = 2048):
     """Train a byte-level BPE on ``texts`` and wrap it as a transformers tokenizer.
-
-    Byte-level means every string, in any script, encodes losslessly (no
-    ``<unk>``). Each Chinese character is its own pre-token, so it becomes at
-    most one id: without that split, BPE on a catalog built from a few hundred
-    template sentences merges whole sentences into single ids, and sequence
-    lengths (hence every padding and throughput number) would be unrealistically
-    short. English words and numbers merge as usual.
-
-    Returns a ``PreTrainedTokenizerFast`` (a ``TokenizersBackend`` in
-    transformers 5) with ``<s>``, ``</s>``, ``<pad>``, ``<unk>`` set and the
-    e-commerce tokens whole; ``len(tok)`` may exceed ``vocab_size`` by the up to
-    six e-commerce tokens added after training. ~3 s for 5k catalog rows.
-    """
+    Each Chinese character is its own pre-token: otherwise BPE on template sentences merges whole sentences and
+    sequence lengths would be unrealistically short. ``len(tok)`` may exceed ``vocab_size`` by the e-commerce tokens."""
     if vocab_size < 300:
         raise ConfigError(f"vocab_size={vocab_size} is too small for a byte-level BPE (256 byte ids plus "
                           f"specials); use at least 300, typically 2000-8000 for the tiny models.")
@@ -98,13 +74,8 @@ def _with_guarantee(texts: Iterable[str], line: str, repeats: int) -> Iterable[s
 
 def add_ecom_special_tokens(tokenizer) -> int:
     """Make the e-commerce tokens whole in ``tokenizer``; return how many ids were added.
-
-    Tokens that already encode to one id are left alone. A token whose text
-    is already a vocabulary entry but does not encode to it (``®`` in a
-    byte-level vocabulary, where that entry is the byte 0xAE) is skipped with
-    a warning, because adding it would corrupt decoding. After a non-zero
-    return, call :func:`resize_embeddings_for` on the model.
-    """
+    A token whose text is already an entry it does not encode to (``®`` as byte 0xAE) is skipped with a warning.
+    After a non-zero return, call :func:`resize_embeddings_for` on the model."""
     vocab = tokenizer.get_vocab()
     to_add = []
     for token in ECOM_SPECIAL_TOKENS:
@@ -120,11 +91,8 @@ def add_ecom_special_tokens(tokenizer) -> int:
 
 
 def resize_embeddings_for(model, tokenizer, pad_to_multiple_of: int | None = 8) -> int:
-    """Resize the model's (tied) embeddings to ``len(tokenizer)``; return the new row count.
-
-    Padding the row count to a multiple of 8 keeps matrix shapes friendly to
-    tensor cores; the extra rows are never produced by the tokenizer.
-    """
+    """Resize the model's (tied) embeddings to ``len(tokenizer)``, the rows padded to ``pad_to_multiple_of`` for
+    tensor cores; return the new row count."""
     model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=pad_to_multiple_of)
     return model.get_input_embeddings().weight.shape[0]
 
@@ -154,15 +122,8 @@ def default_cache_dir() -> Path:
 
 def get_tokenizer(name_or_dir: str | os.PathLike = "synthetic", cache_dir: str | os.PathLike | None = None, *,
                   vocab_size: int = DEFAULT_VOCAB_SIZE, seed: int = 0, n_rows: int = 5_000):
-    """Return a tokenizer from a local directory, the local catalog BPE, or the Hugging Face hub.
-
-    - an existing directory: loaded with :func:`load_tokenizer`;
-    - ``"synthetic"`` or ``"local"``: the BPE trained on ``generate_catalog(n_rows, seed)``,
-      cached under ``cache_dir`` and reused (the cache is written atomically, so
-      several ranks calling this at once all end up loading the same files);
-    - anything else: ``AutoTokenizer.from_pretrained(name)``, with a clear error
-      offline. A tokenizer without a pad token gets ``pad = eos``.
-    """
+    """Return a tokenizer from a local directory, the local catalog BPE (``"synthetic"``/``"local"``, cached
+    atomically so ranks share it), or the hub (a clear error offline); no pad token gets ``pad = eos``."""
     name_or_dir = str(name_or_dir)
     if name_or_dir in SYNTHETIC_NAMES:
         return _cached_synthetic_tokenizer(Path(cache_dir) if cache_dir else default_cache_dir(),
@@ -178,12 +139,8 @@ def get_tokenizer(name_or_dir: str | os.PathLike = "synthetic", cache_dir: str |
 
 def local_tokenizer_dir(cache_dir: str | os.PathLike, vocab_size: int = DEFAULT_VOCAB_SIZE, seed: int = 0,
                         n_rows: int = 5_000) -> Path:
-    """The directory of the local catalog BPE with this target vocabulary, trained and cached if needed.
-
-    Why a directory: a ``TrainConfig.tokenizer`` can name it, so a run's model
-    is sized by a vocabulary other than the default (chapter 06 measures how
-    an odd vocabulary splits into uneven FSDP2 shards).
-    """
+    """The directory of the local catalog BPE with this target vocabulary, trained and cached if needed (a
+    ``TrainConfig.tokenizer`` can name it)."""
     _cached_synthetic_tokenizer(Path(cache_dir), vocab_size, seed, n_rows)
     return _local_dir(Path(cache_dir), vocab_size, seed, n_rows)
 
@@ -225,13 +182,8 @@ def _hub_tokenizer(name: str, cache_dir: str | os.PathLike | None):
 
 def match_tokenizer(model, tokenizer) -> dict[str, int | None]:
     """Make ``model``'s config and generation config carry ``tokenizer``'s pad/bos/eos ids and ``use_cache=True``.
-
-    Why: a config that says ``pad_token_id: 0`` while the tokenizer's ``<pad>``
-    is 3 makes Hugging Face's Trainer warn and rewrite it, and ``generate()``
-    pads with the wrong id; ``use_cache: false`` (right while training, where
-    no KV cache is needed) makes every later ``generate()`` recompute the whole
-    prefix per token. Call it on the model about to be saved; returns the ids set.
-    """
+    Why: a wrong ``pad_token_id`` makes Trainer warn and ``generate()`` pad wrongly, and ``use_cache: false`` makes
+    every ``generate()`` recompute the prefix. Call it on the model about to be saved; returns the ids set."""
     ids = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
            "eos_token_id": tokenizer.eos_token_id}
     targets = [model.config] + ([model.generation_config] if getattr(model, "generation_config", None) else [])

@@ -1,18 +1,7 @@
 """Parallelism strategies found by name: a run imports only the strategy (and the DDP hooks) its config asks for.
 
-====================  ===========================================  =========
-``cfg.strategy``      module                                        chapter
-====================  ===========================================  =========
-``ddp``               :mod:`ecomkit.parallel.ddp`                   02
-``accelerate``        :mod:`ecomkit.parallel.accelerate_path`       02
-``zero``              :mod:`ecomkit.parallel.zero.strategy`         03
-``fsdp``/``tp``/``pp``/``mixed``  :mod:`ecomkit.parallel.mixed`     04
-compression hooks     :mod:`ecomkit.parallel.compression.hooks`     05
-====================  ===========================================  =========
-
-Why by name (torchtitan's registry): a DDP run that imported every strategy loaded ZeRO, FSDP2, TP and the
-pipeline too. ``lint-imports`` cannot see these imports; ``tests/test_run_imports.py`` resolves every entry
-and checks that each sits on this floor.
+Why by name: importing every strategy loaded ZeRO, FSDP2, TP and the pipeline into a DDP run.
+``tests/test_run_imports.py`` checks every entry, since ``lint-imports`` cannot see them.
 """
 
 from __future__ import annotations
@@ -42,12 +31,11 @@ STRATEGIES: dict[StrategyName, StrategySpec] = {
                                     checkpoint_callback="ecomkit.parallel.zero.checkpoint:ZeroCheckpointCallback"),
     StrategyName.FSDP: _MIXED, StrategyName.TP: _MIXED, StrategyName.PP: _MIXED, StrategyName.MIXED: _MIXED,
 }
-# DDP's gradient all-reduce, replaced by a communication hook: --compression-method (05). The shared-memory
-# all-reduce (--ddp-allreduce shm) is one of the fast paths (ecomkit/fast/), which hand it to the strategy.
+# DDP's gradient all-reduce, replaced by a communication hook: --compression-method (05).
 DDP_HOOKS: dict[str, str] = {
     "compression": "ecomkit.parallel.compression.hooks:register_compression",
 }
-# Model parts a strategy uses only under LoRA: peft's adapters, and QLoRA's quantized base.
+# Model parts a strategy uses only under LoRA.
 LORA = "ecomkit.models.lora"
 QUANT = "ecomkit.models.quant"
 
@@ -55,8 +43,7 @@ QUANT = "ecomkit.models.quant"
 def find(target: str) -> Any:
     """The object ``module:name`` names, importing its module now (the one place a run imports by name).
 
-    Through the ``import`` statement's own machinery (``__import__``), not ``importlib.import_module``, whose
-    imports ``python -X importtime`` does not report: a run's measured modules include these.
+    Through ``__import__``, not ``importlib.import_module``, so ``python -X importtime`` reports these imports too.
     """
     module, _, name = target.partition(":")
     return getattr(__import__(module, fromlist=[name]), name)
@@ -67,8 +54,7 @@ def strategy_spec(name: str) -> StrategySpec:
 
 
 def build_strategy(cfg: TrainConfig, env: DistEnv) -> Any:   # a parallel.base.Strategy (base imports this module)
-    """The strategy ``cfg.strategy`` names, built on a config whose ``auto`` values are resolved (a strategy casts
-    by a dtype: ``--precision auto`` must be decided before, ``ecomkit.train.resolve``)."""
+    """The strategy ``cfg.strategy`` names, built on a config whose ``auto`` values are resolved (it casts by dtype)."""
     if cfg.precision == "auto":
         raise ValueError("build_strategy needs a resolved precision; resolve the config first "
                          "(ecomkit.train.resolve.precision_choice, or TrainingRun.build)")

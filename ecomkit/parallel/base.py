@@ -1,19 +1,8 @@
-"""The strategy interface the training loop talks to.
+"""The strategy interface the training loop talks to: wrap, synchronise, step, gather and save.
 
-Why an interface: the loop in ``ecomkit.train`` must be the same for every
-chapter. A strategy owns what differs between DDP, DeepSpeed ZeRO, FSDP2,
-tensor and pipeline parallelism, and Accelerate: how the model is wrapped,
-how gradients are synchronised, how the optimizer steps, and how the final
-model is gathered and saved. Everything else (data, loss normalisation,
-metrics, eval, logging) stays in the loop, written once.
-
-Loss convention (important for exact equivalence between world sizes): the
-loop hands ``backward`` a loss that is already normalised for the *whole
-global batch*: ``world_size × Σ(token losses on this rank's micro-batch) /
-(label tokens in the global batch)``. Averaging gradients over ranks (what
-DDP, ZeRO and FSDP do) then yields exactly the gradient of the global mean,
-whatever the world size or accumulation. Strategies must not rescale it
-again (DeepSpeed: ``scale_wrt_gas=False``; Accelerate: undo its ``/accum``).
+Why: the loop is the same for every chapter. The loss ``backward`` gets is already normalised for the whole global
+batch (``world_size × Σ token losses / global label tokens``), so averaging over ranks gives the exact global-mean
+gradient; strategies must not rescale it (DeepSpeed: ``scale_wrt_gas=False``; Accelerate: undo its ``/accum``).
 """
 
 from __future__ import annotations
@@ -58,34 +47,23 @@ class Strategy:
 
     def __init__(self, cfg: TrainConfig, env: DistEnv):
         self.cfg, self.env = cfg, env
-        self.model: nn.Module | None = None       # what the loop calls forward on
-        self.raw_model: nn.Module | None = None   # the unwrapped transformers model
+        self.model: nn.Module | None = None
+        self.raw_model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
         self.scaler: Any = None                   # fp16 dynamic loss scaler
 
-    # ------------------------------------------------------------ set-up
     def build_model(self, source: ModelSource) -> nn.Module:
         """How this strategy wants the model materialised; the default: whole, on every rank.
 
-        Called before :meth:`setup`. Strategies that shard parameters override
-        it for local checkpoints so that no rank ever holds the whole model
-        (ZeRO-3: ``deepspeed.zero.Init``; FSDP2/TP: the meta device, then
-        :meth:`setup` loads each rank's part after sharding). The weights are
-        made in :meth:`weight_dtype` unless ``source`` names a dtype.
+        Sharding strategies override it so no rank holds the whole model (ZeRO-3: ``zero.Init``; FSDP2/TP: meta device).
         """
         source = self.in_weight_dtype(source)
         return load_model(source.name_or_path, vocab_size=source.vocab_size, device=self.env.device,
                           seed=source.seed, dtype=source.dtype)
 
     def weight_dtype(self) -> torch.dtype:
-        """The dtype this strategy trains the model's weights in, which the model is loaded straight into.
-
-        torch's strategies (DDP, FSDP2, TP, PP) keep fp32 weights whatever the compute precision (autocast,
-        FSDP2's mixed-precision policy, compute in bf16 from fp32 parameters): a full fine-tune loads fp32.
-        Under LoRA with ``--precision bf16`` the frozen base is held in bf16 (``models/lora.py``), so the
-        model loads in bf16 and never exists in fp32; the adapters, added afterwards, are fp32.
-        """
+        """The dtype weights train and load in: fp32 whatever the compute precision; a LoRA base under bf16 in bf16."""
         if self.cfg.peft == "none":
             return torch.float32
         return find(f"{LORA}:frozen_base_dtype")(self.cfg) or torch.float32   # LoRA's module, only under LoRA
@@ -110,15 +88,9 @@ class Strategy:
         return model
 
     def data_shard(self) -> tuple[int, int]:
-        """(shard index, number of shards) the data is split by.
-
-        Data parallelism: every rank is its own shard. Tensor/pipeline parallel
-        ranks of one model copy must see the *same* batch, so mixed strategies
-        return their data-parallel coordinate and degree instead.
-        """
+        """(shard index, number of shards) of the data: tp/pp ranks of one model copy share their dp coordinate."""
         return self.env.rank, self.env.world_size
 
-    # ------------------------------------------------------------ one step
     def micro_step_context(self, is_last: bool) -> ContextManager:
         """Context for one micro-step; DDP returns ``no_sync()`` on all but the last."""
         return contextlib.nullcontext()
@@ -129,11 +101,9 @@ class Strategy:
 
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                        positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits of one batch (evaluation and generation run compiled blocks uncompiled: fast/compile.py).
+        """Logits of one batch; ``positions`` (1-D, one for all rows): only those, ``[B, len(positions), V]``.
 
-        ``positions`` (1-D, the same for every row): only those positions' logits, ``[B, len(positions), V]``.
-        Why: evaluation reads the logits of a few answer positions per row, and the LM head over every prompt
-        position (B × T × vocab) was most of the final evaluation's time (transformers' ``logits_to_keep``).
+        Why: evaluation reads a few answer positions, and the LM head over every position was most of its time.
         """
         with self.autocast():
             if positions is None:
@@ -143,11 +113,9 @@ class Strategy:
     def forward_loss_sum(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Σ token losses of one micro-batch: BLOOM's forward to its last hidden states, then :attr:`token_loss`.
 
-        A packed batch (``document_ids``) runs under its block-diagonal causal mask, a padded one under its
-        padding mask; the loss is the same per-token sum either way. A training batch's host-counted
-        ``label_count`` (train/loop.py's ``Counted``) lets the chunked loss select the labeled positions without a sync.
+        A packed batch runs under its document mask; a training batch's host-counted ``label_count`` avoids a sync.
         """
-        mask = attention_mask_for(batch)   # packed rows: their document mask (models/attention.py)
+        mask = attention_mask_for(batch)
         if self.token_loss.from_logits:    # transformers' logits, then the loss
             return token_loss_sum(self.forward_logits(batch["input_ids"], mask), batch["labels"])
         with self.autocast():
@@ -167,11 +135,7 @@ class Strategy:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def clip_and_step(self, max_norm: float) -> StepStats:
-        """Clip (``max_norm <= 0``: only measure), step optimizer and scheduler, zero grads.
-
-        With fp16 the gradients are unscaled first, and a step whose gradients
-        overflowed is skipped by the scaler (reported as ``skipped``).
-        """
+        """Clip (``max_norm <= 0``: only measure), step optimizer and scheduler, zero grads; fp16 overflow skips."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -191,7 +155,6 @@ class Strategy:
     def current_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    # ------------------------------------------------------------ end of run
     def save_pretrained(self, out_dir: str, tokenizer: Any | None = None) -> None:
         """Consolidated Hugging Face directory (safetensors), written by rank 0."""
         if self.env.is_main:
@@ -222,7 +185,7 @@ class Strategy:
         return model_state_bytes(self.model, self.optimizer)
 
     def close(self) -> None:
-        """Drop references so gloo threads die before the process group (gloo otherwise crashes or hangs at exit now and then)."""
+        """Drop references so gloo threads die before the process group (else gloo may crash or hang at exit)."""
         self.model = self.raw_model = self.optimizer = self.scheduler = None
 
 
@@ -230,14 +193,8 @@ class Strategy:
 def deepspeed_probe_skipped() -> Iterator[None]:
     """Run ``save_pretrained`` without importing DeepSpeed in a run that never loaded it.
 
-    Why: transformers' ``save_pretrained`` unwraps the model with accelerate's
-    ``extract_model_from_parallel``, which imports deepspeed whenever it is
-    installed, only to test ``isinstance(model, DeepSpeedEngine)``. That import
-    costs seconds and prints DeepSpeed's "Setting accelerator to CPU" warning
-    at the end of a plain DDP run. A model that DeepSpeed never wrapped cannot
-    be a ``DeepSpeedEngine``, so while ``deepspeed`` is not in ``sys.modules``
-    the probe answers "not available" for the duration of the save; once
-    DeepSpeed is loaded (a ZeRO run) nothing is changed.
+    Why: accelerate's unwrap imports deepspeed whenever installed (seconds and a warning) to test ``isinstance``;
+    until ``deepspeed`` is in ``sys.modules`` the probe answers "not available" for the save.
     """
     other = sys.modules.get("accelerate.utils.other")
     if other is None or "deepspeed" in sys.modules or not hasattr(other, "is_deepspeed_available"):

@@ -1,12 +1,7 @@
 """Data parallelism with ``DistributedDataParallel`` (chapter 02).
 
-DDP keeps a full replica per rank. During backward, gradients are grouped
-into buckets of ``bucket_cap_mb``; as soon as a bucket is complete its
-all-reduce starts asynchronously, overlapping with the rest of the backward
-pass, and ``optimizer.step()`` only runs after DDP has waited on every bucket.
-That is the correct version of "async all-reduce on a side stream".
-``no_sync()`` skips the all-reduce on accumulation micro-steps, so gradients
-are reduced once per optimizer step.
+Why DDP: its bucketed all-reduce overlaps the backward pass (the correct "async all-reduce on a side stream"), and
+``no_sync()`` reduces once per optimizer step under accumulation.
 """
 
 from __future__ import annotations
@@ -30,9 +25,7 @@ def apply_ddp(model: nn.Module, env: DistEnv, bucket_cap_mb: float = 25.0,
               gradient_as_bucket_view: bool = True) -> nn.Module:
     """Wrap ``model`` in DDP (no-op for a single process).
 
-    ``device_ids`` is only passed on GPU; on CPU DDP must be built without it.
-    ``gradient_as_bucket_view`` makes ``.grad`` a view into the bucket, saving
-    one gradient-sized copy per rank.
+    ``device_ids`` only on GPU; ``gradient_as_bucket_view`` saves one gradient-sized copy per rank.
     """
     if not env.distributed:
         return model
@@ -55,7 +48,6 @@ class DDPStrategy(Strategy):
 
     def wrap(self, model: nn.Module) -> nn.Module:
         wrapped = apply_ddp(model, self.env, self.cfg.bucket_cap_mb, self.cfg.gradient_as_bucket_view)
-        # each hook's module is imported only by the runs that ask for it (ecomkit.parallel.DDP_HOOKS)
         if self.cfg.compression.method != "none":
             self.comm_hook = find(DDP_HOOKS["compression"])(wrapped, self.cfg.compression, self.env)
         if self.allreduce is not None and isinstance(wrapped, DDP):  # one process: nothing to reduce

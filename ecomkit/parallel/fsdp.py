@@ -1,38 +1,8 @@
 """FSDP2 (``fully_shard``) for BLOOM: one FSDP unit per transformer block, then the root.
 
-What FSDP2 does (the ZeRO-3 idea on DTensors): every parameter is stored as a
-``DTensor`` sharded on dim 0 across the data-parallel ranks, so each rank keeps
-``1/dp`` of the parameters, gradients and AdamW states. Before a unit's
-forward its parameters are all-gathered, after its backward the gradients are
-reduce-scattered (averaged), and the optimizer steps on the local shards.
-
-Why one unit per block, then the root: a unit is the granularity of
-communication and of memory. Per block, only one block's full parameters exist
-at a time (plus the prefetched next one), and the all-gather of block ``i+1``
-overlaps the compute of block ``i``. The root unit collects what is left:
-embeddings (tied to the LM head, so both stay in one unit), the embedding
-LayerNorm and ``ln_f``.
-
-``reshard_after_forward``:
-- ``True`` (ZeRO-3-like): free each block's gathered parameters after its
-  forward and all-gather them again in backward: least memory, 1.5× the
-  communication of DDP (all-gather fwd + all-gather bwd + reduce-scatter).
-- ``False`` (ZeRO-2-like): keep them gathered until backward: no second
-  all-gather, but full parameters live through the whole forward/backward.
-  The root is never resharded after forward (its parameters are needed first
-  thing in backward anyway); FSDP2 does that by default.
-
-Mixed precision (``MixedPrecisionPolicy``): with ``--precision bf16`` the
-gathered parameters and the compute are bf16 (half the all-gather bytes),
-while the sharded master parameters, the optimizer and the gradient
-reduce-scatter stay fp32 (``reduce_dtype``), which keeps summed gradients
-accurate.
-
-CPU offload (``CPUOffloadPolicy``): sharded parameters, gradients and
-optimizer states live in host memory and the optimizer steps on the CPU; each
-unit is copied to the GPU before its all-gather. On a CPU-only machine it
-changes nothing (everything is already in host memory), so it is accepted
-and reported, not measured, there.
+Why per block: only one block's full parameters exist at a time and block ``i+1``'s all-gather overlaps block
+``i``'s compute; the root holds the tied embedding/LM head and the LayerNorms. Under bf16 the gathered parameters
+and compute are bf16 while the shards, optimizer and gradient reduce-scatter stay fp32.
 """
 
 from __future__ import annotations
@@ -71,11 +41,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: Any, *, precision: str = "fp32", resha
                ) -> nn.Module:
     """``fully_shard`` each BLOOM block, then the root unit (``root``, default the whole model); returns ``model``.
 
-    ``dp_mesh`` may be a 1-D mesh or the ``dp`` sub-mesh of a (pp, dp, tp)
-    mesh: parameters already split by tensor parallelism then become 2-D
-    DTensors (sharded over dp *and* tp). ``root``: a module that contains
-    ``model`` (a pipeline stage wrapping its pruned model), so that the stage
-    the pipeline schedule runs is the FSDP module it drives.
+    ``dp_mesh``: 1-D, or the ``dp`` sub-mesh of (pp, dp, tp). ``root``: a module containing ``model`` (a pipeline
+    stage).
     """
     common = {"mesh": dp_mesh, "mp_policy": mixed_precision_policy(precision),
               "offload_policy": offload_policy(cpu_offload, device or torch.device("cpu"))}
@@ -88,14 +55,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: Any, *, precision: str = "fp32", resha
 def load_local_parts(model: nn.Module, reader: CheckpointReader, device: torch.device) -> nn.Module:
     """Materialise a model sharded on the meta device (FSDP2 and/or TP) from a checkpoint, one tensor at a time.
 
-    Order: the model was built on ``meta`` and parallelized there (every
-    parameter is a DTensor with its final mesh and placements, nothing
-    allocated); ``to_empty`` now allocates only this rank's local shards, and
-    each checkpoint tensor is read whole (:class:`CheckpointReader`, no file
-    mapping), cut with ``distribute_tensor(..., src_data_rank=None)`` (every
-    rank slices its own part locally, no communication) and copied into the
-    local shard, then freed. So a rank's peak is its shards plus the largest
-    tensor, whatever the model's size; every rank reads the files itself.
+    Why: each rank slices every whole tensor into its local shard without communication, so its peak is its shards
+    plus the largest tensor, whatever the model's size.
     """
     prefix = getattr(model, "base_model_prefix", "")
     tied = _tied_parameter_names(model)
@@ -143,11 +104,7 @@ def _retie(model: nn.Module, groups: list[list[str]]) -> None:
 
 
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
-    """FSDP2's ``no_sync``: skip the reduce-scatter on gradient-accumulation micro-steps.
-
-    Gradients then accumulate unsharded (more memory, less communication);
-    the last micro-step of an optimizer step reduces everything at once.
-    """
+    """FSDP2's ``no_sync``: skip the reduce-scatter on accumulation micro-steps (the last one reduces all)."""
     setter = getattr(model, "set_requires_gradient_sync", None)
     if setter is not None:
         setter(enabled)

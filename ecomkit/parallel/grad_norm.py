@@ -1,9 +1,7 @@
 """The global gradient norm and clipping when gradients are DTensors on several meshes, or split over stages.
 
-Why its own module: FSDP2, tensor and pipeline parallelism each leave a rank with a different piece of the
-gradient (a dp shard, a tp slice, one stage's blocks, or all three at once), and clipping needs the norm of
-the whole. torch's ``clip_grad_norm_`` handles one mesh; this groups gradients by mesh and placements so each
-group's norm is one DTensor reduction, then adds the pipeline stages' squares.
+Why: FSDP2, TP and PP leave each rank a different piece of the gradient, and torch's ``clip_grad_norm_`` handles one
+mesh; this takes one DTensor reduction per (mesh, placements) group, then adds the pipeline stages' squares.
 """
 
 from __future__ import annotations
@@ -18,13 +16,9 @@ from torch.distributed.tensor.experimental import implicit_replication
 
 
 def total_grad_norm(grads: Sequence[torch.Tensor], extra_group: Any = None) -> torch.Tensor:
-    """L2 norm of gradients that may be DTensors on different meshes/placements (float64 scalar).
+    """L2 norm (float64 scalar) of gradients that may be DTensors on different meshes/placements.
 
-    Gradients are grouped by (mesh, placements) so that each group's norm is
-    one DTensor reduction (``full_tensor`` resolves the partial norms over the
-    sharded dimensions only, never double-counting replicas). ``extra_group``:
-    also sum the squared norm over that group (pipeline stages hold
-    different parameters).
+    One reduction per (mesh, placements) group never double-counts replicas; ``extra_group`` also sums over it (stages).
     """
     groups: dict[Any, list[torch.Tensor]] = defaultdict(list)
     for g in grads:
@@ -45,8 +39,7 @@ def total_grad_norm(grads: Sequence[torch.Tensor], extra_group: Any = None) -> t
 def clip_gradients_(grads: Sequence[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
     """Scale gradients like ``torch.nn.utils.clip_grad_norm_``: by ``min(1, max_norm / (norm + 1e-6))``.
 
-    The scale stays a tensor, so the host never waits for the norm (``models/optim.py`` says why); DTensor
-    gradients multiply by it as by a replicated scalar.
+    The scale stays a tensor, so the host never waits for the norm; DTensor gradients take it as a replicated scalar.
     """
     if max_norm <= 0 or not grads:
         return

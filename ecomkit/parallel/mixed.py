@@ -1,45 +1,9 @@
 """Mixed parallelism (chapter 04): FSDP2, tensor parallel, pipeline parallel and their 2-D and 3-D meshes.
 
-One strategy serves ``--strategy fsdp | tp | pp | mixed``; the degrees come
-from :class:`~ecomkit.parallel.dims.ParallelDims` (``--parallel-dp/-tp/-pp``),
-any of them above 1 together (``--dp 2 --tp 2 --pp 2`` on 8 processes is
-the 3-D layout). The model code stays free of parallelism, and the
-composition is torchtitan's:
-
-0. **pipeline parallel** cuts the model first (pp, the outermost mesh
-   dimension): each rank keeps its stage's blocks (``BloomPipelineStage``);
-1. **tensor parallel** (``apply_tensor_parallel``) splits the stage's blocks
-   over the tp ranks of the stage;
-2. **activation checkpointing** (``apply_activation_checkpointing``);
-3. **FSDP2** (``apply_fsdp``) shards the result over the dp ranks.
-
-:func:`parallelize` applies 1-3 to a whole model or to one stage; why this
-order is in its comments. Across dp the replicas always shard (FSDP2), the
-pipeline's stages too: each rank keeps ``1/dp`` of its stage's tp slice of
-weights, gradients and AdamW states, which is what the planner counts
-(``ecomkit.planner.memory``), and torch's pipeline schedule delays FSDP's
-gradient reduce-scatter to the step's last micro-batch.
-
-**Which ranks see which data.** Ranks that hold pieces of the same model copy
-(the tp × pp ranks of one data-parallel replica) must process the same
-samples: tensor parallelism all-reduces partial results of *one* batch, and a
-pipeline's stages pass *one* batch along. So data is sharded over the ``dp``
-replicas only: :meth:`MixedParallelStrategy.data_shard` returns
-``(dp_rank, dp)`` for the training loop's sampler and evaluation slices
-(ranks of one replica load the same batch; the global batch is
-``micro_batch_size × grad_accum × dp``).
-
-**Loss convention.** Unchanged: the loop passes ``replica_count × token-loss
-sum / global label tokens`` with ``replica_count = dp``, FSDP2 averages over
-``dp``, and within a replica every tp rank computes the same loss (or, with a
-pipeline, the last stage computes it for all). Losses match a single process
-to float rounding, the 3-D layout's too (``tests/test_parallel_3d.py``).
-
-**Names.** Every rank's parameters keep their names in the unsplit model (a
-stage's blocks are ``h.<global index>``), so the DCP checkpoints of any
-layout, chapter 07's ``--fault-checkpoint-*`` and ``--dcp-dir``, are one
-checkpoint that a run of the same layout resumes from and a single process
-loads (``load_sharded_model``).
+One strategy serves ``--strategy fsdp | tp | pp | mixed`` with the degrees of
+:class:`~ecomkit.parallel.dims.ParallelDims`, in torchtitan's order: the pipeline cuts first, then :func:`parallelize`
+applies TP, activation checkpointing and FSDP2. Data is sharded over the dp replicas only (the tp × pp ranks of a
+replica see one batch), and parameters keep their unsplit names, so any layout's DCP checkpoint is one checkpoint.
 """
 
 from __future__ import annotations
@@ -76,14 +40,8 @@ LAYOUT_FILE = "parallel_layout.json"
 _CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
 
 
-# ---------------------------------------------------------------------- composition
 def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
-    """Wrap every BLOOM block in a non-reentrant activation-checkpoint wrapper (in place).
-
-    torch's ``checkpoint_wrapper`` is a module, so FSDP2 can then shard the
-    wrapper as one unit; parameter names and state-dict keys are unchanged
-    (the wrapper strips its own prefix).
-    """
+    """Wrap every BLOOM block in a non-reentrant checkpoint wrapper (in place): a module FSDP2 shards as one unit."""
     blocks = bloom_blocks(model)
     for i, block in enumerate(blocks):
         blocks[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
@@ -94,44 +52,24 @@ def parallelize(model: nn.Module, dims: ParallelDims, cfg: TrainConfig, mesh: An
                 device: torch.device | None = None, fsdp_root: nn.Module | None = None) -> nn.Module:
     """Apply TP → activation checkpointing → FSDP2 to ``model`` in place, as ``dims`` asks; returns it.
 
-    ``mesh`` is the (pp, dp, tp) DeviceMesh of :meth:`ParallelDims.build_mesh`
-    (unused dimensions have size 1). With a pipeline, ``model`` is one stage's
-    pruned model, cut before this function (:class:`BloomPipelineStage`), and
-    ``fsdp_root`` the stage that wraps it: FSDP's root unit is then the module
-    the pipeline schedule runs.
+    ``mesh``: the (pp, dp, tp) DeviceMesh (unused dimensions of size 1). With a pipeline, ``model`` is one stage's
+    pruned model and ``fsdp_root`` the stage wrapping it, so FSDP's root is the module the schedule runs.
     """
     par = cfg.parallel
-    # 0. Pipeline parallelism has already cut the model (outermost, as torchtitan does): what follows
-    #    parallelizes one stage within its (dp, tp) slice of the mesh, exactly as it would a whole model.
-    # 1. Tensor parallel first. It swaps each Linear's weight for a DTensor
-    #    sharded over the tp ranks and installs the hooks that all-reduce (or
-    #    all-gather / reduce-scatter) activations at the module boundaries.
-    #    FSDP2 must come after: it shards whatever parameters it finds over dp,
-    #    and a tp-sharded DTensor becomes a 2-D one (dp × tp). The other way
-    #    round, TP would find FSDP's dp shards instead of the Linear weights
-    #    its plan is written for.
+    # 0. The pipeline has already cut the model (outermost): what follows parallelizes one stage.
+    # 1. TP first: FSDP2 then shards its tp DTensors to 2-D (dp × tp); the other way, TP would find FSDP's shards.
     if dims.tp > 1:
         apply_tensor_parallel(model, mesh["tp"], sequence_parallel=par.sequence_parallel)
-    # 2. Activation checkpointing next, around each (already tensor-parallel)
-    #    block, so that the recomputation in backward replays the block's TP
-    #    collectives too. It goes *inside* FSDP: FSDP2's unit is then the
-    #    checkpoint wrapper, whose parameters FSDP all-gathers once before the
-    #    block's backward, and the recomputation runs on those gathered weights.
-    #    With FSDP inside the checkpoint, the recomputed forward would run
-    #    FSDP's forward hooks again and all-gather a second time.
+    # 2. Checkpointing around each TP block, inside FSDP: the recompute replays TP's collectives, FSDP gathers once.
     if par.activation_checkpointing:
         apply_activation_checkpointing(model)
-    # 3. FSDP2 last, one unit per block, then the root (embeddings, LayerNorms; with a pipeline, the stage).
-    #    Across dp the replicas shard rather than replicate (DDP-style) in every layout, the pipeline's too:
-    #    each rank keeps 1/dp of its stage's weights, gradients and AdamW states, which is what the planner
-    #    counts, and the pipeline schedule reduce-scatters once per step, after its last micro-batch.
+    # 3. FSDP2 last, one unit per block, then the root; the replicas shard in every layout (what the planner counts).
     if dims.dp > 1:
         apply_fsdp(model, mesh["dp"], precision=cfg.precision, reshard_after_forward=par.reshard_after_forward,
                    cpu_offload=par.fsdp_cpu_offload, device=device, root=fsdp_root)
     return model
 
 
-# ---------------------------------------------------------------------- layout report
 def parameter_layout(model: nn.Module) -> list[dict[str, Any]]:
     """One row per parameter this rank holds: name in the unsplit model, global and local shape, placements, bytes."""
     rows = []
@@ -149,7 +87,6 @@ def parameter_layout(model: nn.Module) -> list[dict[str, Any]]:
     return rows
 
 
-# ---------------------------------------------------------------------- strategy
 class MixedParallelStrategy(Strategy):
     """FSDP2 / TP / PP / (TP or PP) × FSDP, with per-step collective counts in the metrics."""
 
@@ -167,7 +104,6 @@ class MixedParallelStrategy(Strategy):
         self._layout_written = False
         self._checkpoint: CheckpointReader | None = None  # set by build_model when setup must load the weights
 
-    # ------------------------------------------------------------ data sharding (loop hook)
     def data_shard(self) -> tuple[int, int]:
         """(shard index, number of shards) for the data: the dp coordinate, not the global rank."""
         return self.coords["dp"], self.dims.dp
@@ -182,12 +118,10 @@ class MixedParallelStrategy(Strategy):
         """True with a pipeline: the loop must call :meth:`forward_backward` once per optimizer step."""
         return self.pipeline is not None
 
-    # ------------------------------------------------------------ set-up
     def build_model(self, source: ModelSource) -> nn.Module:
         """A local checkpoint sharded by FSDP2/TP starts on the meta device; :meth:`setup` loads each rank's part.
 
-        A pipeline cuts the model first and a preset is a seeded random init,
-        so both are built whole on every rank, as the base strategy does.
+        A pipeline (cut first) and a preset (seeded random init) are built whole on every rank.
         """
         if self.dims.pp == 1 and self.dims.dp * self.dims.tp > 1 and source.is_local_checkpoint:
             self._checkpoint = CheckpointReader(source.name_or_path)
@@ -242,21 +176,19 @@ class MixedParallelStrategy(Strategy):
                 group["params"] = [p for p in group["params"] if p is not tied]
                 no_decay[0]["params"].append(tied)
 
-    # ------------------------------------------------------------ one step
     def _counting(self) -> ContextManager:
         return self.counter if self.counter is not None else contextlib.nullcontext()
 
     def micro_step_context(self, is_last: bool) -> ContextManager:
         stack = contextlib.ExitStack()
         if self.dims.dp > 1 and self.pipeline is None:
-            set_gradient_sync(self.model, is_last)  # FSDP2's no_sync on accumulation micro-steps
+            set_gradient_sync(self.model, is_last)
         stack.enter_context(self._counting())
         return stack
 
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                        positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits of one batch; ``positions``: only those (selected after the head here: TP and PP gather or
-        broadcast whole sequences before it)."""
+        """Logits of one batch; ``positions`` are selected after the head (TP and PP gather whole sequences)."""
         logits = self._all_logits(input_ids, attention_mask)
         return logits if positions is None else logits[:, positions]
 
@@ -306,7 +238,6 @@ class MixedParallelStrategy(Strategy):
             extra.update(self.counter.pop_stats().as_dict())
         return StepStats(grad_norm=norm, extra=extra)
 
-    # ------------------------------------------------------------ reports
     def _write_layout(self) -> None:
         """Which tensor lives where: every rank's parameters (shapes, placements) and state bytes → one JSON."""
         self._layout_written = True
@@ -321,7 +252,6 @@ class MixedParallelStrategy(Strategy):
                       "sequence_parallel": self.cfg.parallel.sequence_parallel, "ranks": parts}
             (out / LAYOUT_FILE).write_text(json.dumps(report, indent=1))
 
-    # ------------------------------------------------------------ end of run
     def save_pretrained(self, out_dir: str, tokenizer: Any | None = None) -> None:
         """Gather the full weights (all ranks take part), then rank 0 writes a plain HF directory."""
         full = self.full_state_dict()
@@ -358,18 +288,13 @@ _NEEDS_LOOP_HOOK = (
     "ecomkit.train.loop does.")
 
 
-# ---------------------------------------------------------------------- DCP (sharded) checkpoints
 def save_sharded_model(model: nn.Module, path: str | Path) -> None:
     """Every rank writes its own shards with ``torch.distributed.checkpoint`` (no gather to one rank)."""
     dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(path))
 
 
 def load_sharded_model(model: nn.Module, path: str | Path) -> nn.Module:
-    """Load a DCP checkpoint into ``model``, whatever world size wrote it (DCP re-plans the reads).
-
-    ``model`` may be a plain single-process model or one parallelized
-    differently from the one that was saved; call it on every rank.
-    """
+    """Load a DCP checkpoint into ``model`` on every rank, whatever world size or layout wrote it."""
     state = {"model": get_model_state_dict(model)}
     dcp.load(state, checkpoint_id=str(path))
     set_model_state_dict(model, state["model"])
@@ -379,10 +304,7 @@ def load_sharded_model(model: nn.Module, path: str | Path) -> nn.Module:
 class SaveShardedModel:
     """Callback: at the end of training every rank writes its shards with DCP into ``cfg.parallel.dcp_dir``.
 
-    Added by :func:`sharded_model_callbacks` (``--dcp-dir``); ``TrainConfig.validate``
-    has already refused it for strategies without a mesh. It saves the unwrapped model, whose names are
-    the unsplit model's on every layout (a pipeline stage's blocks keep theirs: ``StageBlocks``), so the
-    stages' shards form one checkpoint.
+    The unwrapped model keeps the unsplit model's names on every layout, so the shards form one checkpoint.
     """
 
     def __init__(self, path: str):

@@ -1,55 +1,9 @@
 """Pipeline parallelism for BLOOM with ``torch.distributed.pipelining`` (GPipe and 1F1B).
 
-The model is cut into ``pp`` stages of consecutive blocks, one stage per group of ranks (its tp × dp
-ranks: a stage is then tensor- and data-parallel within itself, ``ecomkit.parallel.mixed``), as many
-blocks per stage as possible alike (``--parallel-pp-balance layers``) or, with ``compute``, fewer on the
-last stage, which also runs the LM head (:func:`stage_layer_ranges`):
-
-- stage 0: word embeddings + embedding LayerNorm + its blocks;
-- middle stages: their blocks;
-- last stage: its blocks + ``ln_f`` + LM head; the loss is computed here.
-
-Each stage is the original ``BloomForCausalLM`` with everything it does not
-own removed (torchtitan's approach: no model code is rewritten). A stage
-receives ``(hidden_states, attention_mask)`` from the previous one and
-rebuilds ALiBi and the causal mask from the mask (cheap, and it keeps the
-activations sent between stages to the one ``[batch, T, h]`` tensor plus the
-integer mask).
-
-Schedules (``--parallel-pp-schedule``), for ``m`` micro-batches and ``p``
-stages, with the bubble (idle) fraction ``(p-1)/(m+p-1)`` for both:
-
-- **GPipe**: all forwards, then all backwards. Every stage keeps the
-  activations of all ``m`` micro-batches until their backward.
-- **1F1B**: after ``p - rank - 1`` warm-up forwards, alternate one forward
-  and one backward. At most ``p`` micro-batches are in flight per stage, so
-  activation memory no longer grows with ``m``.
-
-**Tied embeddings.** BLOOM ties the LM head to the
-word embeddings. Split across stages, the one tensor becomes two copies: the
-embedding on stage 0, the head on the last stage. Each copy only sees the
-gradient of its own use, so trained independently they drift apart after the
-first step. Here the two gradients are **summed by an all-reduce between the
-first and the last stage** after every schedule step: both copies then get the
-gradient of the tied weight (the sum of both uses, exactly what autograd
-computes for one shared tensor), take the same AdamW step and stay identical.
-The gradient norm counts the weight once, like a single process does. In 3-D
-each (dp, tp) coordinate has its own {first, last} pair; FSDP2 shards both
-copies alike, so the pair sums its local shards.
-
-**Fixed shapes.** A ``PipelineStage`` infers the shapes of what it sends and
-receives from the first step and preallocates those buffers, so every step is
-padded (right) to ``seq_len``: pad tokens are masked out of attention and the
-loss, so the real positions' logits do not change.
-
-**The training loop.** A pipeline interleaves the forward and backward of
-different micro-batches, so it cannot be driven through the loop's per-batch
-``forward_logits`` + ``backward``. :class:`PipelineRunner` runs a whole
-optimizer step (:meth:`PipelineRunner.train_step`) and the strategy exposes
-it as ``forward_backward(micro_batches, loss_scale)``. Evaluation uses
-:meth:`PipelineRunner.forward_logits`: a plain stage-by-stage forward whose
-logits are broadcast from the last stage, so the loop's evaluation code runs
-unchanged (extra traffic in evaluation only).
+Each stage is the original ``BloomForCausalLM`` pruned to its consecutive blocks (stage 0 adds the embeddings, the last
+``ln_f``, the head and the loss), so no model code is rewritten. The tied embedding and head, split over the first and
+last stage, have their gradients summed by an all-reduce each step so both copies stay identical. Every step is
+right-padded to ``seq_len``: a stage's send/receive buffers keep the first step's shapes.
 """
 
 from __future__ import annotations
@@ -70,10 +24,8 @@ from ecomkit.models.loss import token_loss_sum
 def stage_layer_ranges(n_layer: int, n_stages: int, head_blocks: float = 0.0) -> list[tuple[int, int]]:
     """Contiguous ``[start, stop)`` block ranges per stage, so that the most loaded stage is as light as possible.
 
-    Every stage gets one block, then each further block goes to the least loaded stage (the earliest on a
-    tie). ``head_blocks``: the last stage also runs the LM head, worth that many blocks
-    (:func:`head_cost_in_blocks`, ``--parallel-pp-balance compute``); 0 gives the even split, earlier stages
-    taking the extras (``--parallel-pp-balance layers``).
+    Each block after the first per stage goes to the least loaded (earliest on a tie). ``head_blocks``: the LM head's
+    weight on the last stage (``--parallel-pp-balance compute``); 0 gives the even split (``layers``).
     """
     if not 1 <= n_stages <= n_layer:
         raise ConfigError(f"pp={n_stages} must be between 1 and the {n_layer} blocks of the model (--parallel-pp).")
@@ -93,9 +45,8 @@ def stage_layer_ranges(n_layer: int, n_stages: int, head_blocks: float = 0.0) ->
 def head_cost_in_blocks(vocab: int, hidden: int, block_params: int, tp: int, seq_len: int) -> float:
     """The LM head's FLOPs per token on one rank of the last stage, in blocks' FLOPs on one tp rank.
 
-    Training FLOPs per token: 6 per weight, plus 12·h·T for a block's attention scores and weighted sums. The
-    head's 6·V·h stays whole on every tp rank (``parallel/tensor.py`` keeps it replicated) while a block's
-    work divides by tp: for BLOOM-7b1 at T = 1024 and tp = 2 the head weighs about 10 blocks.
+    6 FLOPs per weight plus 12·h·T per block for attention; the head's 6·V·h is whole on every tp rank, a block's
+    divides by tp.
     """
     block = 6.0 * block_params + 12.0 * hidden * seq_len
     return 6.0 * vocab * hidden * tp / block
@@ -104,10 +55,7 @@ def head_cost_in_blocks(vocab: int, hidden: int, block_params: int, tp: int, seq
 class StageBlocks(nn.ModuleList):
     """A stage's blocks under their names in the unsplit model: the stage of blocks 3-5 holds ``h.3 … h.5``.
 
-    Why: a parameter's name is its key in every state dict: DCP checkpoints (each stage writes its own keys
-    into one checkpoint), the optimizer state, the layout report. Renumbered from 0, every stage would hold an
-    ``h.0`` and their keys would collide. Indexing stays local (``blocks[0]`` is this stage's first block), as
-    torchtitan's stages keep their layer names by holding them in a dict.
+    Why: names are state-dict keys (DCP, optimizer, layout); renumbered from 0 the stages' keys would collide.
     """
 
     def __init__(self, blocks: Sequence[nn.Module], first: int):
@@ -137,7 +85,7 @@ class BloomPipelineStage(nn.Module):
         lo, hi = self.layer_range
         transformer.h = StageBlocks(list(transformer.h)[lo:hi], first=lo)
         if self.is_last and not self.is_first:
-            # untie: the head becomes this stage's own copy of the embedding matrix (see module docstring)
+            # untie: the head becomes this stage's own copy of the embedding matrix
             model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())
         if not self.is_first:
             transformer.word_embeddings = None
@@ -167,11 +115,7 @@ class BloomPipelineStage(nn.Module):
         return None
 
     def global_state_dict(self) -> dict[str, torch.Tensor]:
-        """This stage's whole tensors under their names in the unsplit model, on the CPU.
-
-        Tensor- or data-parallel shards (DTensors) are gathered first: a collective over the stage's tp and dp
-        ranks, so every rank of the stage calls it.
-        """
+        """This stage's whole tensors under their unsplit names, on the CPU (a collective over its tp and dp ranks)."""
         out = {}
         for name, tensor in self.model.state_dict().items():
             if name == "lm_head.weight" and not self.is_first:
@@ -184,9 +128,7 @@ class BloomPipelineStage(nn.Module):
 def pad_to_length(batch: dict[str, torch.Tensor], length: int, pad_id: int = 0) -> dict[str, torch.Tensor]:
     """Right-pad ``input_ids``/``attention_mask``/``labels`` to ``length`` (mask 0, label -100).
 
-    A training batch that says whether it is padded (``has_padding``) says so after the padding too, so its
-    mask is built the same way (4-D, ``models.attention.attention_mask_for``) whatever its own length:
-    the schedule sends the mask between stages in buffers shaped at the first step.
+    ``has_padding`` stays set so the mask is built the same way every step: stages send it in first-step-shaped buffers.
     """
     t = batch["input_ids"].shape[1]
     if t > length:
@@ -209,7 +151,7 @@ class PipelineRunner:
                  n_microbatches: int, schedule: str, seq_len: int, pad_id: int = 0):
         self.module = stage_module
         self.pp_rank, self.pp_size, self.pp_group = pp_rank, pp_size, pp_group
-        self.pp_ranks = list(pp_ranks)            # global ranks of stages 0..pp-1 of this pipeline
+        self.pp_ranks = list(pp_ranks)
         self.tied_group = tied_group
         self.device, self.seq_len, self.pad_id = device, seq_len, pad_id
         self.n_microbatches = n_microbatches
@@ -221,7 +163,6 @@ class PipelineRunner:
         # scale_grads=False: the loss is already normalised for the global batch (the loop's convention)
         self.schedule = cls(self.stage, n_microbatches=n_microbatches, loss_fn=self._loss, scale_grads=False)
 
-    # ------------------------------------------------------------------ training
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         tok_sum = token_loss_sum(logits, labels)
         self._token_sums.append(tok_sum.detach())
@@ -229,13 +170,7 @@ class PipelineRunner:
 
     def train_step(self, micro_batches: Sequence[dict[str, torch.Tensor]],
                    loss_scale: float | torch.Tensor) -> torch.Tensor:
-        """Forward + backward of one optimizer step's micro-batches; returns their token-loss sum (a tensor).
-
-        The step's micro-batches are concatenated and cut into
-        ``n_microbatches`` pipeline micro-batches. Every stage returns the same
-        sum (broadcast from the last stage), so the loop can reduce it over
-        all ranks like any other strategy's.
-        """
+        """One optimizer step's forward + backward; the token-loss sum, broadcast from the last stage to every stage."""
         padded = [pad_to_length(b, self.seq_len, self.pad_id) for b in micro_batches]
         ids = torch.cat([b["input_ids"] for b in padded]).to(self.device)
         # packed rows: each stage gets the document mask (models/attention.py) in place of the padding mask
@@ -272,12 +207,7 @@ class PipelineRunner:
                                "report it with the command line.")
 
     def sync_gradients(self) -> None:
-        """Sum the tied embedding/head gradients of the first and the last stage (their local shards).
-
-        Data parallelism across replicas is FSDP2's (:func:`build_pipeline`): the schedule has already
-        reduce-scattered every gradient over dp. Both copies of the tied matrix are sharded alike (same dp
-        rank, same rows), so summing the local shards sums the whole gradients.
-        """
+        """Sum the tied embedding/head gradients' local shards of the first and last stage (sharded alike by FSDP2)."""
         tied = self.module.tied_weight()
         if self.tied_group is None or tied is None:
             return
@@ -292,14 +222,9 @@ class PipelineRunner:
         skip = tied if (self.module.is_last and not self.module.is_first) else None
         return [p for p in self.module.parameters() if p.grad is not None and p is not skip]
 
-    # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Logits on every stage: stage by stage with send/recv, then a broadcast from the last stage.
-
-        Used for evaluation only (every rank of the pipeline holds the same
-        batch), so the batch shape may change from call to call.
-        """
+        """Logits on every stage for evaluation: stage by stage with send/recv, then a broadcast from the last stage."""
         b, t = input_ids.shape
         hidden_size = self.module.model.config.hidden_size
         vocab = self.module.model.config.vocab_size
@@ -322,12 +247,9 @@ class PipelineRunner:
 
 def build_pipeline(stage_module: BloomPipelineStage, *, mesh: Any, dims: Any, device: torch.device,
                    n_microbatches: int, schedule: str, seq_len: int, pad_id: int = 0) -> PipelineRunner:
-    """The schedule of this rank's stage, already cut (and tensor/data-parallel). Every rank must call it.
+    """The schedule of this rank's stage, already cut and parallelized (``mixed.parallelize``); every rank calls it.
 
-    ``stage_module`` is this rank's :class:`BloomPipelineStage`, parallelized within its stage by
-    ``ecomkit.parallel.mixed.parallelize`` (TP over ``mesh["tp"]``, FSDP2 over ``mesh["dp"]`` with the stage
-    as FSDP's root, which is what ``torch.distributed.pipelining`` looks for to delay the gradient
-    reduce-scatter to the step's last micro-batch).
+    The stage is FSDP's root, which is what ``torch.distributed.pipelining`` needs to delay the reduce-scatter.
     """
     pp_mesh = mesh["pp"]
     pp_rank, pp_size = pp_mesh.get_local_rank(), pp_mesh.size()
@@ -355,10 +277,7 @@ def _tied_embedding_group(dims: Any) -> Any:
 def gather_pipeline_state_dict(runner: PipelineRunner, dims: Any) -> dict[str, torch.Tensor] | None:
     """The full model's state dict on global rank 0, None elsewhere; a collective on every rank.
 
-    Every rank gathers its stage's shards (:meth:`BloomPipelineStage.global_state_dict`); the ranks at
-    dp = tp = 0 of each stage send them to rank 0 with ``gather_object`` (pickled CPU tensors). Fine for
-    the models that train on this machine; for billions of parameters save with
-    ``torch.distributed.checkpoint`` instead (``--dcp-dir``), which writes each rank's shard where it is.
+    Pickled CPU tensors via ``gather_object``: fine for small models; large ones save with ``--dcp-dir``.
     """
     coords = dims.coordinates(dist.get_rank())
     stage = runner.module.global_state_dict()

@@ -1,22 +1,8 @@
 """Bytes of tensors a rank holds, each storage counted once: the one storage-dedup counter of ecomkit.
 
-Why count tensors: on CPU there is no ``max_memory_allocated``, and process RSS
-mixes in the Python runtime and libraries. Counting the parameter, gradient
-and optimizer-state tensors a rank actually holds gives the exact bytes the
-ZeRO/FSDP formulas talk about, on any device.
-
-Every counter here identifies memory by :func:`storage_key` (the storage's
-data pointer), so tied weights, views and flat buffers are never counted
-twice. Two questions need two sums over those keys:
-
-- :func:`unique_storage_bytes`: the *whole* storage behind each tensor, once.
-  What an allocator really handed out, alignment padding included: the ZeRO
-  count (flat partitions) and the saved-activation count use it.
-- :func:`tensor_bytes`: the bytes the tensors *cover*, each distinct view once.
-  FSDP2's shards are views into padded buffers and the planner counts the
-  unpadded shard, so the model-state count of torch strategies uses this.
-
-Sharded tensors (FSDP2's DTensor) are counted by their local shard.
+Why count tensors: a CPU has no ``max_memory_allocated`` and RSS mixes in the runtime. :func:`unique_storage_bytes`
+counts whole storages (what the allocator handed out: ZeRO's flat partitions, activations); :func:`tensor_bytes` counts
+what the views cover (FSDP2's unpadded shards, as the planner does). DTensors count their local shard.
 """
 
 from __future__ import annotations
@@ -35,8 +21,7 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 def storage_key(t: torch.Tensor) -> tuple[int, int] | None:
     """(data pointer, bytes) of the storage behind ``t``'s local part; None when there is none to count.
 
-    None for meta tensors, empty storages and wrappers without a storage of
-    their own (functional tensors inside ``torch.compile``).
+    None for meta tensors, empty storages and wrappers without a storage (functional tensors inside ``torch.compile``).
     """
     t = local_tensor(t)
     if t.device.type == "meta":
@@ -59,9 +44,7 @@ def unique_storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
-    """Sum of local bytes the tensors cover, each (storage, offset) view counted once (tied weights).
-
-    Meta tensors count their would-be size (a planner's model built on ``meta``).
+    """Sum of local bytes the tensors cover, each (storage, offset) view once; meta tensors count their would-be size.
     """
     seen: set[tuple[int, int]] = set()
     total = 0

@@ -1,19 +1,8 @@
 """Activation bytes of a BLOOM: what autograd saves between forward and backward, predicted from the shape.
 
-The formula is derived from what autograd saves for BLOOM's eager attention,
-checked tensor by tensor with :class:`~ecomlab.measure.activations.SavedTensorCounter`
-(the measuring twin of this module). Per layer, with ``x = micro_batch · T ·
-hidden``: ``x·(2r + 14c)`` bytes (LayerNorm inputs in the residual dtype
-``r``; q, k, v, context, LayerNorm outputs, MLP input, GELU input and output
-in the compute dtype ``c``), plus the attention probabilities
-``[b, heads, T, T]`` kept by softmax in fp32 (and a 16-bit copy under mixed
-precision). ALiBi is added to the scores by ``baddbmm`` as its bias input,
-which backward does not need, so it costs no saved memory (only with
-checkpointing are the shared ALiBi/mask inputs of the blocks kept). With SDPA
-(``--attn sdpa``) the ``T²`` term is replaced by q, k, v and the output with
-one extra ALiBi channel, plus a log-sum-exp per row. Activation checkpointing
-keeps one ``[b, T, h]`` input per block and recomputes one block at a time in
-backward (a temporary, counted by :mod:`ecomkit.planner.memory`).
+Why a formula: the planner sizes a job without running it; the tests hold it to the tensors autograd really saves. Per
+layer ``x·(2r + 14c)`` bytes with ``x = micro_batch · T · hidden`` (``r`` the residual dtype, ``c`` the compute dtype),
+plus eager attention's ``[b, heads, T, T]`` fp32 probabilities (SDPA keeps q, k, v and the output instead).
 """
 
 from __future__ import annotations
@@ -76,16 +65,9 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, strategy: str =
                      loss_chunk: int = 0) -> dict[str, int]:
     """Bytes autograd keeps between forward and backward for one micro-batch, by part.
 
-    Parts: ``blocks`` (per-layer tensors), ``attention_scores`` (the
-    ``[b, heads, T, T]`` probabilities of eager attention), ``embedding``
-    (token ids, embedding LayerNorm input), ``head`` (``ln_f``, LM-head input,
-    the fp32 log-probabilities ``[b, T-1, V]`` the loss keeps, the targets).
-    With checkpointing a block keeps only its input. Checked against
-    :class:`~ecomlab.measure.activations.SavedTensorCounter` by the tests.
-    ``loss_chunk > 0`` (ecomkit's chunked loss, ``ecomkit.models.loss``):
-    with more than one chunk the log-probabilities are recomputed in
-    backward, not kept; the labelled positions' hidden states are kept
-    instead (modelled, not measured).
+    Parts: ``blocks``, ``attention_scores`` (eager attention), ``embedding`` and ``head`` (``ln_f``, LM-head input, the
+    loss's fp32 log-probabilities). With checkpointing a block keeps only its input; with several ``loss_chunk`` chunks
+    the log-probabilities are recomputed and the labelled hidden states kept instead (modelled, not measured).
     """
     dt = activation_dtypes(strategy, precision)
     layers = shape.n_layer if layers is None else layers
@@ -110,8 +92,7 @@ def activation_bytes(shape: ModelShape, batch: int, seq: int, *, strategy: str =
 
 
 def head_logprob_bytes(shape: ModelShape, batch: int, seq: int, loss_chunk: int = 0) -> int:
-    """The fp32 log-probabilities ``[b, T-1, V]`` the loss keeps for backward; none with several loss chunks
-    (each recomputed in backward, its labelled hidden states kept instead: counted with the head's activations)."""
+    """The fp32 log-probabilities ``[b, T-1, V]`` the loss keeps for backward; none with several loss chunks."""
     return 0 if 0 < loss_chunk < batch * (seq - 1) else 4 * batch * (seq - 1) * shape.vocab
 
 

@@ -1,24 +1,8 @@
 """The setups ``--recommend`` searches, and the exact launch line of each (chapter 06).
 
-Why one list: a recommendation is only useful if ecomkit's loop trains it. So
-every candidate is a :class:`~ecomkit.config.TrainConfig` (the user's job with
-the strategy fields replaced), validated by :meth:`TrainConfig.validate` like
-a script validates it, and launched by the chapter script that trains that
-strategy with the scripts' own flags:
-
-- DDP (``scripts/02_data_parallel.py``);
-- DeepSpeed ZeRO-1/2/3, with and without optimizer offload, ZeRO-3 also with
-  parameter offload (``scripts/03_zero3.py``, or the ``deepspeed`` launcher);
-- FSDP2 with and without ``CPUOffloadPolicy``, TP × DP inside a node, PP × DP,
-  and the 3-D TP × PP × DP (TP inside a node, pipeline stages across)
-  (``scripts/04_mixed_parallel.py``);
-- activation checkpointing off and on wherever the strategy has it (ZeRO,
-  FSDP2/TP/PP; ecomkit's DDP has none).
-
-Candidates are grouped (:attr:`Candidate.group`): :data:`FULL` trains every
-parameter; :data:`LORA` (:func:`lora_candidates`, ``--peft lora`` with the
-job's ``--lora-r`` and targets) trains adapters on a frozen base, different
-parameters, so it is ranked on its own and never against ``FULL``.
+Why one list: a recommendation is only useful if the loop trains it, so each candidate is the user's
+:class:`~ecomkit.config.TrainConfig` with its strategy fields replaced, validated as a script validates it. Full
+fine-tuning (:data:`FULL`) and LoRA (:data:`LORA`) train different parameters and are ranked apart.
 """
 
 from __future__ import annotations
@@ -102,8 +86,8 @@ def full_candidates(cluster: Cluster, shape: ModelShape) -> list[Candidate]:
 def _pipelines(label: str, settings: dict[str, Any]) -> list[Candidate]:
     """A pipeline layout with its stages cut by block count and by compute, each without and with checkpointing.
 
-    Why both: cut by compute the last stage (which also runs the LM head) takes fewer blocks and the step is
-    faster, but the first stages hold more blocks' activations; which one fits is the plan's to say.
+    Why both: by compute the step is faster, but the first stages hold more blocks' activations; the plan says which
+    fits.
     """
     out = []
     for balance, suffix in (("layers", ""), ("compute", " · stages by compute")):
@@ -127,8 +111,7 @@ LORA = "LoRA adapters (trains other parameters than full fine-tuning: ranked on 
 def lora_candidates(cluster: Cluster, shape: ModelShape) -> list[Candidate]:
     """The strategies ecomkit trains LoRA with (DDP, ZeRO-1/2/3, FSDP2; no TP/PP), checkpointing off and on.
 
-    No offload: the optimizer states are the adapters' (well under 1 % of Ψ),
-    and the time model would charge CPU Adam for every parameter.
+    No offload: the adapters' optimizer states are tiny, and the time model would charge CPU Adam for every parameter.
     """
     zero_ac, mesh_ac, lora = "zero.activation_checkpointing", "parallel.activation_checkpointing", {"peft": "lora"}
     out = [Candidate("LoRA · DDP", {**lora, "strategy": "ddp"}, LORA)]
@@ -142,7 +125,6 @@ def lora_candidates(cluster: Cluster, shape: ModelShape) -> list[Candidate]:
     return out
 
 
-# ---------------------------------------------------------------------- launch lines
 def _flag(dotted: str) -> str:
     return "--" + dotted.replace(".", "-").replace("_", "-")
 
@@ -150,10 +132,8 @@ def _flag(dotted: str) -> str:
 def job_flags(cfg: TrainConfig, given: set[str]) -> list[str]:
     """The scripts' flags that make a script run ``cfg``: every field the plan read, and those the user set.
 
-    Planner fields are all written out (a script's own defaults, e.g.
-    ``03_zero3.py``'s 64-token sequences, must not change the planned job),
-    except the sections the strategy does not read (``zero.*`` outside ZeRO,
-    ``parallel.*`` outside FSDP2/TP/PP).
+    All planner fields are written out (a script's own defaults must not change the job), except the sections the
+    strategy does not read.
     """
     skip = {"global_batch_size"}                  # grad_accum is written out instead
     if cfg.strategy != StrategyName.ZERO:         # a section the job's strategy does not read
@@ -184,8 +164,7 @@ def job_flags(cfg: TrainConfig, given: set[str]) -> list[str]:
 def checkpoint_note(model: str) -> str | None:
     """Where the user's checkpoint goes in a launch line built from a preset (None for a folder or hub id).
 
-    Why: the line names the preset the plan was made for (``--model ecomgpt-7b``), and run as printed it
-    trains that shape from a random init; a user fine-tuning the real model must put the checkpoint there.
+    Why: run as printed, the line trains the preset's shape from a random init.
     """
     if model not in PRESETS:
         return None

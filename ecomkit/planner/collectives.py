@@ -1,8 +1,7 @@
 """The α-β model of ring collectives: seconds to all-reduce, all-gather or reduce-scatter ``S`` bytes over ``N`` ranks.
 
-Why its own module: the data-parallel terms (``step_time``) and the split model's terms (``split_time``) price
-their collectives the same way. Per-message latency α and bus bandwidth ``B`` come from
-:class:`ecomkit.hardware.LinkSpec` (achievable busbw, as nccl-tests reports it).
+Why its own module: ``step_time`` and ``split_time`` price their collectives the same way, from
+:class:`ecomkit.hardware.LinkSpec`'s latency α and bus bandwidth ``B``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """One description of a job: a :class:`~ecomkit.config.TrainConfig` plus a cluster, read as the scripts read it.
 
-Why: a plan is only useful if it describes the job the script will run. So
-``python -m ecomkit.plan`` takes the training scripts' own flags (derived from
-``TrainConfig`` by :mod:`ecomkit.config.cli`, with their defaults, ``--config``
-files and :meth:`TrainConfig.validate`), plus the cluster (``--gpus``,
-``--gpu``, ``--link``, ``--node``, ``--nodes``). :func:`plan_input_from_config`
-is the one translation from a training config to the planner's
-:class:`~ecomkit.planner.memory.PlanInput`, and :func:`defaults_used` names
-every field the plan read that the user did not set.
-
-The planner's older flags keep working as aliases (:data:`PLANNER_FLAG_ALIASES`
-and :func:`expand_planner_aliases`): ``--zero 3`` is ``--strategy zero
---zero-stage 3``, ``--micro-batch`` is ``--micro-batch-size``, ``--tp`` is
-``--parallel-tp``, ``--strategy zero2``/``fsdp2`` are the training names, and
-``--checkpointing`` / ``--offload-optimizer`` / ``--offload-param`` set the
-field of whichever strategy the job uses.
+Why: a plan is only useful if it describes the job the script will run, so the planner takes the scripts' own flags and
+validation; :func:`plan_input_from_config` is the one translation to a :class:`~ecomkit.planner.memory.PlanInput`, and
+the planner's older flags are aliases (:func:`expand_planner_aliases`).
 """
 
 from __future__ import annotations
@@ -43,8 +31,7 @@ class Cluster:
 
     gpus: int = 1
     gpu: str = "a100-80g"
-    link: str | None = None          # None: the GPU's own default link (ecomkit.hardware, GpuSpec.default_link):
-                                     #   PCIe for a GeForce card, NVLink for an SXM board
+    link: str | None = None          # None: the GPU's own default link (ecomkit.hardware, GpuSpec.default_link)
     node: str | None = None          # None: the usual system of ``gpu`` (ecomkit.hardware.GPU_DEFAULT_NODE)
     nodes: int = 1
 
@@ -66,8 +53,7 @@ class Cluster:
         return self.link if self.link is not None else default_link(self.gpu)
 
     def time_links(self) -> dict[str, Any]:
-        """The time model's link arguments: :attr:`interconnect` for every group of ranks, except that on several
-        nodes a group inside one node (TP's, and dp or pp groups that fit) uses the GPU's own link."""
+        """The time model's link arguments: :attr:`interconnect`, except the GPU's own link for groups inside a node."""
         out: dict[str, Any] = {"link": self.interconnect, "node": self.node}
         if self.nodes > 1:
             out.update(intra_node_link=default_link(self.gpu), gpus_per_node=self.gpus_per_node)
@@ -76,8 +62,7 @@ class Cluster:
 
 CLUSTER_DEFAULTS = Cluster()
 
-# Every TrainConfig field the planner reads (dotted for nested sections): the printed plan names those left at
-# their default, and tests/test_plan_job.py checks the planner's defaults are TrainConfig()'s for each.
+# Every TrainConfig field the planner reads (dotted): the plan names those left at their default.
 PLANNER_FIELDS = ("model", "strategy", "zero.stage", "zero.offload_optimizer", "zero.offload_param",
                   "zero.activation_checkpointing", "zero.bucket_size", "parallel.dp", "parallel.tp", "parallel.pp",
                   "parallel.pp_microbatches", "parallel.pp_balance", "parallel.fsdp_cpu_offload",
@@ -108,7 +93,7 @@ def _training_strategy(name: str) -> list[str]:
 
 
 def expand_planner_aliases(argv: list[str]) -> list[str]:
-    """Rewrite the planner's historic flags into the training flags (``--zero 2`` → ``--strategy zero --zero-stage 2``)."""
+    """Rewrite the planner's older flags as training flags (``--zero 2`` → ``--strategy zero --zero-stage 2``)."""
     out: list[str] = []
     zero: str | None = None
     strategy: str | None = None
@@ -187,8 +172,7 @@ def plan_degrees(cfg: TrainConfig, world_size: int) -> tuple[str, int, int, int]
 def planned_seq_len(cfg: TrainConfig) -> tuple[int, str | None]:
     """The sequence length a plan uses, and a note when it stands in for ``--seq-len auto``.
 
-    ``auto`` is decided by a run from its data, which the planner does not read, so the plan takes the
-    longest length such a run may choose (the model's limit): an upper bound on its memory and step time.
+    ``auto`` is decided from data the planner does not read, so the plan takes the model's limit: an upper bound.
     """
     if cfg.seq_len != AUTO:
         return int(cfg.seq_len), None
@@ -199,8 +183,7 @@ def planned_seq_len(cfg: TrainConfig) -> tuple[int, str | None]:
 
 
 def planned_precision(precision: str, cluster: Cluster) -> str:
-    """``--precision auto`` as a run on ``cluster``'s GPUs resolves it (envcheck.matmul.choose_precision on
-    CUDA): bf16 where the GPU has it, else fp32; any other value as given."""
+    """``--precision auto`` as a run on ``cluster``'s GPUs resolves it: bf16 where the GPU has it, else fp32."""
     if precision != AUTO:
         return precision
     return "bf16" if gpu_spec(cluster.gpu).supports("bf16") else "fp32"
@@ -213,9 +196,8 @@ def plan_input_from_config(cfg: TrainConfig, cluster: Cluster, vocab_size: int |
     cfg = replace(cfg, precision=planned_precision(cfg.precision, cluster))
     shape = model_shape(cfg.model, vocab_size)
     if validate:
-        # QLoRA's base bits are planned by planner.lora's own rules (any GPU strategy but ZeRO-3); whether this
-        # machine can *train* them (bitsandbytes installed, ddp) is not the plan's question, so it is left out.
-        # The fused losses' package and GPU (--loss-kernel liger|cce) are this machine's question, not the plan's.
+        # QLoRA's bits are planned by planner.lora's rules; whether this machine can train them, or run the fused
+        # losses, is not the plan's question.
         fused = cfg.loss_kernel in LOSS_KERNEL_PACKAGES
         replace(cfg, lora_base_bits=16, loss_kernel=AUTO if fused else cfg.loss_kernel).validate(
             world_size=cluster.gpus, n_head=shape.n_head, n_layer=shape.n_layer)
@@ -243,9 +225,7 @@ def plan_input_from_config(cfg: TrainConfig, cluster: Cluster, vocab_size: int |
 def planned_loss_chunk(cfg: TrainConfig, cluster: Cluster) -> int:
     """The planner's ``loss_chunk_tokens`` for ``--loss-kernel``: 0 for the full logits, else the chunk.
 
-    liger and cce are planned with the chunked loss's bound: liger keeps at most about ``rows × hidden`` logits
-    at a time and cut-cross-entropy none, both less than ``--loss-chunk-tokens × vocab``, so the plan is an upper
-    bound for them.
+    liger and cce keep fewer logits than the chunked loss, so planning them with its bound is an upper bound.
     """
     kernel = pick_loss_kernel(cfg.loss_kernel, "cuda", gpu_kind(cluster.gpu), cfg.loss_chunk_tokens)[0]
     if kernel == "full":

@@ -1,10 +1,7 @@
 """Which parallel layout for which model (chapter 04): memory per GPU, bytes sent per step, and the pick.
 
-Why it lives in the planner: a layout is judged *before* any GPU is rented, with
-the planner's exact per-rank bytes (:func:`ecomkit.planner.memory.plan_memory`,
-which follows chapter 04's TP plan and pipeline split parameter by parameter).
-This module adds the bytes each layout sends per step and the rule that picks
-one. The degrees of a run that trains are ``ecomkit.parallel.dims.ParallelDims``.
+Why in the planner: a layout is judged before any GPU is rented, with :func:`~ecomkit.planner.memory.plan_memory`'s
+exact per-rank bytes; this module adds the bytes each layout sends per step and the rule that picks one.
 """
 
 from __future__ import annotations
@@ -49,17 +46,12 @@ def replica_parameters(shape: ModelShape, layout: Layout) -> int:
 def comm_bytes_per_gpu_step(shape: ModelShape, layout: Layout, micro_batch: int, seq_len: int) -> dict[str, float]:
     """Estimated bytes one GPU sends per optimizer step (ring algorithms; bf16 activations/params, fp32 grads).
 
-    The global batch is ``gpus × micro_batch`` sequences for every layout, so a
-    replica processes ``micro_batch × tp × pp`` of them.
+    A replica processes ``micro_batch × tp × pp`` sequences, so every layout does the same work per step.
 
-    - DDP: all-reduce of fp32 gradients, ``2(d-1)/d · 4Ψ``, overlapped with backward;
-    - FSDP2: bf16 all-gather in forward and again in backward, fp32
-      reduce-scatter: ``(d-1)/d · (2·2 + 4)·Ψ_local``, overlapped by prefetching;
-    - TP: 4 all-reduces of the ``b·s·h`` bf16 activations per block (2 in
-      forward, 2 in backward), ``2(t-1)/t`` each, on the critical path;
-    - PP: each stage boundary sends activations forward and their gradients
-      back (``2 · b·s·h`` bf16), plus the tied-embedding gradient all-reduce
-      between the first and the last stage; and a bubble of ``(p-1)/(m+p-1)``.
+    - DDP: all-reduce of fp32 gradients, ``2(d-1)/d · 4Ψ``;
+    - FSDP2: bf16 all-gather in forward and backward, fp32 reduce-scatter: ``(d-1)/d · (2·2 + 4)·Ψ_local``;
+    - TP: 4 all-reduces of the ``b·s·h`` bf16 activations per block, ``2(t-1)/t`` each;
+    - PP: ``2 · b·s·h`` bf16 per stage boundary, plus the tied-embedding gradient all-reduce.
     """
     h, s = shape.hidden, seq_len
     b = micro_batch * layout.tp * layout.pp
@@ -78,15 +70,12 @@ def comm_bytes_per_gpu_step(shape: ModelShape, layout: Layout, micro_batch: int,
     return out
 
 
-# simplest first: communication that overlaps with compute (DP, FSDP) beats communication on the
-# critical path of every layer (TP, fast only inside an NVLink node) and pipeline bubbles (PP); the 3-D
-# layout pays all three kinds, so it comes last (ecomkit.planner.recommend ranks by predicted time instead)
+# Simplest first: overlapped communication (DP, FSDP) beats TP's per-layer collectives and PP's bubbles; 3-D last.
 PREFERENCE = ("DP (DDP)", "ZeRO-3 / FSDP2", "TP 2 × FSDP", "TP 2 × PP 2 × FSDP", "TP", "PP")
 
 
 def candidate_layouts(n_gpus: int, n_head: int, n_layer: int) -> list[Layout]:
-    """DDP, FSDP2, TP 2 × FSDP over the rest, TP 2 × PP 2 × FSDP over the rest (8 GPUs and more), TP and PP over
-    all GPUs (those the model's shape allows)."""
+    """DDP, FSDP2, TP 2 × FSDP, TP 2 × PP 2 × FSDP (8 GPUs and more), TP and PP over all (as the shape allows)."""
     out = [Layout("DP (DDP)", dp=n_gpus, sharded=False), Layout("ZeRO-3 / FSDP2", dp=n_gpus)]
     if n_gpus >= 4 and n_head % 2 == 0:
         out.append(Layout(f"TP 2 × FSDP {n_gpus // 2}", dp=n_gpus // 2, tp=2))
@@ -108,14 +97,8 @@ def decision_table(models: Sequence[str], gpu_counts: Sequence[int], gpu: str = 
                    ) -> list[dict[str, Any]]:
     """One row per (model, GPUs, layout): memory per GPU and bytes sent per step, and which layout to pick.
 
-    Same work per step for every layout: the global batch is ``gpus ×
-    micro_batch`` sequences of ``seq_len`` tokens, so a TP or PP replica
-    processes ``micro_batch × tp × pp`` of them. Memory per GPU (model states,
-    activations, temporaries such as the logits) is ``ecomkit.planner.memory.plan_memory``
-    for the most loaded rank; *fits* is its verdict for ``gpu``. The pick, per
-    (model, GPUs), is the first fitting layout in :data:`PREFERENCE` order.
-    Nothing here is typed in: Ψ and every parameter's shape come from the
-    presets built on the meta device.
+    Same global batch for every layout; memory is ``plan_memory``'s most loaded rank, and the pick per (model, GPUs) is
+    the first fitting layout in :data:`PREFERENCE` order. Ψ and every shape come from the presets built on ``meta``.
     """
     rows = []
     for name in models:

@@ -1,23 +1,8 @@
 """The memory planner for LoRA and QLoRA: a frozen base, trained low-rank adapters (chapter 03/06).
 
-What changes against full fine-tuning, per rank (the tests hold these bytes to what the training loop's
-LoRA path, ``ecomkit.models.lora``, measurably holds):
-
-- **frozen base**: parameters only, no gradient, no optimizer state. torch strategies (DDP, FSDP2) keep
-  it in bf16 under ``--precision bf16`` (``freeze_base_in_bf16``), else fp32; DeepSpeed keeps it in
-  its training dtype, partitioned under ZeRO-3 like any parameter; FSDP2 shards it. QLoRA stores it
-  in 8 or 4 bits (bitsandbytes' LLM.int8 and NF4 layouts; :data:`QUANT_BYTES_PER_PARAM`).
-- **loading**: the model loads straight into the frozen base's 16-bit dtype (``Strategy.weight_dtype``),
-  so the "while loading" row counts 2 bytes per weight under bf16, not fp32's 4
-  (:func:`lora_load_weight_bytes`; QLoRA quantises after loading, so it loads the same bytes).
-- **adapters** (``lora_A`` [r, in] and ``lora_B`` [out, r] per adapted Linear): what full fine-tuning
-  holds for every parameter, for these only (torch: fp32 weight, gradient and two Adam moments;
-  DeepSpeed: training-dtype weight and gradient, fp32 master and moments, partitioned as ZeRO does).
-- **activations: paid in full.** Backward still runs through every frozen block to reach the
-  adapters below it, so the saved activations are those of full fine-tuning (the planner's
-  activation figure is unchanged; adapters add ``r``-wide tensors, negligible).
-- **communication**: only the adapters' gradients are reduced (DDP all-reduce, ZeRO reduce, FSDP2
-  reduce-scatter); ZeRO-3 and FSDP2 still all-gather the frozen base's parameters for every forward.
+Why its own rules: the frozen base holds parameters only (bf16 under ``--precision bf16`` on torch strategies; 8 or 4
+bits under QLoRA), the adapters hold what full fine-tuning holds for every parameter, activations are paid in full, and
+only the adapters' gradients are reduced. The tests hold these bytes to what ``ecomkit.models.lora`` holds.
 """
 
 from __future__ import annotations
@@ -34,8 +19,7 @@ from ecomkit.planner.memory import MemoryPlan, PlanInput, plan_memory
 from ecomkit.planner.shapes import (ModelShape, ParamInfo, deepspeed_partition, fsdp2_shard, local_params,
                                     model_shape, zero3_partition)
 
-# bitsandbytes' storage per frozen weight element, scales included (the layouts' figures, not measured):
-# LLM.int8 1 byte + one fp32 scale per row (≈ 0); NF4 half a byte + one fp32 absmax per 64-element block.
+# bitsandbytes' bytes per frozen element, scales included (the layouts' figures, not measured).
 QUANT_BYTES_PER_PARAM = {8: 1.0, 4: 0.5 + 4 / 64}
 LORA_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2")  # what ecomkit's loop trains LoRA with
 
@@ -98,8 +82,7 @@ def _is_norm(name: str) -> bool:
 
 
 def lora_load_weight_bytes(inp: PlanInput) -> int:
-    """Bytes per weight while a LoRA run loads its model: the training dtype under DeepSpeed; torch strategies
-    the frozen base's dtype (bf16 under ``--precision bf16``, else fp32), which QLoRA quantises only after."""
+    """Bytes per weight while a LoRA run loads its model: DeepSpeed's training dtype, else the frozen base's dtype."""
     if inp.strategy in DEEPSPEED_PLAN_STRATEGIES:
         return 4 if inp.precision == "fp32" else 2
     return 2 if inp.precision == "bf16" else 4
@@ -193,9 +176,8 @@ def _lora_comm_buffers(inp: PlanInput, shape: ModelShape, adapters: list[ParamIn
                        grads_held: int) -> int:
     """Full fine-tuning's communication buffers, with the gradient parts sized by the adapters.
 
-    ZeRO-1/2: DeepSpeed's 4.5 × bucket rule over the trainable elements (and ZeRO-1's unreduced
-    gradients); FSDP2: one block's unsharded fp32 gradients become its adapters'. ZeRO-3 and DDP keep
-    full fine-tuning's figure (gathered layers; DDP's buckets are views).
+    ZeRO-1/2: the 4.5 × bucket rule over trainable elements; FSDP2: one block's adapters' fp32 gradients; ZeRO-3 and DDP
+    keep full fine-tuning's figure.
     """
     w = 4 if inp.precision == "fp32" else 2
     trainable = sum(p.numel for p in adapters)

@@ -23,7 +23,6 @@ from ecomkit.planner.shapes import (ModelShape, ParamInfo, deepspeed_partition, 
 ATTNS = ("eager", "sdpa")
 # A plan names the part that holds at least this share of its peak ("mostly logits").
 DOMINANT_SHARE = 0.5
-# The strategies whose loop takes the chunked loss (``Strategy.supports_chunked_loss``), without TP or PP.
 CHUNKED_LOSS_STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp2")
 # DeepSpeed's documentation: with overlap_comm, ZeRO-1/2 use up to 4.5 × reduce_bucket_size elements of buffers.
 DEEPSPEED_OVERLAP_BUCKET_FACTOR = 4.5
@@ -51,8 +50,7 @@ class PlanInput:
     pp_balance: str = "layers"          # pipeline stages by block count, or "compute" (parallel.pp_balance)
     zero_bucket_elements: int = 50_000_000   # chapter 03's reduce/allgather bucket (capped at Ψ)
     vocab_size: int | None = None       # toy presets only: their tokenizer's vocabulary
-    loss_chunk_tokens: int = 0          # 0: full-logits loss (transformers'; ecomkit's TP/PP); > 0: ecomkit's
-                                        #   chunked LM-head loss (its loop's default 1024 for ddp/zero/fsdp2)
+    loss_chunk_tokens: int = 0          # 0: full-logits loss (TP/PP); > 0: the chunked LM-head loss (the loop's 1024)
     device: str = "cuda"                # "cpu" plans a CPU run (no CUDA context, SDPA width d+1)
 
     def resolved(self) -> "PlanInput":
@@ -76,8 +74,7 @@ class PlanInput:
         return head_cost_in_blocks(shape.vocab, shape.hidden, shape.block_params(0), self.tp, self.seq_len)
 
     def loss_chunk(self) -> int:
-        """Positions per LM-head chunk, 0 when the full logits are built (strategies as ecomkit's loop: TP shards
-        the head's output and a pipeline's last stage computes its own loss, so both build the full logits)."""
+        """Positions per LM-head chunk, 0 when the full logits are built (TP and PP build them, as ecomkit's loop)."""
         applies = self.strategy in CHUNKED_LOSS_STRATEGIES and self.tp == 1 and self.pp == 1
         return self.loss_chunk_tokens if applies else 0
 
@@ -131,13 +128,9 @@ def state_bytes_of_rank(inp: PlanInput, params: list[ParamInfo], rank: int,
                         after_reduce: bool = False) -> dict[str, int]:
     """params / grads / optimizer bytes a data-parallel rank holds at its peak, and the CPU part.
 
-    ZeRO-1 reduces only at the end of an accumulated step, so it holds the whole 16-bit gradient (the paper's
-    4Ψ + 12Ψ/N); ``after_reduce=True``: what it keeps at the optimizer step (as ZeRO-2), what a probe there sees.
-    torch strategies (DDP, FSDP2, TP, PP): fp32 weights and gradients and two
-    fp32 Adam moments, whatever the compute precision. DeepSpeed ZeRO: weights
-    and gradients in the training dtype (4 bytes in fp32, 2 in bf16/fp16)
-    plus an fp32 master partition and the Adam moments (12 bytes per
-    partitioned element).
+    torch strategies: fp32 weights, gradients and two Adam moments; ZeRO: training-dtype weights and gradients plus 12
+    bytes per partitioned element. ZeRO-1 holds the whole 16-bit gradient until the boundary reduce; ``after_reduce``:
+    what it keeps at the optimizer step.
     """
     n, s = inp.dp, inp.strategy
     psi = sum(p.numel for p in params)
@@ -180,23 +173,12 @@ def model_state_bytes_per_rank(inp: PlanInput, shape: ModelShape | None = None,
     return [state_bytes_of_rank(inp, params, r, after_reduce) for r in range(inp.dp)]
 
 
-# ---------------------------------------------------------------------- temporaries
 def temporary_bytes(inp: PlanInput, shape: ModelShape, params: list[ParamInfo], batch: int) -> dict[str, int]:
     """Transient buffers on top of model states and saved activations (the peak of backward, roughly).
 
-    - ``logits``: the LM head's output alive in backward with the fp32 gradients of it and its log-probabilities,
-      ``b·T·V·(c + 8)`` (:func:`logits_bytes`; one chunk's under the chunked loss).
-    - ``backward_layer``: one block's working set in backward: the fp32 gradients of the attention scores and
-      probabilities (eager); under checkpointing the block recomputed in full.
-    - ``comm``: DDP none (its gradients are bucket views); ZeRO-1/2 4.5 × bucket (DeepSpeed's overlap_comm rule;
-      ZeRO-1's whole gradient until the boundary reduce counts as its gradients); ZeRO-3 its reduce bucket and
-      two gathered layers; FSDP2 the root unit's unsharded parameters (never resharded after forward) and two
-      blocks', plus one block's unsharded fp32 gradients.
-    - ``autocast_weights``: DDP + autocast keeps a 16-bit copy of every matmul weight.
-    - ``head_gradients``: ZeRO-3's chunked loss computes the head's whole gradient in its forward, in the weight's
-      dtype, and keeps it for backward (``ZeroStrategy.lm_head``).
-    - ``cuda_context``: see :data:`CUDA_CONTEXT_BYTES` (0 for a CPU plan).
-    The logits and the backward layer do not coexist at their peaks, so the larger counts.
+    Parts: ``logits`` (:func:`logits_bytes`), ``backward_layer`` (one block's working set), ``comm`` (buckets and
+    gathered layers), ``autocast_weights`` (DDP's 16-bit copies), ``head_gradients`` (ZeRO-3's chunked loss) and
+    ``cuda_context``. The logits and the backward layer peak apart, so the larger counts.
     """
     dt = activation_dtypes(inp.strategy, inp.precision)
     seq, v = inp.seq_len, shape.vocab
@@ -216,8 +198,7 @@ def temporary_bytes(inp: PlanInput, shape: ModelShape, params: list[ParamInfo], 
 
 
 def logits_bytes(inp: PlanInput, shape: ModelShape, batch: int) -> int:
-    """The LM head's logits alive in backward with their fp32 gradients, ``positions · V · (c + 8)``: every
-    position with the full logits, one chunk's with the chunked loss."""
+    """The LM head's logits alive in backward with their fp32 gradients, ``positions · V · (c + 8)``."""
     seq = inp.seq_len
     positions = batch * seq if not inp.loss_chunk() else min(batch * (seq - 1), inp.loss_chunk())
     return positions * shape.vocab * (activation_dtypes(inp.strategy, inp.precision).compute + 8)
@@ -240,7 +221,6 @@ def _comm_buffers(inp: PlanInput, shape: ModelShape, params: list[ParamInfo]) ->
     return 0
 
 
-# ---------------------------------------------------------------------- the plan
 @dataclass
 class MemoryPlan:
     """Per-GPU bytes of one setup (the worst rank), with the CPU bytes offloading moves to the host."""

@@ -1,30 +1,8 @@
 """``--recommend``: the fastest setup that fits, among the strategies ecomkit trains, for the same global batch.
 
-For each :class:`~ecomkit.planner.candidates.Candidate` on the cluster:
-
-1. the **global batch** stays the user's (``--global-batch-size``, or
-   micro-batch × accumulation × data-parallel degree of the job as given);
-2. the **micro-batch** is the largest divisor of the per-replica batch that
-   fits the GPU (:func:`~ecomkit.planner.memory.plan_memory`, its peak
-   including the checkpoint load), and the gradient accumulation makes up the
-   rest, so every candidate does the same training per optimizer step; a
-   pipeline cuts the replica's batch into one pipeline micro-batch per
-   sequence (torchtitan's default micro-batch of 1), the smallest bubble;
-3. the candidate is **ranked** by the predicted time of that optimizer step,
-   i.e. per global batch (:func:`~ecomkit.planner.step_time.predict_step_time`);
-4. a **tie** (step times within :data:`STEP_TIE` of the fastest) goes to the
-   simpler layout (:func:`layout_complexity`: DDP before ZeRO-1/2, before the
-   sharded ZeRO-3/FSDP2, before TP/PP; offload and activation checkpointing
-   add to it), then to the smaller peak memory. Why: the time model rests on
-   an assumed efficiency and overlap, so a 1 % difference says nothing, while
-   a simpler layout has fewer collectives to stall and a smaller one more
-   headroom for what the plan does not count.
-
-Candidates that the config validation refuses (``TrainConfig.validate``), whose
-data-parallel degree does not divide the global batch, or that do not fit at
-micro-batch 1, lose with that reason; the others lose by how much slower they
-are. When nothing fits, :func:`what_would_fit` says what would: more GPUs, a
-bigger GPU, a shorter sequence, or training fewer parameters (LoRA).
+Each candidate keeps the user's global batch, takes the largest micro-batch that fits, and is ranked by its predicted
+step time; a tie (within :data:`STEP_TIE`) goes to the simpler layout, then the smaller peak, since the time model
+cannot tell a few per cent apart. Refused candidates lose with their reason; :func:`what_would_fit` says what would.
 """
 
 from __future__ import annotations
@@ -49,10 +27,7 @@ EXTRA_GROUPS: dict[str, Callable[..., list[Candidate]]] = {LORA: lora_candidates
 GROUP_NOTES = {LORA: "predicted times are full fine-tuning's time model, an upper bound for LoRA (no weight "
                      "gradients for the frozen base, only the adapters' gradients sent); memory is LoRA's "
                      "(ecomkit.planner.lora)"}
-# Step times within this share of the fastest fitting candidate are a tie (see the module docstring). The time
-# model's error differs by strategy by more than this (bench_calibration's predicted/measured medians: 0.87-0.95
-# across DDP, ZeRO-2 and FSDP2 at 2 processes), so a 2 % gap is no ranking; kept that small, a tie changes the
-# pick only where predictions are practically equal, not where one setup is predicted clearly faster.
+# Step times within this share of the fastest are a tie: the time model's error by strategy is larger.
 STEP_TIE = 0.02
 
 
@@ -85,9 +60,7 @@ def global_batch(cfg: TrainConfig, cluster: Cluster) -> int:
 def layout_complexity(cfg: TrainConfig) -> int:
     """How much machinery a layout adds over plain DDP (0); a tie in step time goes to the lowest.
 
-    ZeRO-N adds N (what it shards: optimizer states, gradients, parameters); FSDP2 shards what ZeRO-3 does
-    (3); a model split across GPUs 4 (TP or PP), 5 (both); each CPU offload 2 (host
-    memory, PCIe traffic, CPU Adam); activation checkpointing 1 (a second forward).
+    ZeRO-N adds N, FSDP2 3, TP or PP 4 (both 5), each CPU offload 2, activation checkpointing 1.
     """
     strategy, par, zero = StrategyName(cfg.strategy), cfg.parallel, cfg.zero
     score = {StrategyName.DDP: 0, StrategyName.ZERO: zero.stage, StrategyName.FSDP: 3}.get(strategy, 0)
@@ -200,9 +173,8 @@ def what_would_fit(base: TrainConfig, cluster: Cluster, vocab_size: int | None =
                    time_kw: dict[str, Any] | None = None) -> list[str]:
     """When nothing fits: the smallest change of each kind that makes something fit (each one re-planned).
 
-    The real blocker first: a GPU without the job's precision (bf16 on a V100) refuses every candidate
-    before memory is asked, so that is named, the job is re-planned at a precision the GPU has, and the
-    other tips are about memory at that precision (not "a bigger GPU" that merely has bf16).
+    A GPU without the job's precision refuses every candidate, so that is named first and the rest planned at one it
+    has.
     """
     tips = []
 

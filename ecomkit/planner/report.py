@@ -1,9 +1,7 @@
 """What ``--recommend`` prints: the ranked table, the launch line, the DeepSpeed JSON, and the refusal.
 
-One function builds the whole answer as a plain object
-(:func:`recommendation_json`, what ``--json`` prints and what notebook 06 and
-``--verify`` read); :func:`render_recommendation` turns that object into text,
-so the table and the JSON can never disagree.
+Why one object: :func:`recommendation_json` builds the answer ``--json``, notebook 06 and ``--verify`` read, and
+:func:`render_recommendation` turns it into text, so the table and the JSON cannot disagree.
 """
 
 from __future__ import annotations
@@ -22,9 +20,7 @@ from ecomkit.planner.shapes import model_shape
 def ds_config(cfg: TrainConfig, cluster: Cluster) -> dict[str, Any] | None:
     """The DeepSpeed JSON ``scripts/03_zero3.py`` builds for ``cfg`` on the cluster's GPUs (None unless ZeRO).
 
-    The same builder as ``--print-ds-config`` of the script
-    (:func:`ecomkit.parallel.zero.config.zero_config_for_launch`); pinned host
-    buffers are on, as the script sets them when CUDA is present.
+    The script's ``--print-ds-config`` builder, with pinned host buffers on, as the script sets them under CUDA.
     """
     if cfg.strategy != StrategyName.ZERO:
         return None
@@ -177,9 +173,7 @@ def _off_plan_verdict(twin: dict[str, Any], row: dict[str, Any] | None, limit: f
 def verify_advice(v: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> list[str]:
     """What OFF PLAN twins and a mismatched ordering mean for the table: figure, direction, ranking, what to do.
 
-    Nothing when every twin is within its plan and the ordering is not contradicted. The twins test the
-    table's memory column (model states on a scaled-down model), never its step times, so the ranking by
-    time neither gains nor loses from them; only ties that went to the smaller peak depend on memory.
+    Nothing when all agree. The twins test the memory column, never step times: only ties broken by peak depend on them.
     """
     limit = v.get("plan_gap_limit", 0.10)
     off = [t for t in v["twins"] if t.get("plan_gap") is not None and abs(t["plan_gap"]) > limit]

@@ -1,19 +1,8 @@
 """The planner's view of a model: every parameter's exact shape, and how each strategy cuts them per rank.
 
-Why exact: Ψ and the parameter list come from the model built on the meta
-device (no memory), so nothing is typed in. Model states per rank then follow
-what the implementations in this repository really hold, not just the paper's
-formulas; the partitions are emulated parameter by parameter:
-
-- DeepSpeed ZeRO-1/2 flatten each optimizer parameter group, pad it to a
-  multiple of 2·N elements and cut it in N; a rank keeps the *whole* gradient
-  of every parameter that overlaps its partition (measured);
-- ZeRO-3 partitions every parameter separately (``ceil(numel / N)``);
-- FSDP2 splits every parameter along dim 0 like ``torch.chunk``;
-- tensor parallelism follows ``ecomkit.parallel.tensor`` and pipeline stages
-  follow ``ecomkit.parallel.pipeline.stage_layer_ranges`` (chapter 04).
-
-The tests compare these numbers byte for byte with what 2 real processes hold.
+Why exact: Ψ and the parameters come from the model built on the meta device, and each strategy's partition (ZeRO-1/2
+flat groups with straddling gradients, ZeRO-3 per parameter, FSDP2 on dim 0, TP and PP as ``ecomkit.parallel`` cuts) is
+emulated parameter by parameter; the tests compare it byte for byte with 2 real processes.
 """
 
 from __future__ import annotations
@@ -119,8 +108,7 @@ def _shape_from_config_json(config_json: str, name: str) -> ModelShape:
 def model_shape(model: Any, vocab_size: int | None = None) -> ModelShape:
     """Exact shape of a BLOOM given as a preset name, ``BloomConfig``, directory with ``config.json``, or module.
 
-    ``vocab_size`` fills in the toy presets' vocabulary (their tokenizer's
-    size). The model is built on the meta device: no weights are allocated.
+    Built on the meta device (no weights); ``vocab_size`` fills in the toy presets' vocabulary.
     """
     if isinstance(model, ModelShape):
         return model
@@ -149,8 +137,8 @@ N_PARAMS_PIECES = 10_000   # tensors a bare Ψ is cut into: ZeRO-1/2 straddlers 
 def shape_for_n_params(n_params: int) -> ModelShape:
     """A model known only by its parameter count (``--n-params``): Ψ cut into equal weight-decay tensors.
 
-    Good for model states only (the ZeRO paper's table): it has no hidden
-    size, layers or vocabulary, so activations cannot be planned from it.
+    Model states only (the ZeRO paper's table): without hidden size, layers or vocabulary, activations cannot be
+    planned.
     """
     if n_params < 1:
         raise ConfigError(f"--n-params {n_params}: give the number of parameters (Ψ), e.g. 7.5e9.")
@@ -161,17 +149,12 @@ def shape_for_n_params(n_params: int) -> ModelShape:
     return ModelShape("--n-params", 0, pieces, 1, 0, infos)
 
 
-# ---------------------------------------------------------------------- what one rank holds
 def local_params(shape: ModelShape, tp: int = 1, pp: int = 1, stage: int = 0, head_blocks: float = 0.0
                  ) -> list[ParamInfo]:
     """Parameters one rank holds before data-parallel sharding: its tp slice of its pipeline stage.
 
-    Pipeline stages follow chapter 04 (``stage_layer_ranges``, ``head_blocks`` for a split that balances
-    compute): stage 0 has the
-    embeddings, the last stage ``ln_f`` and its own copy of the tied LM head.
-    Tensor parallelism follows ``ecomkit.parallel.tensor``: fused QKV and
-    ``dense_h_to_4h`` split by rows, ``dense`` / ``dense_4h_to_h`` weights by
-    columns, LayerNorms, row-parallel biases and embeddings replicated.
+    Stage 0 has the embeddings, the last stage ``ln_f`` and its own copy of the tied head; TP splits as
+    ``ecomkit.parallel.tensor`` does (QKV and ``dense_h_to_4h`` by rows, ``dense``/``dense_4h_to_h`` by columns).
     """
     lo, hi = stage_layer_ranges(shape.n_layer, pp, head_blocks)[stage] if pp > 1 else (0, shape.n_layer)
     first, last = stage == 0, stage == pp - 1
@@ -194,11 +177,8 @@ def local_params(shape: ModelShape, tp: int = 1, pp: int = 1, stage: int = 0, he
 def deepspeed_partition(params: list[ParamInfo], n: int, rank: int) -> tuple[int, int]:
     """(elements of the rank's flat partition, elements of the gradients it keeps) under ZeRO-1/2.
 
-    Per optimizer group: flatten, pad to a multiple of ``2·n`` (DeepSpeed's
-    ``nccl_start_alignment_factor`` × world size), cut into ``n`` equal
-    partitions. The rank keeps the whole gradient of every parameter that
-    overlaps its partition, so a parameter straddling a boundary is held
-    entirely by both neighbours (measured; see the module docstring).
+    Per group: flatten, pad to a multiple of ``2·n``, cut in ``n``; a parameter straddling a boundary keeps its whole
+    gradient on both neighbours (measured).
     """
     partition = grads = 0
     for group in (0, 1):

@@ -1,25 +1,8 @@
 """Step-time terms of a model split over GPUs: tensor and pipeline parallelism, alone or in a dp × tp × pp mesh.
 
-Why apart from :mod:`ecomkit.planner.step_time`: data parallelism's terms depend on Ψ and the link; a split
-model's depend on where each group of ranks sits, how the stages divide the blocks and how many pipeline
-micro-batches a step has. What is modelled, as ``ecomkit.parallel`` trains it:
-
-- **compute share** (:func:`replica_compute_share`): a replica's FLOPs per token split over its tp × pp
-  GPUs. The blocks divide by tp and by stage (contiguous blocks, ``stage_layer_ranges``); the LM head
-  (6·V·h FLOPs per token) sits on the last stage and is *replicated* over the tp ranks (``parallel/tensor.py``
-  keeps embeddings and head whole), and the slowest stage sets the pipeline's pace. For BLOOM's 250,880-token
-  vocabulary the head weighs about as much as 5 blocks (10 on a tp-2 rank), so ``--parallel-pp-balance
-  compute`` gives the last stage fewer blocks;
-- **links per mesh dimension** (:func:`mesh_links`): ranks fill the (pp, dp, tp) grid tp innermost
-  (``parallel/dims.py``), so a tp group is ``tp`` neighbouring ranks, a dp group spans ``tp·dp`` and a pp
-  group every rank. A group that stays inside one node uses the node's link (NVLink on SXM boards), one that
-  spans nodes the link between them (a ring is as fast as its slowest hop);
-- **TP's activation all-reduces** (:func:`tensor_parallel_s`): 2 per block in forward and 2 in backward
-  (3 with checkpointing's replayed forward), on the critical path, per (pipeline) micro-batch;
-- **the pipeline** (:func:`pipeline_s`): per micro-batch one activation tensor forward and its gradient back
-  across each stage boundary (``b·T·h`` in the compute dtype), on the critical path; after the step, the tied
-  embedding's gradient all-reduce between the first and the last stage (its dp shard, fp32). The bubble
-  ``(p-1)/(m+p-1)`` is a compute term (``step_time``).
+Why apart from :mod:`ecomkit.planner.step_time`: these terms depend on where each group of ranks sits and how the stages
+divide the blocks. Modelled: each GPU's compute share (the head is whole on every tp rank of the last stage), the link
+of each mesh dimension (tp innermost), TP's activation all-reduces and the pipeline's boundary sends.
 """
 
 from __future__ import annotations

@@ -1,80 +1,8 @@
 """The time half of the planner: step time and multi-GPU speed-up from FLOPs, bandwidths and an α-β network model.
 
-One optimizer step on one GPU takes
-
-    compute + exposed communication + optimizer (+ CPU offload)
-
-- **compute** = tokens per GPU per step × FLOPs per token / (device peak ×
-  efficiency). FLOPs per token are ``ecomkit.models.bloom.flops_per_token``
-  (6Ψ + 12·L·h·T); activation checkpointing recomputes the forward, so it
-  costs 4/3 of that. The efficiency (MFU) is an input: ~0.35-0.55 is what
-  well-tuned A100/H100 runs of 1-10B models report. On a CPU the peak and the
-  efficiency are replaced by a measured compute time
-  (:mod:`ecomlab.measure.calibration` builds a "GPU" from measurements).
-- **communication**, α-β model of ring collectives over ``N`` ranks and
-  ``S`` bytes with per-message latency α and bus bandwidth ``B``:
-  all-reduce ``2(N-1)·α + 2(N-1)/N · S/B``; all-gather and reduce-scatter
-  ``(N-1)·α + (N-1)/N · S/B``. What each strategy sends per step: DDP
-  all-reduces the fp32 gradients once per step (``no_sync`` on the other
-  micro-steps); ZeRO-1 all-reduces the 16-bit gradients once, ZeRO-2 every
-  micro-step (DeepSpeed's default bucket all-reduce, :data:`ZERO12_GRAD_COLLECTIVE`),
-  and both all-gather the updated 16-bit weights after the step;
-  ZeRO-3 and FSDP2 all-gather the weights in forward and again in backward of
-  every micro-step and reduce-scatter the gradients (ZeRO-3 every micro-step,
-  FSDP2 once, fp32).
-- **a model split over GPUs** (tensor and pipeline parallelism, the dp × tp × pp
-  mesh; :mod:`ecomkit.planner.split_time`): each GPU's share of the replica's
-  FLOPs (the LM head is replicated over tp and sits on the last stage), TP's
-  four all-reduces of a block's ``b·T·h`` output per block and micro-batch, the
-  pipeline's sends between stages, its tied-gradient sum and its bubble
-  ``(p-1)/(m+p-1)``, each priced on the link its group of ranks crosses. In a
-  pipeline FSDP2 gathers per pipeline micro-batch and reduce-scatters once,
-  after the schedule (torch's pipelining delays it): that reduce-scatter hides
-  behind nothing.
-- **overlap**: each collective can hide behind a *window* of compute, times
-  ``overlap`` (the fraction of the window usable): forward all-gathers behind
-  the forward passes; gradient reductions issued every micro-step behind every
-  backward; a reduction issued once per step (DDP under ``no_sync``, ZeRO-1,
-  FSDP2's gradients) only behind the **last** micro-step's backward. The last
-  bucket, reduced with the collective the strategy really uses (all-reduce
-  for DDP and ZeRO-1/2, reduce-scatter for ZeRO-3/FSDP), can never hide; ZeRO-1/2's
-  all-gather after the step never hides.
-- **optimizer**: Adam is memory-bound: 28 bytes read + written per local fp32
-  element (param, grad, two moments) at the GPU's HBM bandwidth.
-- **CPU offload** (ZeRO ``offload_optimizer``, ZeRO-3/FSDP2 ``offload_param``),
-  per **node** (:class:`ecomkit.hardware.NodeSpec`): every rank's gradient
-  partition goes down and its weights come back up over the node's host
-  links, and GPUs behind one PCIe switch share its uplink; the node's cores,
-  shared by all its ranks, run Adam on every parameter the node's ranks own.
-  What DeepSpeed overlaps (deepspeed 0.19, ``runtime/zero/stage_1_and_2.py``):
-  the gradient copy to the host is issued with ``non_blocking=True`` from the
-  reduction path during backward (``copy_grads_in_partition`` /
-  ``async_inplace_copy_grad_to_fp32_buffer_from_gpu``), so under
-  ``overlap_comm`` it hides behind backward like a reduction; ``step()`` first
-  waits for those copies (``_wait_for_offload_copies``), then runs the CPU Adam
-  step, copies the 16-bit weights up and all-gathers them, one after the other:
-  the CPU step and the weight copy are never hidden (the ZeRO-Offload paper's
-  one-step delayed parameter update, which would overlap them, is not in
-  DeepSpeed's ZeRO-1/2 code). With gradient accumulation DeepSpeed also moves
-  each micro-step's 16-bit gradient partition to the host and back
-  (``async_accumulate_grad_in_cpu_via_gpu``); the model leaves that traffic
-  out, so offload predictions with ``grad_accum > 1`` are optimistic.
-
-**Speed-up** (:func:`speedups`) compares the same training: the same global
-batch per optimizer step, so one GPU accumulates N× as many micro-batches as
-each of N GPUs does. Measured that way N GPUs cannot be more than N× faster:
-every term of an N-GPU step is at least 1/N of the same term on one GPU
-(tests/test_step_time_properties.py checks it over a grid). Parameter
-offload is the one exception, and a physical one: every micro-step fetches
-the parameters over PCIe, one GPU all of them through one link, N GPUs 1/N
-each through their own links (the rest over NVLink), so that term shrinks
-faster than 1/N, the super-linear scaling ZeRO-Infinity reports. A fixed
-micro-batch per GPU instead would credit N GPUs for running the optimizer step
-once per N× more samples.
-
-GPU peaks, HBM bandwidths, link presets (*achievable* bus bandwidths, what
-nccl-tests report as busbw, next to the marketing peak) and node layouts come
-from the one hardware table, :mod:`ecomkit.hardware`.
+One step on one GPU = compute + exposed communication + optimizer (+ CPU offload); each collective hides behind a window
+of compute times ``overlap``, the last gradient bucket never. Why a model: it ranks setups before any GPU is rented; the
+terms, what DeepSpeed overlaps and why N GPUs are at most N× faster are in docs/planner.md.
 """
 
 from __future__ import annotations
@@ -101,7 +29,6 @@ CPU_ADAM_PARAMS_PER_S = 2.0e9         # DeepSpeedCPUAdam, a 128-core node (ecomk
 WINDOWS = ("forward", "backward", "backward_last", "exposed")
 
 
-# ---------------------------------------------------------------------- step time
 @dataclass
 class StepTime:
     """Seconds of one optimizer step on one GPU, by part, and what it implies."""
@@ -124,12 +51,8 @@ class StepTime:
         return self.tokens_per_gpu / self.total_s
 
 
-# DeepSpeed's ZeRO-1/2 reduce gradients with an all-reduce of each bucket, every rank then keeping its own
-# partition: ``zero_optimization.use_multi_rank_bucket_allreduce`` defaults to true (deepspeed 0.19,
-# runtime/zero/stage_1_and_2.py ``average_tensor`` → ``allreduce_and_scatter``). Counted on a 2-rank ZeRO-2
-# step: one all-reduce of Ψ gradient elements and one all-gather of Ψ weights, no reduce-scatter. (With the
-# option off it issues one ``dist.reduce`` per destination rank: the bytes of a reduce-scatter.) ZeRO-3 does
-# reduce-scatter (``reduce_scatter_tensor``).
+# ZeRO-1/2 all-reduce each gradient bucket (DeepSpeed's use_multi_rank_bucket_allreduce default); ZeRO-3
+# reduce-scatters.
 ZERO12_GRAD_COLLECTIVE = "all_reduce"
 
 
@@ -151,7 +74,7 @@ def comm_volume(inp: PlanInput, shape: ModelShape) -> dict[str, tuple[str, float
                 "weight all-gather (bwd)": ("all_gather", acc * w * psi, "backward"),
                 "grad reduce-scatter": ("reduce_scatter", acc * w * psi, "backward")}
     pw = 2 if inp.precision != "fp32" else 4
-    # a pipeline gathers per pipeline micro-batch and reduce-scatters after its schedule: nothing left to hide behind
+    # a pipeline reduce-scatters after its schedule: nothing left to hide behind
     gathers, reduced_in = (pipeline_microbatches(inp)[0], "exposed") if inp.pp > 1 else (acc, "backward_last")
     return {"weight all-gather (fwd)": ("all_gather", gathers * pw * psi, "forward"),
             "weight all-gather (bwd)": ("all_gather", gathers * pw * psi, "backward"),
@@ -161,10 +84,7 @@ def comm_volume(inp: PlanInput, shape: ModelShape) -> dict[str, tuple[str, float
 def last_bucket(inp: PlanInput, shape: ModelShape, bucket_bytes: float) -> tuple[str, float]:
     """(collective, bytes) of the gradient reduction issued after the last gradient exists: it cannot hide.
 
-    DDP all-reduces its last bucket (``bucket_bytes``, torch's 25 MiB
-    default); ZeRO reduce-scatters its last ``reduce_bucket_size`` bucket
-    (``inp.zero_bucket_elements`` elements); FSDP2 reduce-scatters the root
-    unit last (the embedding and final norm: the first used in forward).
+    DDP's last ``bucket_bytes`` bucket, ZeRO's last ``reduce_bucket_size`` bucket, FSDP2's root unit.
     """
     psi = shape.n_params / (inp.tp * inp.pp)
     w = 4 if inp.precision == "fp32" else 2
@@ -182,10 +102,7 @@ def hidden_exposed(times: dict[str, float], forward_s: float, backward_s: float,
                    overlap: float, floor_s: float = 0.0) -> float:
     """Exposed seconds of collectives grouped by window (:data:`WINDOWS`), given the compute windows.
 
-    Forward collectives hide behind ``overlap × forward``. Backward ones share
-    the backward: those issued once per step fit only in the last micro-step's
-    window, the rest in what is left of the whole backward. The backward
-    group never exposes less than ``floor_s`` (the last bucket).
+    Once-per-step reductions fit only the last micro-step's backward; the backward group exposes at least ``floor_s``.
     """
     t_f, t_b, t_l = (times.get(k, 0.0) for k in ("forward", "backward", "backward_last"))
     exposed_f = max(t_f - overlap * forward_s, 0.0)
@@ -206,15 +123,9 @@ def predict_step_time(inp: PlanInput, *, link: str | LinkSpec = "nvlink-a100", e
                       intra_node_link: str | LinkSpec | None = None, gpus_per_node: int | None = None) -> StepTime:
     """Predict one optimizer step on one GPU of ``inp`` (data parallel over ``inp.dp`` GPUs).
 
-    ``node`` (default: the usual system of ``inp.gpu``) gives the host links
-    and CPU cores for offload; ``host_link`` and ``cpu_adam_params_per_s``
-    (the whole node's rate) override its figures. ``collective_links`` prices
-    one kind of collective (``all_gather``, ``reduce_scatter``,
-    ``all_reduce``) on its own fitted link, where a library's collectives are
-    not equally efficient (gloo's all-gather and reduce-scatter on a CPU).
-    ``intra_node_link`` and ``gpus_per_node`` (a cluster of several nodes):
-    groups of ranks inside one node use that link, the others ``link``
-    (:func:`ecomkit.planner.split_time.mesh_links`).
+    ``node``, ``host_link`` and ``cpu_adam_params_per_s`` price offload; ``collective_links`` prices one kind of
+    collective on its own fitted link (gloo on a CPU); ``intra_node_link`` and ``gpus_per_node`` time groups inside a
+    node on that link (:func:`ecomkit.planner.split_time.mesh_links`).
     """
     inp = inp.resolved()
     shape = shape or model_shape(inp.model, inp.vocab_size)
@@ -263,7 +174,7 @@ def predict_step_time(inp: PlanInput, *, link: str | LinkSpec = "nvlink-a100", e
     if off is None:
         optimizer = ADAM_BYTES_PER_ELEMENT * _local_params(inp, shape) / (hbm_bytes_per_s or gpu.hbm_bytes_per_s)
     else:
-        # host copies share the compute windows with the collectives; what they add to the exposure is theirs
+        # host copies share the compute windows with the collectives
         with_copies = dict(by_window)
         with_copies[off["grad_window"]] += off["grad_down_s"]
         with_copies["forward"] += off["fetch_fwd_s"]
@@ -283,10 +194,9 @@ def _local_params(inp: PlanInput, shape: ModelShape) -> float:
 
 
 def _offload_traffic(inp: PlanInput, shape: ModelShape, node: NodeSpec, host: LinkSpec) -> dict[str, Any] | None:
-    """Host-link seconds (on the busiest uplink of the node) and the node's CPU-Adam parameters; None without offload.
+    """Host-link seconds (busiest uplink of the node) and the node's CPU-Adam parameters; None without offload.
 
-    Ranks fill a node's GPUs in order, so the first ``gpus_per_host_link``
-    ranks share one uplink; every rank of the node moves its own partition.
+    Ranks fill a node's GPUs in order, so the first ``gpus_per_host_link`` share one uplink.
     """
     deepspeed = inp.strategy in DEEPSPEED_PLAN_STRATEGIES and inp.offload_optimizer
     torch_offload = inp.strategy in ("fsdp2", "tp", "pp") and inp.offload_param
@@ -313,9 +223,7 @@ def _offload_traffic(inp: PlanInput, shape: ModelShape, node: NodeSpec, host: Li
 def speedups(inp: PlanInput, gpu_counts: list[int], **kwargs: Any) -> list[dict[str, Any]]:
     """Speed-up of N GPUs over 1 on the same training (same global batch per optimizer step), per N.
 
-    One GPU accumulates ``grad_accum × dp`` micro-batches where each of the N
-    GPUs accumulates ``grad_accum``; tensor/pipeline degrees stay those of
-    ``inp`` on N GPUs and are 1 on one GPU.
+    One GPU accumulates ``grad_accum × dp`` micro-batches; tensor/pipeline degrees are ``inp``'s on N GPUs, 1 on one.
     """
     inp = inp.resolved()
     rows = []

@@ -1,21 +1,8 @@
 """``--verify``: run the planner's top candidates as scaled-down twins on this machine, before any GPU hour is spent.
 
-A twin is the recommended job with only the size changed: the same script,
-strategy, offloads, activation checkpointing, degrees (capped at the processes
-that run here) and micro-batch × accumulation, on the ``tiny`` preset with
-short sequences, fp32, a few steps, gloo. It is launched exactly as notebooks
-launch scripts (:func:`ecomkit.launch.run_torchrun`) with the launch line's
-own flags (:func:`ecomkit.planner.candidates.job_flags`), so it exercises the
-same code path as the real run: config validation, strategy set-up, training
-steps and the final save.
-
-Per twin the report says whether it launched, trained (loss finite, steps
-done) and saved (``final/`` written), and compares the model-state bytes each
-rank measured (the strategies' own counters: ``memory.json`` of
-``scripts/03_zero3.py``, ``parallel_layout.json`` of
-``scripts/04_mixed_parallel.py``; ``scripts/02_data_parallel.py`` writes no
-per-rank file) with the planner's bytes for the same twin: does the measured
-ordering of the twins match the planned one?
+Why: a twin is the recommended job on the ``tiny`` preset, launched like a notebook launches its script with the launch
+line's own flags, so it runs the real code path; its measured model states per rank are compared with the planner's, and
+the measured ordering of the twins with the planned one.
 """
 
 from __future__ import annotations
@@ -40,7 +27,6 @@ MAX_PROCS = 2               # what this machine runs side by side
 MIB = 2**20
 TIE = 0.02                  # model states within 2 % of each other are the same rank in an ordering
 PLAN_GAP = 0.10             # a twin whose measured model states are more than 10 % off its plan is flagged
-# Fields a twin sets on top of the recommended job (always written on its command line).
 TWIN_FIELDS = ("n_rows", "max_steps", "warmup_steps", "eval_interval", "eval_batches", "output_dir", "progress",
                "save_model", "fault.checkpoint_interval")
 
@@ -138,9 +124,7 @@ def plan_gap(twin: dict[str, Any]) -> float | None:
 def ordering_check(planned: dict[str, int], measured: dict[str, int]) -> tuple[bool | None, str]:
     """(does the measured ordering match the planned one, the sentence that says so).
 
-    None when there is nothing to compare: fewer than two twins measured, or twins whose model states are
-    equal (within :data:`TIE`) in the plan or in the measurement. "Matches" over equal values would say
-    nothing about the planner, so it is not said.
+    None with fewer than two twins measured or with equal model states, where "matches" would say nothing.
     """
     if len(measured) < 2:
         return None, "not checked: fewer than two twins counted their model states"

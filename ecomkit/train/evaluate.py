@@ -1,9 +1,7 @@
 """Evaluation: held-out loss, and NLU accuracy by scoring each candidate label after the prompt.
 
-Why scoring, not generation: a candidate laid out as in training (prompt, answer, EOS) scored by its mean
-log-probability per token has no string matching and no length bias (the sum favours the shortest label).
-Every rank evaluates a disjoint share (:func:`shard_range`) with the same number of forwards (collectives under
-ZeRO-3/FSDP); each figure names the rows it rests on, beside the training split's majority-class baseline.
+Why scoring, not generation: mean log-probability per token of prompt + candidate + EOS needs no string matching
+and has no length bias. Every rank evaluates a disjoint share with the same number of forwards (collectives).
 """
 
 from __future__ import annotations
@@ -34,11 +32,7 @@ def shard_range(n: int, index: int, count: int) -> tuple[int, int]:
 
 
 def all_reduce_sums(values: list[float], env: DistEnv) -> list[float]:
-    """Element-wise sums over all ranks, in float64 (token and sample counts stay exact up to 2**53).
-
-    The loop's per-step counts and the evaluations both use it: one collective
-    for several numbers, on the device NCCL needs, on the CPU for gloo.
-    """
+    """Element-wise sums over all ranks in float64 (counts stay exact up to 2**53): one collective, several numbers."""
     if not env.distributed:
         return values
     t = torch.tensor(values, dtype=torch.float64, device=env.device if env.backend == "nccl" else "cpu")
@@ -58,13 +52,8 @@ def held_out_loss(strategy, eval_ds, collate, env: DistEnv, micro_batch_size: in
                   shard: tuple[int, int] | None = None, max_examples: int | None = None,
                   bar: Any = None) -> dict[str, float]:
     """``eval_loss`` (global token mean), and the ``eval_loss_examples`` and ``eval_loss_tokens`` it rests on.
-
-    ``n_batches``: micro-batches per data shard (a sample: the first ``n_batches × micro_batch_size ×
-    shards`` examples), or None for every example (or the first ``max_examples``).
-    ``shard`` = (index, count) from ``strategy.data_shard()``;
-    ranks of one shard (TP/PP) evaluate the same slice, and since numerator and denominator are both
-    summed over all ranks the replication cancels out. ``bar``: a progress bar this rank's rows advance.
-    """
+    ``n_batches``: micro-batches per data shard, None for every example (or the first ``max_examples``); ranks of
+    one shard (TP/PP) evaluate the same slice, and the replication cancels in the ratio of sums."""
     idx, n_shards = shard or (env.rank, env.world_size)
     n = min(len(eval_ds), max_examples or len(eval_ds)) if n_batches is None else min(
         len(eval_ds), n_batches * micro_batch_size * n_shards)
@@ -103,11 +92,8 @@ def by_length(eval_ds, start: int, end: int) -> list[int]:
 
 
 def answer_positions(labels: torch.Tensor) -> torch.Tensor:
-    """The positions whose logits predict a label (``t`` where ``labels[:, t + 1]`` is set), over every row.
-
-    Only these positions' logits are computed (``Strategy.forward_logits(..., positions)``): for NLU rows
-    the answer and its EOS, a few of each row's positions. Never empty (a batch without labels keeps 0).
-    """
+    """The positions whose logits predict a label (``t`` where ``labels[:, t + 1]`` is set), over every row; never
+    empty (a batch without labels keeps 0)."""
     cols = (labels[:, 1:] != IGNORE_INDEX).any(0).nonzero().flatten()
     return cols if len(cols) else torch.zeros(1, dtype=torch.long, device=labels.device)
 
@@ -176,11 +162,8 @@ def _candidate_batch(rows: Rows, pad: int, device) -> tuple[dict, torch.Tensor]:
 
 @torch.no_grad()
 def score_encoded(strategy, encoded: Sequence[Rows], pad: int, device) -> list[list[CandidateScore]]:
-    """Every candidate of several examples in one padded forward: one list of scores per example.
-
-    Right padding leaves every real position's logits unchanged (causal attention never looks ahead), so each
-    row scores as if it were alone; only the answer positions' logits are computed (:func:`answer_positions`).
-    """
+    """Every candidate of several examples in one padded forward: one list of scores per example (right padding
+    leaves real positions' logits unchanged; only answer positions' logits are computed)."""
     flat = [row for rows in encoded for row in rows]
     batch, labels = _candidate_batch(flat, pad, device)
     positions = answer_positions(labels)
@@ -204,10 +187,8 @@ def score_encoded(strategy, encoded: Sequence[Rows], pad: int, device) -> list[l
 @torch.no_grad()
 def candidate_log_probs(strategy, tokenizer, prompt: str, candidates: Sequence[str], device,
                         max_length: int | None = None) -> list[CandidateScore]:
-    """Σ log-probability of each candidate's answer tokens and EOS after ``prompt``, in one padded forward.
-
-    ``max_length``: the training sequence length, so a long prompt is cut the way training cut it.
-    """
+    """Σ log-probability of each candidate's answer tokens and EOS after ``prompt``, in one padded forward
+    (``max_length``: training's sequence length, so a long prompt is cut as training cut it)."""
     encoded = encode_candidates(tokenizer, prompt, candidates, max_length)
     return score_encoded(strategy, [encoded], pad_id_of(tokenizer), device)[0]
 
@@ -217,12 +198,8 @@ def pad_id_of(tokenizer) -> int:
 
 
 def plan_groups(sizes: Sequence[tuple[int, int]], budget: int | None) -> list[list[int]]:
-    """Examples grouped for one forward each: ``sizes`` = (rows, longest row) per example; a group's padded
-    positions (its rows × its longest row) stay within ``budget`` (None: one example per forward).
-
-    Shortest first, so a group's rows are of similar length and padding stays small; an example larger than
-    the budget forms a group alone.
-    """
+    """Examples grouped for one forward each, shortest first: ``sizes`` = (rows, longest row) per example; a group's
+    padded positions stay within ``budget`` (None: one example per forward; a larger example forms a group alone)."""
     order = sorted(range(len(sizes)), key=lambda i: sizes[i][1])
     groups: list[list[int]] = []
     rows = width = 0
@@ -255,11 +232,8 @@ def score_candidates(strategy, tokenizer, prompt: str, candidates: Sequence[str]
 
 
 def majority_label(labels: Sequence[str], train_counts: Mapping[str, int]) -> str:
-    """The majority-label baseline's one answer for a label set: its most frequent *training* label.
-
-    ``train_counts``: how often each label is the gold label of a training example with this label set.
-    Ties, and a label set no training example has, go to prompt order (the first label).
-    """
+    """The majority-label baseline's one answer for a label set: its most frequent *training* label (ties and
+    unseen label sets: the first label)."""
     if not labels:
         raise ValueError("a label set without labels has no majority")
     labels = list(labels)
@@ -267,22 +241,16 @@ def majority_label(labels: Sequence[str], train_counts: Mapping[str, int]) -> st
 
 
 def majority_share(label_counts: Sequence[float], majority: int) -> float:
-    """The majority-class baseline: the share of the scored records whose label is ``majority`` (its index).
-
-    ``majority``: the *training* split's most frequent label (:func:`majority_label`), the one
-    answer a model that ignores its input would learn; always answering it scores this share.
-    """
+    """The majority-class baseline: the share of the scored records whose label is ``majority``, the training
+    split's most frequent label (its index)."""
     total = sum(label_counts)
     return label_counts[majority] / total if total else float("nan")
 
 
 def macro_f1(confusion: Sequence[Sequence[float]]) -> float:
     """Mean F1 over the labels that occur as gold or prediction (``confusion[gold][pred]`` counts).
-
-    Why beside accuracy: on skewed labels (most reviews positive) a model that
-    always answers the majority label has a high accuracy and a macro-F1 near
-    ``1 / n_labels``; macro-F1 rises only when every label is recognised.
-    """
+    Why beside accuracy: on skewed labels always answering the majority scores high accuracy, but macro-F1 near
+    ``1 / n_labels``."""
     k = len(confusion)
     scores = []
     for c in range(k):
@@ -315,11 +283,9 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Iterable[dict[str, Any]]
                           batch_positions: int | None = None, bar: Any = None) -> dict[str, Any]:
     """Accuracy, macro-F1 and majority-class baseline per classification target, on held-out records.
 
-    Per target ``t``: ``acc_t``, ``macro_f1_t``, ``majority_t`` (the share whose label is the training majority
-    ``majority_label_t``, with ``train_label_counts``) and ``scored_t``, on up to ``n_samples`` records that
-    carry its label (:func:`can_classify`); a target with fewer than two candidates is skipped. ``labels``: the
-    candidates per target; ``max_length``/``prompt_format``: as in training. ``batch_positions``: padded
-    positions per forward (:func:`plan_groups`); None: one record per forward. ``bar``: a progress bar.
+    Per target ``t``: ``acc_t``, ``macro_f1_t``, ``majority_t``, ``majority_label_t`` and ``scored_t`` on up to
+    ``n_samples`` records carrying its label; targets with fewer than two candidates are skipped.
+    ``batch_positions``: padded positions per forward (:func:`plan_groups`), None for one record per forward.
     """
     idx, n_shards = shard or (env.rank, env.world_size)
     candidates = {"category": tuple(category_labels or CATEGORY_LABELS), "sentiment": SENTIMENT_LABELS,

@@ -1,18 +1,8 @@
 """The run's fast paths (``ecomkit.fast``), installed by one call after the model is built, before it is wrapped.
 
-Why one function: each path changes how the same BLOOM computes, never what,
-and some depend on another (the chunked loss takes the CPU kernels; ``--compile``
-compiles the blocks as the attention and GeLU left them), so the order is
-written once:
-
-1. attention (``--attn``; eager too, for its one-pass QKV split): ``fast/attention.py``;
-2. the AVX-512 GeLU and loss kernels on a CPU (``--cpu-kernels``): ``fast/cpu_kernels.py``;
-3. BLOOM's GeLU as one kernel each way (``--fused-gelu``): ``fast/gelu.py``;
-4. the LM-head loss the strategy calls on the last hidden states (``--loss-kernel``: chunked,
-   ``--loss-chunk-tokens`` at a time, or a fused library kernel on CUDA): ``models/loss.py``;
-5. ``--compile``: one block compiled and reused by every block, the head + loss apart: ``fast/compile.py``;
-6. DDP's all-reduce through shared memory (``--ddp-allreduce shm``), registered when DDP wraps the model:
-   ``fast/shm_allreduce.py``.
+Why one function: some paths depend on another (the chunked loss takes the CPU kernels, ``--compile`` compiles the
+blocks as attention and GeLU left them), so the order is written once: attention, CPU kernels, fused GeLU, the
+LM-head loss, ``--compile``, then DDP's shared-memory all-reduce when DDP wraps the model.
 """
 
 from __future__ import annotations
@@ -37,10 +27,8 @@ SHM_ALLREDUCE = "ecomkit.fast.shm_allreduce:ShmAllReduce"   # loaded only by run
 def install_fast_paths(model: nn.Module, cfg: TrainConfig, device: torch.device, strategy: Any,
                        packed: bool) -> None:
     """Install the paths above on ``model`` for ``cfg`` on ``device``, and give ``strategy`` its loss (and all-reduce).
-
     ``strategy``: the run's ``Strategy``, whose ``forward_loss_sum`` calls ``strategy.token_loss``;
-    ``packed``: whether every batch has one shape, so ``--compile`` compiles static shapes once.
-    """
+    ``packed``: whether every batch has one shape, so ``--compile`` compiles static shapes once."""
     install_attention(model, cfg.attn)
     kernels = kernels_for(device, cfg.cpu_kernels)
     install_fused_gelu(model, cfg.fused_gelu, kernels)
@@ -52,8 +40,8 @@ def install_fast_paths(model: nn.Module, cfg: TrainConfig, device: torch.device,
 
 
 def token_loss_for(cfg: TrainConfig, device: torch.device, cpu_kernel: bool) -> TokenLoss:
-    """The run's :class:`TokenLoss`: ``--loss-kernel`` as resolved (train/resolve.py; ``auto`` left: chunked),
-    ``--loss-chunk-tokens 0``: the full logits; under bf16 on CPU the head's rows on a ladder (models/precision.length_multiple)."""
+    """The run's :class:`TokenLoss`: ``--loss-kernel`` as resolved (``auto`` left: chunked), ``--loss-chunk-tokens
+    0``: the full logits; under bf16 on CPU the head's rows on a ladder (models/precision.length_multiple)."""
     kernel = "chunked" if cfg.loss_kernel == "auto" else cfg.loss_kernel
     if kernel == "chunked" and cfg.loss_chunk_tokens == 0:
         kernel = "full"

@@ -1,41 +1,11 @@
 """Decoding held-out prompts under any strategy: batched, left-padded, greedy or beam search, with the KV cache.
 
-Why left padding: a decoder appends each new token after the last position of
-its row, so every row's prompt must *end* at the same column. BLOOM positions
-tokens by ALiBi, which transformers builds from the attention mask's running
-count, so a left-padded row scores exactly as it would alone (up to float
-rounding of the differently shaped products).
-
-**How each strategy decodes** (:func:`decode_mode`):
-
-==========================  ===========================================================================
-strategy                    decoding
-==========================  ===========================================================================
-``ddp``, ``accelerate``     ``generate()`` on the unwrapped model (``strategy.raw_model``): no collectives
-``zero`` stage 0-2          the same; every rank holds the whole model
-``zero`` stage 3            ``generate(synced_gpus=True)`` on the module the engine wraps: each forward
-                            all-gathers the partitioned weights, a collective
-``fsdp``                    ``generate(synced_gpus=True)`` on the ``fully_shard``-ed module: the same
-``tp`` (no sequence par.)   ``generate()`` on the tensor-parallel module; the ranks of one replica decode
-                            the same batch, their activations all-reduced in every forward; the KV cache
-                            holds each rank's own heads
-``pp``, sequence parallel   greedy without the KV cache (:func:`greedy_without_cache`): every step runs
-                            ``strategy.forward_logits`` on the whole sequence so far. A pipeline's stages
-                            are separate modules that pass activations point to point, and sequence
-                            parallelism cuts T into tp pieces, which a one-token decoding step cannot be;
-                            beam search is refused for both by ``TrainConfig.validate``
-==========================  ===========================================================================
-
-**Synced steps.** Under ZeRO-3 and FSDP2 every forward is a collective, so
-every rank must run the same number of forwards until the *last* rank is done.
-Every rank decodes an equal share (same number of batches), and in every
-decoding step one all-reduce of a "still running" flag decides whether all
-ranks stop: transformers' ``synced_gpus`` does it inside ``generate()``
-(``_has_unfinished_sequences``), :func:`greedy_without_cache` does the same in
-its own loop. Strategies whose forwards are not collectives across data
-replicas (DDP, Accelerate, ZeRO 0-2) skip the flag; tensor-parallel ranks of
-one replica decode the same batch in lock step, and replicas differ, so TP and
-mixed layouts sync too.
+Why left padding: every prompt must end at the same column, and BLOOM's ALiBi is built from the mask's running
+count, so a left-padded row scores as it would alone. How each strategy decodes (:func:`decode_mode`): DDP,
+Accelerate and ZeRO 0-2 run ``generate()`` on the unwrapped model; ZeRO-3 and FSDP2 ``generate(synced_gpus=True)``
+(each forward gathers weights); TP ``generate()`` on the sharded module; PP and sequence parallel decode greedily
+without the KV cache (:func:`greedy_without_cache`). Where forwards are collectives every rank runs the same number
+of forwards, and one all-reduced "still running" flag per step decides when all stop.
 """
 
 from __future__ import annotations
@@ -73,14 +43,8 @@ def eos_and_pad(tokenizer) -> tuple[int, int]:
 
 def encode_prompts(tokenizer, prompts: Sequence[str], settings: DecodeSettings) -> tuple[list[list[int]], int]:
     """Prompt ids as training laid them out before the answer, and how many prompts had to be cut.
-
-    A prompt longer than ``max_length - 1`` (the training length, less the
-    EOS every training row ends with) loses the end of its input by training's
-    own rule (:func:`~ecomkit.data.tokenize.cut_prompt`: the instruction, the
-    label list and the answer cue are kept). A prompt that training would have
-    kept whole is never cut here: the generated answer may run past
-    ``max_length``, which ALiBi allows.
-    """
+    A prompt longer than ``max_length - 1`` is cut by training's own rule (:func:`~ecomkit.data.tokenize.cut_prompt`);
+    the generated answer may run past ``max_length``, which ALiBi allows."""
     budget = max(2, settings.max_length - 1)
     out, cut = [], 0
     for encoded in encode_prompt_texts(tokenizer, list(prompts)):
@@ -134,11 +98,7 @@ def any_rank_running(running: bool, env: DistEnv, sync: bool) -> bool:
 def greedy_without_cache(strategy, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, eos_id: int,
                          pad_id: int, env: DistEnv, sync: bool) -> torch.Tensor:
     """Greedy decoding through ``strategy.forward_logits`` on the whole sequence every step; new ids ``[B, n]``.
-
-    Finished rows get ``pad_id``, as in transformers. With ``sync`` the loop
-    runs until every rank's rows are finished (or ``max_new_tokens``), one
-    flag all-reduce per step.
-    """
+    Finished rows get ``pad_id``; with ``sync`` it runs until every rank's rows finish (one flag all-reduce a step)."""
     running = torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
     new: list[torch.Tensor] = []
     for _ in range(max_new_tokens):
@@ -156,11 +116,8 @@ def greedy_without_cache(strategy, ids: torch.Tensor, mask: torch.Tensor, max_ne
 
 @dataclass(frozen=True)
 class Decoded:
-    """One rank's decoded prompts: the answers, how many prompts were cut, and which answers hit the budget.
-
-    ``at_budget[i]``: answer ``i`` used all ``max_new_tokens`` without the end-of-answer token, so it may be
-    cut short (a longer budget, ``--gen-max-new-tokens``, would let it finish).
-    """
+    """One rank's decoded prompts: the answers, how many prompts were cut, and which answers hit the budget
+    (``at_budget[i]``: no end-of-answer token within ``max_new_tokens``, so it may be cut short)."""
 
     texts: list[str]
     cut: int
@@ -201,15 +158,8 @@ def generate_texts(strategy, tokenizer, prompts: Sequence[str], env: DistEnv, se
 def decode_prompts(strategy, tokenizer, prompts: Sequence[str], env: DistEnv, settings: DecodeSettings,
                    n_batches: int | None = None, progress: bool = False, bar: Any = None) -> Decoded:
     """This rank's prompts decoded: texts without the prompt, prompts cut to fit, answers that hit the budget.
-
-    ``n_batches``: how many batches every rank runs (the same on all ranks
-    under a synced strategy; the caller gives equal shares). A rank with fewer
-    prompts than ``n_batches × batch_size`` runs its last batches on a repeated
-    prompt and drops their output, so the collective counts still match.
-    Prompts are decoded shortest first (less left padding in each batch) and returned in their own order.
-    ``bar``: a progress bar the prompts advance (the final evaluation's); else ``progress`` makes a
-    "decode" bar of batches.
-    """
+    ``n_batches``: batches every rank runs; a rank with fewer prompts repeats one and drops its output, so collective
+    counts match. Decoded shortest first, returned in their own order; ``bar`` or ``progress`` show progress."""
     eos, pad = eos_and_pad(tokenizer)
     rows, cut = encode_prompts(tokenizer, prompts, settings)
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))

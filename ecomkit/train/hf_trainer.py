@@ -1,23 +1,8 @@
-"""The same job through Hugging Face ``Trainer``, for a like-for-like comparison.
+"""The same job through Hugging Face ``Trainer``, for a like-for-like comparison (chapters 02 and 03).
 
-Used by chapter 02 (ecomkit's loop vs Trainer: throughput and loss) and by
-chapter 03 (``TrainingArguments(deepspeed=<generated dict>)``). Model, data,
-tokenizer, batch arithmetic, optimizer hyper-parameters and schedule come
-from the same :class:`~ecomkit.config.TrainConfig`.
-
-Trainer at its best: by default it groups samples by length
-(``train_sampling_strategy="group_by_length"``, the ``group_by_length=True``
-of transformers 4), which cuts its padding from ~43 % to a few percent on the
-synthetic catalog; ``sampling="random"`` measures its default behaviour.
-
-Measured like ecomkit's loop: every step's wall time, samples, real tokens and
-padded positions are recorded (a Trainer subclass counts the inputs it
-trains on), and the summary divides totals over the steady phase by the
-slowest rank's steady wall time (:func:`ecomkit.metrics.throughput_summary`).
-
-CPU trap: under torchrun on a machine without GPUs, ``TrainingArguments``
-must get ``use_cpu=True``, otherwise Trainer believes the world size is 1 and
-trains independent copies.
+Model, data, batch, optimizer and schedule come from the same :class:`~ecomkit.config.TrainConfig`; Trainer groups
+by length by default (``sampling="random"`` measures its default), and is measured as ecomkit's loop is. CPU trap:
+under torchrun without GPUs ``TrainingArguments`` needs ``use_cpu=True``, or Trainer trains independent copies.
 """
 
 from __future__ import annotations
@@ -45,17 +30,8 @@ HF_SAMPLING = ("group_by_length", "random", "batch_rebalance")
 
 class StepRecorder(TrainerCallback):
     """Per-step wall time and what the step trained on, on this rank.
-
-    Trainer fetches a step's micro-batches (``get_batch_samples``) before it
-    calls ``on_step_begin``, so the times come from :class:`MeasuredTrainer`
-    and from ``on_step_end``. Step k runs from the end of step k-1 (for the
-    first step: the start of its fetch) to the end of step k, so the steps add
-    up to the wall time, Trainer's own per-step logging included. Split:
-    ``data_s`` (fetch and ``num_items_in_batch``), ``fwd_bwd_s`` (the
-    ``training_step`` calls), ``optim_s`` (clip, optimizer, scheduler,
-    ``zero_grad``), ``other_s`` (the rest: logging the previous step,
-    per-micro-batch bookkeeping).
-    """
+    Step k runs from the end of step k-1 to the end of step k, so steps add up to the wall time; split into
+    ``data_s``, ``fwd_bwd_s``, ``optim_s`` and ``other_s``. Times come from :class:`Measured` and ``on_step_end``."""
 
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -134,10 +110,8 @@ def training_arguments(cfg: TrainConfig, env: DistEnv, grad_accum: int,
                        deepspeed: dict | str | None = None, sampling: str = HF_SAMPLING[0],
                        arguments_class: type = TrainingArguments, **extra: Any) -> TrainingArguments:
     """TrainingArguments equivalent to ``cfg`` (same batch, lr schedule, clipping, precision, steps or epochs).
-
     ``deepspeed``: a dict, or the path of a JSON file (whose ``"auto"`` values Trainer fills in from these arguments).
-    ``arguments_class`` and ``extra``: a subclass such as TRL's ``SFTConfig`` and its own fields.
-    """
+    ``arguments_class`` and ``extra``: a subclass such as TRL's ``SFTConfig`` and its own fields."""
     if sampling not in HF_SAMPLING:
         raise ValueError(f"sampling must be one of {HF_SAMPLING}, got {sampling!r}")
     if deepspeed is not None:
@@ -238,11 +212,8 @@ def _trainer(run: TrainingRun, model, args: TrainingArguments, recorder: StepRec
 def run_hf_trainer(cfg: TrainConfig, deepspeed: dict | str | None = None,
                    sampling: str = HF_SAMPLING[0], trl_packing: bool = False) -> dict[str, Any]:
     """Train with HF Trainer on ecomkit's model and data; returns a summary like ``run_training``.
-
-    ``trl_packing``: TRL's ``SFTTrainer(packing=True)`` packs the same rows (best-fit decreasing, padding-free):
-    on BLOOM, which has no FlashAttention in transformers, its packed rows attend to each other.
-    The summary's ``eval_loss`` is ecomkit's held-out loss on the unpacked eval rows, for every variant.
-    """
+    ``trl_packing``: TRL's ``SFTTrainer(packing=True)`` packs the same rows (on BLOOM its packed rows attend to each
+    other); ``eval_loss`` is always ecomkit's held-out loss on the unpacked rows."""
     if cfg.peft != "none":
         raise ConfigError(f"--peft {cfg.peft}: the HF Trainer comparison path has no LoRA step (its saving and "
                           "checkpoints are Trainer's own). Train LoRA with scripts/02_data_parallel.py --peft lora "

@@ -1,9 +1,8 @@
 """The one training loop every chapter reuses; only the strategy changes.
 
-Read it top to bottom like torchtitan's ``train.py``: the build (facts, resolved configuration, strategy, model,
-batches), the loop and its step, the evaluations, the report. What differs between DDP, ZeRO, FSDP2, TP, PP and
-Accelerate lives behind :class:`~ecomkit.parallel.base.Strategy`, found by name. Callbacks (``on_train_start(run)``,
-``on_step_end(run, row)``, ``on_train_end(run, summary)``) add checkpoints, health checks and fault handling.
+Read it top to bottom like torchtitan's ``train.py``: the build, the loop and its step, the evaluations, the report.
+What differs between strategies lives behind :class:`~ecomkit.parallel.base.Strategy`; callbacks add checkpoints,
+health checks and fault handling.
 """
 
 from __future__ import annotations
@@ -87,8 +86,7 @@ class TrainingRun:
         self.sampler, self.loader = self.training_loader(self.shard)
         self.gen_eval = (find(f"{GENERATION}:evaluator_for_run")(cfg, self.data_report)
                          if cfg.task == "nlu" and cfg.gen_eval_samples else None)
-        # The strategy decides how the model is materialised: whole on every rank, or only this rank's part
-        # (ZeRO-3 under deepspeed.zero.Init, FSDP2/TP on the meta device, loaded in setup).
+        # The strategy materialises the model: whole, or only this rank's part (ZeRO-3 zero.Init, FSDP2/TP on meta).
         built = self.strategy.build_model(ModelSource(cfg.model, vocab_size=len(self.tokenizer), seed=cfg.seed))
         if cfg.peft != "none":   # LoRA (peft): after the model is built, before the strategy wraps it
             built = find(f"{LORA}:apply_peft")(built, cfg)
@@ -254,18 +252,13 @@ class TrainingRun:
     def _train_step(self, micro: list[tuple[dict, BatchCounts]], started: float | None = None
                     ) -> tuple[dict[str, Any], "StepTensors"]:
         """One optimizer step, with no read of the device: its host row, and its device values for later.
-
-        As chapter 02 teaches DDP: per micro-batch forward, loss, backward (DDP all-reduces its buckets, except under
-        ``no_sync``), then clip and step. ``started``: when fetching ``micro`` began (data time counts in the step).
-        """
+        Per micro-batch forward, loss, backward, then clip and step; ``started``: when fetching ``micro`` began."""
         strategy = self.strategy
         t0 = time.perf_counter() if started is None else started
         batches, counts, label_tokens, scale = self._step_inputs(micro)
         t_data = time.perf_counter() - t0
         if strategy.owns_forward_backward:   # pipelines run the whole step through their schedule (chapter 04)
-            tm = time.perf_counter()
-            loss_sum = strategy.forward_backward(batches, scale)
-            times = [time.perf_counter() - tm]
+            loss_sum, times = self._pipeline_forward_backward(batches, scale)
         else:
             loss_sum, times = None, []
             for i, batch in enumerate(batches):
@@ -276,21 +269,28 @@ class TrainingRun:
                     strategy.backward(tok_sum * scale)           # backward; DDP all-reduces each full bucket
                 loss_sum = tok_sum.detach() if loss_sum is None else loss_sum + tok_sum.detach()
                 times.append(time.perf_counter() - tm)
-        for batch in batches:
-            self.clip.observe(batch)
-        clip_value = self.clip.value()   # fixed, or the sentiment rule of chapter 02
+        clip_value = self._clip_value(batches)   # fixed, or the sentiment rule of chapter 02
         tc = time.perf_counter()
         stats = strategy.clip_and_step(clip_value)   # clip the global gradient norm, then the optimizer step
         row = self._step_row(clip_value, stats, t0, t_data, times, time.perf_counter() - tc)
         return row, StepTensors(loss_sum, label_tokens, stats.grad_norm, stats.skipped, counts[1:])
 
+    def _pipeline_forward_backward(self, batches: list[dict], scale: Any) -> tuple[torch.Tensor, list[float]]:
+        """A pipeline's whole step through its schedule: the loss sum and its one timing."""
+        tm = time.perf_counter()
+        loss_sum = self.strategy.forward_backward(batches, scale)
+        return loss_sum, [time.perf_counter() - tm]
+
+    def _clip_value(self, batches: list[dict]) -> float:
+        """The step's clip value: the policy sees the step's batches first (``--clip-policy``)."""
+        for batch in batches:
+            self.clip.observe(batch)
+        return self.clip.value()
+
     def _step_inputs(self, micro: list[tuple[dict, BatchCounts]]
                      ) -> tuple[list[dict], list[int], torch.Tensor, torch.Tensor]:
-        """The step's batches on the device, their counts, the global label-token count and the loss scale.
-
-        A micro-batch's loss is a sum over its label tokens times world size / global label tokens, so DDP's gradient
-        *average* is the gradient of the global mean loss for any processes or accumulation (TP/PP replicas alike).
-        """
+        """The step's batches on the device, their counts, the global label-token count and the loss scale
+        (world size / global label tokens, so DDP's gradient average is that of the global mean loss)."""
         env = self.env
         counts = [sum(x) for x in zip(*(c for _, c in micro))]   # label tokens, tokens, rows, positions, Σ L²
         batches = [{k: to_device(v, env.device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
@@ -534,10 +534,7 @@ def read_scalars(values: Sequence[torch.Tensor | float]) -> list[float]:
 
 class Counted:
     """A collate function that also counts its batch on the host: ``(batch, BatchCounts)``.
-
-    Why: counted from the rows, the step's counts (loss scale, throughput, MFU), whether it has padding (the
-    mask plan) and how many positions its loss reads (the chunked loss's selection) cost no device read.
-    """
+    Why: the step's counts, its padding (the mask plan) and its labeled positions then cost no device read."""
 
     def __init__(self, collate: Callable, count: Callable):
         self.collate, self.count = collate, count
@@ -658,11 +655,8 @@ def evaluation_scope(cfg: TrainConfig, n_examples: int, records: Iterable[dict[s
 # ---------------------------------------------------------------------- entry points
 def train_in_session(cfg: TrainConfig, env: DistEnv, callbacks: Iterable[Any] = (),
                      extra_summary: Any = None) -> dict[str, Any]:
-    """Build, train, evaluate and save one run inside an existing process group.
-
-    ``extra_summary(run) -> dict`` may add fields to the summary before it is written (chapter 05 adds byte
-    totals). Several runs can share one process group this way (chapter 05 trains a dozen in one launch).
-    """
+    """Build, train, evaluate and save one run inside an existing process group (several runs may share it).
+    ``extra_summary(run) -> dict`` may add fields to the summary before it is written."""
     run = TrainingRun(cfg, env, list(callbacks)).build()
     try:
         summary = run.fit()

@@ -19,10 +19,8 @@ import torch
 from ecomkit.train.evaluate import held_out_loss
 
 METRIC = "eval_loss"
-# An earlier copy replaces the last weights only when its loss is lower by more than this share: a difference
-# within 1 % of the loss on a sample of held-out rows is within that sample's noise, and the last weights have
-# seen the most data. It also keeps runs that should match (1 vs N processes, whose samples differ in size) from
-# keeping different steps over a difference in the last digits.
+# An earlier copy replaces the last weights only when its loss is lower by more than this share: within 1 % is a
+# sample's noise, and the last weights have seen the most data.
 CLEAR_MARGIN = 0.01
 # Strategies whose module parameters are the whole model on every rank and are what final/ is saved from.
 COPYABLE = ("single", "ddp")

@@ -104,12 +104,8 @@ class PreemptionCallback:
 
 
 def add_preemption_callbacks(cfg: TrainConfig, callbacks: Iterable[Any]) -> list[Any]:
-    """``callbacks`` plus :class:`PreemptionCallback` and the checkpoint callback it saves and resumes through.
-
-    A checkpoint callback already there (a periodic interval) is reused; else
-    one is added that never saves on its own and resumes only from a
-    preemption record, so a plain rerun of a finished run still starts fresh.
-    """
+    """``callbacks`` plus :class:`PreemptionCallback` and the checkpoint callback it saves and resumes through
+    (a periodic one is reused; else one that resumes only from a preemption record, so a rerun starts fresh)."""
     out = list(callbacks)
     if not parse_signals(cfg.fault.preempt_signals) or any(isinstance(c, PreemptionCallback) for c in out):
         return out

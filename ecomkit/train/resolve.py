@@ -1,11 +1,8 @@
 """Every ``auto`` of a run resolved once, from the flags and the facts: a frozen configuration, each value and why.
 
-Why one place: a run's ``auto`` settings depend on each other (packing on the precision, the loss on the
-strategy, the length on the batch), and resolving them in place across six modules made their order a hidden
-rule. :func:`resolve_run` takes the flags (a :class:`~ecomkit.config.TrainConfig`, never written) and the facts
-(:class:`RunFacts`: the device, the model, the data) and returns a :class:`ResolvedConfig`: the flags with every
-``auto`` replaced, sealed so that writing to it raises, and a :class:`Choice` per setting for the start-up report
-and ``summary.json``.
+Why one place: the ``auto`` settings depend on each other (packing on precision, loss on strategy, length on batch),
+so :func:`resolve_run` applies the rules in one written order and returns a sealed :class:`ResolvedConfig` with a
+:class:`Choice` per setting for the start-up report and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -156,9 +153,7 @@ def brief(reason: str) -> str:
 # ---------------------------------------------------------------------- the facts a rule needs first
 def precision_choice(flag: str, env: DistEnv) -> Choice:
     """``--precision``: as given, or ``auto``'s pick on rank 0's device, shared with every rank (a collective).
-
-    Why rank 0: on a CPU the pick is a timing, and ranks timing at once on a shared machine could disagree.
-    """
+    Why rank 0: on a CPU the pick is a timing, and ranks timing at once on a shared machine could disagree."""
     if flag == "bf16" and env.device.type == "cpu" and env.is_main and cpu_bf16_units() is False:
         log.warning("--precision bf16 on a CPU without bf16 matmul units (%s): its GEMMs run converted, many "
                     "times slower than fp32; --precision auto picks fp32 here", NO_BF16_UNITS)

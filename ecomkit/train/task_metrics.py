@@ -1,43 +1,10 @@
 """Scores of generated answers, and the baselines each score must clear. Pure functions, unit-tested.
 
-**Extraction** is scored the way EcomGPT's released evaluation scores its
-extraction tasks: each example's answer is read as a *set* of (label, span)
-pairs, and over all examples
-
-- ``tp`` = Σ |gold ∩ predicted|, precision = tp / Σ |predicted|, recall = tp / Σ |gold|,
-  micro-F1 = 2·P·R / (P + R) (0 when nothing is right);
-- strict accuracy = the share of examples whose predicted set equals the gold set
-  exactly (an example with no gold spans counts when nothing is predicted);
-- per-label F1 the same over the pairs of one label.
-
-A span is compared by its surface text, not its offsets: a generated answer
-carries no offsets, and the same brand twice in one title is one pair.
-
-**Classification**: accuracy and macro-F1 of the generated labels. An answer the
-parser cannot map to one of the prompt's labels is wrong (it counts as a
-prediction of no label).
-
-**Baselines.** A score means something only above what a model that does not
-read the input (classification) or does not generalise (extraction) reaches.
-Both are learned from the **training split only**, as a model would be: a
-baseline that looked at the labels it is scored on would know the eval set's
-majority, which no model is told.
-
-- classification: the *training majority label* of each label set (the most
-  frequent gold label among the training examples with that label set,
-  :func:`majority_label`), always answered;
-- extraction: the *dictionary baseline* (:class:`SpanDictionary`): every span
-  seen in training, with its most frequent training label, matched in the
-  evaluation text (longest match first, non-overlapping, only labels the prompt
-  asks for).
-
-**Garbled answers** are counted, not scored differently (scoring stays exact
-match, as EcomGPT's evaluation): an answer whose text holds U+FFFD (a
-byte-level piece cut in the middle of a character, :func:`invalid_text`), and
-predicted spans that are not substrings of the input (:func:`spans_not_in_text`).
-
-``margin_points`` is the model's score minus the baseline's, in points
-(×100); a model "clears its baseline" when it is positive.
+Extraction is scored as EcomGPT's released evaluation does: each answer is a *set* of (label, surface text) pairs;
+micro-F1 over all pairs, strict accuracy (the predicted set equals the gold set) and per-label F1. Classification:
+accuracy and macro-F1; an unparsable answer is wrong. Baselines are learned from the training split only: the
+training majority label per label set, and for extraction the dictionary of training spans (:class:`SpanDictionary`).
+Garbled answers (U+FFFD, spans not in the input) are counted, not scored differently.
 """
 
 from __future__ import annotations
@@ -96,11 +63,8 @@ def classification_scores(golds: Sequence[str], preds: Sequence[str | None]) -> 
 
 def training_majorities(label_sets: Mapping[str, Sequence[str]],
                         train_counts: Mapping[str, Mapping[str, int]]) -> dict[tuple[str, ...], str]:
-    """``{label set: its training majority label}`` for each classification target's label set.
-
-    ``label_sets``: target -> its labels (``BuildReport.labels``); ``train_counts``: target -> training label
-    counts (``BuildReport.train_label_counts``). Targets that share one label set pool their counts.
-    """
+    """``{label set: its training majority label}`` for each classification target's label set (targets sharing
+    one label set pool their ``train_counts``)."""
     pooled: dict[tuple[str, ...], Counter] = defaultdict(Counter)
     for target, labels in label_sets.items():
         pooled[tuple(labels)].update(train_counts.get(target, {}))
@@ -125,12 +89,8 @@ class SpanDictionary:
 
     @classmethod
     def from_spans(cls, spans: Iterable[Span] | Mapping[Span, int]) -> "SpanDictionary":
-        """Count (label, span) pairs from training; a span seen under several labels keeps its most frequent one.
-
-        ``spans``: the pairs (one per occurrence), or a ``Counter`` of them.
-        Ties go to the label that sorts first, so the dictionary does not depend
-        on the order the training examples were read in.
-        """
+        """Count (label, span) pairs from training (one per occurrence, or a ``Counter``); a span seen under several
+        labels keeps its most frequent one, ties to the label that sorts first (independent of reading order)."""
         pairs = spans.items() if isinstance(spans, Mapping) else ((pair, 1) for pair in spans)
         counts: dict[str, Counter] = defaultdict(Counter)
         for (label, span), n in pairs:
@@ -139,7 +99,7 @@ class SpanDictionary:
         return cls({span: min(c, key=lambda lab: (-c[lab], lab)) for span, c in counts.items()})
 
     def predict(self, text: str, labels: Sequence[str]) -> frozenset[Span]:
-        """Dictionary spans found in ``text``: longest first, leftmost, no two overlapping; labels limited to ``labels``."""
+        """Dictionary spans found in ``text``: longest first, leftmost, no two overlapping, labels among ``labels``."""
         allowed = set(labels)
         taken = [False] * len(text)
         found: set[Span] = set()

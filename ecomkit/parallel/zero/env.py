@@ -1,11 +1,7 @@
 """The environment DeepSpeed reads when it is imported, set by the ZeRO package itself.
 
-DeepSpeed picks its accelerator once, at import time: without a GPU and
-without ``DS_ACCELERATOR=cpu`` it probes for CUDA and fails. Every place in
-ecomkit that imports deepspeed (the ZeRO strategy, config checks, checkpoint
-consolidation, DeepSpeed's estimators, HF Trainer with a DeepSpeed dict) calls
-:func:`ensure_deepspeed_env` on the line before, so no script, notebook or
-test has to know about it.
+Why: DeepSpeed picks its accelerator at import and fails without a GPU unless ``DS_ACCELERATOR=cpu``; every import of
+deepspeed in ecomkit calls :func:`ensure_deepspeed_env` on the line before, so no caller has to know.
 """
 
 from __future__ import annotations
@@ -23,16 +19,8 @@ from ecomkit.hardware import extensions_dir
 def ensure_deepspeed_env() -> None:
     """Set what DeepSpeed reads at import time; call right before importing deepspeed (idempotent).
 
-    - ``DS_ACCELERATOR=cpu`` without a GPU: otherwise DeepSpeed probes for CUDA
-      and fails; with it, its communication falls back to gloo when oneCCL is absent.
-    - ``TORCH_EXTENSIONS_DIR``: where the JIT-built CPU Adam is cached, one
-      folder per Python environment (:func:`extensions_dir`): the first build
-      takes about a minute, every later run of that environment reuses it.
-    - On CPU, DeepSpeed's shared-memory all-reduce op is marked unavailable
-      (:func:`skip_cpu_inference_comm_op`).
-
-    Values already in the environment win (``setdefault``), so a user's own
-    ``DS_ACCELERATOR`` or cache folder is respected.
+    ``DS_ACCELERATOR=cpu`` without a GPU, ``TORCH_EXTENSIONS_DIR`` per environment (the JIT-built CPU Adam is reused),
+    and on CPU the shared-memory all-reduce op marked unavailable. Values already set win (``setdefault``).
     """
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -44,13 +32,8 @@ def ensure_deepspeed_env() -> None:
 def skip_cpu_inference_comm_op() -> None:
     """Keep DeepSpeed from JIT-building its CPU shared-memory all-reduce (``deepspeed_shm_comm``) on start-up.
 
-    Why: its communication backend builds that op whenever it starts on CPU
-    (``deepspeed/comm/torch.py``, ``build_shm_op``; about a minute the first
-    time in each environment), yet only ``inference_all_reduce`` uses it:
-    training collectives are ``torch.distributed`` calls on gloo either way.
-    Marked unavailable, ``inference_all_reduce`` falls back to
-    ``torch.distributed.all_reduce``, which DeepSpeed already does on CPUs
-    without AVX2.
+    Why: only ``inference_all_reduce`` uses it (training collectives are gloo), yet it costs a build; it then falls back
+    to ``torch.distributed.all_reduce``.
     """
     import deepspeed.ops  # lazy: heavy optional dependency, imported only where DeepSpeed is about to be used
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
@@ -59,12 +42,8 @@ def skip_cpu_inference_comm_op() -> None:
 def prebuild_cpu_adam() -> str:
     """Build DeepSpeed's CPU Adam op into this environment's extensions folder now; returns what happened.
 
-    Why: optimizer offload needs it, and otherwise the first run that offloads
-    pays a JIT build of one to two minutes (two large C++ files) in the middle
-    of its start-up, on cores its own ranks are using. ``make install`` calls
-    this once per environment, like compiling a wheel. A failure (no compiler,
-    no Python headers) is reported and not fatal: offload then falls back to
-    torch AdamW with a warning, as it would at run time.
+    Why: ``make install`` pays the build once instead of the first offload run's start-up; a failure is not fatal
+    (offload then falls back to torch AdamW with a warning).
     """
     ensure_deepspeed_env()
     folder = os.environ["TORCH_EXTENSIONS_DIR"]
@@ -78,11 +57,7 @@ def prebuild_cpu_adam() -> str:
 
 
 def build_error_summary(exc: BaseException) -> str:
-    """``"<type>: <first line>"`` of why a JIT op build failed (its cause when DeepSpeed wraps one).
-
-    A compiler's error runs to pages; the first line names it, and the install
-    log and the run-time fallback warning both print this one line.
-    """
+    """``"<type>: <first line>"`` of why a JIT op build failed (its cause when DeepSpeed wraps one)."""
     cause = exc.__cause__ or exc
     return f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
 

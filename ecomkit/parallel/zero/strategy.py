@@ -1,36 +1,9 @@
 """DeepSpeed ZeRO stages 0-3 (with CPU offload) as a strategy of chapter 02's loop (chapter 03).
 
-What ZeRO partitions, per rank, out of N data-parallel ranks (mixed-precision Adam, Ψ parameters):
-
-=========  ================================  ==================
-stage      partitioned across the N ranks    model-state bytes
-=========  ================================  ==================
-0 (DDP)    nothing                           16Ψ
-1          optimizer states (fp32 master,    4Ψ + 12Ψ/N
-           momentum, variance)
-2          + gradients                       2Ψ + 14Ψ/N
-3          + parameters                      16Ψ/N
-=========  ================================  ==================
-
-(:func:`~ecomkit.parallel.zero.state.zero_state_bytes` counts what each rank really holds;
-:mod:`ecomlab.measure.zero` compares it with the formulas.)
-
-How the loop drives the engine. DeepSpeed counts micro-steps itself: each
-``engine.backward`` must be followed by ``engine.step()``, which only updates
-the weights (and steps the lr scheduler) on the accumulation boundary
-``(micro_steps + 1) % gradient_accumulation_steps == 0``. The loop calls
-``backward`` once per micro-batch and ``clip_and_step`` once per optimizer
-step, so :meth:`ZeroStrategy.backward` calls ``engine.step()`` after every
-non-final micro-batch and :meth:`clip_and_step` makes the final, boundary call.
-The loop's loss is already normalised for the global batch, so the engine
-must not divide it by the accumulation steps again: ``scale_wrt_gas=False``.
-That keeps the gradients identical to DDP's (the tests compare the losses).
-
-DeepSpeed is imported only here, inside the methods that need it, each time
-right after :func:`~ecomkit.parallel.zero.env.ensure_deepspeed_env` (on a
-machine without GPUs it sets ``DS_ACCELERATOR=cpu``): importing this module
-costs nothing, and no caller has to prepare DeepSpeed's environment.
-DeepSpeed then reuses the gloo process group that :mod:`ecomkit.dist` created.
+Stage 1 partitions the optimizer states over the N ranks, 2 also the gradients, 3 also the parameters. The engine counts
+micro-steps itself, so :meth:`ZeroStrategy.backward` calls ``engine.step()`` after each non-final micro-batch and
+:meth:`~ZeroStrategy.clip_and_step` makes the boundary call; ``scale_wrt_gas=False`` keeps DDP's gradients. DeepSpeed is
+imported lazily, right after :func:`~ecomkit.parallel.zero.env.ensure_deepspeed_env`.
 """
 
 from __future__ import annotations
@@ -87,11 +60,7 @@ def _all_ranks_agree(ok: bool, env: DistEnv) -> bool:
 
 
 def build_zero_optimizer(model: nn.Module, cfg: TrainConfig, env: DistEnv) -> torch.optim.Optimizer:
-    """torch AdamW; with optimizer offload DeepSpeedCPUAdam, or AdamW plus a warning if it cannot be built.
-
-    Same hyper-parameters and parameter groups (no decay on biases, norms,
-    embeddings) as chapter 02's :func:`~ecomkit.models.optim.build_optimizer`.
-    """
+    """torch AdamW, as :func:`~ecomkit.models.optim.build_optimizer`; with offload DeepSpeedCPUAdam when it builds."""
     if not cfg.zero.offload_optimizer:
         return build_optimizer(model, cfg)
     cpu_adam, why = _cpu_adam_or_none(param_groups(model, cfg.weight_decay), cfg)
@@ -130,20 +99,17 @@ class ZeroStrategy(Strategy):
 
     def __init__(self, cfg: TrainConfig, env: DistEnv):
         super().__init__(cfg, env)
-        # Stage 3 ranks hold only their partition of the weights, so there is no replica to checksum.
-        # bf16/fp16 weights are skipped too: the loop's checksum goes through numpy, which has no bfloat16.
+        # No replica checksum: stage 3 ranks hold partitions, and numpy has no bfloat16.
         self.replicated = cfg.zero.stage < 3
         self.engine: Any = None
         self.ds_config: dict[str, Any] = {}
         self._is_last_micro_step = True
 
-    # ------------------------------------------------------------ set-up
     def build_model(self, source: ModelSource) -> nn.Module:
         """ZeRO-3 on a local checkpoint: built under ``deepspeed.zero.Init``, each rank loads only its partition.
 
-        Stages 0-2 keep whole parameters on every rank anyway, and a preset is
-        a seeded random init that must match a 1-process run bit for bit, so
-        those are built whole, as the base strategy does.
+        Stages 0-2 and presets (which must match a 1-process run bit for bit) are built whole, as the base strategy
+        does.
         """
         if self.cfg.zero.stage != 3 or not source.is_local_checkpoint:
             return super().build_model(source)
@@ -155,8 +121,7 @@ class ZeroStrategy(Strategy):
         return build_partitioned(source, self.ds_config)
 
     def weight_dtype(self) -> torch.dtype:
-        """DeepSpeed holds the module's weights in the training dtype (its engine casts them; the optimizer keeps
-        fp32 masters, made from those 16-bit weights): the model loads straight into it."""
+        """DeepSpeed holds the module's weights in the training dtype (fp32 masters in the optimizer): load into it."""
         return DTYPES[self.cfg.precision]
 
     def parameter_count(self, model: nn.Module) -> int:
@@ -202,11 +167,10 @@ class ZeroStrategy(Strategy):
         import deepspeed  # lazy: heavy optional dependency
 
         deepspeed.checkpointing.configure(None, deepspeed_config=self.ds_config)
-        enable_activation_checkpointing(model)  # input grads on, blocks flagged, torch's function ...
-        model._set_gradient_checkpointing(enable=True,  # ... replaced by DeepSpeed's (same contract)
+        enable_activation_checkpointing(model)
+        model._set_gradient_checkpointing(enable=True,
                                           gradient_checkpointing_func=deepspeed.checkpointing.checkpoint)
 
-    # ------------------------------------------------------------ one step
     def autocast(self) -> ContextManager:
         # DeepSpeed casts the module to bf16/fp16 itself and keeps fp32 masters in the optimizer
         return contextlib.nullcontext()
@@ -214,10 +178,8 @@ class ZeroStrategy(Strategy):
     def lm_head(self) -> ContextManager[nn.Module]:
         """The head for the loss; under ZeRO-3 its weight gathered once, for the loss's forward.
 
-        Why once: ZeRO-3's hooks gather a module's weight around each of its calls, and the chunked loss calls the
-        head once per chunk, in forward and again in backward; the chunks a rank has depend on its labels, so two
-        ranks would disagree about the number of gathers. Gathered once, the loss computes its gradients in its
-        forward instead (``TokenLoss.grads_in_forward``, as liger's kernel does), and backward hands them over.
+        Why once: the chunked loss calls the head per chunk, a number that differs between ranks, so per-call gathers
+        would disagree; the loss computes its gradients in forward instead (``TokenLoss.grads_in_forward``).
         """
         head = self.raw_model.lm_head
         if self.cfg.zero.stage < 3 or self.token_loss.from_logits:
@@ -248,11 +210,9 @@ class ZeroStrategy(Strategy):
         return StepStats(grad_norm=norm, skipped=not self.engine.was_step_applied())
 
     def _stage0_grad_norm(self) -> float:
-        """Stage 0 in fp32 keeps no norm (the engine clips with torch's function): measure it on the module grads.
+        """Stage 0 in fp32 keeps no norm: measure the (already all-reduced) module grads.
 
-        The gradients were all-reduced in the final backward, so the norm is the global one.
-        Accumulated in float64 like DeepSpeed's own norm: torch's fp32 CPU norm of
-        the 0.5M-element embedding gradient is off by ~3e-5 (relative).
+        Accumulated in float64 like DeepSpeed's own norm: torch's fp32 CPU norm is off by ~3e-5 on large gradients.
         """
         if self.cfg.zero.stage != 0:
             return float("nan")
@@ -270,7 +230,6 @@ class ZeroStrategy(Strategy):
     def current_lr(self) -> float:
         return float(self.engine.get_lr()[0])
 
-    # ------------------------------------------------------------ checkpoints and saving
     def save_checkpoint(self, ckpt_dir: str, tag: str, client_state: dict[str, Any]) -> None:
         """Sharded: every rank writes its own optimizer/parameter partition (a collective)."""
         self.engine.save_checkpoint(ckpt_dir, tag=tag, client_state=client_state)
@@ -285,11 +244,7 @@ class ZeroStrategy(Strategy):
         return client_state or {}
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """fp32 weights gathered from the partitions (a collective); the dict on rank 0, None elsewhere.
-
-        ``safe_get_full_fp32_param`` returns the optimizer's fp32 master copy,
-        so a bf16 run still saves full-precision weights, exactly as DDP would.
-        """
+        """fp32 weights from the optimizer's masters (a collective); the dict on rank 0, None elsewhere."""
         ensure_deepspeed_env()
         from deepspeed.utils import safe_get_full_fp32_param  # lazy: heavy optional dependency
 
@@ -333,7 +288,7 @@ class ZeroStrategy(Strategy):
 
 @contextlib.contextmanager
 def _gathered(module: nn.Module) -> Iterator[nn.Module]:
-    """``module`` with its partitioned parameters gathered (those already whole, a tied embedding's, left as they are)."""
+    """``module`` with its partitioned parameters gathered (those already whole, like a tied embedding, left as is)."""
     ensure_deepspeed_env()
     import deepspeed  # lazy: heavy optional dependency
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus  # lazy: as above
