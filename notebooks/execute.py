@@ -44,7 +44,8 @@ def stamp(nb: nbformat.NotebookNode) -> None:
 def scrubbers(tmp: Path) -> list[tuple[re.Pattern, str]]:
     """Machine-specific strings and their neutral replacements, longest first."""
     pairs = [(str(REPO) + os.sep, ""), (str(REPO), "."), (str(tmp), "<tmp>"), (tempfile.gettempdir(), "<tmp>"),
-             (str(Path.home()), "~"), (socket.gethostname(), "<host>")]
+             (str(Path.home()), "~"), (socket.gethostname(), "<host>"), (sys.prefix, ".venv"),
+             (os.path.realpath(sys.prefix), ".venv")]   # the environment, wherever it lives, reads as the usual .venv
     user = getpass.getuser()
     rules = [(re.compile(re.escape(a)), b) for a, b in sorted(pairs, key=lambda p: -len(p[0])) if len(a) > 1]
     if len(user) > 2:

@@ -4,6 +4,7 @@ no machine path, and the file stays readable on a repository page (``make notebo
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import nbformat
@@ -68,10 +69,10 @@ def test_a_changed_cell_is_found_stale(tmp_path):
     assert stale_cells(path) == [1]
 
 
-def test_scrub_replaces_the_repository_temp_and_home_folders(tmp_path):
+def test_scrub_replaces_the_repository_temp_home_and_environment_folders(tmp_path):
     repo, home = str(execute.REPO), str(Path.home())
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("")])
     nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout",
-                                                  text=f"{repo}/runs/a {tmp_path}/x {home}/.cache\n")]
+                                                  text=f"{repo}/runs/a {tmp_path}/x {home}/.cache {sys.prefix}/bin/python\n")]
     execute.scrub(nb, execute.scrubbers(tmp_path))
-    assert nb.cells[0].outputs[0].text == "runs/a <tmp>/x ~/.cache\n"
+    assert nb.cells[0].outputs[0].text == "runs/a <tmp>/x ~/.cache .venv/bin/python\n"
