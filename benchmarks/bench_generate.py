@@ -39,6 +39,7 @@ def worker(args: argparse.Namespace) -> None:
     from ecomkit.models.bloom import load_model
     from ecomkit.models.tokenizer import get_tokenizer
     from ecomkit.parallel import build_strategy
+    from ecomkit.train.resolve import precision_choice
     from ecomkit.train.gen_eval import shard_range
     from ecomkit.train.generate import DecodeSettings, generate_texts
 
@@ -46,7 +47,9 @@ def worker(args: argparse.Namespace) -> None:
     tok = get_tokenizer("local")
     titles = [r["title"] for r in generate_catalog(max(100, args.examples), seed=1)][:args.examples]
     prompts = [build_prompt("seqgpt", "extract", t, LABELS) for t in titles]
-    strategy = build_strategy(TrainConfig(model=args.model, strategy="ddp"), env)
+    cfg = TrainConfig(model=args.model, strategy="ddp")
+    cfg.precision = precision_choice(cfg.precision, env).value   # --precision auto, as a run resolves it
+    strategy = build_strategy(cfg, env)
     strategy.setup(load_model(args.model, vocab_size=len(tok), device=env.device, seed=0), 10)
     start, end = shard_range(len(prompts), env.rank, env.world_size)
     per_rank = -(-len(prompts) // env.world_size)

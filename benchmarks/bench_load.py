@@ -96,6 +96,7 @@ def worker(strategy: str, model_dir: str, out_json: str) -> None:
     from ecomkit.models.checkpoint_files import CheckpointReader
     from ecomkit.models.lora import apply_peft
     from ecomkit.parallel import build_strategy
+    from ecomkit.train.resolve import precision_choice
     from ecomkit.parallel.zero.env import ensure_deepspeed_env
     from ecomkit.parallel.zero.load import partition_bytes
 
@@ -112,6 +113,7 @@ def worker(strategy: str, model_dir: str, out_json: str) -> None:
             import deepspeed
 
             deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
+        cfg.precision = precision_choice(cfg.precision, env).value   # --precision auto, as a run resolves it
         strat = build_strategy(cfg, env)
         largest = CheckpointReader(model_dir).largest_tensor_bytes()
         gc.collect()

@@ -41,6 +41,7 @@ def worker(args: argparse.Namespace) -> None:
     from ecomkit.dist import distributed_session
     from ecomkit.models.bloom import build_model
     from ecomkit.parallel import build_strategy
+    from ecomkit.train.resolve import precision_choice
     from ecomkit.models.loss import count_label_tokens, token_loss_sum
 
     cfg = TrainConfig(model=args.model, strategy=args.strategy, seq_len=args.seq_len, lr=1e-3, warmup_steps=0)
@@ -48,6 +49,7 @@ def worker(args: argparse.Namespace) -> None:
         setattr(cfg.parallel, key, value)
     cfg.parallel.count_collectives = False  # counted here, the same way for DDP and the others
     with distributed_session(seed=0) as env:
+        cfg.precision = precision_choice(cfg.precision, env).value   # --precision auto, as a run resolves it
         strategy = build_strategy(cfg, env)
         shard = getattr(strategy, "data_shard", lambda: (env.rank, env.world_size))
         data_rank, data_shards = shard()
