@@ -17,10 +17,11 @@ from conftest import REPO, load_module
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.errors import ConfigError
+from ecomkit.hardware import extensions_dir
 from ecomkit.models.bloom import build_model
 from ecomkit.parallel.state_bytes import tensor_bytes, unique_storage_bytes
 from ecomkit.parallel.zero.config import build_zero_config, validate_user_config
-from ecomkit.parallel.zero.env import ensure_deepspeed_env, extensions_dir, prebuild_cpu_adam
+from ecomkit.parallel.zero.env import ensure_deepspeed_env, prebuild_cpu_adam
 from ecomkit.parallel.zero.strategy import CPUAdamUnavailableWarning, _check_precision_supported, build_zero_optimizer
 from ecomkit.parallel.zero.variants import parse_variants
 from ecomkit.planner.zero_formulas import (SEQGPT_GUIDE_TABLE, check_guide_table, deepspeed_estimates, formula_bytes,

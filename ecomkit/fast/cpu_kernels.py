@@ -127,4 +127,4 @@ def kernel_cross_entropy_sum(logits: torch.Tensor, target: torch.Tensor) -> torc
 
 
 __all__ = ["KernelStatus", "load_cpu_kernels", "kernels_for", "gelu_tanh", "cross_entropy_sum",
-           "kernel_cross_entropy_sum", "extensions_dir"]
+           "kernel_cross_entropy_sum"]
