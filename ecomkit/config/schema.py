@@ -140,7 +140,7 @@ class TrainConfig(Sealable):
                                       #   eager | flex (GPU)
     fused_gelu: bool = True           # BLOOM's MLP GELU as one ATen kernel each way (the same tanh approximation;
                                       #   transformers' runs ~20 elementwise kernels, 25 % of a bf16 CPU step);
-                                      #   --no-fused-gelu keeps transformers' own (fast/gelu.py)
+                                      #   --no-fused-gelu keeps transformers' own (fast/cpu_kernels.py)
     cpu_kernels: bool = True          # on CPU, BLOOM's GeLU and the LM-head loss through ecomkit's AVX-512 kernels
                                       #   (one pass each way; built once by make install; ATen's kernels where
                                       #   the CPU has no AVX-512 or no compiler) (fast/cpu_kernels.py)

@@ -40,7 +40,7 @@ from ecomkit.parallel import LORA, build_strategy, find, strategy_callbacks
 from ecomkit.parallel.base import StepStats
 from ecomkit.reporting import make_progress
 from ecomkit.train.evaluate import evaluate_nlu_accuracy, held_out_loss, shard_range
-from ecomkit.train.fast_paths import install_fast_paths
+from ecomkit.fast import install_fast_paths
 from ecomkit.train.outcome import BestWeights, baseline_outcome, keep_best_or_last, launch_command
 from ecomkit.train.preempt import add_preemption_callbacks
 from ecomkit.train.resolve import ModelFacts, ResolvedConfig, RunFacts, precision_choice, resolve_run
@@ -90,7 +90,7 @@ class TrainingRun:
         built = self.strategy.build_model(ModelSource(cfg.model, vocab_size=len(self.tokenizer), seed=cfg.seed))
         if cfg.peft != "none":   # LoRA (peft): after the model is built, before the strategy wraps it
             built = find(f"{LORA}:apply_peft")(built, cfg)
-        # attention, fused GeLU and loss kernels, the chunked loss, --compile: in that order (train/fast_paths.py)
+        # attention, fused GeLU and loss kernels, the chunked loss, --compile: in that order (ecomkit/fast/__init__.py)
         install_fast_paths(built, cfg, env.device, self.strategy, self.packed)
         self.n_params = self.strategy.parameter_count(built)
         self.n_trainable = (find(f"{LORA}:trainable_parameter_count")(built) if cfg.peft != "none"
