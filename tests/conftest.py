@@ -13,7 +13,7 @@ import fastlaunch
 import pytest
 import torch.distributed as dist
 
-from ecomkit.faults.preempt import PREEMPTED_EXIT_CODE, read_record
+from ecomkit.train.preempt import PREEMPTED_EXIT_CODE, read_record
 from ecomkit.faults.preempt_demo import run_preempted
 
 REPO = Path(__file__).resolve().parents[1]

@@ -28,7 +28,7 @@ from ecomkit.data.tokenize import BatchCounts, row_counts
 from ecomkit.dist import (DistEnv, all_reduce_max, all_reduce_mean, all_reduce_sum_tensor, distributed_session, log,
                           replica_checksums, restart_attempt, to_device)
 from ecomkit.errors import ConfigError
-from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
+from ecomkit.faults import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak, mfu_fields
 from ecomkit.metrics import (METHOD_OF_PREFIX, MetricsWriter, fill_rate_of, peak_memory, slowest_rank_throughput,
                              step_model_flops, time_split)
