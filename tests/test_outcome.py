@@ -11,7 +11,8 @@ import shlex
 from ecomkit.metrics import classification_lines, generation_lines, methods_line, not_learned_line
 from ecomkit.train.gen_eval import budget_advice
 from ecomkit.train.loop import eval_methods
-from ecomkit.train.outcome import baseline_outcome, launch_command, likely_reasons, missed_baselines, retry_command
+from ecomkit.train.task_metrics import (baseline_outcome, launch_command, likely_reasons, missed_baselines,
+                                        retry_command)
 
 # The issue's run: candidate scoring at the majority baseline, generated labels below theirs.
 ISSUE_SUMMARY = {"acc_category": 0.159, "macro_f1_category": 0.03, "majority_category": 0.159,

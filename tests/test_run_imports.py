@@ -43,6 +43,9 @@ USER_DATA = ("ecomkit.data.loaders", "ecomkit.data.columns", "ecomkit.data.file_
 OTHER_STRATEGIES = ("ecomkit.parallel.zero", "ecomkit.parallel.mixed", "ecomkit.parallel.pipeline",
                     "ecomkit.parallel.fsdp", "ecomkit.parallel.tensor", "ecomkit.parallel.dims",
                     "ecomkit.parallel.accelerate_path", "ecomkit.parallel.comm_count")
+# Loaded only when a run writes or reads a checkpoint, compiles (--compile), or scores an nlu task's figures.
+ON_REQUEST = ("ecomkit.faults.callbacks", "ecomkit.faults.checkpoint", "ecomkit.faults.safe_load",
+              "ecomkit.fast.compile", "ecomkit.train.nlu_accuracy", "ecomkit.train.task_metrics")
 OPTIONAL = ("ecomkit.parallel.compression", "ecomkit.fast.shm_allreduce", LORA, QUANT, HEALTH, "ecomkit.train.gen_eval",
             "ecomkit.train.generate", "ecomkit.train.hf_trainer", "ecomkit.train.sweep")
 
@@ -73,7 +76,7 @@ def test_every_registered_strategy_resolves_and_sits_on_the_parallel_floor():
     assert set(STRATEGIES) == set(StrategyName)
     assert [floor_of(m) < parallel for m in (LORA, QUANT)] == [True, True]   # models: below the strategies
     assert find(f"{HEALTH}:HealthMonitor").__module__ == HEALTH              # faults find their own module
-    for module in (loop.PACKING, loop.GENERATION):                           # what the loop finds: at or below it
+    for module in (loop.PACKING, loop.GENERATION, loop.SCORING, loop.VERDICT):   # what the loop finds: at or below it
         assert floor_of(module) <= floor_of("ecomkit.train") and find(f"{module}:__name__") == module
 
 
@@ -118,6 +121,18 @@ def test_a_ddp_run_loads_its_strategy_by_name_and_no_one_elses(ddp_run):
         assert "ecomkit.parallel.ddp" in rank.modules   # found by name, and counted: -X importtime sees it
         assert not loaded(rank.modules, NEVER_IN_TRAINING + OTHER_STRATEGIES + OPTIONAL + USER_DATA)
         assert not rank.lab   # the measurement lab (ecomlab): measure, claims, plots, derive
+
+
+@pytest.mark.dist
+def test_a_ddp_run_that_writes_no_checkpoint_loads_no_checkpoint_code(ddp_run):
+    """Preemption is on, but the checkpoint code loads only at a signal; no --compile, no nlu figures."""
+    for rank in ddp_run:
+        assert not loaded(rank.modules, ON_REQUEST)
+
+
+def test_the_loop_loads_what_a_flag_asks_for_only_when_it_asks():
+    """Importing the training loop loads no checkpoint, compile, candidate-scoring or baseline-verdict module."""
+    assert not loaded(python_import("ecomkit.train.loop").modules, ON_REQUEST)
 
 
 @pytest.mark.dist

@@ -39,15 +39,17 @@ from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
 from ecomkit.parallel import LORA, build_strategy, find, strategy_callbacks
 from ecomkit.parallel.base import StepStats
 from ecomkit.reporting import make_progress
-from ecomkit.train.evaluate import evaluate_nlu_accuracy, held_out_loss, shard_range
+from ecomkit.train.evaluate import held_out_loss, shard_range
 from ecomkit.fast import install_fast_paths
-from ecomkit.train.outcome import BestWeights, baseline_outcome, keep_best_or_last, launch_command
+from ecomkit.train.outcome import BestWeights, keep_best_or_last
 from ecomkit.train.preempt import add_preemption_callbacks
 from ecomkit.train.resolve import ModelFacts, ResolvedConfig, RunFacts, precision_choice, resolve_run
 
 # What a run imports only when its config uses it (ecomkit.parallel.find, as for its strategy and LoRA).
 PACKING = "ecomkit.data.packing"        # --packing on, or auto's pick
 GENERATION = "ecomkit.train.gen_eval"   # --task nlu: scores by generation
+SCORING = "ecomkit.train.nlu_accuracy"  # --task nlu: accuracy by candidate scoring
+VERDICT = "ecomkit.train.task_metrics"  # --task nlu: whether the figures cleared their baselines
 SUMMED = ("loss_sum", *BatchCounts._fields[1:], "stop")   # the columns of a log interval's one all-reduce
 
 
@@ -369,12 +371,12 @@ class TrainingRun:
                                                 None if final else cfg.eval_batches, self.shard, max_examples=cap,
                                                 bar=bar)
             if cfg.task == "nlu" and len(self.eval_records):
-                out.update(evaluate_nlu_accuracy(self.strategy, self.tokenizer, self.eval_records, env,
-                                                 cap if final else cfg.eval_nlu_samples, shard=self.shard,
-                                                 max_length=cfg.seq_len, labels=self.data_report.labels,
-                                                 prompt_format=cfg.prompt_format,
-                                                 train_label_counts=self.data_report.train_label_counts,
-                                                 batch_positions=positions, bar=bar))
+                scored = find(f"{SCORING}:evaluate_nlu_accuracy")(
+                    self.strategy, self.tokenizer, self.eval_records, env, cap if final else cfg.eval_nlu_samples,
+                    shard=self.shard, max_length=cfg.seq_len, labels=self.data_report.labels,
+                    prompt_format=cfg.prompt_format, train_label_counts=self.data_report.train_label_counts,
+                    batch_positions=positions, bar=bar)
+                out.update(scored)
             if self.gen_eval is not None:
                 predictions = self.out_dir / find(f"{GENERATION}:PREDICTIONS_FILE") if final else None
                 out.update(self.gen_eval(self.strategy, self.tokenizer, env, self.shard, predictions, False,
@@ -407,8 +409,9 @@ class TrainingRun:
         final_eval = self.evaluate(final=True)
         self.metrics.write({"type": "eval", "step": self.step, **final_eval})
         summary = self.summary(final_eval, wall)
-        summary.update(final_checkpoint=kept,   # why a run missed its baseline, and the command to retry
-                       baseline=baseline_outcome(summary, launch_command(), self.resolved.recommended_lr))
+        verdict = (find(f"{VERDICT}:baseline_outcome")(summary, recommended_lr=self.resolved.recommended_lr)
+                   if self.cfg.task == "nlu" else {"cleared": None})   # an LM run has no figure with a baseline
+        summary.update(final_checkpoint=kept, baseline=verdict)   # why a run missed its baseline, how to retry
         if getattr(self.strategy, "replicated", False):
             summary["replica_checksums"] = replica_checksums(self.strategy.raw_model, self.env)
         for cb in self.callbacks:

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-import torch
-
 from ecomkit.config import TrainConfig, data_parallel_size
 from ecomkit.config.recipe import (AUTO, RecipeFacts, RecipeValue, length_by_epochs, resolve_global_batch, resolve_lr,
                                    resolve_recipe)
