@@ -211,6 +211,19 @@ def decide_packing(requested: str, mean_row: float, seq_len: int, device_type: s
     return True, f"auto: on, {rows} (packs when <= {PACK_AUTO_MAX_ROW_SHARE:.0%})"
 
 
-__all__ = ["AUTO", "CPU_PACK_MAX_SEQ_LEN", "GEN_BUDGET_MARGIN", "PACK_AUTO_MAX_ROW_SHARE", "SEQ_LEN_MULTIPLE",
-           "CutCounts", "LengthStats", "Spread", "choose_seq_len", "cut_counts", "decide_packing", "generation_budget",
-           "length_stats", "lengths_facts", "limit_warning", "reached_limit"]
+
+# The two samplers (data.sampler, data.packing) cut global batches alike.
+def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
+    """The random stream of one epoch's plan: identical on every rank for the same ``(seed, epoch)``."""
+    return np.random.default_rng([int(seed), int(epoch)])
+
+
+def check_batch_layout(micro_batch_size: int, grad_accum: int, num_replicas: int, rank: int) -> None:
+    """The sizes a sampler cuts global batches by: each at least 1, and ``rank`` one of the replicas."""
+    for flag, value in (("--micro-batch-size", micro_batch_size), ("--grad-accum", grad_accum),
+                        ("the number of data-parallel processes", num_replicas)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}.")
+    if not 0 <= rank < num_replicas:
+        raise ConfigError(f"rank must be in 0..{num_replicas - 1}, got {rank}.")
+
