@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ecomkit.config.vocabulary import PROMPT_FORMATS as _FORMATS
-from ecomkit.errors import ConfigError, DataError
+from ecomkit.errors import ConfigError, DataError, did_you_mean
 
 PROMPT_FORMATS: tuple[str, ...] = _FORMATS      # ("seqgpt", "ecomgpt", "ecomkit"), one home in config.vocabulary
 TASK_FILE = "ecomkit_task.json"   # beside config.json in a saved model: the format and labels it was trained with
 DEFAULT_PROMPT_FORMAT = "seqgpt"
+LABEL_CUTOFF = 0.5  # difflib's similarity for "did you mean": one character off a two-character label
 KIND_CLASSIFY, KIND_EXTRACT = "classify", "extract"
 TASK_KINDS: tuple[str, ...] = (KIND_CLASSIFY, KIND_EXTRACT)
 NO_SPANS = "无"                   # the whole answer of an extraction example without spans
@@ -221,6 +222,19 @@ def parse_labels(text: str | Sequence[str] | None) -> tuple[str, ...]:
         return ()
     items = re.split(r"[,，]", text) if isinstance(text, str) else list(text)
     return tuple(item.strip() for item in items if item.strip())
+
+
+def check_labels_spelling(asked: Sequence[str], found: Sequence[str]) -> None:
+    """``--labels`` names that no span carries but one typo off a label that spans carry: an error.
+
+    A label far from every one the data has stays a warning (``labels_not_in_data``).
+    """
+    unused = [name for name in found if name not in asked]
+    hints = {name: hint for name in asked if name not in found and (hint := did_you_mean(name, unused, LABEL_CUTOFF))}
+    if hints:
+        said = " ".join(f"{name!r} never occurs in the spans of the data.{hint}" for name, hint in hints.items())
+        raise ConfigError(f"--labels: {said} The data's span labels: {', '.join(found)}. Fix the spelling in "
+                          f"--labels.")
 
 
 def write_task_file(model_dir: str | os.PathLike, *, prompt_format: str, task: str,

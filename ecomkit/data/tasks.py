@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from ecomkit.data.catalog import CATEGORIES
+from ecomkit.data.catalog import CATEGORIES, spans_from_json
 from ecomkit.data.formats import KIND_CLASSIFY, KIND_EXTRACT, TaskExample, build_prompt, check_format, prompt_and_answer
-from ecomkit.data.spans import spans_from_json
 from ecomkit.errors import ConfigError, DataError
 
 TASKS: tuple[str, ...] = ("lm", "nlu")

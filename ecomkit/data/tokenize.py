@@ -13,11 +13,10 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import torch
 from datasets import Dataset, Features, Sequence as ArrowList, Value
 
-from ecomkit.data.arrow import fingerprint, tokenizer_digest
+from ecomkit.data.stream import column_numpy, fingerprint, map_batches, tokenizer_digest, unique_values
+from ecomkit.data.catalog import RECORD_FEATURES, RECORD_FIELDS
 from ecomkit.data.formats import check_format, input_span
-from ecomkit.data.stream import column_numpy, map_batches, unique_values
 from ecomkit.data.tasks import CATEGORY_LABELS, KINDS, SENTIMENT_POLARITY, check_task, task_examples
-from ecomkit.data.validate import RECORD_FEATURES, RECORD_FIELDS
 from ecomkit.errors import ConfigError
 
 IGNORE_INDEX = -100
