@@ -22,7 +22,7 @@ from ecomkit.data.stream import cached_table, fingerprint, label_codes, read_col
 from ecomkit.data.catalog import (MIN_ROWS, RECORD_FEATURES, RECORD_FIELDS, SPAN_LABELS, TARGET_FIELDS, catalog_spans,
                                   generate_catalog_chunks, spans_json)
 from ecomkit.data.formats import DEFAULT_PROMPT_FORMAT, TaskExample, check_format, check_labels_spelling
-from ecomkit.data.tasks import CLASSIFICATION_TASKS, KINDS, check_task, labels_from_values, record_task_examples
+from ecomkit.data.tasks import CLASSIFICATION_TASKS, KINDS, TARGETS, check_task, labels_from_values
 from ecomkit.data.lengths import CutCounts, LengthStats, lengths_facts, limit_warning, tokenized_splits
 from ecomkit.errors import ConfigError, DataError
 
@@ -274,8 +274,9 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
                          cuts=built.cuts, train_label_counts=train_counts,
                          labels_not_in_data=never, span_labels_in_data=tuple(sorted(span_counts or ())))
     if task == "nlu":
-        report.eval_examples = _task_examples(eval_records, all_labels, eval_name)
-        report._train_spans = lambda: _span_counter(records, train_idx, extract)
+        targets = __import__(TARGETS, fromlist=["table_task_examples", "train_span_counts"])
+        report.eval_examples = targets.table_task_examples(eval_records, all_labels, eval_name)
+        report._train_spans = lambda: targets.train_span_counts(records, train_idx, extract)
     return train_ds, eval_ds, eval_records, report
 
 
@@ -298,11 +299,6 @@ def _train_label_counts(built: pa.Table, is_train: np.ndarray, codes: Mapping[st
     return out
 
 
-def _task_examples(table: Dataset, labels: Mapping[str, Sequence[str]], name: str) -> list[TaskExample]:
-    """The TaskExamples of every record of ``table``, in its order; ids are ``<name>:<record index>/<kind>``."""
-    return [ex for i, record in enumerate(table) for _, ex in record_task_examples(record, labels, f"{name}:{i}")]
-
-
 def _span_label_counts(tables: Sequence[Dataset]) -> Counter:
     """Spans per label over the tables (one pass over their ``spans`` column)."""
     counts: Counter = Counter()
@@ -310,15 +306,6 @@ def _span_label_counts(tables: Sequence[Dataset]) -> Counter:
         for value in read_columns(table, ["spans"]).column(0).to_pylist():
             if value:
                 counts.update(label for label, *_ in json.loads(value))
-    return counts
-
-
-def _span_counter(records: Dataset, train_idx: np.ndarray, names: Sequence[str]) -> Counter:
-    column = read_columns(records, ["spans"]).column(0).take(pa.array(train_idx))
-    wanted, counts = set(names), Counter()
-    for value in column.to_pylist():
-        if value:
-            counts.update((label, term) for label, _, _, term in json.loads(value) if label in wanted)
     return counts
 
 

@@ -1,14 +1,7 @@
 """Prompt formats: how a classification or extraction example is shown to the model, and how its answer reads.
 
-One module builds every prompt and parses every answer, so training, generation and ``ecomkit.predict`` agree.
-Formats (``--prompt-format``): ``seqgpt``, SeqGPT-560M's published prompt (``输入: {text}`` / ``分类|抽取: {labels}`` /
-``输出: [GEN]``), so fine-tuning keeps the model on its own prompt; ``ecomgpt``, EcomGPT's Alpaca-style block; and
-``ecomkit``, the earlier ``任务:…答:`` prompts, whose generic classification layout differs from training's (score
-generations in the other two).
-
-Answers: a classification label, or one ``label: span1，span2`` line per label in prompt order (:data:`NO_SPANS` when
-none). :func:`parse_answer` is tolerant (spaces, full-width forms, other separators, unknown labels counted, trailing
-text); gold sets are compared as :attr:`TaskExample.gold_spans`, never re-parsed.
+One module builds every prompt and parses every answer, so training, generation and ``ecomkit.predict`` agree;
+the formats (``--prompt-format``) and the answers' layout are in docs/data.md.
 """
 
 from __future__ import annotations
@@ -242,11 +235,9 @@ def write_task_file(model_dir: str | os.PathLike, *, prompt_format: str, task: s
                     gen_max_new_tokens: int | None = None, reading: Mapping[str, Any] | None = None,
                     train_label_counts: Mapping[str, Mapping[str, int]] | None = None,
                     train_spans: Mapping[tuple[str, str], int] | None = None) -> Path:
-    """Record in a saved model how it was trained: ``<model_dir>/ecomkit_task.json``.
+    """Record in a saved model how it was trained: ``<model_dir>/ecomkit_task.json`` (its keys: docs/data.md).
 
-    Keys: ``prompt_format``, ``task``, ``labels`` (per target and ``extract``), ``kinds``, ``seq_len``,
-    ``gen_max_new_tokens``, ``reading`` (column map, label map, span end) and ``baselines`` (training label counts and
-    spans). Evaluation and ``ecomkit.predict`` read it back so a model is prompted, cut and scored as its run was.
+    Evaluation and ``ecomkit.predict`` read it back so a model is prompted, cut and scored as its run was.
     """
     check_format(prompt_format)
     path = Path(model_dir) / TASK_FILE

@@ -63,15 +63,6 @@ def cached_table(key: str, batches: Callable[[], Iterable[dict[str, list]]], fea
     return Dataset.from_file(str(path))
 
 
-def file_digest(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """SHA-256 of a file's bytes, read in 1 MiB pieces."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def fingerprint(*parts: Any) -> str:
     """A short, stable hash of JSON-serialisable parts (plus :data:`FORMAT_VERSION`)."""
     text = json.dumps([FORMAT_VERSION, *parts], sort_keys=True, ensure_ascii=False, default=str)
