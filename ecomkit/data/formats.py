@@ -70,17 +70,6 @@ class TaskExample:
             raise ConfigError(f"TaskExample {self.source or self.text[:20]!r}: span labels {sorted(stray)} are not "
                               f"among its labels {list(self.labels)}.")
 
-    def to_record(self) -> dict[str, Any]:
-        """A JSON-ready dict (for predictions.jsonl and Arrow tables); :func:`example_from_record` reads it back."""
-        return {"kind": self.kind, "text": self.text, "labels": list(self.labels), "gold_label": self.gold_label,
-                "gold_spans": [list(s) for s in self.gold_spans], "source": self.source}
-
-
-def example_from_record(record: Mapping[str, Any]) -> TaskExample:
-    """The inverse of :meth:`TaskExample.to_record`."""
-    return TaskExample(record["kind"], record["text"], tuple(record["labels"]), record.get("gold_label"),
-                       tuple(tuple(s) for s in record.get("gold_spans") or ()), record.get("source") or "")
-
 
 @dataclass(frozen=True)
 class ParsedAnswer:
