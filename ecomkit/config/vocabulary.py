@@ -50,7 +50,7 @@ PLAN_STRATEGY_ALIASES = {"zero0": "ddp", "zero-0": "ddp", "zero-1": "zero1", "ze
                          "fsdp": "fsdp2", "dp": "ddp", "accelerate": "ddp"}
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-# What --precision accepts: a precision, or "auto" (resolved once the device is known: envcheck/matmul.py).
+# What --precision accepts: a precision, or "auto" (resolved once the device is known: models/precision.py).
 PRECISION_CHOICES = (*PRECISIONS, "auto")
 TASKS = ("lm", "nlu")
 CLIP_POLICIES = ("fixed", "sentiment")
