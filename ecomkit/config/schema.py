@@ -135,7 +135,7 @@ class TrainConfig(Sealable):
     model: str = "tiny"               # preset (tiny, small, seqgpt-560m, ecomgpt-7b), local dir or hub id
     tokenizer: str = "local"          # "local": BPE trained on the catalog; or a dir / hub id
     attn: str = "auto"                # auto: sdpa, except eager at the precision and lengths where bench_attn_rule
-                                      #   measured it faster on this CPU, or on this GPU's kind (attention_rule;
+                                      #   measured it faster on this CPU, or on this GPU's kind (pick_attention;
                                       #   an unmeasured GPU: sdpa, said so) | sdpa (proven equal to eager) |
                                       #   eager | flex (GPU)
     fused_gelu: bool = True           # BLOOM's MLP GELU as one ATen kernel each way (the same tanh approximation;

@@ -55,7 +55,7 @@ PRECISION_CHOICES = (*PRECISIONS, "auto")
 TASKS = ("lm", "nlu")
 CLIP_POLICIES = ("fixed", "sentiment")
 ATTN_IMPLS = ("eager", "sdpa", "flex")
-# What --attn accepts: an implementation, or "auto" (resolved once precision and device are known: attention_rule).
+# What --attn accepts: an implementation, or "auto" (resolved once precision and device are known: models/attention.py).
 ATTN_CHOICES = (*ATTN_IMPLS, "auto")
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "topk", "topk_naive")
 # How DDP moves gradients: the process group's all-reduce, or shared memory between ranks on one CPU host.

@@ -18,7 +18,7 @@ from ecomkit.errors import ConfigError
 from ecomkit.config.vocabulary import AUTO, LOSS_KERNEL_PACKAGES
 from ecomkit.hardware import gpu_kind, gpu_spec
 from ecomkit.planner.links import default_link
-from ecomkit.models.attention_rule import pick_attention
+from ecomkit.models.attention import pick_attention
 from ecomkit.models.loss import pick_loss_kernel
 from ecomkit.models.bloom import model_length_limit
 from ecomkit.planner.lora import LoraPlan, plan_lora_memory

@@ -26,7 +26,7 @@ from ecomkit.data.lengths import GEN_BUDGET_MARGIN, PACK_AUTO_MAX_ROW_SHARE, dec
 from ecomkit.dist import DistEnv, gather_objects, log
 from ecomkit.errors import ModelNotFoundError
 from ecomkit.hardware import NO_BF16_UNITS, cpu_bf16_units, device_kind
-from ecomkit.models.attention_rule import pick_attention
+from ecomkit.models.attention import pick_attention
 from ecomkit.models.bloom import (ModelSource, build_empty_model, count_parameters, load_model, model_config,
                                   model_length_limit, model_origin)
 from ecomkit.models.loss import pick_loss_kernel
