@@ -19,7 +19,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel,
+                          PreTrainedTokenizerBase)
 
 from ecomkit.errors import ModelNotFoundError
 from ecomkit.models.bloom import PRESETS, ModelSource, build_empty_model
@@ -208,3 +209,20 @@ def load_from_hub(hub_id: str, *, device, dtype, trust_remote_code: bool) -> Pre
             "copy that folder here, and pass its path as --model. To test the code paths without "
             f"weights use a preset: {', '.join(PRESETS)}.") from None
     return model.to(device)
+
+
+def hub_tokenizer(name: str, cache_dir: str | os.PathLike | None) -> PreTrainedTokenizerBase:
+    """A hub tokenizer (pad = eos where it has no pad), its failure turned into the offline advice."""
+    try:
+        tok = AutoTokenizer.from_pretrained(name, cache_dir=str(cache_dir) if cache_dir else None)
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(
+            f"Could not load the tokenizer '{name}' from the Hugging Face hub or its local cache "
+            f"({type(exc).__name__}). Without internet access, set HF_HUB_OFFLINE=1 (so nothing waits on the network), "
+            f"download the model on a machine with internet (e.g. `huggingface-cli download {name} "
+            f"--local-dir ./{name.split('/')[-1]}`), copy the folder here and pass that local directory; "
+            f"or use 'synthetic' for the locally trained tokenizer."
+        ) from exc
+    if tok.pad_token is None and tok.eos_token is not None:
+        tok.pad_token = tok.eos_token
+    return tok
