@@ -33,7 +33,7 @@ QUICK = ["--max-steps", "3", "--eval-interval", "0", "--final-eval-samples", "8"
 # spans data/build.py reads the catalog with, and the CPU fast paths.
 TARGET_MODULES, TARGET_LINES = 45, 8_000
 REACHED_MODULES, REACHED_LINES = 62, 11_200
-# envcheck whole: the precision choice it once held lives in models.precision and hardware.
+# Training loads no part of envcheck (chapter 01's checks), the planner, nor faults' diagnosis.
 NEVER_IN_TRAINING = ("ecomkit.planner", "ecomkit.plan", "ecomkit.envcheck",
                      "ecomkit.faults.diagnose", "ecomkit.faults.reproduce", "ecomkit.faults.known_errors")
 # A user's file (its reading, column maps, row checks), the writers, the padding study, and a saved model's files:
