@@ -257,9 +257,7 @@ def check_parallel(cfg: _TrainConfig, world_size: int, n_head: int | None = None
                               f"({', '.join(MESH_STRATEGIES)}), not --strategy {cfg.strategy}.")
         return
     dp, tp, pp = resolve_parallel_degrees(cfg.strategy, par, world_size)
-    if par.pp_schedule not in PP_SCHEDULES:
-        raise ConfigError(f"Unknown parallel.pp_schedule '{par.pp_schedule}' (flag --parallel-pp-schedule). "
-                          f"Choose one of: {', '.join(PP_SCHEDULES)}.")
+    check_choice("parallel.pp_schedule", par.pp_schedule, PP_SCHEDULES)
     check_choice("parallel.pp_balance", par.pp_balance, PP_BALANCES)
     if par.pp_microbatches < 1:
         raise ConfigError(f"parallel.pp_microbatches={par.pp_microbatches} must be >= 1 "
