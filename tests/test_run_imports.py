@@ -19,7 +19,7 @@ import torch
 from import_cost import REPO, python_import, run_script
 
 from ecomkit.config import StrategyName, TrainConfig
-from ecomkit.config.validate_loss import forward_loss_unsupported
+from ecomkit.config.validate_options import forward_loss_unsupported
 from ecomkit.dist import DistEnv
 from ecomkit.faults.callbacks import HEALTH, add_fault_tolerance_callbacks
 from ecomkit.parallel import DDP_HOOKS, LORA, QUANT, STRATEGIES, build_strategy, find

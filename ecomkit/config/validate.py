@@ -13,12 +13,12 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from ecomkit.config.validate_loss import check_loss_kernel
-from ecomkit.config.validate_peft import check_peft
-from ecomkit.config.vocabulary import (ATTN_CHOICES, AUTO, CLIP_POLICIES, COMPILE_MODES, COMPILE_STRATEGIES, COMPRESSIONS,
-                                       DDP_ALLREDUCES, HOOK_STRATEGIES, MESH_STRATEGIES, PACKING_CHOICES, PP_BALANCES,
-                                       PP_SCHEDULES, PRECISION_CHOICES, PROMPT_FORMATS, REPORT_TARGETS, SPAN_ENDS,
-                                       STRATEGIES, STRATEGIES_WITHOUT_DCP, TASKS, StrategyName, check_choice, flag_of)
+from ecomkit.config.validate_options import check_loss_kernel, check_peft
+from ecomkit.config.vocabulary import (ATTN_CHOICES, AUTO, CLIP_POLICIES, COMPILE_MODES, COMPILE_STRATEGIES,
+                                       COMPRESSIONS, DDP_ALLREDUCES, HOOK_STRATEGIES, MESH_STRATEGIES, PACKING_CHOICES,
+                                       PP_BALANCES, PP_SCHEDULES, PRECISION_CHOICES, PROMPT_FORMATS, REPORT_TARGETS,
+                                       SPAN_ENDS, STRATEGIES, STRATEGIES_WITHOUT_DCP, TASKS, StrategyName, check_choice,
+                                       flag_of)
 from ecomkit.errors import ConfigError
 
 # schema.py imports this module (TrainConfig.validate), so its types are named, not imported (an import circle).

@@ -183,5 +183,5 @@ def pick_attention(requested: str, precision: str, device_type: str, seq_len: in
                     f"measured faster {where} at {precision} (bench_attn_rule; 0 = at no measured length)")
 
 
-__all__ = ["CPU_EAGER_MAX_SEQ", "GPU_EAGER_MAX_SEQ", "pick_attention", "MaskPlan", "alibi_from_mask", "use_mask_positions", "attention_mask_for", "document_causal_mask", "flex_block_mask",
-           "sdpa_mask_plan"]
+__all__ = ["alibi_from_mask", "attention_mask_for", "CPU_EAGER_MAX_SEQ", "document_causal_mask", "flex_block_mask",
+           "GPU_EAGER_MAX_SEQ", "MaskPlan", "pick_attention", "sdpa_mask_plan", "use_mask_positions"]
