@@ -22,7 +22,7 @@ from ecomkit.config import StrategyName, TrainConfig
 from ecomkit.config.validate_loss import forward_loss_unsupported
 from ecomkit.dist import DistEnv
 from ecomkit.faults.callbacks import HEALTH, add_fault_tolerance_callbacks
-from ecomkit.parallel import DDP_HOOKS, LORA, QUANT, STRATEGIES, build_strategy, find
+from ecomkit.parallel import DDP_HOOKS, LORA, QUANT, STATE_BYTES, STRATEGIES, build_strategy, find
 from ecomkit.train import loop
 
 SCRIPT = REPO / "scripts" / "02_data_parallel.py"
@@ -44,7 +44,7 @@ OTHER_STRATEGIES = ("ecomkit.parallel.zero", "ecomkit.parallel.mixed", "ecomkit.
                     "ecomkit.parallel.fsdp", "ecomkit.parallel.tensor", "ecomkit.parallel.dims",
                     "ecomkit.parallel.accelerate_path", "ecomkit.parallel.comm_count")
 OPTIONAL = ("ecomkit.parallel.compression", "ecomkit.fast.shm_allreduce", LORA, QUANT, HEALTH, "ecomkit.train.gen_eval",
-            "ecomkit.train.generate", "ecomkit.train.hf_trainer", "ecomkit.train.sweep")
+            "ecomkit.train.generate", "ecomkit.train.hf_trainer", "ecomkit.train.sweep", STATE_BYTES)
 
 
 def floors() -> list[list[str]]:
@@ -72,6 +72,7 @@ def test_every_registered_strategy_resolves_and_sits_on_the_parallel_floor():
         assert find(target) is not None and target.startswith("ecomkit.parallel."), target
     assert set(STRATEGIES) == set(StrategyName)
     assert [floor_of(m) < parallel for m in (LORA, QUANT)] == [True, True]   # models: below the strategies
+    assert floor_of(STATE_BYTES) == parallel and callable(find(f"{STATE_BYTES}:model_state_bytes"))
     assert find(f"{HEALTH}:HealthMonitor").__module__ == HEALTH              # faults find their own module
     for module in (loop.PACKING, loop.GENERATION):                           # what the loop finds: at or below it
         assert floor_of(module) <= floor_of("ecomkit.train") and find(f"{module}:__name__") == module

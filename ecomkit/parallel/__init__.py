@@ -38,6 +38,8 @@ DDP_HOOKS: dict[str, str] = {
 # Model parts a strategy uses only under LoRA.
 LORA = "ecomkit.models.lora"
 QUANT = "ecomkit.models.quant"
+# The tensor byte counter, only for a strategy's memory report (chapters 03 and 06 measure with it).
+STATE_BYTES = "ecomkit.parallel.state_bytes"
 
 
 def find(target: str) -> Any:
@@ -67,5 +69,5 @@ def strategy_callbacks(cfg: TrainConfig) -> list[Any]:
     return list(find(spec.run_callbacks)(cfg)) if spec.run_callbacks else []
 
 
-__all__ = ["DDP_HOOKS", "LORA", "QUANT", "STRATEGIES", "StrategySpec", "build_strategy", "find", "strategy_callbacks",
-           "strategy_spec"]
+__all__ = ["DDP_HOOKS", "LORA", "QUANT", "STATE_BYTES", "STRATEGIES", "StrategySpec", "build_strategy", "find",
+           "strategy_callbacks", "strategy_spec"]

@@ -22,8 +22,7 @@ from ecomkit.models.bloom import ModelSource, count_parameters, load_model
 from ecomkit.models.loss import TokenLoss, last_hidden_state, token_loss_sum
 from ecomkit.models.optim import build_optimizer, build_scheduler, clip_grad_norm
 from ecomkit.models.precision import autocast_context, build_grad_scaler
-from ecomkit.parallel import LORA, QUANT, find
-from ecomkit.parallel.state_bytes import model_state_bytes
+from ecomkit.parallel import LORA, QUANT, STATE_BYTES, find
 
 
 @dataclass
@@ -182,7 +181,7 @@ class Strategy:
 
     def memory_report(self) -> dict[str, int]:
         """Bytes of params / grads / optimizer states held by this rank (counted tensors)."""
-        return model_state_bytes(self.model, self.optimizer)
+        return find(f"{STATE_BYTES}:model_state_bytes")(self.model, self.optimizer)
 
     def close(self) -> None:
         """Drop references so gloo threads die before the process group (else gloo may crash or hang at exit)."""
