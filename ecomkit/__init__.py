@@ -7,7 +7,7 @@ Floors, top to bottom; a module imports only from its floor or below (``lint-imp
 - ``parallel`` · ``faults``      one strategy per module behind ``Strategy`` · checkpoints, health, diagnosis
 - ``models`` · ``envcheck``      BLOOM presets, attention, loss, tokenizer, optimizer · chapter 01 checks
 - ``data``                       catalog generator, loaders, validation, task formats, samplers
-- ground: ``errors``, ``config``, ``dist``, ``hardware``, ``metrics``, ``reporting``, ``launch``
+- ground: ``errors``, ``config``, ``dist``, ``hardware``, ``metrics``, ``reporting`` (dashboards), ``launch``
 """
 
 __version__ = "0.1.0"

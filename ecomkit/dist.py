@@ -16,11 +16,9 @@ import os
 import random
 import signal
 import socket
-import statistics
 import sys
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -246,17 +244,6 @@ def all_reduce_max(value: float, env: DistEnv) -> float:
     return _all_reduce_float(value, env, dist.ReduceOp.MAX)
 
 
-def all_gather_floats(value: float, env: DistEnv) -> list[float]:
-    """Gather one float from each rank (used for straggler detection and per-rank memory)."""
-    if not env.distributed:
-        return [float(value)]
-    dev = env.device if env.backend == "nccl" else torch.device("cpu")
-    t = torch.tensor([float(value)], dtype=torch.float64, device=dev)
-    out = [torch.zeros_like(t) for _ in range(env.world_size)]
-    dist.all_gather(out, t)
-    return [float(x.item()) for x in out]
-
-
 def gather_objects(obj: Any, env: DistEnv) -> list[Any]:
     """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` without a process group.
 
@@ -275,54 +262,6 @@ def replica_checksums(model: torch.nn.Module, env: DistEnv) -> list[str]:
     for _, p in sorted(model.named_parameters()):
         h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())  # any dtype, bf16 too
     return gather_objects(h.hexdigest()[:16], env)
-
-
-def barrier_if_distributed() -> None:
-    """``dist.barrier()`` when a process group exists; nothing for a single process."""
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
-def _synchronize(device: torch.device | None) -> None:
-    if device is not None and device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, device: torch.device | None = None,
-          average: Callable[[list[float]], float] = statistics.median, slowest: bool = False) -> float:
-    """Median (or ``average``) seconds of ``fn`` over ``repeats`` runs, each started together on all ranks.
-
-    A barrier before every run, so no rank times its wait for a late peer; CUDA is synchronised before the clock.
-    """
-    return timed_phases([fn], repeats, warmup, device, average, slowest)[0]
-
-
-def timed_phases(fns: Sequence[Callable[[], Any]], repeats: int = 5, warmup: int = 1,
-                 device: torch.device | None = None,
-                 average: Callable[[list[float]], float] = statistics.median,
-                 slowest: bool = False) -> list[float]:
-    """Median (or ``average``) seconds of each of ``fns``, run in order ``repeats`` times, all ranks together.
-
-    For phases that must alternate (a DeepSpeed backward and step); ``slowest`` counts each run at its slowest rank.
-    """
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, phase_times in zip(fns, times):
-            barrier_if_distributed()
-            _synchronize(device)
-            t0 = time.perf_counter()
-            fn()
-            _synchronize(device)
-            phase_times.append(time.perf_counter() - t0)
-    if slowest and dist.is_available() and dist.is_initialized():
-        on = device if device is not None and device.type == "cuda" else torch.device("cpu")
-        flat = torch.tensor(times, dtype=torch.float64, device=on)
-        dist.all_reduce(flat, op=dist.ReduceOp.MAX)
-        times = flat.tolist()
-    return [average(t) for t in times]
 
 
 _SIGNAL_REGISTERED = False

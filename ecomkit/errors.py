@@ -102,15 +102,3 @@ def exit_on_user_error(main: Callable[..., T]) -> Callable[..., T]:
             report_user_error(exc)
 
     return wrapper
-
-
-def user_error_from_agent_file(path: str | os.PathLike) -> str | None:
-    """The user error a worker reported, from the error file torchrun's agent copied it to; None otherwise."""
-    try:
-        record = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    message = record.get("message") if isinstance(record, dict) else None
-    extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
-    found = extra.get(USER_ERROR_KEY) if isinstance(extra, dict) else None
-    return str(found) if found else None

@@ -1,4 +1,4 @@
-"""Run metrics: one JSON line per step or eval, a final ``summary.json``, and the printed summary.
+"""What a run shows: one JSON line per step or eval, a final ``summary.json``, the progress bar, the printed summary.
 
 Rank 0 writes values measured in this run, each line flushed, so a crash loses nothing and a live run can be plotted.
 """
@@ -6,16 +6,25 @@ Rank 0 writes values measured in this run, each line flushed, so a crash loses n
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from tqdm import tqdm
 
+from ecomkit.config import parse_report_to
 from ecomkit.dist import DistEnv, all_reduce_max
-from ecomkit.reporting import open_sinks
+
+# Loaded by name, only on their path: the --report-to dashboards (TensorBoard, W&B, MLflow), and the lines of
+# task scores (a summary with accuracy or generation figures).
+REPORTING = "ecomkit.reporting"
+TASK_SUMMARY = "ecomkit.task_summary"
+SCORE_PREFIXES = ("acc_", "gen_")
 
 
 def peak_memory(device: torch.device) -> tuple[int, str]:
@@ -38,7 +47,8 @@ class MetricsWriter:
         if enabled:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a" if append else "w", encoding="utf-8")
-            self.sinks = open_sinks(report_to, self.dir, hparams)
+            if parse_report_to(report_to):
+                self.sinks = __import__(REPORTING, fromlist=["open_sinks"]).open_sinks(report_to, self.dir, hparams)
 
     def write(self, row: dict[str, Any]) -> None:
         if self._fh is None:
@@ -64,6 +74,82 @@ class MetricsWriter:
         for sink in self.sinks:
             sink.close()
         self.sinks = []
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (where a display can be updated in place), False in a terminal or script."""
+    try:
+        from IPython import get_ipython  # lazy: optional (notebooks extra); absent in plain script installs
+
+        shell = get_ipython()
+        return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
+    except ImportError:
+        return False
+
+
+class LineProgress:
+    """tqdm-compatible bar for piped output: about 10 lines per run (``eta``: each with the elapsed time and ETA).
+
+    A notebook cell streaming a torchrun subprocess never sees ``\\r`` updates.
+    """
+
+    def __init__(self, total: int, desc: str = "", eta: bool = False):
+        self.total, self.desc, self.n = total, desc, 0
+        self.every = max(1, total // 10)
+        self.postfix: dict[str, Any] = {}
+        self.eta, self.start, self.printed = eta, time.monotonic(), 0
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if n == 0:
+            return
+        if self.n // self.every > self.printed or self.n >= self.total:
+            self.printed = self.n // self.every
+            post = " ".join(f"{k}={v}" for k, v in self.postfix.items())
+            text = f"{self.desc} {self.n}/{self.total} {post}"
+            print(text.rstrip() + self.timing() if self.eta else text, flush=True)
+
+    def timing(self) -> str:
+        """`` [12 s, ETA 1 min 40 s]``: elapsed, and the rest at the mean rate so far (with ``eta``)."""
+        if not self.eta:
+            return ""
+        elapsed = time.monotonic() - self.start
+        left = elapsed * max(self.total - self.n, 0) / self.n if self.n else float("nan")
+        return f" [{format_seconds(elapsed)}, ETA {format_seconds(left)}]"
+
+    def set_postfix(self, **kw: Any) -> None:
+        self.postfix = kw
+
+    def refresh(self) -> None:
+        self.every = max(1, self.total // 10)
+
+    def close(self) -> None:
+        pass
+
+
+class NoProgress(LineProgress):
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+
+def format_seconds(s: float) -> str:
+    if math.isnan(s):
+        return "?"
+    return f"{s:.0f} s" if s < 60 else f"{int(s // 60)} min {s % 60:.0f} s"
+
+
+def make_progress(total: int, enabled: bool, desc: str = "train", eta: bool = False):
+    """A bar of ``total`` units on this rank (``enabled``); ``eta``: piped lines say elapsed time and ETA too."""
+    if not enabled:
+        return NoProgress(total, desc)
+    if in_notebook():
+        from tqdm.notebook import tqdm as notebook_tqdm  # lazy: needs ipywidgets, only present in notebooks
+
+        return notebook_tqdm(total=total, desc=desc)
+    if sys.stderr.isatty():
+        return tqdm(total=total, desc=desc, dynamic_ncols=True)
+    return LineProgress(total, desc, eta)
+
 
 def attention_length(tokens: float, squared_lengths: float) -> float:
     """The sequence length to put in the attention FLOPs term: ΣL²/ΣL over the real (unpadded) sequences.
@@ -97,9 +183,7 @@ def print_run_summary(summary: dict[str, Any]) -> None:
         + data_line(summary)
         + f"loss            {summary['first_loss']:.4f} → {summary['final_loss']:.4f} (train), eval "
           f"{summary['eval_loss']:.4f}{examples_note(summary)}\n"
-        + classification_lines(summary)
-        + generation_lines(summary)
-        + methods_line(summary)
+        + task_lines(summary)
         + not_learned_line(summary)
         + throughput_lines(summary)
         + f"peak memory     {format_bytes(summary['peak_mem_bytes'])} per rank\n"
@@ -126,6 +210,8 @@ def model_lines(summary: dict[str, Any]) -> str:
         line += (f"LoRA            on: r={lora['r']}, alpha {lora['alpha']:g}, targets {', '.join(lora['targets'])}"
                  f"{base}; {lora['trainable_params']:,} of {lora['params']:,} parameters train ({share:.2%})\n")
     return line
+
+
 def examples_note(summary: dict[str, Any]) -> str:
     """`` (N held-out examples)``: what the eval loss rests on, when the evaluation counted it."""
     n = summary.get("eval_loss_examples")
@@ -142,84 +228,17 @@ METHOD_OF_PREFIX = (("acc_", CANDIDATE_SCORING), ("macro_f1_", CANDIDATE_SCORING
                     ("gen_span_", GENERATED_SPANS), ("gen_strict_acc", GENERATED_SPANS))
 
 
-def methods_line(summary: dict[str, Any]) -> str:
-    """One line saying how the two methods differ, when a summary holds figures from both."""
-    methods = set((summary.get("eval_methods") or {}).values())
-    if CANDIDATE_SCORING not in methods or not methods - {CANDIDATE_SCORING}:
+def task_lines(summary: dict[str, Any]) -> str:
+    """The task scores' lines (``task_summary``), its module loaded only when the summary holds scores."""
+    if not any(k.startswith(SCORE_PREFIXES) for k in summary):
         return ""
-    return ("methods         candidate scoring ranks the candidate labels by mean log-probability after the prompt "
-            "(no decoding, always one of them); generation decodes an answer and scores the label or spans "
-            "parsed from it (an answer that names no label is wrong)\n")
+    return __import__(TASK_SUMMARY, fromlist=["task_lines"]).task_lines(summary)
 
 
 def not_learned_line(summary: dict[str, Any]) -> str:
     """The one line of a run whose model does not clear a baseline: what missed, the likely reason, the retry."""
     verdict = summary.get("baseline") or {}
     return verdict["line"] + "\n" if verdict.get("cleared") is False else ""
-
-
-def classification_lines(summary: dict[str, Any]) -> str:
-    """One line per classification target: accuracy, macro-F1, the majority baseline and the margin over it."""
-    lines = ""
-    for key in [k for k in summary if k.startswith("acc_")]:
-        target, acc = key[4:], summary[key]
-        line = f"eval {target:<11}accuracy {acc:.3f} by {CANDIDATE_SCORING}"
-        if summary.get(f"macro_f1_{target}") is not None:
-            line += f", macro-F1 {summary[f'macro_f1_{target}']:.3f}"
-        if summary.get(f"majority_{target}") is not None:
-            base = summary[f"majority_{target}"]
-            line += (f"; majority baseline {base:.3f} (training's most frequent label "
-                     f"{summary.get(f'majority_label_{target}')!r}), margin {100 * (acc - base):+.1f} points")
-        if summary.get(f"scored_{target}"):
-            line += f" ({summary[f'scored_{target}']} held-out records)"
-        lines += line + "\n"
-    return lines
-
-
-def generation_lines(summary: dict[str, Any]) -> str:
-    """Scores by generation beside their baselines (training majority label, training-span dictionary) and margins."""
-    lines = ""
-    if summary.get("gen_acc") is not None:
-        line = (f"generated labels accuracy {summary['gen_acc']:.3f} by {GENERATED_EXACT}, "
-                f"macro-F1 {summary['gen_macro_f1']:.3f}")
-        if summary.get("gen_majority_acc") is not None:
-            margin = summary["gen_acc_margin_points"]
-            line += (f"; training-majority baseline {summary['gen_majority_acc']:.3f}, margin {margin:+.1f} points "
-                     f"({'clears' if margin > 0 else 'does NOT clear'} it")
-        else:
-            line += " (no baseline: the rows name no training majority"
-        lines += line + f"; {summary['gen_classify_n']} examples)\n"
-    if summary.get("gen_span_f1") is not None:
-        margin = summary["gen_span_f1_margin_points"]
-        per = ", ".join(f"{k} {v:.2f}" for k, v in summary.get("gen_span_f1_per_label", {}).items())
-        lines += (f"generated spans  micro-F1 {summary['gen_span_f1']:.3f} by {GENERATED_SPANS} "
-                  f"(P {summary['gen_span_precision']:.3f}, "
-                  f"R {summary['gen_span_recall']:.3f}), strict {summary['gen_strict_acc']:.3f}; dictionary "
-                  f"baseline F1 {summary['dict_span_f1']:.3f}, margin {margin:+.1f} points "
-                  f"({'clears' if margin > 0 else 'does NOT clear'} it; {summary['gen_extract_n']} examples)\n"
-                  + (f"  per label F1   {per}\n" if per else ""))
-    if summary.get("gen_decoded"):
-        held = summary.get("gen_held_out")
-        of = f" of {held}" if held is not None else ""
-        lines += (f"decoding         {summary['gen_decoded']}{of} held-out examples, "
-                  f"{summary['gen_examples_per_s']:.1f} examples/s ({summary['gen_decode_mode']}), "
-                  f"{summary['gen_prompts_cut']} prompts cut to fit, {summary['gen_unknown_labels']} unknown labels "
-                  f"in answers, {summary.get('gen_invalid_text', 0)} answers with invalid text (U+FFFD), "
-                  f"{summary.get('gen_spans_not_in_input', 0)} predicted spans not in their input, "
-                  f"{summary.get('gen_at_budget', 0)} answers stopped at the budget\n")
-    if summary.get("gen_budget_advice"):
-        lines += "budget           " + summary["gen_budget_advice"] + "\n"
-    return lines
-
-
-def print_evaluation(result: dict[str, Any]) -> None:
-    """The evaluation of a saved model (``ecomkit.train.eval_run``), on rank 0."""
-    if int(os.environ.get("RANK", 0)) != 0:
-        return
-    print(f"\n=== evaluation of {result['model']} ({result['strategy']} × {result['world_size']}) ===\n"
-          f"eval loss       {result['eval_loss']:.4f}{examples_note(result)}\n" + classification_lines(result)
-          + generation_lines(result) + methods_line(result),
-          flush=True)
 
 
 def data_line(summary: dict[str, Any]) -> str:

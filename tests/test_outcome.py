@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import shlex
 
-from ecomkit.metrics import classification_lines, generation_lines, methods_line, not_learned_line
+from ecomkit.metrics import not_learned_line
+from ecomkit.task_summary import classification_lines, generation_lines, methods_line
 from ecomkit.train.gen_eval import budget_advice
 from ecomkit.train.loop import eval_methods
 from ecomkit.train.outcome import baseline_outcome, launch_command, likely_reasons, missed_baselines, retry_command

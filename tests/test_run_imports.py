@@ -18,6 +18,7 @@ import pytest
 import torch
 from import_cost import REPO, python_import, run_script
 
+from ecomkit import metrics
 from ecomkit.config import StrategyName, TrainConfig
 from ecomkit.config.validate_loss import forward_loss_unsupported
 from ecomkit.dist import DistEnv
@@ -44,7 +45,8 @@ OTHER_STRATEGIES = ("ecomkit.parallel.zero", "ecomkit.parallel.mixed", "ecomkit.
                     "ecomkit.parallel.fsdp", "ecomkit.parallel.tensor", "ecomkit.parallel.dims",
                     "ecomkit.parallel.accelerate_path", "ecomkit.parallel.comm_count")
 OPTIONAL = ("ecomkit.parallel.compression", "ecomkit.fast.shm_allreduce", LORA, QUANT, HEALTH, "ecomkit.train.gen_eval",
-            "ecomkit.train.generate", "ecomkit.train.hf_trainer", "ecomkit.train.sweep", STATE_BYTES)
+            "ecomkit.train.generate", "ecomkit.train.hf_trainer", "ecomkit.train.sweep", STATE_BYTES,
+            metrics.REPORTING, metrics.TASK_SUMMARY)
 
 
 def floors() -> list[list[str]]:
@@ -73,6 +75,8 @@ def test_every_registered_strategy_resolves_and_sits_on_the_parallel_floor():
     assert set(STRATEGIES) == set(StrategyName)
     assert [floor_of(m) < parallel for m in (LORA, QUANT)] == [True, True]   # models: below the strategies
     assert floor_of(STATE_BYTES) == parallel and callable(find(f"{STATE_BYTES}:model_state_bytes"))
+    for module, name in ((metrics.REPORTING, "open_sinks"), (metrics.TASK_SUMMARY, "task_lines")):  # metrics finds
+        assert floor_of(module) == floor_of("ecomkit.metrics") and callable(find(f"{module}:{name}"))
     assert find(f"{HEALTH}:HealthMonitor").__module__ == HEALTH              # faults find their own module
     for module in (loop.PACKING, loop.GENERATION):                           # what the loop finds: at or below it
         assert floor_of(module) <= floor_of("ecomkit.train") and find(f"{module}:__name__") == module

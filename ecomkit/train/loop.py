@@ -30,15 +30,14 @@ from ecomkit.dist import (DistEnv, all_reduce_max, all_reduce_mean, all_reduce_s
 from ecomkit.errors import ConfigError
 from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak, mfu_fields
-from ecomkit.metrics import (METHOD_OF_PREFIX, MetricsWriter, fill_rate_of, peak_memory, slowest_rank_throughput,
-                             step_model_flops, time_split)
+from ecomkit.metrics import (METHOD_OF_PREFIX, MetricsWriter, fill_rate_of, make_progress, peak_memory,
+                             slowest_rank_throughput, step_model_flops, time_split)
 from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit, model_origin
 from ecomkit.models.optim import set_schedule_length
 from ecomkit.models.precision import length_multiple
 from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
 from ecomkit.parallel import LORA, build_strategy, find, strategy_callbacks
 from ecomkit.parallel.base import StepStats
-from ecomkit.reporting import make_progress
 from ecomkit.train.evaluate import evaluate_nlu_accuracy, held_out_loss, shard_range
 from ecomkit.train.fast_paths import install_fast_paths
 from ecomkit.train.outcome import BestWeights, baseline_outcome, keep_best_or_last, launch_command
