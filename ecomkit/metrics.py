@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -88,10 +89,7 @@ def in_notebook() -> bool:
 
 
 class LineProgress:
-    """tqdm-compatible bar for piped output: about 10 lines per run (``eta``: each with the elapsed time and ETA).
-
-    A notebook cell streaming a torchrun subprocess never sees ``\\r`` updates.
-    """
+    """tqdm-compatible bar for piped output, about 10 lines a run: a notebook streaming torchrun never sees ``\\r``."""
 
     def __init__(self, total: int, desc: str = "", eta: bool = False):
         self.total, self.desc, self.n = total, desc, 0
@@ -110,9 +108,7 @@ class LineProgress:
             print(text.rstrip() + self.timing() if self.eta else text, flush=True)
 
     def timing(self) -> str:
-        """`` [12 s, ETA 1 min 40 s]``: elapsed, and the rest at the mean rate so far (with ``eta``)."""
-        if not self.eta:
-            return ""
+        """`` [12 s, ETA 1 min 40 s]``: elapsed, and the rest at the mean rate so far."""
         elapsed = time.monotonic() - self.start
         left = elapsed * max(self.total - self.n, 0) / self.n if self.n else float("nan")
         return f" [{format_seconds(elapsed)}, ETA {format_seconds(left)}]"
@@ -152,10 +148,7 @@ def make_progress(total: int, enabled: bool, desc: str = "train", eta: bool = Fa
 
 
 def attention_length(tokens: float, squared_lengths: float) -> float:
-    """The sequence length to put in the attention FLOPs term: ΣL²/ΣL over the real (unpadded) sequences.
-
-    A batch does Σ L·(6Ψ + 12·n_layer·h·L) FLOPs; ``cfg.seq_len`` would credit short rows with attention they never had.
-    """
+    """The attention FLOPs term's length: ΣL²/ΣL over real rows (a batch does Σ L·(6Ψ + 12·n_layer·h·L))."""
     return squared_lengths / tokens if tokens > 0 else 0.0
 
 
@@ -170,7 +163,6 @@ def format_bytes(n: float) -> str:
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def print_run_summary(summary: dict[str, Any]) -> None:
@@ -195,10 +187,7 @@ def print_run_summary(summary: dict[str, Any]) -> None:
 
 
 def model_lines(summary: dict[str, Any]) -> str:
-    """Which model trained (a random-init preset or real weights) and, with LoRA, what of it trained.
-
-    A preset's numbers are a random init's, not what the real SeqGPT or EcomGPT weights would do.
-    """
+    """Which model trained (a preset's random init, or real weights) and, with LoRA, what of it trained."""
     origin = summary.get("model_origin")
     if not origin:
         return ""
@@ -251,12 +240,12 @@ def data_line(summary: dict[str, Any]) -> str:
     used = data["train_records"] if eval_file else data["records_used"]
     cap = f", capped by max_rows={data['max_rows']:,}" if data.get("max_rows") and used < data["rows_valid"] else ""
     if eval_file:
-        return (f"data            {used:,} of {data['rows_read']:,} training rows used{cap}, "
-                f"{data['eval_records']:,} of {data['eval_rows_read']:,} eval-file rows; examples: {kinds}\n"
-                + lengths_line(data))
-    return (f"data            {data['records_used']:,} of {data['rows_read']:,} rows used{cap} "
-            f"({data['train_records']:,} train / {data['eval_records']:,} eval); examples: {kinds}\n"
-            + lengths_line(data))
+        read = (f"{used:,} of {data['rows_read']:,} training rows used{cap}, "
+                f"{data['eval_records']:,} of {data['eval_rows_read']:,} eval-file rows")
+    else:
+        read = (f"{data['records_used']:,} of {data['rows_read']:,} rows used{cap} "
+                f"({data['train_records']:,} train / {data['eval_records']:,} eval)")
+    return f"data            {read}; examples: {kinds}\n" + lengths_line(data)
 
 
 def lengths_line(data: dict[str, Any]) -> str:
@@ -308,30 +297,17 @@ def flops_line(summary: dict[str, Any]) -> str:
 
 def step_model_flops(tokens: float, squared_lengths: float, predicted: float, flops_per_token_at,
                      head_flops: float) -> float:
-    """The model FLOPs of one step: every real token through the blocks, the LM head only where the loss reads it.
+    """One step's model FLOPs: every real token through the blocks, the LM head (6Vh) only where the loss reads it.
 
-    ``flops_per_token_at(T)``: 6Ψ + attention at length T; ``predicted``: positions the loss reads; ``head_flops``: 6Vh.
+    ``flops_per_token_at(T)``: 6Ψ + attention at length T; ``predicted``: positions the loss reads.
     """
     return tokens * flops_per_token_at(attention_length(tokens, squared_lengths)) - max(
         tokens - predicted, 0.0) * head_flops
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated percentile of an already sorted list (q in [0, 1])."""
-    if not sorted_values:
-        return float("nan")
-    pos = (len(sorted_values) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
 def throughput_summary(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
                        slowest_rank_steady_s: float | None = None) -> dict[str, Any]:
-    """Throughput of the steady phase: total samples (tokens) over total wall time, after ``warmup_steps`` rows.
-
-    Totals, not a mean of per-step rates (bucketed batches skew it); ``slowest_rank_steady_s`` sets the pace.
-    """
+    """Steady-phase throughput after ``warmup_steps`` rows: totals over wall time (the slowest rank's, when given)."""
     steady = train_rows[warmup_steps:] if len(train_rows) > warmup_steps else list(train_rows)
     times = [float(r["step_time_s"]) for r in steady]
     own_total = sum(times)
@@ -339,15 +315,15 @@ def throughput_summary(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
     samples = sum(int(r["samples"]) for r in steady)
     tokens = sum(int(r["tokens"]) for r in steady)
     padded = sum(int(r.get("padded_tokens", 0)) for r in steady)
-    ordered = sorted(times)
+    median, p90 = (float(v) for v in np.percentile(times, [50, 90])) if times else (float("nan"),) * 2
     return {
         "steady_steps": len(steady),
         "steady_wall_s": total,
         "samples_per_s": samples / total if total > 0 else float("nan"),
         "tokens_per_s": tokens / total if total > 0 else float("nan"),
         "step_time_s": total / len(steady) if steady else float("nan"),
-        "step_time_median_s": _percentile(ordered, 0.5),
-        "step_time_p90_s": _percentile(ordered, 0.9),
+        "step_time_median_s": median,
+        "step_time_p90_s": p90,
         "slowest_rank_steady_s": slowest_rank_steady_s,
         "padding_rate": 1 - tokens / padded if padded and all("padded_tokens" in r for r in steady) else None,
     }
@@ -367,9 +343,9 @@ def time_split(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
 
 def slowest_rank_throughput(own_rows: list[dict[str, Any]], env: DistEnv, warmup_steps: int = 1,
                             rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """:func:`throughput_summary` of ``rows`` (default: ``own_rows``) at the slowest rank's pace.
+    """:func:`throughput_summary` of ``rows`` (default: ``own_rows``) at the slowest rank's pace (a collective).
 
-    A collective every rank must call; ``rows`` may be every rank's counts, the pace still from own step times.
+    ``rows`` may be every rank's counts; the pace still comes from each rank's own step times.
     """
     own_wall = throughput_summary(own_rows, warmup_steps)["steady_wall_s"]
     slowest = all_reduce_max(own_wall, env) if env.distributed else None

@@ -1,7 +1,6 @@
-"""Parallelism strategies found by name: a run imports only the strategy (and the DDP hooks) its config asks for.
+"""Parallelism strategies found by name: a run imports only the strategy (and the parts) its config asks for.
 
-Why by name: importing every strategy loaded ZeRO, FSDP2, TP and the pipeline into a DDP run.
-``tests/test_run_imports.py`` checks every entry, since ``lint-imports`` cannot see them.
+``tests/test_run_imports.py`` checks every entry, since ``lint-imports`` cannot see these imports.
 """
 
 from __future__ import annotations
@@ -43,10 +42,7 @@ STATE_BYTES = "ecomkit.parallel.state_bytes"
 
 
 def find(target: str) -> Any:
-    """The object ``module:name`` names, importing its module now (the one place a run imports by name).
-
-    Through ``__import__``, not ``importlib.import_module``, so ``python -X importtime`` reports these imports too.
-    """
+    """The object ``module:name`` names, imported now through ``__import__`` (``python -X importtime`` sees it)."""
     module, _, name = target.partition(":")
     return getattr(__import__(module, fromlist=[name]), name)
 
