@@ -49,7 +49,7 @@ import torch.distributed as dist
 from common import REPO, bench_env, print_table, warn_emulated_bf16, write_artifact
 
 from ecomkit.dist import DistEnv
-from ecomkit.envcheck.matmul import matmul_peak
+from ecomkit.hardware import matmul_peak
 from ecomkit.fast.attention import BloomEagerAttention, attention_modules, install_attention
 from ecomkit.models.bloom import build_model, flops_per_token, preset_parameter_count
 from ecomkit.fast.cpu_kernels import cross_entropy_sum, gelu_tanh, kernel_cross_entropy_sum, load_cpu_kernels

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from ecomkit.config import TrainConfig, data_parallel_size
 from ecomkit.config.recipe import LENGTH_CHECK_STEPS, capped_length
-from ecomkit.data import DistributedBatchSampler, build_datasets, lengths_array, pad_collate
+from ecomkit.data import build_datasets, lengths_array, pad_collate
 from ecomkit.data.formats import parse_labels, write_task_file
 from ecomkit.data.tasks import CLASSIFICATION_TASKS, can_classify
 from ecomkit.data.tokenize import BatchCounts, row_counts
@@ -47,6 +47,7 @@ from ecomkit.train.resolve import ModelFacts, ResolvedConfig, RunFacts, precisio
 
 # What a run imports only when its config uses it (ecomkit.parallel.find, as for its strategy and LoRA).
 PACKING = "ecomkit.data.packing"        # --packing on, or auto's pick
+SAMPLER = "ecomkit.data.sampler"        # --packing off: bucketed rows
 GENERATION = "ecomkit.train.gen_eval"   # --task nlu: scores by generation
 SUMMED = ("loss_sum", *BatchCounts._fields[1:], "stop")   # the columns of a log interval's one all-reduce
 
@@ -173,8 +174,9 @@ class TrainingRun:
             return find(f"{PACKING}:PackedBatchSampler")(self.lengths, self.data_report.seq_len,
                                                          self.flags.micro_batch_size, grad_accum, dp, 0,
                                                          self.flags.seed).steps_per_epoch
-        return DistributedBatchSampler(self.lengths, self.flags.micro_batch_size, grad_accum, dp, 0,
-                                       self.flags.seed, bucketed=self.flags.bucketed).steps_per_epoch
+        return find(f"{SAMPLER}:DistributedBatchSampler")(self.lengths, self.flags.micro_batch_size, grad_accum, dp,
+                                                          0, self.flags.seed,
+                                                          bucketed=self.flags.bucketed).steps_per_epoch
 
     def training_loader(self, shard: tuple[int, int]) -> tuple[Any, DataLoader]:
         return training_loader(self.train_ds, self.lengths, self.cfg, shard, self.grad_accum, self.packed,
@@ -601,8 +603,8 @@ def training_loader(train_ds, lengths, cfg: TrainConfig, shard: tuple[int, int],
                           functools.partial(find(f"{PACKING}:sequence_counts"), seq_len=cfg.seq_len))
         return sampler, DataLoader(find(f"{PACKING}:RowGroups")(train_ds), batch_sampler=sampler, collate_fn=collate,
                                    pin_memory=pin_memory)
-    sampler = DistributedBatchSampler(lengths, micro_batch_size=cfg.micro_batch_size, grad_accum=grad_accum,
-                                      num_replicas=shard[1], rank=shard[0], seed=cfg.seed, bucketed=cfg.bucketed)
+    sampler = find(f"{SAMPLER}:DistributedBatchSampler")(lengths, cfg.micro_batch_size, grad_accum, shard[1], shard[0],
+                                                         cfg.seed, bucketed=cfg.bucketed)
     collate = Counted(functools.partial(pad_collate, pad_id=pad_id, pad_to_multiple_of=multiple),
                       functools.partial(row_counts, pad_to_multiple_of=multiple))
     return sampler, DataLoader(train_ds, batch_sampler=sampler, collate_fn=collate, pin_memory=pin_memory)

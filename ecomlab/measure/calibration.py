@@ -63,7 +63,8 @@ from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv, timed, timed_phases
 from ecomkit.envcheck.alpha_beta import fit_alpha_beta
 from ecomkit.envcheck.collectives import measure_all_reduce_bandwidth
-from ecomkit.hardware import GpuSpec, LinkSpec
+from ecomkit.hardware import GpuSpec
+from ecomkit.planner.links import LinkSpec
 from ecomkit.models.bloom import count_parameters, flops_per_token
 from ecomkit.models.loss import TokenLoss, lm_loss_sum
 from ecomkit.models.optim import build_optimizer
