@@ -18,11 +18,12 @@ import pytest
 import torch
 from import_cost import REPO, python_import, run_script
 
+from ecomkit import metrics
 from ecomkit.config import StrategyName, TrainConfig
 from ecomkit.config.validate_options import forward_loss_unsupported
 from ecomkit.dist import DistEnv
 from ecomkit.faults import HEALTH, add_fault_tolerance_callbacks
-from ecomkit.parallel import DDP_HOOKS, LORA, QUANT, STRATEGIES, build_strategy, find
+from ecomkit.parallel import DDP_HOOKS, LORA, QUANT, STATE_BYTES, STRATEGIES, build_strategy, find
 from ecomkit.train import loop
 
 SCRIPT = REPO / "scripts" / "02_data_parallel.py"
@@ -47,7 +48,8 @@ OTHER_STRATEGIES = ("ecomkit.parallel.zero", "ecomkit.parallel.mixed", "ecomkit.
 ON_REQUEST = ("ecomkit.faults.callbacks", "ecomkit.faults.checkpoint", "ecomkit.faults.safe_load",
               "ecomkit.fast.compile", "ecomkit.fast.flex", "ecomkit.train.nlu_accuracy", "ecomkit.train.task_metrics")
 OPTIONAL = ("ecomkit.parallel.compression", "ecomkit.fast.shm_allreduce", LORA, QUANT, HEALTH, "ecomkit.train.gen_eval",
-            "ecomkit.train.generate", "ecomkit.train.hf_trainer", "ecomkit.train.sweep")
+            "ecomkit.train.generate", "ecomkit.train.hf_trainer", "ecomkit.train.sweep", metrics.REPORTING,
+            metrics.TASK_SUMMARY)
 
 
 def floors() -> list[list[str]]:
@@ -75,6 +77,9 @@ def test_every_registered_strategy_resolves_and_sits_on_the_parallel_floor():
         assert find(target) is not None and target.startswith("ecomkit.parallel."), target
     assert set(STRATEGIES) == set(StrategyName)
     assert [floor_of(m) < parallel for m in (LORA, QUANT)] == [True, True]   # models: below the strategies
+    assert floor_of(STATE_BYTES) == parallel and callable(find(f"{STATE_BYTES}:model_state_bytes"))
+    for module, name in ((metrics.REPORTING, "open_sinks"), (metrics.TASK_SUMMARY, "task_lines")):  # metrics finds
+        assert floor_of(module) == floor_of("ecomkit.metrics") and callable(find(f"{module}:{name}"))
     assert find(f"{HEALTH}:HealthMonitor").__module__ == HEALTH              # faults find their own module
     for module in (loop.PACKING, loop.GENERATION, loop.SCORING, loop.VERDICT):   # what the loop finds: at or below it
         assert floor_of(module) <= floor_of("ecomkit.train") and find(f"{module}:__name__") == module
@@ -119,7 +124,8 @@ def ddp_run(tmp_path_factory):
 def test_a_ddp_run_loads_its_strategy_by_name_and_no_one_elses(ddp_run):
     for rank in ddp_run:
         assert "ecomkit.parallel.ddp" in rank.modules   # found by name, and counted: -X importtime sees it
-        assert not loaded(rank.modules, NEVER_IN_TRAINING + OTHER_STRATEGIES + OPTIONAL + USER_DATA)
+        # STATE_BYTES: only a memory report needs it in DDP (ZeRO's state module counts its partitions with it)
+        assert not loaded(rank.modules, NEVER_IN_TRAINING + OTHER_STRATEGIES + OPTIONAL + USER_DATA + (STATE_BYTES,))
         assert not rank.lab   # the measurement lab (ecomlab): measure, claims, plots, derive
 
 

@@ -28,19 +28,18 @@ from ecomkit.data.tokenize import BatchCounts, row_counts
 from ecomkit.dist import (DistEnv, all_reduce_max, all_reduce_mean, all_reduce_sum_tensor, distributed_session, log,
                           replica_checksums, restart_attempt, to_device)
 from ecomkit.errors import ConfigError
+from ecomkit.fast import install_fast_paths
 from ecomkit.faults import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak, mfu_fields
-from ecomkit.metrics import (METHOD_OF_PREFIX, MetricsWriter, fill_rate_of, peak_memory, slowest_rank_throughput,
-                             step_model_flops, time_split)
+from ecomkit.metrics import (METHOD_OF_PREFIX, MetricsWriter, fill_rate_of, make_progress, peak_memory,
+                             slowest_rank_throughput, step_model_flops, time_split)
 from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit, model_origin
 from ecomkit.models.optim import set_schedule_length
 from ecomkit.models.precision import length_multiple
 from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
 from ecomkit.parallel import LORA, build_strategy, find, strategy_callbacks
 from ecomkit.parallel.base import StepStats
-from ecomkit.reporting import make_progress
 from ecomkit.train.evaluate import held_out_loss, shard_range
-from ecomkit.fast import install_fast_paths
 from ecomkit.train.outcome import BestWeights, keep_best_or_last
 from ecomkit.train.preempt import add_preemption_callbacks
 from ecomkit.train.resolve import ModelFacts, ResolvedConfig, RunFacts, precision_choice, resolve_run
