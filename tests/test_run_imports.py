@@ -20,7 +20,7 @@ from import_cost import REPO, python_import, run_script
 
 from ecomkit import metrics
 from ecomkit.config import StrategyName, TrainConfig
-from ecomkit.config.validate_options import forward_loss_unsupported
+from ecomkit.config.validate import forward_loss_unsupported
 from ecomkit.dist import DistEnv
 from ecomkit.faults import HEALTH, add_fault_tolerance_callbacks
 from ecomkit.parallel import DDP_HOOKS, LORA, QUANT, STATE_BYTES, STRATEGIES, build_strategy, find

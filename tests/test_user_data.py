@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from ecomkit.config import parse_config
-from ecomkit.config.validate import LABEL_MAP_TARGETS
+from ecomkit.config.validate_options import LABEL_MAP_TARGETS
 from ecomkit.data import (build_datasets, lengths_array, load_records, stratified_split, write_csv, write_jsonl)
 from ecomkit.data.catalog import CATEGORIES, review_rows
 from ecomkit.data.tokenize import IGNORE_INDEX

@@ -13,17 +13,20 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from ecomkit.config.validate_options import check_loss_kernel, check_peft
-from ecomkit.config.vocabulary import (ATTN_CHOICES, AUTO, CLIP_POLICIES, COMPILE_MODES, COMPILE_STRATEGIES,
-                                       COMPRESSIONS, DDP_ALLREDUCES, HOOK_STRATEGIES, MESH_STRATEGIES, PACKING_CHOICES,
-                                       PP_BALANCES, PP_SCHEDULES, PRECISION_CHOICES, PROMPT_FORMATS, REPORT_TARGETS,
-                                       SPAN_ENDS, STRATEGIES, STRATEGIES_WITHOUT_DCP, TASKS, StrategyName, check_choice,
-                                       flag_of)
+from ecomkit.config.vocabulary import (ATTN_CHOICES, AUTO, CLIP_POLICIES, COMPILE_MODES, COMPRESSIONS, DDP_ALLREDUCES,
+                                       HOOK_STRATEGIES, LOSS_KERNEL_CHOICES, LOSS_KERNEL_PACKAGES, MESH_STRATEGIES,
+                                       PACKING_CHOICES, PEFT_METHODS, PP_BALANCES, PP_SCHEDULES, PRECISION_CHOICES,
+                                       PROMPT_FORMATS, REPORT_TARGETS, SPAN_ENDS, STRATEGIES, STRATEGIES_WITHOUT_DCP,
+                                       TASKS, StrategyName, check_choice, flag_of)
 from ecomkit.errors import ConfigError
 
 # schema.py imports this module (TrainConfig.validate), so its types are named, not imported (an import circle).
 _TrainConfig = Any      # ecomkit.config.schema.TrainConfig
 _ParallelConfig = Any   # ecomkit.config.schema.ParallelConfig
+
+# The checks of options a default run leaves off (a fused loss kernel, LoRA and QLoRA, --compile, a label map),
+# imported by name when one is set, so a run without them reads none (python -X importtime still counts them).
+OPTION_CHECKS = "ecomkit.config.validate_options"
 
 DEEPSPEED_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -40,7 +43,9 @@ def validate_train_config(cfg: _TrainConfig, world_size: int, n_head: int | None
     check_choice("compression.method", cfg.compression.method, COMPRESSIONS)
     check_compression(cfg)
     check_ddp_allreduce(cfg)
-    check_peft(cfg, world_size)
+    check_choice("peft", cfg.peft, PEFT_METHODS)
+    if cfg.peft != "none" or cfg.lora_base_bits != 16:
+        option_checks().check_peft(cfg, world_size)
     check_choice("packing", cfg.packing, PACKING_CHOICES)
     check_lengths(cfg)
     check_recipe_words(cfg)
@@ -62,9 +67,44 @@ def validate_train_config(cfg: _TrainConfig, world_size: int, n_head: int | None
     check_fault_config(cfg)
     check_data_source(cfg)
     check_generation(cfg)
-    check_compile(cfg)
+    if cfg.compile:
+        option_checks().check_compile(cfg)
     check_loss_kernel(cfg)
     parse_report_to(cfg.report_to, check_installed=True)
+
+
+def option_checks() -> Any:
+    """:mod:`ecomkit.config.validate_options`, imported by name (:data:`OPTION_CHECKS`)."""
+    return __import__(OPTION_CHECKS, fromlist=["check_peft"])
+
+
+# ---------------------------------------------------------------------- --loss-kernel
+# Strategies whose ranks do not end their forward in the whole LM head, so no loss of ecomkit's takes its hidden
+# states (the same as ``Strategy.supports_chunked_loss``).
+_NO_FORWARD_LOSS = {StrategyName.TP: "tensor parallelism shards the LM head's output over the ranks",
+                    StrategyName.PP: "a pipeline's last stage computes its own loss"}
+
+
+def check_loss_kernel(cfg: _TrainConfig) -> None:
+    """The kernel is a known word, agrees with ``--loss-chunk-tokens``, and (liger, cce) can run here."""
+    check_choice("loss_kernel", cfg.loss_kernel, LOSS_KERNEL_CHOICES)
+    if cfg.loss_kernel == "chunked" and cfg.loss_chunk_tokens == 0:
+        raise ConfigError(
+            "--loss-kernel chunked with --loss-chunk-tokens 0: the chunked loss needs a number of positions per "
+            "chunk, and 0 asks for the full logits. Give --loss-chunk-tokens N (1024 is the default), or use "
+            "--loss-kernel full.")
+    if cfg.loss_kernel in LOSS_KERNEL_PACKAGES:
+        option_checks().check_fused_kernel(cfg, forward_loss_unsupported(cfg))
+
+
+def forward_loss_unsupported(cfg: _TrainConfig) -> str | None:
+    """Why ``cfg``'s strategy cannot run a loss inside the model's forward, or None where it can (the rule
+    ``--loss-kernel auto`` and ``Strategy.supports_chunked_loss`` follow)."""
+    why_not = _NO_FORWARD_LOSS.get(cfg.strategy)
+    if why_not is None and cfg.strategy in (StrategyName.FSDP, StrategyName.MIXED) and (
+            cfg.parallel.tp > 1 or cfg.parallel.pp > 1):
+        why_not = f"with --parallel-tp {cfg.parallel.tp} --parallel-pp {cfg.parallel.pp} the head is sharded or staged"
+    return why_not
 
 
 # ---------------------------------------------------------------------- chapter 05: compression
@@ -347,10 +387,6 @@ def check_fault_config(cfg: _TrainConfig) -> None:
 
 
 # ---------------------------------------------------------------------- data
-# The keys a label_map may have: ecomkit.data.validate.MAP_KEYS, from a floor above (tests check the two agree).
-LABEL_MAP_TARGETS = ("category", "sentiment", "brand", "spans", "ner_tags")
-
-
 def check_data_source(cfg: _TrainConfig) -> None:
     if cfg.data != "synthetic" and not Path(cfg.data).exists():
         raise ConfigError(
@@ -363,7 +399,8 @@ def check_data_source(cfg: _TrainConfig) -> None:
     if not 0.0 <= cfg.max_bad_fraction <= 1.0:
         raise ConfigError(f"max_bad_fraction={cfg.max_bad_fraction} (flag --max-bad-fraction) must be in [0, 1]: "
                           "the share of malformed rows above which a run stops, e.g. 0.05.")
-    check_label_map_shape(cfg.label_map)
+    if cfg.label_map is not None:
+        option_checks().check_label_map_shape(cfg.label_map)
     check_task_data(cfg)
 
 
@@ -379,39 +416,3 @@ def check_task_data(cfg: _TrainConfig) -> None:
     if any(not n for n in names) or len(set(names)) != len(names):
         raise ConfigError(f"labels={cfg.labels!r} (flag --labels) must be distinct, non-empty label names separated "
                           "by commas, e.g. --labels 品牌,颜色,尺码.")
-
-
-def check_label_map_shape(label_map: Any) -> None:
-    """``{target: {raw value: label name}}`` with targets among :data:`LABEL_MAP_TARGETS`."""
-    example = """'{"sentiment": {"0": "negative", "1": "positive"}}'"""
-    if label_map is None:
-        return
-    if not isinstance(label_map, dict):
-        raise ConfigError(f"label_map must be an object of target -> {{raw value: label}}, e.g. --label-map {example}.")
-    for target, mapping in label_map.items():
-        if target == "ner_tags" and isinstance(mapping, list) and mapping and all(isinstance(v, str) for v in mapping):
-            continue   # tag names by integer id, e.g. ["O", "B-PER", "I-PER"]
-        if target not in LABEL_MAP_TARGETS:
-            raise ConfigError(f"label_map has the key {target!r}; it maps the values of one of "
-                              f"{list(LABEL_MAP_TARGETS)}, e.g. --label-map {example}.")
-        if not isinstance(mapping, dict) or not mapping or not all(
-                isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in mapping.values()):
-            raise ConfigError(f"label_map[{target!r}] must be a non-empty object of raw value -> label name, got "
-                              f"{mapping!r}; e.g. --label-map {example}.")
-
-
-# ---------------------------------------------------------------------- --compile
-def check_compile(cfg: _TrainConfig) -> None:
-    """``--compile`` only where ecomkit hands the wrapped model to ``torch.compile`` and has measured it."""
-    if not cfg.compile:
-        return
-    if cfg.strategy not in COMPILE_STRATEGIES:
-        raise ConfigError(
-            f"--compile cannot run with --strategy {cfg.strategy}: ecomkit compiles the whole wrapped model, "
-            "which it does for a single process and DDP only. DeepSpeed's engine, FSDP2, tensor and pipeline "
-            "parallelism would need each block compiled inside the wrapper, which ecomkit does not do yet. "
-            "Drop --compile, or use --strategy ddp.")
-    if cfg.compression.method != "none":
-        raise ConfigError(
-            f"--compile with --compression {cfg.compression.method}: the gradient-compression hooks are not "
-            "tested under torch.compile's DDP graph splitting. Drop one of the two flags.")

@@ -1,7 +1,5 @@
-"""The checks of ``--loss-kernel`` and ``--peft lora`` (QLoRA too), run by ``TrainConfig.validate`` like the rest.
-
-Why a second file: every check in one module would pass the 400-line limit; these are the options that need an
-optional package (liger, cce, peft, bitsandbytes) or a GPU, refused before any process group rather than mid-run.
+"""The checks of options a default run leaves off: a fused ``--loss-kernel``, ``--peft lora`` (QLoRA too), ``--compile``
+and ``--label-map``; ``TrainConfig.validate`` imports them by name (``validate.OPTION_CHECKS``) when one is set.
 """
 
 from __future__ import annotations
@@ -10,37 +8,18 @@ import importlib.util
 import sys
 from typing import Any
 
-from ecomkit.config.vocabulary import (LOSS_KERNEL_CHOICES, LOSS_KERNEL_PACKAGES, PEFT_METHODS, StrategyName,
-                                       check_choice)
+from ecomkit.config.vocabulary import COMPILE_STRATEGIES, LOSS_KERNEL_PACKAGES, StrategyName
 from ecomkit.errors import ConfigError
 
 _TrainConfig = Any      # ecomkit.config.schema.TrainConfig (schema imports validate, which imports this module)
 
 
-# ---------------------------------------------------------------------- --loss-kernel
-# Strategies whose ranks do not end their forward in the whole LM head, so no loss of ecomkit's takes its hidden
-# states (the same as ``Strategy.supports_chunked_loss``).
-_NO_FORWARD_LOSS = {StrategyName.TP: "tensor parallelism shards the LM head's output over the ranks",
-                    StrategyName.PP: "a pipeline's last stage computes its own loss"}
-
-
-def check_loss_kernel(cfg: _TrainConfig) -> None:
-    """The kernel is a known word, agrees with ``--loss-chunk-tokens``, and (liger, cce) can run here."""
-    check_choice("loss_kernel", cfg.loss_kernel, LOSS_KERNEL_CHOICES)
-    if cfg.loss_kernel == "chunked" and cfg.loss_chunk_tokens == 0:
-        raise ConfigError(
-            "--loss-kernel chunked with --loss-chunk-tokens 0: the chunked loss needs a number of positions per "
-            "chunk, and 0 asks for the full logits. Give --loss-chunk-tokens N (1024 is the default), or use "
-            "--loss-kernel full.")
-    if cfg.loss_kernel in LOSS_KERNEL_PACKAGES:
-        check_fused_kernel(cfg)
-
-
-def check_fused_kernel(cfg: _TrainConfig) -> None:
-    """``liger`` / ``cce``: a strategy whose ranks end their forward in the whole head, the package, a CUDA GPU."""
+# ---------------------------------------------------------------------- --loss-kernel liger | cce
+def check_fused_kernel(cfg: _TrainConfig, why_not: str | None) -> None:
+    """``liger`` / ``cce``: a strategy whose ranks end their forward in the whole head (``why_not`` says why a
+    strategy does not), the package, a CUDA GPU."""
     kernel = cfg.loss_kernel
     module, pip_name = LOSS_KERNEL_PACKAGES[kernel]
-    why_not = forward_loss_unsupported(cfg)
     if why_not is None and kernel == "cce" and cfg.strategy == StrategyName.ZERO and cfg.zero.stage == 3:
         raise ConfigError(
             "--loss-kernel cce cannot run with --strategy zero --zero-stage 3: cut-cross-entropy computes the LM "
@@ -63,16 +42,6 @@ def check_fused_kernel(cfg: _TrainConfig) -> None:
             f"--loss-kernel {kernel} runs {pip_name}'s Triton kernels, which need a CUDA GPU, and torch sees none "
             "here (torch.cuda.is_available() is False). Use --loss-kernel chunked, or auto, which picks the "
             "chunked loss on a CPU.")
-
-
-def forward_loss_unsupported(cfg: _TrainConfig) -> str | None:
-    """Why ``cfg``'s strategy cannot run a loss inside the model's forward, or None where it can (the rule
-    ``--loss-kernel auto`` and ``Strategy.supports_chunked_loss`` follow)."""
-    why_not = _NO_FORWARD_LOSS.get(cfg.strategy)
-    if why_not is None and cfg.strategy in (StrategyName.FSDP, StrategyName.MIXED) and (
-            cfg.parallel.tp > 1 or cfg.parallel.pp > 1):
-        why_not = f"with --parallel-tp {cfg.parallel.tp} --parallel-pp {cfg.parallel.pp} the head is sharded or staged"
-    return why_not
 
 
 def _cuda_available() -> bool | None:
@@ -99,7 +68,6 @@ LORA_UNSUPPORTED_STRATEGIES = {
 
 def check_peft(cfg: _TrainConfig, world_size: int) -> None:
     """``peft`` and its ``lora_*`` fields: values in range, and a strategy that can train adapters."""
-    check_choice("peft", cfg.peft, PEFT_METHODS)
     if cfg.peft == "none":
         if cfg.lora_base_bits != 16:
             raise ConfigError(
@@ -168,3 +136,42 @@ def check_quantized_base(cfg: _TrainConfig) -> None:
         raise ConfigError(
             f"--lora-base-bits {cfg.lora_base_bits} with --precision fp16: use fp32 or bf16, the compute "
             "dtypes ecomkit gives bitsandbytes' layers (fp16's loss scaling is not wired to them).")
+
+
+# ---------------------------------------------------------------------- --compile
+def check_compile(cfg: _TrainConfig) -> None:
+    """``--compile`` only where ecomkit hands the wrapped model to ``torch.compile`` and has measured it."""
+    if cfg.strategy not in COMPILE_STRATEGIES:
+        raise ConfigError(
+            f"--compile cannot run with --strategy {cfg.strategy}: ecomkit compiles the whole wrapped model, "
+            "which it does for a single process and DDP only. DeepSpeed's engine, FSDP2, tensor and pipeline "
+            "parallelism would need each block compiled inside the wrapper, which ecomkit does not do yet. "
+            "Drop --compile, or use --strategy ddp.")
+    if cfg.compression.method != "none":
+        raise ConfigError(
+            f"--compile with --compression {cfg.compression.method}: the gradient-compression hooks are not "
+            "tested under torch.compile's DDP graph splitting. Drop one of the two flags.")
+
+
+# ---------------------------------------------------------------------- --label-map
+# The keys a label_map may have: ecomkit.data.validate.MAP_KEYS, from a floor above (tests check the two agree).
+LABEL_MAP_TARGETS = ("category", "sentiment", "brand", "spans", "ner_tags")
+
+
+def check_label_map_shape(label_map: Any) -> None:
+    """``{target: {raw value: label name}}`` with targets among :data:`LABEL_MAP_TARGETS`."""
+    example = """'{"sentiment": {"0": "negative", "1": "positive"}}'"""
+    if label_map is None:
+        return
+    if not isinstance(label_map, dict):
+        raise ConfigError(f"label_map must be an object of target -> {{raw value: label}}, e.g. --label-map {example}.")
+    for target, mapping in label_map.items():
+        if target == "ner_tags" and isinstance(mapping, list) and mapping and all(isinstance(v, str) for v in mapping):
+            continue   # tag names by integer id, e.g. ["O", "B-PER", "I-PER"]
+        if target not in LABEL_MAP_TARGETS:
+            raise ConfigError(f"label_map has the key {target!r}; it maps the values of one of "
+                              f"{list(LABEL_MAP_TARGETS)}, e.g. --label-map {example}.")
+        if not isinstance(mapping, dict) or not mapping or not all(
+                isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in mapping.values()):
+            raise ConfigError(f"label_map[{target!r}] must be a non-empty object of raw value -> label name, got "
+                              f"{mapping!r}; e.g. --label-map {example}.")

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 from ecomkit.config import TrainConfig, data_parallel_size
 from ecomkit.config.recipe import (AUTO, RecipeFacts, RecipeValue, length_by_epochs, resolve_global_batch, resolve_lr,
                                    resolve_recipe)
-from ecomkit.config.validate_options import forward_loss_unsupported
+from ecomkit.config.validate import forward_loss_unsupported
 from ecomkit.config.vocabulary import LOSS_KERNEL_PACKAGES
 from ecomkit.data.build import BuildReport
 from ecomkit.data.lengths import GEN_BUDGET_MARGIN, PACK_AUTO_MAX_ROW_SHARE, decide_packing, generation_budget
