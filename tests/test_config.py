@@ -130,3 +130,17 @@ def test_every_strategy_name_has_a_registered_strategy_and_ddp_does_not_load_dee
             "assert 'deepspeed' not in sys.modules, 'deepspeed imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("setting,loads", [("", False), ("cfg.peft = 'lora'", True), ("cfg.compile = True", True),
+                                           ("cfg.label_map = {'sentiment': {'0': 'negative'}}", True),
+                                           ("cfg.loss_kernel = 'liger'", True), ("cfg.lora_base_bits = 8", True)])
+def test_the_checks_of_options_load_only_when_a_config_sets_one(setting, loads):
+    """``validate.OPTION_CHECKS`` is imported by name for a fused loss kernel, LoRA/QLoRA, --compile or a label map,
+    and a default config validates without it (a DDP run loads what it uses)."""
+    code = ("import sys; from ecomkit.config import TrainConfig; from ecomkit.errors import ConfigError; "
+            f"cfg = TrainConfig(); {setting}\ntry:\n    cfg.validate(2)\nexcept ConfigError:\n    pass\n"
+            "print('ecomkit.config.validate_options' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1] == str(loads)
