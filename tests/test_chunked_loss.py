@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,6 +122,18 @@ def test_gradients_computed_in_the_forward_equal_the_chunked_loss_s(chunk, bias)
     labels[:] = -100                                          # no label: zero, and a zero gradient for every input
     empty = TokenLoss("chunked", chunk, grads_in_forward=True)(h, head, labels)
     assert empty.item() == 0 and all(g.abs().max() == 0 for g in torch.autograd.grad(empty, params))
+
+
+@pytest.mark.parametrize("loss,loads", [("TokenLoss('chunked', 4)", False), ("TokenLoss('full')", False),
+                                        ("TokenLoss('chunked', 4, grads_in_forward=True)", True)])
+def test_the_loss_kernels_module_loads_only_for_a_loss_that_takes_it(loss, loads):
+    """``loss.LOSS_KERNELS`` (fused kernels, gradients in the forward) is imported by name when a loss runs one."""
+    code = ("import sys, torch; from ecomkit.models.loss import TokenLoss; "
+            f"h, head = torch.randn(2, 6, 8), torch.nn.Linear(8, 16); {loss}(h, head, torch.randint(0, 16, (2, 6))); "
+            "print('ecomkit.models.loss_kernels' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-1] == str(loads)
 
 
 def test_micro_batch_without_labels_gives_zero_that_backpropagates():

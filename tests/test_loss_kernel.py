@@ -28,6 +28,7 @@ from ecomkit.models import loss as loss_mod
 from ecomkit.models.bloom import build_model
 from ecomkit.models.loss import (GPU_LOSS_KERNEL, TokenLoss, chunked_token_loss_sum, lm_loss_sum, pick_loss_kernel,
                                  token_loss_sum)
+from ecomkit.models.loss_kernels import FUSED_LOSSES
 from ecomkit.train.resolve import loss_kernel_choice
 from ecomlab.derive.loss_kernel import fastest_loss_kernel
 
@@ -194,7 +195,7 @@ def test_fused_glue_sums_the_shifted_labeled_positions(fake_libraries, kernel):
     h, labels, head = _data()
     ref = token_loss_sum(head(h), labels)
     ref_grads = torch.autograd.grad(ref, [h, head.weight])
-    got = chunked_token_loss_sum(h, head, labels, 1024, fused=loss_mod.FUSED_LOSSES[kernel])
+    got = chunked_token_loss_sum(h, head, labels, 1024, fused=FUSED_LOSSES[kernel])
     grads = torch.autograd.grad(got, [h, head.weight])
     assert torch.allclose(got, ref, rtol=1e-6, atol=0)
     for g, r in zip(grads, ref_grads):
@@ -208,7 +209,7 @@ def test_cce_multiplies_in_the_autocast_dtype_and_returns_fp32(fake_libraries):
     sys.modules["cut_cross_entropy"].linear_cross_entropy = lambda e, c, *a, **k: seen.append((e.dtype, c.dtype)) \
         or real(e, c, *a, **k)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = chunked_token_loss_sum(h, head, labels, 1024, fused=loss_mod.FUSED_LOSSES["cce"])
+        got = chunked_token_loss_sum(h, head, labels, 1024, fused=FUSED_LOSSES["cce"])
     got.backward()
     assert seen == [(torch.bfloat16, torch.bfloat16)] and got.dtype == torch.float32
     assert head.weight.grad.dtype == torch.float32
@@ -252,7 +253,7 @@ def test_fused_kernel_equals_full_logits_on_cuda(kernel, package, precision):
         ref = token_loss_sum(head(h), labels)
     ref_grads = torch.autograd.grad(ref, [h, head.weight])
     with ctx:
-        got = chunked_token_loss_sum(h, head, labels, 1024, fused=loss_mod.FUSED_LOSSES[kernel])
+        got = chunked_token_loss_sum(h, head, labels, 1024, fused=FUSED_LOSSES[kernel])
     grads = torch.autograd.grad(got, [h, head.weight])
     tol = 1e-4 if precision == "fp32" else 2e-2
     assert torch.allclose(got.float(), ref.float(), rtol=tol, atol=0), (got, ref)

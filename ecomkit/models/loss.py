@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,10 +20,12 @@ from torch.utils.checkpoint import checkpoint
 from ecomkit.config.vocabulary import LOSS_KERNEL_PACKAGES
 from ecomkit.errors import ConfigError
 
+# What only a fused kernel (--loss-kernel liger | cce) or ZeRO-3's gradients in the forward uses, imported by name then.
+LOSS_KERNELS = "ecomkit.models.loss_kernels"
+
 # Per GPU kind, the loss kernel measured fastest there (ecomlab.derive.loss_kernel of the newest GPU artifact).
 # Empty while no GPU artifact has those rows: ``auto`` keeps the chunked loss and says it is unmeasured.
 GPU_LOSS_KERNEL: dict[str, str] = {}
-
 
 
 def shifted_token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -96,47 +98,6 @@ def _unbacked_rows(head_loss: Callable, head: nn.Module, h: torch.Tensor, y: tor
 chunked_token_loss_sum = torch.compiler.disable(chunked_token_loss_sum, recursive=True)
 
 
-class _ChunksWithGradients(torch.autograd.Function):
-    """Σ cross-entropy of ``h @ weight.T (+ bias)`` chunk by chunk, each chunk's gradients computed in the forward."""
-
-    @staticmethod
-    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
-                chunk_tokens: int, cross_entropy: Callable) -> torch.Tensor:
-        grad_h = torch.empty_like(h)   # the head's gradients summed in its dtype, as autograd sums them over chunks
-        grad_w = torch.zeros_like(weight)
-        grad_b = torch.zeros_like(bias) if bias is not None else None
-        total = h.new_zeros((), dtype=torch.float32)
-        w, b = weight.detach().requires_grad_(), bias.detach().requires_grad_() if bias is not None else None
-        for start in range(0, y.numel(), chunk_tokens):
-            part = slice(start, start + chunk_tokens)
-            with torch.enable_grad():
-                rows = h[part].detach().requires_grad_()
-                loss = cross_entropy(F.linear(rows, w, b), y[part])
-                grads = torch.autograd.grad(loss, [rows, w] + ([b] if b is not None else []))
-            grad_h[part] = grads[0]
-            grad_w += grads[1]
-            if b is not None:
-                grad_b += grads[2]
-            total += loss.detach()
-        ctx.save_for_backward(grad_h, grad_w, *([grad_b] if bias is not None else []))
-        return total
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
-        grad_h, grad_w, *grad_b = ctx.saved_tensors
-        return grad_h * grad, grad_w * grad, grad_b[0] * grad if grad_b else None, None, None, None
-
-
-def chunks_with_gradients(head: nn.Module, h: torch.Tensor, y: torch.Tensor, chunk_tokens: int = 1024,
-                          cross_entropy: Callable | None = None) -> torch.Tensor:
-    """The chunked loss of rows ``h`` (labels ``y``) with its gradients computed in the forward, as liger's is.
-    Why: a head whose weight is whole only during the loss's forward (ZeRO-3) recomputes no chunk in backward."""
-    if not isinstance(getattr(head, "weight", None), torch.Tensor):
-        raise ConfigError(f"the LM head is a {type(head).__name__} without a weight of its own (an adapter?): the "
-                          "chunked loss of a head gathered once takes a plain linear head. Use --loss-kernel full.")
-    return _ChunksWithGradients.apply(h, head.weight, head.bias, y, chunk_tokens, cross_entropy or cross_entropy_sum)
-
-
 def _positions(flags: torch.Tensor, count: int | None) -> torch.Tensor:
     """Indices of the true ``flags``: ``count`` of them when the host knows how many (no device sync)."""
     if count is None:
@@ -195,8 +156,9 @@ class TokenLoss:
     grads_in_forward: bool = False    # chunked: gradients computed in the forward (a head whole only then: ZeRO-3)
 
     def __post_init__(self) -> None:
-        if self.kernel not in ("full", "chunked", *FUSED_LOSSES):
-            raise ConfigError(f"--loss-kernel {self.kernel}: choose full, chunked or {' or '.join(FUSED_LOSSES)}.")
+        if self.kernel not in ("full", "chunked", *LOSS_KERNEL_PACKAGES):
+            fused = " or ".join(LOSS_KERNEL_PACKAGES)
+            raise ConfigError(f"--loss-kernel {self.kernel}: choose full, chunked or {fused}.")
         if self.kernel == "chunked" and self.chunk_tokens < 1:
             raise ConfigError(f"loss_chunk_tokens={self.chunk_tokens}: give a positive number of positions per "
                               "chunk, or 0 (flag --loss-chunk-tokens 0) to keep the full-logits loss.")
@@ -210,10 +172,9 @@ class TokenLoss:
                  label_count: int | None = None) -> torch.Tensor:
         if self.from_logits:
             return token_loss_sum(head(hidden), labels)
-        fused = FUSED_LOSSES.get(self.kernel)
-        if fused is None and self.grads_in_forward:
-            fused = functools.partial(chunks_with_gradients, chunk_tokens=self.chunk_tokens,
-                                      cross_entropy=self.cross_entropy)
+        fused = None
+        if self.kernel in LOSS_KERNEL_PACKAGES or self.grads_in_forward:
+            fused = __import__(LOSS_KERNELS, fromlist=["fused_loss"]).fused_loss(self)
         return chunked_token_loss_sum(hidden, head, labels, 1 << 30 if fused else self.chunk_tokens,
                                       self.row_multiple, self.cross_entropy, self.head_loss, fused, label_count)
 
@@ -226,41 +187,6 @@ def lm_loss_sum(model: nn.Module, loss: TokenLoss, input_ids: torch.Tensor, atte
         return token_loss_sum(model(input_ids=input_ids, attention_mask=attention_mask).logits, labels)
     hidden = last_hidden_state(model, input_ids, attention_mask)
     return loss(hidden, head if head is not None else model.lm_head, labels, label_count)
-
-
-# ---------------------------------------------------------------------- fused linear cross-entropy (CUDA)
-def _autocast_operands(h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``h`` and ``weight`` in the dtype autocast would multiply them in (cut-cross-entropy computes in ``h``'s);
-    the casts are differentiable, so gradients return in fp32."""
-    device = h.device.type
-    if torch.is_autocast_enabled(device):
-        dtype = torch.get_autocast_dtype(device)
-        return h.to(dtype), weight.to(dtype)
-    return h, weight.to(h.dtype)
-
-
-def liger_loss_sum(head: nn.Module, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Sum of token losses of rows ``h`` (``[N, hidden]``) against ``y`` (``[N]``) through liger-kernel (its input
-    flat and shifted, as liger's own transformers integration passes it)."""
-    from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss  # lazy: GPU extra
-
-    return LigerFusedLinearCrossEntropyLoss(ignore_index=-100, reduction="sum")(head.weight, h, y, head.bias)
-
-
-def cce_loss_sum(head: nn.Module, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Sum of token losses of rows ``h`` against ``y`` through cut-cross-entropy (``shift=False``: shifted here)."""
-    from cut_cross_entropy import linear_cross_entropy  # lazy: optional GPU extra (Triton)
-
-    if getattr(head, "bias", None) is not None:
-        raise ConfigError("--loss-kernel cce: cut-cross-entropy's linear_cross_entropy takes no bias, and this "
-                          "model's LM head has one. Use --loss-kernel liger or chunked.")
-    e, c = _autocast_operands(h, head.weight)
-    return linear_cross_entropy(e, c, y, ignore_index=-100, reduction="sum", shift=False).float()
-
-
-FUSED_LOSSES: dict[str, Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "liger": liger_loss_sum, "cce": cce_loss_sum}
-assert set(FUSED_LOSSES) == set(LOSS_KERNEL_PACKAGES)
 
 
 # ---------------------------------------------------------------------- --loss-kernel auto
@@ -283,7 +209,7 @@ def pick_loss_kernel(requested: str, device_type: str, gpu_kind: str | None = No
         return "chunked", (f"auto: chunked; unmeasured on this GPU ({gpu_kind}): no gpu_bench artifact of this "
                            "repository has loss-kernel rows for it yet (python benchmarks/gpu_bench.py --parts "
                            "loss_kernel measures chunked, full, liger and cce)")
-    if pick in FUSED_LOSSES and installed is not None and not installed(pick):
+    if pick in LOSS_KERNEL_PACKAGES and installed is not None and not installed(pick):
         return "chunked", (f"auto: chunked; {pick} was measured fastest on {gpu_kind} but its package "
                            f"{LOSS_KERNEL_PACKAGES[pick][1]} is not installed here (pip install 'ecomkit[gpu]')")
     return pick, f"auto: {pick}, measured fastest on {gpu_kind} at BLOOM's vocabulary (gpu_bench loss-kernel rows)"
