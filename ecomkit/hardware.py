@@ -6,7 +6,6 @@ no peak, never another board's. Peaks are dense; ``fp32`` is the non-tensor rate
 
 from __future__ import annotations
 
-import difflib
 import functools
 import hashlib
 import logging
@@ -120,19 +119,6 @@ def device_kind(device: torch.device) -> str:
     if device.type != "cuda":
         return device.type
     return gpu_kind(torch.cuda.get_device_name(device))
-
-
-def gpu_spec(name: str | GpuSpec) -> GpuSpec:
-    """Look up a GPU by key, alias or device name; a ConfigError names the known ones (``--gpu``)."""
-    if isinstance(name, GpuSpec):
-        return name
-    spec = find_gpu(name)
-    if spec is not None:
-        return spec
-    close = difflib.get_close_matches(str(name).lower(), list(GPUS) + list(GPU_ALIASES), n=1)
-    hint = f" Did you mean '{close[0]}'?" if close else ""
-    raise ConfigError(f"Unknown GPU '{name}' (--gpu).{hint} Known GPUs: {', '.join(GPUS)}. To plan for another "
-                      "board, add it to ecomkit/hardware.py or pass a GpuSpec from Python.")
 
 
 _REPORTED: set[str] = set()
@@ -257,7 +243,7 @@ def extensions_dir() -> Path:
     return Path.home() / ".cache" / "ecomkit" / "torch_extensions" / env
 
 
-__all__ = ["GpuSpec", "GPUS", "GPU_ALIASES", "find_gpu", "gpu_kind", "device_kind", "gpu_spec", "extensions_dir",
+__all__ = ["GpuSpec", "GPUS", "GPU_ALIASES", "find_gpu", "gpu_kind", "device_kind", "extensions_dir",
            "unknown_gpu_message", "peak_flops_or_reason", "device_peak", "device_peak_flops", "mfu_fields", "GIB",
            "DTYPES", "GEMM_SIZE", "NO_BF16_UNITS", "PEAK_SIZES", "cpu_bf16_units", "matmul_flops", "matmul_peak",
            "measured_cpu_peak"]

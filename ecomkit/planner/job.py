@@ -16,8 +16,8 @@ from ecomkit.config import (DEEPSPEED_PLAN_STRATEGIES, MESH_STRATEGIES, PARALLEL
                             resolve_parallel_degrees)
 from ecomkit.errors import ConfigError
 from ecomkit.config.vocabulary import AUTO, LOSS_KERNEL_PACKAGES
-from ecomkit.hardware import gpu_kind, gpu_spec
-from ecomkit.planner.links import default_link
+from ecomkit.hardware import gpu_kind
+from ecomkit.planner.links import default_link, gpu_spec
 from ecomkit.models.attention import pick_attention
 from ecomkit.models.loss import pick_loss_kernel
 from ecomkit.models.bloom import model_length_limit

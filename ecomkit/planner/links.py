@@ -9,7 +9,7 @@ import difflib
 from dataclasses import dataclass
 
 from ecomkit.errors import ConfigError
-from ecomkit.hardware import GpuSpec, find_gpu, gpu_spec
+from ecomkit.hardware import GPU_ALIASES, GPUS, GpuSpec, find_gpu
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,19 @@ LINKS: dict[str, LinkSpec] = {lk.key: lk for lk in (
     LinkSpec("nvlink-b200", "NVLink 5 + NVSwitch (HGX B200)", 740e9, 5e-6,
              "1,800 GB/s total per GPU (900 per direction); achievable assumed at ~41 % of that"),
 )}
+
+
+def gpu_spec(name: str | GpuSpec) -> GpuSpec:
+    """Look up a GPU by key, alias or device name; a ConfigError names the known ones (``--gpu``)."""
+    if isinstance(name, GpuSpec):
+        return name
+    spec = find_gpu(name)
+    if spec is not None:
+        return spec
+    close = difflib.get_close_matches(str(name).lower(), list(GPUS) + list(GPU_ALIASES), n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    raise ConfigError(f"Unknown GPU '{name}' (--gpu).{hint} Known GPUs: {', '.join(GPUS)}. To plan for another "
+                      "board, add it to ecomkit/hardware.py or pass a GpuSpec from Python.")
 
 
 def default_link(gpu: str | GpuSpec) -> str:

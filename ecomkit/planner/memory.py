@@ -12,10 +12,11 @@ from typing import Any
 
 from ecomkit.config import DEEPSPEED_PLAN_STRATEGIES, PLAN_STRATEGIES, PLAN_STRATEGY_ALIASES, PP_BALANCES, PRECISIONS
 from ecomkit.errors import ConfigError
-from ecomkit.hardware import GIB, GpuSpec, gpu_spec
+from ecomkit.hardware import GIB, GpuSpec
 from ecomkit.parallel.pipeline import head_cost_in_blocks, stage_layer_ranges
 from ecomkit.planner.activations import (activation_bytes, activation_dtypes, head_logprob_bytes,
                                          layer_activation_bytes)
+from ecomkit.planner.links import gpu_spec
 from ecomkit.planner.loading import CUDA_CONTEXT_BYTES, load_peak
 from ecomkit.planner.shapes import (ModelShape, ParamInfo, deepspeed_partition, fsdp2_shard, local_params,
                                     model_shape, zero3_partition)

@@ -14,9 +14,10 @@ from typing import Any, Callable
 
 from ecomkit.config import StrategyName, TrainConfig
 from ecomkit.errors import ConfigError
-from ecomkit.hardware import GIB, GPUS, gpu_spec
+from ecomkit.hardware import GIB, GPUS
 from ecomkit.planner.candidates import FULL, LORA, Candidate, full_candidates, launch_line, lora_candidates
 from ecomkit.planner.job import Cluster, plan_degrees, plan_job, planned_precision, planned_seq_len
+from ecomkit.planner.links import gpu_spec
 from ecomkit.planner.memory import MemoryPlan
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import StepTime, predict_step_time

@@ -12,8 +12,8 @@ from typing import Any
 
 from ecomkit.config import DEEPSPEED_PLAN_STRATEGIES
 from ecomkit.errors import ConfigError
-from ecomkit.hardware import GpuSpec, gpu_spec
-from ecomkit.planner.links import LinkSpec, NodeSpec, link_spec, node_cpu_adam_params_per_s, node_spec
+from ecomkit.hardware import GpuSpec
+from ecomkit.planner.links import LinkSpec, NodeSpec, gpu_spec, link_spec, node_cpu_adam_params_per_s, node_spec
 from ecomkit.models.bloom import flops_per_token
 from ecomkit.planner.collectives import COLLECTIVE_TIME, all_gather_s, all_reduce_s, reduce_scatter_s
 from ecomkit.planner.memory import PlanInput, validate_plan_input

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ecomkit.hardware import gpu_spec
 from ecomkit.models.bloom import preset_parameter_count
+from ecomkit.planner.links import gpu_spec
 from ecomkit.planner.memory import PlanInput
 from ecomkit.planner.zero_formulas import GB, PLAUSIBLE_WITHIN_GB, check_guide_table, formula_bytes
 from ecomlab.claims.claim import Claim

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from ecomkit.hardware import gpu_spec
 from ecomkit.models.bloom import preset_parameter_count
+from ecomkit.planner.links import gpu_spec
 from ecomkit.planner.memory import PlanInput
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import predict_step_time

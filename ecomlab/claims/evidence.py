@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ecomkit.hardware import find_gpu, gpu_spec
+from ecomkit.hardware import find_gpu
+from ecomkit.planner.links import gpu_spec
 from ecomlab.artifacts import REPO, newest_artifacts, results_dir
 
 
