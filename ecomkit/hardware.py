@@ -107,9 +107,7 @@ def find_gpu(name: str) -> GpuSpec | None:
 
 def gpu_kind(device_name: str) -> str:
     """The key measurements of one GPU kind are filed under: the table's key (``h200``), else the name lowercased.
-
-    A rule measured on one board applies to every spelling of its kind, and never to another board.
-    """
+    Why: a rule measured on one board applies to every spelling of its kind, and never to another board."""
     spec = find_gpu(device_name)
     return spec.key if spec is not None else str(device_name).strip().lower()
 
@@ -174,9 +172,7 @@ NO_BF16_UNITS = "no bf16 matmul units (x86: no avx512_bf16 or amx_bf16 flag; Arm
 def matmul_flops(precision: str, device: torch.device | str = "cpu", n: int = GEMM_SIZE,
                  reps: int = GEMM_REPS, best: bool = False) -> float:
     """Median (``best``: fastest) FLOP/s of an ``n × n`` matmul in ``precision`` on ``device`` (2·n³ FLOPs each).
-
-    Why measured: a CPU has no data-sheet peak that torch reaches.
-    """
+    Why measured: a CPU has no data-sheet peak that torch reaches."""
     device = torch.device(device)
     a = torch.randn(n, n, device=device).to(DTYPES[precision])
     b = torch.randn(n, n, device=device).to(DTYPES[precision])
@@ -219,10 +215,8 @@ def _proc_cpuinfo() -> str | None:
 
 
 def cpu_bf16_units(cpuinfo: str | None = None) -> bool | None:
-    """Whether this CPU advertises bf16 matmul units; None when ``/proc/cpuinfo`` cannot tell (not Linux).
-
-    x86: the ``avx512_bf16`` or ``amx_bf16`` flag. Arm: the ``bf16`` feature. ``cpuinfo`` replaces the file (tests).
-    """
+    """Whether this CPU advertises bf16 matmul units (:data:`NO_BF16_UNITS` says which flags); None when
+    ``/proc/cpuinfo`` (or ``cpuinfo``, its text) cannot tell."""
     cpuinfo = _proc_cpuinfo() if cpuinfo is None else cpuinfo
     if cpuinfo is None:
         return None
@@ -236,9 +230,7 @@ def cpu_bf16_units(cpuinfo: str | None = None) -> bool | None:
 
 def extensions_dir() -> Path:
     """Where this Python environment's C++ extensions are built: ``~/.cache/ecomkit/torch_extensions/<env>``.
-
-    A build records its environment's include paths, so two environments sharing a folder rebuild each other's.
-    """
+    Why per environment: a build records its include paths; two environments sharing a folder rebuild each other's."""
     env = f"py{sys.version_info[0]}{sys.version_info[1]}-{hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]}"
     return Path.home() / ".cache" / "ecomkit" / "torch_extensions" / env
 

@@ -16,7 +16,6 @@ import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, BloomConfig, BloomForCausalLM,
                           PretrainedConfig, PreTrainedModel)
 from transformers.initialization import no_init_weights
-from transformers.integrations import is_deepspeed_zero3_enabled
 
 from ecomkit.errors import ModelNotFoundError
 
@@ -49,7 +48,7 @@ HUB_IDS: dict[str, str] = {
 DEFAULT_TOY_VOCAB = 8192
 
 
-def _unknown_preset_message(name: str) -> str:
+def unknown_preset_message(name: str) -> str:
     return (
         f"Unknown model '{name}'. It is not a preset ({', '.join(PRESETS)}), not a local "
         "directory containing config.json, and not a hub id of the form 'org/name'. Pass a "
@@ -62,7 +61,7 @@ def preset_config(name: str, vocab_size: int | None = None, **overrides: Any) ->
     Real shapes keep BLOOM's 250,880-token vocabulary with any smaller tokenizer (a larger one grows it), so they
     are the models they name; ``overrides`` set any field."""
     if name not in PRESETS:
-        raise ModelNotFoundError(_unknown_preset_message(name))
+        raise ModelNotFoundError(unknown_preset_message(name))
     p = PRESETS[name]
     if p.vocab_size is None:   # a toy preset: sized to its tokenizer, so the embedding does not dwarf the blocks
         vocab = vocab_size or DEFAULT_TOY_VOCAB
@@ -201,25 +200,8 @@ def load_model(name_or_path: str, *, vocab_size: int | None = None, device: str 
     ``trust_remote_code`` stays off by default: executing a repository's code is the user's explicit decision."""
     if name_or_path in PRESETS:
         return build_model(name_or_path, vocab_size=vocab_size, device=device, seed=seed, dtype=dtype)
-    if is_local_model_dir(name_or_path) and checkpoint_files().has_safetensors(name_or_path) and not (
-            trust_remote_code or is_deepspeed_zero3_enabled()):
-        return checkpoint_files().load_local_checkpoint(name_or_path, device=device, dtype=dtype)
-    # other formats (pytorch_model.bin), code shipped with the model, or HF Trainer's ZeRO-3 (HfDeepSpeedConfig:
-    # from_pretrained builds the model under zero.Init and loads the partitions itself)
-    if is_local_model_dir(name_or_path):
-        model = AutoModelForCausalLM.from_pretrained(
-            name_or_path, local_files_only=True, dtype=dtype, low_cpu_mem_usage=True,
-            trust_remote_code=trust_remote_code)
-        return model.to(device)
-    if Path(name_or_path).exists():
-        raise ModelNotFoundError(
-            f"'{name_or_path}' exists but holds no config.json, so it is not a model saved with "
-            "save_pretrained(). Point --model at the directory that contains config.json and the "
-            "*.safetensors weights.")
-    if "/" not in name_or_path or name_or_path.startswith((".", "/")):
-        raise ModelNotFoundError(_unknown_preset_message(name_or_path))
-    return checkpoint_files().load_from_hub(name_or_path, device=device, dtype=dtype,
-                                            trust_remote_code=trust_remote_code)
+    return checkpoint_files().load_weights(name_or_path, device=device, dtype=dtype,
+                                           trust_remote_code=trust_remote_code)
 
 
 def model_config(name_or_path: str, *, vocab_size: int | None = None) -> PretrainedConfig:
@@ -244,7 +226,7 @@ def model_length_limit(name_or_path: str) -> int:
     if name_or_path in PRESETS:
         return BLOOM_TRAINING_LENGTH
     if not is_local_model_dir(name_or_path) and ("/" not in name_or_path or name_or_path.startswith((".", "/"))):
-        raise ModelNotFoundError(_unknown_preset_message(name_or_path))   # what load_model would say, before the data
+        raise ModelNotFoundError(unknown_preset_message(name_or_path))   # what load_model would say, before the data
     try:
         config = model_config(name_or_path)
     except (OSError, ValueError):     # not reachable yet: load_model reports it properly

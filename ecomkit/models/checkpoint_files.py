@@ -21,9 +21,10 @@ from urllib.parse import urlparse
 import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel,
                           PreTrainedTokenizerBase)
+from transformers.integrations import is_deepspeed_zero3_enabled
 
 from ecomkit.errors import ModelNotFoundError
-from ecomkit.models.bloom import PRESETS, ModelSource, build_empty_model
+from ecomkit.models.bloom import PRESETS, ModelSource, build_empty_model, is_local_model_dir, unknown_preset_message
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -179,6 +180,29 @@ def load_local_checkpoint(path: str | os.PathLike, *, device: str | torch.device
         model.generation_config = GenerationConfig.from_pretrained(path)
     model.config.name_or_path = str(path)
     return model.eval()
+
+
+def load_weights(name_or_path: str, *, device: str | torch.device, dtype: torch.dtype,
+                 trust_remote_code: bool) -> PreTrainedModel:
+    """:func:`~ecomkit.models.bloom.load_model` for trained weights: a local folder or a hub id."""
+    if is_local_model_dir(name_or_path) and has_safetensors(name_or_path) and not (
+            trust_remote_code or is_deepspeed_zero3_enabled()):
+        return load_local_checkpoint(name_or_path, device=device, dtype=dtype)
+    # other formats (pytorch_model.bin), code shipped with the model, or HF Trainer's ZeRO-3 (HfDeepSpeedConfig:
+    # from_pretrained builds the model under zero.Init and loads the partitions itself)
+    if is_local_model_dir(name_or_path):
+        model = AutoModelForCausalLM.from_pretrained(
+            name_or_path, local_files_only=True, dtype=dtype, low_cpu_mem_usage=True,
+            trust_remote_code=trust_remote_code)
+        return model.to(device)
+    if Path(name_or_path).exists():
+        raise ModelNotFoundError(
+            f"'{name_or_path}' exists but holds no config.json, so it is not a model saved with "
+            "save_pretrained(). Point --model at the directory that contains config.json and the "
+            "*.safetensors weights.")
+    if "/" not in name_or_path or name_or_path.startswith((".", "/")):
+        raise ModelNotFoundError(unknown_preset_message(name_or_path))
+    return load_from_hub(name_or_path, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
 
 
 def hub_reachable() -> bool:

@@ -1,9 +1,7 @@
-"""The LM head's loss of one micro-batch, from the model's last hidden states: a function, never a changed model.
+"""The LM head's loss of one micro-batch (``--loss-kernel``), as a sum, from the model's last hidden states.
 
-Why from hidden states: the ``[batch, T, vocab]`` logits (vocabulary 250,880) and their gradients are a step's
-biggest tensors. ``--loss-kernel`` picks ``chunked`` (labeled positions only, a chunk at a time), ``full``
-(transformers' logits) or a fused linear cross-entropy on CUDA (liger, cce); all return sums, which the loop divides
-once by the global batch's label-token count, so every split of one global batch gives the same gradient.
+Why from hidden states: the ``[batch, T, vocab]`` logits and their gradients are a step's biggest tensors; sums,
+divided once by the global batch's label-token count, give every split of one global batch the same gradient.
 """
 
 from __future__ import annotations
@@ -50,15 +48,9 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
                            chunk_tokens: int, row_multiple: int | None = None,
                            cross_entropy: Callable | None = None, head_loss: Callable = None,
                            fused: Callable | None = None, label_count: int | None = None) -> torch.Tensor:
-    """:func:`token_loss_sum` from the last hidden state, never holding the ``[B, T, vocab]`` logits.
-
-    Why: keeps only the labeled positions, then runs head + cross-entropy ``chunk_tokens`` at a time under
-    activation checkpointing (one extra head matmul per chunk in backward). Equal to
-    ``token_loss_sum(head(hidden), labels)`` up to summation order; ``head`` is called as a module so wrappers'
-    hooks run. Args: ``row_multiple`` tops the rows up with unlabeled ones to :func:`head_rows` (few oneDNN
-    primitive shapes under bf16 on CPU); ``cross_entropy`` sums rows' losses; ``label_count`` (counted on the host)
-    avoids a device sync; ``fused`` is a library's linear cross-entropy used instead of the chunk loop.
-    """
+    """:func:`token_loss_sum` of the labeled positions only, ``chunk_tokens`` at a time under checkpointing.
+    Why: never holds the ``[B, T, vocab]`` logits. ``row_multiple``: rows topped up to :func:`head_rows`;
+    ``label_count`` (host-side) avoids a device sync; ``fused``: a library's kernel instead of the chunk loop."""
     # Every position, the last of each row labeled -100 (nothing follows it): B × T rows, a multiple of
     # ``row_multiple`` when T is, so a batch with (nearly) every position labeled still tops up to one.
     flat_h = hidden.reshape(-1, hidden.size(-1))
@@ -106,11 +98,8 @@ def _positions(flags: torch.Tensor, count: int | None) -> torch.Tensor:
 
 
 def head_rows(count: int, multiple: int, positions: int) -> int:
-    """The LM head's row count for ``count`` labeled positions: a multiple of ``multiple``, and of an eighth of
-    ``count``'s power of two, so at most 12.5 % more rows and eight row counts per doubling (or every position).
-
-    Why: under bf16 on CPU every row count is a new cached oneDNN primitive; the ladder keeps them few.
-    """
+    """The LM head's rows for ``count`` labels: a multiple of ``multiple`` and of an eighth of ``count``'s power of 2.
+    Why: under bf16 on CPU every row count is a new cached oneDNN primitive; the ladder keeps them few."""
     step = max(multiple, 1 << max(count.bit_length() - 4, 0))
     return min(-(-count // step) * step, positions)
 

@@ -1,7 +1,6 @@
 """Tokenizers: a byte-level BPE trained locally on the catalog, and helpers for real ones.
 
-Why train one: the tiny models need a tokenizer that works offline with a small vocabulary (4,000 ids, not
-250,880), with the e-commerce tokens (``®``, ``SKU-``, ...) whole (:func:`add_ecom_special_tokens` says why).
+Why train one: the tiny models need an offline tokenizer with a small vocabulary and the e-commerce tokens whole.
 """
 
 from __future__ import annotations
