@@ -144,3 +144,16 @@ def test_the_checks_of_options_load_only_when_a_config_sets_one(setting, loads):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split()[-1] == str(loads)
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_the_config_file_reader_loads_only_with_config(given, tmp_path):
+    """``cli.CONFIG_FILE`` is imported by name when ``--config`` is given (and its values applied), never without."""
+    path = tmp_path / "run.yaml"
+    path.write_text("micro_batch_size: 3\n")
+    argv = ["--config", str(path)] if given else []
+    code = ("import sys; from ecomkit.config import parse_config; "
+            f"cfg, _ = parse_config({argv!r}); print(cfg.micro_batch_size, 'ecomkit.config.config_file' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-2:] == (["3", "True"] if given else [str(TrainConfig().micro_batch_size), "False"])

@@ -13,7 +13,6 @@ import difflib
 import inspect
 import io
 import json
-import os
 import re
 import sys
 import textwrap
@@ -21,10 +20,7 @@ import tokenize
 import types
 import typing
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
-
-import yaml
 
 from ecomkit.config.schema import CONFIG_PRESETS, TrainConfig
 from ecomkit.config.vocabulary import FIELD_CHOICES
@@ -244,24 +240,6 @@ def _set_known(obj: Any, name: str, value: Any, where: str) -> None:
     setattr(obj, name, value)
 
 
-def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a YAML or JSON config file into a dict (clear errors for missing or malformed files)."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"Config file '{path}' does not exist. Pass the path of a .yaml/.yml/.json file.")
-    text = p.read_text(encoding="utf-8")
-    try:
-        if p.suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text) or {}
-        else:
-            data = json.loads(text)
-    except Exception as exc:  # yaml.YAMLError or json.JSONDecodeError
-        raise ConfigError(f"Config file '{path}' could not be parsed: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"Config file '{path}' must hold a mapping of keys to values, not {type(data).__name__}.")
-    return data
-
-
 # Chapter 04's short flags: ``--tp 2`` is ``--parallel-tp 2``, ``--dcp-dir D`` is ``--parallel-dcp-dir D``.
 PARALLEL_FLAG_ALIASES = {"--dp": "--parallel-dp", "--tp": "--parallel-tp", "--pp": "--parallel-pp",
                          "--dcp-dir": "--parallel-dcp-dir"}
@@ -276,11 +254,16 @@ def expand_aliases(argv: list[str], aliases: Mapping[str, str]) -> list[str]:
     return out
 
 
+# A ``--config`` file's reader (YAML or JSON), imported by name when the flag is given.
+CONFIG_FILE = "ecomkit.config.config_file"
+
+
 def config_from_namespace(ns: argparse.Namespace, defaults: TrainConfig | None = None) -> TrainConfig:
     """preset → ``--config`` file → flags, not yet validated (the planner validates for its own world size)."""
     cfg = CONFIG_PRESETS[ns.preset]() if ns.preset else (defaults if defaults is not None else TrainConfig())
     if ns.config:
-        apply_overrides(cfg, load_config_file(ns.config), ns.config)
+        apply_overrides(cfg, __import__(CONFIG_FILE, fromlist=["load_config_file"]).load_config_file(ns.config),
+                        ns.config)
     for dest, value in vars(ns).items():
         if dest in ("preset", "config", "print_config") or not hasattr(cfg, dest.split("__")[0]):
             continue

@@ -41,8 +41,9 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from ecomkit.config import TrainConfig, build_arg_parser, load_config_file
+from ecomkit.config import TrainConfig, build_arg_parser
 from ecomkit.config.cli import config_from_namespace
+from ecomkit.config.config_file import load_config_file
 from ecomkit.errors import exit_on_user_error
 from ecomkit.hardware import GIB, GPUS
 from ecomkit.planner.links import LINKS, NODES
