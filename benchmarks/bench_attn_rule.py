@@ -15,7 +15,7 @@ each side.
 
 - **CPU** (one thread): every step holds the same number of tokens
   (``--tokens``; batch = tokens / seq), one row right-padded by an eighth.
-  ``ecomkit.models.attention_rule.CPU_EAGER_MAX_SEQ`` is
+  ``ecomkit.models.attention.CPU_EAGER_MAX_SEQ`` is
   :func:`~ecomlab.derive.attention.eager_max_seq` of the newest CPU
   artifact's rows.
 - **CUDA**: SeqGPT-560M's real shape (vocabulary 250,880) built on the GPU,
@@ -46,7 +46,7 @@ from common import warn_emulated_bf16, write_artifact
 from ecomkit.config import TrainConfig
 from ecomkit.hardware import device_kind
 from ecomkit.fast.attention import install_attention
-from ecomkit.models.attention_rule import CPU_EAGER_MAX_SEQ, GPU_EAGER_MAX_SEQ
+from ecomkit.models.attention import CPU_EAGER_MAX_SEQ, GPU_EAGER_MAX_SEQ
 from ecomkit.models.bloom import build_model, preset_config
 from ecomkit.models.loss import TokenLoss, lm_loss_sum
 from ecomlab.derive.attention import EAGER_MIN_GAIN, eager_max_seq

@@ -35,7 +35,8 @@ def worker(args: argparse.Namespace) -> None:
     from ecomkit.config import TrainConfig
     from ecomkit.data.catalog import generate_catalog
     from ecomkit.data.formats import build_prompt
-    from ecomkit.dist import setup_distributed, teardown, timed_phases
+    from ecomkit.dist import setup_distributed, teardown
+    from ecomlab.timing import timed_phases
     from ecomkit.models.bloom import load_model
     from ecomkit.models.tokenizer import get_tokenizer
     from ecomkit.parallel import build_strategy

@@ -20,7 +20,7 @@ recipe (fp32 weights under autocast) against the same model with bf16 weights an
 removing autocast's casts could save; ecomkit has no such mode (it would need fp32 master weights). And the
 chunked LM head + loss at bf16, called on a row count it has not seen (oneDNN builds its GEMMs' primitives)
 against one it has. The same fwd+bwd with eager attention's mask and softmax in fp32, as transformers
-runs them under autocast, against ecomkit's bf16 path (``fast/attention_lowp.py``). And the same bf16
+runs them under autocast, against ecomkit's bf16 path (``fast/attention.py``'s ``eager_attend``). And the same bf16
 fwd+bwd under torch.profiler: its GEMMs' share of the step, and their
 FLOPs over their time in the step, which bounds the share of the peak a step can reach (in the notes).
 
@@ -49,11 +49,11 @@ import torch.distributed as dist
 from common import REPO, bench_env, print_table, warn_emulated_bf16, write_artifact
 
 from ecomkit.dist import DistEnv
-from ecomkit.envcheck.matmul import matmul_peak
+from ecomkit.hardware import matmul_peak
 from ecomkit.fast.attention import BloomEagerAttention, attention_modules, install_attention
 from ecomkit.models.bloom import build_model, flops_per_token, preset_parameter_count
-from ecomkit.fast.cpu_kernels import cross_entropy_sum, gelu_tanh, kernel_cross_entropy_sum, load_cpu_kernels
-from ecomkit.fast.gelu import install_fused_gelu
+from ecomkit.fast.cpu_kernels import (cross_entropy_sum, gelu_tanh, install_fused_gelu, kernel_cross_entropy_sum,
+                                      load_cpu_kernels)
 from ecomkit.models.loss import TokenLoss, chunked_token_loss_sum, lm_loss_sum
 from ecomkit.models.optim import adamw_kernel, clip_grad_norm, param_groups
 from ecomkit.models.tokenizer import get_tokenizer

@@ -48,7 +48,7 @@ import torch
 from common import paired_rates, print_table, rotating_rounds, run_summary, verdict, warn_emulated_bf16, write_artifact
 
 from ecomkit.data import load_records, write_jsonl
-from ecomkit.data.catalog import instruction_rows
+from ecomkit.data.toy_tasks import instruction_rows
 from ecomkit.data.packing import best_fit_decreasing, packed_collate
 from ecomkit.data.tokenize import IGNORE_INDEX, pad_collate, tokenize_records
 from ecomkit.fast.attention import install_attention

@@ -45,7 +45,7 @@ import torch
 
 from common import paired_rates, print_table, rotating_rounds, verdict, warn_emulated_bf16, write_artifact
 
-from ecomkit.envcheck.matmul import matmul_peak
+from ecomkit.hardware import matmul_peak
 from ecomlab.rates import PairedRatio
 
 SPEEDUP_GOAL, LOSS_TOL, PEAK_GOAL = 2.0, 0.01, 0.50

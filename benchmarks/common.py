@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ecomkit.envcheck.matmul import NO_BF16_UNITS, cpu_bf16_units
+from ecomkit.hardware import NO_BF16_UNITS, cpu_bf16_units
 from ecomlab.rates import PairedRatio, paired_ratios, pooled_rate
 
 REPO = Path(__file__).resolve().parents[1]

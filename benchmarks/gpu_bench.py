@@ -325,7 +325,7 @@ def head_dim_part(st: dict[str, Any], device) -> list[dict[str, Any]]:
     import torch
     import torch.nn.functional as F
 
-    from ecomkit.dist import timed
+    from ecomlab.timing import timed
 
     dtype = torch.bfloat16 if st["dtype"] == "bf16" else torch.float32
     rows = []

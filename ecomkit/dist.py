@@ -1,7 +1,6 @@
-"""Distributed set-up that reads torchrun's environment and tears down cleanly.
+"""The process group: set up from torchrun's environment (one process, gloo on CPUs, nccl on GPUs), collectives.
 
-The same script runs as one plain process, under torchrun on CPUs (gloo) or on GPU servers (nccl); that is decided
-here, once. Teardown drops references, collects, barriers, then destroys the group: gloo otherwise crashes at exit.
+Decided here once, so the same script runs everywhere; teardown collects and barriers first, or gloo crashes at exit.
 """
 
 from __future__ import annotations
@@ -9,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import faulthandler
+import functools
 import gc
 import hashlib
 import logging
@@ -16,11 +16,9 @@ import os
 import random
 import signal
 import socket
-import statistics
 import sys
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -66,21 +64,15 @@ def pick_backend_and_device(local_rank: int) -> tuple[str, torch.device]:
     if torch.cuda.is_available():
         n = torch.cuda.device_count()
         if local_rank >= n:
-            raise EcomkitError(
-                f"LOCAL_RANK={local_rank} but this node has only {n} GPU(s). Launch with "
-                f"--nproc_per_node {n} (or fewer), or set CUDA_VISIBLE_DEVICES so that "
-                "every process gets its own GPU (two ranks on one GPU make NCCL fail "
-                "with 'Duplicate GPU detected')."
-            )
+            raise EcomkitError(f"LOCAL_RANK={local_rank} but this node has only {n} GPU(s). Launch with "
+                               f"--nproc_per_node {n} (or fewer), or set CUDA_VISIBLE_DEVICES so that every process "
+                               "gets its own GPU (two ranks on one GPU make NCCL fail with 'Duplicate GPU detected').")
         return "nccl", torch.device("cuda", local_rank)
     return "gloo", torch.device("cpu")
 
 
 def seed_everything(seed: int, rank: int = 0, offset_by_rank: bool = False) -> None:
-    """Seed python, numpy and torch.
-
-    Model init must match on every rank, so no rank offset unless ``offset_by_rank=True`` (e.g. dropout masks).
-    """
+    """Seed python, numpy and torch; no rank offset unless ``offset_by_rank`` (model init must match on every rank)."""
     s = seed + (rank if offset_by_rank else 0)
     random.seed(s)
     np.random.seed(s % (2**32))
@@ -88,7 +80,7 @@ def seed_everything(seed: int, rank: int = 0, offset_by_rank: bool = False) -> N
 
 
 def setup_distributed(timeout_s: float = 600.0, seed: int | None = 0) -> DistEnv:
-    """Initialise the default process group if torchrun started us; return a :class:`DistEnv`.
+    """The default process group if torchrun started us, and this process's :class:`DistEnv`.
 
     ``timeout_s`` is explicit: the defaults (10-30 min) turn a stalled rank into a long silent hang.
     """
@@ -99,12 +91,9 @@ def setup_distributed(timeout_s: float = 600.0, seed: int | None = 0) -> DistEnv
             torch.cuda.set_device(device)
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         if not dist.is_initialized():
-            dist.init_process_group(
-                backend=backend,
-                timeout=_dt.timedelta(seconds=timeout_s),
-                device_id=device if backend == "nccl" else None,
-                **restart_safe_rendezvous(rank, world, timeout_s),
-            )
+            dist.init_process_group(backend=backend, timeout=_dt.timedelta(seconds=timeout_s),
+                                    device_id=device if backend == "nccl" else None,
+                                    **restart_safe_rendezvous(rank, world, timeout_s))
     else:
         backend = "none"
         device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -123,9 +112,7 @@ SHARED_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # "1": a fresh store pe
 def restart_safe_rendezvous(rank: int, world_size: int, timeout_s: float) -> dict:
     """A per-restart namespace for the rendezvous keys, when torchrun shares its store with the workers.
 
-    torch 2.13 keeps its TCPStore across ``--max-restarts``, so a restarted rank can read the dead attempt's address
-    under fixed keys (pytorch issue 135712). On several nodes a replaced node cannot join a shared store at all, so
-    that case is refused unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a fresh store per round; nothing to do here).
+    torch keeps it across ``--max-restarts``: a restarted rank could read the dead attempt's keys (pytorch #135712).
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
@@ -172,10 +159,7 @@ def configure_logging(rank: int) -> None:
 
 
 def teardown() -> None:
-    """Collect garbage, synchronise, then destroy the process group (gloo-safe order).
-
-    Drop your own references to models and optimizers first, so gloo's reducer threads are gone.
-    """
+    """Collect garbage, barrier, destroy the process group (gloo-safe); drop models and optimizers before calling."""
     gc.collect()
     if dist.is_available() and dist.is_initialized():
         try:
@@ -188,23 +172,21 @@ def teardown() -> None:
 def distributed_session(timeout_s: float = 600.0, seed: int | None = 0) -> Iterator[DistEnv]:
     """``with distributed_session() as env:`` — set up, run, always tear down (no barrier after an exception)."""
     env = setup_distributed(timeout_s=timeout_s, seed=seed)
-    ok = False
     try:
         yield env
-        ok = True
-    finally:
-        if ok:
-            teardown()
-        elif dist.is_available() and dist.is_initialized():
+    except BaseException:
+        if dist.is_available() and dist.is_initialized():
             gc.collect()
             dist.destroy_process_group()
+        raise
+    teardown()
 
 
 def _all_reduce_float(value: float, env: DistEnv, op: Any) -> float:
     """All-reduce one Python float with ``op`` (the value itself for a single process)."""
     if not env.distributed:
         return float(value)
-    t = torch.tensor([float(value)], dtype=torch.float64, device=env.device if env.backend == "nccl" else "cpu")
+    t = torch.tensor([float(value)], dtype=torch.float64, device=collective_device(env))
     dist.all_reduce(t, op=op)
     return float(t.item())
 
@@ -215,10 +197,7 @@ def collective_device(env: DistEnv) -> torch.device:
 
 
 def all_reduce_sum_tensor(values: Sequence[torch.Tensor | float], env: DistEnv) -> torch.Tensor:
-    """Element-wise sums over all ranks as a float64 tensor on :func:`collective_device`, never read here.
-
-    A tensor so the step computes with it without a host sync; ``values`` may mix 0-d device tensors and floats.
-    """
+    """Element-wise sums over ranks: a float64 tensor on :func:`collective_device`, never read here (no host sync)."""
     device = collective_device(env)
     host = to_device(torch.tensor([0.0 if isinstance(v, torch.Tensor) else float(v) for v in values],
                                   dtype=torch.float64), device)
@@ -246,17 +225,6 @@ def all_reduce_max(value: float, env: DistEnv) -> float:
     return _all_reduce_float(value, env, dist.ReduceOp.MAX)
 
 
-def all_gather_floats(value: float, env: DistEnv) -> list[float]:
-    """Gather one float from each rank (used for straggler detection and per-rank memory)."""
-    if not env.distributed:
-        return [float(value)]
-    dev = env.device if env.backend == "nccl" else torch.device("cpu")
-    t = torch.tensor([float(value)], dtype=torch.float64, device=dev)
-    out = [torch.zeros_like(t) for _ in range(env.world_size)]
-    dist.all_gather(out, t)
-    return [float(x.item()) for x in out]
-
-
 def gather_objects(obj: Any, env: DistEnv) -> list[Any]:
     """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` without a process group.
 
@@ -277,69 +245,15 @@ def replica_checksums(model: torch.nn.Module, env: DistEnv) -> list[str]:
     return gather_objects(h.hexdigest()[:16], env)
 
 
-def barrier_if_distributed() -> None:
-    """``dist.barrier()`` when a process group exists; nothing for a single process."""
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
-def _synchronize(device: torch.device | None) -> None:
-    if device is not None and device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1, device: torch.device | None = None,
-          average: Callable[[list[float]], float] = statistics.median, slowest: bool = False) -> float:
-    """Median (or ``average``) seconds of ``fn`` over ``repeats`` runs, each started together on all ranks.
-
-    A barrier before every run, so no rank times its wait for a late peer; CUDA is synchronised before the clock.
-    """
-    return timed_phases([fn], repeats, warmup, device, average, slowest)[0]
-
-
-def timed_phases(fns: Sequence[Callable[[], Any]], repeats: int = 5, warmup: int = 1,
-                 device: torch.device | None = None,
-                 average: Callable[[list[float]], float] = statistics.median,
-                 slowest: bool = False) -> list[float]:
-    """Median (or ``average``) seconds of each of ``fns``, run in order ``repeats`` times, all ranks together.
-
-    For phases that must alternate (a DeepSpeed backward and step); ``slowest`` counts each run at its slowest rank.
-    """
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, phase_times in zip(fns, times):
-            barrier_if_distributed()
-            _synchronize(device)
-            t0 = time.perf_counter()
-            fn()
-            _synchronize(device)
-            phase_times.append(time.perf_counter() - t0)
-    if slowest and dist.is_available() and dist.is_initialized():
-        on = device if device is not None and device.type == "cuda" else torch.device("cpu")
-        flat = torch.tensor(times, dtype=torch.float64, device=on)
-        dist.all_reduce(flat, op=dist.ReduceOp.MAX)
-        times = flat.tolist()
-    return [average(t) for t in times]
-
-
-_SIGNAL_REGISTERED = False
-
-
+@functools.cache
 def install_stack_dump_signal(signum: int = signal.SIGUSR1) -> bool:
-    """``kill -USR1 <pid>`` prints this process's Python stacks (all threads) to stderr and continues.
+    """``kill -USR1 <pid>`` prints this process's Python stacks (all threads) to stderr and continues, once installed.
 
     By default SIGUSR1 kills Python; returns False where the signal does not exist (Windows).
     """
-    global _SIGNAL_REGISTERED
-    if _SIGNAL_REGISTERED:
-        return True
     if not hasattr(faulthandler, "register"):
         return False
     faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=False)
-    _SIGNAL_REGISTERED = True
     return True
 
 

@@ -1,8 +1,7 @@
 """User-facing errors: one clear paragraph, once, last on the screen, instead of a traceback wall.
 
-Bad input raises :class:`EcomkitError`; scripts wrap ``main`` in :func:`exit_on_user_error`. Rank 0 reports and the
-others wait :data:`PEER_GRACE_S` for torchrun to stop them, so the message is not repeated N times. Under torchrun
-it goes into the worker's error file, which the agent prints last ("Root Cause"); else to stderr.
+Bad input raises :class:`EcomkitError`; scripts wrap ``main`` in :func:`exit_on_user_error`. Rank 0 reports it (into
+torchrun's error file, printed last as "Root Cause"), the others wait :data:`PEER_GRACE_S` to be stopped.
 """
 
 from __future__ import annotations
@@ -49,10 +48,6 @@ def did_you_mean(word: str, names: Iterable[str], cutoff: float = 0.6) -> str:
     return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
-def _rank_and_world() -> tuple[int, int]:
-    return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
-
-
 def error_file_record(message: str) -> dict:
     """The JSON torchrun's agent reads from a worker's error file: our message where it shows a traceback."""
     return {"message": {"message": f"{USER_ERROR_KEY}: {message}",
@@ -74,7 +69,7 @@ def _deliver(text: str, root_cause: bool = True) -> None:
 
 def report_user_error(exc: BaseException) -> NoReturn:
     """Report ``exc`` once for the whole job (module docstring) and exit with :data:`USER_ERROR_EXIT`."""
-    rank, world = _rank_and_world()
+    rank, world = int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
     text = f"error: {exc}"
     if world > 1 and rank != 0:
         # rank 0 met the same input and the launcher stops this rank during the wait; SIGTERM's default is restored,
@@ -87,10 +82,7 @@ def report_user_error(exc: BaseException) -> NoReturn:
 
 
 def exit_on_user_error(main: Callable[..., T]) -> Callable[..., T]:
-    """Decorate a script's ``main``: a user error is reported once (rank 0) and exits 2.
-
-    Other exceptions keep their traceback (our bugs); ``ECOMKIT_TRACEBACK=1`` shows user errors' too.
-    """
+    """Decorate a script's ``main``: a user error is reported once, exit 2 (``ECOMKIT_TRACEBACK=1``: its traceback)."""
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
@@ -102,15 +94,3 @@ def exit_on_user_error(main: Callable[..., T]) -> Callable[..., T]:
             report_user_error(exc)
 
     return wrapper
-
-
-def user_error_from_agent_file(path: str | os.PathLike) -> str | None:
-    """The user error a worker reported, from the error file torchrun's agent copied it to; None otherwise."""
-    try:
-        record = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    message = record.get("message") if isinstance(record, dict) else None
-    extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
-    found = extra.get(USER_ERROR_KEY) if isinstance(extra, dict) else None
-    return str(found) if found else None

@@ -1,4 +1,4 @@
-"""The one hardware table: GPU peak FLOP/s per dtype, memory, HBM bandwidth, and interconnect presets.
+"""What the hardware can do: the one GPU table (peak FLOP/s per dtype, memory, HBM bandwidth), a CPU's measured one.
 
 MFU, the planner and the time model must agree on what a GPU is. Names match exactly; an unknown GPU or dtype gets
 no peak, never another board's. Peaks are dense; ``fp32`` is the non-tensor rate (TF32 off).
@@ -7,9 +7,12 @@ no peak, never another board's. Peaks are dense; ``fp32`` is the non-tensor rate
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import logging
+import statistics
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,112 +135,6 @@ def gpu_spec(name: str | GpuSpec) -> GpuSpec:
                       "board, add it to ecomkit/hardware.py or pass a GpuSpec from Python.")
 
 
-@dataclass(frozen=True)
-class LinkSpec:
-    """A GPU interconnect for the α-β model of ring collectives."""
-
-    key: str
-    name: str
-    bus_bytes_per_s: float      # achievable all-reduce bus bandwidth per GPU (nccl-tests "busbw")
-    latency_s: float            # α: per-hop latency of one ring step
-    peak_note: str              # the marketing peak, and where the achievable figure comes from
-
-
-# Achievable bus bandwidths (what nccl-tests report as busbw on such systems), not the raw peaks in peak_note.
-LINKS: dict[str, LinkSpec] = {lk.key: lk for lk in (
-    LinkSpec("pcie4-x16", "PCIe 4.0 x16 (through the host)", 20e9, 10e-6,
-             "32 GB/s per direction raw; GeForce cards (RTX 4090) have no peer-to-peer, so NCCL stages through host "
-             "memory"),
-    LinkSpec("nvlink-a100", "NVLink 3 + NVSwitch (A100 SXM)", 230e9, 5e-6,
-             "600 GB/s total per GPU (300 per direction); DGX A100 all-reduce busbw ≈ 230 GB/s"),
-    LinkSpec("nvlink-h100", "NVLink 4 + NVSwitch (H100 SXM)", 370e9, 5e-6,
-             "900 GB/s total per GPU (450 per direction); DGX H100 busbw ≈ 350-450 GB/s"),
-    LinkSpec("ib-200g", "InfiniBand HDR 200 Gb/s per GPU", 23e9, 8e-6, "25 GB/s raw per NIC"),
-    LinkSpec("ib-400g", "InfiniBand NDR 400 Gb/s per GPU", 46e9, 8e-6, "50 GB/s raw per NIC"),
-    LinkSpec("pcie5-x16", "PCIe 5.0 x16 (host link)", 40e9, 10e-6,
-             "64 GB/s per direction raw; the achievable figure assumes the same ~62 % of raw as the PCIe 4 preset"),
-    # No measured busbw to cite below: each assumes ~41 % of total NVLink bandwidth, as the A100 and H100 presets reach.
-    LinkSpec("nvlink-v100", "NVLink 2 (V100 SXM2, DGX-1 hybrid cube mesh)", 123e9, 5e-6,
-             "300 GB/s total per GPU (6 links × 25 GB/s per direction); achievable assumed at ~41 % of that"),
-    LinkSpec("nvlink-h800", "NVLink 4 at 400 GB/s + NVSwitch (H800 SXM)", 164e9, 5e-6,
-             "400 GB/s total per GPU (the H100's NVLink cut for export); achievable assumed at ~41 % of that"),
-    LinkSpec("nvlink-b200", "NVLink 5 + NVSwitch (HGX B200)", 740e9, 5e-6,
-             "1,800 GB/s total per GPU (900 per direction); achievable assumed at ~41 % of that"),
-)}
-
-
-def default_link(gpu: str | GpuSpec) -> str:
-    """The link a plan assumes for ``gpu`` without ``--link``: the board's own (:data:`GPUS`, ``default_link``)."""
-    return gpu_spec(gpu).default_link
-
-
-def link_spec(name: str | LinkSpec) -> LinkSpec:
-    """Look up a link preset by key (``--link``); a ConfigError names the known ones."""
-    if isinstance(name, LinkSpec):
-        return name
-    key = str(name).strip().lower()
-    if key in LINKS:
-        return LINKS[key]
-    close = difflib.get_close_matches(key, list(LINKS), n=1)
-    raise ConfigError(f"Unknown link '{name}' (--link).{' Did you mean ' + repr(close[0]) + '?' if close else ''} "
-                      f"Known links: {', '.join(LINKS)}; or pass a LinkSpec.")
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    """One server: GPUs per PCIe uplink to the CPUs and CPU cores, the host side of ZeRO-Offload."""
-
-    key: str
-    name: str
-    gpus: int
-    gpus_per_host_link: int     # GPUs behind one PCIe uplink to the CPUs
-    host_link: str              # LINKS key of that uplink: achievable copy bandwidth per direction
-    cpu_cores: int
-    source: str
-
-    @property
-    def host_links(self) -> int:
-        return self.gpus // self.gpus_per_host_link
-
-
-# DeepSpeedCPUAdam updates per physical core, fp32 masters: an assumption, not measured here (2e9/s on 128 cores).
-CPU_ADAM_PARAMS_PER_S_PER_CORE = 2.0e9 / 128
-
-NODES: dict[str, NodeSpec] = {n.key: n for n in (
-    NodeSpec("dgx-a100", "DGX A100 / HGX A100 8-GPU", 8, 2, "pcie4-x16", 128,
-             "NVIDIA DGX A100 system architecture: four PCIe Gen4 switches, each connecting two A100s (and two "
-             "ConnectX-6 NICs) to the CPUs through one x16 uplink; 2 × AMD EPYC 7742, 64 cores each"),
-    NodeSpec("dgx-h100", "DGX H100 / HGX H100 8-GPU", 8, 1, "pcie5-x16", 112,
-             "NVIDIA DGX H100: each H100 reaches the CPUs through its own PCIe Gen5 x16 path (the ConnectX-7 "
-             "modules' PCIe switches, one GPU each); 2 × Intel Xeon Platinum 8480C, 56 cores each"),
-    NodeSpec("pcie-server", "8-GPU PCIe server (assumed layout)", 8, 2, "pcie4-x16", 64,
-             "an assumption for boards without a reference system: PCIe switches with two GPUs per x16 uplink, "
-             "64 cores"),
-)}
-
-# Which reference system a board usually sits in (planning default; --node overrides).
-GPU_DEFAULT_NODE: dict[str, str] = {"a100-40g": "dgx-a100", "a100-80g": "dgx-a100", "h100-80g": "dgx-h100",
-                                    "h800": "dgx-h100", "h200": "dgx-h100"}
-
-
-def node_spec(name: str | NodeSpec | None, gpu: str | GpuSpec | None = None) -> NodeSpec:
-    """A node preset by key (``--node``); ``None`` picks the usual system of ``gpu``, else the generic PCIe server."""
-    if isinstance(name, NodeSpec):
-        return name
-    if name is None:
-        key = gpu.key if isinstance(gpu, GpuSpec) else (find_gpu(gpu).key if gpu and find_gpu(gpu) else "")
-        return NODES[GPU_DEFAULT_NODE.get(key, "pcie-server")]
-    key = str(name).strip().lower()
-    if key in NODES:
-        return NODES[key]
-    raise ConfigError(f"Unknown node '{name}' (--node). Known nodes: {', '.join(NODES)}; or pass a NodeSpec.")
-
-
-def node_cpu_adam_params_per_s(node: NodeSpec) -> float:
-    """Parameters per second the node's cores update with CPU Adam (all its ranks together)."""
-    return node.cpu_cores * CPU_ADAM_PARAMS_PER_S_PER_CORE
-
-
 _REPORTED: set[str] = set()
 
 
@@ -279,6 +176,78 @@ def mfu_fields(achieved_flops_per_s: float, peak_per_device: float | None, n_dev
     return {"mfu": None, "mfu_note": note} if note else {"mfu": None}
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+GEMM_SIZE = 1024            # n × n × n, ~20 ms in fp32 at one thread
+GEMM_REPS = 5               # timed repetitions after one warm-up
+PEAK_SIZES = (256, 512, GEMM_SIZE)  # the peak is the fastest of these: smaller ones can stay in cache and run faster
+X86_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of x86 units that multiply in bf16
+# What cpu_bf16_units() looked for, for every message that reports its answer (the log, benchmarks' warnings).
+NO_BF16_UNITS = "no bf16 matmul units (x86: no avx512_bf16 or amx_bf16 flag; Arm: no bf16 feature)"
+
+
+def matmul_flops(precision: str, device: torch.device | str = "cpu", n: int = GEMM_SIZE,
+                 reps: int = GEMM_REPS, best: bool = False) -> float:
+    """Median (``best``: fastest) FLOP/s of an ``n × n`` matmul in ``precision`` on ``device`` (2·n³ FLOPs each).
+
+    Why measured: a CPU has no data-sheet peak that torch reaches.
+    """
+    device = torch.device(device)
+    a = torch.randn(n, n, device=device).to(DTYPES[precision])
+    b = torch.randn(n, n, device=device).to(DTYPES[precision])
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    torch.mm(a, b)
+    sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / (min(times) if best else statistics.median(times))
+
+
+def matmul_peak(precision: str, sizes: tuple[int, ...] = PEAK_SIZES, reps: int = GEMM_REPS) -> tuple[float, int]:
+    """(the fastest FLOP/s, the size that reached it) on the CPU: each size at its best repetition (load only slows)."""
+    rates = {n: matmul_flops(precision, "cpu", n=n, reps=reps, best=True) for n in sizes}
+    size = max(rates, key=rates.get)
+    return rates[size], size
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_peak(precision: str, threads: int) -> tuple[float, int]:
+    return matmul_peak(precision)
+
+
+def measured_cpu_peak(precision: str) -> float:
+    """The CPU GEMM peak for ``precision`` at this process's thread count (:func:`matmul_peak`, once per process)."""
+    return _cpu_peak(precision, torch.get_num_threads())[0]
+
+
+@functools.lru_cache(maxsize=1)
+def _proc_cpuinfo() -> str | None:
+    """``/proc/cpuinfo``, read once per process (the launch, the run and a benchmark's facts all ask)."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+
+
+def cpu_bf16_units(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU advertises bf16 matmul units; None when ``/proc/cpuinfo`` cannot tell (not Linux).
+
+    x86: the ``avx512_bf16`` or ``amx_bf16`` flag. Arm: the ``bf16`` feature. ``cpuinfo`` replaces the file (tests).
+    """
+    cpuinfo = _proc_cpuinfo() if cpuinfo is None else cpuinfo
+    if cpuinfo is None:
+        return None
+    fields = {k.strip().lower(): v.split() for k, _, v in (line.partition(":") for line in cpuinfo.splitlines())}
+    if "flags" in fields:
+        return any(f in fields["flags"] for f in X86_BF16_FLAGS)
+    if "features" in fields:
+        return "bf16" in fields["features"]
+    return None
+
+
 def extensions_dir() -> Path:
     """Where this Python environment's C++ extensions are built: ``~/.cache/ecomkit/torch_extensions/<env>``.
 
@@ -288,8 +257,7 @@ def extensions_dir() -> Path:
     return Path.home() / ".cache" / "ecomkit" / "torch_extensions" / env
 
 
-__all__ = ["GpuSpec", "GPUS", "GPU_ALIASES", "find_gpu", "gpu_kind", "device_kind", "gpu_spec", "LinkSpec", "LINKS",
-           "link_spec", "default_link", "extensions_dir",
-           "unknown_gpu_message", "peak_flops_or_reason", "device_peak", "device_peak_flops", "mfu_fields",
-           "NodeSpec", "NODES", "GPU_DEFAULT_NODE", "node_spec", "node_cpu_adam_params_per_s",
-           "CPU_ADAM_PARAMS_PER_S_PER_CORE", "GIB"]
+__all__ = ["GpuSpec", "GPUS", "GPU_ALIASES", "find_gpu", "gpu_kind", "device_kind", "gpu_spec", "extensions_dir",
+           "unknown_gpu_message", "peak_flops_or_reason", "device_peak", "device_peak_flops", "mfu_fields", "GIB",
+           "DTYPES", "GEMM_SIZE", "NO_BF16_UNITS", "PEAK_SIZES", "cpu_bf16_units", "matmul_flops", "matmul_peak",
+           "measured_cpu_peak"]

@@ -19,8 +19,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ecomkit.errors import DataError, EcomkitError, user_error_from_agent_file
-from ecomkit.reporting import in_notebook
+from ecomkit.errors import USER_ERROR_KEY, DataError, EcomkitError
+from ecomkit.metrics import in_notebook
 
 TAIL_LINES = 40
 
@@ -145,6 +145,18 @@ def stream_command(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: f
 
 def _tail(text: str, n: int = TAIL_LINES) -> str:
     return "".join(deque(text.splitlines(keepends=True), maxlen=n)) or "(no output)"
+
+
+def user_error_from_agent_file(path: str | os.PathLike) -> str | None:
+    """The user error a worker reported, from the error file torchrun's agent copied it to; None otherwise."""
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    message = record.get("message") if isinstance(record, dict) else None
+    extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
+    found = extra.get(USER_ERROR_KEY) if isinstance(extra, dict) else None
+    return str(found) if found else None
 
 
 def _check(result: subprocess.CompletedProcess, agent_error_file: Path | None = None) -> subprocess.CompletedProcess:

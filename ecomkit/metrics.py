@@ -1,4 +1,4 @@
-"""Run metrics: one JSON line per step or eval, a final ``summary.json``, and the printed summary.
+"""What a run shows: one JSON line per step or eval, a final ``summary.json``, the progress bar, the printed summary.
 
 Rank 0 writes values measured in this run, each line flushed, so a crash loses nothing and a live run can be plotted.
 """
@@ -6,16 +6,26 @@ Rank 0 writes values measured in this run, each line flushed, so a crash loses n
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import torch
+from tqdm import tqdm
 
+from ecomkit.config import parse_report_to
 from ecomkit.dist import DistEnv, all_reduce_max
-from ecomkit.reporting import open_sinks
+
+# Loaded by name, only on their path: the --report-to dashboards (TensorBoard, W&B, MLflow), and the lines of
+# task scores (a summary with accuracy or generation figures).
+REPORTING = "ecomkit.reporting"
+TASK_SUMMARY = "ecomkit.task_summary"
+SCORE_PREFIXES = ("acc_", "gen_")
 
 
 def peak_memory(device: torch.device) -> tuple[int, str]:
@@ -38,7 +48,8 @@ class MetricsWriter:
         if enabled:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a" if append else "w", encoding="utf-8")
-            self.sinks = open_sinks(report_to, self.dir, hparams)
+            if parse_report_to(report_to):
+                self.sinks = __import__(REPORTING, fromlist=["open_sinks"]).open_sinks(report_to, self.dir, hparams)
 
     def write(self, row: dict[str, Any]) -> None:
         if self._fh is None:
@@ -65,11 +76,79 @@ class MetricsWriter:
             sink.close()
         self.sinks = []
 
-def attention_length(tokens: float, squared_lengths: float) -> float:
-    """The sequence length to put in the attention FLOPs term: ΣL²/ΣL over the real (unpadded) sequences.
 
-    A batch does Σ L·(6Ψ + 12·n_layer·h·L) FLOPs; ``cfg.seq_len`` would credit short rows with attention they never had.
-    """
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (where a display can be updated in place), False in a terminal or script."""
+    try:
+        from IPython import get_ipython  # lazy: optional (notebooks extra); absent in plain script installs
+
+        shell = get_ipython()
+        return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
+    except ImportError:
+        return False
+
+
+class LineProgress:
+    """tqdm-compatible bar for piped output, about 10 lines a run: a notebook streaming torchrun never sees ``\\r``."""
+
+    def __init__(self, total: int, desc: str = "", eta: bool = False):
+        self.total, self.desc, self.n = total, desc, 0
+        self.every = max(1, total // 10)
+        self.postfix: dict[str, Any] = {}
+        self.eta, self.start, self.printed = eta, time.monotonic(), 0
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if n == 0:
+            return
+        if self.n // self.every > self.printed or self.n >= self.total:
+            self.printed = self.n // self.every
+            post = " ".join(f"{k}={v}" for k, v in self.postfix.items())
+            text = f"{self.desc} {self.n}/{self.total} {post}"
+            print(text.rstrip() + self.timing() if self.eta else text, flush=True)
+
+    def timing(self) -> str:
+        """`` [12 s, ETA 1 min 40 s]``: elapsed, and the rest at the mean rate so far."""
+        elapsed = time.monotonic() - self.start
+        left = elapsed * max(self.total - self.n, 0) / self.n if self.n else float("nan")
+        return f" [{format_seconds(elapsed)}, ETA {format_seconds(left)}]"
+
+    def set_postfix(self, **kw: Any) -> None:
+        self.postfix = kw
+
+    def refresh(self) -> None:
+        self.every = max(1, self.total // 10)
+
+    def close(self) -> None:
+        pass
+
+
+class NoProgress(LineProgress):
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+
+def format_seconds(s: float) -> str:
+    if math.isnan(s):
+        return "?"
+    return f"{s:.0f} s" if s < 60 else f"{int(s // 60)} min {s % 60:.0f} s"
+
+
+def make_progress(total: int, enabled: bool, desc: str = "train", eta: bool = False):
+    """A bar of ``total`` units on this rank (``enabled``); ``eta``: piped lines say elapsed time and ETA too."""
+    if not enabled:
+        return NoProgress(total, desc)
+    if in_notebook():
+        from tqdm.notebook import tqdm as notebook_tqdm  # lazy: needs ipywidgets, only present in notebooks
+
+        return notebook_tqdm(total=total, desc=desc)
+    if sys.stderr.isatty():
+        return tqdm(total=total, desc=desc, dynamic_ncols=True)
+    return LineProgress(total, desc, eta)
+
+
+def attention_length(tokens: float, squared_lengths: float) -> float:
+    """The attention FLOPs term's length: ΣL²/ΣL over real rows (a batch does Σ L·(6Ψ + 12·n_layer·h·L))."""
     return squared_lengths / tokens if tokens > 0 else 0.0
 
 
@@ -84,7 +163,6 @@ def format_bytes(n: float) -> str:
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def print_run_summary(summary: dict[str, Any]) -> None:
@@ -97,9 +175,7 @@ def print_run_summary(summary: dict[str, Any]) -> None:
         + data_line(summary)
         + f"loss            {summary['first_loss']:.4f} → {summary['final_loss']:.4f} (train), eval "
           f"{summary['eval_loss']:.4f}{examples_note(summary)}\n"
-        + classification_lines(summary)
-        + generation_lines(summary)
-        + methods_line(summary)
+        + task_lines(summary)
         + not_learned_line(summary)
         + throughput_lines(summary)
         + f"peak memory     {format_bytes(summary['peak_mem_bytes'])} per rank\n"
@@ -111,10 +187,7 @@ def print_run_summary(summary: dict[str, Any]) -> None:
 
 
 def model_lines(summary: dict[str, Any]) -> str:
-    """Which model trained (a random-init preset or real weights) and, with LoRA, what of it trained.
-
-    A preset's numbers are a random init's, not what the real SeqGPT or EcomGPT weights would do.
-    """
+    """Which model trained (a preset's random init, or real weights) and, with LoRA, what of it trained."""
     origin = summary.get("model_origin")
     if not origin:
         return ""
@@ -126,6 +199,8 @@ def model_lines(summary: dict[str, Any]) -> str:
         line += (f"LoRA            on: r={lora['r']}, alpha {lora['alpha']:g}, targets {', '.join(lora['targets'])}"
                  f"{base}; {lora['trainable_params']:,} of {lora['params']:,} parameters train ({share:.2%})\n")
     return line
+
+
 def examples_note(summary: dict[str, Any]) -> str:
     """`` (N held-out examples)``: what the eval loss rests on, when the evaluation counted it."""
     n = summary.get("eval_loss_examples")
@@ -142,84 +217,17 @@ METHOD_OF_PREFIX = (("acc_", CANDIDATE_SCORING), ("macro_f1_", CANDIDATE_SCORING
                     ("gen_span_", GENERATED_SPANS), ("gen_strict_acc", GENERATED_SPANS))
 
 
-def methods_line(summary: dict[str, Any]) -> str:
-    """One line saying how the two methods differ, when a summary holds figures from both."""
-    methods = set((summary.get("eval_methods") or {}).values())
-    if CANDIDATE_SCORING not in methods or not methods - {CANDIDATE_SCORING}:
+def task_lines(summary: dict[str, Any]) -> str:
+    """The task scores' lines (``task_summary``), its module loaded only when the summary holds scores."""
+    if not any(k.startswith(SCORE_PREFIXES) for k in summary):
         return ""
-    return ("methods         candidate scoring ranks the candidate labels by mean log-probability after the prompt "
-            "(no decoding, always one of them); generation decodes an answer and scores the label or spans "
-            "parsed from it (an answer that names no label is wrong)\n")
+    return __import__(TASK_SUMMARY, fromlist=["task_lines"]).task_lines(summary)
 
 
 def not_learned_line(summary: dict[str, Any]) -> str:
     """The one line of a run whose model does not clear a baseline: what missed, the likely reason, the retry."""
     verdict = summary.get("baseline") or {}
     return verdict["line"] + "\n" if verdict.get("cleared") is False else ""
-
-
-def classification_lines(summary: dict[str, Any]) -> str:
-    """One line per classification target: accuracy, macro-F1, the majority baseline and the margin over it."""
-    lines = ""
-    for key in [k for k in summary if k.startswith("acc_")]:
-        target, acc = key[4:], summary[key]
-        line = f"eval {target:<11}accuracy {acc:.3f} by {CANDIDATE_SCORING}"
-        if summary.get(f"macro_f1_{target}") is not None:
-            line += f", macro-F1 {summary[f'macro_f1_{target}']:.3f}"
-        if summary.get(f"majority_{target}") is not None:
-            base = summary[f"majority_{target}"]
-            line += (f"; majority baseline {base:.3f} (training's most frequent label "
-                     f"{summary.get(f'majority_label_{target}')!r}), margin {100 * (acc - base):+.1f} points")
-        if summary.get(f"scored_{target}"):
-            line += f" ({summary[f'scored_{target}']} held-out records)"
-        lines += line + "\n"
-    return lines
-
-
-def generation_lines(summary: dict[str, Any]) -> str:
-    """Scores by generation beside their baselines (training majority label, training-span dictionary) and margins."""
-    lines = ""
-    if summary.get("gen_acc") is not None:
-        line = (f"generated labels accuracy {summary['gen_acc']:.3f} by {GENERATED_EXACT}, "
-                f"macro-F1 {summary['gen_macro_f1']:.3f}")
-        if summary.get("gen_majority_acc") is not None:
-            margin = summary["gen_acc_margin_points"]
-            line += (f"; training-majority baseline {summary['gen_majority_acc']:.3f}, margin {margin:+.1f} points "
-                     f"({'clears' if margin > 0 else 'does NOT clear'} it")
-        else:
-            line += " (no baseline: the rows name no training majority"
-        lines += line + f"; {summary['gen_classify_n']} examples)\n"
-    if summary.get("gen_span_f1") is not None:
-        margin = summary["gen_span_f1_margin_points"]
-        per = ", ".join(f"{k} {v:.2f}" for k, v in summary.get("gen_span_f1_per_label", {}).items())
-        lines += (f"generated spans  micro-F1 {summary['gen_span_f1']:.3f} by {GENERATED_SPANS} "
-                  f"(P {summary['gen_span_precision']:.3f}, "
-                  f"R {summary['gen_span_recall']:.3f}), strict {summary['gen_strict_acc']:.3f}; dictionary "
-                  f"baseline F1 {summary['dict_span_f1']:.3f}, margin {margin:+.1f} points "
-                  f"({'clears' if margin > 0 else 'does NOT clear'} it; {summary['gen_extract_n']} examples)\n"
-                  + (f"  per label F1   {per}\n" if per else ""))
-    if summary.get("gen_decoded"):
-        held = summary.get("gen_held_out")
-        of = f" of {held}" if held is not None else ""
-        lines += (f"decoding         {summary['gen_decoded']}{of} held-out examples, "
-                  f"{summary['gen_examples_per_s']:.1f} examples/s ({summary['gen_decode_mode']}), "
-                  f"{summary['gen_prompts_cut']} prompts cut to fit, {summary['gen_unknown_labels']} unknown labels "
-                  f"in answers, {summary.get('gen_invalid_text', 0)} answers with invalid text (U+FFFD), "
-                  f"{summary.get('gen_spans_not_in_input', 0)} predicted spans not in their input, "
-                  f"{summary.get('gen_at_budget', 0)} answers stopped at the budget\n")
-    if summary.get("gen_budget_advice"):
-        lines += "budget           " + summary["gen_budget_advice"] + "\n"
-    return lines
-
-
-def print_evaluation(result: dict[str, Any]) -> None:
-    """The evaluation of a saved model (``ecomkit.train.eval_run``), on rank 0."""
-    if int(os.environ.get("RANK", 0)) != 0:
-        return
-    print(f"\n=== evaluation of {result['model']} ({result['strategy']} × {result['world_size']}) ===\n"
-          f"eval loss       {result['eval_loss']:.4f}{examples_note(result)}\n" + classification_lines(result)
-          + generation_lines(result) + methods_line(result),
-          flush=True)
 
 
 def data_line(summary: dict[str, Any]) -> str:
@@ -232,12 +240,12 @@ def data_line(summary: dict[str, Any]) -> str:
     used = data["train_records"] if eval_file else data["records_used"]
     cap = f", capped by max_rows={data['max_rows']:,}" if data.get("max_rows") and used < data["rows_valid"] else ""
     if eval_file:
-        return (f"data            {used:,} of {data['rows_read']:,} training rows used{cap}, "
-                f"{data['eval_records']:,} of {data['eval_rows_read']:,} eval-file rows; examples: {kinds}\n"
-                + lengths_line(data))
-    return (f"data            {data['records_used']:,} of {data['rows_read']:,} rows used{cap} "
-            f"({data['train_records']:,} train / {data['eval_records']:,} eval); examples: {kinds}\n"
-            + lengths_line(data))
+        read = (f"{used:,} of {data['rows_read']:,} training rows used{cap}, "
+                f"{data['eval_records']:,} of {data['eval_rows_read']:,} eval-file rows")
+    else:
+        read = (f"{data['records_used']:,} of {data['rows_read']:,} rows used{cap} "
+                f"({data['train_records']:,} train / {data['eval_records']:,} eval)")
+    return f"data            {read}; examples: {kinds}\n" + lengths_line(data)
 
 
 def lengths_line(data: dict[str, Any]) -> str:
@@ -289,30 +297,17 @@ def flops_line(summary: dict[str, Any]) -> str:
 
 def step_model_flops(tokens: float, squared_lengths: float, predicted: float, flops_per_token_at,
                      head_flops: float) -> float:
-    """The model FLOPs of one step: every real token through the blocks, the LM head only where the loss reads it.
+    """One step's model FLOPs: every real token through the blocks, the LM head (6Vh) only where the loss reads it.
 
-    ``flops_per_token_at(T)``: 6Ψ + attention at length T; ``predicted``: positions the loss reads; ``head_flops``: 6Vh.
+    ``flops_per_token_at(T)``: 6Ψ + attention at length T; ``predicted``: positions the loss reads.
     """
     return tokens * flops_per_token_at(attention_length(tokens, squared_lengths)) - max(
         tokens - predicted, 0.0) * head_flops
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated percentile of an already sorted list (q in [0, 1])."""
-    if not sorted_values:
-        return float("nan")
-    pos = (len(sorted_values) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
 def throughput_summary(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
                        slowest_rank_steady_s: float | None = None) -> dict[str, Any]:
-    """Throughput of the steady phase: total samples (tokens) over total wall time, after ``warmup_steps`` rows.
-
-    Totals, not a mean of per-step rates (bucketed batches skew it); ``slowest_rank_steady_s`` sets the pace.
-    """
+    """Steady-phase throughput after ``warmup_steps`` rows: totals over wall time (the slowest rank's, when given)."""
     steady = train_rows[warmup_steps:] if len(train_rows) > warmup_steps else list(train_rows)
     times = [float(r["step_time_s"]) for r in steady]
     own_total = sum(times)
@@ -320,15 +315,15 @@ def throughput_summary(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
     samples = sum(int(r["samples"]) for r in steady)
     tokens = sum(int(r["tokens"]) for r in steady)
     padded = sum(int(r.get("padded_tokens", 0)) for r in steady)
-    ordered = sorted(times)
+    median, p90 = (float(v) for v in np.percentile(times, [50, 90])) if times else (float("nan"),) * 2
     return {
         "steady_steps": len(steady),
         "steady_wall_s": total,
         "samples_per_s": samples / total if total > 0 else float("nan"),
         "tokens_per_s": tokens / total if total > 0 else float("nan"),
         "step_time_s": total / len(steady) if steady else float("nan"),
-        "step_time_median_s": _percentile(ordered, 0.5),
-        "step_time_p90_s": _percentile(ordered, 0.9),
+        "step_time_median_s": median,
+        "step_time_p90_s": p90,
         "slowest_rank_steady_s": slowest_rank_steady_s,
         "padding_rate": 1 - tokens / padded if padded and all("padded_tokens" in r for r in steady) else None,
     }
@@ -348,9 +343,9 @@ def time_split(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
 
 def slowest_rank_throughput(own_rows: list[dict[str, Any]], env: DistEnv, warmup_steps: int = 1,
                             rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """:func:`throughput_summary` of ``rows`` (default: ``own_rows``) at the slowest rank's pace.
+    """:func:`throughput_summary` of ``rows`` (default: ``own_rows``) at the slowest rank's pace (a collective).
 
-    A collective every rank must call; ``rows`` may be every rank's counts, the pace still from own step times.
+    ``rows`` may be every rank's counts; the pace still comes from each rank's own step times.
     """
     own_wall = throughput_summary(own_rows, warmup_steps)["steady_wall_s"]
     slowest = all_reduce_max(own_wall, env) if env.distributed else None

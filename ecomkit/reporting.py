@@ -1,7 +1,7 @@
-"""Where people watch runs: the progress bar, and TensorBoard, Weights & Biases, MLflow fed by the one metrics stream.
+"""Dashboards fed by the one metrics stream: TensorBoard, Weights & Biases, MLflow (``--report-to``).
 
-Every ``metrics.jsonl`` row goes, as the same dict, to each ``--report-to`` sink on rank 0, so a dashboard cannot
-differ from the file (TensorBoard scalars in double precision, bit for bit). The config is logged once.
+Each ``metrics.jsonl`` row goes, as the same dict, to each sink on rank 0, so a dashboard cannot differ from the file.
+A run loads this module only when ``--report-to`` names a sink (``ecomkit.metrics.REPORTING``).
 """
 
 from __future__ import annotations
@@ -9,12 +9,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
-import time
 from pathlib import Path
 from typing import Any, Iterable, Protocol
-
-from tqdm import tqdm
 
 from ecomkit.config import parse_report_to
 
@@ -170,81 +166,5 @@ def open_sinks(report_to: str | Iterable[str], out_dir: Path, config: dict[str, 
     return [SINKS[name](Path(out_dir), config) for name in parse_report_to(report_to)]
 
 
-def in_notebook() -> bool:
-    """True inside a Jupyter kernel (where a display can be updated in place), False in a terminal or script."""
-    try:
-        from IPython import get_ipython  # lazy: optional (notebooks extra); absent in plain script installs
-
-        shell = get_ipython()
-        return shell is not None and shell.__class__.__name__ == "ZMQInteractiveShell"
-    except ImportError:
-        return False
-
-
-class LineProgress:
-    """tqdm-compatible bar for piped output: about 10 lines per run (``eta``: each with the elapsed time and ETA).
-
-    A notebook cell streaming a torchrun subprocess never sees ``\\r`` updates.
-    """
-
-    def __init__(self, total: int, desc: str = "", eta: bool = False):
-        self.total, self.desc, self.n = total, desc, 0
-        self.every = max(1, total // 10)
-        self.postfix: dict[str, Any] = {}
-        self.eta, self.start, self.printed = eta, time.monotonic(), 0
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        if n == 0:
-            return
-        if self.n // self.every > self.printed or self.n >= self.total:
-            self.printed = self.n // self.every
-            post = " ".join(f"{k}={v}" for k, v in self.postfix.items())
-            text = f"{self.desc} {self.n}/{self.total} {post}"
-            print(text.rstrip() + self.timing() if self.eta else text, flush=True)
-
-    def timing(self) -> str:
-        """`` [12 s, ETA 1 min 40 s]``: elapsed, and the rest at the mean rate so far (with ``eta``)."""
-        if not self.eta:
-            return ""
-        elapsed = time.monotonic() - self.start
-        left = elapsed * max(self.total - self.n, 0) / self.n if self.n else float("nan")
-        return f" [{format_seconds(elapsed)}, ETA {format_seconds(left)}]"
-
-    def set_postfix(self, **kw: Any) -> None:
-        self.postfix = kw
-
-    def refresh(self) -> None:
-        self.every = max(1, self.total // 10)
-
-    def close(self) -> None:
-        pass
-
-
-class NoProgress(LineProgress):
-    def update(self, n: int = 1) -> None:
-        self.n += n
-
-
-def format_seconds(s: float) -> str:
-    if math.isnan(s):
-        return "?"
-    return f"{s:.0f} s" if s < 60 else f"{int(s // 60)} min {s % 60:.0f} s"
-
-
-def make_progress(total: int, enabled: bool, desc: str = "train", eta: bool = False):
-    """A bar of ``total`` units on this rank (``enabled``); ``eta``: piped lines say elapsed time and ETA too."""
-    if not enabled:
-        return NoProgress(total, desc)
-    if in_notebook():
-        from tqdm.notebook import tqdm as notebook_tqdm  # lazy: needs ipywidgets, only present in notebooks
-
-        return notebook_tqdm(total=total, desc=desc)
-    if sys.stderr.isatty():
-        return tqdm(total=total, desc=desc, dynamic_ncols=True)
-    return LineProgress(total, desc, eta)
-
-
-__all__ = ["SINKS", "LineProgress", "MlflowSink", "NoProgress", "TensorBoardSink", "WandbSink", "flat_config",
-           "format_seconds", "in_notebook", "make_progress", "metric_name", "numeric_fields", "open_sinks",
-           "read_tensorboard_scalars", "tensorboard_tags"]
+__all__ = ["SINKS", "MlflowSink", "TensorBoardSink", "WandbSink", "flat_config", "metric_name", "numeric_fields",
+           "open_sinks", "read_tensorboard_scalars", "tensorboard_tags"]

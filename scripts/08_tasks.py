@@ -17,7 +17,8 @@ accuracy / span F1 beside the majority and dictionary baselines; the final one w
 
 from ecomkit.config import parse_config
 from ecomkit.errors import exit_on_user_error
-from ecomkit.metrics import print_evaluation, print_run_summary
+from ecomkit.metrics import print_run_summary
+from ecomkit.task_summary import print_evaluation
 from ecomkit.train import run_training
 from ecomkit.train.eval_run import run_evaluation
 

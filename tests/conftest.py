@@ -13,7 +13,7 @@ import fastlaunch
 import pytest
 import torch.distributed as dist
 
-from ecomkit.faults.preempt import PREEMPTED_EXIT_CODE, read_record
+from ecomkit.train.preempt import PREEMPTED_EXIT_CODE, read_record
 from ecomkit.faults.preempt_demo import run_preempted
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,17 +95,20 @@ def main_in_process(script: str, args: list[str], monkeypatch, capsys) -> tuple[
 def run_script(script: str, args: list[str], nproc: int = 0, timeout: int = 300,
                extra_env: dict[str, str] | None = None, torchrun_args: list[str] | None = None,
                check: bool = True, torchrun: bool = False) -> subprocess.CompletedProcess:
-    """Run ``scripts/<script>`` with plain python (nproc=0) or N ranks.
+    """Run ``scripts/<script>`` as one plain process (nproc=0: ``python script``) or N ranks.
 
-    N ranks start from the preloaded forkserver (:mod:`fastlaunch`: torchrun's worker environment without
-    its agent) unless the launch needs torchrun itself: ``torchrun=True`` (the test is about the torchrun
-    path), ``torchrun_args`` (restarts, rendezvous), or ``extra_env`` that a preloaded module reads at import.
+    Both start from the preloaded forkserver (:mod:`fastlaunch`: ``python``'s process, or torchrun's worker
+    environment without its agent, with the imports done) unless the launch needs the real launcher:
+    ``torchrun=True`` (the test is about the torchrun path), ``torchrun_args`` (restarts, rendezvous), or
+    ``extra_env`` that a preloaded module reads at import.
     """
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
     path = str(REPO / "scripts" / script)
-    if not nproc:
+    if not nproc and (torchrun or fastlaunch.import_time_vars(env)):
         proc = subprocess.run([sys.executable, path, *args], cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=timeout)
+    elif not nproc:
+        proc = fastlaunch.plain(path, args, env=env, cwd=REPO, timeout=timeout)
     elif torchrun or torchrun_args or fastlaunch.import_time_vars(env):
         proc = fastlaunch.torchrun(path, args, nproc, env=env, cwd=REPO, timeout=timeout,
                                    torchrun_args=torchrun_args or ())

@@ -15,6 +15,9 @@ What is the same as under torchrun:
 - stdout and stderr of all ranks, kept apart; exit status 0, or 1 when a rank fails, and the other
   ranks are then stopped (SIGTERM, then SIGKILL), as torchrun stops them.
 
+:func:`plain` is ``python script args`` the same way: one process forked from that server, without torchrun's
+variables, its own exit status.
+
 What torchrun does that this does not: restarts (``--max-restarts``), forwarding signals, its own
 failure report. Tests of those, every notebook, and ``tests/test_launch.py`` run torchrun itself, and
 ``ECOMKIT_TESTS_TORCHRUN=1 make test`` runs every launch of the suite under torchrun.
@@ -108,7 +111,8 @@ def _rank_main(script: str, argv: list[str], env: dict[str, str], cwd: str, out:
         os.dup2(os.open(path, os.O_WRONLY | os.O_APPEND), fd)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True)  # each line as it is printed, in one write: ranks share a file
-    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    if "OMP_NUM_THREADS" in env:
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     sys.argv = [script, *argv]
     sys.path[0] = str(Path(script).parent)
     for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
@@ -139,27 +143,56 @@ def run(script: str | Path, args: Sequence[str] = (), nproc: int = 2, *, env: Ma
     env = dict(os.environ if env is None else env)
     if os.environ.get(TORCHRUN_ENV) == "1":
         return torchrun(script, args, nproc, env=env, cwd=cwd, timeout=timeout)
+    _refuse_import_time_vars(env, "torchrun")
+    cmd = ["fastlaunch", "--nproc_per_node", str(nproc), str(Path(script).resolve()), *map(str, args)]
+    store = dist.TCPStore("localhost", 0, nproc, is_master=True, wait_for_workers=False)
+    try:
+        codes, out, err = _fork(script, args, [worker_env(env, r, nproc, store.port) for r in range(nproc)], cwd,
+                                timeout, cmd)
+    finally:
+        del store
+    return subprocess.CompletedProcess(cmd, 1 if any(c != 0 for c in codes) else 0, out, err)
+
+
+def plain(script: str | Path, args: Sequence[str] = (), *, env: Mapping[str, str] | None = None,
+          cwd: str | Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python script args``: one process forked from the preloaded server, without torchrun's variables.
+
+    The script sees what ``python script args`` gives it (no RANK or WORLD_SIZE, so no process group) and
+    the exit status is its own, not torchrun's; only the imports of :data:`PRELOAD` are already done.
+    Under ``ECOMKIT_TESTS_TORCHRUN=1`` it runs ``python`` itself.
+    """
+    env = dict(os.environ if env is None else env)
+    cmd = [sys.executable, str(Path(script).resolve()), *map(str, args)]
+    if os.environ.get(TORCHRUN_ENV) == "1":
+        return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    _refuse_import_time_vars(env, "python")
+    (code,), out, err = _fork(script, args, [env], cwd, timeout, ["fastlaunch", "--plain", *cmd[1:]])
+    return subprocess.CompletedProcess(["fastlaunch", "--plain", *cmd[1:]], code, out, err)
+
+
+def _refuse_import_time_vars(env: Mapping[str, str], instead: str) -> None:
     if stale := import_time_vars(env):
         raise ValueError(f"fastlaunch cannot change {', '.join(stale)} per launch (read at import by a "
-                         "preloaded module); launch this one with torchrun")
+                         f"preloaded module); launch this one with {instead}")
+
+
+def _fork(script: str | Path, args: Sequence[str], envs: list[dict[str, str]], cwd: str | Path | None,
+          timeout: float, cmd: list[str]) -> tuple[list[int], str, str]:
+    """One process per environment, forked from the preloaded server; their exit codes, stdout and stderr."""
     script = str(Path(script).resolve())
     cwd = str(Path(cwd or Path.cwd()).resolve())
-    cmd = ["fastlaunch", "--nproc_per_node", str(nproc), script, *map(str, args)]
-    store = dist.TCPStore("localhost", 0, nproc, is_master=True, wait_for_workers=False)
     with tempfile.TemporaryDirectory(prefix="fastlaunch-") as tmp:
         out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         Path(out).touch()
         Path(err).touch()
         ctx = _forkserver()
         procs = [ctx.Process(target=_rank_main, name=f"rank{r}",
-                             args=(script, list(map(str, args)), worker_env(env, r, nproc, store.port), cwd, out, err))
-                 for r in range(nproc)]
+                             args=(script, list(map(str, args)), env, cwd, out, err)) for r, env in enumerate(envs)]
         for p in procs:
             p.start()
-        code = _wait(procs, timeout, cmd, out, err)
-        del store
-        return subprocess.CompletedProcess(cmd, code, Path(out).read_text(errors="replace"),
-                                           Path(err).read_text(errors="replace"))
+        _wait(procs, timeout, cmd, out, err)
+        return [p.exitcode for p in procs], Path(out).read_text(errors="replace"), Path(err).read_text(errors="replace")
 
 
 def torchrun(script: str | Path, args: Sequence[str] = (), nproc: int = 2, *, env: Mapping[str, str] | None = None,
@@ -173,8 +206,8 @@ def torchrun(script: str | Path, args: Sequence[str] = (), nproc: int = 2, *, en
                           timeout=timeout)
 
 
-def _wait(procs: list, timeout: float, cmd: list[str], out: str, err: str) -> int:
-    """Wait for every rank; on the first failure stop the rest, on the timeout kill all. Torchrun's exit status."""
+def _wait(procs: list, timeout: float, cmd: list[str], out: str, err: str) -> None:
+    """Wait for every rank; on the first failure stop the rest, on the timeout kill all."""
     deadline = time.monotonic() + timeout
     failed = False
     while any(p.exitcode is None for p in procs):
@@ -188,7 +221,6 @@ def _wait(procs: list, timeout: float, cmd: list[str], out: str, err: str) -> in
             failed = True
             _settle(procs, SETTLE_S)
             _stop(procs, signal.SIGTERM, STOP_GRACE_S)
-    return 1 if failed or any(p.exitcode != 0 for p in procs) else 0
 
 
 def _settle(procs: list, seconds: float) -> None:

@@ -15,6 +15,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import fastlaunch
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -67,15 +69,19 @@ with open({out!r}, "w") as __f:
 
 
 def run_cells(source: str, tmp_path: Path, keep: tuple[str, ...] = (), timeout: int = 300) -> CellRun:
-    """Run ``source`` (the cells joined) with ``python``; which asserts held, and the names in ``keep``."""
+    """Run ``source`` (the cells joined) as ``python`` would; which asserts held, and the names in ``keep``."""
     body, texts = checks_as_calls(source)
     out = tmp_path / "cell_run.json"
     script = tmp_path / "cells.py"
     script.write_text(_PRELUDE + body + _EPILOGUE.format(out=str(out), keep=tuple(keep)))
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    proc = subprocess.run([sys.executable, str(script)], cwd=REPO / "notebooks", env=env, capture_output=True,
-                          text=True, timeout=timeout)   # the notebooks' folder: where nbmake runs them
+    cwd = REPO / "notebooks"   # the notebooks' folder: where nbmake runs them
+    if fastlaunch.import_time_vars(env):
+        proc = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    else:   # python itself, forked with torch imported (tests/fastlaunch.py)
+        proc = fastlaunch.plain(script, env=env, cwd=cwd, timeout=timeout)
     if proc.returncode != 0 or not out.exists():
         raise AssertionError(f"the cells exited {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n"
                              f"--- stderr\n{proc.stderr[-5000:]}")

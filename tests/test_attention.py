@@ -12,7 +12,7 @@ import torch
 from torch._dynamo.testing import CompileCounter
 from torch.nn.attention.flex_attention import flex_attention
 
-import ecomkit.fast.attention as attention_module
+import ecomkit.fast.flex as flex_module
 from ecomkit.errors import ConfigError
 from ecomkit.models.bloom import build_model, enable_activation_checkpointing
 from ecomkit.models.attention import sdpa_mask_plan
@@ -214,7 +214,7 @@ def test_flex_compiles_once_per_shape_with_one_score_mod_per_model(monkeypatch):
         score_mods.add(id(kwargs["score_mod"]))
         return compiled(*args, **kwargs)
 
-    monkeypatch.setattr(attention_module, "_flex_function", lambda device: recording)
+    monkeypatch.setattr(flex_module, "_flex_function", lambda device: recording)
     model = build_model("tiny", vocab_size=VOCAB).eval()
     n_layers = install_attention(model, "flex", for_training=False)
     frames = []

@@ -1,4 +1,4 @@
-"""``--attn eager`` under bf16 autocast on CPU: the mask and softmax in bf16 (``fast/attention_lowp.py``).
+"""``--attn eager`` under bf16 autocast on CPU: the mask and softmax in bf16 (``fast/attention.py``).
 
 Against transformers' own ``BloomAttention`` under the same autocast: the same logits (the probabilities
 are the same values, rounded once), gradients within bf16's rounding, finite rows where every key is masked,
@@ -13,7 +13,7 @@ from transformers.models.bloom.modeling_bloom import BloomAttention
 
 import ecomkit.fast.attention as attention_module
 from ecomkit.fast.attention import install_attention
-from ecomkit.fast.attention_lowp import low_precision_mask
+from ecomkit.fast.attention import low_precision_mask
 from ecomkit.models.bloom import build_model
 
 VOCAB = 512

@@ -13,7 +13,7 @@ import pytest
 from ecomkit.config import TrainConfig
 from ecomkit.errors import ConfigError
 from ecomkit.hardware import gpu_kind
-from ecomkit.models.attention_rule import CPU_EAGER_MAX_SEQ, GPU_EAGER_MAX_SEQ, pick_attention
+from ecomkit.models.attention import CPU_EAGER_MAX_SEQ, GPU_EAGER_MAX_SEQ, pick_attention
 from ecomlab.derive.attention import eager_max_seq
 
 REPO = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ import torch
 
 from ecomkit.config import TrainConfig
 from ecomkit.data import write_jsonl
-from ecomkit.data.catalog import instruction_rows
+from ecomkit.data.toy_tasks import instruction_rows
 from ecomkit.models.precision import length_multiple
 
 PLATEAU = 1.15   # bucketed: peak RSS at step 150 ≤ 1.15 × at step 50

@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import REPO
 
-from ecomkit.metrics import generation_lines
+from ecomkit.task_summary import generation_lines
 from ecomkit.train.gen_eval import BUDGET_ADVICE_SHARE, budget_advice, budget_line
 from ecomlab.artifacts import newest_artifacts
 from ecomlab.derive.budget import advice_share, recovery_rate

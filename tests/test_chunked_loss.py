@@ -22,7 +22,7 @@ from ecomkit.models.bloom import build_model
 from ecomkit.models.loss import TokenLoss, chunked_token_loss_sum, head_rows, last_hidden_state, lm_loss_sum
 from ecomkit.models.loss import token_loss_sum
 from ecomkit.parallel import build_strategy
-from ecomkit.train.fast_paths import install_fast_paths
+from ecomkit.fast import install_fast_paths
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ecomkit"
 

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from ecomkit.config import PARALLEL_FLAG_ALIASES, TrainConfig, preset_zero3_tiny
-from ecomkit.config.cli import SECTION_TITLES, build_arg_parser
-from ecomkit.config.field_help import field_docs
+from ecomkit.config.cli import SECTION_TITLES, build_arg_parser, field_docs
 
 REPO = Path(__file__).resolve().parents[1]
 SECTIONS = ["model", "data", "optimisation", "strategy and run", "zero", "compression", "parallel", "faults"]

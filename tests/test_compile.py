@@ -70,5 +70,5 @@ def test_a_torch_that_compiles_the_head_and_loss_in_two_graphs_is_noted_once_on_
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(compile_module, "_noted", set())
     monkeypatch.setattr(compile_module.torch, "__version__", older)
-    compiled_head_loss()                                  # what --compile calls (train/fast_paths.py)
+    compiled_head_loss()                                  # what --compile calls (ecomkit/fast/__init__.py)
     assert len(said) == 2 and f"torch {older}" in said[1]

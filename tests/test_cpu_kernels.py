@@ -12,9 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from ecomkit.models.bloom import build_model
-from ecomkit.fast.cpu_kernels import (cross_entropy_sum, gelu_tanh, kernel_applies, kernel_cross_entropy_sum, kernels_for,
-                                      load_cpu_kernels)
-from ecomkit.fast.gelu import FusedBloomGelu, KernelBloomGelu, install_fused_gelu
+from ecomkit.fast.cpu_kernels import (FusedBloomGelu, KernelBloomGelu, cross_entropy_sum, gelu_tanh, install_fused_gelu,
+                                      kernel_applies, kernel_cross_entropy_sum, kernels_for, load_cpu_kernels)
 from ecomkit.models.loss import TokenLoss, lm_loss_sum
 from ecomkit.models.loss import cross_entropy_sum as ce_sum
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ecomkit.data.catalog import CATEGORIES, generate_catalog
-from ecomkit.data.catalog_pools import NEGATIVE_WORDS, POSITIVE_WORDS
+from ecomkit.data.catalog import NEGATIVE_WORDS, POSITIVE_WORDS
 from ecomkit.errors import ConfigError
 
 FIELDS = {"sku", "category", "brand", "title", "price", "spec", "review", "sentiment"}

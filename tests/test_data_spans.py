@@ -10,7 +10,8 @@ from ecomkit.data import build_datasets, load_records, write_jsonl
 from ecomkit.data.catalog import SPAN_LABELS, catalog_spans, generate_catalog
 from ecomkit.data.formats import (KIND_CLASSIFY, KIND_EXTRACT, TaskExample, parse_labels, prompt_and_answer,
                                   read_task_file, write_task_file)
-from ecomkit.data.spans import spans_from_json, tokens_text
+from ecomkit.data.catalog import spans_from_json
+from ecomkit.data.spans import tokens_text
 from ecomkit.data.tasks import task_examples
 from ecomkit.data.tokenize import IGNORE_INDEX
 from ecomkit.errors import DataError
@@ -267,7 +268,7 @@ def test_seqgpt_truncation_keeps_the_label_line(tok):
 
 
 def test_extraction_rows_are_span_lists_that_load_whole(tmp_path):
-    from ecomkit.data.catalog import extraction_rows
+    from ecomkit.data.toy_tasks import extraction_rows
     rows = extraction_rows(120, seed=4)
     result = load(tmp_path, rows)          # the loader checks every term against its offsets
     assert result.report.kept == 120 and all(len(json.loads(r["spans"])) == 2 for r in result.records)

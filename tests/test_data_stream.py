@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from datasets import Dataset, Features, Value
 
-from ecomkit.data import arrow, stream
+from ecomkit.data import stream
 from ecomkit.data.stream import (batch_offsets, column_numpy, label_codes, lengths_array, map_batches, plan_pieces,
                                  read_columns, unique_values)
 
@@ -36,7 +36,7 @@ def cache(tmp_path, monkeypatch) -> Path:
 
 def _file_table(tmp_path: Path, n: int, text_chars: int = 8, batch: int = 700) -> Dataset:
     feats = Features({"text": Value("string"), "other": Value("int64")})
-    ds = arrow.cached_table(f"src{n}-{text_chars}-{batch}", lambda: [
+    ds = stream.cached_table(f"src{n}-{text_chars}-{batch}", lambda: [
         {"text": [f"r{i:06d}" + "x" * text_chars for i in range(s, min(s + batch, n))],
          "other": list(range(s, min(s + batch, n)))} for s in range(0, n, batch)], feats)
     return ds
@@ -118,7 +118,7 @@ def test_columns_read_without_the_map_equal_the_table(tmp_path, cache):
 
 def test_tables_are_written_in_large_record_batches(tmp_path, cache):
     """10,000-row batches: opening a table maps each batch's header page, and 64 KiB around it."""
-    ds = arrow.cached_table("big-batches", lambda: [{"text": ["a"] * 25_000, "other": list(range(25_000))}],
+    ds = stream.cached_table("big-batches", lambda: [{"text": ["a"] * 25_000, "other": list(range(25_000))}],
                             Features({"text": Value("string"), "other": Value("int64")}))
     assert [rows for _, rows in batch_offsets(ds.cache_files[0]["filename"])] == [10_000, 10_000, 5_000]
 

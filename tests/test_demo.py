@@ -75,7 +75,7 @@ def test_the_demo_says_which_model_it_is_and_what_to_run_next(demo):
 
 def test_the_first_progress_line_is_not_an_empty_step_0(capsys):
     """The demo's first progress line read "train 0/60" with nothing after it (the loop's update(0))."""
-    from ecomkit.reporting import LineProgress
+    from ecomkit.metrics import LineProgress
 
     bar = LineProgress(60, "train")
     bar.update(0)                     # the loop's update(step) before the first step

@@ -1,4 +1,4 @@
-"""Candidate scoring and NLU accuracy (``ecomkit.train.evaluate``), on a tiny model built from a config.
+"""Candidate scoring and NLU accuracy (``ecomkit.train.nlu_accuracy``), on a tiny model built from a config.
 
 No downloads: the model is the ``tiny`` preset with random weights and the
 tokenizer is the local catalog BPE (cached under ``ECOMKIT_CACHE``).
@@ -19,8 +19,8 @@ from ecomkit.data.tasks import SENTIMENT_LABELS, build_classification_example
 from ecomkit.dist import DistEnv
 from ecomkit.models.bloom import load_model
 from ecomkit.models.tokenizer import get_tokenizer
-from ecomkit.train.evaluate import (CandidateScore, best_candidate, candidate_log_probs, evaluate_nlu_accuracy,
-                                    macro_f1, majority_share, score_candidates)
+from ecomkit.train.nlu_accuracy import (CandidateScore, best_candidate, candidate_log_probs, evaluate_nlu_accuracy,
+                                        macro_f1, majority_share, score_candidates)
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +220,9 @@ class CountingStrategy(FavouringStrategy):
 def two_ranks_apart(monkeypatch):
     """Each rank of a 2-process job evaluated alone: the all-reduce returns this rank's own sums."""
     import ecomkit.train.evaluate as evaluate
-    monkeypatch.setattr(evaluate, "all_reduce_sums", lambda values, env: values)
+    import ecomkit.train.nlu_accuracy as nlu_accuracy
+    for module in (evaluate, nlu_accuracy):
+        monkeypatch.setattr(module, "all_reduce_sums", lambda values, env: values)
     return [DistEnv(rank=r, world_size=2) for r in range(2)]
 
 

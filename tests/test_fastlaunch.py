@@ -111,3 +111,42 @@ def test_a_variable_read_when_called_reaches_the_rank_with_the_launchs_value(mon
     for row in rows:
         assert {k: row["env"][k] for k in fastlaunch.READ_AT_CALL} == {k: drifted[k] for k in fastlaunch.READ_AT_CALL}
     assert fastlaunch.import_time_vars({**drifted, "PYTORCH_CUDA_ALLOC_CONF": "x"}) == ["PYTORCH_CUDA_ALLOC_CONF"]
+
+
+PLAIN = textwrap.dedent("""
+    import json, os, sys
+    import torch, torch.distributed as dist
+    env = {{k: os.environ.get(k) for k in {keys!r}}}
+    print("RESULT " + json.dumps({{"env": env, "group": dist.is_initialized(), "argv": sys.argv[1:],
+                                   "cwd": os.getcwd(), "main": __name__}}), flush=True)
+    print("to stderr", file=sys.stderr)
+    if "--raise" in sys.argv:
+        raise RuntimeError("raised by the script")
+    sys.exit(int(sys.argv[-1]))
+""")
+
+
+@pytest.mark.parametrize("how", ["exit 2", "exit 0", "raise"])
+def test_a_plain_launch_is_python_itself_with_the_imports_done(tmp_path, monkeypatch, how):
+    """``fastlaunch.plain`` (``run_script(nproc=0)``): no torchrun variable, no group, the script's own status."""
+    monkeypatch.delenv(fastlaunch.TORCHRUN_ENV, raising=False)
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN.format(keys=KEYS + PER_LAUNCH + ["TORCHELASTIC_RUN_ID"]))
+    args = ["--flag", "x", *(["--raise"] if how == "raise" else []), how.split()[-1] if how != "raise" else "0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    real = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    fast = fastlaunch.plain(script, args, env=env, cwd=tmp_path, timeout=120)
+    assert fast.args[0] == "fastlaunch"   # forked, not a new interpreter
+    assert fast.returncode == real.returncode == {"exit 2": 2, "exit 0": 0, "raise": 1}[how], fast.stderr[-3000:]
+    ours, theirs = results_any(fast.stdout), results_any(real.stdout)
+    assert ours == theirs and ours["group"] is False, (ours, theirs)
+    assert {k: v for k, v in ours["env"].items() if v is not None} == {"OMP_NUM_THREADS": "1"}, ours
+    assert ours["argv"] == args and ours["cwd"] == str(tmp_path) and ours["main"] == "__main__"
+    assert fast.stderr.count("to stderr") == 1 and ("RuntimeError: raised by the script" in fast.stderr) == (how == "raise")
+
+
+def results_any(stdout: str) -> dict:
+    """The one RESULT object a plain launch printed."""
+    (row,) = [json.JSONDecoder().raw_decode(stdout, m.end())[0] for m in re.finditer(r"RESULT ", stdout)]
+    return row

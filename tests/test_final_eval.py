@@ -17,8 +17,8 @@ from ecomkit.dist import DistEnv
 from ecomkit.models.bloom import load_model
 from ecomkit.models.loss import token_loss_sum
 from ecomkit.models.tokenizer import get_tokenizer
-from ecomkit.train.evaluate import (encode_candidates, encode_examples, evaluate_nlu_accuracy, held_out_loss,
-                                    plan_groups)
+from ecomkit.train.evaluate import held_out_loss
+from ecomkit.train.nlu_accuracy import encode_candidates, encode_examples, evaluate_nlu_accuracy, plan_groups
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import torch
 
 from ecomkit import hardware
 from ecomkit.errors import ConfigError
-from ecomkit.hardware import (GPU_ALIASES, GPUS, LINKS, device_peak, device_peak_flops, find_gpu, gpu_spec, link_spec,
-                              mfu_fields, peak_flops_or_reason, unknown_gpu_message)
-from ecomkit.hardware import GPU_DEFAULT_NODE, NODES, node_cpu_adam_params_per_s, node_spec
+from ecomkit.hardware import (GPU_ALIASES, GPUS, device_peak, device_peak_flops, find_gpu, gpu_spec, mfu_fields,
+                              peak_flops_or_reason, unknown_gpu_message)
+from ecomkit.planner.links import GPU_DEFAULT_NODE, LINKS, NODES, link_spec, node_cpu_adam_params_per_s, node_spec
 from ecomkit.models.bloom import flops_per_token
 from ecomkit.planner.memory import plan_memory
 

@@ -11,7 +11,7 @@ import torch
 from ecomkit.errors import ModelNotFoundError
 from ecomkit.models.bloom import (build_model, disable_activation_checkpointing, enable_activation_checkpointing,
                                   load_model, preset_parameter_count)
-from ecomkit.fast.gelu import FusedBloomGelu, install_fused_gelu
+from ecomkit.fast.cpu_kernels import FusedBloomGelu, install_fused_gelu
 from ecomkit.models.optim import adamw_kernel, clip_grad_norm
 
 
@@ -62,7 +62,7 @@ def test_local_dir_round_trip_gives_identical_logits(tmp_path):
 
 @pytest.mark.parametrize("dtype, rtol, atol", [(torch.float32, 1e-5, 1e-5), (torch.bfloat16, 2e-2, 2e-2)])
 def test_fused_gelu_gives_bloom_s_values_and_gradients(dtype, rtol, atol):
-    """fast/gelu.py: ATen's tanh GELU is BloomGelu within rounding (inputs up to ~10: fp32 atol 1e-5)."""
+    """fast/cpu_kernels.py: ATen's tanh GELU is BloomGelu within rounding (inputs up to ~10: fp32 atol 1e-5)."""
     model = build_model("tiny", vocab_size=64)
     bloom = model.transformer.h[0].mlp.gelu_impl
     x = (torch.randn(4, 9, 64) * 3).to(dtype).requires_grad_()

@@ -1,17 +1,24 @@
 """What a run says at its end: each figure's method, and why a model that does not clear its baseline did not.
 
-Pure functions (``ecomkit.train.outcome``, ``ecomkit.metrics``); the run's own line is checked end to end in
+Pure functions (``ecomkit.train.outcome``, ``ecomkit.metrics``, ``ecomkit.task_summary``); the run's own line is checked end to end in
 ``test_outcome_e2e.py``.
 """
 
 from __future__ import annotations
 
 import shlex
+import subprocess
+import sys
 
-from ecomkit.metrics import classification_lines, generation_lines, methods_line, not_learned_line
+import pytest
+
+from ecomkit import metrics
+from ecomkit.metrics import not_learned_line
+from ecomkit.task_summary import classification_lines, generation_lines, methods_line, task_lines
 from ecomkit.train.gen_eval import budget_advice
 from ecomkit.train.loop import eval_methods
-from ecomkit.train.outcome import baseline_outcome, launch_command, likely_reasons, missed_baselines, retry_command
+from ecomkit.train.task_metrics import (baseline_outcome, launch_command, likely_reasons, missed_baselines,
+                                        retry_command)
 
 # The issue's run: candidate scoring at the majority baseline, generated labels below theirs.
 ISSUE_SUMMARY = {"acc_category": 0.159, "macro_f1_category": 0.03, "majority_category": 0.159,
@@ -33,6 +40,25 @@ def test_every_figure_names_its_method_in_the_row_and_the_printed_lines():
     both = {**ISSUE_SUMMARY, "eval_methods": eval_methods(ISSUE_SUMMARY)}
     assert "candidate scoring ranks the candidate labels" in methods_line(both)
     assert methods_line({"acc_category": 0.5, "eval_methods": {"acc_category": "candidate scoring"}}) == ""
+
+
+# One summary per kind of task score the printed lines read: each must open the gate to their module.
+ONE_SCORE_EACH = [{"acc_category": 0.5}, {"gen_acc": 0.5, "gen_macro_f1": 0.4, "gen_classify_n": 8},
+                  {"gen_decoded": 8, "gen_examples_per_s": 2.0, "gen_decode_mode": "greedy", "gen_prompts_cut": 0,
+                   "gen_unknown_labels": 0}, {"gen_budget_advice": "raise it with --gen-max-new-tokens N"}]
+
+
+@pytest.mark.parametrize("summary", ONE_SCORE_EACH, ids=lambda s: next(iter(s)))
+def test_the_run_summary_prints_every_kind_of_task_score_through_the_module_found_by_name(summary):
+    """``metrics.task_lines`` loads ``task_summary`` (``metrics.TASK_SUMMARY``) when a summary holds task scores."""
+    assert metrics.task_lines(summary) == task_lines(summary) != ""
+
+
+def test_a_summary_without_task_scores_does_not_load_their_lines():
+    code = ("import sys; from ecomkit import metrics; "
+            "assert metrics.task_lines({'eval_loss': 1.0, 'eval_methods': {}}) == ''; "
+            "assert metrics.TASK_SUMMARY not in sys.modules and metrics.REPORTING not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_the_figures_that_miss_their_baseline_are_named_with_their_method():

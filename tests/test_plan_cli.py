@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from ecomkit.hardware import LINKS
+from ecomkit.planner.links import LINKS
 from ecomkit.planner.cli import main
 from ecomkit.planner.memory import PlanInput
 from ecomkit.planner.shapes import model_shape

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ecomkit.config import TrainConfig, parse_config
-from ecomkit.models.attention_rule import pick_attention
+from ecomkit.models.attention import pick_attention
 from ecomkit.models.bloom import model_length_limit
 from ecomkit.planner.cli import main, read_job
 from ecomkit.planner.job import PLANNER_FIELDS, Cluster, get_field, plan_input_from_config, planned_precision

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from ecomkit.config import TrainConfig
-from ecomkit.hardware import LINKS
+from ecomkit.planner.links import LINKS
 from ecomkit.models.bloom import flops_per_token
 from ecomkit.parallel.pipeline import head_cost_in_blocks, stage_layer_ranges
 from ecomkit.planner.candidates import FULL, launch_line

@@ -11,7 +11,8 @@ import json
 import pytest
 
 from ecomkit.config import TrainConfig
-from ecomkit.hardware import GPUS, LINKS
+from ecomkit.hardware import GPUS
+from ecomkit.planner.links import LINKS
 from ecomkit.plan import main as plan_main
 from ecomkit.planner.job import Cluster
 from ecomkit.planner.recommend import what_would_fit

@@ -1,4 +1,4 @@
-"""``--precision auto`` (envcheck/matmul.py, train/resolve.py) and the model FLOP/s every run reports.
+"""``--precision auto`` (models/precision.py, train/resolve.py) and the model FLOP/s every run reports.
 
 - On a CPU that advertises AVX-512 BF16 or AMX, auto picks bf16 (the measured GEMM decides, and on such a core
   it is several times the fp32 rate); with a probe saying bf16 is not faster (mocked rates), fp32; on a CPU
@@ -17,8 +17,9 @@ import torch
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
-import ecomkit.envcheck.matmul as matmul
-from ecomkit.envcheck.matmul import AUTO_BF16_MIN_SPEEDUP, choose_precision, cpu_bf16_units, matmul_flops
+import ecomkit.hardware as hardware
+from ecomkit.hardware import cpu_bf16_units, matmul_flops
+from ecomkit.models.precision import AUTO_BF16_MIN_SPEEDUP, choose_precision
 from ecomkit.errors import ConfigError
 from ecomkit.metrics import flops_line
 from ecomkit.train.loop import run_training
@@ -38,7 +39,7 @@ def test_auto_picks_bf16_on_a_cpu_that_multiplies_in_bf16():
 def test_auto_picks_fp32_untimed_on_a_cpu_without_bf16_units(monkeypatch):
     def no_timing(*_):
         raise AssertionError("the probe timed a GEMM although the flags had decided")
-    monkeypatch.setattr("ecomkit.envcheck.matmul.measured_cpu_peak", no_timing)
+    monkeypatch.setattr("ecomkit.models.precision.measured_cpu_peak", no_timing)
     picked, why = choose_precision(CPU)
     assert picked == "fp32" and "no bf16 matmul units" in why
 
@@ -101,8 +102,8 @@ def test_the_peak_is_the_fastest_gemm_size_at_its_best_repetition(monkeypatch):
         calls.append((n, best))
         return {256: 80e9, 512: 101e9, 1024: 89e9}[n] * (1.0 if best else 0.97)
 
-    monkeypatch.setattr(matmul, "matmul_flops", fake)
-    assert matmul.matmul_peak("fp32") == (101e9, 512)
+    monkeypatch.setattr(hardware, "matmul_flops", fake)
+    assert hardware.matmul_peak("fp32") == (101e9, 512)
     assert {n for n, best in calls if best} == {256, 512, 1024}
 
 
@@ -122,8 +123,8 @@ def test_a_run_at_a_given_precision_times_no_gemm_and_reports_model_flops(tmp_pa
     precision nothing is timed now (a GEMM timing here fails the run); the rows still carry model FLOP/s."""
     def no_timing(*_, **__):
         raise AssertionError("a GEMM was timed at start-up")
-    monkeypatch.setattr(matmul, "matmul_flops", no_timing)
-    matmul._cpu_peak.cache_clear()   # an earlier test's probe must not answer for this run
+    monkeypatch.setattr(hardware, "matmul_flops", no_timing)
+    hardware._cpu_peak.cache_clear()   # an earlier test's probe must not answer for this run
     cfg = TrainConfig(precision="fp32", max_steps=3, eval_interval=0, eval_batches=1, save_model=False,
                       progress=False, report_to="none", output_dir=str(tmp_path))
     summary = run_training(cfg)

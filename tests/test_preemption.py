@@ -19,7 +19,10 @@ from safetensors.torch import load_file
 from conftest import preempt_then_finish, run_script
 from ecomkit.config import TrainConfig, parse_signal_names
 from ecomkit.errors import ConfigError
-from ecomkit.faults.preempt import PreemptionSignals, clear_record, read_record, write_record
+from ecomkit.faults.checkpoint import TRAINER_STATE
+from ecomkit.faults.safe_load import METADATA
+from ecomkit.train.preempt import (PreemptionCallback, PreemptionSignals, add_preemption_callbacks, clear_record,
+                                   read_record, write_record)
 
 # fp32 pinned: 02's default, precision auto, is chosen by timing GEMMs at start-up, so the uninterrupted and the
 # resumed launches could train at different precisions under a loaded machine (docs/testing.md).
@@ -107,7 +110,7 @@ def test_a_signalled_rank_that_is_stuck_exits_as_the_signal_would(tmp_path):
     """A rank that never reaches the end of its step (a hung peer) still ends on SIGTERM, after the grace."""
     import subprocess
     code = ("import os, signal, time\n"
-            "import ecomkit.faults.preempt as p\n"
+            "import ecomkit.train.preempt as p\n"
             "p.STUCK_AFTER_S = 0.5\n"
             "s = p.PreemptionSignals([signal.SIGTERM]); s.install()\n"
             "os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -129,3 +132,20 @@ def test_record_is_written_whole_and_keeps_the_history(tmp_path):
     clear_record(tmp_path)
     clear_record(tmp_path)
     assert not (tmp_path / "preempted.json").exists()
+
+
+def test_the_checkpoint_callback_is_made_at_the_signal_or_for_a_record_to_resume(tmp_path):
+    """A run that reads no record gets no checkpoint callback until a signal (so it loads no checkpoint code); a
+    record naming a complete checkpoint makes one that resumes from it."""
+    cfg = TrainConfig(output_dir=str(tmp_path))
+    [callback] = add_preemption_callbacks(cfg, [])
+    assert isinstance(callback, PreemptionCallback) and callback.checkpoint is None
+    step = tmp_path / "checkpoints" / "step_00000003"
+    step.mkdir(parents=True)
+    for name in (METADATA, TRAINER_STATE):
+        (step / name).write_text("{}")
+    write_record(tmp_path / "checkpoints", {"step": 3, "checkpoint": str(step), "save_s": 0.1})
+    checkpoint, callback = add_preemption_callbacks(cfg, [])
+    assert type(checkpoint).__name__ == "CheckpointCallback" and callback.checkpoint is checkpoint
+    assert checkpoint.resuming and checkpoint.resume_from == step
+

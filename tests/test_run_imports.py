@@ -18,11 +18,12 @@ import pytest
 import torch
 from import_cost import REPO, python_import, run_script
 
+from ecomkit import metrics
 from ecomkit.config import StrategyName, TrainConfig
-from ecomkit.config.validate_loss import forward_loss_unsupported
+from ecomkit.config.validate_options import forward_loss_unsupported
 from ecomkit.dist import DistEnv
-from ecomkit.faults.callbacks import HEALTH, add_fault_tolerance_callbacks
-from ecomkit.parallel import DDP_HOOKS, LORA, QUANT, STRATEGIES, build_strategy, find
+from ecomkit.faults import HEALTH, add_fault_tolerance_callbacks
+from ecomkit.parallel import DDP_HOOKS, LORA, QUANT, STATE_BYTES, STRATEGIES, build_strategy, find
 from ecomkit.train import loop
 
 SCRIPT = REPO / "scripts" / "02_data_parallel.py"
@@ -33,8 +34,8 @@ QUICK = ["--max-steps", "3", "--eval-interval", "0", "--final-eval-samples", "8"
 # spans data/build.py reads the catalog with, and the CPU fast paths.
 TARGET_MODULES, TARGET_LINES = 45, 8_000
 REACHED_MODULES, REACHED_LINES = 62, 11_200
-NEVER_IN_TRAINING = ("ecomkit.planner", "ecomkit.plan", "ecomkit.envcheck.lint",
-                     "ecomkit.envcheck.run", "ecomkit.envcheck.system", "ecomkit.envcheck.collectives",
+# Training loads no part of envcheck (chapter 01's checks), the planner, nor faults' diagnosis.
+NEVER_IN_TRAINING = ("ecomkit.planner", "ecomkit.plan", "ecomkit.envcheck",
                      "ecomkit.faults.diagnose", "ecomkit.faults.reproduce", "ecomkit.faults.known_errors")
 # A user's file (its reading, column maps, row checks), the writers, the padding study, and a saved model's files:
 # a run on the catalog with a preset reads none of them.
@@ -43,8 +44,12 @@ USER_DATA = ("ecomkit.data.loaders", "ecomkit.data.columns", "ecomkit.data.file_
 OTHER_STRATEGIES = ("ecomkit.parallel.zero", "ecomkit.parallel.mixed", "ecomkit.parallel.pipeline",
                     "ecomkit.parallel.fsdp", "ecomkit.parallel.tensor", "ecomkit.parallel.dims",
                     "ecomkit.parallel.accelerate_path", "ecomkit.parallel.comm_count")
+# Loaded only when a run writes or reads a checkpoint, compiles, takes --attn flex, or scores an nlu task.
+ON_REQUEST = ("ecomkit.faults.callbacks", "ecomkit.faults.checkpoint", "ecomkit.faults.safe_load",
+              "ecomkit.fast.compile", "ecomkit.fast.flex", "ecomkit.train.nlu_accuracy", "ecomkit.train.task_metrics")
 OPTIONAL = ("ecomkit.parallel.compression", "ecomkit.fast.shm_allreduce", LORA, QUANT, HEALTH, "ecomkit.train.gen_eval",
-            "ecomkit.train.generate", "ecomkit.train.hf_trainer", "ecomkit.train.sweep")
+            "ecomkit.train.generate", "ecomkit.train.hf_trainer", "ecomkit.train.sweep", metrics.REPORTING,
+            metrics.TASK_SUMMARY)
 
 
 def floors() -> list[list[str]]:
@@ -72,8 +77,11 @@ def test_every_registered_strategy_resolves_and_sits_on_the_parallel_floor():
         assert find(target) is not None and target.startswith("ecomkit.parallel."), target
     assert set(STRATEGIES) == set(StrategyName)
     assert [floor_of(m) < parallel for m in (LORA, QUANT)] == [True, True]   # models: below the strategies
+    assert floor_of(STATE_BYTES) == parallel and callable(find(f"{STATE_BYTES}:model_state_bytes"))
+    for module, name in ((metrics.REPORTING, "open_sinks"), (metrics.TASK_SUMMARY, "task_lines")):  # metrics finds
+        assert floor_of(module) == floor_of("ecomkit.metrics") and callable(find(f"{module}:{name}"))
     assert find(f"{HEALTH}:HealthMonitor").__module__ == HEALTH              # faults find their own module
-    for module in (loop.PACKING, loop.GENERATION):                           # what the loop finds: at or below it
+    for module in (loop.PACKING, loop.GENERATION, loop.SCORING, loop.VERDICT):   # what the loop finds: at or below it
         assert floor_of(module) <= floor_of("ecomkit.train") and find(f"{module}:__name__") == module
 
 
@@ -116,8 +124,21 @@ def ddp_run(tmp_path_factory):
 def test_a_ddp_run_loads_its_strategy_by_name_and_no_one_elses(ddp_run):
     for rank in ddp_run:
         assert "ecomkit.parallel.ddp" in rank.modules   # found by name, and counted: -X importtime sees it
-        assert not loaded(rank.modules, NEVER_IN_TRAINING + OTHER_STRATEGIES + OPTIONAL + USER_DATA)
+        # STATE_BYTES: only a memory report needs it in DDP (ZeRO's state module counts its partitions with it)
+        assert not loaded(rank.modules, NEVER_IN_TRAINING + OTHER_STRATEGIES + OPTIONAL + USER_DATA + (STATE_BYTES,))
         assert not rank.lab   # the measurement lab (ecomlab): measure, claims, plots, derive
+
+
+@pytest.mark.dist
+def test_a_ddp_run_that_writes_no_checkpoint_loads_no_checkpoint_code(ddp_run):
+    """Preemption is on, but the checkpoint code loads only at a signal; no --compile, no nlu figures."""
+    for rank in ddp_run:
+        assert not loaded(rank.modules, ON_REQUEST)
+
+
+def test_the_loop_loads_what_a_flag_asks_for_only_when_it_asks():
+    """Importing the training loop loads no checkpoint, compile, candidate-scoring or baseline-verdict module."""
+    assert not loaded(python_import("ecomkit.train.loop").modules, ON_REQUEST)
 
 
 @pytest.mark.dist

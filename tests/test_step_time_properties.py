@@ -17,7 +17,7 @@ from dataclasses import replace
 import pytest
 
 from ecomkit.errors import ConfigError
-from ecomkit.hardware import LINKS, LinkSpec
+from ecomkit.planner.links import LINKS, LinkSpec
 from ecomkit.planner.memory import PlanInput
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import comm_volume, hidden_exposed, last_bucket, predict_step_time, speedups

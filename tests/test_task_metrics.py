@@ -87,7 +87,7 @@ def test_garbled_answers_are_counted_per_row_and_in_the_summary():
 
 def test_answers_that_stopped_at_the_budget_are_counted_with_the_flag_that_raises_it():
     """Issue #42: generations that used every new token without ending are counted per row and in the summary."""
-    from ecomkit.metrics import generation_lines
+    from ecomkit.task_summary import generation_lines
     from ecomkit.train.generate import stopped_at_budget
 
     assert stopped_at_budget([5, 6, 7], eos_id=2, max_new_tokens=3)
@@ -146,7 +146,7 @@ def test_scores_recomputed_from_prediction_rows_by_reparsing_the_generated_text(
 
 
 def test_printed_summary_says_whether_each_baseline_is_cleared_and_by_how_much():
-    from ecomkit.metrics import generation_lines
+    from ecomkit.task_summary import generation_lines
 
     assert generation_lines({"eval_loss": 1.0}) == ""   # no evaluation by generation: no lines
     rows = prediction_rows("seqgpt", [TaskExample("extract", "华为 手机", ("品牌",), gold_spans=(("品牌", "华为"),)),

@@ -1,4 +1,4 @@
-"""The barrier-synchronised timer of :mod:`ecomkit.dist`, in one process."""
+"""The barrier-synchronised timer of :mod:`ecomlab.timing`, in one process."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ecomkit.dist import timed, timed_phases
+from ecomlab.timing import timed, timed_phases
 
 
 def test_phases_alternate_and_each_gets_its_own_median():

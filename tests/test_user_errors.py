@@ -17,8 +17,8 @@ import pytest
 
 from ecomkit import errors
 from ecomkit.config import parse_config
-from ecomkit.errors import ConfigError, DataError, EcomkitError, report_user_error, user_error_from_agent_file
-from ecomkit.launch import run_torchrun
+from ecomkit.errors import ConfigError, DataError, EcomkitError, report_user_error
+from ecomkit.launch import run_torchrun, user_error_from_agent_file
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,6 @@
 """The one training configuration: ``vocabulary`` (the allowed words), ``schema`` (:class:`TrainConfig` and presets),
-``validate`` (every check), ``cli`` (flags and ``--config`` files) and ``recipe`` (the ``auto`` defaults)."""
+``validate`` and ``validate_options`` (every check), ``cli`` (flags, their help and ``--config`` files) and
+``recipe`` (the ``auto`` defaults)."""
 
 from ecomkit.config.cli import (PARALLEL_FLAG_ALIASES, apply_overrides, build_arg_parser, expand_aliases,
                                 load_config_file, parse_config)

@@ -1,12 +1,8 @@
 """The one training configuration: dataclasses with commented defaults, and named presets.
 
-Why one dataclass: a notebook, a script and a test must describe the same run
-in the same words. Flags are derived from the fields (:mod:`ecomkit.config.cli`)
-and :meth:`TrainConfig.validate` (:mod:`ecomkit.config.validate`) rejects
-invalid values with a clear message *before* any process group is created.
-
-Presets are plain functions that return a config; variants call a base preset
-and change a few fields (torchtitan's convention), never ``exec``.
+Why one dataclass: a notebook, a script and a test must describe the same run in the same words. Flags are derived
+from the fields (:mod:`ecomkit.config.cli`); :meth:`TrainConfig.validate` rejects invalid values before any process
+group exists. Presets are functions returning a config; variants call a base and change a few fields (torchtitan's).
 """
 
 from __future__ import annotations
@@ -135,12 +131,12 @@ class TrainConfig(Sealable):
     model: str = "tiny"               # preset (tiny, small, seqgpt-560m, ecomgpt-7b), local dir or hub id
     tokenizer: str = "local"          # "local": BPE trained on the catalog; or a dir / hub id
     attn: str = "auto"                # auto: sdpa, except eager at the precision and lengths where bench_attn_rule
-                                      #   measured it faster on this CPU, or on this GPU's kind (attention_rule;
+                                      #   measured it faster on this CPU, or on this GPU's kind (pick_attention;
                                       #   an unmeasured GPU: sdpa, said so) | sdpa (proven equal to eager) |
                                       #   eager | flex (GPU)
     fused_gelu: bool = True           # BLOOM's MLP GELU as one ATen kernel each way (the same tanh approximation;
                                       #   transformers' runs ~20 elementwise kernels, 25 % of a bf16 CPU step);
-                                      #   --no-fused-gelu keeps transformers' own (fast/gelu.py)
+                                      #   --no-fused-gelu keeps transformers' own (fast/cpu_kernels.py)
     cpu_kernels: bool = True          # on CPU, BLOOM's GeLU and the LM-head loss through ecomkit's AVX-512 kernels
                                       #   (one pass each way; built once by make install; ATen's kernels where
                                       #   the CPU has no AVX-512 or no compiler) (fast/cpu_kernels.py)
@@ -275,10 +271,8 @@ class TrainConfig(Sealable):
                  n_layer: int | None = None) -> "TrainConfig":
         """Check everything about this config before any process group exists; returns self for chaining.
 
-        ``world_size`` defaults to ``$WORLD_SIZE`` (1 without torchrun).
-        ``n_head``/``n_layer`` are the model's shape when it is known (a preset,
-        or the loaded model): this package cannot import the models, so the
-        training loop calls ``validate`` again once the model is loaded.
+        ``world_size`` defaults to ``$WORLD_SIZE`` (1 without torchrun). ``n_head``/``n_layer``: the model's shape
+        when known; this package cannot import the models, so the loop validates again once the model is loaded.
         """
         world = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", 1))
         validate_train_config(self, world, n_head=n_head, n_layer=n_layer)

@@ -13,15 +13,12 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from ecomkit.config.validate_lengths import check_generation, check_lengths, number_or_auto
-from ecomkit.config.validate_loss import check_loss_kernel
-from ecomkit.config.validate_peft import check_peft
-from ecomkit.config.vocabulary import (ATTN_CHOICES, COMPILE_MODES, CLIP_POLICIES, COMPILE_STRATEGIES, COMPRESSIONS, DDP_ALLREDUCES,
-                                       HOOK_STRATEGIES,
-                                       MESH_STRATEGIES,
-                                       PACKING_CHOICES, PROMPT_FORMATS, SPAN_ENDS,
-                                       PP_BALANCES, PP_SCHEDULES, PRECISION_CHOICES, REPORT_TARGETS, STRATEGIES,
-                                       STRATEGIES_WITHOUT_DCP, TASKS, AUTO, StrategyName, check_choice, flag_of)
+from ecomkit.config.validate_options import check_loss_kernel, check_peft
+from ecomkit.config.vocabulary import (ATTN_CHOICES, AUTO, CLIP_POLICIES, COMPILE_MODES, COMPILE_STRATEGIES,
+                                       COMPRESSIONS, DDP_ALLREDUCES, HOOK_STRATEGIES, MESH_STRATEGIES, PACKING_CHOICES,
+                                       PP_BALANCES, PP_SCHEDULES, PRECISION_CHOICES, PROMPT_FORMATS, REPORT_TARGETS,
+                                       SPAN_ENDS, STRATEGIES, STRATEGIES_WITHOUT_DCP, TASKS, StrategyName, check_choice,
+                                       flag_of)
 from ecomkit.errors import ConfigError
 
 # schema.py imports this module (TrainConfig.validate), so its types are named, not imported (an import circle).
@@ -96,18 +93,57 @@ def check_compression(cfg: _TrainConfig) -> None:
 
 
 def check_recipe_words(cfg: _TrainConfig) -> None:
-    """``--lr``, ``--warmup-steps``, ``--max-steps``, ``--eval-interval``: a number in range or ``auto``
-    (resolved by config/recipe.py)."""
+    """``--lr``, ``--warmup-steps``, ``--max-steps``, ``--eval-interval``: a number in range, or ``auto``."""
     if cfg.lr != AUTO and (isinstance(cfg.lr, (bool, str)) or cfg.lr <= 0):
         raise ConfigError(f"--lr {cfg.lr}: must be > 0 (a number), or 'auto'.")
-    number_or_auto("warmup_steps", cfg.warmup_steps, 0)
-    number_or_auto("max_steps", cfg.max_steps, 0)
-    number_or_auto("eval_interval", cfg.eval_interval, 0)
+    for name in ("warmup_steps", "max_steps", "eval_interval"):
+        number_or_auto(name, getattr(cfg, name), 0)
+
+
+# The shortest --seq-len a run takes: shorter leaves no room for a prompt's instruction, labels and answer.
+MIN_SEQ_LEN = 16
+
+
+def number_or_auto(name: str, value: Any, minimum: int) -> None:
+    """``value`` is ``"auto"`` or an integer >= ``minimum``; the message names the flag."""
+    if value == AUTO:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{flag_of(name)} {value!r}: must be a whole number or 'auto'.")
+    if value < minimum:
+        raise ConfigError(f"{flag_of(name)} {value}: must be >= {minimum}, or 'auto'.")
+
+
+def check_lengths(cfg: _TrainConfig) -> None:
+    """``--seq-len`` and ``--gen-max-new-tokens``: a number or ``auto``; packing where a strategy can pack."""
+    number_or_auto("seq_len", cfg.seq_len, MIN_SEQ_LEN)
+    number_or_auto("gen_max_new_tokens", cfg.gen_max_new_tokens, 1)
+    if cfg.packing == "on" and cfg.strategy in (StrategyName.TP, StrategyName.MIXED) \
+            and cfg.parallel.sequence_parallel and cfg.seq_len != AUTO and cfg.seq_len % cfg.parallel.tp:
+        raise ConfigError(
+            f"--packing on with --parallel-sequence-parallel cuts every packed sequence of --seq-len {cfg.seq_len} "
+            f"into tp={cfg.parallel.tp} equal pieces, so seq_len must be a multiple of {cfg.parallel.tp}. Give "
+            f"--seq-len {-(-cfg.seq_len // cfg.parallel.tp) * cfg.parallel.tp}.")
+
+
+def check_generation(cfg: _TrainConfig) -> None:
+    """Decoding sizes in range; beam search only where transformers' generate() runs (not pp, not sequence parallel)."""
+    if cfg.gen_eval_samples < 0:
+        raise ConfigError(f"--gen-eval-samples {cfg.gen_eval_samples}: must be >= 0 (0: no evaluation by generation).")
+    for name in ("gen_num_beams", "gen_batch_size"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{flag_of(name)} {getattr(cfg, name)}: must be >= 1.")
+    par = cfg.parallel
+    pipelined = cfg.strategy in (StrategyName.PP, StrategyName.MIXED) and par.pp > 1
+    if cfg.gen_num_beams > 1 and (cfg.strategy == StrategyName.PP or pipelined or par.sequence_parallel):
+        raise ConfigError(
+            f"--gen-num-beams {cfg.gen_num_beams}: pipeline parallel and sequence parallel decode greedily without "
+            "the KV cache (a pipeline's stages are separate modules; sequence parallel cannot cut a one-token step "
+            "into tp pieces), so beam search is not available there. Use --gen-num-beams 1.")
 
 
 def check_ddp_allreduce(cfg: _TrainConfig) -> None:
-    """``--ddp-allreduce shm`` is a DDP communication hook: DDP only, and not beside a compression hook (the
-    machine's part is checked at registration: ``ecomkit.fast.shm_allreduce.check_shm_allreduce``)."""
+    """``--ddp-allreduce shm`` is a DDP communication hook: DDP only, and not beside a compression hook."""
     check_choice("ddp_allreduce", cfg.ddp_allreduce, DDP_ALLREDUCES)
     if cfg.ddp_allreduce == "process_group":
         return
@@ -221,9 +257,7 @@ def check_parallel(cfg: _TrainConfig, world_size: int, n_head: int | None = None
                               f"({', '.join(MESH_STRATEGIES)}), not --strategy {cfg.strategy}.")
         return
     dp, tp, pp = resolve_parallel_degrees(cfg.strategy, par, world_size)
-    if par.pp_schedule not in PP_SCHEDULES:
-        raise ConfigError(f"Unknown parallel.pp_schedule '{par.pp_schedule}' (flag --parallel-pp-schedule). "
-                          f"Choose one of: {', '.join(PP_SCHEDULES)}.")
+    check_choice("parallel.pp_schedule", par.pp_schedule, PP_SCHEDULES)
     check_choice("parallel.pp_balance", par.pp_balance, PP_BALANCES)
     if par.pp_microbatches < 1:
         raise ConfigError(f"parallel.pp_microbatches={par.pp_microbatches} must be >= 1 "

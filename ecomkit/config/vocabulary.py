@@ -50,12 +50,12 @@ PLAN_STRATEGY_ALIASES = {"zero0": "ddp", "zero-0": "ddp", "zero-1": "zero1", "ze
                          "fsdp": "fsdp2", "dp": "ddp", "accelerate": "ddp"}
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-# What --precision accepts: a precision, or "auto" (resolved once the device is known: envcheck/matmul.py).
+# What --precision accepts: a precision, or "auto" (resolved once the device is known: models/precision.py).
 PRECISION_CHOICES = (*PRECISIONS, "auto")
 TASKS = ("lm", "nlu")
 CLIP_POLICIES = ("fixed", "sentiment")
 ATTN_IMPLS = ("eager", "sdpa", "flex")
-# What --attn accepts: an implementation, or "auto" (resolved once precision and device are known: attention_rule).
+# What --attn accepts: an implementation, or "auto" (resolved once precision and device are known: models/attention.py).
 ATTN_CHOICES = (*ATTN_IMPLS, "auto")
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "topk", "topk_naive")
 # How DDP moves gradients: the process group's all-reduce, or shared memory between ranks on one CPU host.

@@ -18,26 +18,84 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets import Dataset
 
-from ecomkit.data.arrow import cached_table, fingerprint
-from ecomkit.data.catalog import MIN_ROWS, SPAN_LABELS, catalog_spans, generate_catalog_chunks
-from ecomkit.data.formats import DEFAULT_PROMPT_FORMAT, TaskExample, check_format
-from ecomkit.data.spans import spans_json
-from ecomkit.data.tasks import CLASSIFICATION_TASKS, KINDS, check_task, labels_from_values, record_task_examples
-from ecomkit.data.stream import column_numpy, label_codes, read_columns
-from ecomkit.data.lengths import (CutCounts, LengthStats, choose_seq_len, cut_counts, length_stats, lengths_facts,
-                                  limit_warning, reached_limit)
-from ecomkit.data.tokenize import fit_rows, tokenize_whole
-from ecomkit.data.validate import (RECORD_FEATURES, RECORD_FIELDS, ValidationReport, check_bad_fraction,
-                                   check_labels_spelling, unlabeled_warning)
+from ecomkit.data.stream import cached_table, fingerprint, label_codes, read_columns
+from ecomkit.data.catalog import (MIN_ROWS, RECORD_FEATURES, RECORD_FIELDS, SPAN_LABELS, TARGET_FIELDS, catalog_spans,
+                                  generate_catalog_chunks, spans_json)
+from ecomkit.data.formats import DEFAULT_PROMPT_FORMAT, TaskExample, check_format, check_labels_spelling
+from ecomkit.data.tasks import CLASSIFICATION_TASKS, KINDS, TARGETS, check_task, labels_from_values
+from ecomkit.data.lengths import CutCounts, LengthStats, lengths_facts, limit_warning, tokenized_splits
 from ecomkit.errors import ConfigError, DataError
 
 SYNTHETIC = "synthetic"
 # A user's file's reader, imported by name when a file is given (the catalog never loads it).
 LOADERS = "ecomkit.data.loaders"
-FINAL_COLUMNS = ("input_ids", "labels", "length", "polarity")   # what the sampler and the collator read
 # --seq-len auto's cap when the model's is unknown: BLOOM's training length.
 DEFAULT_LENGTH_LIMIT = 2048
 MAX_SYNTHETIC_ROWS = 100_000_000
+
+
+@dataclass(frozen=True)
+class ValidationIssue:
+    reason: str
+    location: str
+    field: str | None
+    detail: str
+
+
+@dataclass
+class ValidationReport:
+    """What a load kept and skipped: ``counts`` per reason, ``total`` rows seen, ``kept`` rows."""
+
+    source: str
+    total: int = 0
+    kept: int = 0
+    counts: Counter = field(default_factory=Counter)
+    first_issue: dict[str, ValidationIssue] = field(default_factory=dict)
+    unlabeled: int = 0                  # valid rows with nothing for task nlu to learn (no target, spans, pair)
+    unlabeled_first: list[str] = field(default_factory=list)   # where the first of them are ("line 7", ...)
+
+    @property
+    def skipped(self) -> int:
+        return self.total - self.kept
+
+    @property
+    def bad_fraction(self) -> float:
+        return self.skipped / self.total if self.total else 0.0
+
+    def add_issue(self, issue: ValidationIssue, count: int = 1) -> None:
+        self.counts[issue.reason] += count
+        self.first_issue.setdefault(issue.reason, issue)
+
+    def summary(self) -> str:
+        head = f"{self.source}: kept {self.kept:,} of {self.total:,} rows"
+        if not self.skipped:
+            return head + "."
+        parts = []
+        for reason, count in sorted(self.counts.items(), key=lambda kv: (-kv[1], kv[0])):
+            first = self.first_issue[reason]
+            where = f"{first.location}" + (f", field '{first.field}'" if first.field else "")
+            parts.append(f"{reason} {count:,} (first at {where}: {first.detail})")
+        return f"{head}; skipped {self.skipped:,}: " + "; ".join(parts) + "."
+
+
+def unlabeled_warning(report: ValidationReport) -> str | None:
+    """A line naming the first valid rows that give task nlu nothing to learn, or None when there are none."""
+    if not report.unlabeled:
+        return None
+    more = f" and {report.unlabeled - len(report.unlabeled_first):,} more" \
+        if report.unlabeled > len(report.unlabeled_first) else ""
+    return (f"{report.source}: {report.unlabeled:,} of {report.kept:,} valid rows have no label ({', '.join(TARGET_FIELDS)}, "
+            f"spans or an instruction pair), so task nlu builds no example from them: {', '.join(report.unlabeled_first)}"
+            f"{more}. Fill in their labels, or check --column-map if a label column has another name.")
+
+
+def check_bad_fraction(report: ValidationReport, max_bad_fraction: float) -> None:
+    """Stop when more than ``max_bad_fraction`` of the rows were skipped: the file is not what it seems."""
+    if report.total and report.bad_fraction > max_bad_fraction:
+        raise DataError(
+            f"{report.summary()} That is {report.bad_fraction:.1%} of the rows, above max_bad_fraction="
+            f"{max_bad_fraction:g} (--max-bad-fraction). Fix the data or its --column-map/--label-map "
+            f"(--strict-data names the first bad row), or raise --max-bad-fraction if losing these rows is intended.")
 
 
 @dataclass
@@ -193,7 +251,7 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
     if len(train_idx) == 0:
         raise DataError(f"{source}: only {len(records)} usable records, too few to split off an eval set with "
                         f"eval_fraction={eval_fraction}. Provide more rows, or an eval file (--eval-data FILE).")
-    built = _tokenized_splits(records, eval_table, eval_idx, tokenizer, task, num_proc, max_length, length_limit,
+    built = tokenized_splits(records, eval_table, eval_idx, tokenizer, task, num_proc, max_length, length_limit,
                               {"labels": all_labels, "prompt_format": prompt_format})
     train_ds, eval_ds, kinds = built.train, built.eval, built.kinds
     is_train = np.zeros(len(records), dtype=bool)
@@ -216,70 +274,10 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
                          cuts=built.cuts, train_label_counts=train_counts,
                          labels_not_in_data=never, span_labels_in_data=tuple(sorted(span_counts or ())))
     if task == "nlu":
-        report.eval_examples = _task_examples(eval_records, all_labels, eval_name)
-        report._train_spans = lambda: _span_counter(records, train_idx, extract)
+        targets = __import__(TARGETS, fromlist=["table_task_examples", "train_span_counts"])
+        report.eval_examples = targets.table_task_examples(eval_records, all_labels, eval_name)
+        report._train_spans = lambda: targets.train_span_counts(records, train_idx, extract)
     return train_ds, eval_ds, eval_records, report
-
-
-@dataclass
-class _Splits:
-    """The tokenised train and eval sets, fit to ``seq_len``, with what measuring and fitting them found."""
-
-    train: Dataset
-    eval: Dataset
-    seq_len: int
-    why: str                                  # how --seq-len was chosen
-    stats: dict[str, LengthStats]
-    cuts: dict[str, CutCounts]
-    kinds: np.ndarray                         # examples built per kind (windows not counted twice)
-    examples: pa.Table                        # every training-table example's record and kind
-    at_limit: bool = False
-
-
-def _tokenized_splits(records: Dataset, eval_table: Dataset | None, eval_idx: np.ndarray, tokenizer, task: str,
-                      num_proc: int, max_length: int | str, length_limit: int, tok: dict) -> _Splits:
-    """Tokenise every table whole, measure each split's lengths, choose ``seq_len``, fit the rows, count the cuts.
-
-    One sequential pass per table, cached whatever the seed; no indices mapping, which would cost memory per row.
-    """
-    whole = tokenize_whole(records, tokenizer, task, num_proc, **tok)
-    eval_whole = tokenize_whole(eval_table, tokenizer, task, num_proc, **tok) if eval_table is not None else None
-
-    def split(table: Dataset) -> tuple[np.ndarray, np.ndarray | None]:
-        if eval_whole is not None:
-            return np.arange(len(table)), None
-        return _rows_by_record(column_numpy(table, "record"), len(records), eval_idx)
-
-    train_rows, eval_rows = split(whole)
-    stats = {"train": length_stats(whole, train_rows),
-             "eval": length_stats(whole, eval_rows) if eval_whole is None else length_stats(eval_whole)}
-    longest = max(s.row.max for s in stats.values())
-    seq_len, why = choose_seq_len(max_length, longest, length_limit)
-    at_limit = reached_limit(max_length, longest, length_limit)
-    fitted = fit_rows(whole, seq_len, num_proc)
-    examples = read_columns(whole, ["record", "kind"])
-    kinds = np.bincount(examples.column("kind").to_numpy().astype(np.int64), minlength=len(KINDS))
-    final = fitted.select_columns([c for c in FINAL_COLUMNS if c in fitted.column_names])
-    train_rows, eval_rows = split(fitted)
-    if eval_whole is None:
-        cuts = {"train": cut_counts(fitted, seq_len, train_rows), "eval": cut_counts(fitted, seq_len, eval_rows)}
-        return _Splits(final.select(train_rows), final.select(eval_rows), seq_len, why, stats, cuts, kinds, examples,
-                       at_limit)
-    eval_fitted = fit_rows(eval_whole, seq_len, num_proc)
-    kinds += np.bincount(column_numpy(eval_whole, "kind").astype(np.int64), minlength=len(KINDS))
-    cuts = {"train": cut_counts(fitted, seq_len), "eval": cut_counts(eval_fitted, seq_len)}
-    eval_final = eval_fitted.select_columns([c for c in FINAL_COLUMNS if c in eval_fitted.column_names])
-    return _Splits(final, eval_final, seq_len, why, stats, cuts, kinds, examples, at_limit)
-
-
-def _rows_by_record(source_record: np.ndarray, n_records: int, eval_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Example rows of the training records (table order) and of the eval records (in ``eval_idx`` order)."""
-    position = np.full(n_records, -1, dtype=np.int64)
-    position[eval_idx] = np.arange(len(eval_idx))
-    row_position = position[source_record]
-    eval_rows = np.flatnonzero(row_position >= 0)
-    eval_rows = eval_rows[np.argsort(row_position[eval_rows], kind="stable")]
-    return np.flatnonzero(row_position < 0), eval_rows
 
 
 def _train_label_counts(built: pa.Table, is_train: np.ndarray, codes: Mapping[str, np.ndarray],
@@ -301,11 +299,6 @@ def _train_label_counts(built: pa.Table, is_train: np.ndarray, codes: Mapping[st
     return out
 
 
-def _task_examples(table: Dataset, labels: Mapping[str, Sequence[str]], name: str) -> list[TaskExample]:
-    """The TaskExamples of every record of ``table``, in its order; ids are ``<name>:<record index>/<kind>``."""
-    return [ex for i, record in enumerate(table) for _, ex in record_task_examples(record, labels, f"{name}:{i}")]
-
-
 def _span_label_counts(tables: Sequence[Dataset]) -> Counter:
     """Spans per label over the tables (one pass over their ``spans`` column)."""
     counts: Counter = Counter()
@@ -313,15 +306,6 @@ def _span_label_counts(tables: Sequence[Dataset]) -> Counter:
         for value in read_columns(table, ["spans"]).column(0).to_pylist():
             if value:
                 counts.update(label for label, *_ in json.loads(value))
-    return counts
-
-
-def _span_counter(records: Dataset, train_idx: np.ndarray, names: Sequence[str]) -> Counter:
-    column = read_columns(records, ["spans"]).column(0).take(pa.array(train_idx))
-    wanted, counts = set(names), Counter()
-    for value in column.to_pylist():
-        if value:
-            counts.update((label, term) for label, _, _, term in json.loads(value) if label in wanted)
     return counts
 
 

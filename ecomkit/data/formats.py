@@ -1,14 +1,7 @@
 """Prompt formats: how a classification or extraction example is shown to the model, and how its answer reads.
 
-One module builds every prompt and parses every answer, so training, generation and ``ecomkit.predict`` agree.
-Formats (``--prompt-format``): ``seqgpt``, SeqGPT-560M's published prompt (``输入: {text}`` / ``分类|抽取: {labels}`` /
-``输出: [GEN]``), so fine-tuning keeps the model on its own prompt; ``ecomgpt``, EcomGPT's Alpaca-style block; and
-``ecomkit``, the earlier ``任务:…答:`` prompts, whose generic classification layout differs from training's (score
-generations in the other two).
-
-Answers: a classification label, or one ``label: span1，span2`` line per label in prompt order (:data:`NO_SPANS` when
-none). :func:`parse_answer` is tolerant (spaces, full-width forms, other separators, unknown labels counted, trailing
-text); gold sets are compared as :attr:`TaskExample.gold_spans`, never re-parsed.
+One module builds every prompt and parses every answer, so training, generation and ``ecomkit.predict`` agree;
+the formats (``--prompt-format``) and the answers' layout are in docs/data.md.
 """
 
 from __future__ import annotations
@@ -22,11 +15,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ecomkit.config.vocabulary import PROMPT_FORMATS as _FORMATS
-from ecomkit.errors import ConfigError, DataError
+from ecomkit.errors import ConfigError, DataError, did_you_mean
 
 PROMPT_FORMATS: tuple[str, ...] = _FORMATS      # ("seqgpt", "ecomgpt", "ecomkit"), one home in config.vocabulary
 TASK_FILE = "ecomkit_task.json"   # beside config.json in a saved model: the format and labels it was trained with
 DEFAULT_PROMPT_FORMAT = "seqgpt"
+LABEL_CUTOFF = 0.5  # difflib's similarity for "did you mean": one character off a two-character label
 KIND_CLASSIFY, KIND_EXTRACT = "classify", "extract"
 TASK_KINDS: tuple[str, ...] = (KIND_CLASSIFY, KIND_EXTRACT)
 NO_SPANS = "无"                   # the whole answer of an extraction example without spans
@@ -75,17 +69,6 @@ class TaskExample:
         if stray:
             raise ConfigError(f"TaskExample {self.source or self.text[:20]!r}: span labels {sorted(stray)} are not "
                               f"among its labels {list(self.labels)}.")
-
-    def to_record(self) -> dict[str, Any]:
-        """A JSON-ready dict (for predictions.jsonl and Arrow tables); :func:`example_from_record` reads it back."""
-        return {"kind": self.kind, "text": self.text, "labels": list(self.labels), "gold_label": self.gold_label,
-                "gold_spans": [list(s) for s in self.gold_spans], "source": self.source}
-
-
-def example_from_record(record: Mapping[str, Any]) -> TaskExample:
-    """The inverse of :meth:`TaskExample.to_record`."""
-    return TaskExample(record["kind"], record["text"], tuple(record["labels"]), record.get("gold_label"),
-                       tuple(tuple(s) for s in record.get("gold_spans") or ()), record.get("source") or "")
 
 
 @dataclass(frozen=True)
@@ -223,16 +206,27 @@ def parse_labels(text: str | Sequence[str] | None) -> tuple[str, ...]:
     return tuple(item.strip() for item in items if item.strip())
 
 
+def check_labels_spelling(asked: Sequence[str], found: Sequence[str]) -> None:
+    """``--labels`` names that no span carries but one typo off a label that spans carry: an error.
+
+    A label far from every one the data has stays a warning (``labels_not_in_data``).
+    """
+    unused = [name for name in found if name not in asked]
+    hints = {name: hint for name in asked if name not in found and (hint := did_you_mean(name, unused, LABEL_CUTOFF))}
+    if hints:
+        said = " ".join(f"{name!r} never occurs in the spans of the data.{hint}" for name, hint in hints.items())
+        raise ConfigError(f"--labels: {said} The data's span labels: {', '.join(found)}. Fix the spelling in "
+                          f"--labels.")
+
+
 def write_task_file(model_dir: str | os.PathLike, *, prompt_format: str, task: str,
                     labels: Mapping[str, Sequence[str]], kinds: Sequence[str] = (), seq_len: int | None = None,
                     gen_max_new_tokens: int | None = None, reading: Mapping[str, Any] | None = None,
                     train_label_counts: Mapping[str, Mapping[str, int]] | None = None,
                     train_spans: Mapping[tuple[str, str], int] | None = None) -> Path:
-    """Record in a saved model how it was trained: ``<model_dir>/ecomkit_task.json``.
+    """Record in a saved model how it was trained: ``<model_dir>/ecomkit_task.json`` (its keys: docs/data.md).
 
-    Keys: ``prompt_format``, ``task``, ``labels`` (per target and ``extract``), ``kinds``, ``seq_len``,
-    ``gen_max_new_tokens``, ``reading`` (column map, label map, span end) and ``baselines`` (training label counts and
-    spans). Evaluation and ``ecomkit.predict`` read it back so a model is prompted, cut and scored as its run was.
+    Evaluation and ``ecomkit.predict`` read it back so a model is prompted, cut and scored as its run was.
     """
     check_format(prompt_format)
     path = Path(model_dir) / TASK_FILE

@@ -11,17 +11,20 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from datasets import Dataset
 
 from ecomkit.config.vocabulary import AUTO
-from ecomkit.data.stream import read_columns
-from ecomkit.data.tokenize import CUT_COLUMNS, MIN_MAX_LENGTH
+from ecomkit.data.stream import column_numpy, read_columns
+from ecomkit.data.tasks import KINDS
+from ecomkit.data.tokenize import CUT_COLUMNS, MIN_MAX_LENGTH, fit_rows, tokenize_whole
 from ecomkit.errors import ConfigError
 
 # --seq-len auto rounds up to this: whole 64-row tiles for GEMMs and attention, and few distinct lengths.
 SEQ_LEN_MULTIPLE = 64
 # Margin of --gen-max-new-tokens auto over the longest training answer (EOS included): a generation may run longer.
 GEN_BUDGET_MARGIN = 8
+FINAL_COLUMNS = ("input_ids", "labels", "length", "polarity")   # what the sampler and the collator read
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,80 @@ def decide_packing(requested: str, mean_row: float, seq_len: int, device_type: s
     return True, f"auto: on, {rows} (packs when <= {PACK_AUTO_MAX_ROW_SHARE:.0%})"
 
 
-__all__ = ["AUTO", "CPU_PACK_MAX_SEQ_LEN", "GEN_BUDGET_MARGIN", "PACK_AUTO_MAX_ROW_SHARE", "SEQ_LEN_MULTIPLE",
-           "CutCounts", "LengthStats", "Spread", "choose_seq_len", "cut_counts", "decide_packing", "generation_budget",
-           "length_stats", "lengths_facts", "limit_warning", "reached_limit"]
+
+@dataclass
+class Splits:
+    """The tokenised train and eval sets, fit to ``seq_len``, with what measuring and fitting them found."""
+
+    train: Dataset
+    eval: Dataset
+    seq_len: int
+    why: str                                  # how --seq-len was chosen
+    stats: dict[str, LengthStats]
+    cuts: dict[str, CutCounts]
+    kinds: np.ndarray                         # examples built per kind (windows not counted twice)
+    examples: pa.Table                        # every training-table example's record and kind
+    at_limit: bool = False
+
+
+def tokenized_splits(records: Dataset, eval_table: Dataset | None, eval_idx: np.ndarray, tokenizer, task: str,
+                     num_proc: int, max_length: int | str, length_limit: int, tok: dict) -> Splits:
+    """Tokenise every table whole, measure each split's lengths, choose ``seq_len``, fit the rows, count the cuts.
+
+    One sequential pass per table, cached whatever the seed; no indices mapping, which would cost memory per row.
+    """
+    whole = tokenize_whole(records, tokenizer, task, num_proc, **tok)
+    eval_whole = tokenize_whole(eval_table, tokenizer, task, num_proc, **tok) if eval_table is not None else None
+
+    def split(table: Dataset) -> tuple[np.ndarray, np.ndarray | None]:
+        if eval_whole is not None:
+            return np.arange(len(table)), None
+        return rows_by_record(column_numpy(table, "record"), len(records), eval_idx)
+
+    train_rows, eval_rows = split(whole)
+    stats = {"train": length_stats(whole, train_rows),
+             "eval": length_stats(whole, eval_rows) if eval_whole is None else length_stats(eval_whole)}
+    longest = max(s.row.max for s in stats.values())
+    seq_len, why = choose_seq_len(max_length, longest, length_limit)
+    at_limit = reached_limit(max_length, longest, length_limit)
+    fitted = fit_rows(whole, seq_len, num_proc)
+    examples = read_columns(whole, ["record", "kind"])
+    kinds = np.bincount(examples.column("kind").to_numpy().astype(np.int64), minlength=len(KINDS))
+    final = fitted.select_columns([c for c in FINAL_COLUMNS if c in fitted.column_names])
+    train_rows, eval_rows = split(fitted)
+    if eval_whole is None:
+        cuts = {"train": cut_counts(fitted, seq_len, train_rows), "eval": cut_counts(fitted, seq_len, eval_rows)}
+        return Splits(final.select(train_rows), final.select(eval_rows), seq_len, why, stats, cuts, kinds, examples,
+                       at_limit)
+    eval_fitted = fit_rows(eval_whole, seq_len, num_proc)
+    kinds += np.bincount(column_numpy(eval_whole, "kind").astype(np.int64), minlength=len(KINDS))
+    cuts = {"train": cut_counts(fitted, seq_len), "eval": cut_counts(eval_fitted, seq_len)}
+    eval_final = eval_fitted.select_columns([c for c in FINAL_COLUMNS if c in eval_fitted.column_names])
+    return Splits(final, eval_final, seq_len, why, stats, cuts, kinds, examples, at_limit)
+
+
+def rows_by_record(source_record: np.ndarray, n_records: int, eval_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Example rows of the training records (table order) and of the eval records (in ``eval_idx`` order)."""
+    position = np.full(n_records, -1, dtype=np.int64)
+    position[eval_idx] = np.arange(len(eval_idx))
+    row_position = position[source_record]
+    eval_rows = np.flatnonzero(row_position >= 0)
+    eval_rows = eval_rows[np.argsort(row_position[eval_rows], kind="stable")]
+    return np.flatnonzero(row_position < 0), eval_rows
+
+
+# The two samplers (data.sampler, data.packing) cut global batches alike.
+def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
+    """The random stream of one epoch's plan: identical on every rank for the same ``(seed, epoch)``."""
+    return np.random.default_rng([int(seed), int(epoch)])
+
+
+def check_batch_layout(micro_batch_size: int, grad_accum: int, num_replicas: int, rank: int) -> None:
+    """The sizes a sampler cuts global batches by: each at least 1, and ``rank`` one of the replicas."""
+    for flag, value in (("--micro-batch-size", micro_batch_size), ("--grad-accum", grad_accum),
+                        ("the number of data-parallel processes", num_replicas)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}.")
+    if not 0 <= rank < num_replicas:
+        raise ConfigError(f"rank must be in 0..{num_replicas - 1}, got {rank}.")
+

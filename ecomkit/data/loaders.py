@@ -7,6 +7,7 @@ maps your columns (or paths, :mod:`ecomkit.data.columns`) to ecomkit fields; ``l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -18,26 +19,21 @@ import numpy as np
 import pyarrow.compute as pc
 from datasets import Dataset, Features, Value
 
-from ecomkit.data.arrow import cached_table, file_digest, fingerprint
+from ecomkit.data.stream import cached_table, fingerprint, map_batches, read_columns
 from ecomkit.data.columns import (describe_columns, found_keys, map_columns, parse_path, path_keys,
                                   unmatched_error)
 from ecomkit.data.file_rows import check_json_array, csv_header, csv_rows, json_rows, load_hf_directory
 from ecomkit.data.spans import check_span_end
-from ecomkit.data.stream import map_batches, read_columns
 from ecomkit.data.tasks import check_task
+from ecomkit.data.build import ValidationIssue, ValidationReport
+from ecomkit.data.catalog import RECORD_FEATURES, RECORD_FIELDS, TARGET_FIELDS, TEXT_FIELDS
 from ecomkit.data.validate import (
     ALL_FIELDS,
     INSTRUCTION_FIELDS,
     LEARNABLE_FIELDS,
-    RECORD_FEATURES,
-    RECORD_FIELDS,
     SPAN_KEY_FIELDS,
-    TARGET_FIELDS,
-    TEXT_FIELDS,
     UNLABELED_SHOWN,
     RowProblem,
-    ValidationIssue,
-    ValidationReport,
     check_label_map,
     strict_error,
     validate_row,
@@ -51,6 +47,15 @@ RAW_FEATURES = Features({"location": Value("string"), "row": Value("string"), "r
                          "field": Value("string"), "detail": Value("string")})
 _ISSUE_COLUMNS = ("_reason", "_field", "_detail", "_location")
 VALIDATED_FEATURES = Features({**RECORD_FEATURES, **{c: Value("string") for c in _ISSUE_COLUMNS}})
+
+
+def file_digest(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 @dataclass

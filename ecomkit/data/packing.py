@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset as TorchDataset
 
-from ecomkit.data.lengths import CPU_PACK_MAX_SEQ_LEN, PACK_AUTO_MAX_ROW_SHARE, decide_packing  # noqa: F401 (kept)
-from ecomkit.data.sampler import check_batch_layout, epoch_rng
+from ecomkit.data.lengths import (CPU_PACK_MAX_SEQ_LEN, PACK_AUTO_MAX_ROW_SHARE, check_batch_layout,  # noqa: F401
+                                  decide_packing, epoch_rng)
 from ecomkit.data.tokenize import IGNORE_INDEX, BatchCounts, predicted_tokens
 from ecomkit.errors import ConfigError
 

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from ecomkit.data.build import ValidationIssue
 from ecomkit.data.columns import map_columns
 from ecomkit.data.loaders import (check_column_map, check_columns, check_map_keys, class_label_names, file_row,
                                   file_table, missing_map_keys, open_source)
 from ecomkit.data.spans import check_span_end
-from ecomkit.data.validate import LABEL_FIELDS, RowProblem, ValidationIssue, check_label_map, validate_row
+from ecomkit.data.validate import LABEL_FIELDS, RowProblem, check_label_map, validate_row
 
 _LABEL_REASONS = ("unmapped_label", "invalid_label")   # a row's own label is unreadable, its text is not
 

@@ -12,14 +12,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from ecomkit.data.lengths import check_batch_layout, epoch_rng
 from ecomkit.errors import ConfigError
 
 CHUNK_GLOBAL_BATCHES = 64
-
-
-def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
-    """The random stream of one epoch's plan: identical on every rank for the same ``(seed, epoch)``."""
-    return np.random.default_rng([int(seed), int(epoch)])
 
 
 def plan_global_batches(lengths: Sequence[int], global_batch_size: int, seed: int, epoch: int,
@@ -55,16 +51,6 @@ def plan_arrays(lengths: Sequence[int], global_batch_size: int, seed: int, epoch
     if bucketed:
         full = full[rng.permutation(n_full)]
     return full, order[n_full * global_batch_size:]
-
-
-def check_batch_layout(micro_batch_size: int, grad_accum: int, num_replicas: int, rank: int) -> None:
-    """The sizes a sampler cuts global batches by: each at least 1, and ``rank`` one of the replicas."""
-    for flag, value in (("--micro-batch-size", micro_batch_size), ("--grad-accum", grad_accum),
-                        ("the number of data-parallel processes", num_replicas)):
-        if value < 1:
-            raise ConfigError(f"{flag} must be >= 1, got {value}.")
-    if not 0 <= rank < num_replicas:
-        raise ConfigError(f"rank must be in 0..{num_replicas - 1}, got {rank}.")
 
 
 class DistributedBatchSampler:

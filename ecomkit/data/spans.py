@@ -14,7 +14,6 @@ are counted per reason, each apart, so no problem hides another.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping, Sequence
 
 from ecomkit.errors import ConfigError
@@ -107,15 +106,6 @@ def rename_type(name: Any, type_map: Mapping[str, str] | None) -> str:
         raise SpanProblem("span_offsets", "spans", f"span type {name[:40]!r} spans lines or is longer than "
                                                    f"{MAX_TYPE_CHARS} characters")
     return name
-
-
-def spans_json(spans: Sequence[tuple[str, int, int]], text: str) -> str:
-    """The record-table form of a row's spans: ``[[type, start, end, term], ...]`` (end exclusive)."""
-    return json.dumps([[t, s, e, text[s:e]] for t, s, e in spans], ensure_ascii=False)
-
-
-def spans_from_json(value: str | None) -> list[tuple[str, int, int, str]]:
-    return [tuple(item) for item in json.loads(value)] if value else []
 
 
 def _offset(value: Any, name: str, where: str) -> int:

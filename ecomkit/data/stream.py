@@ -1,18 +1,20 @@
-"""A batched map over a file-backed table that reads its source with plain reads: :func:`map_batches`.
+"""Arrow tables on disk: the cache named by content hashes, and a batched map that streams its source.
 
-``Dataset.map`` reads through the memory map, whose touched pages stay resident; streaming record batches holds one
-batch at a time. The result, shards in a folder named by a content key and renamed into place when complete, is
-shared by runs and ranks and independent of ``num_proc``. In-memory tables go through ``Dataset.map``.
+Tables are memory-mapped and named by a hash of their inputs: ranks share pages, a second run maps instead of
+recomputing. :func:`map_batches` streams record batches rather than reading through the memory map (whose touched
+pages stay resident), into shards renamed into place when complete, independent of ``num_proc``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import multiprocess
 import numpy as np
@@ -22,7 +24,58 @@ from datasets import Dataset, Features, concatenate_datasets
 from datasets.arrow_writer import ArrowWriter
 from datasets.utils import tqdm as hf_tqdm
 
-from ecomkit.data.arrow import WRITER_BATCH_ROWS, data_cache_dir
+
+def _code_version() -> str:
+    """A hash of this package's source: a cached table is never reused by code that would compute it differently."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode() + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+# Rows per record batch: opening a table maps 64 KiB around each batch header, so small batches bloat the resident set.
+WRITER_BATCH_ROWS = 10_000
+
+# Part of every cache key: changes whenever the validation rules, example formats or token layout change.
+FORMAT_VERSION = f"ecomkit-data-{_code_version()}"
+
+
+def data_cache_dir() -> Path:
+    """``$ECOMKIT_CACHE/datasets`` (default ``~/.cache/ecomkit/datasets``): where loaded and tokenized tables live."""
+    root = Path(os.environ.get("ECOMKIT_CACHE", Path.home() / ".cache" / "ecomkit"))
+    return root / "datasets"
+
+
+def cached_table(key: str, batches: Callable[[], Iterable[dict[str, list]]], features: Features) -> Dataset:
+    """The memory-mapped table ``<cache>/<key>.arrow``, written from ``batches()`` (column dicts) if absent.
+
+    Written to a temporary file and renamed, so no rank ever sees half a table.
+    """
+    path = data_cache_dir() / f"{key}.arrow"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with ArrowWriter(features=features, path=str(tmp), writer_batch_size=WRITER_BATCH_ROWS) as writer:
+            for batch in batches():
+                writer.write_batch(batch)
+            writer.finalize()
+        os.replace(tmp, path)
+    return Dataset.from_file(str(path))
+
+
+def fingerprint(*parts: Any) -> str:
+    """A short, stable hash of JSON-serialisable parts (plus :data:`FORMAT_VERSION`)."""
+    text = json.dumps([FORMAT_VERSION, *parts], sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def tokenizer_digest(tokenizer) -> str:
+    """What identifies a tokenizer's output: its full serialised state (vocab, merges, normaliser, specials)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+    state = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))
+    specials = [tokenizer.eos_token_id, tokenizer.pad_token_id, type(tokenizer).__name__]
+    return hashlib.sha256((state + repr(specials)).encode("utf-8")).hexdigest()[:32]
+
 
 BatchFn = Callable[..., dict[str, list]]   # fn(batch: dict[str, list], indices: list[int], **fn_kwargs)
 MAX_PIECE_ROWS = 200_000                   # rows per shard: the progress bar moves at least this often
@@ -192,7 +245,8 @@ def map_batches(ds: Dataset, fn: BatchFn, *, key: str, features: Features, num_p
                 batch_rows: int = WRITER_BATCH_ROWS, fn_kwargs: Mapping[str, Any] | None = None, desc: str = "") -> Dataset:
     """``fn(batch, indices, **fn_kwargs)`` over ``ds`` in row order: a new table with ``features``, named by ``key``.
 
-    ``fn`` gets a column dict of up to ``batch_rows`` rows and their row numbers and returns any number of rows.
+    ``fn`` gets a column dict of up to ``batch_rows`` rows and their row numbers and returns any number of rows; an
+    in-memory ``ds`` goes through ``Dataset.map``.
     """
     fn_kwargs = dict(fn_kwargs or {})
     pieces = plan_pieces(ds, num_proc)

@@ -3,8 +3,6 @@
 ``lm``: one string per record, loss on every token. ``nlu``: one (prompt, answer) example per target the record
 supports (category, sentiment, extraction, brand; ``price`` in the ``ecomkit`` format only), loss on the answer
 only; instruction rows are one example in either task. Missing fields give fewer examples, never an error.
-Classification is evaluated by scoring the data's candidate labels, the prediction being the best mean
-log-probability per answer token.
 """
 
 from __future__ import annotations
@@ -13,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from ecomkit.data.catalog import CATEGORIES
-from ecomkit.data.formats import KIND_CLASSIFY, KIND_EXTRACT, TaskExample, build_prompt, check_format, prompt_and_answer
-from ecomkit.data.spans import spans_from_json
+from ecomkit.data.formats import KIND_CLASSIFY, build_prompt
 from ecomkit.errors import ConfigError, DataError
 
 TASKS: tuple[str, ...] = ("lm", "nlu")
@@ -24,6 +21,7 @@ SENTIMENT_POLARITY: dict[str, int] = {"positive": 1, "neutral": 0, "negative": -
 NLU_TASKS: tuple[str, ...] = ("category", "sentiment", "brand", "price")
 CLASSIFICATION_TASKS: tuple[str, ...] = ("category", "sentiment")
 KINDS: tuple[str, ...] = ("lm", *NLU_TASKS, "instruction", "extract")   # example kinds, counted by the build report
+TARGETS = "ecomkit.data.targets"   # --task nlu: what each target asks of a record, imported by name
 BRAND_LABEL = "品牌"                                          # the label of a brand column read as a span
 BUILTIN_LABELS: dict[str, tuple[str, ...]] = {"category": CATEGORY_LABELS, "sentiment": SENTIMENT_LABELS}
 _INPUT_NAMES = {"title": "商品", "review": "评论", "text": "文本"}
@@ -70,7 +68,8 @@ def format_lm_text(record: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def _first(record: Mapping[str, Any], names: Sequence[str]) -> tuple[str, str] | None:
+def first_present(record: Mapping[str, Any], names: Sequence[str]) -> tuple[str, str] | None:
+    """The first of ``names`` the record has a value for, with that value; None when it has none."""
     for name in names:
         if record.get(name):
             return name, record[name]
@@ -78,17 +77,17 @@ def _first(record: Mapping[str, Any], names: Sequence[str]) -> tuple[str, str] |
 
 
 def _category_prompt(record: Mapping[str, Any], labels: Sequence[str]) -> str:
-    name, value = _first(record, ("title", "review", "text"))
+    name, value = first_present(record, ("title", "review", "text"))
     return f"任务:商品分类。从候选类目中选出商品所属的一个。\n候选:{'、'.join(labels)}\n{_INPUT_NAMES[name]}:{value}\n答:"
 
 
 def _sentiment_prompt(record: Mapping[str, Any], labels: Sequence[str] = SENTIMENT_LABELS) -> str:
-    name, value = _first(record, ("review", "text"))
+    name, value = first_present(record, ("review", "text"))
     return f"任务:评论情感分类。判断评论的情感倾向。\n候选:{'、'.join(labels)}\n{_INPUT_NAMES[name]}:{value}\n答:"
 
 
 def _brand_prompt(record: Mapping[str, Any]) -> str:
-    name, value = _first(record, ("title", "text"))
+    name, value = first_present(record, ("title", "text"))
     return f"任务:品牌抽取。从商品标题中抽出品牌名。\n{_INPUT_NAMES[name]}:{value}\n答:"
 
 
@@ -125,69 +124,7 @@ def task_examples(record: Mapping[str, Any], task: str, labels: Mapping[str, Seq
     if task == "lm":
         text = format_lm_text(record)
         return [NluExample("lm", "", text)] if text else []
-    check_format(prompt_format)
-    if prompt_format == "ecomkit":
-        legacy = build_nlu_examples(record, labels.get("category", CATEGORY_LABELS),
-                                    labels.get("sentiment", SENTIMENT_LABELS))
-        extract = [(k, ex) for k, ex in record_task_examples(record, labels) if k == "extract"]
-        return legacy + [NluExample(k, *prompt_and_answer(prompt_format, ex)) for k, ex in extract]
-    return [NluExample(k, *prompt_and_answer(prompt_format, ex)) for k, ex in record_task_examples(record, labels)]
-
-
-def record_task_examples(record: Mapping[str, Any], labels: Mapping[str, Sequence[str]],
-                         source: str = "") -> list[tuple[str, TaskExample]]:
-    """``(kind, TaskExample)`` for each classification or extraction target of a record; ``source`` prefixes each id."""
-    if record.get("prompt") and record.get("response"):
-        return []
-    asked = [(task, tuple(labels.get(task) or BUILTIN_LABELS[task])) for task in CLASSIFICATION_TASKS]
-    if record.get("spans") is not None:
-        asked += [("extract", tuple(labels.get("extract") or ()))] if labels.get("extract") else []
-    else:
-        asked.append(("brand", (BRAND_LABEL,)))
-    return [(target, q.example) for target, names in asked
-            if (q := target_question(record, target, names, source)) is not None and q.scored]
-
-
-# The fields each target reads its input from, first present first.
-TARGET_INPUTS: dict[str, tuple[str, ...]] = {"category": ("title", "review", "text"), "sentiment": ("review", "text"),
-                                             "extract": ("text", "title"), "brand": ("title", "text")}
-
-
-@dataclass(frozen=True)
-class Question:
-    """What one target asks of one record, laid out as training lays it out; its gold answer when the record has it.
-
-    Training, evaluation and ``ecomkit.predict`` must read the same input of a row for the same target.
-    """
-
-    target: str
-    example: TaskExample   # its gold_label / gold_spans hold the record's answer when ``scored``
-    scored: bool           # the record carries this target's answer, within ``example.labels``
-    note: str = ""         # why an answer the record carries is not scored (a label the set does not hold)
-
-
-def target_question(record: Mapping[str, Any], target: str, labels: Sequence[str], source: str = "") -> Question | None:
-    """The question ``target`` asks of ``record`` with the label set ``labels``; None when it has no input for it."""
-    found = _first(record, TARGET_INPUTS[target])
-    if found is None:
-        return None
-    labels, text, where = tuple(labels), found[1], f"{source}/{target}"
-    if target in CLASSIFICATION_TASKS:
-        gold = record.get(target)
-        scored = gold is not None and gold in labels
-        note = f"its {target} {gold!r} is not among the labels {list(labels)}" if gold and not scored else ""
-        return Question(target, TaskExample(KIND_CLASSIFY, text, labels, gold if scored else None, source=where),
-                        scored, note)
-    if target == "extract":
-        if record.get("spans") is None:
-            return Question(target, TaskExample(KIND_EXTRACT, text, labels, source=where), False)
-        spans = tuple((t, term) for t, _, _, term in spans_from_json(record["spans"]) if t in labels)
-        return Question(target, TaskExample(KIND_EXTRACT, text, labels, gold_spans=spans, source=where), True)
-    brand = record.get("brand")
-    scored = bool(brand) and brand in text
-    note = f"its brand {brand!r} is not in its {found[0]}" if brand and not scored else ""
-    gold = ((BRAND_LABEL, brand),) if scored else ()
-    return Question(target, TaskExample(KIND_EXTRACT, text, labels, gold_spans=gold, source=where), scored, note)
+    return __import__(TARGETS, fromlist=["nlu_examples"]).nlu_examples(record, labels, prompt_format)
 
 
 def build_classification_example(record: Mapping[str, Any], task: str, labels: Sequence[str] | None = None,
@@ -205,7 +142,7 @@ def build_classification_example(record: Mapping[str, Any], task: str, labels: S
     else:
         raise ConfigError(f"Unknown classification task {task!r}; use one of {CLASSIFICATION_TASKS}.")
     if prompt_format != "ecomkit":
-        found = _first(record, ("title", "review", "text") if task == "category" else ("review", "text"))
+        found = first_present(record, ("title", "review", "text") if task == "category" else ("review", "text"))
         prompt = build_prompt(prompt_format, KIND_CLASSIFY, found[1] if found else "", labels)
     if gold not in labels:
         raise DataError(f"Record {record.get('sku') or ''!s} has {task}={gold!r}, which is not among the candidate "

@@ -13,11 +13,10 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import torch
 from datasets import Dataset, Features, Sequence as ArrowList, Value
 
-from ecomkit.data.arrow import fingerprint, tokenizer_digest
+from ecomkit.data.stream import column_numpy, fingerprint, map_batches, tokenizer_digest, unique_values
+from ecomkit.data.catalog import RECORD_FEATURES, RECORD_FIELDS
 from ecomkit.data.formats import check_format, input_span
-from ecomkit.data.stream import column_numpy, map_batches, unique_values
 from ecomkit.data.tasks import CATEGORY_LABELS, KINDS, SENTIMENT_POLARITY, check_task, task_examples
-from ecomkit.data.validate import RECORD_FEATURES, RECORD_FIELDS
 from ecomkit.errors import ConfigError
 
 IGNORE_INDEX = -100
@@ -220,12 +219,9 @@ def tokenize_records(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, 
                      num_proc: int = 1, category_labels: Sequence[str] | None = None,
                      labels: Mapping[str, Sequence[str]] | None = None, keep_kind: bool = False,
                      prompt_format: str = "ecomkit") -> Dataset:
-    """Tokenize records (a list of dicts, or a record table) into ``input_ids``, ``labels``, ``length``, fit to
-    ``max_length``.
+    """Records (dicts, or a record table) as ``input_ids``, ``labels``, ``length`` fit to ``max_length`` in one call.
 
-    The one-call form for callers that know their length (``build_datasets`` measures first and reports cuts).
-    ``keep_kind`` keeps ``kind`` and ``record``; ``labels``: candidates per target and ``extract``; ``prompt_format``
-    defaults to ``ecomkit`` here; ``num_proc > 1`` turns off the tokenizer's own threads to avoid oversubscription.
+    For callers that know their length (``build_datasets`` measures first); ``keep_kind``: keep ``kind``, ``record``.
     """
     check_max_length(max_length)
     labels = dict(labels or {})

@@ -19,8 +19,10 @@ import random
 from pathlib import Path
 from typing import Callable
 
-from ecomkit.data.catalog import generate_catalog
-from ecomkit.data.catalog_pools import BODY, CATEGORY_TABLE, CLOSERS, OPENERS
+import numpy as np
+
+from ecomkit.data.catalog import (BODY, CATEGORY_TABLE, CLOSERS, MAX_ROWS, MIN_ROWS, OPENERS, catalog_spans,
+                                  generate_catalog)
 
 COLOURS: tuple[str, ...] = ("红色", "黑色", "白色", "蓝色", "绿色", "灰色", "粉色", "紫色", "黄色", "棕色")
 PRODUCTS: tuple[str, ...] = ("连衣裙", "外套", "衬衫", "卫衣", "运动鞋", "背包", "帽子", "围巾")
@@ -165,3 +167,66 @@ def product_page_rows(n: int, seed: int = 0) -> list[dict]:
     return [{"text": f"类目:{r['category']} 商品:{r['title']} 价格:{r['price']:.2f} 规格:{r['spec']} "
                      f"评论({r['sentiment']}):{r['review']}"}
             for r in generate_catalog(n, seed)]
+
+
+_INSTRUCTIONS = ("根据下面的商品信息写一条买家评论。", "总结下面几条商品信息的共同点。", "把下面的商品按价格从低到高说明。",
+                 "从下面的商品信息中找出最值得买的一件并说明理由。")
+
+
+def instruction_rows(n_rows: int, seed: int = 0, max_items: int = 24) -> list[dict]:
+    """Alpaca-style rows (``instruction``, ``input``, ``output``) of widely varied length, from the catalog.
+
+    Inputs list a long-tailed number of catalog items, as real SFT lengths vary; extra draws from ``(seed, 29)``.
+    """
+    rng = np.random.default_rng([seed, 29])
+    counts = np.minimum(max_items, rng.geometric(0.25, size=n_rows))
+    items = generate_catalog(min(MAX_ROWS, max(MIN_ROWS, int(counts.sum()))), seed)
+    rows, at = [], 0
+    for i, k in enumerate(counts.tolist()):
+        picked = [items[(at + j) % len(items)] for j in range(k)]
+        at += k
+        lines = [f"{j + 1}. {r['title']} 价格:{r['price']:.2f} 规格:{r['spec']}" for j, r in enumerate(picked)]
+        rows.append({"instruction": _INSTRUCTIONS[i % len(_INSTRUCTIONS)], "input": "\n".join(lines),
+                     "output": picked[int(rng.integers(0, k))]["review"]})
+    return rows
+
+
+_BRAND_CHARS = "云星海风山川青禾木森光明华美优品佳乐安康宜家金银雪月花语晨曦锦绣天地凯悦君诺泽瑞丰源"
+_BRAND_SYLLABLES = ("Zen", "No", "va", "Lux", "Vi", "ta", "Ae", "ro", "Kai", "Te", "ra", "Mi", "o", "Sol", "Vex",
+                    "Lu", "na", "Or", "bit", "Ca", "sa", "Pix", "el", "Qu", "on", "Ri", "vo", "Ty", "Wen", "Ya")
+
+
+def extraction_rows(n_rows: int, seed: int = 0, distractors: float = 0.7, new_brands: bool = False) -> list[dict]:
+    """Catalog titles as extraction rows in the span-list shape: ``{"text", "spans": [{type, term, start, end}]}``.
+
+    Extra draws come from ``(seed, 23)``, so the catalog is unchanged.
+
+    - ``distractors``: shares of titles ending with a compatible brand or another value of the attribute (not
+      spans), so a dictionary of training spans is no longer near perfect.
+    - ``new_brands``: a made-up brand per row, found only by copying by position.
+    """
+    rng = np.random.default_rng([seed, 23])
+    rows = []
+    for record in generate_catalog(n_rows, seed):
+        if new_brands:
+            brand = _made_up_brand(rng, not record["brand"].isascii())
+            record = {**record, "title": brand + record["title"][len(record["brand"]):], "brand": brand}
+        title = record["title"]
+        spans = [{"type": t, "term": title[s:e], "start": s, "end": e} for t, s, e in catalog_spans(record)]
+        cat = next(row for row in CATEGORY_TABLE if row[0] == record["category"])
+        other_brand = [b for b in cat[3] if b != record["brand"]][int(rng.integers(0, len(cat[3]) - 1))]
+        values = [v for v in cat[5][0][1] if not spans or v != spans[-1]["term"]]
+        other_value = values[int(rng.integers(0, len(values)))]
+        chinese = not record["brand"].isascii()
+        if rng.random() < distractors:
+            title += f" 兼容{other_brand}" if chinese else f" for {other_brand}"
+        if rng.random() < distractors:
+            title += f" 另有{other_value}"
+        rows.append({"text": title, "spans": spans})
+    return rows
+
+
+def _made_up_brand(rng: np.random.Generator, chinese: bool) -> str:
+    if chinese:
+        return "".join(_BRAND_CHARS[i] for i in rng.integers(0, len(_BRAND_CHARS), int(rng.integers(2, 4))))
+    return "".join(_BRAND_SYLLABLES[i] for i in rng.integers(0, len(_BRAND_SYLLABLES), 3)).capitalize()

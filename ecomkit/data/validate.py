@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
-
-from datasets import Features, Value
+from typing import Any, Mapping
 
 from ecomkit.data.spans import (
     SPAN_ADVICE,
@@ -23,13 +19,13 @@ from ecomkit.data.spans import (
     SpanProblem,
     has_spans,
     read_spans,
-    spans_json,
     tokens_text,
 )
+from ecomkit.data.build import ValidationIssue
+from ecomkit.data.catalog import RECORD_FIELDS, TARGET_FIELDS, TEXT_FIELDS, spans_json
+from ecomkit.data.formats import LABEL_CUTOFF
 from ecomkit.errors import ConfigError, DataError, did_you_mean
 
-TEXT_FIELDS: tuple[str, ...] = ("title", "review", "spec", "text")
-TARGET_FIELDS: tuple[str, ...] = ("category", "sentiment", "brand", "price")
 LABEL_FIELDS: tuple[str, ...] = ("category", "sentiment", "brand")   # the targets label_map can map
 INSTRUCTION_FIELDS: tuple[str, ...] = ("instruction", "input", "output", "prompt", "response")
 ALL_FIELDS: tuple[str, ...] = ("sku", "category", "brand", "title", "price", "spec", "review", "sentiment", "text",
@@ -37,10 +33,6 @@ ALL_FIELDS: tuple[str, ...] = ("sku", "category", "brand", "title", "price", "sp
 MAP_KEYS: tuple[str, ...] = (*LABEL_FIELDS, "spans", "ner_tags")   # spans: rename types; ner_tags: id -> tag name
 CHECK_ORDER: tuple[str, ...] = ("title", "price", "spec", "review", "text", "category", "sentiment", "brand", "sku",
                                 *INSTRUCTION_FIELDS)
-# The columns of a validated record table; ``spans``: JSON ``[[type, start, end, term], ...]``, end exclusive.
-RECORD_FIELDS: tuple[str, ...] = ("sku", "category", "brand", "title", "price", "spec", "review", "sentiment", "text",
-                                  "prompt", "response", "spans")
-RECORD_FEATURES = Features({name: Value("float64" if name == "price" else "string") for name in RECORD_FIELDS})
 MAX_LABEL_CHARS = 64
 
 REASONS: dict[str, str] = {
@@ -80,7 +72,6 @@ SENTIMENT_ALIASES: dict[str, str] = {
     "positive": "positive", "neutral": "neutral", "negative": "negative", "pos": "positive", "neu": "neutral",
     "neg": "negative", "正面": "positive", "中性": "neutral", "负面": "negative",
 }
-LABEL_CUTOFF = 0.5  # difflib's similarity for "did you mean": one character off a two-character label
 _SENTIMENT_NAMES = tuple(dict.fromkeys(SENTIMENT_ALIASES.values()))
 _CURRENCY = "¥￥$€£元 "
 
@@ -93,73 +84,9 @@ class RowProblem(Exception):
         self.reason, self.field, self.detail = reason, field_name, detail
 
 
-@dataclass(frozen=True)
-class ValidationIssue:
-    reason: str
-    location: str
-    field: str | None
-    detail: str
-
-
-@dataclass
-class ValidationReport:
-    """What a load kept and skipped: ``counts`` per reason, ``total`` rows seen, ``kept`` rows."""
-
-    source: str
-    total: int = 0
-    kept: int = 0
-    counts: Counter = field(default_factory=Counter)
-    first_issue: dict[str, ValidationIssue] = field(default_factory=dict)
-    unlabeled: int = 0                  # valid rows with nothing for task nlu to learn (no target, spans, pair)
-    unlabeled_first: list[str] = field(default_factory=list)   # where the first of them are ("line 7", ...)
-
-    @property
-    def skipped(self) -> int:
-        return self.total - self.kept
-
-    @property
-    def bad_fraction(self) -> float:
-        return self.skipped / self.total if self.total else 0.0
-
-    def add_issue(self, issue: ValidationIssue, count: int = 1) -> None:
-        self.counts[issue.reason] += count
-        self.first_issue.setdefault(issue.reason, issue)
-
-    def summary(self) -> str:
-        head = f"{self.source}: kept {self.kept:,} of {self.total:,} rows"
-        if not self.skipped:
-            return head + "."
-        parts = []
-        for reason, count in sorted(self.counts.items(), key=lambda kv: (-kv[1], kv[0])):
-            first = self.first_issue[reason]
-            where = f"{first.location}" + (f", field '{first.field}'" if first.field else "")
-            parts.append(f"{reason} {count:,} (first at {where}: {first.detail})")
-        return f"{head}; skipped {self.skipped:,}: " + "; ".join(parts) + "."
-
-
 # What a row needs for task nlu to build an example from it (besides a text): a target, spans or a pair.
 LEARNABLE_FIELDS: tuple[str, ...] = (*TARGET_FIELDS, "spans", "prompt")
 UNLABELED_SHOWN = 5                     # how many rows without a label the report names
-
-
-def unlabeled_warning(report: ValidationReport) -> str | None:
-    """A line naming the first valid rows that give task nlu nothing to learn, or None when there are none."""
-    if not report.unlabeled:
-        return None
-    more = f" and {report.unlabeled - len(report.unlabeled_first):,} more" \
-        if report.unlabeled > len(report.unlabeled_first) else ""
-    return (f"{report.source}: {report.unlabeled:,} of {report.kept:,} valid rows have no label ({', '.join(TARGET_FIELDS)}, "
-            f"spans or an instruction pair), so task nlu builds no example from them: {', '.join(report.unlabeled_first)}"
-            f"{more}. Fill in their labels, or check --column-map if a label column has another name.")
-
-
-def check_bad_fraction(report: ValidationReport, max_bad_fraction: float) -> None:
-    """Stop when more than ``max_bad_fraction`` of the rows were skipped: the file is not what it seems."""
-    if report.total and report.bad_fraction > max_bad_fraction:
-        raise DataError(
-            f"{report.summary()} That is {report.bad_fraction:.1%} of the rows, above max_bad_fraction="
-            f"{max_bad_fraction:g} (--max-bad-fraction). Fix the data or its --column-map/--label-map "
-            f"(--strict-data names the first bad row), or raise --max-bad-fraction if losing these rows is intended.")
 
 
 def strict_error(source: str, issue: ValidationIssue, column_of: Mapping[str, str]) -> DataError:
@@ -203,19 +130,6 @@ def _check_sentiment_names(mapping: Mapping[str, str]) -> None:
         if hint:
             raise ConfigError(f"--label-map maps sentiment {raw!r} to {name!r}, which is not a sentiment label "
                               f"({', '.join(_SENTIMENT_NAMES)}, or your own names).{hint} Fix its spelling.")
-
-
-def check_labels_spelling(asked: Sequence[str], found: Sequence[str]) -> None:
-    """``--labels`` names that no span carries but one typo off a label that spans carry: an error.
-
-    A label far from every one the data has stays a warning (``labels_not_in_data``).
-    """
-    unused = [name for name in found if name not in asked]
-    hints = {name: hint for name in asked if name not in found and (hint := did_you_mean(name, unused, LABEL_CUTOFF))}
-    if hints:
-        said = " ".join(f"{name!r} never occurs in the spans of the data.{hint}" for name, hint in hints.items())
-        raise ConfigError(f"--labels: {said} The data's span labels: {', '.join(found)}. Fix the spelling in "
-                          f"--labels.")
 
 
 def label_key(value: Any) -> str:

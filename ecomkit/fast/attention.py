@@ -4,32 +4,71 @@ Why: BLOOM's eager attention keeps the ``[batch, heads, T, T]`` probabilities fo
 per row and recomputes. Installing swaps each ``BloomAttention``'s class for a subclass that overrides ``forward``
 only, so parameters, ``state_dict`` keys, hooks and every strategy's wrapping are untouched. ALiBi is folded into
 one extra channel of q and k (:func:`alibi_in_qk`), so SDPA needs only the model's ``[batch, 1, q, kv]`` mask.
-``flex`` (ALiBi as a ``score_mod``, the mask as a block mask) is for GPUs: a CPU has no FlexAttention backward.
+``flex`` (``fast/flex.py``, found by name) is for GPUs: a CPU has no FlexAttention backward.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-import warnings
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.flex_attention import flex_attention
 from transformers.models.bloom import modeling_bloom
 from transformers.models.bloom.modeling_bloom import BloomAttention, dropout_add
 
 from ecomkit.config import ATTN_IMPLS as ATTN_CHOICES  # eager | sdpa | flex: one list for flag and module
 from ecomkit.errors import ConfigError, EcomkitError
-from ecomkit.fast.attention_lowp import cpu_bf16_autocast, eager_attend
-from ecomkit.models.attention import _cached_block_mask, sdpa_mask_plan, use_mask_positions  # the masks' home
+from ecomkit.models.attention import sdpa_mask_plan, use_mask_positions  # the masks' home
+from ecomkit.parallel import find
 
 # The forward signature this module was written against (transformers 5.x).
 _EXPECTED_PARAMS = ("hidden_states", "residual", "alibi", "attention_mask", "layer_past", "use_cache",
                     "output_attentions")
+
+
+# ---------------------------------------------------------------------- eager in bf16 on CPU
+# Why: transformers casts the [batch, heads, T, T] scores to fp32 and back, four passes per layer that do no
+# arithmetic; ATen's bf16 softmax accumulates in fp32 anyway. The fp32 mask minimum rounds to -inf in bf16
+# (a fully masked row would give NaN), so it is clamped to bf16's minimum.
+_MASK_ATTR = "_ecomkit_low_precision_mask"
+
+
+def cpu_bf16_autocast(t: torch.Tensor) -> bool:
+    """True when ``t`` is on the CPU inside a bf16 autocast region (the loop's ``--precision bf16`` on CPU)."""
+    return (t.device.type == "cpu" and torch.is_autocast_enabled("cpu")
+            and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+
+
+def low_precision_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """BLOOM's additive mask in ``dtype``, its minimum clamped to ``dtype``'s; cached on the mask.
+    Why cached: BloomModel hands the same mask object to every block, so it is converted once per forward."""
+    if torch.compiler.is_compiling():   # no attributes on tensors inside a graph; the conversion is cheap
+        return mask.clamp(min=torch.finfo(dtype).min).to(dtype)
+    cached = getattr(mask, _MASK_ATTR, None)
+    if cached is None or cached.dtype != dtype:
+        cached = mask.clamp(min=torch.finfo(dtype).min).to(dtype)
+        setattr(mask, _MASK_ATTR, cached)
+    return cached
+
+
+def eager_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, alibi: torch.Tensor,
+                 attention_mask: torch.Tensor | None, beta: float, scale: float, dropout: nn.Module
+                 ) -> torch.Tensor:
+    """BLOOM's eager attention on ``[batch, heads, T, head_dim]`` q, k, v, with no fp32 round trip of the scores."""
+    batch, heads, q_len, head_dim = query.shape
+    kv_len = key.shape[2]
+    scores = alibi.baddbmm(query.reshape(batch * heads, q_len, head_dim),
+                           key.reshape(batch * heads, kv_len, head_dim).transpose(-1, -2), beta=beta, alpha=scale)
+    weights = scores.view(batch, heads, q_len, kv_len)
+    if attention_mask is not None:
+        weights = weights + low_precision_mask(attention_mask, weights.dtype)
+    probs = dropout(F.softmax(weights, dim=-1))
+    context = torch.bmm(probs.view(batch * heads, q_len, kv_len), value.reshape(batch * heads, kv_len, head_dim))
+    return context.view(batch, heads, q_len, head_dim)
 
 
 # ---------------------------------------------------------------------- shared pieces
@@ -72,7 +111,7 @@ def _project_output(attn: BloomAttention, context: torch.Tensor) -> torch.Tensor
 class BloomEagerAttention(BloomAttention):
     """BLOOM's own (eager) attention, with q, k and v taken from the fused QKV output by one ``unbind``.
     Why: each of BLOOM's three ``select`` views zero-fills a gradient of the whole fused tensor in backward;
-    ``unbind`` writes it once. Under bf16 autocast on CPU the mask and softmax stay in bf16 (``attention_lowp``)."""
+    ``unbind`` writes it once. Under bf16 autocast on CPU the mask and softmax stay in bf16 (:func:`eager_attend`)."""
 
     def _reshape(self, fused_qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, length, _ = fused_qkv.shape
@@ -103,15 +142,17 @@ class BloomEagerAttention(BloomAttention):
                             self.attention_dropout)
 
 
-class _FusedBloomAttention(BloomEagerAttention):
+class FusedBloomAttention(BloomEagerAttention):
     """The fused paths' base: :meth:`BloomEagerAttention.forward` always, with the subclass's ``_attend``."""
 
     def _own_forward(self, hidden_states: torch.Tensor) -> bool:
         return True
 
 
-class BloomSdpaAttention(_FusedBloomAttention):
+class BloomSdpaAttention(FusedBloomAttention):
     """BLOOM attention through ``F.scaled_dot_product_attention``, ALiBi folded into q·k."""
+
+    ecomkit_attn = "sdpa"
 
     def _attend(self, query, key, value, alibi, attention_mask) -> torch.Tensor:
         head_dim = query.shape[-1]
@@ -129,66 +170,7 @@ class BloomSdpaAttention(_FusedBloomAttention):
         return out[..., :head_dim]
 
 
-# ---------------------------------------------------------------------- flex
-_COMPILED_FLEX: Any = None
-
-
-def _flex_function(device: torch.device):
-    """Compiled ``flex_attention`` on GPU (built once, dynamic shapes after a second length), unfused elsewhere."""
-    global _COMPILED_FLEX
-    if device.type == "cpu":
-        return flex_attention
-    if _COMPILED_FLEX is None:
-        _COMPILED_FLEX = torch.compile(flex_attention)
-    return _COMPILED_FLEX
-
-
-class BloomFlexAttention(_FusedBloomAttention):
-    """BLOOM attention through FlexAttention: ALiBi as ``score_mod``, causal+padding as a block mask."""
-
-    def _attend(self, query, key, value, alibi, attention_mask) -> torch.Tensor:
-        if self.training and self.attention_dropout.p > 0:
-            raise ConfigError(
-                f"attn='flex' has no attention dropout, but this model's attention_dropout is "
-                f"{self.attention_dropout.p}. Use --attn sdpa, or set attention_dropout=0 in the model config.")
-        if query.device.type == "cpu" and torch.is_grad_enabled() and query.requires_grad:
-            raise ConfigError(_FLEX_CPU_MESSAGE)
-        batch, q_length, kv_length = query.shape[0], query.shape[2], key.shape[2]
-        block_mask = _cached_block_mask(alibi, attention_mask, batch, q_length, kv_length, query.device)
-        score_mod = self._ecomkit_alibi_score
-        score_mod.bias = alibi.reshape(batch, self.num_heads, kv_length) * self.beta
-        flex = _flex_function(query.device)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-            return flex(query, key, value, score_mod=score_mod.fn, block_mask=block_mask,
-                        scale=self.inv_norm_factor)
-
-
-class AlibiScoreMod:
-    """BLOOM's ALiBi as a FlexAttention ``score_mod``: built once per model, shared by every layer and call.
-    Why: the compiled ``flex_attention`` guards its ``score_mod``; one function object reading ``self.bias`` as an
-    input compiles once per shape instead of once per layer and call."""
-
-    def __init__(self) -> None:
-        self.bias: torch.Tensor | None = None
-        holder = self
-
-        def alibi_score(score, b, h, q, kv):
-            return score + holder.bias[b, h, kv].to(score.dtype)
-
-        self.fn = alibi_score
-
-
-_FLEX_CPU_MESSAGE = (
-    "attn='flex' cannot train on CPU: torch's FlexAttention has no CPU backward, and compiling its "
-    "forward for the CPU takes about a minute per shape. Use --attn sdpa on CPU (same results, "
-    "tested equal to eager); keep --attn flex for GPU runs.")
-
-_CLASSES: dict[str, type[BloomAttention]] = {
-    "eager": BloomAttention,
-    "sdpa": BloomSdpaAttention,
-    "flex": BloomFlexAttention,
-}
+FLEX = "ecomkit.fast.flex"   # --attn flex (GPUs): found by name when asked
 
 
 # ---------------------------------------------------------------------- install
@@ -223,30 +205,18 @@ def install_attention(model: nn.Module, impl: str, *, for_training: bool = True)
             f"attn='{impl}' replaces BLOOM's attention, but {type(model).__name__} has no BloomAttention "
             "module. Pass --attn eager for other architectures.")
     check_transformers_compatible()
-    if impl == "flex":
-        _check_flex_usable(modules[0], for_training)
-        score_mod = AlibiScoreMod()  # one per model: see AlibiScoreMod
-        for m in modules:
-            m._ecomkit_alibi_score = score_mod
+    cls = find(f"{FLEX}:prepare_flex")(modules, for_training) if impl == "flex" else BloomSdpaAttention
     for m in modules:
-        m.__class__ = _CLASSES[impl]
+        m.__class__ = cls
     return len(modules)
 
 
 def current_attention(model: nn.Module) -> str:
     """The name of the implementation installed on ``model`` ('mixed' if modules disagree)."""
-    def name(m: BloomAttention) -> str:
-        return next((k for k in ("flex", "sdpa") if isinstance(m, _CLASSES[k])), "eager")
-
-    names = {name(m) for m in attention_modules(model)}
+    names = {getattr(m, "ecomkit_attn", "eager") for m in attention_modules(model)}
     return names.pop() if len(names) == 1 else "mixed"
 
 
-def _check_flex_usable(module: BloomAttention, for_training: bool) -> None:
-    device = module.query_key_value.weight.device
-    if device.type == "cpu" and for_training:
-        raise ConfigError(_FLEX_CPU_MESSAGE)
-
-
-__all__ = ["ATTN_CHOICES", "BloomEagerAttention", "BloomSdpaAttention", "BloomFlexAttention", "install_attention",
-           "current_attention", "attention_modules", "alibi_in_qk", "check_transformers_compatible"]
+__all__ = ["ATTN_CHOICES", "BloomEagerAttention", "BloomSdpaAttention", "FLEX", "FusedBloomAttention",
+           "install_attention", "current_attention", "attention_modules", "alibi_in_qk",
+           "check_transformers_compatible", "cpu_bf16_autocast", "eager_attend", "low_precision_mask"]

@@ -16,7 +16,9 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.utils import cpp_extension
+from transformers.models.bloom.modeling_bloom import BloomGelu
 
 from ecomkit.hardware import extensions_dir
 
@@ -126,5 +128,33 @@ def kernel_cross_entropy_sum(logits: torch.Tensor, target: torch.Tensor) -> torc
     return cross_entropy_sum(logits, target, use_kernel=True)
 
 
+
+# ---------------------------------------------------------------------- BLOOM's GeLU (--fused-gelu)
+# Why: transformers' BloomGelu is Python tensor arithmetic (about 8 kernels forward, 12 backward); ATen and
+# the kernel above compute the same function in one pass. Only the modules' class changes.
+class FusedBloomGelu(BloomGelu):
+    """``BloomGelu`` computed by ATen's tanh-approximate GELU."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x, approximate="tanh")
+
+
+class KernelBloomGelu(FusedBloomGelu):
+    """``FusedBloomGelu`` through ecomkit's AVX-512 kernel on plain CPU tensors, else ATen's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_tanh(x, use_kernel=True)
+
+
+def install_fused_gelu(model: nn.Module, enabled: bool = True, cpu_kernel: bool = False) -> int:
+    """Switch every BLOOM GeLU of ``model`` to the fused one (``cpu_kernel``: ecomkit's CPU kernel) or back; returns
+    how many modules were switched (0 for other models)."""
+    modules = [m for m in model.modules() if isinstance(m, BloomGelu)]
+    cls = (KernelBloomGelu if cpu_kernel else FusedBloomGelu) if enabled else BloomGelu
+    for m in modules:
+        m.__class__ = cls
+    return len(modules)
+
+
 __all__ = ["KernelStatus", "load_cpu_kernels", "kernels_for", "gelu_tanh", "cross_entropy_sum",
-           "kernel_cross_entropy_sum"]
+           "kernel_cross_entropy_sum", "FusedBloomGelu", "KernelBloomGelu", "install_fused_gelu"]

@@ -1,5 +1,69 @@
-"""Chapter 07: faults. What a long job on many GPUs meets, and what survives it.
+"""Chapter 07: faults. When a run checkpoints, and the callbacks a config asks for, each found by name.
 
-Checkpoints, safe loading, health monitoring, callbacks, the error catalogue, reproductions and diagnosis, one module
-each; this package re-exports nothing.
+Why here: a run that writes no checkpoint and reads none loads none of the checkpoint code (``callbacks``,
+``checkpoint``, ``safe_load``) nor the health monitor; the modules below are one idea each.
 """
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+from ecomkit.config import TrainConfig, dcp_unsupported_reason
+from ecomkit.dist import max_restarts
+
+AUTO_MAX_INTERVAL = 100  # steps: the longest automatic interval, however long the run
+# Imported by name (``__import__``: -X importtime counts it) when a run writes or reads a checkpoint, or health is on
+CHECKPOINTS = "ecomkit.faults.callbacks"   # CheckpointCallback
+HEALTH = "ecomkit.faults.health"           # HealthMonitor: --health-interval or --hang-dump-s
+
+
+def checkpoint_root(cfg: TrainConfig) -> Path:
+    """``--fault-checkpoint-dir``, else ``<output_dir>/checkpoints``: a rerun into the same folder resumes."""
+    return Path(cfg.fault.checkpoint_dir or Path(cfg.output_dir) / "checkpoints")
+
+
+def restarts_possible() -> bool:
+    """torchrun exports its --max-restarts to the workers; > 0 means a restart could resume."""
+    return max_restarts() > 0
+
+
+def checkpoints_requested(cfg: TrainConfig) -> bool:
+    """Explicitly (interval > 0), or automatically (-1) when a restart or an injected fault can use them."""
+    interval = cfg.fault.checkpoint_interval
+    auto = interval == -1 and dcp_unsupported_reason(cfg) is None
+    return interval > 0 or (auto and (cfg.fail_at_step >= 0 or restarts_possible()))
+
+
+def effective_checkpoint_interval(cfg: TrainConfig, total_steps: int) -> int:
+    """Steps between checkpoints; ``-1`` (auto) means ~5 % of the run, between 1 and 100 steps.
+
+    Auto saves only when something can use it (``--max-restarts > 0`` or an injected fault); else a rerun starts fresh.
+    """
+    if not checkpoints_requested(cfg):
+        return 0
+    if cfg.fault.checkpoint_interval > 0:
+        return cfg.fault.checkpoint_interval
+    return max(1, min(AUTO_MAX_INTERVAL, math.ceil(total_steps / 20)))
+
+
+def add_fault_tolerance_callbacks(cfg: TrainConfig, callbacks: Iterable[Any] = ()) -> list[Any]:
+    """``callbacks`` plus chapter 07's: checkpoints (when requested) and the health monitor (when on).
+
+    Called by :func:`ecomkit.train.run_training`; kinds already present are not added twice.
+    """
+    out = list(callbacks)
+    if checkpoints_requested(cfg):
+        checkpoint = __import__(CHECKPOINTS, fromlist=["CheckpointCallback"]).CheckpointCallback
+        if not any(isinstance(c, checkpoint) for c in out):
+            out.append(checkpoint(cfg))
+    if cfg.fault.health_interval > 0 or cfg.fault.hang_dump_s > 0:
+        monitor = __import__(HEALTH, fromlist=["HealthMonitor"]).HealthMonitor
+        if not any(isinstance(c, monitor) for c in out):
+            out.append(monitor(cfg))
+    return out
+
+
+__all__ = ["AUTO_MAX_INTERVAL", "CHECKPOINTS", "HEALTH", "add_fault_tolerance_callbacks", "checkpoint_root",
+           "checkpoints_requested", "effective_checkpoint_interval", "restarts_possible"]

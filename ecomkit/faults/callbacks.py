@@ -1,4 +1,4 @@
-"""Chapter 07's training callbacks: save every N steps and resume after a killed rank; when to checkpoint.
+"""Chapter 07's checkpoint callback: save every N steps and resume after a killed rank.
 
 Why callbacks: the training loop knows nothing of faults; a resume restores model, optimizer, scheduler, scaler,
 sampler position and every rank's RNG, so it gives the losses an uninterrupted run would have given.
@@ -7,23 +7,22 @@ sampler position and every rank's RNG, so it gives the losses an uninterrupted r
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch.distributed as dist
 
-from ecomkit.config import TrainConfig, dcp_unsupported_reason
-from ecomkit.dist import log, max_restarts
+from ecomkit.config import TrainConfig
+from ecomkit.dist import log
 from ecomkit.errors import EcomkitError
+from ecomkit.faults import checkpoint_root, effective_checkpoint_interval
 from ecomkit.faults.checkpoint import (
     TRAINER_STATE,
     CheckpointWriter,
     SaveRecord,
     apply_model_optimizer_state,
     capture_rng_state,
-    checkpoint_root,
     is_complete,
     latest_checkpoint,
     load_dcp,
@@ -32,8 +31,6 @@ from ecomkit.faults.checkpoint import (
     remove_stale_temp_dirs,
     restore_rng_state,
 )
-
-AUTO_MAX_INTERVAL = 100  # steps: the longest automatic interval, however long the run
 
 
 def trainer_state(run: Any) -> dict[str, Any]:
@@ -47,30 +44,6 @@ def trainer_state(run: Any) -> dict[str, Any]:
         "scaler": strategy.scaler.state_dict() if getattr(strategy, "scaler", None) is not None else None,
         "saved_at": time.time(),
     }
-
-
-def restarts_possible() -> bool:
-    """torchrun exports its --max-restarts to the workers; > 0 means a restart could resume."""
-    return max_restarts() > 0
-
-
-def checkpoints_requested(cfg: TrainConfig) -> bool:
-    """Explicitly (interval > 0), or automatically (-1) when a restart or an injected fault can use them."""
-    interval = cfg.fault.checkpoint_interval
-    auto = interval == -1 and dcp_unsupported_reason(cfg) is None
-    return interval > 0 or (auto and (cfg.fail_at_step >= 0 or restarts_possible()))
-
-
-def effective_checkpoint_interval(cfg: TrainConfig, total_steps: int) -> int:
-    """Steps between checkpoints; ``-1`` (auto) means ~5 % of the run, between 1 and 100 steps.
-
-    Auto saves only when something can use it (``--max-restarts > 0`` or an injected fault); else a rerun starts fresh.
-    """
-    if not checkpoints_requested(cfg):
-        return 0
-    if cfg.fault.checkpoint_interval > 0:
-        return cfg.fault.checkpoint_interval
-    return max(1, min(AUTO_MAX_INTERVAL, math.ceil(total_steps / 20)))
 
 
 class CheckpointCallback:
@@ -180,25 +153,4 @@ class CheckpointCallback:
                      path, run.step, run.epoch, ts["sampler"]["consumed_global_batches"], self.restore_s)
 
 
-HEALTH = "ecomkit.faults.health"   # HealthMonitor's module, imported when --health-interval or --hang-dump-s asks
-
-
-def add_fault_tolerance_callbacks(cfg: TrainConfig, callbacks: Iterable[Any] = ()) -> list[Any]:
-    """``callbacks`` plus chapter 07's: checkpoints (when requested) and the health monitor (when on).
-
-    Called by :func:`ecomkit.train.run_training`; kinds already present are not added twice.
-    """
-    out = list(callbacks)
-    if checkpoints_requested(cfg) and not any(isinstance(c, CheckpointCallback) for c in out):
-        out.append(CheckpointCallback(cfg))
-    if cfg.fault.health_interval > 0 or cfg.fault.hang_dump_s > 0:
-        monitor = __import__(HEALTH, fromlist=["HealthMonitor"]).HealthMonitor   # by name, as -X importtime sees it
-        if not any(isinstance(c, monitor) for c in out):
-            out.append(monitor(cfg))
-    return out
-
-
-__all__ = [
-    "AUTO_MAX_INTERVAL", "CheckpointCallback", "add_fault_tolerance_callbacks", "checkpoints_requested",
-    "effective_checkpoint_interval", "restarts_possible", "trainer_state",
-]
+__all__ = ["CheckpointCallback", "trainer_state"]

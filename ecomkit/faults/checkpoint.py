@@ -28,7 +28,6 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from ecomkit.config import TrainConfig
 from ecomkit.errors import EcomkitError
 from ecomkit.faults.safe_load import METADATA, SafeFileSystemReader, SafeLoadPlanner
 
@@ -38,11 +37,6 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 TMP_PREFIX = ".tmp-"
 TRAINER_STATE = "trainer_state.json"
-
-
-def checkpoint_root(cfg: TrainConfig) -> Path:
-    """``--fault-checkpoint-dir``, else ``<output_dir>/checkpoints``: a rerun into the same folder resumes."""
-    return Path(cfg.fault.checkpoint_dir or Path(cfg.output_dir) / "checkpoints")
 
 
 def step_dir_name(step: int) -> str:
@@ -320,7 +314,7 @@ def read_checkpoint_summary(path: str | os.PathLike) -> dict[str, Any]:
 
 __all__ = [
     "STEP_DIR", "TMP_PREFIX", "TRAINER_STATE", "CheckpointWriter", "PendingSave", "SaveRecord",
-    "apply_model_optimizer_state", "capture_rng_state", "checkpoint_root", "commit", "is_complete",
+    "apply_model_optimizer_state", "capture_rng_state", "commit", "is_complete",
     "latest_checkpoint", "list_checkpoints", "load_dcp", "model_optimizer_state", "prune_checkpoints",
     "read_checkpoint_summary", "read_json_file", "remove_stale_temp_dirs", "restore_rng_state", "step_dir_name",
     "write_json_file",

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import torch
-from transformers import (AutoConfig, AutoModelForCausalLM, BloomConfig, BloomForCausalLM, GenerationConfig,
+from transformers import (AutoConfig, AutoModelForCausalLM, BloomConfig, BloomForCausalLM,
                           PretrainedConfig, PreTrainedModel)
 from transformers.initialization import no_init_weights
 from transformers.integrations import is_deepspeed_zero3_enabled
@@ -192,7 +190,7 @@ def build_empty_model(source: ModelSource, device: str | torch.device = "meta") 
 
 
 def checkpoint_files() -> Any:
-    """:mod:`ecomkit.models.checkpoint_files`, imported by name: a preset's run reads no checkpoint files."""
+    """:mod:`ecomkit.models.checkpoint_files`, imported by name: a preset's run reads no weights' files."""
     return __import__("ecomkit.models.checkpoint_files", fromlist=["read_into"])
 
 
@@ -205,7 +203,7 @@ def load_model(name_or_path: str, *, vocab_size: int | None = None, device: str 
         return build_model(name_or_path, vocab_size=vocab_size, device=device, seed=seed, dtype=dtype)
     if is_local_model_dir(name_or_path) and checkpoint_files().has_safetensors(name_or_path) and not (
             trust_remote_code or is_deepspeed_zero3_enabled()):
-        return load_local_checkpoint(name_or_path, device=device, dtype=dtype)
+        return checkpoint_files().load_local_checkpoint(name_or_path, device=device, dtype=dtype)
     # other formats (pytorch_model.bin), code shipped with the model, or HF Trainer's ZeRO-3 (HfDeepSpeedConfig:
     # from_pretrained builds the model under zero.Init and loads the partitions itself)
     if is_local_model_dir(name_or_path):
@@ -220,25 +218,8 @@ def load_model(name_or_path: str, *, vocab_size: int | None = None, device: str 
             "*.safetensors weights.")
     if "/" not in name_or_path or name_or_path.startswith((".", "/")):
         raise ModelNotFoundError(_unknown_preset_message(name_or_path))
-    return _load_from_hub(name_or_path, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-
-
-def load_local_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cpu",
-                          dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """A local safetensors checkpoint, whole, in ``dtype`` on ``device``: made empty there, then read one tensor
-    at a time (:class:`~ecomkit.models.checkpoint_files.CheckpointReader`).
-
-    Why not ``from_pretrained``: its mapped pages count as this process's memory, so a bf16 load of an fp32
-    checkpoint also holds the fp32 bytes; here a process holds the model plus one stored tensor.
-    """
-    model = build_empty_model(ModelSource(str(path), dtype=dtype), device=device)
-    files = checkpoint_files()
-    with files.freed_memory_returned():
-        files.read_into(model, files.CheckpointReader(path))
-    if (Path(path) / "generation_config.json").is_file():
-        model.generation_config = GenerationConfig.from_pretrained(path)
-    model.config.name_or_path = str(path)
-    return model.eval()
+    return checkpoint_files().load_from_hub(name_or_path, device=device, dtype=dtype,
+                                            trust_remote_code=trust_remote_code)
 
 
 def model_config(name_or_path: str, *, vocab_size: int | None = None) -> PretrainedConfig:
@@ -275,36 +256,6 @@ def model_length_limit(name_or_path: str) -> int:
     return BLOOM_TRAINING_LENGTH
 
 
-def hub_reachable() -> bool:
-    """Cheap offline check: ``HF_HUB_OFFLINE`` or a hub host name that does not resolve.
-    Why: ``from_pretrained`` retries for ~30 s before failing; this gives the actionable message at once."""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-        return False
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
-    try:
-        socket.getaddrinfo(host, 443)
-    except OSError:
-        return False
-    return True
-
-
-def _load_from_hub(hub_id: str, *, device, dtype, trust_remote_code: bool) -> PreTrainedModel:
-    """``from_pretrained`` from the hub, turning 'no network' into one actionable paragraph."""
-    offline = not hub_reachable()
-    try:
-        AutoConfig.from_pretrained(hub_id, trust_remote_code=trust_remote_code, local_files_only=offline)
-        model = AutoModelForCausalLM.from_pretrained(
-            hub_id, dtype=dtype, trust_remote_code=trust_remote_code, local_files_only=offline)
-    except (OSError, ValueError) as exc:
-        raise ModelNotFoundError(
-            f"Could not load '{hub_id}' from the Hugging Face hub ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0][:200]}). This machine may be offline. On a machine with "
-            f"internet run `huggingface-cli download {hub_id} --local-dir ./models/{hub_id.split('/')[-1]}`, "
-            "copy that folder here, and pass its path as --model. To test the code paths without "
-            f"weights use a preset: {', '.join(PRESETS)}.") from None
-    return model.to(device)
-
-
 def model_origin(name_or_path: str) -> dict[str, str]:
     """Where a run's weights come from: ``{"kind": preset | local | hub, "text": what a user should know}``.
     Why: a preset trains from a random init and never learns language; the start-up line and summary say so."""
@@ -317,19 +268,3 @@ def model_origin(name_or_path: str) -> dict[str, str]:
     if is_local_model_dir(name_or_path):
         return {"kind": "local", "text": f"weights from the folder {Path(name_or_path).resolve()}"}
     return {"kind": "hub", "text": f"weights from the Hugging Face hub ({name_or_path})"}
-
-
-def describe_presets(vocab_size: int | None = None) -> list[dict[str, Any]]:
-    """One row per preset with its shape and exact Ψ (for notebooks and the docs)."""
-    rows = []
-    for name, p in PRESETS.items():
-        rows.append({
-            "preset": name,
-            "hidden": p.hidden_size,
-            "layers": p.n_layer,
-            "heads": p.n_head,
-            "vocab": p.vocab_size or vocab_size or DEFAULT_TOY_VOCAB,
-            "params": preset_parameter_count(name, vocab_size if p.vocab_size is None else None),
-            "description": p.description,
-        })
-    return rows

@@ -1,8 +1,8 @@
-"""Read a ``save_pretrained`` checkpoint one tensor at a time, without mapping the files into memory.
+"""Real weights: a ``save_pretrained`` checkpoint read one tensor at a time (no mapped files), or the hub's.
 
 Why not ``safe_open`` or ``from_pretrained``: read pages of a mapped file count as resident until it closes, so a
 7B load would hold 14-28 GB. This parses the safetensors header and ``readinto``s each tensor into a fresh one;
-single files and sharded indexes are both read.
+single files and sharded indexes are both read. A preset's run loads none of this (``models.bloom.load_model``).
 """
 
 from __future__ import annotations
@@ -12,13 +12,18 @@ import ctypes
 import ctypes.util
 import json
 import os
+import socket
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel,
+                          PreTrainedTokenizerBase)
 
 from ecomkit.errors import ModelNotFoundError
+from ecomkit.models.bloom import PRESETS, ModelSource, build_empty_model
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -157,3 +162,67 @@ def read_into(model: torch.nn.Module, reader: CheckpointReader) -> None:
         raise ModelNotFoundError(f"The checkpoint has no tensor for {missing[:5]}{' ...' if len(missing) > 5 else ''} "
                                  f"({len(missing)} in all); it was saved from a different architecture. "
                                  "Check --model.")
+
+
+def load_local_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cpu",
+                          dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """A local safetensors checkpoint, whole, in ``dtype`` on ``device``: made empty there, then read one tensor
+    at a time (:class:`CheckpointReader`).
+
+    Why not ``from_pretrained``: its mapped pages count as this process's memory, so a bf16 load of an fp32
+    checkpoint also holds the fp32 bytes; here a process holds the model plus one stored tensor.
+    """
+    model = build_empty_model(ModelSource(str(path), dtype=dtype), device=device)
+    with freed_memory_returned():
+        read_into(model, CheckpointReader(path))
+    if (Path(path) / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    model.config.name_or_path = str(path)
+    return model.eval()
+
+
+def hub_reachable() -> bool:
+    """Cheap offline check: ``HF_HUB_OFFLINE`` or a hub host name that does not resolve.
+    Why: ``from_pretrained`` retries for ~30 s before failing; this gives the actionable message at once."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return False
+    return True
+
+
+def load_from_hub(hub_id: str, *, device, dtype, trust_remote_code: bool) -> PreTrainedModel:
+    """``from_pretrained`` from the hub, turning 'no network' into one actionable paragraph."""
+    offline = not hub_reachable()
+    try:
+        AutoConfig.from_pretrained(hub_id, trust_remote_code=trust_remote_code, local_files_only=offline)
+        model = AutoModelForCausalLM.from_pretrained(
+            hub_id, dtype=dtype, trust_remote_code=trust_remote_code, local_files_only=offline)
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(
+            f"Could not load '{hub_id}' from the Hugging Face hub ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200]}). This machine may be offline. On a machine with "
+            f"internet run `huggingface-cli download {hub_id} --local-dir ./models/{hub_id.split('/')[-1]}`, "
+            "copy that folder here, and pass its path as --model. To test the code paths without "
+            f"weights use a preset: {', '.join(PRESETS)}.") from None
+    return model.to(device)
+
+
+def hub_tokenizer(name: str, cache_dir: str | os.PathLike | None) -> PreTrainedTokenizerBase:
+    """A hub tokenizer (pad = eos where it has no pad), its failure turned into the offline advice."""
+    try:
+        tok = AutoTokenizer.from_pretrained(name, cache_dir=str(cache_dir) if cache_dir else None)
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(
+            f"Could not load the tokenizer '{name}' from the Hugging Face hub or its local cache "
+            f"({type(exc).__name__}). Without internet access, set HF_HUB_OFFLINE=1 (so nothing waits on the network), "
+            f"download the model on a machine with internet (e.g. `huggingface-cli download {name} "
+            f"--local-dir ./{name.split('/')[-1]}`), copy the folder here and pass that local directory; "
+            f"or use 'synthetic' for the locally trained tokenizer."
+        ) from exc
+    if tok.pad_token is None and tok.eos_token is not None:
+        tok.pad_token = tok.eos_token
+    return tok

@@ -52,11 +52,6 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     return norm
 
 
-def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
-    """Multiplier of the peak lr at ``step``: linear warm-up, then cosine to ``min_lr_ratio``."""
-    return WarmupCosine(mechanics_value("warmup_steps", cfg.warmup_steps), total_steps, cfg.min_lr_ratio)(step)
-
-
 class WarmupCosine:
     """The lr multiplier of a step: linear warm-up, then cosine to ``min_lr_ratio`` at ``total_steps``.
     An object, not a lambda, so a shortened run moves the cosine's end and a checkpoint keeps the length."""

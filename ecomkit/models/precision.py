@@ -1,4 +1,4 @@
-"""Autocast, loss scaling and batch shapes per precision, on whatever device we run.
+"""Which precision a run computes in (``--precision auto``), and its autocast, loss scaling and batch shapes.
 
 fp16 needs loss scaling (gradients underflow), bf16 does not. Under CPU autocast batch lengths round up to a
 multiple of 16: oneDNN caches a primitive per shape, and peak RSS grew without bound on varied lengths.
@@ -11,7 +11,33 @@ from typing import ContextManager
 
 import torch
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from ecomkit.hardware import DTYPES, NO_BF16_UNITS, cpu_bf16_units, measured_cpu_peak
+
+AUTO_BF16_MIN_SPEEDUP = 1.5  # "clearly faster": autocast adds casts, so a marginal GEMM gain would not pay
+CPU_AUTOCAST_LENGTH_MULTIPLE = 16
+
+
+def choose_precision(device: torch.device, rates: dict[str, float] | None = None) -> tuple[str, str]:
+    """``--precision auto``: (``"bf16"`` or ``"fp32"``, why). ``rates`` replaces the CPU probe (tests).
+
+    Why timed on a CPU: bf16 pays only on cores with bf16 units; one without them gets fp32 untimed (emulated bf16).
+    """
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return "bf16", f"{torch.cuda.get_device_name(device)} supports bf16"
+        return "fp32", f"{torch.cuda.get_device_name(device)} has no bf16 support"
+    if device.type != "cpu":
+        return "fp32", f"no bf16 probe for device type '{device.type}'"
+    if rates is None and cpu_bf16_units() is False:
+        return "fp32", (f"this CPU has {NO_BF16_UNITS} in /proc/cpuinfo: a bf16 GEMM would run converted, "
+                        "many times slower than fp32 (not timed)")
+    rates = rates or {p: measured_cpu_peak(p) for p in ("fp32", "bf16")}
+    speedup = rates["bf16"] / rates["fp32"]
+    measured = (f"bf16 GEMM {rates['bf16'] / 1e9:.3g} GFLOP/s vs fp32 {rates['fp32'] / 1e9:.3g} GFLOP/s "
+                f"({speedup:.2f}x, {torch.get_num_threads()} thread(s))")
+    if speedup >= AUTO_BF16_MIN_SPEEDUP:
+        return "bf16", f"{measured} >= {AUTO_BF16_MIN_SPEEDUP}x"
+    return "fp32", f"{measured} < {AUTO_BF16_MIN_SPEEDUP}x: this CPU does not multiply faster in bf16"
 
 
 def autocast_context(precision: str, device: torch.device) -> ContextManager:
@@ -25,9 +51,6 @@ def build_grad_scaler(precision: str, device: torch.device) -> "torch.amp.GradSc
     if precision != "fp16":
         return None
     return torch.amp.GradScaler(device.type)
-
-
-CPU_AUTOCAST_LENGTH_MULTIPLE = 16
 
 
 def length_multiple(precision: str, device: torch.device) -> int | None:

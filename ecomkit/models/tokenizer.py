@@ -1,9 +1,7 @@
 """Tokenizers: a byte-level BPE trained locally on the catalog, and helpers for real ones.
 
 Why train one: the tiny models need a tokenizer that works offline with a small vocabulary (4,000 ids, not
-250,880). E-commerce tokens (``®``, ``SKU-``, ...) are kept whole. Trap: in a byte-level alphabet ``®`` and ``©``
-already name the bytes 0xAE and 0xA9, so ``add_tokens(["®"])`` reuses the byte's id and corrupts decoding; ours
-makes them whole through training, and :func:`add_ecom_special_tokens` refuses such a token.
+250,880), with the e-commerce tokens (``®``, ``SKU-``, ...) whole (:func:`add_ecom_special_tokens` says why).
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from ecomkit.data.catalog import generate_catalog
 from ecomkit.data.tasks import training_texts_for_tokenizer
 from ecomkit.errors import ConfigError, EcomkitError, ModelNotFoundError
+from ecomkit.models.bloom import checkpoint_files
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +133,7 @@ def get_tokenizer(name_or_dir: str | os.PathLike = "synthetic", cache_dir: str |
     if name_or_dir.startswith((".", "/", "~")) or name_or_dir.count("/") > 1:  # a path, not "org/name"
         raise ModelNotFoundError(f"Tokenizer directory {path} does not exist. Pass an existing directory, "
                                  f"'synthetic' for the local BPE, or a hub id such as 'bigscience/bloom-560m'.")
-    return _hub_tokenizer(name_or_dir, cache_dir)
+    return checkpoint_files().hub_tokenizer(name_or_dir, cache_dir)
 
 
 def local_tokenizer_dir(cache_dir: str | os.PathLike, vocab_size: int = DEFAULT_VOCAB_SIZE, seed: int = 0,
@@ -162,22 +161,6 @@ def _cached_synthetic_tokenizer(cache_dir: Path, vocab_size: int, seed: int, n_r
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
     return load_tokenizer(final)
-
-
-def _hub_tokenizer(name: str, cache_dir: str | os.PathLike | None):
-    try:
-        tok = AutoTokenizer.from_pretrained(name, cache_dir=str(cache_dir) if cache_dir else None)
-    except (OSError, ValueError) as exc:
-        raise ModelNotFoundError(
-            f"Could not load the tokenizer '{name}' from the Hugging Face hub or its local cache "
-            f"({type(exc).__name__}). Without internet access, set HF_HUB_OFFLINE=1 (so nothing waits on the network), "
-            f"download the model on a machine with internet (e.g. `huggingface-cli download {name} "
-            f"--local-dir ./{name.split('/')[-1]}`), copy the folder here and pass that local directory; "
-            f"or use 'synthetic' for the locally trained tokenizer."
-        ) from exc
-    if tok.pad_token is None and tok.eos_token is not None:
-        tok.pad_token = tok.eos_token
-    return tok
 
 
 def match_tokenizer(model, tokenizer) -> dict[str, int | None]:

@@ -1,7 +1,6 @@
-"""Parallelism strategies found by name: a run imports only the strategy (and the DDP hooks) its config asks for.
+"""Parallelism strategies found by name: a run imports only the strategy (and the parts) its config asks for.
 
-Why by name: importing every strategy loaded ZeRO, FSDP2, TP and the pipeline into a DDP run.
-``tests/test_run_imports.py`` checks every entry, since ``lint-imports`` cannot see them.
+``tests/test_run_imports.py`` checks every entry, since ``lint-imports`` cannot see these imports.
 """
 
 from __future__ import annotations
@@ -38,13 +37,12 @@ DDP_HOOKS: dict[str, str] = {
 # Model parts a strategy uses only under LoRA.
 LORA = "ecomkit.models.lora"
 QUANT = "ecomkit.models.quant"
+# The tensor byte counter, only for a strategy's memory report (chapters 03 and 06 measure with it).
+STATE_BYTES = "ecomkit.parallel.state_bytes"
 
 
 def find(target: str) -> Any:
-    """The object ``module:name`` names, importing its module now (the one place a run imports by name).
-
-    Through ``__import__``, not ``importlib.import_module``, so ``python -X importtime`` reports these imports too.
-    """
+    """The object ``module:name`` names, imported now through ``__import__`` (``python -X importtime`` sees it)."""
     module, _, name = target.partition(":")
     return getattr(__import__(module, fromlist=[name]), name)
 
@@ -67,5 +65,5 @@ def strategy_callbacks(cfg: TrainConfig) -> list[Any]:
     return list(find(spec.run_callbacks)(cfg)) if spec.run_callbacks else []
 
 
-__all__ = ["DDP_HOOKS", "LORA", "QUANT", "STRATEGIES", "StrategySpec", "build_strategy", "find", "strategy_callbacks",
-           "strategy_spec"]
+__all__ = ["DDP_HOOKS", "LORA", "QUANT", "STATE_BYTES", "STRATEGIES", "StrategySpec", "build_strategy", "find",
+           "strategy_callbacks", "strategy_spec"]

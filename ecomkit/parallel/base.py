@@ -1,8 +1,7 @@
-"""The strategy interface the training loop talks to: wrap, synchronise, step, gather and save.
+"""The strategy interface the one training loop talks to: wrap, synchronise, step, gather and save.
 
-Why: the loop is the same for every chapter. The loss ``backward`` gets is already normalised for the whole global
-batch (``world_size × Σ token losses / global label tokens``), so averaging over ranks gives the exact global-mean
-gradient; strategies must not rescale it (DeepSpeed: ``scale_wrt_gas=False``; Accelerate: undo its ``/accum``).
+``backward`` gets a loss already normalised for the global batch (``world_size × Σ token losses / global label
+tokens``), so the ranks' average is the exact global-mean gradient: strategies must not rescale it.
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ from ecomkit.models.bloom import ModelSource, count_parameters, load_model
 from ecomkit.models.loss import TokenLoss, last_hidden_state, token_loss_sum
 from ecomkit.models.optim import build_optimizer, build_scheduler, clip_grad_norm
 from ecomkit.models.precision import autocast_context, build_grad_scaler
-from ecomkit.parallel import LORA, QUANT, find
-from ecomkit.parallel.state_bytes import model_state_bytes
+from ecomkit.parallel import LORA, QUANT, STATE_BYTES, find
 
 
 @dataclass
@@ -54,10 +52,7 @@ class Strategy:
         self.scaler: Any = None                   # fp16 dynamic loss scaler
 
     def build_model(self, source: ModelSource) -> nn.Module:
-        """How this strategy wants the model materialised; the default: whole, on every rank.
-
-        Sharding strategies override it so no rank holds the whole model (ZeRO-3: ``zero.Init``; FSDP2/TP: meta device).
-        """
+        """The model materialised whole on every rank; sharding strategies override it (ZeRO-3, FSDP2/TP: meta)."""
         source = self.in_weight_dtype(source)
         return load_model(source.name_or_path, vocab_size=source.vocab_size, device=self.env.device,
                           seed=source.seed, dtype=source.dtype)
@@ -101,20 +96,13 @@ class Strategy:
 
     def forward_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                        positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits of one batch; ``positions`` (1-D, one for all rows): only those, ``[B, len(positions), V]``.
-
-        Why: evaluation reads a few answer positions, and the LM head over every position was most of its time.
-        """
+        """Logits of one batch; ``positions`` (1-D): only those, as evaluation reads a few answer positions."""
+        keep = 0 if positions is None else positions   # 0: every position (transformers' default)
         with self.autocast():
-            if positions is None:
-                return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
-            return self.model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=positions).logits
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
 
     def forward_loss_sum(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Σ token losses of one micro-batch: BLOOM's forward to its last hidden states, then :attr:`token_loss`.
-
-        A packed batch runs under its document mask; a training batch's host-counted ``label_count`` avoids a sync.
-        """
+        """Σ token losses of one micro-batch: BLOOM's forward to its last hidden states, then :attr:`token_loss`."""
         mask = attention_mask_for(batch)
         if self.token_loss.from_logits:    # transformers' logits, then the loss
             return token_loss_sum(self.forward_logits(batch["input_ids"], mask), batch["labels"])
@@ -182,7 +170,7 @@ class Strategy:
 
     def memory_report(self) -> dict[str, int]:
         """Bytes of params / grads / optimizer states held by this rank (counted tensors)."""
-        return model_state_bytes(self.model, self.optimizer)
+        return find(f"{STATE_BYTES}:model_state_bytes")(self.model, self.optimizer)
 
     def close(self) -> None:
         """Drop references so gloo threads die before the process group (else gloo may crash or hang at exit)."""
@@ -191,11 +179,7 @@ class Strategy:
 
 @contextlib.contextmanager
 def deepspeed_probe_skipped() -> Iterator[None]:
-    """Run ``save_pretrained`` without importing DeepSpeed in a run that never loaded it.
-
-    Why: accelerate's unwrap imports deepspeed whenever installed (seconds and a warning) to test ``isinstance``;
-    until ``deepspeed`` is in ``sys.modules`` the probe answers "not available" for the save.
-    """
+    """Save without importing DeepSpeed in a run that never loaded it (accelerate's unwrap imports it to probe)."""
     other = sys.modules.get("accelerate.utils.other")
     if other is None or "deepspeed" in sys.modules or not hasattr(other, "is_deepspeed_available"):
         yield

@@ -23,10 +23,7 @@ if TYPE_CHECKING:
 
 def apply_ddp(model: nn.Module, env: DistEnv, bucket_cap_mb: float = 25.0,
               gradient_as_bucket_view: bool = True) -> nn.Module:
-    """Wrap ``model`` in DDP (no-op for a single process).
-
-    ``device_ids`` only on GPU; ``gradient_as_bucket_view`` saves one gradient-sized copy per rank.
-    """
+    """``model`` in DDP (as it is for one process); ``gradient_as_bucket_view`` saves a gradient-sized copy per rank."""
     if not env.distributed:
         return model
     device_ids = [env.device.index] if env.device.type == "cuda" else None

@@ -44,7 +44,8 @@ from typing import Any, Callable
 from ecomkit.config import TrainConfig, build_arg_parser, load_config_file
 from ecomkit.config.cli import config_from_namespace
 from ecomkit.errors import exit_on_user_error
-from ecomkit.hardware import GIB, GPUS, LINKS, NODES
+from ecomkit.hardware import GIB, GPUS
+from ecomkit.planner.links import LINKS, NODES
 from ecomkit.planner.job import (CLUSTER_DEFAULTS, PLANNER_FIELDS, Cluster, apply_strategy_switches,
                                  cluster_defaults_used, defaults_used, expand_planner_aliases, given_fields,
                                  planned_seq_len,

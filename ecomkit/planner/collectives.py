@@ -1,12 +1,12 @@
 """The α-β model of ring collectives: seconds to all-reduce, all-gather or reduce-scatter ``S`` bytes over ``N`` ranks.
 
 Why its own module: ``step_time`` and ``split_time`` price their collectives the same way, from
-:class:`ecomkit.hardware.LinkSpec`'s latency α and bus bandwidth ``B``.
+:class:`ecomkit.planner.links.LinkSpec`'s latency α and bus bandwidth ``B``.
 """
 
 from __future__ import annotations
 
-from ecomkit.hardware import LinkSpec
+from ecomkit.planner.links import LinkSpec
 
 
 def all_reduce_s(nbytes: float, n: int, link: LinkSpec) -> float:

@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 from ecomkit.config import PRECISIONS, TrainConfig
 from ecomkit.errors import EcomkitError
-from ecomkit.hardware import GIB, GPUS, LINKS, gpu_spec
+from ecomkit.hardware import GIB, GPUS, gpu_spec
+from ecomkit.planner.links import LINKS
 from ecomkit.planner.job import Cluster
 from ecomkit.planner.report import recommendation_json, render_recommendation
 

@@ -16,8 +16,9 @@ from ecomkit.config import (DEEPSPEED_PLAN_STRATEGIES, MESH_STRATEGIES, PARALLEL
                             resolve_parallel_degrees)
 from ecomkit.errors import ConfigError
 from ecomkit.config.vocabulary import AUTO, LOSS_KERNEL_PACKAGES
-from ecomkit.hardware import default_link, gpu_kind, gpu_spec
-from ecomkit.models.attention_rule import pick_attention
+from ecomkit.hardware import gpu_kind, gpu_spec
+from ecomkit.planner.links import default_link
+from ecomkit.models.attention import pick_attention
 from ecomkit.models.loss import pick_loss_kernel
 from ecomkit.models.bloom import model_length_limit
 from ecomkit.planner.lora import LoraPlan, plan_lora_memory
@@ -32,7 +33,7 @@ class Cluster:
     gpus: int = 1
     gpu: str = "a100-80g"
     link: str | None = None          # None: the GPU's own default link (ecomkit.hardware, GpuSpec.default_link)
-    node: str | None = None          # None: the usual system of ``gpu`` (ecomkit.hardware.GPU_DEFAULT_NODE)
+    node: str | None = None          # None: the usual system of ``gpu`` (ecomkit.planner.links.GPU_DEFAULT_NODE)
     nodes: int = 1
 
     def validate(self) -> "Cluster":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ecomkit.hardware import LinkSpec
+from ecomkit.planner.links import LinkSpec
 from ecomkit.models.bloom import flops_per_token
 from ecomkit.parallel.pipeline import stage_layer_ranges
 from ecomkit.planner.collectives import all_reduce_s

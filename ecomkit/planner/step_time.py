@@ -12,8 +12,8 @@ from typing import Any
 
 from ecomkit.config import DEEPSPEED_PLAN_STRATEGIES
 from ecomkit.errors import ConfigError
-from ecomkit.hardware import (GpuSpec, LinkSpec, NodeSpec, gpu_spec, link_spec, node_cpu_adam_params_per_s,
-                              node_spec)
+from ecomkit.hardware import GpuSpec, gpu_spec
+from ecomkit.planner.links import LinkSpec, NodeSpec, link_spec, node_cpu_adam_params_per_s, node_spec
 from ecomkit.models.bloom import flops_per_token
 from ecomkit.planner.collectives import COLLECTIVE_TIME, all_gather_s, all_reduce_s, reduce_scatter_s
 from ecomkit.planner.memory import PlanInput, validate_plan_input
@@ -24,8 +24,8 @@ from ecomkit.planner.split_time import (mesh_links, pipeline_microbatches, pipel
 ADAM_BYTES_PER_ELEMENT = 28           # fp32 param, grad, exp_avg, exp_avg_sq read; param and moments written
 DEFAULT_EFFICIENCY = 0.45
 DEFAULT_OVERLAP = 0.9
-GPUS_PER_NODE = 8                     # the reference nodes (ecomkit.hardware.NODES) hold 8 GPUs
-CPU_ADAM_PARAMS_PER_S = 2.0e9         # DeepSpeedCPUAdam, a 128-core node (ecomkit.hardware; an assumption)
+GPUS_PER_NODE = 8                     # the reference nodes (ecomkit.planner.links.NODES) hold 8 GPUs
+CPU_ADAM_PARAMS_PER_S = 2.0e9         # DeepSpeedCPUAdam, a 128-core node (ecomkit.planner.links; an assumption)
 WINDOWS = ("forward", "backward", "backward_last", "exposed")
 
 

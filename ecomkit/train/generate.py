@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ecomkit.data.tokenize import cut_prompt, encode_prompt_texts
 from ecomkit.dist import DistEnv
-from ecomkit.reporting import make_progress
+from ecomkit.metrics import make_progress
 
 DECODE_GENERATE, DECODE_UNCACHED = "generate", "greedy-uncached"
 

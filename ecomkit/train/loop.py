@@ -21,33 +21,35 @@ from torch.utils.data import DataLoader
 
 from ecomkit.config import TrainConfig, data_parallel_size
 from ecomkit.config.recipe import LENGTH_CHECK_STEPS, capped_length
-from ecomkit.data import DistributedBatchSampler, build_datasets, lengths_array, pad_collate
+from ecomkit.data import build_datasets, lengths_array, pad_collate
 from ecomkit.data.formats import parse_labels, write_task_file
 from ecomkit.data.tasks import CLASSIFICATION_TASKS, can_classify
 from ecomkit.data.tokenize import BatchCounts, row_counts
 from ecomkit.dist import (DistEnv, all_reduce_max, all_reduce_mean, all_reduce_sum_tensor, distributed_session, log,
                           replica_checksums, restart_attempt, to_device)
 from ecomkit.errors import ConfigError
-from ecomkit.faults.callbacks import add_fault_tolerance_callbacks
+from ecomkit.fast import install_fast_paths
+from ecomkit.faults import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak, mfu_fields
-from ecomkit.metrics import (METHOD_OF_PREFIX, MetricsWriter, fill_rate_of, peak_memory, slowest_rank_throughput,
-                             step_model_flops, time_split)
+from ecomkit.metrics import (METHOD_OF_PREFIX, MetricsWriter, fill_rate_of, make_progress, peak_memory,
+                             slowest_rank_throughput, step_model_flops, time_split)
 from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit, model_origin
 from ecomkit.models.optim import set_schedule_length
 from ecomkit.models.precision import length_multiple
 from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
 from ecomkit.parallel import LORA, build_strategy, find, strategy_callbacks
 from ecomkit.parallel.base import StepStats
-from ecomkit.reporting import make_progress
-from ecomkit.train.evaluate import evaluate_nlu_accuracy, held_out_loss, shard_range
-from ecomkit.train.fast_paths import install_fast_paths
-from ecomkit.train.outcome import BestWeights, baseline_outcome, keep_best_or_last, launch_command
+from ecomkit.train.evaluate import held_out_loss, shard_range
+from ecomkit.train.outcome import BestWeights, keep_best_or_last
 from ecomkit.train.preempt import add_preemption_callbacks
 from ecomkit.train.resolve import ModelFacts, ResolvedConfig, RunFacts, precision_choice, resolve_run
 
 # What a run imports only when its config uses it (ecomkit.parallel.find, as for its strategy and LoRA).
 PACKING = "ecomkit.data.packing"        # --packing on, or auto's pick
+SAMPLER = "ecomkit.data.sampler"        # --packing off: bucketed rows
 GENERATION = "ecomkit.train.gen_eval"   # --task nlu: scores by generation
+SCORING = "ecomkit.train.nlu_accuracy"  # --task nlu: accuracy by candidate scoring
+VERDICT = "ecomkit.train.task_metrics"  # --task nlu: whether the figures cleared their baselines
 SUMMED = ("loss_sum", *BatchCounts._fields[1:], "stop")   # the columns of a log interval's one all-reduce
 
 
@@ -90,7 +92,7 @@ class TrainingRun:
         built = self.strategy.build_model(ModelSource(cfg.model, vocab_size=len(self.tokenizer), seed=cfg.seed))
         if cfg.peft != "none":   # LoRA (peft): after the model is built, before the strategy wraps it
             built = find(f"{LORA}:apply_peft")(built, cfg)
-        # attention, fused GeLU and loss kernels, the chunked loss, --compile: in that order (train/fast_paths.py)
+        # attention, fused GeLU and loss kernels, the chunked loss, --compile: in that order (ecomkit/fast/__init__.py)
         install_fast_paths(built, cfg, env.device, self.strategy, self.packed)
         self.n_params = self.strategy.parameter_count(built)
         self.n_trainable = (find(f"{LORA}:trainable_parameter_count")(built) if cfg.peft != "none"
@@ -173,8 +175,9 @@ class TrainingRun:
             return find(f"{PACKING}:PackedBatchSampler")(self.lengths, self.data_report.seq_len,
                                                          self.flags.micro_batch_size, grad_accum, dp, 0,
                                                          self.flags.seed).steps_per_epoch
-        return DistributedBatchSampler(self.lengths, self.flags.micro_batch_size, grad_accum, dp, 0,
-                                       self.flags.seed, bucketed=self.flags.bucketed).steps_per_epoch
+        return find(f"{SAMPLER}:DistributedBatchSampler")(self.lengths, self.flags.micro_batch_size, grad_accum, dp,
+                                                          0, self.flags.seed,
+                                                          bucketed=self.flags.bucketed).steps_per_epoch
 
     def training_loader(self, shard: tuple[int, int]) -> tuple[Any, DataLoader]:
         return training_loader(self.train_ds, self.lengths, self.cfg, shard, self.grad_accum, self.packed,
@@ -369,12 +372,12 @@ class TrainingRun:
                                                 None if final else cfg.eval_batches, self.shard, max_examples=cap,
                                                 bar=bar)
             if cfg.task == "nlu" and len(self.eval_records):
-                out.update(evaluate_nlu_accuracy(self.strategy, self.tokenizer, self.eval_records, env,
-                                                 cap if final else cfg.eval_nlu_samples, shard=self.shard,
-                                                 max_length=cfg.seq_len, labels=self.data_report.labels,
-                                                 prompt_format=cfg.prompt_format,
-                                                 train_label_counts=self.data_report.train_label_counts,
-                                                 batch_positions=positions, bar=bar))
+                scored = find(f"{SCORING}:evaluate_nlu_accuracy")(
+                    self.strategy, self.tokenizer, self.eval_records, env, cap if final else cfg.eval_nlu_samples,
+                    shard=self.shard, max_length=cfg.seq_len, labels=self.data_report.labels,
+                    prompt_format=cfg.prompt_format, train_label_counts=self.data_report.train_label_counts,
+                    batch_positions=positions, bar=bar)
+                out.update(scored)
             if self.gen_eval is not None:
                 predictions = self.out_dir / find(f"{GENERATION}:PREDICTIONS_FILE") if final else None
                 out.update(self.gen_eval(self.strategy, self.tokenizer, env, self.shard, predictions, False,
@@ -407,8 +410,9 @@ class TrainingRun:
         final_eval = self.evaluate(final=True)
         self.metrics.write({"type": "eval", "step": self.step, **final_eval})
         summary = self.summary(final_eval, wall)
-        summary.update(final_checkpoint=kept,   # why a run missed its baseline, and the command to retry
-                       baseline=baseline_outcome(summary, launch_command(), self.resolved.recommended_lr))
+        verdict = (find(f"{VERDICT}:baseline_outcome")(summary, recommended_lr=self.resolved.recommended_lr)
+                   if self.cfg.task == "nlu" else {"cleared": None})   # an LM run has no figure with a baseline
+        summary.update(final_checkpoint=kept, baseline=verdict)   # why a run missed its baseline, how to retry
         if getattr(self.strategy, "replicated", False):
             summary["replica_checksums"] = replica_checksums(self.strategy.raw_model, self.env)
         for cb in self.callbacks:
@@ -601,8 +605,8 @@ def training_loader(train_ds, lengths, cfg: TrainConfig, shard: tuple[int, int],
                           functools.partial(find(f"{PACKING}:sequence_counts"), seq_len=cfg.seq_len))
         return sampler, DataLoader(find(f"{PACKING}:RowGroups")(train_ds), batch_sampler=sampler, collate_fn=collate,
                                    pin_memory=pin_memory)
-    sampler = DistributedBatchSampler(lengths, micro_batch_size=cfg.micro_batch_size, grad_accum=grad_accum,
-                                      num_replicas=shard[1], rank=shard[0], seed=cfg.seed, bucketed=cfg.bucketed)
+    sampler = find(f"{SAMPLER}:DistributedBatchSampler")(lengths, cfg.micro_batch_size, grad_accum, shard[1], shard[0],
+                                                         cfg.seed, bucketed=cfg.bucketed)
     collate = Counted(functools.partial(pad_collate, pad_id=pad_id, pad_to_multiple_of=multiple),
                       functools.partial(row_counts, pad_to_multiple_of=multiple))
     return sampler, DataLoader(train_ds, batch_sampler=sampler, collate_fn=collate, pin_memory=pin_memory)

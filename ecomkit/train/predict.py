@@ -25,8 +25,7 @@ from typing import Any, Sequence
 import torch
 
 from ecomkit.config import TrainConfig
-from ecomkit.config.cli import parse_json_object
-from ecomkit.config.field_help import field_docs
+from ecomkit.config.cli import field_docs, parse_json_object
 from ecomkit.config.vocabulary import SPAN_ENDS
 from ecomkit.data.columns import heads
 from ecomkit.data.formats import (KIND_CLASSIFY, PROMPT_FORMATS, TaskExample, build_prompt, parse_answer,

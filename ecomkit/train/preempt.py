@@ -1,12 +1,19 @@
-"""Save on SIGTERM/SIGUSR1, exit 75, and resume when the same command runs again (chapter 07, docs/faults.md).
+"""Preemption: save on SIGTERM/SIGUSR1, exit 75, and resume when the same command runs again (chapter 07).
 
-Why a callback: the loop stays the same for every strategy. The handler only sets a flag, which rides on the
-step's summed all-reduce, so every rank stops after the same step; that step's checkpoint is written through the
-periodic checkpoints' code (DDP/FSDP2/TP: DCP; ZeRO: DeepSpeed's), then ``preempted.json`` names it.
+Why a flag, not an exception: the handler only records the signal, which rides on the step's summed all-reduce, so
+every rank stops after the same step and a second signal cannot cut the save. That step's checkpoint is written
+through the periodic checkpoints' code (DDP/FSDP2/TP: DCP, loaded only then; ZeRO: DeepSpeed's), then the record
+``preempted.json`` names it; a rerun resumes there, a run that finishes removes it (docs/preemption.md).
 """
 
 from __future__ import annotations
 
+import faulthandler
+import json
+import os
+import signal
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -14,12 +21,123 @@ from typing import Any, Iterable
 import torch.distributed as dist
 
 from ecomkit.config import StrategyName, TrainConfig, dcp_unsupported_reason
+from ecomkit.config import parse_signal_names as parse_signals  # the one parser, also used by validate
 from ecomkit.dist import gather_objects, log
-from ecomkit.faults.callbacks import CheckpointCallback
-from ecomkit.faults.checkpoint import checkpoint_root, is_complete
-from ecomkit.faults.preempt import (PREEMPTED_EXIT_CODE, PreemptionSignals, clear_record, parse_signals, read_record,
-                                    write_record)
+from ecomkit.faults import CHECKPOINTS, checkpoint_root
 from ecomkit.parallel import find, strategy_spec
+
+# EX_TEMPFAIL (sysexits.h), "a temporary failure; the user is invited to retry"; torchrun then exits 1.
+PREEMPTED_EXIT_CODE = 75
+RECORD = "preempted.json"
+
+
+# A signalled rank whose step does not end within this (plus 3 × its longest step) is stuck: it exits as the signal
+# would.
+STUCK_AFTER_S = 10.0
+
+
+class PreemptionSignals:
+    """Installs handlers that only record the signal; :attr:`requested` is read once per step.
+
+    Only the main thread can install handlers (a notebook's worker thread gets none, and ``installed`` says so).
+    """
+
+    def __init__(self, signals: list[signal.Signals], rank: int = 0):
+        self.signals, self.rank = signals, rank
+        self.received: list[str] = []
+        self.saving = False
+        self.longest_step_s = 0.0
+        self._stuck_timer: threading.Timer | None = None
+        self._previous: dict[int, Any] = {}
+        self._stack_dump: set[int] = set()  # signals faulthandler was registered for: the stacks print here
+        self.installed = False
+
+    @property
+    def requested(self) -> bool:
+        return bool(self.received)
+
+    @property
+    def first(self) -> str | None:
+        return self.received[0] if self.received else None
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        name = signal.Signals(signum).name
+        self.received.append(name)
+        if signum in self._stack_dump:   # what `kill -USR1 <pid>` printed before this handler was installed
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        if len(self.received) == 1:
+            print(f"[rank {self.rank}] {name} received: finishing this step, then a checkpoint and exit "
+                  f"{PREEMPTED_EXIT_CODE}", file=sys.stderr, flush=True)
+            self._stuck_timer = threading.Timer(STUCK_AFTER_S + 3 * self.longest_step_s, self._stuck, (signum,))
+            self._stuck_timer.daemon = True
+            self._stuck_timer.start()
+        elif self.saving:
+            print(f"[rank {self.rank}] {name} received again while the checkpoint is written: ignored",
+                  file=sys.stderr, flush=True)
+
+    def _stuck(self, signum: int) -> None:
+        """The step never ended after the signal: exit now, without a checkpoint, as the signal would have."""
+        if self.saving:
+            return
+        print(f"[rank {self.rank}] the step did not finish within "
+              f"{STUCK_AFTER_S + 3 * self.longest_step_s:.0f} s of {signal.Signals(signum).name} (this rank or a "
+              "peer is stuck): exiting without a checkpoint; its stacks:", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)   # where it hung (the main thread is in C)
+        os._exit(128 + signum)
+
+    def install(self) -> bool:
+        if not self.signals or threading.current_thread() is not threading.main_thread():
+            return False
+        for sig in self.signals:
+            # faulthandler's C handler sits below Python's: unregister it, ours prints the stacks from Python
+            if hasattr(faulthandler, "unregister") and faulthandler.unregister(sig):
+                self._stack_dump.add(sig)
+            self._previous[sig] = signal.signal(sig, self._handle)
+        self.installed = True
+        return True
+
+    def restore(self) -> None:
+        """Put back the handlers found at :meth:`install` (the C-level stack dump, as dist installs it)."""
+        if self._stuck_timer is not None:
+            self._stuck_timer.cancel()
+        if not self.installed:
+            return
+        for sig, old in self._previous.items():
+            signal.signal(sig, old)
+            if sig in self._stack_dump:
+                faulthandler.register(sig, file=sys.stderr, all_threads=True, chain=False)
+        self._previous.clear()
+        self.installed = False
+
+
+def write_record(root: Path, record: dict[str, Any]) -> Path:
+    """Rank 0, after the checkpoint is complete on every rank: one atomic rename makes it the resume point."""
+    root.mkdir(parents=True, exist_ok=True)
+    path, tmp = root / RECORD, root / (RECORD + ".tmp")
+    history = read_record(root).get("history", []) if (root / RECORD).is_file() else []
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump({**record, "history": [*history, record], "written_at": time.time()}, fh, indent=2)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_record(root: Path) -> dict[str, Any]:
+    """The record in ``root``, or ``{}`` when the last run there was not preempted (or it is unreadable)."""
+    try:
+        record = json.loads((Path(root) / RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) and "checkpoint" in record else {}
+
+
+def clear_record(root: Path) -> None:
+    """A finished run: the next rerun of the command starts fresh again."""
+    try:
+        (Path(root) / RECORD).unlink()
+    except FileNotFoundError:
+        pass
 
 
 def preemption_root(cfg: TrainConfig) -> Path:
@@ -33,7 +151,8 @@ class PreemptionCallback:
     """Stop at the agreed step, checkpoint it, exit 75; on a rerun, report the resumed preemption."""
 
     def __init__(self, cfg: TrainConfig, checkpoint: Any, record: dict[str, Any]):
-        self.cfg, self.checkpoint, self.root = cfg, checkpoint, preemption_root(cfg)
+        self.cfg, self.root = cfg, preemption_root(cfg)
+        self.checkpoint = checkpoint      # the callback a save goes through; None: made at the first signal
         self.record = record              # the preemption this run resumes from ({} for none)
         self.signals: PreemptionSignals | None = None
 
@@ -76,8 +195,8 @@ class PreemptionCallback:
     def _save(self, run: Any) -> tuple[Path, float]:
         """This step's checkpoint through the strategy's own checkpoint code, and the seconds of a periodic
         save of this very step that already wrote it (it is not written twice)."""
-        cb = self.checkpoint
-        if not isinstance(cb, CheckpointCallback):   # ZeRO: DeepSpeed's own sharded checkpoint
+        cb = self.checkpoint or self._dcp_callback(run)
+        if self.cfg.strategy == StrategyName.ZERO:   # DeepSpeed's own sharded checkpoint
             tag = f"step{run.step}"
             if not cb.saved or cb.saved[-1] != tag:
                 client = {"step": run.step, "epoch": run.epoch, "sampler": run.sampler.state_dict()}
@@ -90,6 +209,13 @@ class PreemptionCallback:
             cb.save(run)
         cb.writer.wait()  # an async save (--fault-async-checkpoint) is committed before the exit
         return Path(cb.writer.records[-1].path), (earlier.total_s or earlier.blocking_s) if earlier else 0.0
+
+    def _dcp_callback(self, run: Any) -> Any:
+        """A checkpoint callback that saves nothing periodically, set up now on every rank (they all stop here)."""
+        self.checkpoint = find(f"{CHECKPOINTS}:CheckpointCallback")(self.cfg)
+        self.checkpoint.resume_from, self.checkpoint.resuming = None, False
+        self.checkpoint.on_train_start(run)
+        return self.checkpoint
 
     def on_train_end(self, run: Any, summary: dict[str, Any]) -> None:
         if self.signals is not None:
@@ -104,8 +230,8 @@ class PreemptionCallback:
 
 
 def add_preemption_callbacks(cfg: TrainConfig, callbacks: Iterable[Any]) -> list[Any]:
-    """``callbacks`` plus :class:`PreemptionCallback` and the checkpoint callback it saves and resumes through
-    (a periodic one is reused; else one that resumes only from a preemption record, so a rerun starts fresh)."""
+    """``callbacks`` plus :class:`PreemptionCallback` and the checkpoint callback it saves and resumes through: a
+    periodic one is reused; else one is made to resume from a preemption record, or at the first signal."""
     out = list(callbacks)
     if not parse_signals(cfg.fault.preempt_signals) or any(isinstance(c, PreemptionCallback) for c in out):
         return out
@@ -123,15 +249,16 @@ def add_preemption_callbacks(cfg: TrainConfig, callbacks: Iterable[Any]) -> list
         if record and Path(record["checkpoint"]).is_dir():
             cb.resume_from, cb.resuming = record["checkpoint"], True
     else:
-        cb = next((c for c in out if isinstance(c, CheckpointCallback)), None)
-        if cb is None:
-            cb = CheckpointCallback(cfg)
-            cb.resume_from, cb.resuming = None, False  # only a preemption record makes this one resume
-            out.append(cb)
-        if record and is_complete(Path(record["checkpoint"])):
+        module = sys.modules.get(CHECKPOINTS)   # loaded wherever a CheckpointCallback was made
+        cb = next((c for c in out if module and isinstance(c, module.CheckpointCallback)), None)
+        if record and find("ecomkit.faults.checkpoint:is_complete")(Path(record["checkpoint"])):
+            if cb is None:
+                cb = find(f"{CHECKPOINTS}:CheckpointCallback")(cfg)
+                out.append(cb)
             cb.resume_from, cb.resuming = Path(record["checkpoint"]), True
     out.append(PreemptionCallback(cfg, cb, record))
     return out
 
 
-__all__ = ["PREEMPTED_EXIT_CODE", "PreemptionCallback", "add_preemption_callbacks", "preemption_root"]
+__all__ = ["PREEMPTED_EXIT_CODE", "RECORD", "PreemptionCallback", "PreemptionSignals", "add_preemption_callbacks",
+           "clear_record", "parse_signals", "preemption_root", "read_record", "write_record"]

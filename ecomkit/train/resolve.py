@@ -14,23 +14,21 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-import torch
-
 from ecomkit.config import TrainConfig, data_parallel_size
 from ecomkit.config.recipe import (AUTO, RecipeFacts, RecipeValue, length_by_epochs, resolve_global_batch, resolve_lr,
                                    resolve_recipe)
-from ecomkit.config.validate_loss import forward_loss_unsupported
+from ecomkit.config.validate_options import forward_loss_unsupported
 from ecomkit.config.vocabulary import LOSS_KERNEL_PACKAGES
 from ecomkit.data.build import BuildReport
 from ecomkit.data.lengths import GEN_BUDGET_MARGIN, PACK_AUTO_MAX_ROW_SHARE, decide_packing, generation_budget
 from ecomkit.dist import DistEnv, gather_objects, log
-from ecomkit.envcheck.matmul import NO_BF16_UNITS, choose_precision, cpu_bf16_units
 from ecomkit.errors import ModelNotFoundError
-from ecomkit.hardware import device_kind
-from ecomkit.models.attention_rule import pick_attention
+from ecomkit.hardware import NO_BF16_UNITS, cpu_bf16_units, device_kind
+from ecomkit.models.attention import pick_attention
 from ecomkit.models.bloom import (ModelSource, build_empty_model, count_parameters, load_model, model_config,
                                   model_length_limit, model_origin)
 from ecomkit.models.loss import pick_loss_kernel
+from ecomkit.models.precision import choose_precision
 
 WHY_WIDTH = 64   # the start-up report's reasons are cut to this many characters (the full ones: --verbose)
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from tokenizers.pre_tokenizers import ByteLevel
 
-from ecomkit.hardware import link_spec
+from ecomkit.planner.links import link_spec
 from ecomkit.models.bloom import preset_parameter_count
 from ecomkit.models.tokenizer import ECOM_SPECIAL_TOKENS
 from ecomkit.planner.memory import PlanInput

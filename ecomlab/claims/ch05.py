@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import torch
 
-from ecomkit.hardware import link_spec
+from ecomkit.planner.links import link_spec
 from ecomkit.models.bloom import preset_parameter_count
 from ecomkit.parallel.compression.topk import select_topk, topk_count
 from ecomkit.planner.step_time import all_reduce_s, predict_step_time

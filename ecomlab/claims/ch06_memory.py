@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
-from ecomkit.hardware import link_spec, node_spec
+from ecomkit.planner.links import link_spec, node_spec
 from ecomkit.planner.memory import max_micro_batch, model_state_bytes_per_rank, plan_memory
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import predict_step_time

@@ -23,7 +23,8 @@ import math
 from dataclasses import replace
 from typing import Any, Sequence
 
-from ecomkit.hardware import GIB, gpu_spec, link_spec
+from ecomkit.hardware import GIB, gpu_spec
+from ecomkit.planner.links import link_spec
 from ecomkit.models.bloom import build_model
 from ecomkit.planner.memory import PlanInput, max_micro_batch, plan_memory, state_bytes_of_rank
 from ecomkit.planner.shapes import local_params, model_shape

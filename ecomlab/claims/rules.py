@@ -11,7 +11,8 @@ import itertools
 from dataclasses import replace
 from typing import Any, Sequence
 
-from ecomkit.hardware import LinkSpec, gpu_spec
+from ecomkit.hardware import gpu_spec
+from ecomkit.planner.links import LinkSpec
 from ecomkit.planner.memory import PlanInput, plan_memory
 from ecomkit.planner.step_time import speedups
 from ecomlab.claims.evidence import Evidence, gpu_speedup, gpu_value

@@ -1,6 +1,6 @@
 """``--attn auto``'s limits from ``bench_attn_rule`` artifacts: the longest length at which eager attention wins.
 
-Why here: the core keeps the limits (:data:`ecomkit.models.attention_rule.CPU_EAGER_MAX_SEQ` and
+Why here: the core keeps the limits (:data:`ecomkit.models.attention.CPU_EAGER_MAX_SEQ` and
 ``GPU_EAGER_MAX_SEQ``); tests/test_attention_rule.py holds them equal to :func:`eager_max_seq` of the newest artifact.
 """
 

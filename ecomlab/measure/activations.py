@@ -34,10 +34,10 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ecomkit.dist import timed
 from ecomkit.models.bloom import disable_activation_checkpointing, enable_activation_checkpointing
 from ecomkit.models.loss import token_loss_sum
 from ecomkit.parallel.state_bytes import storage_key
+from ecomlab.timing import timed
 
 
 class SavedTensorCounter:
@@ -211,7 +211,7 @@ def time_step(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: t
               wrap: Callable[[], contextlib.AbstractContextManager] | None = None) -> float:
     """Median seconds of forward + backward, without any instrument (one warm-up run first).
 
-    Timed by ``ecomkit.dist.timed``, the one timer (CUDA work is synchronised
+    Timed by ``ecomlab.timing.timed``, the one timer (CUDA work is synchronised
     before the clock is read); gradients are cleared after every run.
     """
     wrap = wrap or contextlib.nullcontext

@@ -60,10 +60,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from ecomkit.config import TrainConfig
-from ecomkit.dist import DistEnv, timed, timed_phases
+from ecomkit.dist import DistEnv
 from ecomkit.envcheck.alpha_beta import fit_alpha_beta
 from ecomkit.envcheck.collectives import measure_all_reduce_bandwidth
-from ecomkit.hardware import GpuSpec, LinkSpec
+from ecomkit.hardware import GpuSpec
+from ecomkit.planner.links import LinkSpec
 from ecomkit.models.bloom import count_parameters, flops_per_token
 from ecomkit.models.loss import TokenLoss, lm_loss_sum
 from ecomkit.models.optim import build_optimizer
@@ -75,6 +76,7 @@ from ecomkit.planner.step_time import ADAM_BYTES_PER_ELEMENT, StepTime, predict_
 from ecomkit.train.sweep import run_sweep
 from ecomlab.measure.activations import causal_lm_loss
 from ecomlab.measure.strategy_states import PlannerStrategy
+from ecomlab.timing import timed, timed_phases
 
 ALPHA_BETA_SIZES = [2**10 * 4**i for i in range(9)]     # 1 KiB … 64 MiB, chapter 01's sweep
 CPU_OVERLAP = 0.0

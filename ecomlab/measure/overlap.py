@@ -45,9 +45,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ecomkit.config import TrainConfig
 from ecomkit.config.recipe import mechanics_value
-from ecomkit.dist import DistEnv, distributed_session, log, timed
+from ecomkit.dist import DistEnv, distributed_session, log
 from ecomkit.errors import ConfigError, EcomkitError
 from ecomkit.models.bloom import load_model
+from ecomlab.timing import timed
 
 SYNTHETIC_VOCAB = 4096  # random token ids: timing and divergence do not need real text
 

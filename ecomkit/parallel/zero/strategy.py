@@ -24,7 +24,7 @@ from ecomkit.dist import DistEnv, log
 from ecomkit.errors import ConfigError, EcomkitError
 from ecomkit.models.bloom import ModelSource, build_empty_model, count_parameters, enable_activation_checkpointing
 from ecomkit.models.optim import build_optimizer, build_scheduler, param_groups
-from ecomkit.models.precision import DTYPES
+from ecomkit.hardware import DTYPES
 from ecomkit.parallel.base import StepStats, Strategy
 from ecomkit.parallel.zero.checkpoint import consolidated_save_pretrained
 from ecomkit.parallel.zero.config import build_zero_config, save_zero_config
