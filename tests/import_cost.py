@@ -92,6 +92,14 @@ def python_import(module: str, env: Mapping[str, str] | None = None) -> ImportCo
     return report_cost(proc.stderr)
 
 
+def fresh_python(code: str) -> str:
+    """What ``python -c code`` prints in a fresh interpreter (e.g. whether a module is in ``sys.modules``)."""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise AssertionError(proc.stderr[-3000:])
+    return proc.stdout
+
+
 if __name__ == "__main__":   # python tests/import_cost.py [--nproc N] SCRIPT ARGS...: print what each rank loaded
     argv = sys.argv[1:]
     n = int(argv[1]) if argv[:1] == ["--nproc"] else 0

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from import_cost import fresh_python
 
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
@@ -132,9 +131,7 @@ def test_the_loss_kernels_module_loads_only_for_a_loss_that_takes_it(loss, loads
     code = ("import sys, torch; from ecomkit.models.loss import TokenLoss; "
             f"h, head = torch.randn(2, 6, 8), torch.nn.Linear(8, 16); {loss}(h, head, torch.randint(0, 16, (2, 6))); "
             "print('ecomkit.models.loss_kernels' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split()[-1] == str(loads)
+    assert fresh_python(code).split()[-1] == str(loads)
 
 
 def test_micro_batch_without_labels_gives_zero_that_backpropagates():

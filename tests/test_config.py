@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from import_cost import fresh_python
 
 from ecomkit.config import (CONFIG_PRESETS, StrategyName, TrainConfig, parse_config, parse_plan_strategy,
                             plan_strategy_name)
@@ -141,9 +142,7 @@ def test_the_checks_of_options_load_only_when_a_config_sets_one(setting, loads):
     code = ("import sys; from ecomkit.config import TrainConfig; from ecomkit.errors import ConfigError; "
             f"cfg = TrainConfig(); {setting}\ntry:\n    cfg.validate(2)\nexcept ConfigError:\n    pass\n"
             "print('ecomkit.config.validate_options' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split()[-1] == str(loads)
+    assert fresh_python(code).split()[-1] == str(loads)
 
 
 @pytest.mark.parametrize("given", [False, True])
@@ -153,7 +152,7 @@ def test_the_config_file_reader_loads_only_with_config(given, tmp_path):
     path.write_text("micro_batch_size: 3\n")
     argv = ["--config", str(path)] if given else []
     code = ("import sys; from ecomkit.config import parse_config; "
-            f"cfg, _ = parse_config({argv!r}); print(cfg.micro_batch_size, 'ecomkit.config.config_file' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split()[-2:] == (["3", "True"] if given else [str(TrainConfig().micro_batch_size), "False"])
+            f"cfg, _ = parse_config({argv!r}); "
+            "print(cfg.micro_batch_size, 'ecomkit.config.config_file' in sys.modules)")
+    expected = ["3", "True"] if given else [str(TrainConfig().micro_batch_size), "False"]
+    assert fresh_python(code).split()[-2:] == expected
