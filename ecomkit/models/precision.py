@@ -1,7 +1,6 @@
 """Which precision a run computes in (``--precision auto``), and its autocast, loss scaling and batch shapes.
 
-fp16 needs loss scaling (gradients underflow), bf16 does not. Under CPU autocast batch lengths round up to a
-multiple of 16: oneDNN caches a primitive per shape, and peak RSS grew without bound on varied lengths.
+Why batch shapes: under CPU autocast oneDNN caches a primitive per shape (docs/perf.md measures the memory it holds).
 """
 
 from __future__ import annotations
