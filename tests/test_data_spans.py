@@ -256,7 +256,7 @@ def test_config_fields_and_their_checks(tmp_path):
 
 def test_seqgpt_truncation_keeps_the_label_line(tok):
     from ecomkit.data.formats import build_prompt, input_span
-    from ecomkit.data.tokenize import encode_prompt_answer
+    from ecomkit.data.prompt_ids import encode_prompt_answer
     text = "物流很快，" * 60
     prompt = build_prompt("seqgpt", KIND_CLASSIFY, text, ["positive", "negative"])
     start, end = input_span(prompt)
