@@ -16,8 +16,9 @@ import pyarrow as pa
 from datasets import Dataset
 
 from ecomkit.data.catalog import spans_from_json
-from ecomkit.data.formats import KIND_CLASSIFY, KIND_EXTRACT, TaskExample, build_prompt, check_format, prompt_and_answer
+from ecomkit.data.formats import KIND_CLASSIFY, KIND_EXTRACT, TaskExample, build_prompt, prompt_and_answer
 from ecomkit.data.stream import read_columns
+from ecomkit.data.task_file import check_format
 from ecomkit.data.tasks import (BRAND_LABEL, BUILTIN_LABELS, CATEGORY_LABELS, CLASSIFICATION_TASKS, SENTIMENT_LABELS,
                                 NluExample, build_nlu_examples, category_prompt, first_present, sentiment_prompt)
 from ecomkit.errors import ConfigError, DataError

@@ -15,7 +15,7 @@ from datasets import Dataset, Features, Sequence as ArrowList, Value
 
 from ecomkit.data.stream import column_numpy, fingerprint, map_batches, tokenizer_digest, unique_values
 from ecomkit.data.catalog import RECORD_FEATURES, RECORD_FIELDS
-from ecomkit.data.formats import check_format
+from ecomkit.data.task_file import check_format
 from ecomkit.data.tasks import CATEGORY_LABELS, KINDS, SENTIMENT_POLARITY, check_task, task_examples
 from ecomkit.errors import ConfigError
 
