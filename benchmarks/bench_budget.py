@@ -24,7 +24,7 @@ from pathlib import Path
 
 from common import print_table, run_summary, write_artifact
 
-from ecomkit.data.formats import read_task_file
+from ecomkit.data.task_file import read_task_file
 from ecomkit.data.toy_tasks import write_colour_task, write_review_file
 from ecomkit.train.gen_eval import BUDGET_ADVICE_SHARE
 from ecomkit.train.predict import main as predict

@@ -8,8 +8,8 @@ from datasets import ClassLabel, Dataset, Features, Sequence, Value
 
 from ecomkit.data import build_datasets, load_records, write_jsonl
 from ecomkit.data.catalog import SPAN_LABELS, catalog_spans, generate_catalog
-from ecomkit.data.formats import (KIND_CLASSIFY, KIND_EXTRACT, TaskExample, parse_labels, prompt_and_answer,
-                                  read_task_file, write_task_file)
+from ecomkit.data.formats import KIND_CLASSIFY, KIND_EXTRACT, TaskExample, prompt_and_answer
+from ecomkit.data.task_file import parse_labels, read_task_file, write_task_file
 from ecomkit.data.catalog import spans_from_json
 from ecomkit.data.spans import tokens_text
 from ecomkit.data.tasks import task_examples
@@ -256,7 +256,7 @@ def test_config_fields_and_their_checks(tmp_path):
 
 def test_seqgpt_truncation_keeps_the_label_line(tok):
     from ecomkit.data.formats import build_prompt, input_span
-    from ecomkit.data.tokenize import encode_prompt_answer
+    from ecomkit.data.prompt_ids import encode_prompt_answer
     text = "物流很快，" * 60
     prompt = build_prompt("seqgpt", KIND_CLASSIFY, text, ["positive", "negative"])
     start, end = input_span(prompt)

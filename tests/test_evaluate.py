@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from ecomkit.data.catalog import CATEGORIES
-from ecomkit.data.tasks import SENTIMENT_LABELS, build_classification_example
+from ecomkit.data.targets import build_classification_example
+from ecomkit.data.tasks import SENTIMENT_LABELS
 from ecomkit.dist import DistEnv
 from ecomkit.models.bloom import load_model
 from ecomkit.models.tokenizer import get_tokenizer

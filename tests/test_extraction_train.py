@@ -28,7 +28,7 @@ import pytest
 from ecomkit.config import TrainConfig
 from ecomkit.data import write_jsonl
 from ecomkit.data.catalog import catalog_spans, generate_catalog, review_rows
-from ecomkit.data.formats import read_task_file
+from ecomkit.data.task_file import read_task_file
 from ecomkit.train.sweep import run_sweep
 
 ROWS = 400

@@ -12,7 +12,7 @@ import torch
 
 from ecomkit.data import pad_collate
 from ecomkit.data.catalog import CATEGORIES
-from ecomkit.data.tasks import build_classification_example
+from ecomkit.data.targets import build_classification_example
 from ecomkit.dist import DistEnv
 from ecomkit.models.bloom import load_model
 from ecomkit.models.loss import token_loss_sum

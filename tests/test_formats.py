@@ -10,7 +10,6 @@ from ecomkit.data.formats import (
     ParsedAnswer,
     TaskExample,
     build_prompt,
-    example_from_record,
     format_answer,
     parse_answer,
     prompt_and_answer,
@@ -54,7 +53,6 @@ def test_unknown_format_and_kind_are_config_errors():
 def test_task_example_sorts_and_deduplicates_spans_and_checks_labels():
     ex = extract([("颜色", "黑色"), ("品牌", "华为"), ("品牌", "华为")])
     assert ex.gold_spans == (("品牌", "华为"), ("颜色", "黑色"))
-    assert example_from_record(ex.to_record()) == ex
     with pytest.raises(ConfigError, match="not among"):
         extract([("型号", "Mate60")])
     with pytest.raises(ConfigError, match="not among"):

@@ -166,7 +166,7 @@ def test_left_padding_and_prompt_cutting():
     assert cut == 1 and len(rows[0]) == 64 - 1       # cut only as training cuts a row of the shortest answer
     assert rows[1] == tok(PROMPTS[0], add_special_tokens=False)["input_ids"]   # a prompt that fits: as it is
     assert tok.decode(rows[0]).endswith("\n分类: 正面，负面\n输出: [GEN]")   # label line and cue kept, as in training
-    from ecomkit.data.tokenize import encode_prompt_answer
+    from ecomkit.data.prompt_ids import encode_prompt_answer
     trained, labels = encode_prompt_answer(tok, long, "", 64)          # a training row whose answer is its EOS
     assert trained[:-1] == rows[0]                                       # the very ids training saw
 

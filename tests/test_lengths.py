@@ -16,7 +16,8 @@ from ecomkit.dist import log
 from ecomkit.data.formats import build_prompt
 from ecomkit.data.lengths import (GEN_BUDGET_MARGIN, CutCounts, LengthStats, choose_seq_len, generation_budget,
                                   limit_warning, reached_limit)
-from ecomkit.data.tokenize import IGNORE_INDEX, PromptIds, cut_prompt, fit_prompt_answer, lm_windows
+from ecomkit.data.prompt_ids import PromptIds, cut_prompt, fit_prompt_answer
+from ecomkit.data.tokenize import IGNORE_INDEX, lm_windows
 from ecomkit.errors import ConfigError
 from ecomkit.models.tokenizer import get_tokenizer
 from ecomkit.train.loop import run_training

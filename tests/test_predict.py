@@ -19,7 +19,8 @@ from ecomkit.data.formats import build_prompt, parse_answer
 from ecomkit.dist import DistEnv
 from ecomkit.errors import DataError
 from ecomkit.train.generate import DecodeSettings, generate_texts
-from ecomkit.data.formats import TaskExample, read_task_file, write_task_file
+from ecomkit.data.formats import TaskExample
+from ecomkit.data.task_file import read_task_file, write_task_file
 from ecomkit.data.questions import Recorded, command_line_rows, row_items, split_labels
 from ecomkit.data.rows import read_rows
 from ecomkit.train.predict import Predictor, main, recorded_prompt_format

@@ -44,9 +44,11 @@ USER_DATA = ("ecomkit.data.loaders", "ecomkit.data.columns", "ecomkit.data.file_
 OTHER_STRATEGIES = ("ecomkit.parallel.zero", "ecomkit.parallel.mixed", "ecomkit.parallel.pipeline",
                     "ecomkit.parallel.fsdp", "ecomkit.parallel.tensor", "ecomkit.parallel.dims",
                     "ecomkit.parallel.accelerate_path", "ecomkit.parallel.comm_count")
-# Loaded only when a run writes or reads a checkpoint, compiles, takes --attn flex, or scores an nlu task.
+# Loaded only when a run writes or reads a checkpoint, compiles, takes --attn flex, or scores an nlu task; the
+# prompts, their token ids and task nlu's targets only when a row has a prompt (task nlu, instruction pairs).
 ON_REQUEST = ("ecomkit.faults.callbacks", "ecomkit.faults.checkpoint", "ecomkit.faults.safe_load",
-              "ecomkit.fast.compile", "ecomkit.fast.flex", "ecomkit.train.nlu_accuracy", "ecomkit.train.task_metrics")
+              "ecomkit.fast.compile", "ecomkit.fast.flex", "ecomkit.train.nlu_accuracy", "ecomkit.train.task_metrics",
+              "ecomkit.data.formats", "ecomkit.data.prompt_ids", "ecomkit.data.targets")
 OPTIONAL = ("ecomkit.parallel.compression", "ecomkit.fast.shm_allreduce", LORA, QUANT, HEALTH, "ecomkit.train.gen_eval",
             "ecomkit.train.generate", "ecomkit.train.hf_trainer", "ecomkit.train.sweep", metrics.REPORTING,
             metrics.TASK_SUMMARY)

@@ -11,7 +11,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -21,10 +21,13 @@ from datasets import Dataset
 from ecomkit.data.stream import cached_table, fingerprint, label_codes, read_columns
 from ecomkit.data.catalog import (MIN_ROWS, RECORD_FEATURES, RECORD_FIELDS, SPAN_LABELS, TARGET_FIELDS, catalog_spans,
                                   generate_catalog_chunks, spans_json)
-from ecomkit.data.formats import DEFAULT_PROMPT_FORMAT, TaskExample, check_format, check_labels_spelling
+from ecomkit.data.task_file import DEFAULT_PROMPT_FORMAT, check_format, check_labels_spelling
 from ecomkit.data.tasks import CLASSIFICATION_TASKS, KINDS, TARGETS, check_task, labels_from_values
 from ecomkit.data.lengths import CutCounts, LengthStats, lengths_facts, limit_warning, tokenized_splits
 from ecomkit.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from ecomkit.data.formats import TaskExample
 
 SYNTHETIC = "synthetic"
 # A user's file's reader, imported by name when a file is given (the catalog never loads it).

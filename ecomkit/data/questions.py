@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ecomkit.data.build import ValidationIssue
-from ecomkit.data.formats import KIND_CLASSIFY, KIND_EXTRACT, LABEL_CUTOFF, check_kind, span_counts
+from ecomkit.data.formats import KIND_CLASSIFY, KIND_EXTRACT, check_kind
 from ecomkit.data.rows import ReadRow
 from ecomkit.data.targets import Question, target_question
+from ecomkit.data.task_file import LABEL_CUTOFF, span_counts
 from ecomkit.data.tasks import BRAND_LABEL, CLASSIFICATION_TASKS
 from ecomkit.data.validate import RowProblem, validate_row
 from ecomkit.errors import ConfigError, DataError, did_you_mean

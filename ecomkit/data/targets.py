@@ -16,10 +16,46 @@ import pyarrow as pa
 from datasets import Dataset
 
 from ecomkit.data.catalog import spans_from_json
-from ecomkit.data.formats import KIND_CLASSIFY, KIND_EXTRACT, TaskExample, check_format, prompt_and_answer
+from ecomkit.data.formats import KIND_CLASSIFY, KIND_EXTRACT, TaskExample, build_prompt, prompt_and_answer
 from ecomkit.data.stream import read_columns
+from ecomkit.data.task_file import check_format
 from ecomkit.data.tasks import (BRAND_LABEL, BUILTIN_LABELS, CATEGORY_LABELS, CLASSIFICATION_TASKS, SENTIMENT_LABELS,
-                                NluExample, build_nlu_examples, first_present)
+                                NluExample, build_nlu_examples, category_prompt, first_present, sentiment_prompt)
+from ecomkit.errors import ConfigError, DataError
+
+
+@dataclass(frozen=True)
+class ClassificationExample:
+    """A prompt, its candidate answers, and which one is correct (for accuracy by scoring)."""
+
+    task: str
+    prompt: str
+    candidates: tuple[str, ...]
+    correct_index: int
+
+
+def build_classification_example(record: Mapping[str, Any], task: str, labels: Sequence[str] | None = None,
+                                 prompt_format: str = "ecomkit") -> ClassificationExample:
+    """Prompt, candidates and correct index for ``task`` in ``("category", "sentiment")``.
+
+    Pass the whole data set's labels (``BuildReport.labels[task]``) so training prompts and candidates agree.
+    """
+    if task == "category":
+        labels = tuple(labels or CATEGORY_LABELS)
+        prompt, gold = category_prompt(record, labels), record.get("category")
+    elif task == "sentiment":
+        labels = tuple(labels or SENTIMENT_LABELS)
+        prompt, gold = sentiment_prompt(record, labels), record.get("sentiment")
+    else:
+        raise ConfigError(f"Unknown classification task {task!r}; use one of {CLASSIFICATION_TASKS}.")
+    if prompt_format != "ecomkit":
+        found = first_present(record, ("title", "review", "text") if task == "category" else ("review", "text"))
+        prompt = build_prompt(prompt_format, KIND_CLASSIFY, found[1] if found else "", labels)
+    if gold not in labels:
+        raise DataError(f"Record {record.get('sku') or ''!s} has {task}={gold!r}, which is not among the candidate "
+                        f"labels {list(labels)}. Pass the labels of the whole data set (labels_from_values, or "
+                        f"category_labels_for(all_records)), or drop records without a {task}.")
+    return ClassificationExample(task, prompt, labels, labels.index(gold))
 
 
 def nlu_examples(record: Mapping[str, Any], labels: Mapping[str, Sequence[str]],

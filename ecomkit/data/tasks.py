@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from ecomkit.data.catalog import CATEGORIES
-from ecomkit.data.formats import KIND_CLASSIFY, build_prompt
-from ecomkit.errors import ConfigError, DataError
+from ecomkit.errors import ConfigError
 
 TASKS: tuple[str, ...] = ("lm", "nlu")
 CATEGORY_LABELS: tuple[str, ...] = CATEGORIES
@@ -34,16 +33,6 @@ class NluExample:
     task: str
     prompt: str
     answer: str
-
-
-@dataclass(frozen=True)
-class ClassificationExample:
-    """A prompt, its candidate answers, and which one is correct (for accuracy by scoring)."""
-
-    task: str
-    prompt: str
-    candidates: tuple[str, ...]
-    correct_index: int
 
 
 def check_task(task: str) -> str:
@@ -76,12 +65,12 @@ def first_present(record: Mapping[str, Any], names: Sequence[str]) -> tuple[str,
     return None
 
 
-def _category_prompt(record: Mapping[str, Any], labels: Sequence[str]) -> str:
+def category_prompt(record: Mapping[str, Any], labels: Sequence[str]) -> str:
     name, value = first_present(record, ("title", "review", "text"))
     return f"任务:商品分类。从候选类目中选出商品所属的一个。\n候选:{'、'.join(labels)}\n{_INPUT_NAMES[name]}:{value}\n答:"
 
 
-def _sentiment_prompt(record: Mapping[str, Any], labels: Sequence[str] = SENTIMENT_LABELS) -> str:
+def sentiment_prompt(record: Mapping[str, Any], labels: Sequence[str] = SENTIMENT_LABELS) -> str:
     name, value = first_present(record, ("review", "text"))
     return f"任务:评论情感分类。判断评论的情感倾向。\n候选:{'、'.join(labels)}\n{_INPUT_NAMES[name]}:{value}\n答:"
 
@@ -106,9 +95,9 @@ def build_nlu_examples(record: Mapping[str, Any], category_labels: Sequence[str]
     if r.get("prompt") and r.get("response"):
         return [NluExample("instruction", r["prompt"], r["response"])]
     if r.get("category") and (r.get("title") or r.get("review") or r.get("text")):
-        out.append(NluExample("category", _category_prompt(r, category_labels), r["category"]))
+        out.append(NluExample("category", category_prompt(r, category_labels), r["category"]))
     if r.get("sentiment") and (r.get("review") or r.get("text")):
-        out.append(NluExample("sentiment", _sentiment_prompt(r, sentiment_labels), r["sentiment"]))
+        out.append(NluExample("sentiment", sentiment_prompt(r, sentiment_labels), r["sentiment"]))
     if r.get("brand") and (r.get("title") or r.get("text")):
         out.append(NluExample("brand", _brand_prompt(r), r["brand"]))
     if r.get("price") is not None and (r.get("title") or r.get("text")):
@@ -125,30 +114,6 @@ def task_examples(record: Mapping[str, Any], task: str, labels: Mapping[str, Seq
         text = format_lm_text(record)
         return [NluExample("lm", "", text)] if text else []
     return __import__(TARGETS, fromlist=["nlu_examples"]).nlu_examples(record, labels, prompt_format)
-
-
-def build_classification_example(record: Mapping[str, Any], task: str, labels: Sequence[str] | None = None,
-                                 prompt_format: str = "ecomkit") -> ClassificationExample:
-    """Prompt, candidates and correct index for ``task`` in ``("category", "sentiment")``.
-
-    Pass the whole data set's labels (``BuildReport.labels[task]``) so training prompts and candidates agree.
-    """
-    if task == "category":
-        labels = tuple(labels or CATEGORY_LABELS)
-        prompt, gold = _category_prompt(record, labels), record.get("category")
-    elif task == "sentiment":
-        labels = tuple(labels or SENTIMENT_LABELS)
-        prompt, gold = _sentiment_prompt(record, labels), record.get("sentiment")
-    else:
-        raise ConfigError(f"Unknown classification task {task!r}; use one of {CLASSIFICATION_TASKS}.")
-    if prompt_format != "ecomkit":
-        found = first_present(record, ("title", "review", "text") if task == "category" else ("review", "text"))
-        prompt = build_prompt(prompt_format, KIND_CLASSIFY, found[1] if found else "", labels)
-    if gold not in labels:
-        raise DataError(f"Record {record.get('sku') or ''!s} has {task}={gold!r}, which is not among the candidate "
-                        f"labels {list(labels)}. Pass the labels of the whole data set (labels_from_values, or "
-                        f"category_labels_for(all_records)), or drop records without a {task}.")
-    return ClassificationExample(task, prompt, labels, labels.index(gold))
 
 
 def can_classify(record: Mapping[str, Any], task: str) -> bool:

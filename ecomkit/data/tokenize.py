@@ -15,57 +15,21 @@ from datasets import Dataset, Features, Sequence as ArrowList, Value
 
 from ecomkit.data.stream import column_numpy, fingerprint, map_batches, tokenizer_digest, unique_values
 from ecomkit.data.catalog import RECORD_FEATURES, RECORD_FIELDS
-from ecomkit.data.formats import check_format, input_span
+from ecomkit.data.task_file import check_format
 from ecomkit.data.tasks import CATEGORY_LABELS, KINDS, SENTIMENT_POLARITY, check_task, task_examples
 from ecomkit.errors import ConfigError
 
 IGNORE_INDEX = -100
+PROMPT_IDS = "ecomkit.data.prompt_ids"   # rows with a prompt (task nlu, instruction pairs): imported by name
 MIN_MAX_LENGTH = 16
 _IDS = ArrowList(Value("int32"))
 
 
-def _eos_id(tokenizer) -> int:
+def eos_id(tokenizer) -> int:
     if tokenizer.eos_token_id is None:
         raise ConfigError("The tokenizer has no EOS token; set tokenizer.eos_token (e.g. '</s>') before "
                           "tokenizing, so sequences can be terminated.")
     return tokenizer.eos_token_id
-
-
-class PromptIds(NamedTuple):
-    """A prompt's token ids and where its input text sits among them: ``ids[input_start:input_end]``."""
-
-    ids: list[int]
-    input_start: int
-    input_end: int
-
-
-def encode_prompt_texts(tokenizer, prompts: Sequence[str]) -> list[PromptIds]:
-    """Token ids of whole prompts (as the model reads them), each with its input's token span.
-
-    The span comes from the fast tokenizer's offsets, so a prompt is tokenised as one string; else in three parts.
-    """
-    if not prompts:
-        return []
-    spans = [input_span(p) for p in prompts]
-    if getattr(tokenizer, "is_fast", False):
-        enc = tokenizer(list(prompts), add_special_tokens=False, return_offsets_mapping=True)
-        return [_span_from_offsets(ids, offsets, span)
-                for ids, offsets, span in zip(enc["input_ids"], enc["offset_mapping"], spans)]
-    out = []
-    for prompt, (a, b) in zip(prompts, spans):
-        head, text, tail = (tokenizer(part, add_special_tokens=False)["input_ids"] if part else []
-                            for part in (prompt[:a], prompt[a:b], prompt[b:]))
-        out.append(PromptIds(head + text + tail, len(head), len(head) + len(text)))
-    return out
-
-
-def _span_from_offsets(ids: list[int], offsets: Sequence[tuple[int, int]], span: tuple[int, int]) -> PromptIds:
-    a, b = span
-    inside = [i for i, (s, e) in enumerate(offsets) if e > a and s < b]
-    if inside:
-        return PromptIds(list(ids), inside[0], inside[-1] + 1)
-    at = sum(1 for s, e in offsets if e <= a)
-    return PromptIds(list(ids), at, at)
 
 
 class RowCut(NamedTuple):
@@ -80,39 +44,6 @@ class RowCut(NamedTuple):
         return self.input + self.answer + self.other
 
 
-def cut_prompt(prompt: PromptIds, budget: int) -> tuple[list[int], RowCut]:
-    """``prompt`` cut to ``budget`` ids: the end of its input first, then the prompt just before the input.
-
-    Instruction, label list and answer cue tell the model what to do; the end of a long review tells it least.
-    """
-    ids, a, b = prompt
-    excess = len(ids) - budget
-    if excess <= 0:
-        return list(ids), RowCut()
-    from_input = min(excess, b - a)
-    ids = ids[:b - from_input] + ids[b:]
-    excess -= from_input
-    at = b - from_input
-    before = min(excess, at)
-    after = excess - before
-    ids = ids[:at - before] + ids[at + after:]
-    return ids, RowCut(input=from_input, other=excess)
-
-
-def fit_prompt_answer(prompt: PromptIds, answer: list[int], eos_id: int,
-                      max_length: int) -> tuple[list[int], list[int], RowCut]:
-    """prompt + answer + EOS within ``max_length`` ids; labels are -100 on the prompt; what was cut.
-
-    The answer is what the row teaches: the prompt gives way first; only an answer longer than the row is cut.
-    """
-    answer = list(answer) + [eos_id]
-    answer_cut = max(0, len(answer) - (max_length - 1))
-    if answer_cut:
-        answer = answer[:len(answer) - answer_cut]
-    ids, cut = cut_prompt(prompt, max_length - len(answer))
-    return ids + answer, [IGNORE_INDEX] * len(ids) + answer, cut._replace(answer=answer_cut)
-
-
 def lm_windows(ids: list[int], max_length: int) -> list[list[int]]:
     """A document in consecutive windows of ``max_length`` ids, one id of overlap, never truncated.
 
@@ -124,12 +55,9 @@ def lm_windows(ids: list[int], max_length: int) -> list[list[int]]:
     return [list(ids[start:start + max_length]) for start in range(0, len(ids) - 1, step)]
 
 
-def encode_prompt_answer(tokenizer, prompt: str, answer: str, max_length: int) -> tuple[list[int], list[int]]:
-    """Token ids and labels for one (prompt, answer) pair, cut exactly as in training (for scoring candidates)."""
-    (encoded,) = encode_prompt_texts(tokenizer, [prompt])
-    answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
-    ids, labels, _ = fit_prompt_answer(encoded, answer_ids, _eos_id(tokenizer), max_length)
-    return ids, labels
+def _prompt_ids():
+    """The module that encodes and cuts prompts, imported by name: rows without a prompt never need it."""
+    return __import__(PROMPT_IDS, fromlist=["PromptIds"])
 
 
 def _tokenize_batch(batch: dict[str, list], indices: list[int], tokenizer, task: str,
@@ -146,21 +74,24 @@ def _tokenize_batch(batch: dict[str, list], indices: list[int], tokenizer, task:
             answers.append(ex.answer)
             if with_polarity:
                 polarity.append(SENTIMENT_POLARITY[record["sentiment"]])
-    eos = _eos_id(tokenizer)
+    eos = eos_id(tokenizer)
     answer_ids = tokenizer(answers, add_special_tokens=False)["input_ids"] if answers else []
     with_prompt = [i for i, p in enumerate(prompts) if p]
-    encoded = dict(zip(with_prompt, encode_prompt_texts(tokenizer, [prompts[i] for i in with_prompt])))
+    encoded = {}
+    if with_prompt:
+        texts = [prompts[i] for i in with_prompt]
+        encoded = dict(zip(with_prompt, _prompt_ids().encode_prompt_texts(tokenizer, texts)))
     out: dict[str, list] = {"input_ids": [], "labels": [], "length": [], "prompt_length": [], "input_start": [],
                             "input_end": []}
     for i, answer in enumerate(answer_ids):
-        prompt = encoded.get(i, PromptIds([], 0, 0))
-        ids = prompt.ids + answer + [eos]
+        prompt, start, end = encoded.get(i, ([], 0, 0))
+        ids = prompt + answer + [eos]
         out["input_ids"].append(ids)
-        out["labels"].append(([IGNORE_INDEX] * len(prompt.ids) + answer + [eos]) if prompt.ids else list(ids))
+        out["labels"].append(([IGNORE_INDEX] * len(prompt) + answer + [eos]) if prompt else list(ids))
         out["length"].append(len(ids))
-        out["prompt_length"].append(len(prompt.ids))
-        out["input_start"].append(prompt.input_start)
-        out["input_end"].append(prompt.input_end)
+        out["prompt_length"].append(len(prompt))
+        out["input_start"].append(start)
+        out["input_end"].append(end)
     out.update({"kind": kinds, "record": records})
     if with_polarity:
         out["polarity"] = polarity
@@ -195,7 +126,7 @@ def tokenize_whole(records: Sequence[Mapping[str, Any]] | Dataset, tokenizer, ta
         raise ConfigError(f"--num-proc must be >= 1, got {num_proc}.")
     check_task(task)
     check_format(prompt_format)
-    _eos_id(tokenizer)
+    eos_id(tokenizer)
     labels = dict(labels or {})
     labels.setdefault("category", tuple(CATEGORY_LABELS))
     table = as_record_table(records)
@@ -280,8 +211,9 @@ def _fit_batch(batch: dict[str, list], indices: list[int], max_length: int) -> d
             for k, window in enumerate(lm_windows(ids, max_length)):
                 emit(i, window, list(window), RowCut(), k, 0)
         else:
-            prompt = PromptIds(ids[:n_prompt], batch["input_start"][i], batch["input_end"][i])
-            fitted, labels, cut = fit_prompt_answer(prompt, ids[n_prompt:-1], ids[-1], max_length)
+            prompts = _prompt_ids()
+            prompt = prompts.PromptIds(ids[:n_prompt], batch["input_start"][i], batch["input_end"][i])
+            fitted, labels, cut = prompts.fit_prompt_answer(prompt, ids[n_prompt:-1], ids[-1], max_length)
             emit(i, fitted, labels, cut, 0, sum(1 for y in labels if y == IGNORE_INDEX))
     return out
 

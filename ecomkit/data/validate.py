@@ -23,7 +23,7 @@ from ecomkit.data.spans import (
 )
 from ecomkit.data.build import ValidationIssue
 from ecomkit.data.catalog import RECORD_FIELDS, TARGET_FIELDS, TEXT_FIELDS, spans_json
-from ecomkit.data.formats import LABEL_CUTOFF
+from ecomkit.data.task_file import LABEL_CUTOFF
 from ecomkit.errors import ConfigError, DataError, did_you_mean
 
 LABEL_FIELDS: tuple[str, ...] = ("category", "sentiment", "brand")   # the targets label_map can map

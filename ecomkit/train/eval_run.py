@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ecomkit.config import TrainConfig
-from ecomkit.data.formats import read_task_file
+from ecomkit.data.task_file import read_task_file
 from ecomkit.dist import DistEnv, distributed_session, log
 from ecomkit.train.loop import TrainingRun, validate_before_launch
 

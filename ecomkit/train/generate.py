@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-from ecomkit.data.tokenize import cut_prompt, encode_prompt_texts
+from ecomkit.data.prompt_ids import cut_prompt, encode_prompt_texts
 from ecomkit.dist import DistEnv
 from ecomkit.metrics import make_progress
 
@@ -43,7 +43,7 @@ def eos_and_pad(tokenizer) -> tuple[int, int]:
 
 def encode_prompts(tokenizer, prompts: Sequence[str], settings: DecodeSettings) -> tuple[list[list[int]], int]:
     """Prompt ids as training laid them out before the answer, and how many prompts had to be cut.
-    A prompt longer than ``max_length - 1`` is cut by training's own rule (:func:`~ecomkit.data.tokenize.cut_prompt`);
+    A prompt longer than ``max_length - 1`` is cut by training's own rule (:func:`~ecomkit.data.prompt_ids.cut_prompt`);
     the generated answer may run past ``max_length``, which ALiBi allows."""
     budget = max(2, settings.max_length - 1)
     out, cut = [], 0

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from ecomkit.config import TrainConfig, data_parallel_size
 from ecomkit.config.recipe import LENGTH_CHECK_STEPS, capped_length
 from ecomkit.data import build_datasets, lengths_array, pad_collate
-from ecomkit.data.formats import parse_labels, write_task_file
+from ecomkit.data.task_file import parse_labels, write_task_file
 from ecomkit.data.tasks import CLASSIFICATION_TASKS, can_classify
 from ecomkit.data.tokenize import BatchCounts, row_counts
 from ecomkit.dist import (DistEnv, all_reduce_max, all_reduce_mean, all_reduce_sum_tensor, distributed_session, log,

@@ -11,9 +11,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
-from ecomkit.data.tasks import (CATEGORY_LABELS, CLASSIFICATION_TASKS, SENTIMENT_LABELS, build_classification_example,
-                                can_classify)
-from ecomkit.data.tokenize import IGNORE_INDEX, encode_prompt_answer, encode_prompt_texts, fit_prompt_answer
+from ecomkit.data.prompt_ids import encode_prompt_answer, encode_prompt_texts, fit_prompt_answer
+from ecomkit.data.targets import build_classification_example
+from ecomkit.data.tasks import CATEGORY_LABELS, CLASSIFICATION_TASKS, SENTIMENT_LABELS, can_classify
+from ecomkit.data.tokenize import IGNORE_INDEX
 from ecomkit.dist import DistEnv, all_reduce_max
 from ecomkit.train.evaluate import all_reduce_sums, answer_positions, shard_range
 

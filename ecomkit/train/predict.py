@@ -28,11 +28,11 @@ from ecomkit.config import TrainConfig
 from ecomkit.config.cli import field_docs, parse_json_object
 from ecomkit.config.vocabulary import SPAN_ENDS
 from ecomkit.data.columns import heads
-from ecomkit.data.formats import (KIND_CLASSIFY, PROMPT_FORMATS, TaskExample, build_prompt, parse_answer,
-                                  read_task_file)
+from ecomkit.data.formats import KIND_CLASSIFY, PROMPT_FORMATS, TaskExample, build_prompt, parse_answer
 from ecomkit.data.questions import (Item, Recorded, command_line_rows, output_row, problem_lines, row_items,
                                     split_labels)
 from ecomkit.data.rows import RowsRead, read_rows
+from ecomkit.data.task_file import read_task_file
 from ecomkit.data.writers import ROW_FORMATS, write_rows
 from ecomkit.dist import DistEnv
 from ecomkit.errors import ConfigError, EcomkitError, exit_on_user_error
