@@ -29,11 +29,8 @@ from ecomkit.train import loop
 SCRIPT = REPO / "scripts" / "02_data_parallel.py"
 QUICK = ["--max-steps", "3", "--eval-interval", "0", "--final-eval-samples", "8", "--no-save-model",
          "--no-progress", "--report-to", "none"]
-# Issue 55's bound for a DDP run (not met: the xfail below), and a regression guard at what it measures now
-# (62 modules, 11,047 lines). Still loaded: the checkpoint modules default-on preemption loads, the row checks and
-# spans data/build.py reads the catalog with, and the CPU fast paths.
+# Issue 55's bound for a DDP run on the catalog (main before it: 106 modules, 19,294 lines).
 TARGET_MODULES, TARGET_LINES = 45, 8_000
-REACHED_MODULES, REACHED_LINES = 62, 11_200
 # Training loads no part of envcheck (chapter 01's checks), the planner, nor faults' diagnosis.
 NEVER_IN_TRAINING = ("ecomkit.planner", "ecomkit.plan", "ecomkit.envcheck",
                      "ecomkit.faults.diagnose", "ecomkit.faults.reproduce", "ecomkit.faults.known_errors")
@@ -144,14 +141,6 @@ def test_the_loop_loads_what_a_flag_asks_for_only_when_it_asks():
 
 
 @pytest.mark.dist
-def test_a_ddp_run_loads_far_fewer_modules_and_lines_than_before(ddp_run):
-    """Main before issue 55: 106 modules, 19,294 lines."""
-    for rank in ddp_run:
-        assert len(rank.modules) <= REACHED_MODULES and rank.lines <= REACHED_LINES, (len(rank.modules), rank.lines)
-
-
-@pytest.mark.dist
-@pytest.mark.xfail(strict=True, reason="issue 55's bound is not reached yet: see REACHED_* and the report")
 def test_a_ddp_run_loads_at_most_45_modules_and_8000_lines(ddp_run):
     for rank in ddp_run:
         assert len(rank.modules) <= TARGET_MODULES and rank.lines <= TARGET_LINES, (len(rank.modules), rank.lines)
