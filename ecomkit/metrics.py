@@ -207,16 +207,6 @@ def examples_note(summary: dict[str, Any]) -> str:
     return f" ({n:,} held-out examples)" if n is not None else ""
 
 
-# Which method made each headline figure: candidate scoring ranks the labels (an untrained model still picks one),
-# generation scores what it parses (a non-label scores 0), so the two may disagree and each figure names its method.
-CANDIDATE_SCORING = "candidate scoring"
-GENERATED_EXACT = "generation, exact match"
-GENERATED_SPANS = "generation, span F1"
-METHOD_OF_PREFIX = (("acc_", CANDIDATE_SCORING), ("macro_f1_", CANDIDATE_SCORING),
-                    ("gen_acc", GENERATED_EXACT), ("gen_macro_f1", GENERATED_EXACT),
-                    ("gen_span_", GENERATED_SPANS), ("gen_strict_acc", GENERATED_SPANS))
-
-
 def task_lines(summary: dict[str, Any]) -> str:
     """The task scores' lines (``task_summary``), its module loaded only when the summary holds scores."""
     if not any(k.startswith(SCORE_PREFIXES) for k in summary):

@@ -31,7 +31,7 @@ from ecomkit.errors import ConfigError
 from ecomkit.fast import install_fast_paths
 from ecomkit.faults import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak, mfu_fields
-from ecomkit.metrics import (METHOD_OF_PREFIX, MetricsWriter, fill_rate_of, make_progress, peak_memory,
+from ecomkit.metrics import (TASK_SUMMARY, MetricsWriter, fill_rate_of, make_progress, peak_memory,
                              slowest_rank_throughput, step_model_flops, time_split)
 from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit, model_origin
 from ecomkit.models.optim import set_schedule_length
@@ -385,7 +385,8 @@ class TrainingRun:
         finally:
             if bar is not None:
                 bar.close()
-        out["eval_methods"] = eval_methods(out)   # which method made each figure: candidate scoring or generation
+        # which method made each figure: candidate scoring or generation (only task nlu scores)
+        out["eval_methods"] = find(f"{TASK_SUMMARY}:eval_methods")(out) if cfg.task == "nlu" else {}
         return out
 
     def _final_evaluation_bar(self, cap: int | None) -> Any:
@@ -613,17 +614,6 @@ def training_loader(train_ds, lengths, cfg: TrainConfig, shard: tuple[int, int],
 
 
 # ---------------------------------------------------------------------- what an evaluation reads
-def eval_methods(row: dict[str, Any]) -> dict[str, str]:
-    """``{figure: method}`` for the scores in an evaluation row (recorded in eval rows and ``summary.json``)."""
-    out = {}
-    for key, value in row.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            method = next((m for prefix, m in METHOD_OF_PREFIX if key.startswith(prefix)), None)
-            if method is not None and not key.endswith("_margin_points"):
-                out[key] = method
-    return out
-
-
 def shard_size(n: int, index: int, count: int) -> int:
     start, end = shard_range(n, index, count)
     return end - start
