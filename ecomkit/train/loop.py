@@ -25,8 +25,8 @@ from ecomkit.data import build_datasets, lengths_array, pad_collate
 from ecomkit.data.formats import parse_labels, write_task_file
 from ecomkit.data.tasks import CLASSIFICATION_TASKS, can_classify
 from ecomkit.data.tokenize import BatchCounts, row_counts
-from ecomkit.dist import (DistEnv, all_reduce_max, all_reduce_mean, all_reduce_sum_tensor, distributed_session, log,
-                          replica_checksums, restart_attempt, to_device)
+from ecomkit.dist import (DistEnv, all_reduce_max, all_reduce_sum_tensor, distributed_session, log, replica_checksums,
+                          restart_attempt, to_device)
 from ecomkit.errors import ConfigError
 from ecomkit.fast import install_fast_paths
 from ecomkit.faults import add_fault_tolerance_callbacks
@@ -50,6 +50,7 @@ SAMPLER = "ecomkit.data.sampler"        # --packing off: bucketed rows
 GENERATION = "ecomkit.train.gen_eval"   # --task nlu: scores by generation
 SCORING = "ecomkit.train.nlu_accuracy"  # --task nlu: accuracy by candidate scoring
 VERDICT = "ecomkit.train.task_metrics"  # --task nlu: whether the figures cleared their baselines
+CLIP = "ecomkit.train.clip"             # --clip-policy sentiment
 SUMMED = ("loss_sum", *BatchCounts._fields[1:], "stop")   # the columns of a log interval's one all-reduce
 
 
@@ -99,7 +100,7 @@ class TrainingRun:
                             else self.n_params)
         self.model_config = built.config
         self.strategy.setup(built, self.total_steps)
-        self.clip = ClipPolicy(cfg.clip_policy, cfg.max_grad_norm, env)
+        self.clip = find(f"{CLIP}:SentimentClip")(env) if cfg.clip_policy == "sentiment" else None
         self.peak, self.mfu_note = device_peak(env.device, cfg.precision)   # the hardware table, once
         resuming = any(getattr(cb, "resuming", False) for cb in self.callbacks)   # appends to metrics.jsonl
         self.metrics = MetricsWriter(self.out_dir, env.is_main, append=resuming, report_to=cfg.report_to,
@@ -285,10 +286,8 @@ class TrainingRun:
         return loss_sum, [time.perf_counter() - tm]
 
     def _clip_value(self, batches: list[dict]) -> float:
-        """The step's clip value: the policy sees the step's batches first (``--clip-policy``)."""
-        for batch in batches:
-            self.clip.observe(batch)
-        return self.clip.value()
+        """The step's clip value: ``--max-grad-norm``, or the sentiment policy's from the step's batches."""
+        return self.cfg.max_grad_norm if self.clip is None else self.clip.value(batches)
 
     def _step_inputs(self, micro: list[tuple[dict, BatchCounts]]
                      ) -> tuple[list[dict], list[int], torch.Tensor, torch.Tensor]:
@@ -550,49 +549,6 @@ class Counted:
             batch["has_padding"] = counts.tokens < counts.positions
         batch["label_count"] = counts.label_tokens
         return batch, counts
-
-
-class ClipPolicy:
-    """The max gradient norm of each step: fixed, or the EcomGPT guide's sentiment rule (``--clip-policy``).
-
-    The guide's ``0.5 + 0.5 · min(s, 2)``, ``s`` 2 × the share of polar samples in the *global* batch (alike on
-    every rank); chapter 02 measures it."""
-
-    def __init__(self, policy: str, max_grad_norm: float, env: DistEnv):
-        self.policy, self.max_grad_norm, self.env = policy, max_grad_norm, env
-        self._polar: list[torch.Tensor] = []
-
-    def observe(self, batch: dict) -> None:
-        """Record a micro-batch's polarity (only needed by the sentiment policy)."""
-        if self.policy == "sentiment":
-            self._polar.append(batch["polarity"])
-
-    def value(self) -> float:
-        if self.policy == "fixed":
-            return self.max_grad_norm
-        local = sentiment_strength(torch.cat(self._polar)) if self._polar else 0.0
-        self._polar.clear()
-        return sentiment_clip_value(all_reduce_mean(local, self.env))   # equal rank slices: the global mean
-
-
-def sentiment_strength(polarity: torch.Tensor) -> float:
-    """2 × fraction of samples with non-zero polarity (+1 positive, -1 negative, 0 neutral)."""
-    if polarity.numel() == 0:
-        return 0.0
-    return 2.0 * float((polarity != 0).float().mean())
-
-
-def sentiment_clip_value(strength: float) -> float:
-    """The guide's rule: 0.5 + 0.5 · min(strength, 2)."""
-    return 0.5 + 0.5 * min(strength, 2.0)
-
-
-def clip_values_per_global_batch(polarity: torch.Tensor, rank_batches: Sequence[Iterable[Sequence[int]]]
-                                 ) -> list[float]:
-    """The rule's clip value for every optimizer step of an epoch, from each rank's batch sampler (index lists),
-    so a notebook can show what the rule would set without training."""
-    return [sentiment_clip_value(sentiment_strength(polarity[[i for batch in step for i in batch]]))
-            for step in zip(*rank_batches)]
 
 
 def training_loader(train_ds, lengths, cfg: TrainConfig, shard: tuple[int, int], grad_accum: int, packed: bool,
