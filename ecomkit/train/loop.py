@@ -23,7 +23,6 @@ from ecomkit.config import TrainConfig, data_parallel_size
 from ecomkit.config.recipe import LENGTH_CHECK_STEPS, capped_length
 from ecomkit.data import build_datasets, lengths_array, pad_collate
 from ecomkit.data.formats import parse_labels, write_task_file
-from ecomkit.data.tasks import CLASSIFICATION_TASKS, can_classify
 from ecomkit.data.tokenize import BatchCounts, row_counts
 from ecomkit.dist import (DistEnv, all_reduce_max, all_reduce_sum_tensor, distributed_session, log, replica_checksums,
                           restart_attempt, to_device)
@@ -396,9 +395,8 @@ class TrainingRun:
             index, count = self.shard
             total = shard_size(min(len(self.eval_ds), cap or len(self.eval_ds)), index, count)
             if self.cfg.task == "nlu" and len(self.eval_records):
-                for target in scored_targets(self.eval_records, self.data_report.labels):
-                    usable = sum(1 for r in self.eval_records if can_classify(r, target))
-                    total += shard_size(min(usable, cap or usable), index, count)
+                total += find(f"{SCORING}:scored_examples")(self.eval_records, self.data_report.labels, cap,
+                                                            self.shard)
             if self.gen_eval is not None:
                 total += shard_size(len(self.gen_eval.decoded_examples(final=True)), index, count)
         return make_progress(total, enabled, desc="eval", eta=True)
@@ -575,17 +573,6 @@ def shard_size(n: int, index: int, count: int) -> int:
     return end - start
 
 
-def scored_targets(records: Iterable[dict[str, Any]], labels: dict[str, Any]) -> list[str]:
-    """The classification targets candidate scoring can score: two or more labels, and a held-out record for it."""
-    wanted = [t for t in CLASSIFICATION_TASKS if len(labels.get(t) or ()) >= 2]
-    found: set[str] = set()
-    for record in records:
-        found.update(t for t in wanted if t not in found and can_classify(record, t))
-        if len(found) == len(wanted):
-            break
-    return [t for t in wanted if t in found]
-
-
 def evaluation_scope(cfg: TrainConfig, n_examples: int, records: Iterable[dict[str, Any]],
                      labels: dict[str, Any]) -> list[str]:
     """What the periodic evaluations (the same sample each time) and the final one (every held-out row) read.
@@ -595,7 +582,7 @@ def evaluation_scope(cfg: TrainConfig, n_examples: int, records: Iterable[dict[s
     lines = [f"periodic: up to {cfg.eval_batches} micro-batches per rank for the loss"
              + (f", {cfg.eval_nlu_samples} records per target" if cfg.task == "nlu" else "")
              + f"; final: {final} ({n_examples:,} examples; --final-eval-samples caps it)"]
-    if cfg.task == "nlu" and not scored_targets(records, labels):
+    if cfg.task == "nlu" and not find(f"{SCORING}:scored_targets")(records, labels):
         lines.append("no held-out record has a classification label (category or sentiment with two or more "
                      "labels), so candidate scoring does not run and --eval-nlu-samples has no effect; "
                      "extraction is scored by generation (--gen-eval-samples)")
