@@ -288,9 +288,7 @@ def flops_line(summary: dict[str, Any]) -> str:
 def step_model_flops(tokens: float, squared_lengths: float, predicted: float, flops_per_token_at,
                      head_flops: float) -> float:
     """One step's model FLOPs: every real token through the blocks, the LM head (6Vh) only where the loss reads it.
-
-    ``flops_per_token_at(T)``: 6Ψ + attention at length T; ``predicted``: positions the loss reads.
-    """
+    ``flops_per_token_at(T)``: 6Ψ + attention at length T; ``predicted``: positions the loss reads."""
     return tokens * flops_per_token_at(attention_length(tokens, squared_lengths)) - max(
         tokens - predicted, 0.0) * head_flops
 
@@ -334,9 +332,7 @@ def time_split(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
 def slowest_rank_throughput(own_rows: list[dict[str, Any]], env: DistEnv, warmup_steps: int = 1,
                             rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """:func:`throughput_summary` of ``rows`` (default: ``own_rows``) at the slowest rank's pace (a collective).
-
-    ``rows`` may be every rank's counts; the pace still comes from each rank's own step times.
-    """
+    ``rows`` may be every rank's counts; the pace still comes from each rank's own step times."""
     own_wall = throughput_summary(own_rows, warmup_steps)["steady_wall_s"]
     slowest = all_reduce_max(own_wall, env) if env.distributed else None
     return throughput_summary(own_rows if rows is None else rows, warmup_steps, slowest)

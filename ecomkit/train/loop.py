@@ -1,8 +1,7 @@
-"""The one training loop every chapter reuses; only the strategy changes.
+"""The one training loop every chapter reuses, read top to bottom like torchtitan's ``train.py``.
 
-Read it top to bottom like torchtitan's ``train.py``: the build, the loop and its step, the evaluations, the report.
-What differs between strategies lives behind :class:`~ecomkit.parallel.base.Strategy`; callbacks add checkpoints,
-health checks and fault handling.
+Why one: what differs between strategies lives behind :class:`~ecomkit.parallel.base.Strategy`, and callbacks add
+checkpoints, health checks and fault handling.
 """
 
 from __future__ import annotations
