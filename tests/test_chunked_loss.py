@@ -17,6 +17,7 @@ import torch
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.errors import ConfigError
+from ecomkit.models import loss as loss_module
 from ecomkit.models.bloom import build_model
 from ecomkit.models.loss import TokenLoss, chunked_token_loss_sum, head_rows, last_hidden_state, lm_loss_sum
 from ecomkit.models.loss import token_loss_sum
@@ -238,3 +239,20 @@ def test_head_rows_overshoot_at_most_an_eighth_and_leave_a_few_counts_per_doubli
         assert n <= rows <= positions and (rows == positions or rows % 16 == 0)
         assert rows - n < 16 or rows - n <= n / 8, (n, rows)
     assert len(counts) <= 8 * (positions.bit_length() - 3), len(counts)     # multiples of 16 alone: 272
+
+
+def test_only_a_compiled_head_loss_marks_the_rows_unbacked(monkeypatch):
+    """The uncompiled head + loss (TokenLoss's default, every run without --compile) is called as it is; only another
+    (the compiled one) goes through _unbacked_rows, whose marks are for dynamo alone."""
+    calls = []
+    real = loss_module._unbacked_rows
+    monkeypatch.setattr(loss_module, "_unbacked_rows", lambda *a: calls.append(a[0]) or real(*a))
+    h, labels, head = _data()
+    TokenLoss("chunked", chunk_tokens=8)(h, head, labels).backward()
+    assert calls == []
+
+    def other_head_loss(*args):   # stands in for the compiled one
+        return loss_module.head_loss_sum(*args)
+
+    TokenLoss("chunked", chunk_tokens=8, head_loss=other_head_loss)(h, head, labels)
+    assert calls and all(c is other_head_loss for c in calls)

@@ -71,7 +71,7 @@ def chunked_token_loss_sum(hidden: torch.Tensor, head: torch.nn.Module, labels: 
     h, y = flat_h.index_select(0, keep), flat_y.index_select(0, keep)
     if fused is not None:
         return fused(head, h, y)
-    if head_loss is None or not torch.is_grad_enabled():   # without grad (evaluation) uncompiled, as the blocks
+    if head_loss in (None, head_loss_sum) or not torch.is_grad_enabled():   # uncompiled; evaluation too, as the blocks
         head_loss = head_loss_sum
     else:   # compiled (--compile): any row count, 1 included, is one graph (no size-1 specialisation)
         head_loss = functools.partial(_unbacked_rows, head_loss)
