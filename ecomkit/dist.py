@@ -81,9 +81,7 @@ def seed_everything(seed: int, rank: int = 0, offset_by_rank: bool = False) -> N
 
 def setup_distributed(timeout_s: float = 600.0, seed: int | None = 0) -> DistEnv:
     """The default process group if torchrun started us, and this process's :class:`DistEnv`.
-
-    ``timeout_s`` is explicit: the defaults (10-30 min) turn a stalled rank into a long silent hang.
-    """
+    Why ``timeout_s``: the defaults (10-30 min) turn a stalled rank into a long silent hang."""
     rank, local_rank, world, local_world = read_torchrun_env()
     if world > 1:
         backend, device = pick_backend_and_device(local_rank)
@@ -111,9 +109,7 @@ SHARED_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # "1": a fresh store pe
 
 def restart_safe_rendezvous(rank: int, world_size: int, timeout_s: float) -> dict:
     """A per-restart namespace for the rendezvous keys, when torchrun shares its store with the workers.
-
-    torch keeps it across ``--max-restarts``: a restarted rank could read the dead attempt's keys (pytorch #135712).
-    """
+    Why: torch keeps it across ``--max-restarts``; a restarted rank could read the dead attempt's keys."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}
     check_multinode_restarts(world_size)
@@ -227,9 +223,7 @@ def all_reduce_max(value: float, env: DistEnv) -> float:
 
 def gather_objects(obj: Any, env: DistEnv) -> list[Any]:
     """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` without a process group.
-
-    A collective: callers catch their local errors first and gather the error, never skip the call.
-    """
+    A collective: callers catch their local errors first and gather the error, never skip the call."""
     if not env.distributed:
         return [obj]
     out: list[Any] = [None] * env.world_size
@@ -248,9 +242,7 @@ def replica_checksums(model: torch.nn.Module, env: DistEnv) -> list[str]:
 @functools.cache
 def install_stack_dump_signal(signum: int = signal.SIGUSR1) -> bool:
     """``kill -USR1 <pid>`` prints this process's Python stacks (all threads) to stderr and continues, once installed.
-
-    By default SIGUSR1 kills Python; returns False where the signal does not exist (Windows).
-    """
+    Why: by default SIGUSR1 kills Python. False where the signal does not exist (Windows)."""
     if not hasattr(faulthandler, "register"):
         return False
     faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=False)

@@ -207,16 +207,6 @@ def examples_note(summary: dict[str, Any]) -> str:
     return f" ({n:,} held-out examples)" if n is not None else ""
 
 
-# Which method made each headline figure: candidate scoring ranks the labels (an untrained model still picks one),
-# generation scores what it parses (a non-label scores 0), so the two may disagree and each figure names its method.
-CANDIDATE_SCORING = "candidate scoring"
-GENERATED_EXACT = "generation, exact match"
-GENERATED_SPANS = "generation, span F1"
-METHOD_OF_PREFIX = (("acc_", CANDIDATE_SCORING), ("macro_f1_", CANDIDATE_SCORING),
-                    ("gen_acc", GENERATED_EXACT), ("gen_macro_f1", GENERATED_EXACT),
-                    ("gen_span_", GENERATED_SPANS), ("gen_strict_acc", GENERATED_SPANS))
-
-
 def task_lines(summary: dict[str, Any]) -> str:
     """The task scores' lines (``task_summary``), its module loaded only when the summary holds scores."""
     if not any(k.startswith(SCORE_PREFIXES) for k in summary):
@@ -298,9 +288,7 @@ def flops_line(summary: dict[str, Any]) -> str:
 def step_model_flops(tokens: float, squared_lengths: float, predicted: float, flops_per_token_at,
                      head_flops: float) -> float:
     """One step's model FLOPs: every real token through the blocks, the LM head (6Vh) only where the loss reads it.
-
-    ``flops_per_token_at(T)``: 6Ψ + attention at length T; ``predicted``: positions the loss reads.
-    """
+    ``flops_per_token_at(T)``: 6Ψ + attention at length T; ``predicted``: positions the loss reads."""
     return tokens * flops_per_token_at(attention_length(tokens, squared_lengths)) - max(
         tokens - predicted, 0.0) * head_flops
 
@@ -344,9 +332,7 @@ def time_split(train_rows: list[dict[str, Any]], warmup_steps: int = 1,
 def slowest_rank_throughput(own_rows: list[dict[str, Any]], env: DistEnv, warmup_steps: int = 1,
                             rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """:func:`throughput_summary` of ``rows`` (default: ``own_rows``) at the slowest rank's pace (a collective).
-
-    ``rows`` may be every rank's counts; the pace still comes from each rank's own step times.
-    """
+    ``rows`` may be every rank's counts; the pace still comes from each rank's own step times."""
     own_wall = throughput_summary(own_rows, warmup_steps)["steady_wall_s"]
     slowest = all_reduce_max(own_wall, env) if env.distributed else None
     return throughput_summary(own_rows if rows is None else rows, warmup_steps, slowest)

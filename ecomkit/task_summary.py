@@ -1,6 +1,6 @@
-"""The printed lines of a run's task scores: accuracy by candidate scoring, scores by generation, and how they differ.
+"""A run's task scores: each figure's method, and the printed lines (candidate scoring, generation, how they differ).
 
-Why apart from ``metrics``: only a run or an evaluation with task scores prints them (``metrics.TASK_SUMMARY``).
+Why apart from ``metrics``: only a run or an evaluation with task scores reads them (``metrics.TASK_SUMMARY``).
 """
 
 from __future__ import annotations
@@ -8,12 +8,32 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ecomkit.metrics import CANDIDATE_SCORING, GENERATED_EXACT, GENERATED_SPANS, examples_note
+from ecomkit.metrics import examples_note
+
+# Which method made each headline figure: candidate scoring ranks the labels (an untrained model still picks one),
+# generation scores what it parses (a non-label scores 0), so the two may disagree and each figure names its method.
+CANDIDATE_SCORING = "candidate scoring"
+GENERATED_EXACT = "generation, exact match"
+GENERATED_SPANS = "generation, span F1"
+METHOD_OF_PREFIX = (("acc_", CANDIDATE_SCORING), ("macro_f1_", CANDIDATE_SCORING),
+                    ("gen_acc", GENERATED_EXACT), ("gen_macro_f1", GENERATED_EXACT),
+                    ("gen_span_", GENERATED_SPANS), ("gen_strict_acc", GENERATED_SPANS))
 
 
 def task_lines(summary: dict[str, Any]) -> str:
     """Classification, generation and method lines, in the order the run summary prints them."""
     return classification_lines(summary) + generation_lines(summary) + methods_line(summary)
+
+
+def eval_methods(row: dict[str, Any]) -> dict[str, str]:
+    """``{figure: method}`` for the scores in an evaluation row (recorded in eval rows and ``summary.json``)."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            method = next((m for prefix, m in METHOD_OF_PREFIX if key.startswith(prefix)), None)
+            if method is not None and not key.endswith("_margin_points"):
+                out[key] = method
+    return out
 
 
 def methods_line(summary: dict[str, Any]) -> str:

@@ -16,7 +16,8 @@ import ecomkit.fast.flex as flex_module
 from ecomkit.errors import ConfigError
 from ecomkit.models.bloom import build_model, enable_activation_checkpointing
 from ecomkit.models.attention import sdpa_mask_plan
-from ecomkit.fast.attention import BloomEagerAttention, BloomSdpaAttention, current_attention, install_attention
+from ecomkit.fast.attention import BloomEagerAttention, current_attention, install_attention
+from ecomkit.fast.sdpa import BloomSdpaAttention
 
 VOCAB = 512
 TOL = 1e-5

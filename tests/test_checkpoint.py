@@ -19,7 +19,8 @@ import torch.distributed.checkpoint as dcp
 
 from ecomkit.config import TrainConfig
 from ecomkit.errors import ConfigError
-from ecomkit.faults import checkpoints_requested, effective_checkpoint_interval
+from ecomkit.faults import checkpoints_requested
+from ecomkit.faults.callbacks import effective_checkpoint_interval
 from ecomkit.faults.checkpoint import (
     TMP_PREFIX,
     TRAINER_STATE,

@@ -1,11 +1,11 @@
-"""The EcomGPT guide's sentiment-adaptive clip value, per global batch (ecomkit.train.loop)."""
+"""The EcomGPT guide's sentiment-adaptive clip value, per global batch (ecomkit.train.clip)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ecomkit.train.loop import clip_values_per_global_batch, sentiment_clip_value, sentiment_strength
+from ecomkit.train.clip import clip_values_per_global_batch, sentiment_clip_value, sentiment_strength
 
 
 def test_the_rule_spans_half_to_one_and_a_half():

@@ -14,9 +14,8 @@ import pytest
 
 from ecomkit import metrics
 from ecomkit.metrics import not_learned_line
-from ecomkit.task_summary import classification_lines, generation_lines, methods_line, task_lines
+from ecomkit.task_summary import classification_lines, eval_methods, generation_lines, methods_line, task_lines
 from ecomkit.train.gen_eval import budget_advice
-from ecomkit.train.loop import eval_methods
 from ecomkit.train.task_metrics import (baseline_outcome, launch_command, likely_reasons, missed_baselines,
                                         retry_command)
 

@@ -22,7 +22,8 @@ from ecomkit.errors import ConfigError
 from ecomkit.faults.checkpoint import TRAINER_STATE
 from ecomkit.faults.safe_load import METADATA
 from ecomkit.train.preempt import (PreemptionCallback, PreemptionSignals, add_preemption_callbacks, clear_record,
-                                   read_record, write_record)
+                                   read_record)
+from ecomkit.train.preempt_save import write_record
 
 # fp32 pinned: 02's default, precision auto, is chosen by timing GEMMs at start-up, so the uninterrupted and the
 # resumed launches could train at different precisions under a loaded machine (docs/testing.md).

@@ -24,7 +24,8 @@ from ecomkit.config.validate import forward_loss_unsupported
 from ecomkit.dist import DistEnv
 from ecomkit.faults import HEALTH, add_fault_tolerance_callbacks
 from ecomkit.parallel import DDP_HOOKS, LORA, QUANT, STATE_BYTES, STRATEGIES, build_strategy, find
-from ecomkit.train import loop
+from ecomkit.fast import attention
+from ecomkit.train import loop, preempt
 
 SCRIPT = REPO / "scripts" / "02_data_parallel.py"
 QUICK = ["--max-steps", "3", "--eval-interval", "0", "--final-eval-samples", "8", "--no-save-model",
@@ -41,11 +42,12 @@ USER_DATA = ("ecomkit.data.loaders", "ecomkit.data.columns", "ecomkit.data.file_
 OTHER_STRATEGIES = ("ecomkit.parallel.zero", "ecomkit.parallel.mixed", "ecomkit.parallel.pipeline",
                     "ecomkit.parallel.fsdp", "ecomkit.parallel.tensor", "ecomkit.parallel.dims",
                     "ecomkit.parallel.accelerate_path", "ecomkit.parallel.comm_count")
-# Loaded only when a run writes or reads a checkpoint, compiles, takes --attn flex, or scores an nlu task; the
-# prompts, their token ids and task nlu's targets only when a row has a prompt (task nlu, instruction pairs).
-ON_REQUEST = ("ecomkit.faults.callbacks", "ecomkit.faults.checkpoint", "ecomkit.faults.safe_load",
-              "ecomkit.fast.compile", "ecomkit.fast.flex", "ecomkit.train.nlu_accuracy", "ecomkit.train.task_metrics",
-              "ecomkit.data.formats", "ecomkit.data.prompt_ids", "ecomkit.data.targets")
+# Loaded only when a run writes or reads a checkpoint, is preempted, compiles, takes --attn flex, clips by
+# sentiment, or scores an nlu task; the prompts, their token ids and task nlu's targets only when a row has a
+# prompt (task nlu, instruction pairs).
+ON_REQUEST = ("ecomkit.faults.callbacks", "ecomkit.faults.checkpoint", "ecomkit.faults.safe_load", preempt.SAVE,
+              "ecomkit.fast.compile", "ecomkit.fast.flex", loop.CLIP, "ecomkit.train.nlu_accuracy",
+              "ecomkit.train.task_metrics", "ecomkit.data.formats", "ecomkit.data.prompt_ids", "ecomkit.data.targets")
 OPTIONAL = ("ecomkit.parallel.compression", "ecomkit.fast.shm_allreduce", LORA, QUANT, HEALTH, "ecomkit.train.gen_eval",
             "ecomkit.train.generate", "ecomkit.train.hf_trainer", "ecomkit.train.sweep", metrics.REPORTING,
             metrics.TASK_SUMMARY)
@@ -80,8 +82,9 @@ def test_every_registered_strategy_resolves_and_sits_on_the_parallel_floor():
     for module, name in ((metrics.REPORTING, "open_sinks"), (metrics.TASK_SUMMARY, "task_lines")):  # metrics finds
         assert floor_of(module) == floor_of("ecomkit.metrics") and callable(find(f"{module}:{name}"))
     assert find(f"{HEALTH}:HealthMonitor").__module__ == HEALTH              # faults find their own module
-    for module in (loop.PACKING, loop.GENERATION, loop.SCORING, loop.VERDICT):   # what the loop finds: at or below it
+    for module in (loop.PACKING, loop.GENERATION, loop.SCORING, loop.VERDICT, loop.CLIP, preempt.SAVE):   # at or below
         assert floor_of(module) <= floor_of("ecomkit.train") and find(f"{module}:__name__") == module
+    assert find(f"{attention.SDPA}:BloomSdpaAttention").ecomkit_attn == "sdpa"   # --attn sdpa, found by fast
 
 
 def test_the_health_monitor_is_found_when_a_flag_asks_for_it_and_only_then():

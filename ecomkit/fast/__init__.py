@@ -1,9 +1,7 @@
 """The speed-ups of a training step, each behind its flag, installed by one call; none changes what BLOOM computes.
 
 Why one call: some paths depend on another (the chunked loss takes the CPU kernels, ``--compile`` compiles the
-blocks as attention and GeLU left them), so the order is written once: ``attention`` (``--attn``), ``cpu_kernels``
-(``--cpu-kernels``, ``--fused-gelu``), the LM-head loss, ``compile`` (``--compile``), then ``shm_allreduce``
-(``--ddp-allreduce shm``) when DDP wraps the model. The last two load only when their flag asks.
+blocks as attention and GeLU left them), so their order is written once, in :func:`install_fast_paths`.
 """
 
 from __future__ import annotations
@@ -26,9 +24,8 @@ SHM_ALLREDUCE = "ecomkit.fast.shm_allreduce:ShmAllReduce"   # --ddp-allreduce sh
 
 def install_fast_paths(model: nn.Module, cfg: TrainConfig, device: torch.device, strategy: Any,
                        packed: bool) -> None:
-    """Install the paths above on ``model`` for ``cfg`` on ``device``, and give ``strategy`` its loss (and all-reduce).
-    ``strategy``: the run's ``Strategy``, whose ``forward_loss_sum`` calls ``strategy.token_loss``;
-    ``packed``: whether every batch has one shape, so ``--compile`` compiles static shapes once."""
+    """Install ``--attn``, the fused GeLU, ``strategy``'s token loss, ``--compile`` (static shapes when ``packed``)
+    and ``--ddp-allreduce shm``, in that order; the last two load only when their flag asks."""
     install_attention(model, cfg.attn)
     kernels = kernels_for(device, cfg.cpu_kernels)
     install_fused_gelu(model, cfg.fused_gelu, kernels)

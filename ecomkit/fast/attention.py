@@ -1,28 +1,23 @@
-"""Fused attention for transformers' BLOOM: ``--attn eager | sdpa | flex``.
+"""BLOOM's attention for training: ``--attn eager`` here, ``sdpa`` and ``flex`` (GPUs) found by name when asked.
 
-Why: BLOOM's eager attention keeps the ``[batch, heads, T, T]`` probabilities for backward; SDPA keeps a log-sum-exp
-per row and recomputes. Installing swaps each ``BloomAttention``'s class for a subclass that overrides ``forward``
-only, so parameters, ``state_dict`` keys, hooks and every strategy's wrapping are untouched. ALiBi is folded into
-one extra channel of q and k (:func:`alibi_in_qk`), so SDPA needs only the model's ``[batch, 1, q, kv]`` mask.
-``flex`` (``fast/flex.py``, found by name) is for GPUs: a CPU has no FlexAttention backward.
+Why a class swap: each ``BloomAttention``'s class becomes a subclass that overrides ``forward`` only, so parameters,
+``state_dict`` keys, hooks and every strategy's wrapping are untouched.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.models.bloom import modeling_bloom
 from transformers.models.bloom.modeling_bloom import BloomAttention, dropout_add
 
 from ecomkit.config import ATTN_IMPLS as ATTN_CHOICES  # eager | sdpa | flex: one list for flag and module
 from ecomkit.errors import ConfigError, EcomkitError
-from ecomkit.models.attention import sdpa_mask_plan, use_mask_positions  # the masks' home
+from ecomkit.models.attention import use_mask_positions  # the masks' home
 from ecomkit.parallel import find
 
 # The forward signature this module was written against (transformers 5.x).
@@ -69,31 +64,6 @@ def eager_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, al
     probs = dropout(F.softmax(weights, dim=-1))
     context = torch.bmm(probs.view(batch * heads, q_len, kv_len), value.reshape(batch * heads, kv_len, head_dim))
     return context.view(batch, heads, q_len, head_dim)
-
-
-# ---------------------------------------------------------------------- shared pieces
-def alibi_in_qk(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, alibi: torch.Tensor,
-                num_heads: int, scale: float, beta: float, multiple: int = 1
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fold ALiBi into the dot product: ``[q·scale, 1] · [k, beta·alibi] = scale·q·k + beta·alibi``.
-    Why: ALiBi depends on (batch, head, key) only, so no ``[batch, heads, q, kv]`` bias is built. ``value`` is
-    zero-padded to the same width (fused kernels need equal head dims); ``multiple`` rounds it up (8 on CUDA)."""
-    batch, _, q_len, head_dim = query.shape
-    kv_len = key.shape[2]
-    width = -(-(head_dim + 1) // multiple) * multiple
-    slope_pos = alibi.view(batch, num_heads, kv_len, 1).to(key.dtype)
-    if beta != 1.0:
-        slope_pos = slope_pos * beta
-    extra = width - head_dim - 1
-    q_aug = torch.cat([query * scale, query.new_ones(batch, num_heads, q_len, 1)], dim=-1)
-    k_aug = torch.cat([key, slope_pos], dim=-1)
-    v_aug = value
-    if extra:
-        q_aug = F.pad(q_aug, (0, extra))
-        k_aug = F.pad(k_aug, (0, extra))
-    if width != head_dim:
-        v_aug = F.pad(value, (0, width - head_dim))
-    return q_aug, k_aug, v_aug
 
 
 def _project_output(attn: BloomAttention, context: torch.Tensor) -> torch.Tensor:
@@ -149,27 +119,7 @@ class FusedBloomAttention(BloomEagerAttention):
         return True
 
 
-class BloomSdpaAttention(FusedBloomAttention):
-    """BLOOM attention through ``F.scaled_dot_product_attention``, ALiBi folded into q·k."""
-
-    ecomkit_attn = "sdpa"
-
-    def _attend(self, query, key, value, alibi, attention_mask) -> torch.Tensor:
-        head_dim = query.shape[-1]
-        multiple = 8 if query.device.type == "cuda" else 1
-        q, k, v = alibi_in_qk(query, key, value, alibi, self.num_heads, self.inv_norm_factor, self.beta, multiple)
-        plan = sdpa_mask_plan(alibi, attention_mask, query.shape[2])
-        mask = plan.attn_mask
-        if mask is not None and mask.dtype != q.dtype:
-            mask = mask.to(q.dtype)
-        dropout = self.attention_dropout.p if self.training else 0.0
-        exact_backward = plan.has_empty_rows and torch.is_grad_enabled() and q.requires_grad
-        with sdpa_kernel(SDPBackend.MATH) if exact_backward else contextlib.nullcontext():
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
-                                                 is_causal=plan.is_causal, scale=1.0)
-        return out[..., :head_dim]
-
-
+SDPA = "ecomkit.fast.sdpa"   # --attn sdpa: found by name when asked
 FLEX = "ecomkit.fast.flex"   # --attn flex (GPUs): found by name when asked
 
 
@@ -205,7 +155,10 @@ def install_attention(model: nn.Module, impl: str, *, for_training: bool = True)
             f"attn='{impl}' replaces BLOOM's attention, but {type(model).__name__} has no BloomAttention "
             "module. Pass --attn eager for other architectures.")
     check_transformers_compatible()
-    cls = find(f"{FLEX}:prepare_flex")(modules, for_training) if impl == "flex" else BloomSdpaAttention
+    if impl == "flex":
+        cls = find(f"{FLEX}:prepare_flex")(modules, for_training)
+    else:
+        cls = find(f"{SDPA}:BloomSdpaAttention")
     for m in modules:
         m.__class__ = cls
     return len(modules)
@@ -217,6 +170,6 @@ def current_attention(model: nn.Module) -> str:
     return names.pop() if len(names) == 1 else "mixed"
 
 
-__all__ = ["ATTN_CHOICES", "BloomEagerAttention", "BloomSdpaAttention", "FLEX", "FusedBloomAttention",
-           "install_attention", "current_attention", "attention_modules", "alibi_in_qk",
+__all__ = ["ATTN_CHOICES", "BloomEagerAttention", "FLEX", "FusedBloomAttention", "SDPA",
+           "install_attention", "current_attention", "attention_modules",
            "check_transformers_compatible", "cpu_bf16_autocast", "eager_attend", "low_precision_mask"]

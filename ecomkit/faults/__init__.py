@@ -6,14 +6,12 @@ Why here: a run that writes no checkpoint and reads none loads none of the check
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Iterable
 
 from ecomkit.config import TrainConfig, dcp_unsupported_reason
 from ecomkit.dist import max_restarts
 
-AUTO_MAX_INTERVAL = 100  # steps: the longest automatic interval, however long the run
 # Imported by name (``__import__``: -X importtime counts it) when a run writes or reads a checkpoint, or health is on
 CHECKPOINTS = "ecomkit.faults.callbacks"   # CheckpointCallback
 HEALTH = "ecomkit.faults.health"           # HealthMonitor: --health-interval or --hang-dump-s
@@ -24,35 +22,16 @@ def checkpoint_root(cfg: TrainConfig) -> Path:
     return Path(cfg.fault.checkpoint_dir or Path(cfg.output_dir) / "checkpoints")
 
 
-def restarts_possible() -> bool:
-    """torchrun exports its --max-restarts to the workers; > 0 means a restart could resume."""
-    return max_restarts() > 0
-
-
 def checkpoints_requested(cfg: TrainConfig) -> bool:
-    """Explicitly (interval > 0), or automatically (-1) when a restart or an injected fault can use them."""
+    """Explicitly (interval > 0), or automatically (-1) when a restart (torchrun's --max-restarts, which it exports
+    to the workers) or an injected fault can use them."""
     interval = cfg.fault.checkpoint_interval
     auto = interval == -1 and dcp_unsupported_reason(cfg) is None
-    return interval > 0 or (auto and (cfg.fail_at_step >= 0 or restarts_possible()))
-
-
-def effective_checkpoint_interval(cfg: TrainConfig, total_steps: int) -> int:
-    """Steps between checkpoints; ``-1`` (auto) means ~5 % of the run, between 1 and 100 steps.
-
-    Auto saves only when something can use it (``--max-restarts > 0`` or an injected fault); else a rerun starts fresh.
-    """
-    if not checkpoints_requested(cfg):
-        return 0
-    if cfg.fault.checkpoint_interval > 0:
-        return cfg.fault.checkpoint_interval
-    return max(1, min(AUTO_MAX_INTERVAL, math.ceil(total_steps / 20)))
+    return interval > 0 or (auto and (cfg.fail_at_step >= 0 or max_restarts() > 0))
 
 
 def add_fault_tolerance_callbacks(cfg: TrainConfig, callbacks: Iterable[Any] = ()) -> list[Any]:
-    """``callbacks`` plus chapter 07's: checkpoints (when requested) and the health monitor (when on).
-
-    Called by :func:`ecomkit.train.run_training`; kinds already present are not added twice.
-    """
+    """``callbacks`` plus chapter 07's: checkpoints (when requested) and the health monitor (when on), once each."""
     out = list(callbacks)
     if checkpoints_requested(cfg):
         checkpoint = __import__(CHECKPOINTS, fromlist=["CheckpointCallback"]).CheckpointCallback
@@ -65,5 +44,4 @@ def add_fault_tolerance_callbacks(cfg: TrainConfig, callbacks: Iterable[Any] = (
     return out
 
 
-__all__ = ["AUTO_MAX_INTERVAL", "CHECKPOINTS", "HEALTH", "add_fault_tolerance_callbacks", "checkpoint_root",
-           "checkpoints_requested", "effective_checkpoint_interval", "restarts_possible"]
+__all__ = ["CHECKPOINTS", "HEALTH", "add_fault_tolerance_callbacks", "checkpoint_root", "checkpoints_requested"]

@@ -7,6 +7,7 @@ sampler position and every rank's RNG, so it gives the losses an uninterrupted r
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import torch.distributed as dist
 from ecomkit.config import TrainConfig
 from ecomkit.dist import log
 from ecomkit.errors import EcomkitError
-from ecomkit.faults import checkpoint_root, effective_checkpoint_interval
+from ecomkit.faults import checkpoint_root, checkpoints_requested
 from ecomkit.faults.checkpoint import (
     TRAINER_STATE,
     CheckpointWriter,
@@ -31,6 +32,20 @@ from ecomkit.faults.checkpoint import (
     remove_stale_temp_dirs,
     restore_rng_state,
 )
+
+AUTO_MAX_INTERVAL = 100  # steps: the longest automatic interval, however long the run
+
+
+def effective_checkpoint_interval(cfg: TrainConfig, total_steps: int) -> int:
+    """Steps between checkpoints; ``-1`` (auto) means ~5 % of the run, between 1 and 100 steps.
+
+    Auto saves only when something can use it (``--max-restarts > 0`` or an injected fault); else a rerun starts fresh.
+    """
+    if not checkpoints_requested(cfg):
+        return 0
+    if cfg.fault.checkpoint_interval > 0:
+        return cfg.fault.checkpoint_interval
+    return max(1, min(AUTO_MAX_INTERVAL, math.ceil(total_steps / 20)))
 
 
 def trainer_state(run: Any) -> dict[str, Any]:
@@ -153,4 +168,4 @@ class CheckpointCallback:
                      path, run.step, run.epoch, ts["sampler"]["consumed_global_batches"], self.restore_s)
 
 
-__all__ = ["CheckpointCallback", "trainer_state"]
+__all__ = ["AUTO_MAX_INTERVAL", "CheckpointCallback", "effective_checkpoint_interval", "trainer_state"]

@@ -1,8 +1,7 @@
-"""The one training loop every chapter reuses; only the strategy changes.
+"""The one training loop every chapter reuses, read top to bottom like torchtitan's ``train.py``.
 
-Read it top to bottom like torchtitan's ``train.py``: the build, the loop and its step, the evaluations, the report.
-What differs between strategies lives behind :class:`~ecomkit.parallel.base.Strategy`; callbacks add checkpoints,
-health checks and fault handling.
+Why one: what differs between strategies lives behind :class:`~ecomkit.parallel.base.Strategy`, and callbacks add
+checkpoints, health checks and fault handling.
 """
 
 from __future__ import annotations
@@ -23,15 +22,14 @@ from ecomkit.config import TrainConfig, data_parallel_size
 from ecomkit.config.recipe import LENGTH_CHECK_STEPS, capped_length
 from ecomkit.data import build_datasets, lengths_array, pad_collate
 from ecomkit.data.task_file import parse_labels, write_task_file
-from ecomkit.data.tasks import CLASSIFICATION_TASKS, can_classify
 from ecomkit.data.tokenize import BatchCounts, row_counts
-from ecomkit.dist import (DistEnv, all_reduce_max, all_reduce_mean, all_reduce_sum_tensor, distributed_session, log,
-                          replica_checksums, restart_attempt, to_device)
+from ecomkit.dist import (DistEnv, all_reduce_max, all_reduce_sum_tensor, distributed_session, log, replica_checksums,
+                          restart_attempt, to_device)
 from ecomkit.errors import ConfigError
 from ecomkit.fast import install_fast_paths
 from ecomkit.faults import add_fault_tolerance_callbacks
 from ecomkit.hardware import device_peak, mfu_fields
-from ecomkit.metrics import (METHOD_OF_PREFIX, MetricsWriter, fill_rate_of, make_progress, peak_memory,
+from ecomkit.metrics import (TASK_SUMMARY, MetricsWriter, fill_rate_of, make_progress, peak_memory,
                              slowest_rank_throughput, step_model_flops, time_split)
 from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_length_limit, model_origin
 from ecomkit.models.optim import set_schedule_length
@@ -50,6 +48,7 @@ SAMPLER = "ecomkit.data.sampler"        # --packing off: bucketed rows
 GENERATION = "ecomkit.train.gen_eval"   # --task nlu: scores by generation
 SCORING = "ecomkit.train.nlu_accuracy"  # --task nlu: accuracy by candidate scoring
 VERDICT = "ecomkit.train.task_metrics"  # --task nlu: whether the figures cleared their baselines
+CLIP = "ecomkit.train.clip"             # --clip-policy sentiment
 SUMMED = ("loss_sum", *BatchCounts._fields[1:], "stop")   # the columns of a log interval's one all-reduce
 
 
@@ -99,7 +98,7 @@ class TrainingRun:
                             else self.n_params)
         self.model_config = built.config
         self.strategy.setup(built, self.total_steps)
-        self.clip = ClipPolicy(cfg.clip_policy, cfg.max_grad_norm, env)
+        self.clip = find(f"{CLIP}:SentimentClip")(env) if cfg.clip_policy == "sentiment" else None
         self.peak, self.mfu_note = device_peak(env.device, cfg.precision)   # the hardware table, once
         resuming = any(getattr(cb, "resuming", False) for cb in self.callbacks)   # appends to metrics.jsonl
         self.metrics = MetricsWriter(self.out_dir, env.is_main, append=resuming, report_to=cfg.report_to,
@@ -285,10 +284,8 @@ class TrainingRun:
         return loss_sum, [time.perf_counter() - tm]
 
     def _clip_value(self, batches: list[dict]) -> float:
-        """The step's clip value: the policy sees the step's batches first (``--clip-policy``)."""
-        for batch in batches:
-            self.clip.observe(batch)
-        return self.clip.value()
+        """The step's clip value: ``--max-grad-norm``, or the sentiment policy's from the step's batches."""
+        return self.cfg.max_grad_norm if self.clip is None else self.clip.value(batches)
 
     def _step_inputs(self, micro: list[tuple[dict, BatchCounts]]
                      ) -> tuple[list[dict], list[int], torch.Tensor, torch.Tensor]:
@@ -385,7 +382,8 @@ class TrainingRun:
         finally:
             if bar is not None:
                 bar.close()
-        out["eval_methods"] = eval_methods(out)   # which method made each figure: candidate scoring or generation
+        # which method made each figure: candidate scoring or generation (only task nlu scores)
+        out["eval_methods"] = find(f"{TASK_SUMMARY}:eval_methods")(out) if cfg.task == "nlu" else {}
         return out
 
     def _final_evaluation_bar(self, cap: int | None) -> Any:
@@ -396,9 +394,8 @@ class TrainingRun:
             index, count = self.shard
             total = shard_size(min(len(self.eval_ds), cap or len(self.eval_ds)), index, count)
             if self.cfg.task == "nlu" and len(self.eval_records):
-                for target in scored_targets(self.eval_records, self.data_report.labels):
-                    usable = sum(1 for r in self.eval_records if can_classify(r, target))
-                    total += shard_size(min(usable, cap or usable), index, count)
+                total += find(f"{SCORING}:scored_examples")(self.eval_records, self.data_report.labels, cap,
+                                                            self.shard)
             if self.gen_eval is not None:
                 total += shard_size(len(self.gen_eval.decoded_examples(final=True)), index, count)
         return make_progress(total, enabled, desc="eval", eta=True)
@@ -551,49 +548,6 @@ class Counted:
         return batch, counts
 
 
-class ClipPolicy:
-    """The max gradient norm of each step: fixed, or the EcomGPT guide's sentiment rule (``--clip-policy``).
-
-    The guide's ``0.5 + 0.5 · min(s, 2)``, ``s`` 2 × the share of polar samples in the *global* batch (alike on
-    every rank); chapter 02 measures it."""
-
-    def __init__(self, policy: str, max_grad_norm: float, env: DistEnv):
-        self.policy, self.max_grad_norm, self.env = policy, max_grad_norm, env
-        self._polar: list[torch.Tensor] = []
-
-    def observe(self, batch: dict) -> None:
-        """Record a micro-batch's polarity (only needed by the sentiment policy)."""
-        if self.policy == "sentiment":
-            self._polar.append(batch["polarity"])
-
-    def value(self) -> float:
-        if self.policy == "fixed":
-            return self.max_grad_norm
-        local = sentiment_strength(torch.cat(self._polar)) if self._polar else 0.0
-        self._polar.clear()
-        return sentiment_clip_value(all_reduce_mean(local, self.env))   # equal rank slices: the global mean
-
-
-def sentiment_strength(polarity: torch.Tensor) -> float:
-    """2 × fraction of samples with non-zero polarity (+1 positive, -1 negative, 0 neutral)."""
-    if polarity.numel() == 0:
-        return 0.0
-    return 2.0 * float((polarity != 0).float().mean())
-
-
-def sentiment_clip_value(strength: float) -> float:
-    """The guide's rule: 0.5 + 0.5 · min(strength, 2)."""
-    return 0.5 + 0.5 * min(strength, 2.0)
-
-
-def clip_values_per_global_batch(polarity: torch.Tensor, rank_batches: Sequence[Iterable[Sequence[int]]]
-                                 ) -> list[float]:
-    """The rule's clip value for every optimizer step of an epoch, from each rank's batch sampler (index lists),
-    so a notebook can show what the rule would set without training."""
-    return [sentiment_clip_value(sentiment_strength(polarity[[i for batch in step for i in batch]]))
-            for step in zip(*rank_batches)]
-
-
 def training_loader(train_ds, lengths, cfg: TrainConfig, shard: tuple[int, int], grad_accum: int, packed: bool,
                     pad_id: int, multiple: int | None, pin_memory: bool = False) -> tuple[Any, DataLoader]:
     """``(sampler, loader)`` of this rank's micro-batches, each ``(batch, counts)`` (:class:`Counted`): packed
@@ -613,31 +567,9 @@ def training_loader(train_ds, lengths, cfg: TrainConfig, shard: tuple[int, int],
 
 
 # ---------------------------------------------------------------------- what an evaluation reads
-def eval_methods(row: dict[str, Any]) -> dict[str, str]:
-    """``{figure: method}`` for the scores in an evaluation row (recorded in eval rows and ``summary.json``)."""
-    out = {}
-    for key, value in row.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            method = next((m for prefix, m in METHOD_OF_PREFIX if key.startswith(prefix)), None)
-            if method is not None and not key.endswith("_margin_points"):
-                out[key] = method
-    return out
-
-
 def shard_size(n: int, index: int, count: int) -> int:
     start, end = shard_range(n, index, count)
     return end - start
-
-
-def scored_targets(records: Iterable[dict[str, Any]], labels: dict[str, Any]) -> list[str]:
-    """The classification targets candidate scoring can score: two or more labels, and a held-out record for it."""
-    wanted = [t for t in CLASSIFICATION_TASKS if len(labels.get(t) or ()) >= 2]
-    found: set[str] = set()
-    for record in records:
-        found.update(t for t in wanted if t not in found and can_classify(record, t))
-        if len(found) == len(wanted):
-            break
-    return [t for t in wanted if t in found]
 
 
 def evaluation_scope(cfg: TrainConfig, n_examples: int, records: Iterable[dict[str, Any]],
@@ -649,7 +581,7 @@ def evaluation_scope(cfg: TrainConfig, n_examples: int, records: Iterable[dict[s
     lines = [f"periodic: up to {cfg.eval_batches} micro-batches per rank for the loss"
              + (f", {cfg.eval_nlu_samples} records per target" if cfg.task == "nlu" else "")
              + f"; final: {final} ({n_examples:,} examples; --final-eval-samples caps it)"]
-    if cfg.task == "nlu" and not scored_targets(records, labels):
+    if cfg.task == "nlu" and not find(f"{SCORING}:scored_targets")(records, labels):
         lines.append("no held-out record has a classification label (category or sentiment with two or more "
                      "labels), so candidate scoring does not run and --eval-nlu-samples has no effect; "
                      "extraction is scored by generation (--gen-eval-samples)")

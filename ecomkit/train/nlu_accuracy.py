@@ -22,6 +22,28 @@ from ecomkit.train.evaluate import all_reduce_sums, answer_positions, shard_rang
 _NO_TRUNCATION = 1 << 30
 
 
+def scored_targets(records: Iterable[dict[str, Any]], labels: dict[str, Any]) -> list[str]:
+    """The classification targets candidate scoring can score: two or more labels, and a held-out record for it."""
+    wanted = [t for t in CLASSIFICATION_TASKS if len(labels.get(t) or ()) >= 2]
+    found: set[str] = set()
+    for record in records:
+        found.update(t for t in wanted if t not in found and can_classify(record, t))
+        if len(found) == len(wanted):
+            break
+    return [t for t in wanted if t in found]
+
+
+def scored_examples(records: Sequence[dict[str, Any]], labels: dict[str, Any], cap: int | None,
+                    shard: tuple[int, int]) -> int:
+    """This shard's records a final evaluation scores, over every target (its progress bar's share)."""
+    total = 0
+    for target in scored_targets(records, labels):
+        usable = sum(1 for r in records if can_classify(r, target))
+        start, end = shard_range(min(usable, cap or usable), *shard)
+        total += end - start
+    return total
+
+
 @dataclass(frozen=True)
 class CandidateScore:
     """One candidate's log-probability after the prompt: the sum over its scored tokens and their count."""
@@ -260,4 +282,4 @@ def evaluate_nlu_accuracy(strategy, tokenizer, records: Iterable[dict[str, Any]]
 
 __all__ = ["CandidateScore", "best_candidate", "candidate_log_probs", "encode_candidates", "encode_examples",
            "evaluate_nlu_accuracy", "macro_f1", "majority_label", "majority_share", "pad_id_of", "plan_groups",
-           "score_candidates", "score_encoded"]
+           "score_candidates", "score_encoded", "scored_examples", "scored_targets"]

@@ -1,8 +1,6 @@
 """What a run keeps after training: the weights in ``final/``, the best evaluated ones or the last, and why.
 
-Why after the loop: :class:`BestWeights` keeps the weights of the lowest held-out loss when they beat the last ones
-by :data:`CLEAR_MARGIN` (not under ZeRO, whose module holds no whole weights). Whether the model learned is
-``task_metrics.baseline_outcome``'s verdict (``--task nlu``: the figures with a baseline).
+Why: the copy of the lowest held-out loss replaces the last weights only when lower by more than :data:`CLEAR_MARGIN`.
 """
 
 from __future__ import annotations

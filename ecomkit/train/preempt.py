@@ -1,9 +1,7 @@
-"""Preemption: save on SIGTERM/SIGUSR1, exit 75, and resume when the same command runs again (chapter 07).
+"""Preemption: save on SIGTERM/SIGUSR1, exit 75, and resume when the same command runs again (docs/preemption.md).
 
-Why a flag, not an exception: the handler only records the signal, which rides on the step's summed all-reduce, so
-every rank stops after the same step and a second signal cannot cut the save. That step's checkpoint is written
-through the periodic checkpoints' code (DDP/FSDP2/TP: DCP, loaded only then; ZeRO: DeepSpeed's), then the record
-``preempted.json`` names it; a rerun resumes there, a run that finishes removes it (docs/preemption.md).
+Why a flag, not an exception: the handler only records the signal, which rides on the step's all-reduce, so every
+rank stops after the same step and a second signal cannot cut the save.
 """
 
 from __future__ import annotations
@@ -14,33 +12,25 @@ import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Iterable
 
-import torch.distributed as dist
-
 from ecomkit.config import StrategyName, TrainConfig, dcp_unsupported_reason
-from ecomkit.config import parse_signal_names as parse_signals  # the one parser, also used by validate
-from ecomkit.dist import gather_objects, log
+from ecomkit.config import parse_signal_names as parse_signals
+from ecomkit.dist import log
 from ecomkit.faults import CHECKPOINTS, checkpoint_root
 from ecomkit.parallel import find, strategy_spec
 
 # EX_TEMPFAIL (sysexits.h), "a temporary failure; the user is invited to retry"; torchrun then exits 1.
 PREEMPTED_EXIT_CODE = 75
 RECORD = "preempted.json"
-
-
-# A signalled rank whose step does not end within this (plus 3 × its longest step) is stuck: it exits as the signal
-# would.
+SAVE = "ecomkit.train.preempt_save"   # the save at the agreed step: loaded only by a preempted run
+# A signalled rank whose step does not end within this (plus 3 × its longest step) is stuck: it exits unsaved.
 STUCK_AFTER_S = 10.0
 
 
 class PreemptionSignals:
-    """Installs handlers that only record the signal; :attr:`requested` is read once per step.
-
-    Only the main thread can install handlers (a notebook's worker thread gets none, and ``installed`` says so).
-    """
+    """Installs handlers that only record the signal; :attr:`requested` is read once per step (main thread only)."""
 
     def __init__(self, signals: list[signal.Signals], rank: int = 0):
         self.signals, self.rank = signals, rank
@@ -49,7 +39,7 @@ class PreemptionSignals:
         self.longest_step_s = 0.0
         self._stuck_timer: threading.Timer | None = None
         self._previous: dict[int, Any] = {}
-        self._stack_dump: set[int] = set()  # signals faulthandler was registered for: the stacks print here
+        self._stack_dump: set[int] = set()  # signals faulthandler had: the stacks print here
         self.installed = False
 
     @property
@@ -76,20 +66,19 @@ class PreemptionSignals:
                   file=sys.stderr, flush=True)
 
     def _stuck(self, signum: int) -> None:
-        """The step never ended after the signal: exit now, without a checkpoint, as the signal would have."""
+        """The step never ended after the signal: exit now, without a checkpoint."""
         if self.saving:
             return
         print(f"[rank {self.rank}] the step did not finish within "
               f"{STUCK_AFTER_S + 3 * self.longest_step_s:.0f} s of {signal.Signals(signum).name} (this rank or a "
               "peer is stuck): exiting without a checkpoint; its stacks:", file=sys.stderr, flush=True)
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)   # where it hung (the main thread is in C)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         os._exit(128 + signum)
 
     def install(self) -> bool:
         if not self.signals or threading.current_thread() is not threading.main_thread():
             return False
         for sig in self.signals:
-            # faulthandler's C handler sits below Python's: unregister it, ours prints the stacks from Python
             if hasattr(faulthandler, "unregister") and faulthandler.unregister(sig):
                 self._stack_dump.add(sig)
             self._previous[sig] = signal.signal(sig, self._handle)
@@ -97,7 +86,7 @@ class PreemptionSignals:
         return True
 
     def restore(self) -> None:
-        """Put back the handlers found at :meth:`install` (the C-level stack dump, as dist installs it)."""
+        """Put back the handlers found at :meth:`install`."""
         if self._stuck_timer is not None:
             self._stuck_timer.cancel()
         if not self.installed:
@@ -108,19 +97,6 @@ class PreemptionSignals:
                 faulthandler.register(sig, file=sys.stderr, all_threads=True, chain=False)
         self._previous.clear()
         self.installed = False
-
-
-def write_record(root: Path, record: dict[str, Any]) -> Path:
-    """Rank 0, after the checkpoint is complete on every rank: one atomic rename makes it the resume point."""
-    root.mkdir(parents=True, exist_ok=True)
-    path, tmp = root / RECORD, root / (RECORD + ".tmp")
-    history = read_record(root).get("history", []) if (root / RECORD).is_file() else []
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({**record, "history": [*history, record], "written_at": time.time()}, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    return path
 
 
 def read_record(root: Path) -> dict[str, Any]:
@@ -152,7 +128,7 @@ class PreemptionCallback:
 
     def __init__(self, cfg: TrainConfig, checkpoint: Any, record: dict[str, Any]):
         self.cfg, self.root = cfg, preemption_root(cfg)
-        self.checkpoint = checkpoint      # the callback a save goes through; None: made at the first signal
+        self.checkpoint = checkpoint      # None: made at the first signal
         self.record = record              # the preemption this run resumes from ({} for none)
         self.signals: PreemptionSignals | None = None
 
@@ -172,50 +148,7 @@ class PreemptionCallback:
                 log.info("preemption requested at the last step (%d): the run finishes instead", run.step)
             return
         self.signals.saving = True
-        signals = gather_objects(self.signals.first, run.env)  # which ranks were signalled, for the record
-        t0 = time.perf_counter()
-        path, earlier_s = self._save(run)
-        if run.env.distributed:
-            dist.barrier()  # every rank's part is written before rank 0 writes the record
-        save_s = round(time.perf_counter() - t0 + earlier_s, 3)
-        record = {"step": run.step, "checkpoint": str(path.resolve()), "save_s": save_s, "signals": signals,
-                  "strategy": run.strategy.name, "world_size": run.env.world_size, "total_steps": run.total_steps}
-        if run.env.is_main:
-            write_record(self.root, record)
-            log.info("preempted (%s): checkpoint of step %d written to %s in %.2f s; exiting with code %d, "
-                     "rerun the same command to resume", next(s for s in signals if s), run.step, path, save_s,
-                     PREEMPTED_EXIT_CODE)
-            run.metrics.finish({"status": "preempted", "strategy": run.strategy.name, "steps": run.step,
-                                "total_steps": run.total_steps, "preemption": record,
-                                "output_dir": str(run.out_dir.resolve()), "config": run.cfg.to_dict()})
-        if run.env.distributed:
-            dist.barrier()  # nobody exits (and so makes torchrun stop the others) before the record exists
-        raise SystemExit(PREEMPTED_EXIT_CODE)
-
-    def _save(self, run: Any) -> tuple[Path, float]:
-        """This step's checkpoint through the strategy's own checkpoint code, and the seconds of a periodic
-        save of this very step that already wrote it (it is not written twice)."""
-        cb = self.checkpoint or self._dcp_callback(run)
-        if self.cfg.strategy == StrategyName.ZERO:   # DeepSpeed's own sharded checkpoint
-            tag = f"step{run.step}"
-            if not cb.saved or cb.saved[-1] != tag:
-                client = {"step": run.step, "epoch": run.epoch, "sampler": run.sampler.state_dict()}
-                run.strategy.save_checkpoint(str(cb.ckpt_dir), tag, client)
-                cb.saved.append(tag)
-            return cb.ckpt_dir / tag, 0.0
-        records = cb.writer.records
-        earlier = records[-1] if records and records[-1].step == run.step else None
-        if earlier is None:
-            cb.save(run)
-        cb.writer.wait()  # an async save (--fault-async-checkpoint) is committed before the exit
-        return Path(cb.writer.records[-1].path), (earlier.total_s or earlier.blocking_s) if earlier else 0.0
-
-    def _dcp_callback(self, run: Any) -> Any:
-        """A checkpoint callback that saves nothing periodically, set up now on every rank (they all stop here)."""
-        self.checkpoint = find(f"{CHECKPOINTS}:CheckpointCallback")(self.cfg)
-        self.checkpoint.resume_from, self.checkpoint.resuming = None, False
-        self.checkpoint.on_train_start(run)
-        return self.checkpoint
+        find(f"{SAVE}:save_and_exit")(self, run)
 
     def on_train_end(self, run: Any, summary: dict[str, Any]) -> None:
         if self.signals is not None:
@@ -230,8 +163,7 @@ class PreemptionCallback:
 
 
 def add_preemption_callbacks(cfg: TrainConfig, callbacks: Iterable[Any]) -> list[Any]:
-    """``callbacks`` plus :class:`PreemptionCallback` and the checkpoint callback it saves and resumes through: a
-    periodic one is reused; else one is made to resume from a preemption record, or at the first signal."""
+    """``callbacks`` plus :class:`PreemptionCallback` and the checkpoint callback it saves and resumes through."""
     out = list(callbacks)
     if not parse_signals(cfg.fault.preempt_signals) or any(isinstance(c, PreemptionCallback) for c in out):
         return out
@@ -240,7 +172,7 @@ def add_preemption_callbacks(cfg: TrainConfig, callbacks: Iterable[Any]) -> list
     root = preemption_root(cfg)
     record = read_record(root) if cfg.fault.resume else {}
     own = strategy_spec(cfg.strategy).checkpoint_callback
-    if own is not None:   # ZeRO's own callback (ecomkit.parallel.STRATEGIES), imported only by ZeRO runs
+    if own is not None:   # ZeRO's own callback
         own = find(own)
         cb = next((c for c in out if isinstance(c, own)), None)
         if cb is None:
@@ -260,5 +192,5 @@ def add_preemption_callbacks(cfg: TrainConfig, callbacks: Iterable[Any]) -> list
     return out
 
 
-__all__ = ["PREEMPTED_EXIT_CODE", "RECORD", "PreemptionCallback", "PreemptionSignals", "add_preemption_callbacks",
-           "clear_record", "parse_signals", "preemption_root", "read_record", "write_record"]
+__all__ = ["PREEMPTED_EXIT_CODE", "RECORD", "SAVE", "PreemptionCallback", "PreemptionSignals",
+           "add_preemption_callbacks", "clear_record", "parse_signals", "preemption_root", "read_record"]
