@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 
 from ecomkit.config import TrainConfig, ZeroConfig
-from ecomkit.dist import DistEnv
 from ecomkit.errors import ConfigError
 from ecomkit.hardware import gpu_kind
 from ecomkit.models import loss as loss_mod

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, ContextManager, Sequence
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper

@@ -74,7 +74,6 @@ from ecomkit.planner.memory import PlanInput
 from ecomkit.planner.shapes import model_shape
 from ecomkit.planner.step_time import ADAM_BYTES_PER_ELEMENT, StepTime, predict_step_time
 from ecomkit.train.sweep import run_sweep
-from ecomlab.measure.activations import causal_lm_loss
 from ecomlab.measure.strategy_states import PlannerStrategy
 from ecomlab.timing import timed, timed_phases
 
