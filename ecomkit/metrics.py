@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ecomkit import find
 from ecomkit.config import parse_report_to
 from ecomkit.dist import DistEnv, all_reduce_max
 
@@ -49,7 +50,7 @@ class MetricsWriter:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a" if append else "w", encoding="utf-8")
             if parse_report_to(report_to):
-                self.sinks = __import__(REPORTING, fromlist=["open_sinks"]).open_sinks(report_to, self.dir, hparams)
+                self.sinks = find(f"{REPORTING}:open_sinks")(report_to, self.dir, hparams)
 
     def write(self, row: dict[str, Any]) -> None:
         if self._fh is None:
@@ -211,7 +212,7 @@ def task_lines(summary: dict[str, Any]) -> str:
     """The task scores' lines (``task_summary``), its module loaded only when the summary holds scores."""
     if not any(k.startswith(SCORE_PREFIXES) for k in summary):
         return ""
-    return __import__(TASK_SUMMARY, fromlist=["task_lines"]).task_lines(summary)
+    return find(f"{TASK_SUMMARY}:task_lines")(summary)
 
 
 def not_learned_line(summary: dict[str, Any]) -> str:

@@ -18,12 +18,12 @@ import pytest
 import torch
 from import_cost import REPO, python_import, run_script
 
-from ecomkit import metrics
+from ecomkit import find, metrics
 from ecomkit.config import StrategyName, TrainConfig
 from ecomkit.config.validate import forward_loss_unsupported
 from ecomkit.dist import DistEnv
 from ecomkit.faults import HEALTH, add_fault_tolerance_callbacks
-from ecomkit.parallel import DDP_HOOKS, LORA, QUANT, STATE_BYTES, STRATEGIES, build_strategy, find
+from ecomkit.parallel import DDP_HOOKS, LORA, QUANT, STATE_BYTES, STRATEGIES, build_strategy
 from ecomkit.fast import attention
 from ecomkit.train import loop, preempt
 

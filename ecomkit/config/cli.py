@@ -22,6 +22,7 @@ import typing
 from functools import lru_cache
 from typing import Any, Callable, Mapping, NamedTuple
 
+from ecomkit import find
 from ecomkit.config.schema import CONFIG_PRESETS, TrainConfig
 from ecomkit.config.vocabulary import FIELD_CHOICES
 from ecomkit.errors import ConfigError, did_you_mean
@@ -262,7 +263,7 @@ def config_from_namespace(ns: argparse.Namespace, defaults: TrainConfig | None =
     """preset → ``--config`` file → flags, not yet validated (the planner validates for its own world size)."""
     cfg = CONFIG_PRESETS[ns.preset]() if ns.preset else (defaults if defaults is not None else TrainConfig())
     if ns.config:
-        apply_overrides(cfg, __import__(CONFIG_FILE, fromlist=["load_config_file"]).load_config_file(ns.config),
+        apply_overrides(cfg, find(f"{CONFIG_FILE}:load_config_file")(ns.config),
                         ns.config)
     for dest, value in vars(ns).items():
         if dest in ("preset", "config", "print_config") or not hasattr(cfg, dest.split("__")[0]):

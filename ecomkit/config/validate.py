@@ -13,6 +13,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from ecomkit import find
 from ecomkit.config.vocabulary import (ATTN_CHOICES, AUTO, CLIP_POLICIES, COMPILE_MODES, COMPRESSIONS, DDP_ALLREDUCES,
                                        HOOK_STRATEGIES, LOSS_KERNEL_CHOICES, LOSS_KERNEL_PACKAGES, MESH_STRATEGIES,
                                        PACKING_CHOICES, PEFT_METHODS, PP_BALANCES, PP_SCHEDULES, PRECISION_CHOICES,
@@ -75,7 +76,7 @@ def validate_train_config(cfg: _TrainConfig, world_size: int, n_head: int | None
 
 def option_checks() -> Any:
     """:mod:`ecomkit.config.validate_options`, imported by name (:data:`OPTION_CHECKS`)."""
-    return __import__(OPTION_CHECKS, fromlist=["check_peft"])
+    return find(OPTION_CHECKS)
 
 
 # ---------------------------------------------------------------------- --loss-kernel

@@ -5,6 +5,8 @@ Each name loads its module when first asked for (PEP 562), so a run loads only t
 
 from typing import Any
 
+from ecomkit import find
+
 _HOMES: dict[str, tuple[str, ...]] = {
     "build": ("BuildReport", "ValidationIssue", "ValidationReport", "build_datasets", "stratified_split"),
     "catalog": ("CATEGORIES", "CATEGORY_ENGLISH", "generate_catalog", "generate_catalog_chunks"),
@@ -28,7 +30,7 @@ HOME_OF: dict[str, str] = {name: f"ecomkit.data.{module}" for module, names in _
 
 def __getattr__(name: str) -> Any:
     if name in HOME_OF:
-        return getattr(__import__(HOME_OF[name], fromlist=[name]), name)
+        return find(f"{HOME_OF[name]}:{name}")
     raise AttributeError(f"module 'ecomkit.data' has no attribute {name!r}")
 
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets import Dataset
 
+from ecomkit import find
 from ecomkit.data.stream import cached_table, fingerprint, label_codes, read_columns
 from ecomkit.data.catalog import (MIN_ROWS, RECORD_FEATURES, RECORD_FIELDS, SPAN_LABELS, TARGET_FIELDS, catalog_spans,
                                   generate_catalog_chunks, spans_json)
@@ -277,7 +278,7 @@ def build_datasets(source: str | os.PathLike, *, n_rows: int | None = None, seed
                          cuts=built.cuts, train_label_counts=train_counts,
                          labels_not_in_data=never, span_labels_in_data=tuple(sorted(span_counts or ())))
     if task == "nlu":
-        targets = __import__(TARGETS, fromlist=["table_task_examples", "train_span_counts"])
+        targets = find(TARGETS)
         report.eval_examples = targets.table_task_examples(eval_records, all_labels, eval_name)
         report._train_spans = lambda: targets.train_span_counts(records, train_idx, extract)
     return train_ds, eval_ds, eval_records, report
@@ -347,7 +348,7 @@ def _source_records(source, n_rows, seed, task, column_map, strict, label_map, n
     if n_rows is not None:
         raise ConfigError(f"--n-rows {n_rows} sets the size of the synthetic catalog; {source} is a file, used "
                           f"whole. To use part of it, pass --max-rows.")
-    load_records = __import__(LOADERS, fromlist=["load_records"]).load_records
+    load_records = find(f"{LOADERS}:load_records")
     result = load_records(source, column_map=column_map, task=task, strict=strict, label_map=label_map,
                           num_proc=num_proc, span_end=span_end)
     return result.dataset, result.report

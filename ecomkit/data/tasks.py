@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from ecomkit import find
 from ecomkit.data.catalog import CATEGORIES
 from ecomkit.errors import ConfigError
 
@@ -113,7 +114,7 @@ def task_examples(record: Mapping[str, Any], task: str, labels: Mapping[str, Seq
     if task == "lm":
         text = format_lm_text(record)
         return [NluExample("lm", "", text)] if text else []
-    return __import__(TARGETS, fromlist=["nlu_examples"]).nlu_examples(record, labels, prompt_format)
+    return find(f"{TARGETS}:nlu_examples")(record, labels, prompt_format)
 
 
 def can_classify(record: Mapping[str, Any], task: str) -> bool:

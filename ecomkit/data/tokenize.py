@@ -13,6 +13,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import torch
 from datasets import Dataset, Features, Sequence as ArrowList, Value
 
+from ecomkit import find
 from ecomkit.data.stream import column_numpy, fingerprint, map_batches, tokenizer_digest, unique_values
 from ecomkit.data.catalog import RECORD_FEATURES, RECORD_FIELDS
 from ecomkit.data.task_file import check_format
@@ -57,7 +58,7 @@ def lm_windows(ids: list[int], max_length: int) -> list[list[int]]:
 
 def _prompt_ids():
     """The module that encodes and cuts prompts, imported by name: rows without a prompt never need it."""
-    return __import__(PROMPT_IDS, fromlist=["PromptIds"])
+    return find(PROMPT_IDS)
 
 
 def _tokenize_batch(batch: dict[str, list], indices: list[int], tokenizer, task: str,

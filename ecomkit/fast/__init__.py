@@ -11,12 +11,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from ecomkit import find
 from ecomkit.config import TrainConfig
 from ecomkit.fast.attention import install_attention
 from ecomkit.fast.cpu_kernels import install_fused_gelu, kernel_cross_entropy_sum, kernels_for
 from ecomkit.models.loss import TokenLoss, cross_entropy_sum, head_loss_sum
 from ecomkit.models.precision import length_multiple
-from ecomkit.parallel import find
 
 COMPILE = "ecomkit.fast.compile"                            # --compile
 SHM_ALLREDUCE = "ecomkit.fast.shm_allreduce:ShmAllReduce"   # --ddp-allreduce shm

@@ -15,10 +15,10 @@ from torch import nn
 from transformers.models.bloom import modeling_bloom
 from transformers.models.bloom.modeling_bloom import BloomAttention, dropout_add
 
+from ecomkit import find
 from ecomkit.config import ATTN_IMPLS as ATTN_CHOICES  # eager | sdpa | flex: one list for flag and module
 from ecomkit.errors import ConfigError, EcomkitError
 from ecomkit.models.attention import use_mask_positions  # the masks' home
-from ecomkit.parallel import find
 
 # The forward signature this module was written against (transformers 5.x).
 _EXPECTED_PARAMS = ("hidden_states", "residual", "alibi", "attention_mask", "layer_past", "use_cache",

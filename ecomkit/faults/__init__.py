@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
+from ecomkit import find
 from ecomkit.config import TrainConfig, dcp_unsupported_reason
 from ecomkit.dist import max_restarts
 
@@ -34,11 +35,11 @@ def add_fault_tolerance_callbacks(cfg: TrainConfig, callbacks: Iterable[Any] = (
     """``callbacks`` plus chapter 07's: checkpoints (when requested) and the health monitor (when on), once each."""
     out = list(callbacks)
     if checkpoints_requested(cfg):
-        checkpoint = __import__(CHECKPOINTS, fromlist=["CheckpointCallback"]).CheckpointCallback
+        checkpoint = find(f"{CHECKPOINTS}:CheckpointCallback")
         if not any(isinstance(c, checkpoint) for c in out):
             out.append(checkpoint(cfg))
     if cfg.fault.health_interval > 0 or cfg.fault.hang_dump_s > 0:
-        monitor = __import__(HEALTH, fromlist=["HealthMonitor"]).HealthMonitor
+        monitor = find(f"{HEALTH}:HealthMonitor")
         if not any(isinstance(c, monitor) for c in out):
             out.append(monitor(cfg))
     return out

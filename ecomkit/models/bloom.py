@@ -17,6 +17,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, BloomConfig, BloomFo
                           PretrainedConfig, PreTrainedModel)
 from transformers.initialization import no_init_weights
 
+from ecomkit import find
 from ecomkit.errors import ModelNotFoundError
 
 
@@ -190,7 +191,7 @@ def build_empty_model(source: ModelSource, device: str | torch.device = "meta") 
 
 def checkpoint_files() -> Any:
     """:mod:`ecomkit.models.checkpoint_files`, imported by name: a preset's run reads no weights' files."""
-    return __import__("ecomkit.models.checkpoint_files", fromlist=["read_into"])
+    return find("ecomkit.models.checkpoint_files")
 
 
 def load_model(name_or_path: str, *, vocab_size: int | None = None, device: str | torch.device = "cpu",

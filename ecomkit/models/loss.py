@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ecomkit import find
 from ecomkit.config.vocabulary import LOSS_KERNEL_PACKAGES
 from ecomkit.errors import ConfigError
 
@@ -163,7 +164,7 @@ class TokenLoss:
             return token_loss_sum(head(hidden), labels)
         fused = None
         if self.kernel in LOSS_KERNEL_PACKAGES or self.grads_in_forward:
-            fused = __import__(LOSS_KERNELS, fromlist=["fused_loss"]).fused_loss(self)
+            fused = find(f"{LOSS_KERNELS}:fused_loss")(self)
         return chunked_token_loss_sum(hidden, head, labels, 1 << 30 if fused else self.chunk_tokens,
                                       self.row_multiple, self.cross_entropy, self.head_loss, fused, label_count)
 

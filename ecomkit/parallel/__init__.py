@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ecomkit import find
 from ecomkit.config import StrategyName, TrainConfig
 from ecomkit.dist import DistEnv
 
@@ -41,12 +42,6 @@ QUANT = "ecomkit.models.quant"
 STATE_BYTES = "ecomkit.parallel.state_bytes"
 
 
-def find(target: str) -> Any:
-    """The object ``module:name`` names, imported now through ``__import__`` (``python -X importtime`` sees it)."""
-    module, _, name = target.partition(":")
-    return getattr(__import__(module, fromlist=[name]), name)
-
-
 def strategy_spec(name: str) -> StrategySpec:
     return STRATEGIES[StrategyName(name)]
 
@@ -65,5 +60,5 @@ def strategy_callbacks(cfg: TrainConfig) -> list[Any]:
     return list(find(spec.run_callbacks)(cfg)) if spec.run_callbacks else []
 
 
-__all__ = ["DDP_HOOKS", "LORA", "QUANT", "STATE_BYTES", "STRATEGIES", "StrategySpec", "build_strategy", "find",
+__all__ = ["DDP_HOOKS", "LORA", "QUANT", "STATE_BYTES", "STRATEGIES", "StrategySpec", "build_strategy",
            "strategy_callbacks", "strategy_spec"]

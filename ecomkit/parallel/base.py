@@ -14,6 +14,7 @@ from typing import Any, ContextManager, Iterator
 import torch
 from torch import nn
 
+from ecomkit import find
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
 from ecomkit.models.attention import attention_mask_for
@@ -21,7 +22,7 @@ from ecomkit.models.bloom import ModelSource, count_parameters, load_model
 from ecomkit.models.loss import TokenLoss, last_hidden_state, token_loss_sum
 from ecomkit.models.optim import build_optimizer, build_scheduler, clip_grad_norm
 from ecomkit.models.precision import autocast_context, build_grad_scaler
-from ecomkit.parallel import LORA, QUANT, STATE_BYTES, find
+from ecomkit.parallel import LORA, QUANT, STATE_BYTES
 
 
 @dataclass

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any, ContextManager
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ecomkit import find
 from ecomkit.config import TrainConfig
 from ecomkit.dist import DistEnv
-from ecomkit.parallel import DDP_HOOKS, find
+from ecomkit.parallel import DDP_HOOKS
 from ecomkit.parallel.base import StepStats, Strategy
 
 if TYPE_CHECKING:

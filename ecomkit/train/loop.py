@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from ecomkit import find
 from ecomkit.config import TrainConfig, data_parallel_size
 from ecomkit.config.recipe import LENGTH_CHECK_STEPS, capped_length
 from ecomkit.data import build_datasets, lengths_array, pad_collate
@@ -35,14 +36,14 @@ from ecomkit.models.bloom import PRESETS, ModelSource, flops_per_token, model_le
 from ecomkit.models.optim import set_schedule_length
 from ecomkit.models.precision import length_multiple
 from ecomkit.models.tokenizer import get_tokenizer, match_tokenizer
-from ecomkit.parallel import LORA, build_strategy, find, strategy_callbacks
+from ecomkit.parallel import LORA, build_strategy, strategy_callbacks
 from ecomkit.parallel.base import StepStats
 from ecomkit.train.evaluate import held_out_loss, shard_range
 from ecomkit.train.outcome import BestWeights, keep_best_or_last
 from ecomkit.train.preempt import add_preemption_callbacks
 from ecomkit.train.resolve import ModelFacts, ResolvedConfig, RunFacts, precision_choice, resolve_run
 
-# What a run imports only when its config uses it (ecomkit.parallel.find, as for its strategy and LoRA).
+# What a run imports only when its config uses it (ecomkit.find, as for its strategy and LoRA).
 PACKING = "ecomkit.data.packing"        # --packing on, or auto's pick
 SAMPLER = "ecomkit.data.sampler"        # --packing off: bucketed rows
 GENERATION = "ecomkit.train.gen_eval"   # --task nlu: scores by generation

@@ -15,11 +15,12 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable
 
+from ecomkit import find
 from ecomkit.config import StrategyName, TrainConfig, dcp_unsupported_reason
 from ecomkit.config import parse_signal_names as parse_signals
 from ecomkit.dist import log
 from ecomkit.faults import CHECKPOINTS, checkpoint_root
-from ecomkit.parallel import find, strategy_spec
+from ecomkit.parallel import strategy_spec
 
 # EX_TEMPFAIL (sysexits.h), "a temporary failure; the user is invited to retry"; torchrun then exits 1.
 PREEMPTED_EXIT_CODE = 75

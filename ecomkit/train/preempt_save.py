@@ -14,10 +14,10 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ecomkit import find
 from ecomkit.config import StrategyName
 from ecomkit.dist import gather_objects, log
 from ecomkit.faults import CHECKPOINTS
-from ecomkit.parallel import find
 from ecomkit.train.preempt import PREEMPTED_EXIT_CODE, RECORD, PreemptionCallback, read_record
 
 
