@@ -19,7 +19,8 @@ What is the same as under torchrun:
 variables, its own exit status.
 
 What torchrun does that this does not: restarts (``--max-restarts``), forwarding signals, its own
-failure report. Tests of those, every notebook, and ``tests/test_launch.py`` run torchrun itself, and
+failure report. Tests of those and ``tests/test_launch.py`` run torchrun itself; the notebooks' kernels
+launch through this too (``tests/notebook_launch.py``) but for restarts and signals; and
 ``ECOMKIT_TESTS_TORCHRUN=1 make test`` runs every launch of the suite under torchrun.
 Environment variables that a preloaded module reads when it is imported cannot be changed per launch:
 :func:`run` refuses them (:data:`READ_AT_IMPORT`, a ValueError), and ``conftest.run_script`` launches

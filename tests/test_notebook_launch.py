@@ -1,0 +1,68 @@
+"""The suite's notebook kernels launch through the forkserver (tests/notebook_launch.py) and get what the real
+helpers give: every rank's output in one text, a failure as EcomkitError with its tail, torchrun for restarts."""
+
+from __future__ import annotations
+
+import textwrap
+
+import nbformat
+import notebook_launch
+import pytest
+from nbclient import NotebookClient
+
+from ecomkit.errors import EcomkitError
+
+pytestmark = pytest.mark.dist
+
+WORKER = textwrap.dedent("""
+    import sys
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.tensor([dist.get_rank() + 1.0])
+    dist.all_reduce(t)
+    print(f"rank {dist.get_rank()} sum {t.item():.0f} args {sys.argv[1:]}", flush=True)
+    print(f"rank {dist.get_rank()} to stderr", file=sys.stderr, flush=True)
+    if "--fail" in sys.argv and dist.get_rank() == 1:
+        sys.exit("rank 1 refuses: a user error")
+    dist.destroy_process_group()
+""")
+
+
+@pytest.fixture
+def worker(tmp_path):
+    path = tmp_path / "worker.py"
+    path.write_text(WORKER)
+    return path
+
+
+def test_a_launch_returns_every_rank_s_output_as_run_torchrun_does(worker, capsys):
+    result = notebook_launch.run_torchrun(worker, ["--flag"], nproc=2, live=True)
+    assert result.returncode == 0 and result.stderr == ""
+    for rank in (0, 1):
+        assert f"rank {rank} sum 3 args ['--flag']" in result.stdout and f"rank {rank} to stderr" in result.stdout
+    assert capsys.readouterr().out == result.stdout   # live: printed, as the real helper streams it
+
+
+def test_a_failed_rank_raises_with_the_output_tail(worker, capsys):
+    with pytest.raises(EcomkitError, match="exit status 1") as info:
+        notebook_launch.run_torchrun(worker, ["--fail"], nproc=2, live=False)
+    assert "rank 1 refuses: a user error" in str(info.value)
+    assert capsys.readouterr().out == ""   # not live: nothing printed
+
+
+def test_restarts_and_import_time_variables_keep_torchrun(worker, monkeypatch):
+    calls = []
+    monkeypatch.setitem(notebook_launch.ORIGINAL, "run_torchrun", lambda *a, **k: calls.append(k) or "real")
+    assert notebook_launch.run_torchrun(worker, nproc=2, max_restarts=1) == "real"
+    assert notebook_launch.run_torchrun(worker, nproc=2, env={"HF_HUB_CACHE": "/elsewhere"}) == "real"
+    monkeypatch.setenv("ECOMKIT_TESTS_TORCHRUN", "1")
+    assert notebook_launch.run_torchrun(worker, nproc=2) == "real"
+    assert [c["max_restarts"] for c in calls] == [1, 0, 0]
+
+
+def test_a_kernel_started_under_the_suite_has_the_forkserver_helpers(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from ecomkit.launch import run_python, run_torchrun\n"
+        "print(run_torchrun.__module__, run_python.__module__)")])
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    assert nb.cells[0].outputs[0]["text"].split() == ["notebook_launch", "notebook_launch"]
