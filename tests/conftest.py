@@ -97,16 +97,17 @@ def main_in_process(script: str, args: list[str], monkeypatch, capsys) -> tuple[
 
 def run_script(script: str, args: list[str], nproc: int = 0, timeout: int = 300,
                extra_env: dict[str, str] | None = None, torchrun_args: list[str] | None = None,
-               check: bool = True, torchrun: bool = False) -> subprocess.CompletedProcess:
+               check: bool = True, torchrun: bool = False, max_restarts: int = 0) -> subprocess.CompletedProcess:
     """Run ``scripts/<script>`` as one plain process (nproc=0: ``python script``) or N ranks.
 
     Both start from the preloaded forkserver (:mod:`fastlaunch`: ``python``'s process, or torchrun's worker
-    environment without its agent, with the imports done) unless the launch needs the real launcher:
-    ``torchrun=True`` (the test is about the torchrun path), ``torchrun_args`` (restarts, rendezvous), or
-    ``extra_env`` that a preloaded module reads at import.
+    environment without its agent, with the imports done; ``max_restarts`` as torchrun's) unless the launch
+    needs the real launcher: ``torchrun=True`` (the test is about the torchrun path), ``torchrun_args``
+    (rendezvous, or any other flag of the agent's), or ``extra_env`` that a preloaded module reads at import.
     """
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
     path = str(REPO / "scripts" / script)
+    restarts = ["--max-restarts", str(max_restarts)] if max_restarts else []
     if not nproc and (torchrun or fastlaunch.import_time_vars(env)):
         proc = subprocess.run([sys.executable, path, *args], cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=timeout)
@@ -114,9 +115,9 @@ def run_script(script: str, args: list[str], nproc: int = 0, timeout: int = 300,
         proc = fastlaunch.plain(path, args, env=env, cwd=REPO, timeout=timeout)
     elif torchrun or torchrun_args or fastlaunch.import_time_vars(env):
         proc = fastlaunch.torchrun(path, args, nproc, env=env, cwd=REPO, timeout=timeout,
-                                   torchrun_args=torchrun_args or ())
+                                   torchrun_args=[*(torchrun_args or ()), *restarts])
     else:
-        proc = fastlaunch.run(path, args, nproc, env=env, cwd=REPO, timeout=timeout)
+        proc = fastlaunch.run(path, args, nproc, env=env, cwd=REPO, timeout=timeout, max_restarts=max_restarts)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(proc.args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n"
                              f"--- stderr\n{proc.stderr[-6000:]}")

@@ -18,9 +18,13 @@ What is the same as under torchrun:
 :func:`plain` is ``python script args`` the same way: one process forked from that server, without torchrun's
 variables, its own exit status.
 
-What torchrun does that this does not: restarts (``--max-restarts``), forwarding signals, its own
-failure report. Tests of those and ``tests/test_launch.py`` run torchrun itself; the notebooks' kernels
-launch through this too (``tests/notebook_launch.py``) but for restarts and signals; and
+Restarts (``max_restarts``) follow the agent: a failed attempt stops every rank, and all of them start
+again with the next ``TORCHELASTIC_RESTART_COUNT``, on the same store (whose keys a restarted rank must not
+mistake for its own: ``ecomkit.dist.restart_safe_rendezvous``).
+
+What torchrun does that this does not: forwarding signals, its own failure report, rendezvous across nodes.
+Tests of those and ``tests/test_launch.py`` run torchrun itself; the notebooks' kernels launch through this
+too (``tests/notebook_launch.py``) but for signals; and
 ``ECOMKIT_TESTS_TORCHRUN=1 make test`` runs every launch of the suite under torchrun.
 Environment variables that a preloaded module reads when it is imported cannot be changed per launch:
 :func:`run` refuses them (:data:`READ_AT_IMPORT`, a ValueError), and ``conftest.run_script`` launches
@@ -91,12 +95,14 @@ def import_time_vars(env: Mapping[str, str]) -> list[str]:
     return sorted(k for k in names if k.startswith(READ_AT_IMPORT) and env.get(k) != server.get(k))
 
 
-def worker_env(base: Mapping[str, str], rank: int, nproc: int, port: int) -> dict[str, str]:
-    """What torch 2.13's LocalElasticAgent adds to a worker's environment on one node, first attempt."""
+def worker_env(base: Mapping[str, str], rank: int, nproc: int, port: int, restart: int = 0,
+               max_restarts: int = 0) -> dict[str, str]:
+    """What torch 2.13's LocalElasticAgent adds to a worker's environment on one node, at attempt ``restart``."""
     return {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
             "ROLE_NAME": "default", "LOCAL_WORLD_SIZE": str(nproc), "WORLD_SIZE": str(nproc),
             "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(nproc), "MASTER_ADDR": "localhost",
-            "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+            "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": str(restart),
+            "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
             "TORCHELASTIC_RUN_ID": f"fastlaunch-{os.getpid()}-{port}", "TORCHELASTIC_USE_AGENT_STORE": "True",
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
             "OMP_NUM_THREADS": base.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1"}
@@ -135,24 +141,34 @@ def _rank_main(script: str, argv: list[str], env: dict[str, str], cwd: str, out:
 
 
 def run(script: str | Path, args: Sequence[str] = (), nproc: int = 2, *, env: Mapping[str, str] | None = None,
-        cwd: str | Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``torchrun --standalone --nproc_per_node N script args``, forked from the preloaded server.
+        cwd: str | Path | None = None, timeout: float = 300, max_restarts: int = 0) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc_per_node N [--max-restarts R] script args``, forked from the preloaded server.
 
-    Returns a CompletedProcess like ``subprocess.run(..., capture_output=True, text=True)``; raises
-    ``subprocess.TimeoutExpired`` after ``timeout`` seconds (the ranks are killed first).
+    A failed attempt stops every rank and, while restarts are left, starts them all again with the next
+    ``TORCHELASTIC_RESTART_COUNT``, as torchrun's agent does. Returns a CompletedProcess like
+    ``subprocess.run(..., capture_output=True, text=True)`` holding every attempt's output; raises
+    ``subprocess.TimeoutExpired`` after ``timeout`` seconds in all (the ranks are killed first).
     """
     env = dict(os.environ if env is None else env)
     if os.environ.get(TORCHRUN_ENV) == "1":
-        return torchrun(script, args, nproc, env=env, cwd=cwd, timeout=timeout)
+        return torchrun(script, args, nproc, env=env, cwd=cwd, timeout=timeout,
+                        torchrun_args=("--max-restarts", str(max_restarts)) if max_restarts else ())
     _refuse_import_time_vars(env, "torchrun")
-    cmd = ["fastlaunch", "--nproc_per_node", str(nproc), str(Path(script).resolve()), *map(str, args)]
-    store = dist.TCPStore("localhost", 0, nproc, is_master=True, wait_for_workers=False)
+    cmd = ["fastlaunch", "--nproc_per_node", str(nproc), *(["--max-restarts", str(max_restarts)] if max_restarts
+                                                           else []), str(Path(script).resolve()), *map(str, args)]
+    deadline, outs, errs = time.monotonic() + timeout, [], []
+    store = dist.TCPStore("localhost", 0, nproc, is_master=True, wait_for_workers=False)  # kept across restarts
     try:
-        codes, out, err = _fork(script, args, [worker_env(env, r, nproc, store.port) for r in range(nproc)], cwd,
-                                timeout, cmd)
+        for restart in range(max_restarts + 1):
+            envs = [worker_env(env, r, nproc, store.port, restart, max_restarts) for r in range(nproc)]
+            codes, out, err = _fork(script, args, envs, cwd, deadline - time.monotonic(), cmd)
+            outs.append(out)
+            errs.append(err)
+            if all(c == 0 for c in codes):
+                break
     finally:
         del store
-    return subprocess.CompletedProcess(cmd, 1 if any(c != 0 for c in codes) else 0, out, err)
+    return subprocess.CompletedProcess(cmd, 1 if any(c != 0 for c in codes) else 0, "".join(outs), "".join(errs))
 
 
 def plain(script: str | Path, args: Sequence[str] = (), *, env: Mapping[str, str] | None = None,

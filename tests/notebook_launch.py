@@ -5,8 +5,9 @@ Why: a notebook's ``run_torchrun`` starts torchrun's agent and N ranks, each imp
 pytest worker. :func:`install` replaces ``ecomkit.launch.run_torchrun`` and ``run_python`` in the kernel with
 the same launch forked from one preloaded server, as ``conftest.run_script`` does for the scripts' tests.
 
-A launch keeps the real path when it needs it: restarts (``max_restarts``), a variable a preloaded module
-reads at import, or ``ECOMKIT_TESTS_TORCHRUN=1`` (every launch under torchrun itself). The result is what
+Restarts (``max_restarts``) are fastlaunch's, as torchrun's agent makes them. A launch keeps the real path
+when it needs it: a variable a preloaded module reads at import, or ``ECOMKIT_TESTS_TORCHRUN=1`` (every
+launch under torchrun itself); chapter 07's signals go to torchrun's agent through their own helpers. The result is what
 the real helper returns: every rank's output in ``stdout`` (stdout, then stderr), printed unless the call
 asked for quiet, and :class:`~ecomkit.errors.EcomkitError` with the output's tail when a rank fails.
 """
@@ -36,12 +37,13 @@ def run_torchrun(script: str | Path, args: Sequence[str] = (), nproc: int = 2, *
                  max_restarts: int = 0, live: bool = True) -> subprocess.CompletedProcess:
     """``launch.run_torchrun``'s launch, forked from the preloaded server unless it needs torchrun itself."""
     merged = launch.child_env(env)
-    if max_restarts or _needs_real_launcher(merged):
+    if _needs_real_launcher(merged):
         return ORIGINAL["run_torchrun"](script, args, nproc, env=env, timeout=timeout, max_restarts=max_restarts,
                                         live=live)
     root = launch.repo_root()
     return _as_launch_result(lambda: fastlaunch.run(launch._resolve_script(script, root), args, nproc, env=merged,
-                                                    cwd=root, timeout=timeout or NO_TIMEOUT_S), live)
+                                                    cwd=root, timeout=timeout or NO_TIMEOUT_S,
+                                                    max_restarts=max_restarts), live)
 
 
 def run_python(script: str | Path, args: Sequence[str] = (), *, env: Mapping[str, str] | None = None,

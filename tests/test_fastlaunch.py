@@ -3,8 +3,8 @@
 Most 2-process tests start their ranks through :mod:`fastlaunch` to skip the agent's and the ranks'
 imports. These check that a rank cannot tell: the same worker variables as a real
 ``torchrun --standalone`` launch (only the port and run id differ), a working gloo group through the
-launcher's store, its own argv and cwd, stdout and stderr kept apart, and torchrun's exit status
-when one rank fails while the other waits in a collective.
+launcher's store, its own argv and cwd, stdout and stderr kept apart, torchrun's exit status
+when one rank fails while the other waits in a collective, and torchrun's restarts.
 """
 
 from __future__ import annotations
@@ -24,16 +24,22 @@ WORKER = textwrap.dedent("""
     import json, os, sys
     import torch, torch.distributed as dist
     KEYS = {keys!r}
-    dist.init_process_group("gloo")
+    if "--fail-once" in sys.argv:  # torchrun keeps its store across restarts: each attempt's own keys
+        from ecomkit.dist import restart_safe_rendezvous
+        dist.init_process_group("gloo", **restart_safe_rendezvous(int(os.environ["RANK"]),
+                                                                  int(os.environ["WORLD_SIZE"]), 60))
+    else:
+        dist.init_process_group("gloo")
     t = torch.tensor([dist.get_rank() + 1.0])
     dist.all_reduce(t)
     env = {{k: os.environ.get(k) for k in KEYS}}
     print("RESULT " + json.dumps({{"env": env, "sum": t.item(), "argv": sys.argv[1:], "cwd": os.getcwd(),
                                    "threads": torch.get_num_threads()}}), flush=True)
     print("to stderr", file=sys.stderr)
-    if dist.get_rank() == 1 and "--fail" in sys.argv:
+    fail = "--fail" in sys.argv or ("--fail-once" in sys.argv and env["TORCHELASTIC_RESTART_COUNT"] == "0")
+    if dist.get_rank() == 1 and fail:
         sys.exit(3)
-    if "--fail" in sys.argv:
+    if fail:
         dist.barrier()  # rank 0 waits here for a rank that has gone: the launcher must stop it
     dist.destroy_process_group()
 """)
@@ -83,6 +89,26 @@ def test_one_rank_failing_ends_the_launch_with_torchruns_status(worker, tmp_path
     fast = fastlaunch.run(worker, ["--fail"], 2, cwd=tmp_path, timeout=120)
     assert fast.returncode == 1  # torchrun's status when a worker fails, whatever the worker's own code
     assert time.monotonic() - start < fastlaunch.STOP_GRACE_S + 60  # rank 0 was stopped, not left in barrier
+
+
+@pytest.mark.dist
+def test_a_restart_starts_every_rank_again_as_torchrun_does(worker, tmp_path):
+    """Rank 1 fails in the first attempt only: both launchers stop rank 0, start both ranks again with the
+    next restart count, and end with status 0; the second attempt's ranks see the same variables."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    real = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "--max-restarts", "1", str(worker), "--fail-once"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=180)
+    fast = fastlaunch.run(worker, ["--fail-once"], 2, env=env, cwd=tmp_path, timeout=180, max_restarts=1)
+    assert real.returncode == fast.returncode == 0, fast.stderr[-3000:] + real.stderr[-3000:]
+    for run in (real, fast):   # attempt 0's two ranks, then attempt 1's, on the store the first attempt used
+        assert sorted(r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in results(run.stdout)) == ["0", "0", "1", "1"]
+        assert len({r["env"]["MASTER_PORT"] for r in results(run.stdout)}) == 1
+    second = [[r for r in results(run.stdout) if r["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"] for run in (real, fast)]
+    for theirs, ours in zip(*second, strict=True):
+        assert {k: ours["env"][k] for k in KEYS} == {k: theirs["env"][k] for k in KEYS}
+        assert ours["env"]["TORCHELASTIC_MAX_RESTARTS"] == "1" and ours["sum"] == 3.0
+    assert fastlaunch.run(worker, ["--fail"], 2, env=env, cwd=tmp_path, timeout=180, max_restarts=1).returncode == 1
 
 
 def test_variables_read_at_import_are_refused(monkeypatch):

@@ -19,8 +19,8 @@ for a base bigger than one rank). Assertions:
   logits (fp32: 1e-5 absolute, measured ~1e-6).
 
 Beside the sweep, the chapter scripts' own LoRA runs (8 steps) under DDP, FSDP2 and ZeRO-3, and the same runs
-with rank 1 killed at step 5 under torchrun ``--max-restarts 1``: each resumes from its step-4 checkpoint (DCP;
-ZeRO's own sharded one) to the uninterrupted run's losses.
+with rank 1 killed at step 5 and one restart (torchrun's ``--max-restarts 1``): each resumes from its step-4
+checkpoint (DCP; ZeRO's own sharded one) to the uninterrupted run's losses.
 """
 
 from __future__ import annotations
@@ -195,12 +195,13 @@ def test_04_fsdp_trains_lora_and_beats_the_base(fsdp_lora):
 
 
 def killed_and_resumed(script: str, extra: list[str], reference: Path, out: Path):
-    """The chapter script's LoRA run with rank 1 killed at step 5 under torchrun ``--max-restarts 1`` (``extra``
-    names the strategy and its checkpoint interval); the restart resumes from step 4 to ``reference``'s losses."""
+    """The chapter script's LoRA run with rank 1 killed at step 5 and one restart, as torchrun ``--max-restarts 1``
+    restarts it (``extra`` names the strategy and its checkpoint interval); the restart resumes from step 4 to
+    ``reference``'s losses."""
     from ecomkit.faults.diagnose import compare_resumed_run
 
     proc = run_script(script, SCRIPT_RUN + extra + ["--output-dir", str(out), "--fail-at-step", "5", "--fail-rank", "1"],
-                      nproc=2, torchrun_args=["--max-restarts", "1"], timeout=300)
+                      nproc=2, max_restarts=1, timeout=300)
     log = proc.stdout + proc.stderr
     assert "fault injection: exiting abruptly at step 5" in log and "resumed from" in log, log[-3000:]
     assert summary(out)["checkpoint"]["resumed_from_step"] == 4, summary(out)["checkpoint"]
@@ -231,7 +232,7 @@ def zero3_lora(tmp_path_factory) -> Path:
 
 @pytest.mark.dist
 def test_killed_rank_resumes_a_zero3_lora_run_to_the_same_losses(zero3_lora, tmp_path):
-    """ZeRO keeps its own sharded checkpoints (--zero-checkpoint-interval): after torchrun restarts the workers,
+    """ZeRO keeps its own sharded checkpoints (--zero-checkpoint-interval): after the workers restart,
     the run continues from the newest one the first attempt left, not from step 0."""
     killed_and_resumed("03_zero3.py", ["--zero-stage", "3", "--zero-checkpoint-interval", "2"], zero3_lora, tmp_path)
     assert summary(tmp_path)["checkpoint"]["saved_steps"] == [6, 8]   # the restarted attempt's own saves

@@ -1,5 +1,5 @@
 """The suite's notebook kernels launch through the forkserver (tests/notebook_launch.py) and get what the real
-helpers give: every rank's output in one text, a failure as EcomkitError with its tail, torchrun for restarts."""
+helpers give: every rank's output in one text, a failure as EcomkitError with its tail, restarts."""
 
 from __future__ import annotations
 
@@ -15,14 +15,17 @@ from ecomkit.errors import EcomkitError
 pytestmark = pytest.mark.dist
 
 WORKER = textwrap.dedent("""
-    import sys
+    import os, sys
     import torch, torch.distributed as dist
-    dist.init_process_group("gloo")
+    from ecomkit.dist import restart_safe_rendezvous
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", **restart_safe_rendezvous(rank, world, 60))
     t = torch.tensor([dist.get_rank() + 1.0])
     dist.all_reduce(t)
     print(f"rank {dist.get_rank()} sum {t.item():.0f} args {sys.argv[1:]}", flush=True)
     print(f"rank {dist.get_rank()} to stderr", file=sys.stderr, flush=True)
-    if "--fail" in sys.argv and dist.get_rank() == 1:
+    first_attempt = os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"
+    if dist.get_rank() == 1 and ("--fail" in sys.argv or ("--fail-once" in sys.argv and first_attempt)):
         sys.exit("rank 1 refuses: a user error")
     dist.destroy_process_group()
 """)
@@ -50,14 +53,19 @@ def test_a_failed_rank_raises_with_the_output_tail(worker, capsys):
     assert capsys.readouterr().out == ""   # not live: nothing printed
 
 
-def test_restarts_and_import_time_variables_keep_torchrun(worker, monkeypatch):
+def test_a_restart_runs_every_rank_again_and_returns_both_attempts(worker, capsys):
+    result = notebook_launch.run_torchrun(worker, ["--fail-once"], nproc=2, max_restarts=1, live=False)
+    assert result.returncode == 0 and "rank 1 refuses: a user error" in result.stdout
+    assert [result.stdout.count(f"rank {rank} sum 3 args ['--fail-once']") for rank in (0, 1)] == [2, 2]
+
+
+def test_import_time_variables_keep_torchrun(worker, monkeypatch):
     calls = []
     monkeypatch.setitem(notebook_launch.ORIGINAL, "run_torchrun", lambda *a, **k: calls.append(k) or "real")
-    assert notebook_launch.run_torchrun(worker, nproc=2, max_restarts=1) == "real"
     assert notebook_launch.run_torchrun(worker, nproc=2, env={"HF_HUB_CACHE": "/elsewhere"}) == "real"
     monkeypatch.setenv("ECOMKIT_TESTS_TORCHRUN", "1")
-    assert notebook_launch.run_torchrun(worker, nproc=2) == "real"
-    assert [c["max_restarts"] for c in calls] == [1, 0, 0]
+    assert notebook_launch.run_torchrun(worker, nproc=2, max_restarts=1) == "real"
+    assert [c["max_restarts"] for c in calls] == [0, 1]
 
 
 def test_a_kernel_started_under_the_suite_has_the_forkserver_helpers(tmp_path):
