@@ -29,8 +29,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 # launch). Set here, before the forkserver (fastlaunch) imports torch, which reads it at import.
 os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
 os.environ.setdefault("ECOMKIT_CACHE", str(REPO / ".cache" / "ecomkit"))
-# Notebook kernels launch the chapters' scripts from a preloaded forkserver, as the scripts' tests do.
+# Notebook kernels launch the chapters' scripts from this process's preloaded forkserver, as the scripts' tests do.
 os.environ["IPYTHONDIR"] = str(notebook_launch.kernel_profile(REPO / "tests"))
+os.environ[notebook_launch.SERVICE_ENV] = notebook_launch.serve()
 
 
 # Notebooks whose assertions are timings: `make test` runs them in its serial phase, with the

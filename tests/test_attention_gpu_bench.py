@@ -2,17 +2,20 @@
 
 On a GPU every training row runs at least 8 untimed and 30 timed steps, within an 8-minute default budget
 (checked on the settings); here the same code runs a few steps of a tiny model, and the planner's prediction
-sits beside every training row.
+sits beside every training row. The dry run runs in this process, and its launches (``gpu_jobs.launch``: a
+script under ``python``, or torchrun for 2 processes) start from the suite's preloaded server
+(:mod:`fastlaunch`), as every launch of the suite does. ``launch`` itself runs a script under ``python`` in
+``test_launch_runs_a_one_process_script_under_python``, and under torchrun in tests/test_gpu_check.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+import fastlaunch
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,19 +26,33 @@ import gpu_jobs  # noqa: E402
 PLAN_KEYS = ("plan_gpu", "plan_bytes", "plan_step_s", "plan_compute_s", "plan_other_s")
 
 
+def forked_launch(nproc: int, script: str, args: list[str], timeout_s: float, tmp: Path) -> subprocess.CompletedProcess:
+    """``gpu_jobs.launch``'s run, forked from the preloaded server: the same script, arguments and environment."""
+    path, env = REPO / "scripts" / script, {**gpu_jobs._env(), "TMPDIR": str(tmp)}
+    if nproc == 1:
+        return fastlaunch.plain(path, args, env=env, cwd=REPO, timeout=timeout_s)
+    return fastlaunch.run(path, args, nproc, env=env, cwd=REPO, timeout=timeout_s)
+
+
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-bench")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_bench.py"), "--dry-run", "--strategies", "ddp",
-                           "--out", str(out)], cwd=out, env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gpu_jobs, "launch", forked_launch)
+        patch.setattr(gpu_bench, "launch", forked_launch)
+        assert gpu_bench.main(["--dry-run", "--strategies", "ddp", "--out", str(out)]) == 0
     (path,) = out.glob("gpu_bench-*-cpu*.json")  # written by benchmarks/common.write_artifact
     doc = json.loads(path.read_text())
     parts: dict[str, list[dict]] = {}
     for r in doc["rows"]:
         parts.setdefault(r["part"], []).append(r)
     return doc, parts
+
+
+def test_launch_runs_a_one_process_script_under_python(tmp_path):
+    one = gpu_jobs.launch(1, "01_env_check.py", ["--help"], 120, tmp_path)
+    assert one.returncode == 0 and "usage:" in one.stdout, one.stderr[-2000:]
+    assert one.args[:2] == [sys.executable, str(REPO / "scripts" / "01_env_check.py")]
 
 
 @pytest.mark.dist

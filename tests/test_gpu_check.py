@@ -3,7 +3,8 @@ what the benchmarks need, and runs bench_attn_rule's and gpu_bench's dry runs in
 
 The wheel folder here is one small wheel made by the test (the real one, benchmarks/gpu_wheels.sh's, is ~70 MB
 and needs PyPI); the packages the check imports come from this environment. gpu_bench runs one cheap part
-(--parts head_dim): its full dry run is tests/test_attention_gpu_bench.py's.
+(--parts all_reduce: chapter 01's sweep, launched under torchrun by ``gpu_jobs.launch``): its full dry run is
+tests/test_attention_gpu_bench.py's, with every launch forked from the suite's preloaded server.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def test_dry_run_installs_the_wheels_into_a_target_and_runs_the_benchmarks(tmp_p
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHON": os.environ.get(
         "PYTHON", str(Path(os.sys.executable)))}
     proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--wheels", str(tmp_path / "wheels"), "--target",
-                           str(target), "--out", str(out), "--parts", "head_dim"], env=env, capture_output=True,
+                           str(target), "--out", str(out), "--parts", "all_reduce"], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (target / "ecomkit_probe_pkg" / "__init__.py").exists()                   # installed into the target
@@ -56,7 +57,8 @@ def test_dry_run_installs_the_wheels_into_a_target_and_runs_the_benchmarks(tmp_p
     (bench,) = out.glob("gpu_bench-*.json")
     assert json.loads(rule.read_text())["extra"]["dry_run"] is True
     doc = json.loads(bench.read_text())
-    assert doc["extra"]["dry_run"] is True and {r["part"] for r in doc["rows"]} == {"head_dim"}
+    assert doc["extra"]["dry_run"] is True and [(r["part"], r["status"]) for r in doc["rows"]] == [("all_reduce", "ok")]
+    assert doc["rows"][0]["nproc"] == 2 and doc["rows"][0]["best_busbw_gbps"] > 0
     assert "== 4b. gpu_bench" in (out / "gpu_check.log").read_text()
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import textwrap
 
+import fastlaunch
 import nbformat
 import notebook_launch
 import pytest
 from nbclient import NotebookClient
 
+from conftest import REPO
 from ecomkit.errors import EcomkitError
 
 pytestmark = pytest.mark.dist
@@ -66,11 +68,19 @@ def test_import_time_variables_keep_torchrun(worker, monkeypatch):
     monkeypatch.setenv("ECOMKIT_TESTS_TORCHRUN", "1")
     assert notebook_launch.run_torchrun(worker, nproc=2, max_restarts=1) == "real"
     assert [c["max_restarts"] for c in calls] == [0, 1]
+    # a kernel's variable that the serving worker's forkserver imported under another value: the real launcher
+    job = {"env": {**fastlaunch.server_env(), "TORCHINDUCTOR_COMPILE_THREADS": "7"}}
+    assert notebook_launch._run(job) is None
 
 
-def test_a_kernel_started_under_the_suite_has_the_forkserver_helpers(tmp_path):
+def test_a_kernel_started_under_the_suite_launches_through_the_worker_s_forkserver(worker):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import fastlaunch\n"
         "from ecomkit.launch import run_python, run_torchrun\n"
-        "print(run_torchrun.__module__, run_python.__module__)")])
-    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    assert nb.cells[0].outputs[0]["text"].split() == ["notebook_launch", "notebook_launch"]
+        "print(run_torchrun.__module__, run_python.__module__)\n"
+        f"out = run_torchrun({str(worker)!r}, ['--flag'], nproc=2, live=False).stdout\n"
+        "print('rank 1 sum 3' in out, fastlaunch._context is None)")])
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
+    # the helpers are the suite's; the launch ran, and not from a forkserver the kernel started itself
+    printed = "".join(o.get("text", "") for o in nb.cells[0].outputs if o.get("name") == "stdout")
+    assert printed.split() == ["notebook_launch", "notebook_launch", "True", "True"], nb.cells[0].outputs
