@@ -23,6 +23,7 @@ again with the next ``TORCHELASTIC_RESTART_COUNT``, on the same store (whose key
 mistake for its own: ``ecomkit.dist.restart_safe_rendezvous``).
 
 What torchrun does that this does not: forwarding signals, its own failure report, rendezvous across nodes.
+A rank's garbage collections skip the objects it inherits from the server (``gc.freeze``).
 Tests of those and ``tests/test_launch.py`` run torchrun itself; the notebooks' kernels launch through this
 too (``tests/notebook_launch.py``) but for signals; and
 ``ECOMKIT_TESTS_TORCHRUN=1 make test`` runs every launch of the suite under torchrun.
@@ -34,6 +35,7 @@ such a run with torchrun instead.
 from __future__ import annotations
 
 import atexit
+import gc
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -110,6 +112,10 @@ def worker_env(base: Mapping[str, str], rank: int, nproc: int, port: int, restar
 
 def _rank_main(script: str, argv: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> None:
     """One rank, in a process forked from the preloaded server: become ``python script argv`` and run it."""
+    # The preloaded modules' objects live as long as the process: leave them out of every garbage collection,
+    # as a pre-fork server's children should (a full collection over them costs ~0.3 s, e.g. in ecomkit.dist's
+    # teardown); what the script creates is collected as under torchrun.
+    gc.freeze()
     os.environ.clear()
     os.environ.update(env)
     tempfile.tempdir = None  # TMPDIR is per test; the server may have cached another

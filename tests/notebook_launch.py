@@ -107,7 +107,10 @@ def serve() -> str:
 
 def _serve_forever(listener: mpc.Listener) -> None:
     while True:
-        conn = listener.accept()
+        try:
+            conn = listener.accept()
+        except OSError:   # closed at exit
+            return
         threading.Thread(target=_serve_one, args=(conn,), daemon=True).start()
 
 
@@ -116,7 +119,7 @@ def _serve_one(conn: mpc.Connection) -> None:
         job = conn.recv()
         try:
             reply: Any = _run(job)
-        except subprocess.TimeoutExpired as exc:   # the kernel raises it, as a launch of its own would
+        except Exception as exc:  # noqa: BLE001 - the kernel raises it, as a launch of its own would
             reply = exc
         conn.send(reply)
 

@@ -21,10 +21,10 @@ import fastlaunch
 import pytest
 
 WORKER = textwrap.dedent("""
-    import json, os, sys
+    import gc, json, os, sys
     import torch, torch.distributed as dist
     KEYS = {keys!r}
-    if "--fail-once" in sys.argv:  # torchrun keeps its store across restarts: each attempt's own keys
+    if os.environ["TORCHELASTIC_MAX_RESTARTS"] != "0":  # torchrun keeps its store across restarts: each attempt's keys
         from ecomkit.dist import restart_safe_rendezvous
         dist.init_process_group("gloo", **restart_safe_rendezvous(int(os.environ["RANK"]),
                                                                   int(os.environ["WORLD_SIZE"]), 60))
@@ -34,7 +34,7 @@ WORKER = textwrap.dedent("""
     dist.all_reduce(t)
     env = {{k: os.environ.get(k) for k in KEYS}}
     print("RESULT " + json.dumps({{"env": env, "sum": t.item(), "argv": sys.argv[1:], "cwd": os.getcwd(),
-                                   "threads": torch.get_num_threads()}}), flush=True)
+                                   "threads": torch.get_num_threads(), "frozen": gc.get_freeze_count()}}), flush=True)
     print("to stderr", file=sys.stderr)
     fail = "--fail" in sys.argv or ("--fail-once" in sys.argv and env["TORCHELASTIC_RESTART_COUNT"] == "0")
     if dist.get_rank() == 1 and fail:
@@ -79,6 +79,7 @@ def test_a_rank_sees_what_torchrun_gives_it(worker, tmp_path):
         assert ours["sum"] == theirs["sum"] == 3.0  # 1 + 2: the group works through the launcher's store
         assert ours["argv"] == theirs["argv"] == ["--flag", "x"] and ours["cwd"] == str(tmp_path)
         assert ours["threads"] == theirs["threads"] == 1
+        assert ours["frozen"] > 0 == theirs["frozen"]  # the one difference: inherited objects skip collections
     assert len(results(fast.stdout)) == 2 and fast.stderr.count("to stderr") == 2
     assert "RESULT" not in fast.stderr
 
