@@ -15,8 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import fastlaunch
 import pytest
+from conftest import run_script
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -27,11 +27,9 @@ PLAN_KEYS = ("plan_gpu", "plan_bytes", "plan_step_s", "plan_compute_s", "plan_ot
 
 
 def forked_launch(nproc: int, script: str, args: list[str], timeout_s: float, tmp: Path) -> subprocess.CompletedProcess:
-    """``gpu_jobs.launch``'s run, forked from the preloaded server: the same script, arguments and environment."""
-    path, env = REPO / "scripts" / script, {**gpu_jobs._env(), "TMPDIR": str(tmp)}
-    if nproc == 1:
-        return fastlaunch.plain(path, args, env=env, cwd=REPO, timeout=timeout_s)
-    return fastlaunch.run(path, args, nproc, env=env, cwd=REPO, timeout=timeout_s)
+    """``gpu_jobs.launch``'s run through the suite's launcher: the same script, arguments and environment."""
+    return run_script(script, args, nproc=0 if nproc == 1 else nproc, timeout=int(timeout_s), check=False,
+                      extra_env={**gpu_jobs._env(), "TMPDIR": str(tmp)})
 
 
 @pytest.fixture(scope="module")
